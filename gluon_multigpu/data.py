@@ -1,0 +1,290 @@
+"""Fashion-MNIST and MNIST from the standard IDX ``.gz`` files, as batches of ``mxnet.np`` arrays.
+
+The files are read and validated here (gzip integrity, IDX magic numbers,
+dimensions, payload length, matching image and label counts, label range)
+instead of through ``gluon.data.vision``, whose SHA-1 check rejects the
+original Zalando release although its content is the same.
+"""
+import gzip
+import os
+import struct
+import tempfile
+import urllib.request
+import zlib
+
+import numpy as onp
+import mxnet as mx
+from mxnet import np, npx
+
+from .errors import DataError
+
+__all__ = ['IDX_FILES', 'DATASETS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
+           'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
+           'load_data_mnist']
+
+#: The four standard file names, by split and kind.
+IDX_FILES = {('train', 'images'): 'train-images-idx3-ubyte.gz',
+             ('train', 'labels'): 'train-labels-idx1-ubyte.gz',
+             ('test', 'images'): 't10k-images-idx3-ubyte.gz',
+             ('test', 'labels'): 't10k-labels-idx1-ubyte.gz'}
+
+#: Expected sizes of the data sets this package knows: samples per split, image shape, classes.
+DATASETS = {'fashion-mnist': {'train': 60000, 'test': 10000, 'shape': (28, 28), 'classes': 10},
+            'mnist': {'train': 60000, 'test': 10000, 'shape': (28, 28), 'classes': 10}}
+
+#: Where MXNet's own dataset classes download these files from.
+MXNET_MIRROR = 'https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/gluon/dataset/'
+
+_IDX_DTYPES = {0x08: onp.uint8, 0x09: onp.int8, 0x0B: onp.dtype('>i2'),
+               0x0C: onp.dtype('>i4'), 0x0D: onp.dtype('>f4'), 0x0E: onp.dtype('>f8')}
+
+
+def default_root(name='fashion-mnist'):
+    """Return MXNet's usual data directory for a data set, ``~/.mxnet/datasets/<name>``."""
+    return os.path.join(mx.base.data_dir(), 'datasets', name)
+
+
+def read_idx(path):
+    """Read one gzip-compressed IDX file into a NumPy array, validating its content.
+
+    Parameters
+    ----------
+    path : str
+        Path of an ``*-idx?-ubyte.gz`` file.
+
+    Returns
+    -------
+    numpy.ndarray
+        The array with the shape stored in the file's header.
+    """
+    try:
+        with gzip.open(path, 'rb') as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise DataError(f'{path} does not exist') from None
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f'{path} is not a complete gzip file ({e}); '
+                        'download it again') from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise DataError(f'{path} is not an IDX file (bad magic number {raw[:4].hex() or "<empty>"}); '
+                        'download it again')
+    dtype, ndim = onp.dtype(_IDX_DTYPES[raw[2]]), raw[3]
+    header = 4 + 4 * ndim
+    if ndim == 0 or len(raw) < header:
+        raise DataError(f'{path} has a truncated IDX header; download it again')
+    shape = struct.unpack(f'>{ndim}I', raw[4:header])
+    expected = int(onp.prod(shape, dtype=onp.int64)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise DataError(f'{path} holds {len(raw) - header} data bytes but its header '
+                        f'{shape} needs {expected}; download it again')
+    data = onp.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+    return data.astype(dtype.newbyteorder('='), copy=False)
+
+
+def check_data_dir(root):
+    """Raise DataError naming the directory and the four files if any file is missing."""
+    missing = [name for name in IDX_FILES.values()
+               if not os.path.isfile(os.path.join(root, name))]
+    if missing:
+        where = (f'{root} does not exist' if not os.path.isdir(root)
+                 else f'{root} lacks {", ".join(missing)}')
+        raise DataError(f'{where}; it must hold the four files {", ".join(IDX_FILES.values())} '
+                        '(point --data-dir at them, or pass --download)')
+
+
+def read_split(root, split='train', name=None):
+    """Read and validate one split's images and labels.
+
+    Parameters
+    ----------
+    root : str
+        Directory with the four IDX ``.gz`` files.
+    split : {'train', 'test'}
+    name : str, optional
+        A key of ``DATASETS``; when given, the counts and image shape must match it.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        Images ``uint8 (N, 28, 28)`` and labels ``int32 (N,)``.
+    """
+    images_path = os.path.join(root, IDX_FILES[(split, 'images')])
+    labels_path = os.path.join(root, IDX_FILES[(split, 'labels')])
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3 or images.dtype != onp.uint8:
+        raise DataError(f'{images_path} must hold uint8 images (N, H, W), '
+                        f'found {images.dtype} {images.shape}')
+    if labels.ndim != 1 or labels.dtype != onp.uint8:
+        raise DataError(f'{labels_path} must hold uint8 labels (N,), found {labels.dtype} {labels.shape}')
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} '
+                        f'holds {labels.shape[0]} labels; the files belong to different releases')
+    if name is not None:
+        spec = DATASETS[name]
+        if images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]:
+            raise DataError(f'{images_path} holds {images.shape[0]} images of '
+                            f'{images.shape[1:]}, but {name} {split} has {spec[split]} of '
+                            f'{spec["shape"]}; check --data-dir and --dataset')
+        if labels.size and int(labels.max()) >= spec['classes']:
+            raise DataError(f'{labels_path} has label {int(labels.max())}, but {name} has '
+                            f'{spec["classes"]} classes')
+    return images, labels.astype(onp.int32)
+
+
+class ArrayLoader:
+    """Iterate over ``(X, y)`` batches of in-memory images, like the book's DataLoader.
+
+    ``X`` is ``float32 (batch, 1, H, W)`` in [0, 1] (the book's ``ToTensor``),
+    ``y`` is ``int32 (batch,)``, both ``mxnet.np`` arrays on the CPU. With
+    ``shuffle``, epoch ``e`` (counted by ``__iter__`` calls) sees a permutation
+    that depends only on ``seed`` and ``e``, so a run can be repeated exactly:
+    set ``epoch`` back to 0 to replay the same sequence of batches.
+
+    Parameters
+    ----------
+    images : numpy.ndarray
+        ``uint8 (N, H, W)``.
+    labels : numpy.ndarray
+        ``int32 (N,)``.
+    batch_size : int
+        Samples per batch.
+    shuffle : bool
+        Draw a new order each epoch.
+    seed : int
+        Seed of the shuffling.
+    resize : int, optional
+        Resize images to ``resize x resize`` (bilinear).
+    last_batch : {'keep', 'discard'}
+        Keep a final batch smaller than ``batch_size``, or drop it.
+    """
+
+    def __init__(self, images, labels, batch_size, shuffle=False, seed=0, resize=None,
+                 last_batch='keep'):
+        if batch_size < 1:
+            raise DataError(f'batch size must be positive, got {batch_size}')
+        if last_batch not in ('keep', 'discard'):
+            raise ValueError(f"last_batch must be 'keep' or 'discard', got {last_batch!r}")
+        self.images, self.labels = images, labels
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.resize, self.last_batch = resize, last_batch
+        self.epoch = 0
+
+    def __len__(self):
+        n, b = len(self.labels), self.batch_size
+        return n // b if self.last_batch == 'discard' else -(-n // b)
+
+    @property
+    def num_samples(self):
+        """Samples seen per epoch."""
+        if self.last_batch == 'discard':
+            return len(self) * self.batch_size
+        return len(self.labels)
+
+    def order(self, epoch):
+        """Return the sample order of ``epoch`` (a NumPy index array)."""
+        if not self.shuffle:
+            return onp.arange(len(self.labels))
+        return onp.random.default_rng([self.seed, epoch]).permutation(len(self.labels))
+
+    def __iter__(self):
+        order = self.order(self.epoch)
+        self.epoch += 1
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            yield self._to_batch(idx)
+
+    def _to_batch(self, idx):
+        X = np.array(self.images[idx], dtype='float32').reshape(len(idx), 1, *self.images.shape[1:])
+        X = X / 255
+        if self.resize:
+            X = npx.image.resize(X.transpose(0, 2, 3, 1), size=(self.resize, self.resize))
+            X = X.transpose(0, 3, 1, 2)
+        return X, np.array(self.labels[idx], dtype='int32')
+
+
+def download_dataset(name, root, base_url=MXNET_MIRROR):
+    """Download the four IDX files of ``name`` that ``root`` lacks, each written atomically.
+
+    Parameters
+    ----------
+    name : str
+        A key of ``DATASETS`` (the mirror's folder name).
+    root : str
+        Target directory, created if needed.
+    base_url : str
+        Mirror URL; the files are fetched from ``base_url + name + '/' + file``.
+    """
+    os.makedirs(root, exist_ok=True)
+    for fname in IDX_FILES.values():
+        target = os.path.join(root, fname)
+        if os.path.isfile(target):
+            continue
+        url = f'{base_url.rstrip("/")}/{name}/{fname}'
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=f'.{fname}.', suffix='.part')
+        try:
+            with os.fdopen(fd, 'wb') as out, urllib.request.urlopen(url, timeout=60) as src:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            read_idx(tmp)  # never keep a file that does not parse
+            os.replace(tmp, target)
+        except OSError as e:
+            raise DataError(f'could not download {url} ({e}); copy the four files into {root} '
+                            'by hand') from None
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def load_data(name, batch_size, resize=None, root=None, download=False, num_train=None,
+              num_test=None, seed=0, last_batch='keep'):
+    """Return ``(train_iter, test_iter)`` for ``name`` ('fashion-mnist' or 'mnist').
+
+    Parameters
+    ----------
+    name : str
+        A key of ``DATASETS``.
+    batch_size : int
+        Total samples per batch (split across devices later).
+    resize : int, optional
+        Resize images to ``resize x resize``.
+    root : str, optional
+        Directory of the four IDX ``.gz`` files; defaults to ``default_root(name)``.
+    download : bool
+        Fetch missing files from MXNet's mirror instead of stopping.
+    num_train, num_test : int, optional
+        Use only the first samples of each split (for quick runs and tests).
+    seed : int
+        Seed of the training set's shuffling.
+    last_batch : {'keep', 'discard'}
+        What the training iterator does with a final partial batch.
+    """
+    if name not in DATASETS:
+        raise DataError(f'unknown dataset {name!r}; choose one of {", ".join(DATASETS)}')
+    root = os.path.expanduser(root or default_root(name))
+    if download:
+        download_dataset(name, root)
+    check_data_dir(root)
+    splits = {}
+    for split, limit in (('train', num_train), ('test', num_test)):
+        images, labels = read_split(root, split, name)
+        if limit is not None:
+            if not 0 < limit <= len(labels):
+                raise DataError(f'{split} subset size must be in 1..{len(labels)}, got {limit}')
+            images, labels = images[:limit], labels[:limit]
+        splits[split] = (images, labels)
+    train_iter = ArrayLoader(*splits['train'], batch_size, shuffle=True, seed=seed,
+                             resize=resize, last_batch=last_batch)
+    test_iter = ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize)
+    return train_iter, test_iter
+
+
+def load_data_fashion_mnist(batch_size, resize=None, root=None, **kwargs):
+    """Return ``(train_iter, test_iter)`` of Fashion-MNIST (d2l 3.5); see ``load_data``."""
+    return load_data('fashion-mnist', batch_size, resize=resize, root=root, **kwargs)
+
+
+def load_data_mnist(batch_size, resize=None, root=None, **kwargs):
+    """Return ``(train_iter, test_iter)`` of MNIST (seed 002's data); see ``load_data``."""
+    return load_data('mnist', batch_size, resize=resize, root=root, **kwargs)

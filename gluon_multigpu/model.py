@@ -1,0 +1,112 @@
+"""The networks: the book's modified ResNet-18 and the lab's small CNN."""
+from mxnet import init
+from mxnet.gluon import nn
+
+__all__ = ['Residual', 'resnet18', 'simple_cnn', 'get_model', 'default_initializer', 'MODELS']
+
+
+class Residual(nn.HybridBlock):
+    """The residual block of ResNet (d2l 8.6): two 3x3 convolutions with batch norm.
+
+    Parameters
+    ----------
+    num_channels : int
+        Output channels of both convolutions.
+    use_1x1conv : bool
+        Pass the input through a 1x1 convolution so that it matches the output shape.
+    strides : int
+        Stride of the first 3x3 convolution (and of the 1x1 convolution).
+    """
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
+        self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
+        if use_1x1conv:
+            self.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
+        else:
+            self.conv3 = None
+        self.bn1 = nn.BatchNorm()
+        self.bn2 = nn.BatchNorm()
+
+    def hybrid_forward(self, F, X):  # pylint: disable=arguments-differ
+        Y = F.npx.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        if self.conv3 is not None:
+            X = self.conv3(X)
+        return F.npx.relu(Y + X)
+
+
+def _resnet_block(num_channels, num_residuals, first_block=False):
+    """Return one ResNet stage; all but the first halve height and width."""
+    blk = nn.Sequential()
+    for i in range(num_residuals):
+        if i == 0 and not first_block:
+            blk.add(Residual(num_channels, use_1x1conv=True, strides=2))
+        else:
+            blk.add(Residual(num_channels))
+    return blk
+
+
+def resnet18(num_classes):
+    """Return the book's slightly modified ResNet-18 (d2l 13.6).
+
+    Compared with the ImageNet ResNet-18 it uses a 3x3 stem with stride 1 and
+    padding 1 and no max-pooling, because the input images are small.
+
+    Parameters
+    ----------
+    num_classes : int
+        Outputs of the final Dense layer.
+    """
+    net = nn.Sequential()
+    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
+            nn.BatchNorm(), nn.Activation('relu'))
+    net.add(_resnet_block(64, 2, first_block=True),
+            _resnet_block(128, 2),
+            _resnet_block(256, 2),
+            _resnet_block(512, 2))
+    net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
+    return net
+
+
+def simple_cnn(num_classes=10):
+    """Return the lab's small CNN (seed 002), a model that trains in seconds.
+
+    conv 20 3x3 relu, max-pool 2, conv 50 5x5 relu, max-pool 2, flatten,
+    dense 128 relu, dense ``num_classes``. It has no BatchNorm, so a step on
+    several devices equals a step on one device with the whole batch.
+    """
+    net = nn.Sequential()
+    net.add(nn.Conv2D(channels=20, kernel_size=3, activation='relu'),
+            nn.MaxPool2D(pool_size=2, strides=2),
+            nn.Conv2D(channels=50, kernel_size=5, activation='relu'),
+            nn.MaxPool2D(pool_size=2, strides=2),
+            nn.Flatten(),
+            nn.Dense(128, activation='relu'),
+            nn.Dense(num_classes))
+    return net
+
+
+MODELS = {'resnet18': resnet18, 'simple-cnn': simple_cnn}
+
+
+def get_model(name, num_classes=10):
+    """Return a new, uninitialised network by its CLI name (``resnet18``, ``simple-cnn``)."""
+    try:
+        factory = MODELS[name]
+    except KeyError:
+        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}') from None
+    return factory(num_classes)
+
+
+def default_initializer(name):
+    """Return the initializer the source text uses for a model.
+
+    ResNet-18: the book's ``Normal(sigma=0.01)`` (BatchNorm rescales it).
+    Simple CNN: MXNet's default ``Uniform(0.07)``, as in the lab (seed 002);
+    without BatchNorm, ``Normal(0.01)`` leaves it stuck near chance for epochs.
+    """
+    if name not in MODELS:
+        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}')
+    return init.Uniform(0.07) if name == 'simple-cnn' else init.Normal(sigma=0.01)

@@ -1,0 +1,292 @@
+"""Data-parallel training and evaluation over a list of devices (d2l 13.6).
+
+The loop is the book's: parameters initialised on every device, each batch
+split across the devices, forward and backward per shard inside one
+``autograd.record()``, and ``trainer.step`` letting the kvstore sum the
+gradients and update every copy of the parameters. Host-device sync points
+are marked: where they sit decides what a timing means.
+"""
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+import mxnet as mx
+from mxnet import autograd, gluon, init, npx
+
+from .devices import split_batch
+from .errors import DeviceError, GluonMultiGPUError, TrainingDiverged
+from .utils import Timer, accuracy
+
+__all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train_batch',
+           'train_epoch', 'check_kvstore', 'check_lr', 'make_trainer', 'train']
+
+#: Gradient-synchronisation back ends accepted by ``train``.
+KVSTORES = ('local', 'device')
+
+
+@dataclass
+class EpochRecord:
+    """Figures of one epoch; ``seconds`` is the training time only, as in the book."""
+    epoch: int
+    train_loss: float
+    train_acc: float
+    test_acc: float
+    seconds: float
+    eval_seconds: float
+    samples: int
+
+    @property
+    def samples_per_sec(self):
+        """Training samples per second of the epoch."""
+        return self.samples / self.seconds
+
+
+@dataclass
+class TrainResult:
+    """What ``train`` returns: the per-epoch history and how it was run."""
+    devices: List[str]
+    kvstore: Optional[str]
+    lr: float
+    epochs: List[EpochRecord] = field(default_factory=list)
+
+    @property
+    def test_acc(self):
+        """Test accuracy after each epoch."""
+        return [e.test_acc for e in self.epochs]
+
+    @property
+    def sec_per_epoch(self):
+        """Mean training seconds per epoch (the book's ``timer.avg()``)."""
+        return sum(e.seconds for e in self.epochs) / len(self.epochs)
+
+    @property
+    def samples_per_sec(self):
+        """Training samples per second over all epochs."""
+        return sum(e.samples for e in self.epochs) / sum(e.seconds for e in self.epochs)
+
+    def final_line(self):
+        """Return the book's closing line, e.g. ``test acc: 0.92, 13.4 sec/epoch on [gpu(0)]``."""
+        return (f'test acc: {self.test_acc[-1]:.2f}, {self.sec_per_epoch:.1f} sec/epoch '
+                f'on [{", ".join(self.devices)}]')
+
+    def to_dict(self):
+        """Return every figure as plain JSON-ready data."""
+        d = asdict(self)
+        d['sec_per_epoch'] = self.sec_per_epoch
+        d['samples_per_sec'] = self.samples_per_sec
+        return d
+
+
+def _device_list(net):
+    """The book's way of finding the devices: those of the first parameter."""
+    return list(net.collect_params().values())[0].list_ctx()
+
+
+def evaluate_accuracy_gpus(net, data_iter, split_f=split_batch, devices=None):
+    """Compute the accuracy of ``net`` on ``data_iter`` using several devices.
+
+    Every sample counts once, also in a last batch that does not divide
+    evenly; a last batch smaller than the number of devices uses the first
+    devices only.
+
+    Parameters
+    ----------
+    net : Block
+        A network initialised on ``devices``.
+    data_iter : iterable of (X, y)
+        Batches of features and labels.
+    split_f : callable
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``.
+    devices : list of Context, optional
+        Defaults to the devices of the network's first parameter, as in the book.
+
+    Returns
+    -------
+    float
+        Fraction of correct predictions.
+    """
+    devices = devices or _device_list(net)
+    correct, total = [None] * len(devices), 0
+    for features, labels in data_iter:
+        X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
+        for i, (X_shard, y_shard) in enumerate(zip(X_shards, y_shards)):
+            c = accuracy(net(X_shard), y_shard)
+            correct[i] = c if correct[i] is None else correct[i] + c
+        total += labels.shape[0]
+    if total == 0:
+        raise GluonMultiGPUError('the evaluation data is empty')
+    # Sync point: the only read-back of the evaluation.
+    return sum(float(c) for c in correct if c is not None) / total
+
+
+def train_batch(net, X, y, loss, trainer, devices):
+    """Run one data-parallel training step on a batch.
+
+    Parameters
+    ----------
+    net : Block
+        Initialised on ``devices``.
+    X, y : mxnet.np.ndarray
+        The whole batch; it is split across ``devices``.
+    loss : Loss
+        Per-sample loss, e.g. ``SoftmaxCrossEntropyLoss``.
+    trainer : gluon.Trainer
+        Owns the parameters and the kvstore that sums the gradients.
+    devices : list of Context
+
+    Returns
+    -------
+    list of (ndarray, ndarray)
+        Per shard, the loss sum and the number of correct predictions, as
+        0-d arrays on the shard's device (not read back: no sync here).
+    """
+    X_shards, y_shards = split_batch(X, y, devices)
+    with autograd.record():
+        y_hats = [net(X_shard) for X_shard in X_shards]
+        losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
+    for l in losses:
+        l.backward()
+    # The gradient is normalised by the samples actually in the batch, so a
+    # short last batch gets the same per-sample weight as the others.
+    trainer.step(X.shape[0])
+    return [(l.sum(), accuracy(y_hat, y_shard))
+            for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
+
+
+def _add(acc, values):
+    """Add per-device arrays into per-device running sums (on the devices)."""
+    return [v if a is None else a + v for a, v in zip(acc, values)] + acc[len(values):]
+
+
+def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
+                progress_interval=10.0):
+    """Train one epoch; return ``(loss_sum, num_correct, num_samples, seconds)``.
+
+    ``seconds`` covers the loop up to ``npx.waitall()``, so it is the time the
+    devices took, not the time Python took to queue the work.
+
+    Parameters
+    ----------
+    on_progress : callable, optional
+        Called as ``on_progress(batches_done, num_samples, seconds_so_far)`` at
+        most every ``progress_interval`` seconds.
+    progress_interval : float
+        Seconds between progress calls.
+    """
+    loss_acc, correct_acc = [None] * len(devices), [None] * len(devices)
+    samples, timer = 0, Timer()
+    last_report = time.perf_counter()
+    for i, (X, y) in enumerate(train_iter):
+        stats = train_batch(net, X, y, loss, trainer, devices)
+        loss_acc = _add(loss_acc, [s[0] for s in stats])
+        correct_acc = _add(correct_acc, [s[1] for s in stats])
+        samples += X.shape[0]
+        if on_progress is not None and time.perf_counter() - last_report >= progress_interval:
+            # Sync point: wait for this step so the progress figures are real.
+            loss_acc[0].wait_to_read()
+            last_report = time.perf_counter()
+            on_progress(i + 1, samples, timer.elapsed())
+    npx.waitall()  # Sync point: every queued step has finished before the timer stops.
+    seconds = timer.stop()
+    if samples == 0:
+        raise GluonMultiGPUError('the training data is empty')
+    # Sync point (already waited for): one read-back per epoch.
+    loss_sum = sum(float(a) for a in loss_acc if a is not None)
+    num_correct = sum(float(a) for a in correct_acc if a is not None)
+    return loss_sum, num_correct, samples, seconds
+
+
+def check_kvstore(kvstore, num_devices):
+    """Raise unless ``kvstore`` is a back end ``train`` supports for ``num_devices`` devices.
+
+    ``None`` is accepted for a single device only: with several, MXNet 1.9's
+    Trainer without a kvstore lets every device update with its own gradient.
+    """
+    if kvstore not in KVSTORES and not (kvstore is None and num_devices == 1):
+        raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of {", ".join(KVSTORES)}')
+
+
+def check_lr(lr):
+    """Raise unless ``lr`` is a positive finite number."""
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise GluonMultiGPUError(f'learning rate must be a positive number, got {lr!r}')
+
+
+def make_trainer(net, lr, kvstore):
+    """Return the book's SGD ``gluon.Trainer`` with the chosen kvstore.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate, positive.
+    kvstore : {'local', 'device'}
+        Where gradients are summed: ``local`` on the CPU, ``device`` on the devices.
+    """
+    check_lr(lr)
+    return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr}, kvstore=kvstore)
+
+
+def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
+          seed=None, initializer=None, on_epoch=None, on_progress=None, progress_interval=10.0):
+    """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
+
+    Parameters
+    ----------
+    net : Block
+        An uninitialised (or to be re-initialised) network.
+    train_iter, test_iter : iterable of (X, y)
+        Batches; any iterable (the package's loaders, a Gluon ``DataLoader``, a list).
+    devices : list of Context
+        E.g. ``[mx.gpu(0), mx.gpu(1)]`` or ``cpu_devices(2)``.
+    num_epochs : int
+        Passes over ``train_iter``.
+    lr : float
+        SGD learning rate.
+    kvstore : {'local', 'device'}
+        Gradient-synchronisation back end of the Trainer.
+    seed : int, optional
+        Seeds MXNet's generators before initialisation, for identical initial weights.
+    initializer : Initializer, optional
+        Defaults to the book's ``init.Normal(sigma=0.01)``.
+    on_epoch : callable, optional
+        Called with each ``EpochRecord`` as soon as the epoch is evaluated.
+    on_progress : callable, optional
+        Called as ``on_progress(epoch, batches_done, num_samples, seconds)`` during an epoch.
+    progress_interval : float
+        Seconds between progress calls.
+
+    Returns
+    -------
+    TrainResult
+    """
+    if not devices:
+        raise DeviceError('the device list is empty; pass at least one device')
+    if not isinstance(num_epochs, int) or num_epochs < 1:
+        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
+    check_kvstore(kvstore, len(devices))
+    check_lr(lr)
+    if seed is not None:
+        mx.random.seed(seed)
+    net.initialize(initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
+    trainer = make_trainer(net, lr, kvstore)
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore, lr=lr)
+    for epoch in range(1, num_epochs + 1):
+        progress = None
+        if on_progress is not None:
+            def progress(*args, _epoch=epoch):
+                on_progress(_epoch, *args)
+        loss_sum, num_correct, samples, seconds = train_epoch(
+            net, train_iter, loss, trainer, devices, progress, progress_interval)
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(f'the training loss became {loss_sum} in epoch {epoch}; '
+                                   f'lower the learning rate (it is {lr})')
+        tic = time.perf_counter()
+        test_acc = evaluate_accuracy_gpus(net, test_iter, devices=devices)
+        record = EpochRecord(epoch, loss_sum / samples, num_correct / samples, test_acc,
+                             seconds, time.perf_counter() - tic, samples)
+        result.epochs.append(record)
+        if on_epoch is not None:
+            on_epoch(record)
+    return result
