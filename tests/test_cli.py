@@ -1,0 +1,180 @@
+"""scripts/train.py end to end on a small real subset, and its answers to bad input."""
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import gluon_multigpu as gm
+from conftest import REPO, load_script
+
+FINAL = re.compile(r'^test acc: (\d\.\d\d), (\d+\.\d) sec/epoch on \[cpu\(0\), cpu\(1\)\]$')
+
+
+def run_script(*args, cwd=REPO):
+    return subprocess.run([sys.executable, str(REPO / 'scripts' / 'train.py'), *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope='module')
+def train_script():
+    return load_script('train')
+
+
+def test_two_kvstores_end_to_end_on_real_data(fashion_dir, tmp_path):
+    out_json, out_png = tmp_path / 'runs.json', tmp_path / 'acc.png'
+    proc = run_script('--cpu-devices', 2, '--model', 'simple-cnn', '--num-epochs', 2,
+                      '--num-train', 1000, '--num-test', 500, '--batch-size', 64,
+                      '--kvstore', 'local', 'device', '--data-dir', fashion_dir,
+                      '--json', out_json, '--plot', out_png)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith('training simple-cnn on fashion-mnist: 1000 train / 500 test '
+                               'images, batch 64 (32 per device), lr 0.025, 2 epoch(s)')
+    epoch_lines = [l for l in lines if l.startswith('epoch ')]
+    assert len(epoch_lines) == 4
+    assert re.match(r'epoch 2/2: loss \d\.\d{4}, train acc 0\.\d{3}, test acc 0\.\d{3}, '
+                    r'\d+\.\d s, \d+ samples/s$', epoch_lines[1])
+    finals = [FINAL.match(l) for l in lines if l.startswith('test acc:')]
+    assert len(finals) == 2 and all(finals)
+    assert '| local | cpu(0), cpu(1) |' in proc.stdout and '| device |' in proc.stdout
+    report = json.loads(out_json.read_text())
+    assert [r['kvstore'] for r in report['runs']] == ['local', 'device']
+    assert report['config']['batch_size'] == 64 and report['config']['lr'] == 0.025
+    for run, final in zip(report['runs'], finals):
+        assert len(run['epochs']) == 2 and run['epochs'][0]['samples'] == 1000
+        assert f"{run['epochs'][-1]['test_acc']:.2f}" == final.group(1)
+        assert f"{run['sec_per_epoch']:.1f}" == final.group(2)
+    # same data and initial weights: the two back ends agree to float rounding
+    a, b = (r['epochs'][-1]['test_acc'] for r in report['runs'])
+    assert abs(a - b) <= 0.004
+    assert out_png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert sorted(os.listdir(tmp_path)) == ['acc.png', 'runs.json']  # no temporary files
+
+
+@pytest.mark.skipif(gm.num_gpus() > 0, reason='checks the fallback without a GPU')
+def test_without_device_flags_it_uses_the_cpu_and_says_so(fashion_dir):
+    proc = run_script('--model', 'simple-cnn', '--num-epochs', 1, '--num-train', 256,
+                      '--num-test', 100, '--data-dir', fashion_dir, '--progress-interval', 0)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith('no GPU found: training on the CPU; use --cpu-devices N')
+    assert proc.stdout.rstrip().splitlines()[-1].endswith('sec/epoch on [cpu(0)]')
+
+
+def test_progress_lines_during_an_epoch(train_script, fashion_dir, capsys):
+    argv = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1',
+            '--num-train', '512', '--num-test', '64', '--batch-size', '32',
+            '--data-dir', str(fashion_dir), '--progress-interval', '0.000001']
+    assert train_script.main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith('  epoch 1: 1/16 batches,') and err[-1].startswith('  epoch 1: 16/16')
+
+
+def test_a_process_error_is_one_line_without_traceback():
+    proc = run_script('--num-gpus', gm.num_gpus() + 1)
+    assert proc.returncode == 2
+    assert proc.stdout == '' and len(proc.stderr.splitlines()) == 1
+    assert '--cpu-devices' in proc.stderr and 'Traceback' not in proc.stderr
+
+
+@pytest.fixture(scope='module')
+def corrupt_dirs(tmp_path_factory, fashion_dir):
+    """Copies of the real data with one file damaged in each of several ways."""
+    base = tmp_path_factory.mktemp('corrupt')
+    dirs = {}
+
+    def copy(name):
+        d = base / name
+        shutil.copytree(fashion_dir, d)
+        return d
+    d = copy('truncated')
+    raw = (d / 't10k-images-idx3-ubyte.gz').read_bytes()
+    (d / 't10k-images-idx3-ubyte.gz').write_bytes(raw[:1000])
+    dirs['truncated'] = (d, 'not a complete gzip file')
+    d = copy('magic')
+    with gzip.open(d / 't10k-labels-idx1-ubyte.gz', 'wb') as f:
+        f.write(b'\x12\x34\x08\x01' + (10000).to_bytes(4, 'big') + bytes(10000))
+    dirs['magic'] = (d, 'not an IDX file \\(bad magic number 12340801\\)')
+    d = copy('swapped')
+    shutil.copy(d / 't10k-images-idx3-ubyte.gz', d / 't10k-labels-idx1-ubyte.gz')
+    dirs['swapped'] = (d, 'must hold uint8 labels \\(N,\\), found uint8 \\(10000, 28, 28\\)')
+    d = copy('counts')
+    with gzip.open(d / 't10k-labels-idx1-ubyte.gz', 'wb') as f:
+        f.write(b'\x00\x00\x08\x01' + (9999).to_bytes(4, 'big') + bytes(9999))
+    dirs['counts'] = (d, 'holds 10000 images but .* holds 9999 labels')
+    d = copy('missing')
+    os.remove(d / 'train-labels-idx1-ubyte.gz')
+    dirs['missing'] = (d, 'lacks train-labels-idx1-ubyte.gz; it must hold the four files')
+    return dirs
+
+
+@pytest.mark.parametrize('case', ['truncated', 'magic', 'swapped', 'counts', 'missing'])
+def test_bad_data_directories_get_one_line_and_status_2(train_script, corrupt_dirs, case,
+                                                        capsys, tmp_path):
+    directory, message = corrupt_dirs[case]
+    out = tmp_path / 'runs.json'
+    status = train_script.main(['--cpu-devices', '2', '--data-dir', str(directory),
+                                '--json', str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.splitlines()) == 1 and re.search(message, err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--num-gpus', '64'], 'use --cpu-devices 64'),
+    (['--cpu-devices', '3', '--batch-size', '2'], 'cannot be split across 3 devices'),
+    (['--cpu-devices', '2', '--data-dir', '/no/such/dir'], '/no/such/dir does not exist'),
+    (['--cpu-devices', '2', '--json', '/no/such/dir/r.json'], 'does not exist; create it'),
+    (['--cpu-devices', '2', '--plot', '/'], 'is a directory'),
+])
+def test_bad_input_stops_with_status_2(train_script, argv, message, capsys):
+    assert train_script.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == '' and len(captured.err.splitlines()) == 1
+    assert message in captured.err
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--cpu-devices', '0'], '0 is not positive'),
+    (['--cpu-devices', '-2'], '-2 is not positive'),
+    (['--num-gpus', '1', '--cpu-devices', '1'], 'not allowed with argument'),
+    (['--kvstore', 'nccl2'], "invalid choice: 'nccl2'"),
+    (['--model', 'vgg'], "invalid choice: 'vgg'"),
+    (['--dataset', 'cifar'], "invalid choice: 'cifar'"),
+    (['--lr', 'nan'], 'nan is not a positive finite number'),
+    (['--lr', '-0.1'], '-0.1 is not a positive finite number'),
+    (['--lr', 'fast'], "'fast' is not a number"),
+    (['--num-epochs', '0'], '0 is not positive'),
+    (['--num-epochs', 'ten'], "'ten' is not an integer"),
+])
+def test_bad_arguments_stop_with_status_2(train_script, argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        train_script.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.splitlines()) == 1
+    assert message in err and err.endswith('(see --help)\n')
+
+
+def test_divergence_leaves_no_output_files(train_script, fashion_dir, tmp_path, capsys):
+    out, png = tmp_path / 'r.json', tmp_path / 'a.png'
+    status = train_script.main(['--cpu-devices', '2', '--model', 'simple-cnn', '--lr', '10000',
+                                '--num-train', '512', '--num-test', '64', '--batch-size', '64',
+                                '--data-dir', str(fashion_dir), '--json', str(out),
+                                '--plot', str(png)])
+    err = capsys.readouterr().err
+    assert status == 2 and 'lower the learning rate' in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_states_units_and_defaults(train_script, capsys):
+    with pytest.raises(SystemExit) as stop:
+        train_script.main(['--help'])
+    text = capsys.readouterr().out
+    assert stop.value.code == 0
+    for phrase in ('total batch size over all devices', '256 per device', '0.1 per 256 samples',
+                   '--cpu-devices N', 'exit status 2'):
+        assert phrase in ' '.join(text.split())

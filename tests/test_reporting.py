@@ -1,0 +1,83 @@
+import json
+import time
+
+import pytest
+
+import gluon_multigpu as gm
+from gluon_multigpu.reporting import atomic_write
+from gluon_multigpu.training import EpochRecord, TrainResult
+
+PNG = b'\x89PNG\r\n\x1a\n'
+
+
+def test_timer_records_intervals():
+    timer = gm.Timer()
+    time.sleep(0.02)
+    first = timer.stop()
+    timer.start()
+    time.sleep(0.01)
+    timer.stop()
+    assert first >= 0.02 and len(timer.times) == 2
+    assert timer.sum() == pytest.approx(sum(timer.times))
+    assert timer.avg() == pytest.approx(timer.sum() / 2)
+    assert timer.cumsum()[-1] == pytest.approx(timer.sum())
+
+
+def test_accumulator_sums_and_resets():
+    acc = gm.Accumulator(2)
+    acc.add(1, 2.5)
+    acc.add(3, 0.5)
+    assert (acc[0], acc[1]) == (4.0, 3.0)
+    acc.reset()
+    assert acc.data == [0.0, 0.0]
+
+
+def test_animator_keeps_the_books_data_layout_and_writes_a_png(tmp_path):
+    animator = gm.Animator(xlabel='epoch', ylabel='test acc', legend=['local', 'device'],
+                           xlim=[1, 3])
+    for epoch, accs in enumerate([(0.5, 0.52), (0.7, 0.69), (0.8, 0.81)], start=1):
+        animator.add(epoch, accs)
+    assert animator.Y[0][-1] == 0.8 and animator.Y[1] == [0.52, 0.69, 0.81]
+    assert animator.X[0] == [1, 2, 3]
+    path = tmp_path / 'acc.png'
+    animator.save(str(path))
+    assert path.read_bytes()[:8] == PNG and [p.name for p in tmp_path.iterdir()] == ['acc.png']
+
+
+def test_atomic_write_leaves_nothing_when_the_block_fails(tmp_path):
+    path = tmp_path / 'out.json'
+    with pytest.raises(RuntimeError):
+        with atomic_write(str(path)) as f:
+            f.write('{"partial": ')
+            raise RuntimeError('disk full')
+    assert list(tmp_path.iterdir()) == []
+    gm.write_json(str(path), {'a': [1, 2]})
+    assert json.loads(path.read_text()) == {'a': [1, 2]}
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def make_result(kvstore, seconds):
+    result = TrainResult(devices=['gpu(0)', 'gpu(1)'], kvstore=kvstore, lr=0.2)
+    for i, s in enumerate(seconds, start=1):
+        result.epochs.append(EpochRecord(i, 0.5, 0.8, 0.9 + i / 1000, s, 1.0, 60000))
+    return result
+
+
+def test_final_line_is_the_books_line():
+    result = make_result('device', [7.8, 8.0])
+    assert result.final_line() == 'test acc: 0.90, 7.9 sec/epoch on [gpu(0), gpu(1)]'
+    assert result.samples_per_sec == pytest.approx(120000 / 15.8)
+
+
+def test_comparison_table_has_one_row_per_run():
+    table = gm.comparison_table([make_result('local', [10.0]), make_result('device', [8.0])])
+    rows = table.splitlines()
+    assert len(rows) == 4
+    assert rows[2] == '| local | gpu(0), gpu(1) | 10.00 | 6000 | 0.9010 |'
+    assert rows[3].startswith('| device | gpu(0), gpu(1) | 8.00 | 7500 |')
+
+
+def test_epoch_line():
+    record = EpochRecord(2, 0.41234, 0.85, 0.8712, 12.34, 1.0, 60000)
+    assert gm.epoch_line(record, 10) == ('epoch 2/10: loss 0.4123, train acc 0.850, '
+                                         'test acc 0.871, 12.3 s, 4862 samples/s')
