@@ -5,6 +5,7 @@ import tempfile
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ['Animator', 'epoch_line', 'comparison_table', 'atomic_write', 'write_json']
 
@@ -54,6 +55,8 @@ class Animator:
         for i, (xs, ys) in enumerate(zip(self.X or [], self.Y or [])):
             label = self.legend[i] if i < len(self.legend) else None
             ax.plot(xs, ys, marker='o', label=label)
+        if all(isinstance(x, int) for xs in self.X or [] for x in xs):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not fractions
         ax.set_xlabel(self.xlabel or '')
         ax.set_ylabel(self.ylabel or '')
         if self.xlim:

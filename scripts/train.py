@@ -165,10 +165,11 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out=sys.stdout)
 def write_outputs(args, results, config):
     """Write the ``--plot`` and ``--json`` files, each atomically."""
     if args.plot:
+        devices = ', '.join(results[0].devices)
         animator = gm.Animator(xlabel='epoch', ylabel='test acc',
                                legend=[f'kvstore {r.kvstore}' for r in results],
                                xlim=[1, args.num_epochs],
-                               title=f'{args.model} on {args.dataset}, {results[0].devices}')
+                               title=f'{args.model} on {args.dataset}, [{devices}]')
         for i in range(args.num_epochs):
             animator.add(i + 1, [r.test_acc[i] for r in results])
         animator.save(args.plot)
