@@ -83,6 +83,14 @@ def _device_list(net):
     return list(net.collect_params().values())[0].list_ctx()
 
 
+def _add(acc, values):
+    """Add per-device arrays into per-device running sums, on the devices (no sync).
+
+    ``values`` may be shorter than ``acc`` (a last batch split over fewer devices).
+    """
+    return [v if a is None else a + v for a, v in zip(acc, values)] + acc[len(values):]
+
+
 def evaluate_accuracy_gpus(net, data_iter, split_f=split_batch, devices=None):
     """Compute the accuracy of ``net`` on ``data_iter`` using several devices.
 
@@ -110,9 +118,8 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=split_batch, devices=None):
     correct, total = [None] * len(devices), 0
     for features, labels in data_iter:
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
-        for i, (X_shard, y_shard) in enumerate(zip(X_shards, y_shards)):
-            c = accuracy(net(X_shard), y_shard)
-            correct[i] = c if correct[i] is None else correct[i] + c
+        correct = _add(correct, [accuracy(net(X_shard), y_shard)
+                                 for X_shard, y_shard in zip(X_shards, y_shards)])
         total += labels.shape[0]
     if total == 0:
         raise GluonMultiGPUError('the evaluation data is empty')
@@ -152,11 +159,6 @@ def train_batch(net, X, y, loss, trainer, devices):
     trainer.step(X.shape[0])
     return [(l.sum(), accuracy(y_hat, y_shard))
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
-
-
-def _add(acc, values):
-    """Add per-device arrays into per-device running sums (on the devices)."""
-    return [v if a is None else a + v for a, v in zip(acc, values)] + acc[len(values):]
 
 
 def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
