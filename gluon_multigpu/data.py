@@ -13,6 +13,7 @@ import urllib.request
 import zlib
 
 import numpy as onp
+from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
 from mxnet import np, npx
 

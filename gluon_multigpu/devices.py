@@ -5,6 +5,7 @@ Devices are always an explicit list named ``devices``: GPUs such as
 MXNet schedules on separate worker threads, so the same data-parallel code
 runs without a GPU.
 """
+from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
 from mxnet import gluon, npx
 

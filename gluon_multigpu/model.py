@@ -1,8 +1,10 @@
 """The networks: the book's modified ResNet-18 and the lab's small CNN."""
-from mxnet import init
+from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
+from mxnet import autograd, init, np, npx
 from mxnet.gluon import nn
 
-__all__ = ['Residual', 'resnet18', 'simple_cnn', 'get_model', 'default_initializer', 'MODELS']
+__all__ = ['Residual', 'BookResidual', 'resnet18', 'book_resnet18', 'simple_cnn', 'get_model',
+           'default_initializer', 'count_flops', 'MODELS']
 
 
 class Residual(nn.HybridBlock):
@@ -37,37 +39,75 @@ class Residual(nn.HybridBlock):
         return F.npx.relu(Y + X)
 
 
-def _resnet_block(num_channels, num_residuals, first_block=False):
+class BookResidual(nn.Block):
+    """The residual block exactly as the text writes it: an ``nn.Block`` that cannot be hybridized.
+
+    Same layers, parameters and arithmetic as ``Residual``; kept for the
+    book-literal loop and the speed comparison. Parameters as ``Residual``.
+    """
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
+        self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
+        if use_1x1conv:
+            self.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
+        else:
+            self.conv3 = None
+        self.bn1 = nn.BatchNorm()
+        self.bn2 = nn.BatchNorm()
+
+    def forward(self, X):  # pylint: disable=arguments-differ
+        Y = npx.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        if self.conv3:
+            X = self.conv3(X)
+        return npx.relu(Y + X)
+
+
+def _resnet_block(residual, num_channels, num_residuals, first_block=False):
     """Return one ResNet stage; all but the first halve height and width."""
     blk = nn.Sequential()
     for i in range(num_residuals):
         if i == 0 and not first_block:
-            blk.add(Residual(num_channels, use_1x1conv=True, strides=2))
+            blk.add(residual(num_channels, use_1x1conv=True, strides=2))
         else:
-            blk.add(Residual(num_channels))
+            blk.add(residual(num_channels))
     return blk
 
 
+def _resnet18(num_classes, residual):
+    net = nn.Sequential()
+    # This model uses a smaller convolution kernel, stride, and padding and
+    # removes the max-pooling layer
+    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
+            nn.BatchNorm(), nn.Activation('relu'))
+    net.add(_resnet_block(residual, 64, 2, first_block=True),
+            _resnet_block(residual, 128, 2),
+            _resnet_block(residual, 256, 2),
+            _resnet_block(residual, 512, 2))
+    net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
+    return net
+
+
 def resnet18(num_classes):
-    """Return the book's slightly modified ResNet-18 (d2l 13.6).
+    """Return the book's slightly modified ResNet-18 (d2l 13.6), built to be hybridized.
 
     Compared with the ImageNet ResNet-18 it uses a 3x3 stem with stride 1 and
-    padding 1 and no max-pooling, because the input images are small.
+    padding 1 and no max-pooling, because the input images are small. Every
+    block is a ``HybridBlock``, so ``train`` can compile it.
 
     Parameters
     ----------
     num_classes : int
         Outputs of the final Dense layer.
     """
-    net = nn.Sequential()
-    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
-            nn.BatchNorm(), nn.Activation('relu'))
-    net.add(_resnet_block(64, 2, first_block=True),
-            _resnet_block(128, 2),
-            _resnet_block(256, 2),
-            _resnet_block(512, 2))
-    net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
-    return net
+    return _resnet18(num_classes, Residual)
+
+
+def book_resnet18(num_classes):
+    """Return the same ResNet-18 built from ``BookResidual`` (``nn.Block``), as in the text."""
+    return _resnet18(num_classes, BookResidual)
 
 
 def simple_cnn(num_classes=10):
@@ -89,6 +129,50 @@ def simple_cnn(num_classes=10):
 
 
 MODELS = {'resnet18': resnet18, 'simple-cnn': simple_cnn}
+
+
+def count_flops(net, input_shape=(1, 1, 28, 28)):
+    """Return the training FLOPs per sample of ``net``, counted from its layer shapes.
+
+    Counts the multiply-adds of every ``Conv2D`` and ``Dense`` layer in one
+    forward pass (2 FLOPs each) and takes a training step as 3 forward passes
+    (the backward pass computes a gradient for the inputs and one for the
+    weights, each as costly as the forward). BatchNorm, activations and
+    pooling are left out: they move memory rather than multiply.
+
+    Parameters
+    ----------
+    net : Block
+        An initialised, not hybridized network (hooks do not fire in a compiled graph).
+    input_shape : tuple
+        Shape of one input batch; the count is divided by its first dimension.
+    """
+    macs = []
+
+    def hook(block, inputs, output):
+        x = inputs[0]
+        if isinstance(block, nn.Conv2D):
+            groups = block._kwargs.get('num_group', 1)  # pylint: disable=protected-access
+            k = 1
+            for d in block._kwargs['kernel']:  # pylint: disable=protected-access
+                k *= d
+            macs.append(output.size * (x.shape[1] // groups) * k)
+        else:
+            macs.append(output.size * (x.size // x.shape[0]))
+
+    handles = []
+    stack = [net]
+    while stack:
+        block = stack.pop()
+        if isinstance(block, (nn.Conv2D, nn.Dense)):
+            handles.append(block.register_forward_hook(hook))
+        stack.extend(block._children.values())  # pylint: disable=protected-access
+    ctx = list(net.collect_params().values())[0].list_ctx()[0]
+    with autograd.predict_mode():
+        net(np.zeros(input_shape, ctx=ctx))
+    for h in handles:
+        h.detach()
+    return 3 * 2 * sum(macs) / input_shape[0]
 
 
 def get_model(name, num_classes=10):

@@ -8,9 +8,11 @@ are marked: where they sit decides what a timing means.
 """
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
+from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
 from mxnet import autograd, gluon, init, npx
 
@@ -19,7 +21,7 @@ from .errors import DeviceError, GluonMultiGPUError, TrainingDiverged
 from .utils import Timer, accuracy
 
 __all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train_batch',
-           'train_epoch', 'check_kvstore', 'check_lr', 'make_trainer', 'train']
+           'train_epoch', 'check_kvstore', 'check_lr', 'make_trainer', 'hybridize', 'train']
 
 #: Gradient-synchronisation back ends accepted by ``train``.
 KVSTORES = ('local', 'device')
@@ -229,8 +231,25 @@ def make_trainer(net, lr, kvstore):
     return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr}, kvstore=kvstore)
 
 
+def hybridize(net):
+    """Compile every ``HybridBlock`` of ``net``, with its memory planned once (``static_alloc``).
+
+    A compiled graph runs without Python between its operators and reuses
+    its buffers. Blocks that are plain ``nn.Block`` (like ``BookResidual``)
+    keep running eagerly; their hybridizable children are compiled.
+    ``static_shape`` is not used: in MXNet 1.9.1 it drops BatchNorm's
+    running-statistics update on the first steps of a block nested in an
+    ``nn.Sequential`` (tests/test_fast_path.py compares with the eager loop).
+    """
+    with warnings.catch_warnings():
+        # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
+        warnings.filterwarnings('ignore', message='All children of this Sequential layer',
+                                category=UserWarning)
+        net.hybridize(static_alloc=True)
+
+
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
-          seed=None, initializer=None, on_epoch=None, on_progress=None, progress_interval=10.0):
+          seed=None, initializer=None, hybrid=True, on_epoch=None, on_progress=None, progress_interval=10.0):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Parameters
@@ -251,6 +270,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         Seeds MXNet's generators before initialisation, for identical initial weights.
     initializer : Initializer, optional
         Defaults to the book's ``init.Normal(sigma=0.01)``.
+    hybrid : bool
+        Hybridize the network (see ``hybridize``): the fast path, same arithmetic.
     on_epoch : callable, optional
         Called with each ``EpochRecord`` as soon as the epoch is evaluated.
     on_progress : callable, optional
@@ -271,6 +292,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
+    if hybrid:
+        hybridize(net)
     trainer = make_trainer(net, lr, kvstore)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore, lr=lr)

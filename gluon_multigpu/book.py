@@ -1,0 +1,101 @@
+"""The text's training loop and evaluation verbatim, for teaching and for the speed comparison.
+
+``train_book`` is the loop of d2l 13.6 as printed (an ``nn.Block`` model run
+eagerly, ``trainer.step(batch_size)``), with the loss and accuracy read back
+to the host after every step as the book's other training loops do, and the
+text's ``evaluate_accuracy_gpus``, which reads back every shard. Each
+read-back is a host-device sync point; ``training.train`` is the fast path
+with the same arithmetic.
+"""
+import time
+
+from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
+import mxnet as mx
+from mxnet import autograd, gluon, init, npx
+
+from .devices import split_batch
+from .training import EpochRecord, TrainResult, check_kvstore, check_lr, make_trainer
+from .utils import Accumulator, Timer, accuracy
+
+__all__ = ['evaluate_accuracy_book', 'train_epoch_book', 'train_book']
+
+
+def evaluate_accuracy_book(net, data_iter, split_f=split_batch):
+    """Compute the accuracy of ``net`` on several devices, line for line as the text does."""
+    # Query the list of devices
+    devices = list(net.collect_params().values())[0].list_ctx()
+    # No. of correct predictions, no. of predictions
+    metric = Accumulator(2)
+    for features, labels in data_iter:
+        X_shards, y_shards = split_f(features, labels, devices)
+        # Run in parallel
+        pred_shards = [net(X_shard) for X_shard in X_shards]
+        # Sync point per shard: float() waits for the prediction
+        metric.add(sum(float(accuracy(pred_shard, y_shard)) for
+                       pred_shard, y_shard in zip(pred_shards, y_shards)), labels.size)
+    return metric[0] / metric[1]
+
+
+def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None):
+    """Train one epoch with the text's loop; return ``(loss_sum, num_correct, samples, seconds)``."""
+    timer = Timer()
+    metric = Accumulator(3)  # loss sum, correct predictions, samples
+    for features, labels in train_iter:
+        X_shards, y_shards = split_batch(features, labels, devices)
+        with autograd.record():
+            y_hats = [net(X_shard) for X_shard in X_shards]
+            ls = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
+        for l in ls:
+            l.backward()
+        trainer.step(batch_size or features.shape[0])
+        # Sync point per step: read the loss and accuracy back to the host.
+        metric.add(sum(float(l.sum()) for l in ls),
+                   sum(float(accuracy(y_hat, y_shard))
+                       for y_hat, y_shard in zip(y_hats, y_shards)),
+                   features.shape[0])
+    npx.waitall()
+    return metric[0], metric[1], int(metric[2]), timer.stop()
+
+
+def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',
+               batch_size=None, seed=None, initializer=None, on_epoch=None):
+    """Train with the text's loop; return a ``TrainResult`` like ``train``.
+
+    Parameters
+    ----------
+    net : Block
+        Typically ``book_resnet18(10)``; never hybridized here.
+    train_iter, test_iter : iterable of (X, y)
+    devices : list of Context
+    num_epochs : int
+    lr : float
+    kvstore : {'local', 'device'}
+        The text uses the Trainer's default, ``device``.
+    batch_size : int, optional
+        Passed to ``trainer.step`` as the text does; defaults to each batch's size.
+    seed : int, optional
+        Seeds MXNet's generators before initialisation.
+    initializer : Initializer, optional
+        Defaults to the text's ``init.Normal(sigma=0.01)``.
+    on_epoch : callable, optional
+        Called with each ``EpochRecord``.
+    """
+    check_kvstore(kvstore, len(devices))
+    check_lr(lr)
+    if seed is not None:
+        mx.random.seed(seed)
+    net.initialize(init=initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
+    trainer = make_trainer(net, lr, kvstore)
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore, lr=lr)
+    for epoch in range(1, num_epochs + 1):
+        loss_sum, num_correct, samples, seconds = train_epoch_book(
+            net, train_iter, loss, trainer, devices, batch_size)
+        tic = time.perf_counter()
+        test_acc = evaluate_accuracy_book(net, test_iter)
+        record = EpochRecord(epoch, loss_sum / samples, num_correct / samples, test_acc,
+                             seconds, time.perf_counter() - tic, samples)
+        result.epochs.append(record)
+        if on_epoch is not None:
+            on_epoch(record)
+    return result

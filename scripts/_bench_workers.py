@@ -1,0 +1,229 @@
+"""The measurements of scripts/benchmark.py; each runs in a fresh process and returns a dict.
+
+MXNet's engine settings are in the environment before this module imports
+MXNet (the parent process sets them per variant), so nothing here imports
+MXNet or the package at module level.
+"""
+import os
+import resource
+import time
+
+
+def _rss_mb():
+    """Resident memory of this process now, in MiB."""
+    with open('/proc/self/statm') as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf('SC_PAGE_SIZE') / 2**20
+
+
+def _peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _test_images(spec, n):
+    import gluon_multigpu as gm
+    images, labels = gm.read_split(spec['data_dir'], 'test', 'fashion-mnist')
+    reps = -(-n // len(labels))
+    if reps > 1:
+        import numpy as onp
+        images, labels = onp.concatenate([images] * reps), onp.concatenate([labels] * reps)
+    return images[:n], labels[:n]
+
+
+def _net(variant, model):
+    import gluon_multigpu as gm
+    if model == 'resnet18':
+        return gm.book_resnet18(10) if variant == 'book' else gm.resnet18(10)
+    return gm.simple_cnn(10)
+
+
+def throughput(spec):
+    """Training images/s of one variant: the library's own epoch functions on real images."""
+    import gluon_multigpu as gm
+    from mxnet import gluon
+    from gluon_multigpu import book, training
+    devices = gm.cpu_devices(spec['devices'])
+    batch, warmup, steps = spec['batch'], spec['warmup'], spec['steps']
+    images, labels = _test_images(spec, batch * (warmup + steps))
+    batches = list(gm.ArrayLoader(images, labels, batch))
+    net = _net(spec['variant'], spec['model'])
+    net.initialize(gm.default_initializer(spec['model']), ctx=devices)
+    if spec['variant'] == 'ours':
+        training.hybridize(net)
+    trainer = training.make_trainer(net, 0.01, spec['kvstore'])
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    if spec['variant'] == 'book':
+        def epoch(data):
+            return book.train_epoch_book(net, data, loss, trainer, devices, batch)
+    else:
+        def epoch(data):
+            return training.train_epoch(net, data, loss, trainer, devices)
+    epoch(batches[:warmup])
+    _, _, samples, seconds = epoch(batches[warmup:])
+    return {'images_per_sec': samples / seconds}
+
+
+def gemm(spec):
+    """Dense matrix-multiply GFLOP/s on the contexts at once: oneDNN (FullyConnected) and np.dot."""
+    import gluon_multigpu  # noqa: F401  (the same engine settings as the training it bounds)
+    import mxnet as mx
+    from mxnet import np, npx
+    n, reps = spec['n'], spec['reps']
+    devices = [mx.cpu(i) for i in range(spec['devices'])]
+    A = [np.random.uniform(size=(n, n), ctx=d) for d in devices]
+    B = [np.random.uniform(size=(n, n), ctx=d) for d in devices]
+    rates = {}
+    for name, f in (('onednn', lambda a, b: npx.fully_connected(a, b, num_hidden=n, no_bias=True)),
+                    ('np_dot', np.dot)):
+        [f(a, b) for a, b in zip(A, B)]
+        npx.waitall()
+        tic = time.perf_counter()
+        for _ in range(reps):
+            [f(a, b) for a, b in zip(A, B)]
+        npx.waitall()  # sync point: every product done before the clock stops
+        rates[name] = 2 * n**3 * reps * len(devices) / (time.perf_counter() - tic) / 1e9
+    return {'gflops': max(rates.values()), **{f'gflops_{k}': v for k, v in rates.items()}}
+
+
+def _torch_resnet18(torch, nn):
+    """The PyTorch edition's ResNet-18 (seed 000), the same layers as the book's MXNet one."""
+    F = nn.functional
+
+    class Residual(nn.Module):
+        def __init__(self, c_in, c, use_1x1conv=False, strides=1):
+            super().__init__()
+            self.conv1 = nn.Conv2d(c_in, c, 3, padding=1, stride=strides)
+            self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+            self.conv3 = nn.Conv2d(c_in, c, 1, stride=strides) if use_1x1conv else None
+            self.bn1, self.bn2 = nn.BatchNorm2d(c), nn.BatchNorm2d(c)
+
+        def forward(self, X):
+            Y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(X)))))
+            return F.relu(Y + (self.conv3(X) if self.conv3 is not None else X))
+
+    def stage(c_in, c, first=False):
+        return nn.Sequential(Residual(c_in, c, not first, 1 if first else 2), Residual(c, c))
+
+    return nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(),
+                         stage(64, 64, True), stage(64, 128), stage(128, 256), stage(256, 512),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
+
+
+def torch_throughput(spec):
+    """PyTorch CPU training images/s for the same model and batch, or why it could not run."""
+    try:
+        import torch
+        from torch import nn
+    except ImportError:
+        return {'error': 'PyTorch is not installed (pip install -e ".[bench]")'}
+    torch.manual_seed(0)
+    net = _torch_resnet18(torch, nn)
+    images, labels = _test_images(spec, spec['batch'])
+    X = torch.tensor(images[:, None] / 255.0, dtype=torch.float32)
+    y = torch.tensor(labels, dtype=torch.long)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    loss = nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad()
+        loss(net(X), y).backward()
+        opt.step()
+    for _ in range(spec['warmup']):
+        step()
+    tic = time.perf_counter()
+    for _ in range(spec['steps']):
+        step()
+    return {'images_per_sec': spec['batch'] * spec['steps'] / (time.perf_counter() - tic),
+            'threads': torch.get_num_threads(), 'version': torch.__version__}
+
+
+def book_loaders(images, labels, test_images, test_labels, batch, workers=4):
+    """Loaders built the book's way: a Gluon DataLoader, ToTensor per sample, worker processes."""
+    import mxnet as mx
+    from mxnet import gluon
+    trans = gluon.data.vision.transforms.ToTensor()
+
+    def dataset(x, y):
+        return gluon.data.ArrayDataset(mx.np.array(x[..., None], dtype='uint8'),
+                                       mx.np.array(y, dtype='int32')).transform_first(trans)
+    return (gluon.data.DataLoader(dataset(images, labels), batch, shuffle=True,
+                                  num_workers=workers),
+            gluon.data.DataLoader(dataset(test_images, test_labels), batch, shuffle=False,
+                                  num_workers=workers))
+
+
+def pipeline(spec):
+    """Images/s delivered by a loader, each batch made ready (X.wait_to_read: a sync point)."""
+    import gluon_multigpu as gm
+    images, labels = gm.read_split(spec['data_dir'], 'train', 'fashion-mnist')
+    images, labels = images[:spec['images']], labels[:spec['images']]
+    if spec['variant'] == 'book':
+        loader, _ = book_loaders(images, labels, images[:1], labels[:1], spec['batch'])
+    else:
+        loader = gm.ArrayLoader(images, labels, spec['batch'], shuffle=True)
+    tic, n = time.perf_counter(), 0
+    for X, _ in loader:
+        X.wait_to_read()
+        n += X.shape[0]
+    return {'images_per_sec': n / (time.perf_counter() - tic)}
+
+
+def evaluation(spec):
+    """Evaluation images/s of ResNet-18 over the test images: the book's function or ours."""
+    import gluon_multigpu as gm
+    from gluon_multigpu import training
+    devices = gm.cpu_devices(spec['devices'])
+    images, labels = _test_images(spec, spec['images'])
+    loader = gm.ArrayLoader(images, labels, spec['batch'])
+    net = _net(spec['variant'], 'resnet18')
+    net.initialize(gm.default_initializer('resnet18'), ctx=devices)
+    if spec['variant'] == 'ours':
+        training.hybridize(net)
+        evaluate = gm.evaluate_accuracy_gpus
+    else:
+        evaluate = gm.evaluate_accuracy_book
+    evaluate(net, gm.ArrayLoader(images[:spec['batch']], labels[:spec['batch']], spec['batch']))
+    tic = time.perf_counter()
+    evaluate(net, loader)
+    return {'images_per_sec': len(labels) / (time.perf_counter() - tic)}
+
+
+def _run_training(spec, on_epoch):
+    """Train the simple CNN as the variant does; return the TrainResult."""
+    import gluon_multigpu as gm
+    devices = gm.cpu_devices(spec['devices'])
+    batch, lr = spec['batch'], 0.1 * spec['batch'] / 256
+    init = gm.default_initializer('simple-cnn')
+    num_train, num_test = spec.get('num_train'), spec.get('num_test')
+    if spec['variant'] == 'book':
+        root = spec['data_dir']
+        images, labels = gm.read_split(root, 'train', 'fashion-mnist')
+        test_images, test_labels = gm.read_split(root, 'test', 'fashion-mnist')
+        train_iter, test_iter = book_loaders(images[:num_train], labels[:num_train],
+                                             test_images[:num_test], test_labels[:num_test],
+                                             batch)
+        return gm.train_book(gm.simple_cnn(), train_iter, test_iter, devices,
+                             num_epochs=spec['epochs'], lr=lr, batch_size=batch, seed=0,
+                             initializer=init, on_epoch=on_epoch)
+    train_iter, test_iter = gm.load_data_fashion_mnist(batch, root=spec['data_dir'],
+                                                       num_train=num_train, num_test=num_test)
+    return gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=spec['epochs'],
+                    lr=lr, seed=0, initializer=init, on_epoch=on_epoch)
+
+
+def end_to_end(spec):
+    """Whole epochs of the simple CNN on the real data: wall time (train + test) and accuracy."""
+    walls = []
+    result = _run_training(spec, lambda r: walls.append(r.seconds + r.eval_seconds))
+    return {'epoch_seconds': walls, 'test_acc': result.test_acc[-1]}
+
+
+def memory(spec):
+    """Resident memory after each epoch of a short simple-CNN run, and the peak (MiB)."""
+    rss = []
+    _run_training(spec, lambda r: rss.append(_rss_mb()))
+    return {'rss_mb': rss, 'peak_mb': _peak_rss_mb(), 'growth': rss[-1] / rss[0] - 1}
+
+
+WORKERS = {f.__name__: f for f in (throughput, gemm, torch_throughput, pipeline, evaluation,
+                                   end_to_end, memory)}

@@ -1,0 +1,143 @@
+"""The fast path computes what the text's loop computes: same model, parameters and update."""
+import mxnet as mx
+import numpy as onp
+import pytest
+from mxnet import gluon, init, np
+
+import gluon_multigpu as gm
+from gluon_multigpu import runtime, training
+
+
+def real_batches(fashion_test, n, batch):
+    images, labels = fashion_test
+    return [(np.array(images[i:i + batch, None] / 255.0, dtype='float32'),
+             np.array(labels[i:i + batch], dtype='int32')) for i in range(0, n, batch)]
+
+
+def params(net, ctx):
+    return [p.data(ctx).asnumpy() for p in net.collect_params().values()]
+
+
+def test_book_resnet18_has_the_same_parameters_in_the_same_order():
+    fast, book = gm.resnet18(10), gm.book_resnet18(10)
+    for net in (fast, book):
+        net.initialize()
+        net(np.zeros((1, 1, 28, 28)))
+    assert [p.shape for p in fast.collect_params().values()] == \
+        [p.shape for p in book.collect_params().values()]
+    assert isinstance(book[3][0], gm.BookResidual) and not isinstance(book[3][0],
+                                                                      gluon.HybridBlock)
+
+
+def test_hybridized_residual_equals_the_books_block_with_the_same_parameters():
+    x = np.random.uniform(size=(4, 8, 6, 6))
+    fast, book = gm.Residual(16, True, 2), gm.BookResidual(16, True, 2)
+    for blk in (fast, book):
+        blk.initialize(init.Normal(0.1))
+        blk(x)
+    for p_fast, p_book in zip(fast.collect_params().values(), book.collect_params().values()):
+        p_fast.set_data(p_book.data())
+    fast.hybridize(static_alloc=True, static_shape=True)
+    onp.testing.assert_allclose(fast(x).asnumpy(), book(x).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('kvstore', ['local', 'device'])
+def test_fast_train_equals_the_book_loop_on_the_simple_cnn(fashion_test, kvstore):
+    batches = real_batches(fashion_test, 256, 64)
+    devices = gm.cpu_devices(2)
+    runs = {}
+    for name, fn in (('book', gm.train_book), ('fast', gm.train)):
+        net = gm.simple_cnn()
+        result = fn(net, batches, batches, devices, num_epochs=2, lr=0.2, kvstore=kvstore,
+                    seed=3, initializer=init.Uniform(0.07))
+        runs[name] = (params(net, devices[1]), result)
+    for a, b in zip(runs['book'][0], runs['fast'][0]):
+        onp.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    for e_book, e_fast in zip(runs['book'][1].epochs, runs['fast'][1].epochs):
+        assert e_fast.train_loss == pytest.approx(e_book.train_loss, rel=1e-5)
+        assert e_fast.test_acc == pytest.approx(e_book.test_acc, abs=1 / 256 + 1e-9)
+
+
+def test_fast_resnet18_step_equals_the_books_within_float_tolerance(fashion_test):
+    # BatchNorm's batch statistics are computed per shard in both; the compiled
+    # graph sums in another order, so agreement is to float32 rounding.
+    X, y = real_batches(fashion_test, 16, 16)[0]
+    devices = gm.cpu_devices(2)
+    out = {}
+    for name, net in (('book', gm.book_resnet18(10)), ('fast', gm.resnet18(10))):
+        mx.random.seed(9)
+        net.initialize(init.Normal(sigma=0.01), ctx=devices)
+        if name == 'fast':
+            training.hybridize(net)
+        trainer = training.make_trainer(net, 0.1, 'device')
+        gm.train_batch(net, X, y, gluon.loss.SoftmaxCrossEntropyLoss(), trainer, devices)
+        out[name] = params(net, devices[0])
+    for a, b in zip(out['book'], out['fast']):
+        onp.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_book_evaluation_equals_ours(fashion_test):
+    batches = real_batches(fashion_test, 100, 30)  # last batch of 10: uneven over 3 devices
+    net = gm.simple_cnn()
+    net.initialize(init.Uniform(0.07), ctx=gm.cpu_devices(3))
+    assert gm.evaluate_accuracy_book(net, batches) == gm.evaluate_accuracy_gpus(net, batches)
+
+
+def test_count_flops_matches_the_layer_arithmetic():
+    # multiply-adds of one forward pass, worked out by hand from the layer shapes
+    resnet_macs = (28 * 28 * 64 * 9                                   # stem
+                   + 4 * 28 * 28 * 64 * 64 * 9                        # stage 1
+                   + 14 * 14 * 128 * (64 * 9 + 3 * 128 * 9 + 64)      # stage 2
+                   + 7 * 7 * 256 * (128 * 9 + 3 * 256 * 9 + 128)      # stage 3
+                   + 4 * 4 * 512 * (256 * 9 + 3 * 512 * 9 + 256)      # stage 4
+                   + 512 * 10)                                        # dense
+    cnn_macs = 26 * 26 * 20 * 9 + 9 * 9 * 50 * 20 * 25 + 800 * 128 + 128 * 10
+    for net, macs in ((gm.resnet18(10), resnet_macs), (gm.simple_cnn(), cnn_macs)):
+        net.initialize()
+        assert gm.count_flops(net, (2, 1, 28, 28)) == 3 * 2 * macs
+
+
+def test_engine_env_divides_the_cores_among_contexts_and_widens_the_scratch_pool():
+    assert runtime.engine_env(2, cores=8) == {'OMP_NUM_THREADS': '4', 'MXNET_CPU_TEMP_COPY': '32'}
+    assert runtime.engine_env(3, cores=2) == {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': '48'}
+    assert runtime.engine_env(cores=2) == {'MXNET_CPU_TEMP_COPY': '32'}  # count unknown
+    assert runtime.engine_env(0) == {'MXNET_CPU_TEMP_COPY': '16'}        # GPUs: threads untouched
+
+
+def test_apply_engine_env_never_overrides_the_user():
+    environ = {'OMP_NUM_THREADS': '3'}
+    applied = runtime.apply_engine_env(1, environ, cores=2)
+    assert applied == {'MXNET_CPU_TEMP_COPY': '16'}
+    assert environ == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '16'}
+
+
+def test_apply_engine_env_can_be_turned_off():
+    environ = {'GLUON_MULTIGPU_ENGINE_ENV': '0'}
+    assert runtime.apply_engine_env(2, environ) == {}
+    assert environ == {'GLUON_MULTIGPU_ENGINE_ENV': '0'}
+
+
+def run_python(code, **env_changes):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('MXNET_CPU_TEMP_COPY', 'OMP_NUM_THREADS', 'GLUON_MULTIGPU_ENGINE_ENV')}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_the_package_defers_mxnet_so_a_script_can_set_threads_first():
+    code = ('import sys, os; import gluon_multigpu as gm; a = "mxnet" in sys.modules; '
+            'gm.runtime.apply_engine_env(num_cpu_devices=2, cores=4); gm.cpu_devices(2); '
+            'print(a, "mxnet" in sys.modules, os.environ["OMP_NUM_THREADS"], '
+            'os.environ["MXNET_CPU_TEMP_COPY"])')
+    assert run_python(code) == ['False', 'True', '2', '32']
+
+
+def test_first_use_applies_the_count_free_settings_and_numpy_mode():
+    code = ('import os; import gluon_multigpu as gm; gm.resnet18(10); '
+            'from mxnet import util; print(os.environ["MXNET_CPU_TEMP_COPY"], '
+            'util.is_np_array(), "OMP_NUM_THREADS" in os.environ)')
+    assert run_python(code) == ['32', 'True', 'False']
