@@ -23,8 +23,7 @@ from .utils import Timer, accuracy
 __all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train_batch',
            'train_epoch', 'check_kvstore', 'check_lr', 'make_trainer', 'hybridize', 'train']
 
-#: Gradient-synchronisation back ends accepted by ``train``.
-KVSTORES = ('local', 'device')
+from .names import KVSTORES  # noqa: E402  (the back ends ``train`` accepts)
 
 
 @dataclass

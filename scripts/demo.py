@@ -13,10 +13,15 @@ plays the part of "the CPU" on which nothing was initialised.
 import argparse
 import sys
 
-import mxnet as mx
-from mxnet import gluon, init, np
+from gluon_multigpu import runtime
 
-import gluon_multigpu as gm
+runtime.apply_engine_env()  # before MXNet loads
+
+# pylint: disable=wrong-import-position
+import mxnet as mx  # noqa: E402
+from mxnet import gluon, init, np  # noqa: E402
+
+import gluon_multigpu as gm  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,8 +53,9 @@ def show(arr):
     return text if 'ctx=' in text else f'{text[:-1]}, ctx={arr.ctx})'
 
 
-def walk_through(devices, out=sys.stdout):
+def walk_through(devices, out=None):
     """Run the three steps of the text on ``devices``; return the network."""
+    out = out or sys.stdout
     net = gm.resnet18(10)
     net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
     print(f'devices = {devices}', file=out)

@@ -10,8 +10,8 @@ import math
 import os
 import sys
 
-import gluon_multigpu as gm
-from gluon_multigpu.reporting import atomic_write
+import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
+from gluon_multigpu import names, runtime
 
 EPILOG = """\
 examples:
@@ -61,7 +61,7 @@ def build_parser():
                        help='train on gpu(0)..gpu(N-1) (default: all GPUs, or the CPU if none)')
     where.add_argument('--cpu-devices', type=positive_int, metavar='N',
                        help='train on N CPU contexts cpu(0)..cpu(N-1) instead of GPUs')
-    p.add_argument('--kvstore', nargs='+', choices=gm.KVSTORES, default=['device'],
+    p.add_argument('--kvstore', nargs='+', choices=names.KVSTORES, default=['device'],
                    metavar='KV', help='gradient synchronisation: local (sum on the CPU) or device '
                    '(sum on the devices); several run in turn on the same data and initial '
                    'weights and end with a side-by-side table (default: device)')
@@ -72,9 +72,9 @@ def build_parser():
                    'as the book scales it)')
     p.add_argument('--num-epochs', type=positive_int, default=10, metavar='N',
                    help='passes over the training set (default: 10)')
-    p.add_argument('--model', choices=sorted(gm.MODELS), default='resnet18',
+    p.add_argument('--model', choices=names.MODEL_NAMES, default='resnet18',
                    help='network (default: resnet18)')
-    p.add_argument('--dataset', choices=sorted(gm.DATASETS), default='fashion-mnist',
+    p.add_argument('--dataset', choices=names.DATASET_NAMES, default='fashion-mnist',
                    help='data set (default: fashion-mnist)')
     p.add_argument('--data-dir', metavar='DIR',
                    help='directory with the four IDX .gz files '
@@ -89,6 +89,9 @@ def build_parser():
                    help='seed of the initial weights and the data order (default: 0)')
     p.add_argument('--plot', metavar='PATH', help='write the test-accuracy curve as a PNG')
     p.add_argument('--json', metavar='PATH', help='write every figure of the run(s) as JSON')
+    p.add_argument('--book-literal', action='store_true',
+                   help="run the text's loop verbatim (nn.Block residuals, no hybridization, "
+                   'loss and accuracy read back every step) instead of the fast path')
     p.add_argument('--progress-interval', type=float, default=10.0, metavar='SECONDS',
                    help='seconds between progress lines within an epoch on stderr; '
                    '0 turns them off (default: 10)')
@@ -142,7 +145,7 @@ def make_loaders(args, batch_size, num_devices):
     return train_iter, test_iter, note
 
 
-def train_one(args, kvstore, devices, lr, train_iter, test_iter, out=sys.stdout):
+def train_one(args, kvstore, devices, lr, train_iter, test_iter, out):
     """Train a fresh model with one kvstore; print progress; return the TrainResult."""
     train_iter.epoch = 0  # every kvstore sees the same sequence of batches
     num_batches = len(train_iter)
@@ -154,10 +157,16 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out=sys.stdout)
     def on_epoch(record):
         print(gm.epoch_line(record, args.num_epochs), file=out, flush=True)
 
-    net = gm.get_model(args.model, gm.DATASETS[args.dataset]['classes'])
-    return gm.train(net, train_iter, test_iter, devices, num_epochs=args.num_epochs, lr=lr,
-                    kvstore=kvstore, seed=args.seed,
-                    initializer=gm.default_initializer(args.model), on_epoch=on_epoch,
+    classes = gm.DATASETS[args.dataset]['classes']
+    initializer = gm.default_initializer(args.model)
+    if args.book_literal:
+        net = gm.book_resnet18(classes) if args.model == 'resnet18' else gm.simple_cnn(classes)
+        return gm.train_book(net, train_iter, test_iter, devices, num_epochs=args.num_epochs,
+                             lr=lr, kvstore=kvstore, batch_size=train_iter.batch_size,
+                             seed=args.seed, initializer=initializer, on_epoch=on_epoch)
+    return gm.train(gm.get_model(args.model, classes), train_iter, test_iter, devices,
+                    num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
+                    initializer=initializer, on_epoch=on_epoch,
                     on_progress=on_progress if args.progress_interval > 0 else None,
                     progress_interval=args.progress_interval)
 
@@ -177,8 +186,9 @@ def write_outputs(args, results, config):
         gm.write_json(args.json, {'config': config, 'runs': [r.to_dict() for r in results]})
 
 
-def run(args, out=sys.stdout):
+def run(args, out=None):
     """Check the input, train once per kvstore, report; return the list of TrainResult."""
+    out = out or sys.stdout
     devices, note = select_devices(args.num_gpus, args.cpu_devices)
     batch_size = args.batch_size or 256 * len(devices)
     if batch_size < len(devices):
@@ -213,9 +223,18 @@ def run(args, out=sys.stdout):
     return results
 
 
+def engine_devices(args):
+    """How many CPU contexts will train (None: not known before MXNet looks for GPUs)."""
+    if args.cpu_devices is not None:
+        return args.cpu_devices
+    return 0 if args.num_gpus is not None else None
+
+
 def main(argv=None):
     """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
     args = parse_args(argv)
+    # Before MXNet loads: its OpenMP threads are fixed when the library loads.
+    runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
     try:
         run(args)
     except gm.GluonMultiGPUError as e:

@@ -178,3 +178,24 @@ def test_help_states_units_and_defaults(train_script, capsys):
     for phrase in ('total batch size over all devices', '256 per device', '0.1 per 256 samples',
                    '--cpu-devices N', 'exit status 2'):
         assert phrase in ' '.join(text.split())
+
+
+def test_book_literal_runs_the_texts_loop_to_the_same_figures(train_script, fashion_dir, capsys):
+    argv = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train',
+            '512', '--num-test', '128', '--batch-size', '64', '--data-dir', str(fashion_dir),
+            '--progress-interval', '0']
+    assert train_script.main(argv) == 0
+    fast = capsys.readouterr().out.splitlines()
+    assert train_script.main(argv + ['--book-literal']) == 0
+    book = capsys.readouterr().out.splitlines()
+    # same data, initial weights and update: the loss agrees to float rounding
+    loss = [float(re.search(r'loss (\d\.\d+)', l).group(1)) for l in (fast[1], book[1])]
+    assert abs(loss[0] - loss[1]) < 2e-4
+    assert FINAL.match(book[-1])
+
+
+def test_cli_choices_match_the_library():
+    from gluon_multigpu import names
+    assert set(names.MODEL_NAMES) == set(gm.MODELS)
+    assert set(names.DATASET_NAMES) == set(gm.DATASETS)
+    assert names.KVSTORES == gm.KVSTORES
