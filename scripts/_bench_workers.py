@@ -116,6 +116,7 @@ def torch_throughput(spec):
         from torch import nn
     except ImportError:
         return {'error': 'PyTorch is not installed (pip install -e ".[bench]")'}
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # PyTorch's own default: every core
     torch.manual_seed(0)
     net = _torch_resnet18(torch, nn)
     images, labels = _test_images(spec, spec['batch'])

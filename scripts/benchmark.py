@@ -230,6 +230,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
+        if spec['variant'] == 'ours':  # the settings train.py applies for this device count
+            from gluon_multigpu import runtime
+            runtime.apply_engine_env(num_cpu_devices=spec.get('devices'))
         print('RESULT ' + json.dumps(_bench_workers.WORKERS[spec['kind']](spec)), flush=True)
         return 0
     missing = [f for f in ('train-images-idx3-ubyte.gz', 't10k-images-idx3-ubyte.gz')

@@ -98,17 +98,18 @@ def test_count_flops_matches_the_layer_arithmetic():
 
 
 def test_engine_env_divides_the_cores_among_contexts_and_widens_the_scratch_pool():
-    assert runtime.engine_env(2, cores=8) == {'OMP_NUM_THREADS': '4', 'MXNET_CPU_TEMP_COPY': '32'}
-    assert runtime.engine_env(3, cores=2) == {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': '48'}
-    assert runtime.engine_env(cores=2) == {'MXNET_CPU_TEMP_COPY': '32'}  # count unknown
-    assert runtime.engine_env(0) == {'MXNET_CPU_TEMP_COPY': '16'}        # GPUs: threads untouched
+    assert runtime.engine_env(2, cores=8) == {'OMP_NUM_THREADS': '4', 'MXNET_CPU_TEMP_COPY': '64'}
+    assert runtime.engine_env(3, cores=2) == {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': '64'}
+    assert runtime.engine_env(8, cores=8)['MXNET_CPU_TEMP_COPY'] == '128'
+    assert runtime.engine_env(cores=2) == {'MXNET_CPU_TEMP_COPY': '64'}  # count unknown
+    assert runtime.engine_env(0) == {'MXNET_CPU_TEMP_COPY': '64'}        # GPUs: threads untouched
 
 
 def test_apply_engine_env_never_overrides_the_user():
     environ = {'OMP_NUM_THREADS': '3'}
     applied = runtime.apply_engine_env(1, environ, cores=2)
-    assert applied == {'MXNET_CPU_TEMP_COPY': '16'}
-    assert environ == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '16'}
+    assert applied == {'MXNET_CPU_TEMP_COPY': '64'}
+    assert environ == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '64'}
 
 
 def test_apply_engine_env_can_be_turned_off():
@@ -133,11 +134,11 @@ def test_the_package_defers_mxnet_so_a_script_can_set_threads_first():
             'gm.runtime.apply_engine_env(num_cpu_devices=2, cores=4); gm.cpu_devices(2); '
             'print(a, "mxnet" in sys.modules, os.environ["OMP_NUM_THREADS"], '
             'os.environ["MXNET_CPU_TEMP_COPY"])')
-    assert run_python(code) == ['False', 'True', '2', '32']
+    assert run_python(code) == ['False', 'True', '2', '64']
 
 
 def test_first_use_applies_the_count_free_settings_and_numpy_mode():
     code = ('import os; import gluon_multigpu as gm; gm.resnet18(10); '
             'from mxnet import util; print(os.environ["MXNET_CPU_TEMP_COPY"], '
             'util.is_np_array(), "OMP_NUM_THREADS" in os.environ)')
-    assert run_python(code) == ['32', 'True', 'False']
+    assert run_python(code) == ['64', 'True', 'False']
