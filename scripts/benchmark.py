@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 import _bench_workers  # noqa: E402  (imports no MXNet)
 
 FULL = {'steps': 3, 'warmup': 1, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
-        'eval_images': 512, 'memory_train': 15360, 'e2e_train': None, 'e2e_test': None,
+        'eval_images': 512, 'memory_train': 7680, 'e2e_train': None, 'e2e_test': None,
         'batches': {'small': 32, 'target': 128, 'book': (256, 512)}}
 QUICK = {'steps': 1, 'warmup': 1, 'gemm_n': 256, 'gemm_reps': 2, 'pipeline_images': 2048,
          'eval_images': 64, 'memory_train': 1024, 'e2e_train': 1024, 'e2e_test': 256,
