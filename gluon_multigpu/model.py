@@ -7,6 +7,18 @@ __all__ = ['Residual', 'BookResidual', 'resnet18', 'book_resnet18', 'simple_cnn'
            'default_initializer', 'count_flops', 'MODELS']
 
 
+def _residual_layers(block, num_channels, use_1x1conv, strides):
+    """Give a residual block the book's layers, in the book's order (so parameters match)."""
+    block.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
+    block.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
+    if use_1x1conv:
+        block.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
+    else:
+        block.conv3 = None
+    block.bn1 = nn.BatchNorm()
+    block.bn2 = nn.BatchNorm()
+
+
 class Residual(nn.HybridBlock):
     """The residual block of ResNet (d2l 8.6): two 3x3 convolutions with batch norm.
 
@@ -22,14 +34,7 @@ class Residual(nn.HybridBlock):
 
     def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
         super().__init__(**kwargs)
-        self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
-        self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
-        if use_1x1conv:
-            self.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
-        else:
-            self.conv3 = None
-        self.bn1 = nn.BatchNorm()
-        self.bn2 = nn.BatchNorm()
+        _residual_layers(self, num_channels, use_1x1conv, strides)
 
     def hybrid_forward(self, F, X):  # pylint: disable=arguments-differ
         Y = F.npx.relu(self.bn1(self.conv1(X)))
@@ -48,14 +53,7 @@ class BookResidual(nn.Block):
 
     def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
         super().__init__(**kwargs)
-        self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
-        self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
-        if use_1x1conv:
-            self.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
-        else:
-            self.conv3 = None
-        self.bn1 = nn.BatchNorm()
-        self.bn2 = nn.BatchNorm()
+        _residual_layers(self, num_channels, use_1x1conv, strides)
 
     def forward(self, X):  # pylint: disable=arguments-differ
         Y = npx.relu(self.bn1(self.conv1(X)))

@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _bench_workers  # noqa: E402  (imports no MXNet)
+from _cli import OneLineParser  # noqa: E402
 
 FULL = {'steps': 3, 'warmup': 1, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
         'eval_images': 512, 'memory_train': 7680, 'e2e_train': None, 'e2e_test': None,
@@ -46,14 +47,9 @@ TARGETS = [  # key, what, comparison, threshold
 ]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
-
-
 def parse_args(argv=None):
     """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--data-dir', metavar='DIR',
                    default=os.path.expanduser('~/.mxnet/datasets/fashion-mnist'),
                    help='folder of the four Fashion-MNIST IDX .gz files '

@@ -10,7 +10,7 @@ With two GPUs it uses gpu(0) and gpu(1), as the text. Otherwise it uses the
 CPU contexts cpu(1) and cpu(2), so that cpu(0), MXNet's default context,
 plays the part of "the CPU" on which nothing was initialised.
 """
-import argparse
+import os
 import sys
 
 from gluon_multigpu import runtime
@@ -23,15 +23,13 @@ from mxnet import gluon, init, np  # noqa: E402
 
 import gluon_multigpu as gm  # noqa: E402
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import OneLineParser  # noqa: E402  (shared by the scripts)
 
 
 def parse_args(argv=None):
     """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--cpu', action='store_true',
                    help='use the CPU contexts cpu(1), cpu(2) even when two GPUs exist')
     p.add_argument('--seed', type=int,

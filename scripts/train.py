@@ -13,6 +13,9 @@ import sys
 import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
 from gluon_multigpu import names, runtime
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import OneLineParser  # noqa: E402  (shared by the scripts)
+
 EPILOG = """\
 examples:
   %(prog)s --num-gpus 2                       the book's 2-GPU run (batch 512, lr 0.2)
@@ -23,11 +26,6 @@ Bad input (a device that does not exist, a batch that cannot be split, missing
 or corrupt data, a non-positive number, an output directory that does not
 exist) stops before training with one line on stderr and exit status 2.
 """
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
 
 
 def positive_int(text):
@@ -54,7 +52,7 @@ def positive_float(text):
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = _Parser(description=__doc__.splitlines()[0], epilog=EPILOG,
+    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group()
     where.add_argument('--num-gpus', type=positive_int, metavar='N',
