@@ -6,6 +6,7 @@ split across the devices, forward and backward per shard inside one
 gradients and update every copy of the parameters. Host-device sync points
 are marked: where they sit decides what a timing means.
 """
+import functools
 import math
 import time
 import warnings
@@ -248,7 +249,8 @@ def hybridize(net):
 
 
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
-          seed=None, initializer=None, hybrid=True, on_epoch=None, on_progress=None, progress_interval=10.0):
+          seed=None, initializer=None, hybrid=True, on_epoch=None, on_progress=None,
+          progress_interval=10.0):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Parameters
@@ -297,10 +299,7 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore, lr=lr)
     for epoch in range(1, num_epochs + 1):
-        progress = None
-        if on_progress is not None:
-            def progress(*args, _epoch=epoch):
-                on_progress(_epoch, *args)
+        progress = functools.partial(on_progress, epoch) if on_progress else None
         loss_sum, num_correct, samples, seconds = train_epoch(
             net, train_iter, loss, trainer, devices, progress, progress_interval)
         if not math.isfinite(loss_sum):
