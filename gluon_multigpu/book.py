@@ -1,20 +1,18 @@
 """The text's training loop and evaluation verbatim, for teaching and for the speed comparison.
 
-``train_book`` is the loop of d2l 13.6 as printed (an ``nn.Block`` model run
-eagerly, ``trainer.step(batch_size)``), with the loss and accuracy read back
-to the host after every step as the book's other training loops do, and the
-text's ``evaluate_accuracy_gpus``, which reads back every shard. Each
+``train_book`` is the loop of d2l 13.6 (an ``nn.Block`` model run eagerly,
+the same step as ``training.train_batch`` with ``trainer.step(batch_size)``),
+with the loss and accuracy read back to the host after every step as the
+book's other training loops do, and the text's ``evaluate_accuracy_gpus``,
+which reads back every shard. Each
 read-back is a host-device sync point; ``training.train`` is the fast path
 with the same arithmetic.
 """
-import time
-
 from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
-import mxnet as mx
-from mxnet import autograd, gluon, init, npx
+from mxnet import npx
 
 from .devices import split_batch
-from .training import EpochRecord, TrainResult, check_kvstore, check_lr, make_trainer
+from .training import fit, train_batch
 from .utils import Accumulator, Timer, accuracy
 
 __all__ = ['evaluate_accuracy_book', 'train_epoch_book', 'train_book']
@@ -41,17 +39,9 @@ def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None):
     timer = Timer()
     metric = Accumulator(3)  # loss sum, correct predictions, samples
     for features, labels in train_iter:
-        X_shards, y_shards = split_batch(features, labels, devices)
-        with autograd.record():
-            y_hats = [net(X_shard) for X_shard in X_shards]
-            ls = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
-        for l in ls:
-            l.backward()
-        trainer.step(batch_size or features.shape[0])
+        stats = train_batch(net, features, labels, loss, trainer, devices, batch_size)
         # Sync point per step: read the loss and accuracy back to the host.
-        metric.add(sum(float(l.sum()) for l in ls),
-                   sum(float(accuracy(y_hat, y_shard))
-                       for y_hat, y_shard in zip(y_hats, y_shards)),
+        metric.add(sum(float(l) for l, _ in stats), sum(float(c) for _, c in stats),
                    features.shape[0])
     npx.waitall()
     return metric[0], metric[1], int(metric[2]), timer.stop()
@@ -80,22 +70,8 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     on_epoch : callable, optional
         Called with each ``EpochRecord``.
     """
-    check_kvstore(kvstore, len(devices))
-    check_lr(lr)
-    if seed is not None:
-        mx.random.seed(seed)
-    net.initialize(init=initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
-    trainer = make_trainer(net, lr, kvstore)
-    loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore, lr=lr)
-    for epoch in range(1, num_epochs + 1):
-        loss_sum, num_correct, samples, seconds = train_epoch_book(
-            net, train_iter, loss, trainer, devices, batch_size)
-        tic = time.perf_counter()
-        test_acc = evaluate_accuracy_book(net, test_iter)
-        record = EpochRecord(epoch, loss_sum / samples, num_correct / samples, test_acc,
-                             seconds, time.perf_counter() - tic, samples)
-        result.epochs.append(record)
-        if on_epoch is not None:
-            on_epoch(record)
-    return result
+    def run_epoch(epoch, *args):  # pylint: disable=unused-argument
+        return train_epoch_book(*args, batch_size)
+    return fit(net, train_iter, test_iter, devices, run_epoch, evaluate_accuracy_book,
+               num_epochs=num_epochs, lr=lr, kvstore=kvstore, seed=seed,
+               initializer=initializer, hybrid=False, on_epoch=on_epoch)

@@ -22,7 +22,7 @@ from .errors import DeviceError, GluonMultiGPUError, TrainingDiverged
 from .utils import Timer, accuracy
 
 __all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train_batch',
-           'train_epoch', 'check_kvstore', 'check_lr', 'make_trainer', 'hybridize', 'train']
+           'train_epoch', 'check_kvstore', 'check_lr', 'make_trainer', 'hybridize', 'train', 'fit']
 
 from .names import KVSTORES  # noqa: E402  (the back ends ``train`` accepts)
 
@@ -129,7 +129,7 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=split_batch, devices=None):
     return sum(float(c) for c in correct if c is not None) / total
 
 
-def train_batch(net, X, y, loss, trainer, devices):
+def train_batch(net, X, y, loss, trainer, devices, batch_size=None):
     """Run one data-parallel training step on a batch.
 
     Parameters
@@ -143,6 +143,9 @@ def train_batch(net, X, y, loss, trainer, devices):
     trainer : gluon.Trainer
         Owns the parameters and the kvstore that sums the gradients.
     devices : list of Context
+    batch_size : int, optional
+        What ``trainer.step`` normalises the gradient by; defaults to the
+        samples actually in the batch (the text passes its fixed batch size).
 
     Returns
     -------
@@ -156,9 +159,9 @@ def train_batch(net, X, y, loss, trainer, devices):
         losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
     for l in losses:
         l.backward()
-    # The gradient is normalised by the samples actually in the batch, so a
-    # short last batch gets the same per-sample weight as the others.
-    trainer.step(X.shape[0])
+    # By default the gradient is normalised by the samples actually in the
+    # batch, so a short last batch gets the same per-sample weight as the others.
+    trainer.step(batch_size or X.shape[0])
     return [(l.sum(), accuracy(y_hat, y_shard))
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
 
@@ -284,6 +287,27 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     -------
     TrainResult
     """
+    def run_epoch(epoch, *args):
+        progress = functools.partial(on_progress, epoch) if on_progress else None
+        return train_epoch(*args, progress, progress_interval)
+
+    def evaluate(net, data_iter):
+        return evaluate_accuracy_gpus(net, data_iter, devices=devices)
+    return fit(net, train_iter, test_iter, devices, run_epoch, evaluate, num_epochs=num_epochs,
+               lr=lr, kvstore=kvstore, seed=seed, initializer=initializer, hybrid=hybrid,
+               on_epoch=on_epoch)
+
+
+def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs, lr, kvstore,
+        seed, initializer, hybrid, on_epoch):
+    """The epoch loop that ``train`` and ``book.train_book`` share; returns a ``TrainResult``.
+
+    Checks the arguments before touching the network, initialises it on
+    every device, builds the Trainer, then per epoch calls
+    ``run_epoch(epoch, net, train_iter, loss, trainer, devices)`` (which
+    returns ``(loss_sum, num_correct, samples, seconds)``), stops on a
+    non-finite loss, times ``evaluate(net, test_iter)`` and records the epoch.
+    """
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')
     if not isinstance(num_epochs, int) or num_epochs < 1:
@@ -299,14 +323,13 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore, lr=lr)
     for epoch in range(1, num_epochs + 1):
-        progress = functools.partial(on_progress, epoch) if on_progress else None
-        loss_sum, num_correct, samples, seconds = train_epoch(
-            net, train_iter, loss, trainer, devices, progress, progress_interval)
+        loss_sum, num_correct, samples, seconds = run_epoch(
+            epoch, net, train_iter, loss, trainer, devices)
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(f'the training loss became {loss_sum} in epoch {epoch}; '
                                    f'lower the learning rate (it is {lr})')
         tic = time.perf_counter()
-        test_acc = evaluate_accuracy_gpus(net, test_iter, devices=devices)
+        test_acc = evaluate(net, test_iter)
         record = EpochRecord(epoch, loss_sum / samples, num_correct / samples, test_acc,
                              seconds, time.perf_counter() - tic, samples)
         result.epochs.append(record)
