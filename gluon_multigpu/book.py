@@ -59,7 +59,7 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     devices : list of Context
     num_epochs : int
     lr : float
-    kvstore : {'local', 'device'}
+    kvstore : {'local', 'device', 'nccl', 'none', None}
         The text uses the Trainer's default, ``device``.
     batch_size : int, optional
         Passed to ``trainer.step`` as the text does; defaults to each batch's size.

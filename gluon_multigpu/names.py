@@ -2,8 +2,11 @@
 
 __all__ = ['KVSTORES', 'MODEL_NAMES', 'DATASET_NAMES']
 
-#: Gradient-synchronisation back ends accepted by ``train``.
-KVSTORES = ('local', 'device')
+#: Gradient-synchronisation back ends accepted by ``train``: MXNet's kvstores
+#: ``local`` (sum on the CPU), ``device`` (sum on the devices), ``nccl`` (NCCL
+#: all-reduce between GPUs; needs a build with NCCL), and ``none`` (no kvstore:
+#: the Trainer sums the gradients itself, the from-scratch way of d2l 13.5).
+KVSTORES = ('local', 'device', 'nccl', 'none')
 #: Networks of ``model.get_model``.
 MODEL_NAMES = ('resnet18', 'simple-cnn')
 #: Data sets of ``data.load_data``.

@@ -22,7 +22,8 @@ from .errors import DeviceError, GluonMultiGPUError, TrainingDiverged
 from .utils import Timer, accuracy
 
 __all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train_batch',
-           'train_epoch', 'check_kvstore', 'check_lr', 'make_trainer', 'hybridize', 'train', 'fit']
+           'train_epoch', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
+           'ReducingTrainer', 'make_trainer', 'hybridize', 'train', 'fit']
 
 from .names import KVSTORES  # noqa: E402  (the back ends ``train`` accepts)
 
@@ -204,20 +205,76 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
     return loss_sum, num_correct, samples, seconds
 
 
-def check_kvstore(kvstore, num_devices):
-    """Raise unless ``kvstore`` is a back end ``train`` supports for ``num_devices`` devices.
+def kvstore_name(kvstore):
+    """The command-line name of a kvstore argument: ``None`` is ``'none'``."""
+    return 'none' if kvstore is None else kvstore
 
-    ``None`` is accepted for a single device only: with several, MXNet 1.9's
-    Trainer without a kvstore lets every device update with its own gradient.
+
+def has_nccl():
+    """Whether the installed MXNet build was compiled with NCCL."""
+    return mx.runtime.Features().is_enabled('NCCL')
+
+
+def check_kvstore(kvstore, devices):
+    """Raise ``GluonMultiGPUError`` unless ``train`` can use ``kvstore`` on ``devices``.
+
+    Parameters
+    ----------
+    kvstore : {'local', 'device', 'nccl', 'none', None}
+        ``None`` and ``'none'`` mean no kvstore (see ``ReducingTrainer``).
+    devices : list of Context
     """
-    if kvstore not in KVSTORES and not (kvstore is None and num_devices == 1):
+    name = kvstore_name(kvstore)
+    if name not in KVSTORES:
         raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of {", ".join(KVSTORES)}')
+    if name != 'nccl':
+        return
+    if not has_nccl():
+        raise GluonMultiGPUError(
+            f'kvstore nccl needs an MXNet build with NCCL, and the installed mxnet '
+            f'{mx.__version__} has none; install a GPU build with NCCL (pip uninstall -y mxnet '
+            "&& pip install -e '.[cu112]') or choose local, device or none")
+    if any(d.device_type != 'gpu' for d in devices):
+        raise GluonMultiGPUError('kvstore nccl sums gradients between GPUs; with CPU contexts '
+                                 'choose local, device or none')
 
 
 def check_lr(lr):
     """Raise unless ``lr`` is a positive finite number."""
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise GluonMultiGPUError(f'learning rate must be a positive number, got {lr!r}')
+
+
+def allreduce(arrays):
+    """Sum ``arrays`` (one per device) in place, so that every one holds the sum (d2l 13.5).
+
+    The sum is formed on the first array's device, then copied back to the others.
+    """
+    for a in arrays[1:]:
+        arrays[0][:] += a.copyto(arrays[0].ctx)
+    for a in arrays[1:]:
+        arrays[0].copyto(a)
+
+
+class ReducingTrainer(gluon.Trainer):
+    """A ``gluon.Trainer`` without a kvstore that sums the gradients of all devices itself.
+
+    MXNet's Trainer with ``kvstore=None`` lets every device update its copy
+    with its own shard's gradient, so the copies drift apart. This one sums
+    each parameter's gradients with ``allreduce`` before the update, which is
+    what the kvstores do, in plain array operations: the baseline they are
+    measured against.
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None):
+        super().__init__(params, optimizer, optimizer_params, kvstore=None)
+
+    def _allreduce_grads(self):
+        for param in self._params:
+            if param.grad_req != 'null':
+                grads = param.list_grad()
+                if len(grads) > 1:
+                    allreduce(grads)
 
 
 def make_trainer(net, lr, kvstore):
@@ -227,10 +284,14 @@ def make_trainer(net, lr, kvstore):
     ----------
     lr : float
         Learning rate, positive.
-    kvstore : {'local', 'device'}
-        Where gradients are summed: ``local`` on the CPU, ``device`` on the devices.
+    kvstore : {'local', 'device', 'nccl', 'none', None}
+        Where gradients are summed: ``local`` on the CPU, ``device`` on the
+        devices, ``nccl`` by NCCL between GPUs, ``none``/``None`` by a
+        ``ReducingTrainer``.
     """
     check_lr(lr)
+    if kvstore_name(kvstore) == 'none':
+        return ReducingTrainer(net.collect_params(), 'sgd', {'learning_rate': lr})
     return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr}, kvstore=kvstore)
 
 
@@ -268,8 +329,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         Passes over ``train_iter``.
     lr : float
         SGD learning rate.
-    kvstore : {'local', 'device'}
-        Gradient-synchronisation back end of the Trainer.
+    kvstore : {'local', 'device', 'nccl', 'none', None}
+        Gradient-synchronisation back end of the Trainer (see ``make_trainer``).
     seed : int, optional
         Seeds MXNet's generators before initialisation, for identical initial weights.
     initializer : Initializer, optional
@@ -312,7 +373,7 @@ def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs,
         raise DeviceError('the device list is empty; pass at least one device')
     if not isinstance(num_epochs, int) or num_epochs < 1:
         raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
-    check_kvstore(kvstore, len(devices))
+    check_kvstore(kvstore, devices)
     check_lr(lr)
     if seed is not None:
         mx.random.seed(seed)
@@ -321,7 +382,7 @@ def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs,
         hybridize(net)
     trainer = make_trainer(net, lr, kvstore)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore, lr=lr)
+    result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore_name(kvstore), lr=lr)
     for epoch in range(1, num_epochs + 1):
         loss_sum, num_correct, samples, seconds = run_epoch(
             epoch, net, train_iter, loss, trainer, devices)

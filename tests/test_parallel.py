@@ -53,13 +53,13 @@ def test_reading_a_parameter_where_it_was_not_initialised_raises():
     assert weight.data(devices[1]).shape == (20, 1, 3, 3)
 
 
-@pytest.mark.parametrize('kvstore', ['local', 'device'])
+@pytest.mark.parametrize('kvstore', ['local', 'device', 'none'])
 def test_gradients_differ_per_device_and_parameters_agree_after_the_step(kvstore, fashion_test):
     devices = gm.cpu_devices(2)
     mx.random.seed(1)
     net = gm.simple_cnn()
     net.initialize(init.Uniform(0.07), ctx=devices)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5}, kvstore=kvstore)
+    trainer = gm.training.make_trainer(net, 0.5, kvstore)
     X, y = real_batch(fashion_test, 16)
     forward_backward(net, X, y, devices)
     for p in trainable(net):  # each device saw other samples
@@ -77,7 +77,7 @@ def one_step(devices, X, y, kvstore='device', seed=7):
     mx.random.seed(seed)
     net = gm.simple_cnn()
     net.initialize(init.Uniform(0.07), ctx=devices)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.3}, kvstore=kvstore)
+    trainer = gm.training.make_trainer(net, 0.3, kvstore)
     gm.train_batch(net, X, y, gluon.loss.SoftmaxCrossEntropyLoss(), trainer, devices)
     return params_on(net, devices[-1])
 
@@ -88,7 +88,7 @@ def test_a_step_on_two_devices_equals_one_step_on_one_device(n, fashion_test):
     # the order of float additions: tolerances are float32 rounding.
     X, y = real_batch(fashion_test, n)
     single = one_step([mx.cpu(0)], X, y)
-    for kvstore in ('local', 'device'):
+    for kvstore in ('local', 'device', 'none'):
         double = one_step(gm.cpu_devices(2), X, y, kvstore)
         for a, b in zip(single, double):
             onp.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -122,14 +122,15 @@ def test_accuracy_counts_argmax_matches():
 def test_local_and_device_kvstores_train_to_the_same_parameters(fashion_test):
     batches = [real_batch(fashion_test, 64, start) for start in range(0, 256, 64)]
     nets = {}
-    for kvstore in ('local', 'device'):
+    for kvstore in ('local', 'device', 'none'):
         net = gm.simple_cnn()
         result = gm.train(net, batches, batches[:1], gm.cpu_devices(2), num_epochs=2, lr=0.2,
                           kvstore=kvstore, seed=5, initializer=init.Uniform(0.07))
         nets[kvstore] = (params_on(net, mx.cpu(1)), result)
-    for a, b in zip(nets['local'][0], nets['device'][0]):
-        onp.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert nets['local'][1].test_acc == pytest.approx(nets['device'][1].test_acc)
+    for other in ('device', 'none'):
+        for a, b in zip(nets['local'][0], nets[other][0]):
+            onp.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert nets['local'][1].test_acc == pytest.approx(nets[other][1].test_acc)
 
 
 def test_train_returns_a_complete_result_on_any_iterable(fashion_test):
@@ -171,9 +172,40 @@ def test_a_diverging_learning_rate_stops_with_a_clear_error(fashion_test):
                  seed=0, initializer=init.Uniform(0.07))
 
 
+def test_mxnets_trainer_without_kvstore_lets_the_copies_drift_and_ours_does_not(fashion_test):
+    # Why the 'none' baseline needs ReducingTrainer: MXNet's Trainer without a
+    # kvstore updates each device's copy with that device's gradient only.
+    X, y = real_batch(fashion_test, 16)
+    devices = gm.cpu_devices(2)
+    for trainer_of, drifts in ((lambda net: gluon.Trainer(net.collect_params(), 'sgd',
+                                                          {'learning_rate': 0.5}, kvstore=None),
+                                True),
+                               (lambda net: gm.training.ReducingTrainer(
+                                   net.collect_params(), 'sgd', {'learning_rate': 0.5}), False)):
+        mx.random.seed(1)
+        net = gm.simple_cnn()
+        net.initialize(init.Uniform(0.07), ctx=devices)
+        trainer = trainer_of(net)
+        forward_backward(net, X, y, devices)
+        trainer.step(16)
+        same = all(onp.array_equal(a, b)
+                   for a, b in zip(params_on(net, devices[0]), params_on(net, devices[1])))
+        assert same is not drifts
+
+
+def test_allreduce_leaves_the_sum_on_every_device():
+    parts = [onp.arange(6.0).reshape(2, 3) * (i + 1) for i in range(3)]
+    arrays = [np.array(a, ctx=ctx) for a, ctx in zip(parts, gm.cpu_devices(3))]
+    gm.training.allreduce(arrays)
+    for a, ctx in zip(arrays, gm.cpu_devices(3)):
+        assert a.ctx == ctx
+        onp.testing.assert_array_equal(a.asnumpy(), sum(parts))
+
+
 @pytest.mark.parametrize('kwargs, message', [
     ({'kvstore': 'nccl2'}, "unknown kvstore 'nccl2'"),
-    ({'kvstore': None}, 'unknown kvstore None'),
+    ({'kvstore': 'dist_sync'}, "unknown kvstore 'dist_sync'; choose one of local, device, nccl"),
+    ({'kvstore': 'nccl'}, 'nccl'),
     ({'lr': -0.1}, 'learning rate must be a positive number'),
     ({'lr': float('nan')}, 'learning rate must be a positive number'),
     ({'num_epochs': 0}, 'number of epochs must be a positive integer'),
