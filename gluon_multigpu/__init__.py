@@ -4,8 +4,9 @@
 The modules follow the section: ``devices`` (device lists, splitting a batch),
 ``model`` (ResNet-18, the simple CNN), ``data`` (Fashion-MNIST/MNIST),
 ``training`` (one step, one epoch, evaluation, ``train``), ``book`` (the
-text's loop verbatim, for teaching and comparison), ``reporting`` (lines,
-tables, plots), ``runtime`` (engine settings).
+text's loop verbatim, for teaching and comparison), ``compare`` (runs that
+differ in their kvstore), ``reporting`` (lines, tables, plots, reports),
+``runtime`` (engine settings).
 
 The names below are loaded with their module on first use, and with it
 MXNet, so that ``gluon_multigpu.runtime`` can still put the engine settings
@@ -31,7 +32,9 @@ _EXPORTS = {
     'training': ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train',
                  'train_batch', 'train_epoch'],
     'book': ['train_book', 'evaluate_accuracy_book'],
-    'reporting': ['Animator', 'comparison_table', 'epoch_line', 'write_json'],
+    'reporting': ['Animator', 'comparison_table', 'epoch_line', 'write_json', 'bar_chart',
+                  'write_kvstore_report'],
+    'compare': ['ParamTracker', 'device_spread', 'recommend'],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

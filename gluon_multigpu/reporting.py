@@ -7,7 +7,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ['Animator', 'epoch_line', 'comparison_table', 'atomic_write', 'write_json']
+from .errors import GluonMultiGPUError
+
+__all__ = ['Animator', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
+           'check_report_dir', 'write_kvstore_report', 'atomic_write', 'write_json']
 
 
 class Animator:
@@ -85,14 +88,122 @@ def epoch_line(record, num_epochs):
             f'{record.seconds:.1f} s, {record.samples_per_sec:.0f} samples/s')
 
 
-def comparison_table(results):
-    """Return a Markdown table comparing several ``TrainResult`` objects side by side."""
-    rows = ['| kvstore | devices | sec/epoch | samples/s | final test acc |',
-            '| --- | --- | ---: | ---: | ---: |']
+def _fmt_diffs(values):
+    return ', '.join('0' if v == 0 else f'{v:.1e}' for v in values)
+
+
+def comparison_table(results, diff=None, spread=None, reference=None):
+    """Return a Markdown table comparing several ``TrainResult`` objects side by side.
+
+    Parameters
+    ----------
+    results : list of TrainResult
+    diff, spread : dict of str -> list of float, optional
+        Per kvstore, the largest parameter difference to the ``reference`` run
+        and between the devices of the run, after each epoch (``ParamTracker``).
+    reference : str, optional
+        Name of the run ``diff`` is measured against.
+    """
+    header = '| kvstore | devices | sec/epoch | samples/s | final test acc |'
+    rule = '| --- | --- | ---: | ---: | ---: |'
+    if diff is not None:
+        header += f' max abs param diff vs {reference}, per epoch | max diff between devices |'
+        rule += ' --- | ---: |'
+    rows = [header, rule]
     for r in results:
-        rows.append(f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} | '
-                    f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
+        row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} | '
+               f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
+        if diff is not None:
+            row += f' {_fmt_diffs(diff[r.kvstore])} | {_fmt_diffs([max(spread[r.kvstore])])} |'
+        rows.append(row)
     return '\n'.join(rows)
+
+
+def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5)):
+    """Write a bar chart of ``values`` (one bar per label, value printed on it) as a PNG."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    bars = ax.bar(labels, values, color='tab:blue')
+    ax.margins(y=0.12)  # room for the value labels
+    ax.bar_label(bars, fmt='%.2f')
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, axis='y', alpha=0.3)
+    fig.tight_layout()
+    with atomic_write(path, 'wb') as f:
+        fig.savefig(f, format='png', dpi=100)
+
+
+def accuracy_chart(path, results, title=None):
+    """Write the test accuracy per epoch of several ``TrainResult`` objects on one chart."""
+    animator = Animator(xlabel='epoch', ylabel='test acc', legend=[
+        f'kvstore {r.kvstore}' for r in results], xlim=[1, max(len(r.epochs) for r in results)],
+        title=title)
+    for i in range(max(len(r.epochs) for r in results)):
+        animator.add(i + 1, [r.test_acc[i] if i < len(r.epochs) else None for r in results])
+    animator.save(path)
+
+
+def check_report_dir(directory):
+    """Raise ``GluonMultiGPUError`` unless ``directory`` is a writable directory or can be made."""
+    directory = os.path.abspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise GluonMultiGPUError(f'--report {directory} is a file; give a directory')
+    target = directory if os.path.isdir(directory) else os.path.dirname(directory)
+    if not os.path.isdir(target):
+        raise GluonMultiGPUError(f'--report {directory}: {target} does not exist; create it first')
+    if not os.access(target, os.W_OK):
+        raise GluonMultiGPUError(f'--report {directory}: {target} is not writable')
+
+
+def write_kvstore_report(directory, results, tracker, config, answer):
+    """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
+
+    Each file is written atomically; the directory is created if missing.
+
+    Parameters
+    ----------
+    results : list of TrainResult
+        One run per kvstore, on the same devices, data and initial weights.
+    tracker : ParamTracker
+        The parameter differences recorded after each epoch.
+    config : dict
+        The run's settings (``model``, ``dataset``, ``batch_size``, ``lr``, ...).
+    answer : str
+        The recommendation sentence (``compare.recommend``).
+    """
+    os.makedirs(directory, exist_ok=True)
+    devices = ', '.join(results[0].devices)
+    what = f"{config['model']} on {config['dataset']}, [{devices}]"
+    accuracy_chart(os.path.join(directory, 'accuracy.png'), results, title=what)
+    bar_chart(os.path.join(directory, 'seconds.png'), [r.kvstore for r in results],
+              [r.sec_per_epoch for r in results], 'training seconds per epoch', title=what)
+    write_json(os.path.join(directory, 'runs.json'), {
+        'config': config, 'reference': tracker.reference,
+        'runs': [dict(r.to_dict(), param_diff=tracker.diff[r.kvstore],
+                      device_spread=tracker.spread[r.kvstore]) for r in results]})
+    lines = [
+        f'# kvstore comparison: {what}', '',
+        f"{config['num_train']} training / {config['num_test']} test images, batch "
+        f"{config['batch_size']} ({config['batch_size'] / len(results[0].devices):g} per device), "
+        f"lr {config['lr']:g}, {len(results[0].epochs)} epoch(s), seed {config['seed']}; every "
+        'kvstore started from the same initial weights and saw the same batches.', '',
+        f'**Answer:** {answer}', '',
+        comparison_table(results, tracker.diff, tracker.spread, tracker.reference), '',
+        'sec/epoch is training time only, measured up to `npx.waitall()`; samples/s is over all '
+        'epochs. The parameter differences are the largest absolute difference of any weight '
+        f'to the {tracker.reference} run after each epoch (float rounding when the back ends '
+        'agree), and the largest difference between the copies on the devices of one run '
+        '(0 when every device holds the same parameters).', '',
+        '![test accuracy per epoch](accuracy.png)', '',
+        '![training seconds per epoch](seconds.png)', '',
+        'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '
+        'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
+        'compute per step).', '']
+    with atomic_write(os.path.join(directory, 'report.md')) as f:
+        f.write('\n'.join(lines))
 
 
 class atomic_write:  # pylint: disable=invalid-name

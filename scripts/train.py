@@ -21,6 +21,7 @@ examples:
   %(prog)s --num-gpus 2                       the book's 2-GPU run (batch 512, lr 0.2)
   %(prog)s --cpu-devices 2 --model simple-cnn --num-epochs 2 --data-dir DIR
   %(prog)s --cpu-devices 2 --kvstore local device --json runs.json --plot acc.png
+  %(prog)s --num-gpus 2 --kvstore local device nccl none --report kvstores/
 
 Bad input (a device that does not exist, a batch that cannot be split, missing
 or corrupt data, a non-positive number, an output directory that does not
@@ -60,9 +61,12 @@ def build_parser():
     where.add_argument('--cpu-devices', type=positive_int, metavar='N',
                        help='train on N CPU contexts cpu(0)..cpu(N-1) instead of GPUs')
     p.add_argument('--kvstore', nargs='+', choices=names.KVSTORES, default=['device'],
-                   metavar='KV', help='gradient synchronisation: local (sum on the CPU) or device '
-                   '(sum on the devices); several run in turn on the same data and initial '
-                   'weights and end with a side-by-side table (default: device)')
+                   metavar='KV', help='gradient synchronisation: local (sum on the CPU), device '
+                   '(sum on the devices), nccl (NCCL between GPUs; needs an MXNet build with '
+                   'NCCL) or none (no kvstore: the Trainer sums the gradients itself); several '
+                   'run in turn on the same data and initial weights and end with a '
+                   'side-by-side table, including how far their parameters drift apart '
+                   '(default: device)')
     p.add_argument('--batch-size', type=positive_int, metavar='N',
                    help='total batch size over all devices (default: 256 per device)')
     p.add_argument('--lr', type=positive_float, metavar='LR',
@@ -87,6 +91,9 @@ def build_parser():
                    help='seed of the initial weights and the data order (default: 0)')
     p.add_argument('--plot', metavar='PATH', help='write the test-accuracy curve as a PNG')
     p.add_argument('--json', metavar='PATH', help='write every figure of the run(s) as JSON')
+    p.add_argument('--report', metavar='DIR',
+                   help='write a Markdown report comparing the kvstores (report.md, with '
+                   'accuracy.png, seconds.png and runs.json) into DIR, created if missing')
     p.add_argument('--book-literal', action='store_true',
                    help="run the text's loop verbatim (nn.Block residuals, no hybridization, "
                    'loss and accuracy read back every step) instead of the fast path')
@@ -143,8 +150,11 @@ def make_loaders(args, batch_size, num_devices):
     return train_iter, test_iter, note
 
 
-def train_one(args, kvstore, devices, lr, train_iter, test_iter, out):
-    """Train a fresh model with one kvstore; print progress; return the TrainResult."""
+def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker):
+    """Train a fresh model with one kvstore; print progress; return the TrainResult.
+
+    After each epoch ``tracker`` records the parameters, for the comparison.
+    """
     train_iter.epoch = 0  # every kvstore sees the same sequence of batches
     num_batches = len(train_iter)
 
@@ -152,36 +162,50 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out):
         print(f'  epoch {epoch}: {batches}/{num_batches} batches, {seconds:.0f} s, '
               f'{samples / seconds:.0f} samples/s', file=sys.stderr, flush=True)
 
+    classes = gm.DATASETS[args.dataset]['classes']
+    if args.book_literal and args.model == 'resnet18':
+        net = gm.book_resnet18(classes)
+    else:
+        net = gm.get_model(args.model, classes)
+
     def on_epoch(record):
         print(gm.epoch_line(record, args.num_epochs), file=out, flush=True)
+        tracker.record(gm.training.kvstore_name(kvstore), record.epoch, net)
 
-    classes = gm.DATASETS[args.dataset]['classes']
     initializer = gm.default_initializer(args.model)
     if args.book_literal:
-        net = gm.book_resnet18(classes) if args.model == 'resnet18' else gm.simple_cnn(classes)
         return gm.train_book(net, train_iter, test_iter, devices, num_epochs=args.num_epochs,
                              lr=lr, kvstore=kvstore, batch_size=train_iter.batch_size,
                              seed=args.seed, initializer=initializer, on_epoch=on_epoch)
-    return gm.train(gm.get_model(args.model, classes), train_iter, test_iter, devices,
+    return gm.train(net, train_iter, test_iter, devices,
                     num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
                     initializer=initializer, on_epoch=on_epoch,
                     on_progress=on_progress if args.progress_interval > 0 else None,
                     progress_interval=args.progress_interval)
 
 
-def write_outputs(args, results, config):
-    """Write the ``--plot`` and ``--json`` files, each atomically."""
+def write_outputs(args, results, config, tracker):
+    """Write the ``--plot``, ``--json`` and ``--report`` files, each atomically."""
     if args.plot:
         devices = ', '.join(results[0].devices)
-        animator = gm.Animator(xlabel='epoch', ylabel='test acc',
-                               legend=[f'kvstore {r.kvstore}' for r in results],
-                               xlim=[1, args.num_epochs],
-                               title=f'{args.model} on {args.dataset}, [{devices}]')
-        for i in range(args.num_epochs):
-            animator.add(i + 1, [r.test_acc[i] for r in results])
-        animator.save(args.plot)
+        gm.reporting.accuracy_chart(args.plot, results,
+                                    title=f'{args.model} on {args.dataset}, [{devices}]')
     if args.json:
-        gm.write_json(args.json, {'config': config, 'runs': [r.to_dict() for r in results]})
+        gm.write_json(args.json, {'config': config, 'reference': tracker.reference, 'runs': [
+            dict(r.to_dict(), param_diff=tracker.diff[r.kvstore],
+                 device_spread=tracker.spread[r.kvstore]) for r in results]})
+    if args.report:
+        gm.write_kvstore_report(args.report, results, tracker, config,
+                                gm.recommend(results))
+
+
+def check_outputs(args):
+    """Raise GluonMultiGPUError unless every output path can be written."""
+    for path, flag in ((args.plot, '--plot'), (args.json, '--json')):
+        if path:
+            check_output_path(path, flag)
+    if args.report:
+        gm.reporting.check_report_dir(args.report)
 
 
 def run(args, out=None):
@@ -193,12 +217,12 @@ def run(args, out=None):
         raise gm.DeviceError(f'a batch of {batch_size} cannot be split across {len(devices)} '
                              f'devices; use --batch-size {len(devices)} or more')
     lr = args.lr or 0.1 * batch_size / 256
-    for path, flag in ((args.plot, '--plot'), (args.json, '--json')):
-        if path:
-            check_output_path(path, flag)
+    kvstores = list(dict.fromkeys(args.kvstore))
+    for kvstore in kvstores:
+        gm.training.check_kvstore(kvstore, devices)
+    check_outputs(args)
     # Loaded before any training, so that bad data stops the run at once.
     train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices))
-    kvstores = list(dict.fromkeys(args.kvstore))
     for message in (note, data_note):
         if message:
             print(message, file=out)
@@ -207,17 +231,21 @@ def run(args, out=None):
           f'({batch_size / len(devices):g} per device), lr {lr:g}, {args.num_epochs} epoch(s), '
           f'devices {devices}', file=out, flush=True)
     results = []
-    for kvstore in kvstores:
-        if len(kvstores) > 1:
-            print(f'-- kvstore {kvstore}', file=out, flush=True)
-        result = train_one(args, kvstore, devices, lr, train_iter, test_iter, out)
-        print(result.final_line(), file=out, flush=True)
-        results.append(result)
-    if len(results) > 1:
-        print(gm.comparison_table(results), file=out)
-    config = dict(vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
-                  devices=[str(d) for d in devices])
-    write_outputs(args, results, config)
+    with gm.ParamTracker() as tracker:
+        for kvstore in kvstores:
+            if len(kvstores) > 1:
+                print(f'-- kvstore {kvstore}', file=out, flush=True)
+            result = train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker)
+            print(result.final_line(), file=out, flush=True)
+            results.append(result)
+        if len(results) > 1:
+            print(gm.comparison_table(results, tracker.diff, tracker.spread, tracker.reference),
+                  file=out)
+            print(gm.recommend(results), file=out)
+        config = dict(vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
+                      devices=[str(d) for d in devices], num_train=train_iter.num_samples,
+                      num_test=len(test_iter.labels))
+        write_outputs(args, results, config, tracker)
     return results
 
 

@@ -1,0 +1,117 @@
+"""Comparing runs that differ only in their gradient-synchronisation back end.
+
+Runs with the same seed, data order and learning rate should end every epoch
+with the same parameters whatever the kvstore: the kvstores only decide
+where the per-device gradients are summed. ``ParamTracker`` checks that
+after every epoch (the largest absolute difference to the first run, and the
+largest difference between the copies on the devices of one run), and
+``recommend`` turns the timings into a sentence.
+"""
+import os
+import tempfile
+
+import numpy as onp
+
+__all__ = ['param_arrays', 'device_spread', 'ParamTracker', 'recommend', 'NOISE']
+
+#: Relative differences in seconds per epoch below this are treated as run-to-run noise.
+NOISE = 0.03
+
+
+def param_arrays(net, ctx=None):
+    """Return the parameters of ``net`` on ``ctx`` (default: their first device) as NumPy arrays."""
+    return [p.data(ctx or p.list_ctx()[0]).asnumpy() for p in net.collect_params().values()]
+
+
+def _max_abs_diff(a, b):
+    return max((float(onp.max(onp.abs(x - y))) for x, y in zip(a, b) if x.size), default=0.0)
+
+
+def device_spread(net):
+    """Largest absolute difference between the copies of any parameter on its devices.
+
+    Zero when every device holds the same parameters, as after each step of a
+    correct data-parallel update.
+    """
+    spread = 0.0
+    for p in net.collect_params().values():
+        copies = [d.asnumpy() for d in p.list_data()]
+        spread = max([spread] + [float(onp.max(onp.abs(c - copies[0])))
+                                 for c in copies[1:] if c.size])
+    return spread
+
+
+class ParamTracker:
+    """Record, after every epoch of several runs, how far each run's parameters are from the first's.
+
+    The first run to report an epoch is the reference: its parameters are
+    written to a temporary directory (so memory stays flat for long runs of
+    large models) and later runs are compared with them. Use as a context
+    manager, or call ``close`` to remove the directory.
+
+    Attributes
+    ----------
+    reference : str or None
+        Name of the reference run.
+    diff : dict of str -> list of float
+        Per run, the largest absolute parameter difference to the reference after each epoch.
+    spread : dict of str -> list of float
+        Per run, ``device_spread`` after each epoch.
+    """
+
+    def __init__(self):
+        self._dir = tempfile.TemporaryDirectory(prefix='gluon-multigpu-params-')
+        self.reference = None
+        self.diff, self.spread = {}, {}
+
+    def _path(self, epoch):
+        return os.path.join(self._dir.name, f'epoch-{epoch}.npz')
+
+    def record(self, name, epoch, net):
+        """Note the parameters of run ``name`` after ``epoch`` (1-based)."""
+        if self.reference is None:
+            self.reference = name
+        arrays = param_arrays(net)
+        if name == self.reference:
+            onp.savez(self._path(epoch), *arrays)
+            diff = 0.0
+        else:
+            with onp.load(self._path(epoch)) as saved:
+                diff = _max_abs_diff(arrays, [saved[f'arr_{i}'] for i in range(len(arrays))])
+        self.diff.setdefault(name, []).append(diff)
+        self.spread.setdefault(name, []).append(device_spread(net))
+
+    def close(self):
+        """Remove the saved reference parameters."""
+        self._dir.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def recommend(results, noise=NOISE):
+    """Return a sentence naming the fastest kvstore of ``results`` (``TrainResult`` objects).
+
+    Differences of less than ``noise`` (relative) are reported as none.
+    """
+    if len(results) < 2:
+        return f'only kvstore {results[0].kvstore} was run; give several to compare.'
+    ranked = sorted(results, key=lambda r: r.sec_per_epoch)
+    best = ranked[0]
+
+    def slower(r):
+        return r.sec_per_epoch / best.sec_per_epoch - 1
+    close = [r.kvstore for r in ranked if slower(r) < noise]
+    rest = '; '.join(f'{r.kvstore} takes {slower(r):.0%} longer' for r in ranked
+                     if slower(r) >= noise)
+    where = f'on {len(best.devices)} device{"s" if len(best.devices) > 1 else ""}'
+    if len(close) > 1:
+        answer = (f'{where}, kvstores {" and ".join(close)} are equally fast (within '
+                  f'{noise:.0%}, run-to-run noise)')
+    else:
+        answer = f'{where}, kvstore {best.kvstore} is fastest'
+    return f'{answer}{"; " + rest if rest else ""}.'

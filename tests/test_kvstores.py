@@ -1,0 +1,126 @@
+"""Comparing kvstores: same parameters whatever the back end, the report, and nccl's answer."""
+import json
+import os
+import re
+
+import mxnet as mx
+import numpy as onp
+import pytest
+from mxnet import init
+
+import gluon_multigpu as gm
+from gluon_multigpu.training import EpochRecord, TrainResult
+from conftest import load_script
+
+
+@pytest.fixture(scope='module')
+def train_script():
+    return load_script('train')
+
+
+def test_report_compares_every_kvstore_on_the_same_weights(train_script, fashion_dir, tmp_path,
+                                                            capsys):
+    # 3 contexts: the sums have three terms, so back ends may differ in float rounding only.
+    report = tmp_path / 'report'
+    argv = ['--cpu-devices', '3', '--model', 'simple-cnn', '--num-epochs', '2', '--num-train',
+            '600', '--num-test', '200', '--batch-size', '60', '--lr', '0.2', '--kvstore', 'local',
+            'device', 'none', '--data-dir', str(fashion_dir), '--report', str(report),
+            '--progress-interval', '0']
+    assert train_script.main(argv) == 0
+    out = capsys.readouterr().out
+    assert sorted(os.listdir(report)) == ['accuracy.png', 'report.md', 'runs.json', 'seconds.png']
+    for png in ('accuracy.png', 'seconds.png'):
+        assert (report / png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    data = json.loads((report / 'runs.json').read_text())
+    assert [r['kvstore'] for r in data['runs']] == ['local', 'device', 'none']
+    assert data['reference'] == 'local' and data['config']['num_train'] == 600
+    for run in data['runs']:
+        assert len(run['param_diff']) == 2 and max(run['param_diff']) < 1e-5
+        assert run['device_spread'] == [0.0, 0.0]
+    losses = {r['kvstore']: [e['train_loss'] for e in r['epochs']] for r in data['runs']}
+    onp.testing.assert_allclose(losses['device'], losses['local'], rtol=1e-5)
+    onp.testing.assert_allclose(losses['none'], losses['local'], rtol=1e-5)
+    text = (report / 'report.md').read_text()
+    assert text.startswith('# kvstore comparison: simple-cnn on fashion-mnist, '
+                           '[cpu(0), cpu(1), cpu(2)]')
+    assert '600 training / 200 test images, batch 60 (20 per device), lr 0.2, 2 epoch(s)' in text
+    for run in data['runs']:  # every configuration is in the table, with its measured figures
+        row = re.search(rf'^\| {run["kvstore"]} \| cpu\(0\), cpu\(1\), cpu\(2\) \| ([\d.]+) \| '
+                        rf'(\d+) \| ([\d.]+) \|', text, re.M)
+        assert row, run['kvstore']
+        assert float(row.group(1)) == pytest.approx(run['sec_per_epoch'], abs=0.006)
+        assert float(row.group(3)) == pytest.approx(run['epochs'][-1]['test_acc'], abs=1e-4)
+    assert re.search(r'\*\*Answer:\*\* on 3 devices, kvstore', text)
+    assert '![test accuracy per epoch](accuracy.png)' in text
+    assert out.count('test acc: ') == 3 and '| none | cpu(0), cpu(1), cpu(2) |' in out
+
+
+def test_nccl_without_nccl_is_one_line_naming_the_build(train_script, capsys, tmp_path):
+    assert not gm.training.has_nccl()  # the CPU build of MXNet the tests run on
+    status = train_script.main(['--cpu-devices', '2', '--kvstore', 'local', 'nccl',
+                                '--report', str(tmp_path / 'r')])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == '' and len(captured.err.splitlines()) == 1
+    assert 'kvstore nccl needs an MXNet build with NCCL' in captured.err
+    assert "pip install -e '.[cu112]'" in captured.err
+    assert os.listdir(tmp_path) == []
+
+
+def test_nccl_on_cpu_contexts_is_refused_even_with_nccl(monkeypatch):
+    monkeypatch.setattr(gm.training, 'has_nccl', lambda: True)
+    with pytest.raises(gm.GluonMultiGPUError, match='with CPU contexts choose local, device'):
+        gm.training.check_kvstore('nccl', gm.cpu_devices(2))
+    gm.training.check_kvstore('nccl', [mx.gpu(0), mx.gpu(1)])  # accepted: GPUs and NCCL
+
+
+@pytest.mark.parametrize('make, message', [
+    (lambda d: d / 'file.txt', 'is a file; give a directory'),
+    (lambda d: d / 'no' / 'such', 'does not exist; create it first'),
+])
+def test_report_directory_that_cannot_be_made_is_refused(train_script, tmp_path, capsys, make,
+                                                          message):
+    (tmp_path / 'file.txt').write_text('x')
+    status = train_script.main(['--cpu-devices', '2', '--report', str(make(tmp_path))])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.splitlines()) == 1 and message in err
+
+
+def small_net(seed, devices):
+    mx.random.seed(seed)
+    net = gm.simple_cnn()
+    net.initialize(init.Uniform(0.07), ctx=devices)
+    net(mx.np.zeros((1, 1, 28, 28), ctx=devices[0]))
+    return net
+
+
+def test_param_tracker_measures_the_largest_difference():
+    devices = gm.cpu_devices(2)
+    a, b = small_net(1, devices), small_net(1, devices)
+    param = list(b.collect_params().values())[2]
+    with gm.ParamTracker() as tracker:
+        tracker.record('a', 1, a)
+        tracker.record('b', 1, b)
+        for ctx in devices:  # change one weight by 0.25 on every device
+            data = param.data(ctx)
+            data[0] += 0.25
+        tracker.record('a', 2, a)
+        tracker.record('b', 2, b)
+        param.data(devices[1])[0] += 1.0  # now the devices of b disagree (diff reads the first)
+        tracker.record('b', 2, b)
+    assert tracker.reference == 'a'
+    assert tracker.diff == {'a': [0.0, 0.0], 'b': [0.0, pytest.approx(0.25), pytest.approx(0.25)]}
+    assert tracker.spread['b'] == [0.0, 0.0, pytest.approx(1.0)]
+
+
+def result(kvstore, seconds):
+    r = TrainResult(devices=['cpu(0)', 'cpu(1)'], kvstore=kvstore, lr=0.1)
+    r.epochs.append(EpochRecord(1, 1.0, 0.5, 0.5, seconds, 0.1, 100))
+    return r
+
+
+def test_recommend_names_the_fastest_or_says_they_tie():
+    assert gm.recommend([result('local', 2.0), result('device', 1.0)]) == \
+        'on 2 devices, kvstore device is fastest; local takes 100% longer.'
+    assert gm.recommend([result('local', 1.01), result('device', 1.0), result('none', 1.5)]) == \
+        ('on 2 devices, kvstores device and local are equally fast (within 3%, run-to-run '
+         'noise); none takes 50% longer.')
