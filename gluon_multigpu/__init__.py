@@ -6,7 +6,8 @@ The modules follow the section: ``devices`` (device lists, splitting a batch),
 ``training`` (one step, one epoch, evaluation, ``train``), ``book`` (the
 text's loop verbatim, for teaching and comparison), ``compare`` (runs that
 differ in their kvstore), ``reporting`` (lines, tables, plots, reports),
-``runtime`` (engine settings).
+``checkpoint`` (crash-safe checkpoints, stopping on a signal), ``runtime``
+(engine settings).
 
 The names below are loaded with their module on first use, and with it
 MXNet, so that ``gluon_multigpu.runtime`` can still put the engine settings
@@ -21,7 +22,9 @@ from . import runtime
 __version__ = '0.1.0'
 
 _EXPORTS = {
-    'errors': ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged'],
+    'errors': ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged',
+               'CheckpointError', 'Interrupted'],
+    'checkpoint': ['Checkpointer', 'StopRequest'],
     'devices': ['try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'num_gpus',
                 'split_batch'],
     'model': ['Residual', 'BookResidual', 'resnet18', 'book_resnet18', 'simple_cnn', 'get_model',

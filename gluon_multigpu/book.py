@@ -12,7 +12,7 @@ from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 from mxnet import npx
 
 from .devices import split_batch
-from .training import fit, train_batch
+from .training import DivergenceWatch, EpochTotals, fit, train_batch
 from .utils import Accumulator, Timer, accuracy
 
 __all__ = ['evaluate_accuracy_book', 'train_epoch_book', 'train_book']
@@ -34,21 +34,35 @@ def evaluate_accuracy_book(net, data_iter, split_f=split_batch):
     return metric[0] / metric[1]
 
 
-def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None):
-    """Train one epoch with the text's loop; return ``(loss_sum, num_correct, samples, seconds)``."""
+def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None, *,
+                     should_stop=None, first_step=1):
+    """Train one epoch with the text's loop; return its ``EpochTotals``.
+
+    ``should_stop`` and ``first_step`` are those of ``training.train_epoch``;
+    a non-finite loss or parameter raises ``TrainingDiverged`` naming its step.
+    """
     timer = Timer()
     metric = Accumulator(3)  # loss sum, correct predictions, samples
+    watch = DivergenceWatch(net, devices[0], first_step)
+    batches, stopped = 0, False
     for features, labels in train_iter:
         stats = train_batch(net, features, labels, loss, trainer, devices, batch_size)
+        watch.add([l for l, _ in stats])
         # Sync point per step: read the loss and accuracy back to the host.
         metric.add(sum(float(l) for l, _ in stats), sum(float(c) for _, c in stats),
                    features.shape[0])
+        batches += 1
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
     npx.waitall()
-    return metric[0], metric[1], int(metric[2]), timer.stop()
+    watch.check()
+    return EpochTotals(metric[0], metric[1], int(metric[2]), timer.stop(), batches, stopped)
 
 
 def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',
-               batch_size=None, seed=None, initializer=None, on_epoch=None):
+               batch_size=None, seed=None, initializer=None, on_epoch=None, *, checkpoint=None,
+               resume=False, should_stop=None):
     """Train with the text's loop; return a ``TrainResult`` like ``train``.
 
     Parameters
@@ -69,9 +83,13 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
         Defaults to the text's ``init.Normal(sigma=0.01)``.
     on_epoch : callable, optional
         Called with each ``EpochRecord``.
+    checkpoint, resume, should_stop
+        As for ``training.train``.
     """
-    def run_epoch(epoch, *args):  # pylint: disable=unused-argument
-        return train_epoch_book(*args, batch_size)
+    def run_epoch(epoch, net, data, loss, trainer, devices, stop, first_step):  # noqa: ARG001
+        return train_epoch_book(net, data, loss, trainer, devices, batch_size,
+                                should_stop=stop, first_step=first_step)
     return fit(net, train_iter, test_iter, devices, run_epoch, evaluate_accuracy_book,
                num_epochs=num_epochs, lr=lr, kvstore=kvstore, seed=seed,
-               initializer=initializer, hybrid=False, on_epoch=on_epoch)
+               initializer=initializer, hybrid=False, on_epoch=on_epoch, checkpoint=checkpoint,
+               resume=resume, should_stop=should_stop)

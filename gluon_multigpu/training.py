@@ -7,22 +7,23 @@ gradients and update every copy of the parameters. Host-device sync points
 are marked: where they sit decides what a timing means.
 """
 import functools
+import itertools
 import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
-from mxnet import autograd, gluon, init, npx
+from mxnet import autograd, gluon, init, np, npx
 
 from .devices import split_batch
-from .errors import DeviceError, GluonMultiGPUError, TrainingDiverged
+from .errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
 from .utils import Timer, accuracy
 
-__all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train_batch',
-           'train_epoch', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
+__all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'EpochTotals', 'evaluate_accuracy_gpus',
+           'train_batch', 'train_epoch', 'DivergenceWatch', 'check_finite_params', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer', 'hybridize', 'train', 'fit']
 
 from .names import KVSTORES  # noqa: E402  (the back ends ``train`` accepts)
@@ -167,12 +168,71 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None):
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
 
 
+class EpochTotals(NamedTuple):
+    """What one epoch (or the part of it run so far) adds up to."""
+    loss_sum: float
+    num_correct: float
+    samples: int
+    seconds: float
+    batches: int
+    stopped: bool = False  # ended early on request, not at the end of the data
+
+    def __add__(self, other):
+        """Totals of this part of an epoch followed by ``other``."""
+        return EpochTotals(*(a + b for a, b in zip(self[:5], other[:5])), other.stopped)
+
+
+class DivergenceWatch:
+    """Watch every step for a non-finite loss or parameter, without a sync per step.
+
+    Per step it keeps the loss sums of the shards and the sum of every
+    parameter on one device (a NaN or infinity anywhere makes that sum
+    non-finite), as arrays on the devices. ``check`` reads them back, so
+    call it where the loop waits anyway; it names the first bad step.
+    """
+
+    def __init__(self, net, device, first_step=1):
+        self.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+        self.device, self.first_step, self.steps = device, first_step, []
+
+    def add(self, losses):
+        """Note the step just queued: its per-shard loss sums (0-d arrays)."""
+        total = sum(p.data(self.device).sum() for p in self.params)
+        self.steps.append((losses, total))
+
+    def check(self):
+        """Raise ``TrainingDiverged`` naming the first step whose loss or parameters are not finite."""
+        if not self.steps or self._finite(self.steps[-1]):
+            return
+        for i, step in enumerate(self.steps):
+            if not self._finite(step):
+                number = self.first_step + i
+                if all(math.isfinite(float(l)) for l in step[0]):
+                    raise TrainingDiverged(f'{self._bad_param()} became non-finite at step '
+                                           f'{number}', step=number)
+                raise TrainingDiverged(f'the training loss became non-finite at step {number}',
+                                       step=number)
+
+    @staticmethod
+    def _finite(step):
+        losses, total = step
+        return math.isfinite(float(total)) and all(math.isfinite(float(l)) for l in losses)
+
+    def _bad_param(self):
+        for p in self.params:
+            if not bool(np.isfinite(p.data(self.device)).all()):
+                return f'parameter {p.name}'
+        return 'a parameter'
+
+
 def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
-                progress_interval=10.0):
-    """Train one epoch; return ``(loss_sum, num_correct, num_samples, seconds)``.
+                progress_interval=10.0, *, should_stop=None, first_step=1):
+    """Train one epoch; return its ``EpochTotals``.
 
     ``seconds`` covers the loop up to ``npx.waitall()``, so it is the time the
-    devices took, not the time Python took to queue the work.
+    devices took, not the time Python took to queue the work. A non-finite
+    loss or parameter raises ``TrainingDiverged`` naming the step, at the
+    next progress line or at the end of the epoch (see ``DivergenceWatch``).
 
     Parameters
     ----------
@@ -181,28 +241,49 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
         most every ``progress_interval`` seconds.
     progress_interval : float
         Seconds between progress calls.
+    should_stop : callable, optional
+        Asked after every step; when it returns True the epoch ends there
+        (after the queued steps finish) with ``stopped=True``.
+    first_step : int
+        Number of the first step in the epoch, for messages (a resumed epoch starts later).
     """
     loss_acc, correct_acc = [None] * len(devices), [None] * len(devices)
-    samples, timer = 0, Timer()
+    watch = DivergenceWatch(net, devices[0], first_step)
+    samples, batches, stopped, timer = 0, 0, False, Timer()
     last_report = time.perf_counter()
-    for i, (X, y) in enumerate(train_iter):
+    for X, y in train_iter:
         stats = train_batch(net, X, y, loss, trainer, devices)
+        watch.add([s[0] for s in stats])
         loss_acc = _add(loss_acc, [s[0] for s in stats])
         correct_acc = _add(correct_acc, [s[1] for s in stats])
         samples += X.shape[0]
+        batches += 1
         if on_progress is not None and time.perf_counter() - last_report >= progress_interval:
             # Sync point: wait for this step so the progress figures are real.
-            loss_acc[0].wait_to_read()
+            watch.check()
             last_report = time.perf_counter()
-            on_progress(i + 1, samples, timer.elapsed())
+            on_progress(first_step - 1 + batches, samples, timer.elapsed())
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
     npx.waitall()  # Sync point: every queued step has finished before the timer stops.
     seconds = timer.stop()
-    if samples == 0:
+    if samples == 0 and not stopped and first_step == 1:
         raise GluonMultiGPUError('the training data is empty')
-    # Sync point (already waited for): one read-back per epoch.
+    # Sync point (already waited for): the read-backs of the epoch.
+    watch.check()
     loss_sum = sum(float(a) for a in loss_acc if a is not None)
     num_correct = sum(float(a) for a in correct_acc if a is not None)
-    return loss_sum, num_correct, samples, seconds
+    return EpochTotals(loss_sum, num_correct, samples, seconds, batches, stopped)
+
+
+def check_finite_params(net):
+    """Raise ``TrainingDiverged`` if any parameter holds a NaN or an infinity (one sync)."""
+    bad = [p.name for p in net.collect_params().values()
+           if p.list_data() and not bool(np.isfinite(p.data(p.list_ctx()[0])).all())]
+    if bad:
+        raise TrainingDiverged(f'parameter {bad[0]} became non-finite'
+                               + (f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''))
 
 
 def kvstore_name(kvstore):
@@ -314,7 +395,7 @@ def hybridize(net):
 
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
           seed=None, initializer=None, hybrid=True, on_epoch=None, on_progress=None,
-          progress_interval=10.0):
+          progress_interval=10.0, checkpoint=None, resume=False, should_stop=None):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Parameters
@@ -338,43 +419,67 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     hybrid : bool
         Hybridize the network (see ``hybridize``): the fast path, same arithmetic.
     on_epoch : callable, optional
-        Called with each ``EpochRecord`` as soon as the epoch is evaluated.
+        Called with each ``EpochRecord`` as soon as the epoch is evaluated (and checkpointed).
     on_progress : callable, optional
         Called as ``on_progress(epoch, batches_done, num_samples, seconds)`` during an epoch.
     progress_interval : float
         Seconds between progress calls.
+    checkpoint : checkpoint.Checkpointer, optional
+        Saves the run after every epoch, and when stopped by ``should_stop``.
+    resume : bool
+        Continue from ``checkpoint``'s last complete checkpoint, if it holds one.
+    should_stop : callable, optional
+        Asked after every step (e.g. a ``checkpoint.StopRequest`` set by a signal);
+        when True, training stops after that step, is checkpointed, and
+        ``Interrupted`` is raised.
 
     Returns
     -------
     TrainResult
     """
-    def run_epoch(epoch, *args):
+    def run_epoch(epoch, net, data, loss, trainer, devices, stop, first_step):
         progress = functools.partial(on_progress, epoch) if on_progress else None
-        return train_epoch(*args, progress, progress_interval)
+        return train_epoch(net, data, loss, trainer, devices, progress, progress_interval,
+                           should_stop=stop, first_step=first_step)
 
     def evaluate(net, data_iter):
         return evaluate_accuracy_gpus(net, data_iter, devices=devices)
     return fit(net, train_iter, test_iter, devices, run_epoch, evaluate, num_epochs=num_epochs,
                lr=lr, kvstore=kvstore, seed=seed, initializer=initializer, hybrid=hybrid,
-               on_epoch=on_epoch)
+               on_epoch=on_epoch, checkpoint=checkpoint, resume=resume, should_stop=should_stop)
 
 
-def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs, lr, kvstore,
-        seed, initializer, hybrid, on_epoch):
-    """The epoch loop that ``train`` and ``book.train_book`` share; returns a ``TrainResult``.
-
-    Checks the arguments before touching the network, initialises it on
-    every device, builds the Trainer, then per epoch calls
-    ``run_epoch(epoch, net, train_iter, loss, trainer, devices)`` (which
-    returns ``(loss_sum, num_correct, samples, seconds)``), stops on a
-    non-finite loss, times ``evaluate(net, test_iter)`` and records the epoch.
-    """
+def _check_fit_args(devices, num_epochs, kvstore, lr, train_iter, checkpoint):
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')
     if not isinstance(num_epochs, int) or num_epochs < 1:
         raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
     check_kvstore(kvstore, devices)
     check_lr(lr)
+    if checkpoint is not None and not hasattr(train_iter, 'epoch'):
+        raise GluonMultiGPUError('checkpoints need a training loader that can replay an '
+                                 "epoch's order (one with an `epoch` counter, like ArrayLoader)")
+
+
+def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs, lr, kvstore,
+        seed, initializer, hybrid, on_epoch, checkpoint=None, resume=False, should_stop=None):
+    """The epoch loop that ``train`` and ``book.train_book`` share; returns a ``TrainResult``.
+
+    Checks the arguments before touching the network, initialises it on
+    every device (or restores a checkpoint), builds the Trainer, then per
+    epoch calls ``run_epoch(epoch, net, data, loss, trainer, devices,
+    should_stop, first_step)`` (which returns ``EpochTotals``), stops on a
+    non-finite loss or parameter, times ``evaluate(net, test_iter)``,
+    checkpoints, and records the epoch. See ``train`` for the arguments.
+
+    The epoch ``e`` of a loader with an ``epoch`` counter is expected to
+    draw the order of ``epoch = e - 1`` (start it at 0); a resumed run sets
+    the counter so, and skips the batches a mid-epoch checkpoint had done.
+    """
+    _check_fit_args(devices, num_epochs, kvstore, lr, train_iter, checkpoint)
+    state = checkpoint.load() if checkpoint is not None and resume else None
+    if state is not None:
+        checkpoint.check_epochs(state, num_epochs)
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
@@ -383,17 +488,44 @@ def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs,
     trainer = make_trainer(net, lr, kvstore)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore_name(kvstore), lr=lr)
-    for epoch in range(1, num_epochs + 1):
-        loss_sum, num_correct, samples, seconds = run_epoch(
-            epoch, net, train_iter, loss, trainer, devices)
-        if not math.isfinite(loss_sum):
-            raise TrainingDiverged(f'the training loss became {loss_sum} in epoch {epoch}; '
-                                   f'lower the learning rate (it is {lr})')
+    start, partial = 1, None
+    if state is not None:
+        # Parameters before the Trainer's state: the kvstore copies the weights when it starts.
+        state.restore(net, trainer, devices)
+        result.epochs = list(state.history)
+        start, partial = state.epoch + 1, state.partial
+        train_iter.epoch = state.epoch
+    for epoch in range(start, num_epochs + 1):
+        data, done = train_iter, 0
+        if partial is not None:
+            data, done = itertools.islice(iter(train_iter), partial.batches, None), partial.batches
+        if should_stop is not None and should_stop():
+            raise Interrupted(getattr(should_stop, 'signum', None), epoch, done,
+                              checkpoint and checkpoint.directory)
+        try:
+            totals = run_epoch(epoch, net, data, loss, trainer, devices, should_stop, done + 1)
+            if partial is not None:
+                totals, partial = partial + totals, None
+            if not totals.stopped:
+                check_finite_params(net)
+        except TrainingDiverged as e:
+            kept = (f'; the last good checkpoint ({checkpoint.describe()}) is kept'
+                    if checkpoint is not None and checkpoint.exists() else '')
+            raise TrainingDiverged(f'{e} in epoch {epoch}; lower the learning rate (it is {lr})'
+                                   f'{kept}', epoch=epoch, step=e.step) from None
+        if totals.stopped:
+            if checkpoint is not None:
+                checkpoint.save(net, trainer, result.epochs, epoch - 1, partial=totals)
+            raise Interrupted(getattr(should_stop, 'signum', None), epoch, totals.batches,
+                              checkpoint and checkpoint.directory)
         tic = time.perf_counter()
         test_acc = evaluate(net, test_iter)
-        record = EpochRecord(epoch, loss_sum / samples, num_correct / samples, test_acc,
-                             seconds, time.perf_counter() - tic, samples)
+        record = EpochRecord(epoch, totals.loss_sum / totals.samples,
+                             totals.num_correct / totals.samples, test_acc, totals.seconds,
+                             time.perf_counter() - tic, totals.samples)
         result.epochs.append(record)
+        if checkpoint is not None:
+            checkpoint.save(net, trainer, result.epochs, epoch)
         if on_epoch is not None:
             on_epoch(record)
     return result

@@ -59,8 +59,8 @@ def throughput(spec):
         def epoch(data):
             return training.train_epoch(net, data, loss, trainer, devices)
     epoch(batches[:warmup])
-    _, _, samples, seconds = epoch(batches[warmup:])
-    return {'images_per_sec': samples / seconds}
+    totals = epoch(batches[warmup:])
+    return {'images_per_sec': totals.samples / totals.seconds}
 
 
 def gemm(spec):

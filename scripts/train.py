@@ -8,6 +8,8 @@ Without GPUs, ``--cpu-devices N`` runs the same code on N CPU contexts.
 import argparse
 import math
 import os
+import shlex
+import signal
 import sys
 
 import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
@@ -25,7 +27,11 @@ examples:
 
 Bad input (a device that does not exist, a batch that cannot be split, missing
 or corrupt data, a non-positive number, an output directory that does not
-exist) stops before training with one line on stderr and exit status 2.
+exist, a checkpoint of another run) stops before training with one line on
+stderr and exit status 2; a loss that becomes NaN stops with status 2 and
+keeps the last good checkpoint. Ctrl-C (SIGINT) or SIGTERM stops after the
+current step, writes a checkpoint with --checkpoint-dir, says how to resume,
+and exits with 130 or 143.
 """
 
 
@@ -94,6 +100,13 @@ def build_parser():
     p.add_argument('--report', metavar='DIR',
                    help='write a Markdown report comparing the kvstores (report.md, with '
                    'accuracy.png, seconds.png and runs.json) into DIR, created if missing')
+    p.add_argument('--checkpoint-dir', metavar='DIR',
+                   help='save the run after every epoch (parameters, optimizer state, data '
+                   'order, history) into DIR, created if missing; Ctrl-C or SIGTERM also saves '
+                   'before stopping. Writes are atomic: a crash keeps the last complete one')
+    p.add_argument('--resume', action='store_true',
+                   help='continue from the checkpoint in --checkpoint-dir (on any number of '
+                   'devices); without one there, start at epoch 1')
     p.add_argument('--book-literal', action='store_true',
                    help="run the text's loop verbatim (nn.Block residuals, no hybridization, "
                    'loss and accuracy read back every step) instead of the fast path')
@@ -150,8 +163,9 @@ def make_loaders(args, batch_size, num_devices):
     return train_iter, test_iter, note
 
 
-def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker):
-    """Train a fresh model with one kvstore; print progress; return the TrainResult.
+def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, *,
+              checkpoint=None, should_stop=None):
+    """Train a fresh model (or resume one) with one kvstore; print progress; return the TrainResult.
 
     After each epoch ``tracker`` records the parameters, for the comparison.
     """
@@ -172,16 +186,46 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker):
         print(gm.epoch_line(record, args.num_epochs), file=out, flush=True)
         tracker.record(gm.training.kvstore_name(kvstore), record.epoch, net)
 
-    initializer = gm.default_initializer(args.model)
+    common = dict(num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
+                  initializer=gm.default_initializer(args.model), on_epoch=on_epoch,
+                  checkpoint=checkpoint, resume=args.resume, should_stop=should_stop)
     if args.book_literal:
-        return gm.train_book(net, train_iter, test_iter, devices, num_epochs=args.num_epochs,
-                             lr=lr, kvstore=kvstore, batch_size=train_iter.batch_size,
-                             seed=args.seed, initializer=initializer, on_epoch=on_epoch)
+        return gm.train_book(net, train_iter, test_iter, devices,
+                             batch_size=train_iter.batch_size, **common)
     return gm.train(net, train_iter, test_iter, devices,
-                    num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
-                    initializer=initializer, on_epoch=on_epoch,
                     on_progress=on_progress if args.progress_interval > 0 else None,
-                    progress_interval=args.progress_interval)
+                    progress_interval=args.progress_interval, **common)
+
+
+def make_checkpointer(args, batch_size, lr, kvstores):
+    """Return the Checkpointer of ``--checkpoint-dir`` (None without it), checked for this run."""
+    if args.resume and not args.checkpoint_dir:
+        raise gm.GluonMultiGPUError('--resume needs --checkpoint-dir DIR, the directory to '
+                                    'resume from')
+    if not args.checkpoint_dir:
+        return None
+    if len(kvstores) > 1:
+        raise gm.GluonMultiGPUError('--checkpoint-dir follows one run; give a single --kvstore')
+    num_train = args.num_train or gm.DATASETS[args.dataset]['train']
+    num_test = args.num_test or gm.DATASETS[args.dataset]['test']
+    checkpoint = gm.Checkpointer(args.checkpoint_dir, {
+        'model': args.model, 'dataset': args.dataset, 'batch_size': batch_size, 'lr': lr,
+        'seed': args.seed, 'num_train': num_train, 'num_test': num_test,
+        'book_literal': args.book_literal})
+    checkpoint.check_directory(args.resume, args.num_epochs)
+    return checkpoint
+
+
+def print_resumed(checkpoint, num_epochs, out):
+    """Say what a resumed run continues from, with the epochs it had done."""
+    state = checkpoint.load() if checkpoint is not None and checkpoint.exists() else None
+    if state is None:
+        if checkpoint is not None:
+            print(f'no checkpoint in {checkpoint.directory} yet: starting at epoch 1', file=out)
+        return
+    print(f'resuming from the checkpoint {checkpoint.describe()}', file=out)
+    for record in state.history:
+        print(gm.epoch_line(record, num_epochs), file=out)
 
 
 def write_outputs(args, results, config, tracker):
@@ -208,8 +252,11 @@ def check_outputs(args):
         gm.reporting.check_report_dir(args.report)
 
 
-def run(args, out=None):
-    """Check the input, train once per kvstore, report; return the list of TrainResult."""
+def run(args, out=None, should_stop=None):
+    """Check the input, train once per kvstore, report; return the list of TrainResult.
+
+    ``should_stop`` (e.g. a ``StopRequest``) is asked after every step.
+    """
     out = out or sys.stdout
     devices, note = select_devices(args.num_gpus, args.cpu_devices)
     batch_size = args.batch_size or 256 * len(devices)
@@ -221,6 +268,7 @@ def run(args, out=None):
     for kvstore in kvstores:
         gm.training.check_kvstore(kvstore, devices)
     check_outputs(args)
+    checkpoint = make_checkpointer(args, batch_size, lr, kvstores)
     # Loaded before any training, so that bad data stops the run at once.
     train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices))
     for message in (note, data_note):
@@ -230,12 +278,15 @@ def run(args, out=None):
           f'{len(test_iter.labels)} test images, batch {batch_size} '
           f'({batch_size / len(devices):g} per device), lr {lr:g}, {args.num_epochs} epoch(s), '
           f'devices {devices}', file=out, flush=True)
+    if args.resume:
+        print_resumed(checkpoint, args.num_epochs, out)
     results = []
     with gm.ParamTracker() as tracker:
         for kvstore in kvstores:
             if len(kvstores) > 1:
                 print(f'-- kvstore {kvstore}', file=out, flush=True)
-            result = train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker)
+            result = train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker,
+                               checkpoint=checkpoint, should_stop=should_stop)
             print(result.final_line(), file=out, flush=True)
             results.append(result)
         if len(results) > 1:
@@ -256,18 +307,47 @@ def engine_devices(args):
     return 0 if args.num_gpus is not None else None
 
 
+def resume_command(argv):
+    """The command line that continues an interrupted run."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if '--resume' not in argv:
+        argv.append('--resume')
+    script = os.path.relpath(os.path.abspath(__file__))
+    if script.startswith('..'):
+        script = os.path.abspath(__file__)
+    return shlex.join(['python', script] + argv)
+
+
+def interrupted_message(stop, argv):
+    """One line on an ``Interrupted`` stop: where it stopped, where the checkpoint is, what next."""
+    name = signal.Signals(stop.signum).name if stop.signum else 'a stop request'
+    where = f'interrupted by {name} in epoch {stop.epoch} after {stop.batches} batch(es)'
+    if stop.checkpoint:
+        return f'{where}; checkpoint in {stop.checkpoint}; resume with: {resume_command(argv)}'
+    return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
+
+
 def main(argv=None):
-    """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
+    """Run the script; return the exit status.
+
+    0 when done, 2 for bad input or a diverged run, 128 + the signal number
+    (130 for SIGINT, 143 for SIGTERM) when stopped by a signal.
+    """
     args = parse_args(argv)
     # Before MXNet loads: its OpenMP threads are fixed when the library loads.
     runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
     try:
-        run(args)
+        with gm.StopRequest() as stop:
+            run(args, should_stop=stop)
     except gm.GluonMultiGPUError as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
+    except gm.Interrupted as e:
+        print(interrupted_message(e, argv), file=sys.stderr)
+        return 128 + (e.signum or signal.SIGINT)
     except KeyboardInterrupt:
-        print('interrupted', file=sys.stderr)
+        print('interrupted at once (a second signal): no checkpoint written for the current '
+              'step', file=sys.stderr)
         return 130
     return 0
 

@@ -167,7 +167,8 @@ def test_train_loss_is_the_mean_per_sample_loss(fashion_test):
 
 def test_a_diverging_learning_rate_stops_with_a_clear_error(fashion_test):
     batches = [real_batch(fashion_test, 64, start) for start in range(0, 512, 64)]
-    with pytest.raises(gm.TrainingDiverged, match='became nan in epoch 1; lower the learning'):
+    with pytest.raises(gm.TrainingDiverged, match=r'the training loss became non-finite at '
+                       r'step \d+ in epoch 1; lower the learning'):
         gm.train(gm.simple_cnn(), batches, batches, gm.cpu_devices(2), num_epochs=3, lr=1e4,
                  seed=0, initializer=init.Uniform(0.07))
 

@@ -1,0 +1,270 @@
+"""Checkpoints and resume: killed runs continue exactly, damaged or foreign checkpoints are refused."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import numpy as onp
+import pytest
+from mxnet import np
+
+import gluon_multigpu as gm
+from conftest import REPO, load_script
+
+SCRIPT = str(REPO / 'scripts' / 'train.py')
+
+
+def argv(fashion_dir, ckpt, *extra, epochs=3, devices=2):
+    return ['--cpu-devices', str(devices), '--model', 'simple-cnn', '--num-epochs', str(epochs),
+            '--num-train', '1920', '--num-test', '300', '--batch-size', '64', '--lr', '0.2',
+            '--data-dir', str(fashion_dir), '--checkpoint-dir', str(ckpt), *map(str, extra)]
+
+
+def run(args, **kw):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                          timeout=600, **kw)
+
+
+def manifest(ckpt):
+    return json.loads((ckpt / 'manifest.json').read_text())
+
+
+def saved_params(ckpt):
+    m = manifest(ckpt)
+    arrays = mx.npx.load(str(ckpt / m['files']['params']['name']))
+    return {k: v.asnumpy() for k, v in arrays.items()}
+
+
+def figures(history):
+    """What a repeated run must reproduce: everything but the timings."""
+    return [(e['epoch'], e['train_loss'], e['train_acc'], e['test_acc'], e['samples'])
+            for e in history]
+
+
+def assert_same_run(a, b, rtol=1e-5):
+    ha, hb = figures(manifest(a)['history']), figures(manifest(b)['history'])
+    assert [h[0] for h in ha] == [h[0] for h in hb] and [h[4] for h in ha] == [h[4] for h in hb]
+    onp.testing.assert_allclose(onp.array(ha)[:, 1:4], onp.array(hb)[:, 1:4], rtol=rtol, atol=2e-3)
+    pa, pb = saved_params(a), saved_params(b)
+    assert sorted(pa) == sorted(pb)
+    for k in pa:
+        onp.testing.assert_allclose(pa[k], pb[k], rtol=rtol * 10, atol=1e-5, err_msg=k)
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory, fashion_dir):
+    """Three epochs without interruption: the run the resumed ones must match."""
+    ckpt = tmp_path_factory.mktemp('whole') / 'ckpt'
+    proc = run(argv(fashion_dir, ckpt, '--progress-interval', '0'))
+    assert proc.returncode == 0, proc.stderr
+    assert manifest(ckpt)['epoch'] == 3 and manifest(ckpt)['partial'] is None
+    return ckpt
+
+
+def start_and_wait_for(args, epoch, batches):
+    """Start the script; return the process once its progress shows ``batches`` of ``epoch``."""
+    proc = subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    progress = re.compile(rf'  epoch {epoch}: (\d+)/')
+    for line in proc.stderr:
+        match = progress.match(line)
+        if match and int(match.group(1)) >= batches or time.monotonic() > deadline:
+            return proc
+    raise AssertionError(f'the run ended before epoch {epoch}, batch {batches}: {proc.wait()}')
+
+
+@pytest.mark.slow
+def test_sigkill_in_the_middle_of_an_epoch_then_resume_matches(uninterrupted, fashion_dir,
+                                                                tmp_path):
+    ckpt = tmp_path / 'ckpt'
+    args = argv(fashion_dir, ckpt, '--progress-interval', '0.05')
+    proc = start_and_wait_for(args, 2, 10)
+    proc.kill()  # SIGKILL: no handler runs, no checkpoint of the partial epoch
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    state = manifest(ckpt)
+    assert state['epoch'] == 1 and state['partial'] is None  # the last complete checkpoint
+    resumed = run(args[:-2] + ['--progress-interval', '0', '--resume'])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f'resuming from the checkpoint epoch 1, in {ckpt}' in resumed.stdout
+    assert resumed.stdout.count('epoch 1/3:') == 1 and 'epoch 3/3:' in resumed.stdout
+    assert_same_run(ckpt, uninterrupted)
+    assert sorted(os.listdir(ckpt)) == ['ckpt-000003.params', 'ckpt-000003.states',
+                                        'manifest.json']
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_checkpoints_the_partial_epoch_and_resume_matches(uninterrupted, fashion_dir,
+                                                                    tmp_path, sig, status):
+    ckpt = tmp_path / 'ckpt'
+    args = argv(fashion_dir, ckpt, '--progress-interval', '0.05')
+    proc = start_and_wait_for(args, 2, 7)
+    proc.send_signal(sig)
+    err = proc.stderr.read().splitlines()
+    assert proc.wait() == status
+    name = signal.Signals(sig).name
+    last = err[-1]
+    assert last.startswith(f'interrupted by {name} in epoch 2 after ') and 'Traceback' not in last
+    assert f'; checkpoint in {ckpt}; resume with: python ' in last and last.endswith(' --resume')
+    state = manifest(ckpt)
+    batches = int(last.split(' after ')[1].split(' ')[0])
+    assert state['epoch'] == 1 and state['partial']['batches'] == batches and 7 <= batches < 30
+    resumed = run(args + ['--resume'])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f'resuming from the checkpoint {batches} batch(es) into epoch 2' in resumed.stdout
+    assert_same_run(ckpt, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_two_devices_resumes_on_three(uninterrupted, fashion_dir, tmp_path):
+    ckpt = tmp_path / 'ckpt'
+    first = run(argv(fashion_dir, ckpt, '--progress-interval', '0', epochs=2))
+    assert first.returncode == 0, first.stderr
+    resumed = run(argv(fashion_dir, ckpt, '--progress-interval', '0', '--resume', devices=3))
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.rstrip().endswith('on [cpu(0), cpu(1), cpu(2)]')
+    # a different split changes only the order of float additions
+    assert_same_run(ckpt, uninterrupted, rtol=1e-4)
+
+
+def test_existing_foreign_and_damaged_checkpoints_are_refused(uninterrupted, fashion_dir,
+                                                              tmp_path, capsys):
+    train = load_script('train')
+
+    def answer(ckpt, *extra):
+        status = train.main(argv(fashion_dir, ckpt, *extra))
+        captured = capsys.readouterr()
+        assert status == 2 and captured.out == '', captured
+        assert len(captured.err.splitlines()) == 1 and 'Traceback' not in captured.err
+        return captured.err
+
+    def copy(name):
+        d = tmp_path / name
+        d.mkdir()
+        for f in os.listdir(uninterrupted):
+            (d / f).write_bytes((uninterrupted / f).read_bytes())
+        return d
+    assert 'already holds a checkpoint (epoch 3' in answer(copy('existing'))
+    assert 'add --resume to continue it' in answer(tmp_path / 'existing')
+    other = copy('other')
+    m = manifest(other)
+    m['config']['model'] = 'resnet18'
+    (other / 'manifest.json').write_text(json.dumps(m))
+    assert "is of another run: model 'resnet18' (now 'simple-cnn')" in answer(other, '--resume')
+    assert "lr 0.2 (now 0.1)" in answer(copy('lr'), '--resume', '--lr', '0.1')
+    truncated = copy('truncated')
+    params = truncated / manifest(truncated)['files']['params']['name']
+    params.write_bytes(params.read_bytes()[:1000])
+    assert 'is damaged: ckpt-000003.params does not match its recorded hash' in \
+        answer(truncated, '--resume')
+    garbled = copy('garbled')
+    (garbled / 'manifest.json').write_text('{"format": ')
+    assert 'is damaged (cannot read manifest.json' in answer(garbled, '--resume')
+    missing = copy('missing')
+    os.remove(missing / manifest(missing)['files']['states']['name'])
+    assert 'its states file ckpt-000003.states is missing' in answer(missing, '--resume')
+    assert 'has 3 epochs done, more than the 2 asked for' in answer(copy('past'), '--resume',
+                                                                    '--num-epochs', '2')
+    assert 'does not exist; create it first' in answer(tmp_path / 'no' / 'such')
+    assert 'give a single --kvstore' in answer(tmp_path / 'two', '--kvstore', 'local', 'device')
+    status = train.main(['--cpu-devices', '2', '--resume'])
+    assert status == 2 and '--resume needs --checkpoint-dir' in capsys.readouterr().err
+
+
+def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(fashion_test,
+                                                                             tmp_path):
+    images, labels = fashion_test
+    X = np.array(images[:256, None] / 255.0, dtype='float32')
+    y = np.array(labels[:256], dtype='int32')
+
+    class Batches:
+        """Four batches; in epoch 2 the third one holds a NaN."""
+        epoch = 0
+
+        def __iter__(self):
+            self.epoch += 1
+            for i in range(4):
+                xb = X[i * 64:(i + 1) * 64]
+                yield (xb * float('nan') if self.epoch == 2 and i == 2 else xb), y[i * 64:(i + 1) * 64]
+    ckpt = gm.Checkpointer(tmp_path / 'ckpt', {'run': 'nan'})
+    net = gm.simple_cnn()
+    seen = []
+    with pytest.raises(gm.TrainingDiverged) as stop:
+        gm.train(net, Batches(), [(X, y)], gm.cpu_devices(2), num_epochs=3, lr=0.1, seed=0,
+                 initializer=gm.default_initializer('simple-cnn'), checkpoint=ckpt,
+                 on_epoch=lambda r: seen.append(gm.compare.param_arrays(net)))
+    # MXNet's ReLU maps NaN to 0, so the loss stays finite: the parameters show it
+    assert str(stop.value).startswith('parameter conv0_weight became non-finite at step 3 in '
+                                      'epoch 2; '
+                                      'lower the learning rate (it is 0.1); the last good '
+                                      f'checkpoint (epoch 1, in {tmp_path / "ckpt"}) is kept')
+    assert (stop.value.epoch, stop.value.step) == (2, 3)
+    state = manifest(tmp_path / 'ckpt')
+    assert state['epoch'] == 1 and len(state['history']) == 1
+    saved = list(saved_params(tmp_path / 'ckpt').values())
+    assert len(seen) == 1 and all(onp.isfinite(a).all() for a in saved)
+    for a, b in zip(sorted(saved, key=lambda a: a.size), sorted(seen[0], key=lambda a: a.size)):
+        onp.testing.assert_array_equal(a, b)
+
+
+def test_a_non_finite_parameter_is_caught():
+    net = gm.simple_cnn()
+    net.initialize(ctx=gm.cpu_devices(2))
+    net(np.zeros((1, 1, 28, 28), ctx=mx.cpu(0)))
+    gm.training.check_finite_params(net)  # finite: passes
+    param = list(net.collect_params().values())[3]
+    param.data(mx.cpu(0))[0] = float('inf')
+    with pytest.raises(gm.TrainingDiverged, match=f'parameter {param.name} became non-finite'):
+        gm.training.check_finite_params(net)
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize('stage', ['params', 'states', 'manifest'])
+def test_a_crash_during_a_save_leaves_the_last_complete_checkpoint(tmp_path, monkeypatch, stage):
+    devices = gm.cpu_devices(2)
+    net = gm.simple_cnn()
+    net.initialize(gm.default_initializer('simple-cnn'), ctx=devices)
+    trainer = gm.training.make_trainer(net, 0.1, 'device')
+    X = np.ones((8, 1, 28, 28))
+    gm.train_batch(net, X, np.zeros(8, dtype='int32'), mx.gluon.loss.SoftmaxCrossEntropyLoss(),
+                   trainer, devices)
+    ckpt = gm.Checkpointer(tmp_path, {'k': 1})
+    ckpt.save(net, trainer, [], 1)
+    before = saved_params(tmp_path)
+    for p in net.collect_params().values():  # the next epoch changes every parameter
+        for d in p.list_data():
+            d[:] = d + 1
+    if stage == 'manifest':
+        def dump(*args, **kwargs):
+            args[1].write('{"format": "half')
+            raise Boom()
+        monkeypatch.setattr(gm.checkpoint.json, 'dump', dump)
+    else:
+        owner = net if stage == 'params' else trainer
+        method = 'save_parameters' if stage == 'params' else 'save_states'
+        real = getattr(owner, method)
+
+        def half_write(path):
+            real(path)
+            with open(path, 'r+b') as f:
+                f.truncate(100)  # the crash hits mid-write
+            raise Boom()
+        monkeypatch.setattr(owner, method, half_write)
+    with pytest.raises(Boom):
+        ckpt.save(net, trainer, [], 2)
+    monkeypatch.undo()
+    state = gm.Checkpointer(tmp_path, {'k': 1}).load()
+    assert state.epoch == 1
+    after = saved_params(tmp_path)
+    for k in before:
+        onp.testing.assert_array_equal(before[k], after[k])
+    assert not [f for f in os.listdir(tmp_path) if f.endswith('.tmp')]
