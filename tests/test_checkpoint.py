@@ -268,3 +268,25 @@ def test_a_crash_during_a_save_leaves_the_last_complete_checkpoint(tmp_path, mon
     for k in before:
         onp.testing.assert_array_equal(before[k], after[k])
     assert not [f for f in os.listdir(tmp_path) if f.endswith('.tmp')]
+
+
+def test_a_run_diverging_in_its_first_epoch_leaves_no_checkpoint(fashion_dir, tmp_path, capsys):
+    ckpt = tmp_path / 'ckpt'
+    args = argv(fashion_dir, ckpt, '--progress-interval', '0')
+    args[args.index('--lr') + 1] = '10000'
+    assert load_script('train').main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert re.search(r'non-finite at step \d+ in epoch 1; lower the learning rate \(it is '
+                     r'10000.0\)$', err.strip())
+    assert os.listdir(tmp_path) == []
+
+
+def test_sigterm_without_a_checkpoint_dir_says_how_to_keep_one(fashion_dir):
+    args = argv(fashion_dir, 'unused')[:-2] + ['--progress-interval', '0.05']
+    proc = start_and_wait_for(args, 1, 3)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read().splitlines()
+    assert proc.wait() == 143
+    assert re.match(r'interrupted by SIGTERM in epoch 1 after \d+ batch\(es\); no checkpoint '
+                    r'written \(add --checkpoint-dir DIR to be able to resume\)$', err[-1])
