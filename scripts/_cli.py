@@ -40,7 +40,7 @@ def positive_float(text):
 
 
 def check_output_path(path, flag):
-    """Raise GluonMultiGPUError unless the file ``path`` can be written (checked before any work)."""
+    """Raise GluonMultiGPUError unless the file ``path`` can be written (check before any work)."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise GluonMultiGPUError(f'{flag} {path} is a directory; give a file name')
