@@ -438,6 +438,10 @@ def projection_table(rows, measured=()):
     return '\n'.join(lines)
 
 
+def _devices(n):
+    return f'{n} device' if n == 1 else f'{n} devices'
+
+
 def _describe(r):
     return (f"kvstore {r['kvstore']}, batch {r['batch_size']} ({r['per_device_batch']:g} per "
             f"device), lr rule {r['lr_rule']} (lr {r['lr']:g})")
@@ -449,14 +453,14 @@ def how_many_devices(rows):
     if not ok:
         return ['No run finished, so there is no answer.']
     best = max(ok, key=lambda r: r['samples_per_sec'])
-    lines = [f"Best throughput: **{best['devices']} device(s)**, {best['samples_per_sec']:.0f} "
+    lines = [f"Best throughput: **{_devices(best['devices'])}**, {best['samples_per_sec']:.0f} "
              f"samples/s ({_describe(best)}).", '',
              'The fastest run at each count and its efficiency:']
     for n in sorted({r['devices'] for r in ok}):
         top = max((r for r in ok if r['devices'] == n), key=lambda r: r['samples_per_sec'])
         eff = ('efficiency n/a: no 1-device run of this series' if top['efficiency'] is None
                else f"speedup {top['speedup']:.2f}, efficiency {top['efficiency']:.0%}")
-        lines.append(f"- {n} device(s): {top['samples_per_sec']:.0f} samples/s, {eff} "
+        lines.append(f"- {_devices(n)}: {top['samples_per_sec']:.0f} samples/s, {eff} "
                      f"({_describe(top)})")
     return lines
 
@@ -465,10 +469,11 @@ def fastest_kvstores(rows, noise=NOISE):
     """Return the answer lines to "local or device": the fastest kvstore per device count.
 
     Runs are compared within the same count, batch and learning-rate rule;
-    differences below ``noise`` (relative) are called a tie. Empty when only
-    one kvstore was run.
+    differences below ``noise`` (relative) are called a tie. One device is
+    left out: MXNet's Trainer makes no kvstore for a single device. Empty
+    when only one kvstore was run.
     """
-    ok = [r for r in rows if r['samples_per_sec']]
+    ok = [r for r in rows if r['samples_per_sec'] and r['devices'] > 1]
     if len({r['kvstore'] for r in rows}) < 2:
         return []
     groups = {}
@@ -488,9 +493,10 @@ def fastest_kvstores(rows, noise=NOISE):
                 if 1 - r['samples_per_sec'] / best['samples_per_sec'] < noise]
         verdict = (f"{' and '.join(ties)} equally fast (within {noise:.0%})" if len(ties) > 1
                    else f"**{best['kvstore']}** fastest")
-        note = ' (one device: MXNet uses no kvstore, so any difference is noise)' if n == 1 else ''
-        lines.append(f"- {n} device(s), batch {batch}, lr rule {rule}: {verdict}: "
-                     f"{best['kvstore']} {best['samples_per_sec']:.0f} samples/s, {rest}{note}")
+        lines.append(f"- {_devices(n)}, batch {batch}, lr rule {rule}: {verdict}: "
+                     f"{best['kvstore']} {best['samples_per_sec']:.0f} samples/s, {rest}")
+    if not lines:
+        lines.append('- no count of 2 or more devices ran with several kvstores')
     return lines
 
 
@@ -506,13 +512,13 @@ def accuracy_answer(rows):
         best = max(mine, key=lambda r: r['test_acc'])
         worst = min(mine, key=lambda r: r['test_acc'])
         lines.append(f"- lr rule {rule}: best {best['test_acc']:.4f} at batch "
-                     f"{best['batch_size']} on {best['devices']} device(s) (lr {best['lr']:g}), "
+                     f"{best['batch_size']} on {_devices(best['devices'])} (lr {best['lr']:g}), "
                      f"worst {worst['test_acc']:.4f} at batch {worst['batch_size']} "
                      f"(lr {worst['lr']:g})")
     failed = [r for r in rows if r['status'] != 'ok']
     if failed:
         lines.append(f"- {len(failed)} run(s) {failed[0]['status']}: "
-                     + '; '.join(f"{r['devices']} device(s), batch {r['batch_size']}, lr "
+                     + '; '.join(f"{_devices(r['devices'])}, batch {r['batch_size']}, lr "
                                  f"{r['lr']:g}" for r in failed))
     return lines
 
@@ -654,9 +660,9 @@ def scaling_report(config, rows, projection, sync_rows, notes=()):
             f"below (median of {c['sync_repeats']} `allreduce_grads` each), per kvstore: "
             + ', '.join(f'{kv} {s * 1e3:.2f} ms per added device' for kv, s in slopes.items())
             + '.',
-            '- Assumptions: synchronisation and compute do not overlap; data loading, the '
-            'optimizer update and host-device copies cost nothing; every device is as fast as '
-            'the measured one; the synchronisation cost keeps growing linearly in N - 1 beyond '
+            '- Assumptions: synchronisation and compute do not overlap; loading a batch, '
+            'splitting it and copying the shards to the devices cost nothing; every device is '
+            'as fast as the measured one; the synchronisation cost keeps growing linearly in N - 1 beyond '
             'the counts measured (tree or ring all-reduce over a fast interconnect grows more '
             'slowly, a shared bus may grow faster).', '',
             projection_table(projection, rows), '',
