@@ -662,9 +662,9 @@ def scaling_report(config, rows, projection, sync_rows, notes=()):
             + '.',
             '- Assumptions: synchronisation and compute do not overlap; loading a batch, '
             'splitting it and copying the shards to the devices cost nothing; every device is '
-            'as fast as the measured one; the synchronisation cost keeps growing linearly in N - 1 beyond '
-            'the counts measured (tree or ring all-reduce over a fast interconnect grows more '
-            'slowly, a shared bus may grow faster).', '',
+            'as fast as the measured one; the synchronisation cost keeps growing linearly in '
+            'N - 1 beyond the counts measured (tree or ring all-reduce over a fast interconnect '
+            'grows more slowly, a shared bus may grow faster).', '',
             projection_table(projection, rows), '',
             'The last column is the measured speedup of the same kvstore and batch (median over '
             'lr rules) where the sweep ran that count: the gap between the two is what the '
