@@ -1,4 +1,4 @@
-"""scripts/scaling.py: a real sweep on CPU contexts, figures recomputed from its files, bad input."""
+"""scripts/scaling.py: a sweep on CPU contexts, its figures recomputed from its files, bad input."""
 import io
 import math
 import os
