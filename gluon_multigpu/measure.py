@@ -103,7 +103,9 @@ def engine_description(device_type, environ=None):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
     threads = environ.get('OMP_NUM_THREADS', "MXNet's default (half the cores)")
     return (f'CPU contexts on {cores} core(s), OMP_NUM_THREADS={threads} per context in every '
-            f"run, MXNET_CPU_TEMP_COPY={environ.get('MXNET_CPU_TEMP_COPY', '4 (default)')}")
+            f"run, MXNET_CPU_TEMP_COPY={environ.get('MXNET_CPU_TEMP_COPY', '4 (default)')}; each "
+            'context stands for one device of a fixed size, so fewer contexts leave cores idle '
+            'and more contexts than cores share them')
 
 
 def build_net(model, devices, seed=0):
