@@ -7,7 +7,9 @@ The modules follow the section: ``devices`` (device lists, splitting a batch),
 text's loop verbatim, for teaching and comparison), ``compare`` (runs that
 differ in their kvstore), ``reporting`` (lines, tables, plots, reports),
 ``checkpoint`` (crash-safe checkpoints, stopping on a signal), ``runtime``
-(engine settings).
+(engine settings), ``measure`` (timing one synchronisation, one step, a
+sweep of runs) and ``scaling`` (bandwidth, speedup, the projection model and
+their files).
 
 The names below are loaded with their module on first use, and with it
 MXNet, so that ``gluon_multigpu.runtime`` can still put the engine settings
@@ -38,6 +40,8 @@ _EXPORTS = {
     'reporting': ['Animator', 'comparison_table', 'epoch_line', 'write_json', 'bar_chart',
                   'write_kvstore_report'],
     'compare': ['ParamTracker', 'device_spread', 'recommend'],
+    'measure': [],
+    'scaling': [],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -146,16 +146,19 @@ def accuracy_chart(path, results, title=None):
     animator.save(path)
 
 
-def check_report_dir(directory):
-    """Raise ``GluonMultiGPUError`` unless ``directory`` is a writable directory or can be made."""
+def check_report_dir(directory, flag='--report'):
+    """Raise ``GluonMultiGPUError`` unless ``directory`` is a writable directory or can be made.
+
+    ``flag`` names the option in the message.
+    """
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
-        raise GluonMultiGPUError(f'--report {directory} is a file; give a directory')
+        raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory')
     target = directory if os.path.isdir(directory) else os.path.dirname(directory)
     if not os.path.isdir(target):
-        raise GluonMultiGPUError(f'--report {directory}: {target} does not exist; create it first')
+        raise GluonMultiGPUError(f'{flag} {directory}: {target} does not exist; create it first')
     if not os.access(target, os.W_OK):
-        raise GluonMultiGPUError(f'--report {directory}: {target} is not writable')
+        raise GluonMultiGPUError(f'{flag} {directory}: {target} is not writable')
 
 
 def write_kvstore_report(directory, results, tracker, config, answer):

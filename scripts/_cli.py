@@ -1,5 +1,13 @@
-"""What the scripts share: an argument parser whose errors are one line and exit status 2."""
+"""What the scripts share: a one-line argument parser, argument types, output-path checks.
+
+Nothing here imports MXNet: the scripts parse their arguments and put the
+engine settings into the environment before MXNet loads.
+"""
 import argparse
+import math
+import os
+
+from gluon_multigpu.errors import GluonMultiGPUError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -7,3 +15,37 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'{value} is not positive')
+    return value
+
+
+def positive_float(text):
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f'{text} is not a positive finite number')
+    return value
+
+
+def check_output_path(path, flag):
+    """Raise GluonMultiGPUError unless the file ``path`` can be written (check before any work)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise GluonMultiGPUError(f'{flag} {path} is a directory; give a file name')
+    if not os.path.isdir(directory):
+        raise GluonMultiGPUError(f'{flag} {path}: directory {directory} does not exist; '
+                                 'create it first')
+    if not os.access(directory, os.W_OK):
+        raise GluonMultiGPUError(f'{flag} {path}: directory {directory} is not writable')

@@ -6,7 +6,6 @@ every device, each batch split across them, gradients summed by the kvstore.
 Without GPUs, ``--cpu-devices N`` runs the same code on N CPU contexts.
 """
 import argparse
-import math
 import os
 import shlex
 import signal
@@ -16,7 +15,8 @@ import gluon_multigpu as gm  # loads MXNet only on first use, after the engine s
 from gluon_multigpu import names, runtime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import OneLineParser  # noqa: E402  (shared by the scripts)
+from _cli import (OneLineParser, check_output_path, positive_float,  # noqa: E402,F401
+                  positive_int)  # shared by the scripts
 
 EPILOG = """\
 examples:
@@ -33,28 +33,6 @@ keeps the last good checkpoint. Ctrl-C (SIGINT) or SIGTERM stops after the
 current step, writes a checkpoint with --checkpoint-dir, says how to resume,
 and exits with 130 or 143.
 """
-
-
-def positive_int(text):
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'{value} is not positive')
-    return value
-
-
-def positive_float(text):
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f'{text} is not a positive finite number')
-    return value
 
 
 def build_parser():
@@ -132,18 +110,6 @@ def select_devices(num_gpus, cpu_devices):
         return devices, ('no GPU found: training on the CPU; use --cpu-devices N to split '
                          'each batch across N CPU contexts')
     return devices, None
-
-
-def check_output_path(path, flag):
-    """Raise GluonMultiGPUError unless ``path`` can be written (checked before training)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise gm.GluonMultiGPUError(f'{flag} {path} is a directory; give a file name')
-    if not os.path.isdir(directory):
-        raise gm.GluonMultiGPUError(f'{flag} {path}: directory {directory} does not exist; '
-                                    'create it first')
-    if not os.access(directory, os.W_OK):
-        raise gm.GluonMultiGPUError(f'{flag} {path}: directory {directory} is not writable')
 
 
 def make_loaders(args, batch_size, num_devices):

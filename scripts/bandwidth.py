@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Measure what one gradient synchronisation costs, against the compute of one training step.
+
+For ResNet-18 (11,175,818 trainable parameters) and the simple CNN, for each
+kvstore and device count: the seconds of one ``trainer.allreduce_grads()``
+(a Trainer with ``update_on_kvstore=False``; the package's ReducingTrainer
+for ``none``) on gradients filled by a real forward and backward pass, the
+bandwidth that makes, and its ratio to the forward and backward pass of one
+step on all devices. d2l 13.6 argues that ResNet-18 gains from more GPUs
+because its computation dwarfs its synchronisation; this prints that ratio.
+"""
+import argparse
+import os
+import sys
+
+import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
+from gluon_multigpu import names, runtime
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import OneLineParser, check_output_path, positive_int  # noqa: E402
+
+EPILOG = """\
+figures (GB = 1e9 bytes):
+  gradient bytes   4 bytes x trainable parameters (float32)
+  sync ms          median over --repeats of one allreduce_grads(), ended by npx.waitall()
+  alg GB/s         gradient bytes / sync seconds
+  bus GB/s         2 (N - 1) / N x alg GB/s, the all-reduce convention for N devices
+  compute ms       median forward + backward of --batch-per-device samples on each of the
+                   N devices at once, ended by npx.waitall()
+  sync / compute   how much one synchronisation adds to a step's computation
+
+examples:
+  %(prog)s                                  GPUs 2, 4, ... all; or CPU contexts 2 and 4
+  %(prog)s --cpu-devices 4 --quick          CPU contexts 2 and 4, small batch, 2 repeats
+  %(prog)s --counts 2 8 --kvstores device nccl --csv bw.csv --json bw.json
+
+Bad input (a count of devices that do not exist, nccl without NCCL or GPUs,
+missing or corrupt data, an output path that cannot be written) stops before
+measuring with one line on stderr and exit status 2.
+"""
+
+
+def build_parser():
+    """Return the argument parser of this script."""
+    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument('--num-gpus', type=positive_int, metavar='N',
+                       help='GPUs, counts 2, 4, ... up to N and N (default: all GPUs)')
+    where.add_argument('--cpu-devices', type=positive_int, metavar='N',
+                       help='CPU contexts, counts 2, 4, ... up to N and N (default without '
+                       'GPUs: counts 2 and 4)')
+    p.add_argument('--counts', type=positive_int, nargs='+', metavar='N',
+                   help='device counts to measure, each at least 2 (default: see above)')
+    p.add_argument('--models', nargs='+', choices=names.MODEL_NAMES,
+                   default=list(names.MODEL_NAMES), metavar='MODEL',
+                   help='networks whose parameters are synchronised: '
+                   f'{", ".join(names.MODEL_NAMES)} (default: both)')
+    p.add_argument('--kvstores', nargs='+', choices=names.KVSTORES, metavar='KV',
+                   help='local (sum on the CPU), device (sum on the devices), nccl (GPUs and an '
+                   'MXNet build with NCCL) or none (the Trainer sums itself) (default: every one '
+                   'this machine can use)')
+    p.add_argument('--batch-per-device', type=positive_int, metavar='N',
+                   help="samples per device in the compute step (default: 256, the book's; "
+                   '8 with --quick)')
+    p.add_argument('--repeats', type=positive_int, metavar='N',
+                   help='timed repeats of each measurement; medians are reported '
+                   '(default: 5; 2 with --quick)')
+    p.add_argument('--quick', action='store_true',
+                   help='small batch and 2 repeats: checks that everything runs (timings rough)')
+    p.add_argument('--data-dir', metavar='DIR',
+                   help='Fashion-MNIST folder with the four IDX .gz files; its test images feed '
+                   'the forward and backward pass (default: ~/.mxnet/datasets/fashion-mnist)')
+    p.add_argument('--seed', type=int, default=0, help='seed of the initial weights (default: 0)')
+    p.add_argument('--csv', metavar='PATH', help='write one row per configuration as CSV')
+    p.add_argument('--json', metavar='PATH',
+                   help='write every figure, with the time of each repeat, as JSON')
+    return p
+
+
+def engine_devices(args):
+    """How many CPU contexts will run side by side (None: not known before MXNet looks for GPUs)."""
+    if args.cpu_devices is not None:
+        return args.cpu_devices
+    return 0 if args.num_gpus is not None else None
+
+
+def run(args, out=None):
+    """Check the input, measure, print the table, write the files; return the rows."""
+    out = out or sys.stdout
+    for path, flag in ((args.csv, '--csv'), (args.json, '--json')):
+        if path:
+            check_output_path(path, flag)
+    from gluon_multigpu import measure, scaling  # MXNet loads here, after the engine settings
+    device_type, counts, note = measure.resolve_devices(
+        args.num_gpus, args.cpu_devices, args.counts, minimum=2, cpu_default=(2, 4))
+    kvstores = list(dict.fromkeys(args.kvstores or measure.usable_kvstores(device_type)))
+    for kvstore in kvstores:
+        gm.training.check_kvstore(kvstore, measure.devices_for(device_type, counts[0]))
+    batch = args.batch_per_device or (8 if args.quick else 256)
+    repeats = args.repeats or (2 if args.quick else 5)
+    root = os.path.expanduser(args.data_dir or gm.data.default_root('fashion-mnist'))
+    gm.data.check_data_dir(root)
+    images, labels = gm.read_split(root, 'test', 'fashion-mnist')
+    if note:
+        print(note, file=sys.stderr)
+
+    def progress(line):
+        print(line, file=sys.stderr, flush=True)
+    rows = []
+    for model in args.models:
+        rows += measure.measure_bandwidth(model, device_type, counts, kvstores, batch, images,
+                                          labels, repeats, seed=args.seed, progress=progress)
+    print(scaling.bandwidth_table(rows), file=out)
+    print('', *scaling.bandwidth_summary(rows), sep='\n', file=out)
+    config = {'device_type': device_type, 'counts': counts, 'kvstores': kvstores,
+              'models': args.models, 'batch_per_device': batch, 'repeats': repeats,
+              'seed': args.seed, 'engine': measure.engine_description(device_type)}
+    written = []
+    try:  # both files or neither
+        if args.csv:
+            scaling.write_csv(args.csv, rows, scaling.BANDWIDTH_COLUMNS)
+            written.append(args.csv)
+        if args.json:
+            gm.write_json(args.json, {'config': config, 'rows': rows})
+    except BaseException:
+        for path in written:
+            os.remove(path)
+        raise
+    return rows
+
+
+def main(argv=None):
+    """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
+    args = build_parser().parse_args(argv)
+    # Before MXNet loads: its OpenMP threads are fixed when the library loads.
+    runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
+    try:
+        run(args)
+    except gm.GluonMultiGPUError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print('interrupted', file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

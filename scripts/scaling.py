@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Sweep device counts, batch sizes, learning-rate rules, kvstores: speed and accuracy on k devices.
+
+Exercise 1 of d2l 13.6 as a tool. Every configuration is a real training run
+(``gluon_multigpu.train``) on the same data subset and seed. The output
+directory gets scaling.csv (one row per run: seconds per epoch, samples/s,
+speedup, efficiency, final test accuracy), speedup.png, efficiency.png,
+accuracy.png, a projection to 16 devices from a stated model
+(projection.csv, fitted to the synchronisations in sync.csv) and report.md,
+which answers how many devices to use and which kvstore is faster.
+"""
+import argparse
+import os
+import sys
+
+import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
+from gluon_multigpu import names, runtime
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import OneLineParser, positive_float, positive_int  # noqa: E402
+
+EPILOG = """\
+definitions:
+  samples/s     training samples per second up to npx.waitall(), evaluation excluded, over
+                every epoch but the first when there are two or more
+  speedup       samples/s on N devices / samples/s of the 1-device run with the same kvstore,
+                lr rule and per-device batch (with --global-batch: the same global batch);
+                empty when 1 is not among the counts
+  efficiency    speedup / N
+  lr rules      B = global batch: linear = base x B/256 (the book), fixed = base,
+                sqrt = base x sqrt(B/256)
+  projection    a model, not a measurement: t_step(N) = t_compute(b) + s (N - 1), with
+                t_compute measured on one device and s fitted to synchronisations measured
+                at the counts of the sweep (see report.md for its assumptions)
+
+examples:
+  %(prog)s --num-gpus 4                      GPUs 1, 2, 4; ResNet-18, batch 256 per GPU
+  %(prog)s --cpu-devices 2 --model simple-cnn --num-epochs 2 --num-train 6000 \\
+      --batch-per-device 64 128 --lr-rule linear sqrt --kvstores local device --out sweep/
+  %(prog)s --counts 1 2 4 --global-batch 512 --lr-rule fixed
+
+Bad input (device counts that do not exist, a batch that cannot be split, missing
+or corrupt data, an output directory whose parent does not exist or is not
+writable) stops before training with one line on stderr and exit status 2; the
+output directory is written only when every run has finished.
+"""
+
+
+def build_parser():
+    """Return the argument parser of this script."""
+    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument('--num-gpus', type=positive_int, metavar='N',
+                       help='GPUs, counts 1, 2, 4, ... up to N and N (default: all GPUs)')
+    where.add_argument('--cpu-devices', type=positive_int, metavar='N',
+                       help='CPU contexts, counts 1, 2, 4, ... up to N and N (default without '
+                       'GPUs: up to the number of cores)')
+    p.add_argument('--counts', type=positive_int, nargs='+', metavar='N',
+                   help='device counts to run, e.g. 1 2 4 (default: see above)')
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument('--batch-per-device', type=positive_int, nargs='+', metavar='B',
+                       help='samples per device per step; the global batch is B x devices, as '
+                       "the book scales it (default: 256, the book's)")
+    batch.add_argument('--global-batch', type=positive_int, nargs='+', metavar='B',
+                       help='fixed global batches instead, split across the devices')
+    p.add_argument('--lr-rule', nargs='+', choices=names.LR_RULES, default=['linear'],
+                   metavar='RULE', help='learning-rate rules to try: '
+                   f'{", ".join(names.LR_RULES)} (default: linear)')
+    p.add_argument('--base-lr', type=positive_float, default=0.1, metavar='LR',
+                   help='SGD learning rate at a global batch of 256 (default: 0.1, the book)')
+    p.add_argument('--kvstores', nargs='+', choices=names.KVSTORES, default=['device'],
+                   metavar='KV', help='gradient synchronisation: local, device, nccl (GPUs with '
+                   'an NCCL build) or none (default: device)')
+    p.add_argument('--num-epochs', type=positive_int, default=10, metavar='N',
+                   help='epochs of every run (default: 10)')
+    p.add_argument('--model', choices=names.MODEL_NAMES, default='resnet18',
+                   help='network (default: resnet18)')
+    p.add_argument('--dataset', choices=names.DATASET_NAMES, default='fashion-mnist',
+                   help='data set (default: fashion-mnist)')
+    p.add_argument('--data-dir', metavar='DIR', help='directory with the four IDX .gz files '
+                   '(default: ~/.mxnet/datasets/<dataset>)')
+    p.add_argument('--num-train', type=positive_int, metavar='N',
+                   help='use only the first N training images (default: all 60000)')
+    p.add_argument('--num-test', type=positive_int, metavar='N',
+                   help='use only the first N test images (default: all 10000)')
+    p.add_argument('--seed', type=int, default=0,
+                   help='seed of the initial weights and the data order, the same in every run '
+                   '(default: 0)')
+    p.add_argument('--project-to', type=positive_int, default=16, metavar='N',
+                   help='project to 1, 2, 4, ... N devices (default: 16, a p2.16xlarge)')
+    p.add_argument('--compute-repeats', type=positive_int, default=5, metavar='N',
+                   help='timed training steps (forward, backward, update) on one device for '
+                   'the projection; the median is used (default: 5)')
+    p.add_argument('--sync-repeats', type=positive_int, default=5, metavar='N',
+                   help='timed synchronisations per kvstore and count for the projection '
+                   '(default: 5)')
+    p.add_argument('--out', metavar='DIR', default='scaling-report',
+                   help='output directory, created at the end if missing; its parent must '
+                   'exist (default: scaling-report)')
+    p.add_argument('--progress-interval', type=float, default=10.0, metavar='SECONDS',
+                   help='seconds between progress lines within an epoch on stderr; 0 turns '
+                   'them off (default: 10)')
+    return p
+
+
+def engine_devices(args):
+    """How many CPU contexts will train side by side (None: unknown before MXNet looks for GPUs)."""
+    if args.cpu_devices is not None:
+        return args.cpu_devices
+    return 0 if args.num_gpus is not None else None
+
+
+def run(args, out=None):
+    """Check the input, run the sweep and the projection's measurements, write the report."""
+    out = out or sys.stdout
+    gm.reporting.check_report_dir(args.out, '--out')
+    from gluon_multigpu import measure, scaling  # MXNet loads here, after the engine settings
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+    device_type, counts, note = measure.resolve_devices(
+        args.num_gpus, args.cpu_devices, args.counts, cpu_default=scaling.device_counts(cores))
+    kvstores = list(dict.fromkeys(args.kvstores))
+    for kvstore in kvstores:
+        gm.training.check_kvstore(kvstore, measure.devices_for(device_type, counts[0]))
+    batch_mode = 'global' if args.global_batch else 'per-device'
+    batches = list(dict.fromkeys(args.global_batch or args.batch_per_device or [256]))
+    grid = scaling.build_grid(args.model, counts, kvstores, list(dict.fromkeys(args.lr_rule)),
+                              args.base_lr, args.num_epochs, batches, batch_mode)
+    train_iter, test_iter = gm.load_data(args.dataset, 1, root=args.data_dir,
+                                         num_train=args.num_train, num_test=args.num_test)
+    train_data = (train_iter.images, train_iter.labels)
+    if len(train_data[1]) < counts[-1]:
+        raise gm.GluonMultiGPUError(f'{len(train_data[1])} training images cannot be split '
+                                    f'across {counts[-1]} devices; raise --num-train')
+
+    def say(line):
+        print(line, file=sys.stderr, flush=True)
+    notes = [note] if note else []
+    if note:
+        say(note)
+    rows = measure.run_sweep(grid, device_type, train_data, (test_iter.images, test_iter.labels),
+                             seed=args.seed, progress=say, progress_interval=args.progress_interval)
+    scaling.add_speedups(rows)
+    if 1 not in counts:
+        notes.append('No 1-device run in the sweep: speedup and efficiency are left empty.')
+    projection, sync_rows = measure.measure_projection(
+        args.model, device_type, counts, kvstores, batch_mode, batches, *train_data,
+        project_to=args.project_to, compute_repeats=args.compute_repeats,
+        sync_repeats=args.sync_repeats, seed=args.seed, progress=say)
+    config = {'model': args.model, 'dataset': args.dataset, 'num_train': len(train_data[1]),
+              'num_test': len(test_iter.labels), 'epochs': args.num_epochs, 'seed': args.seed,
+              'device_type': device_type, 'counts': counts, 'base_lr': args.base_lr,
+              'engine': measure.engine_description(device_type), 'project_to': args.project_to,
+              'compute_repeats': args.compute_repeats, 'sync_repeats': args.sync_repeats}
+    scaling.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
+    print(scaling.scaling_table(rows), file=out)
+    print('', *scaling.how_many_devices(rows), file=out, sep='\n')
+    kv_lines = scaling.fastest_kvstores(rows)
+    if kv_lines:
+        print('', 'local or device:', *kv_lines, file=out, sep='\n')
+    if projection:
+        print('', 'Projection (a model, not a measurement; assumptions in report.md):',
+              scaling.projection_table(projection, rows), file=out, sep='\n')
+    print(f'\nwrote {os.path.join(args.out, "report.md")} and its files', file=out)
+    return rows, projection
+
+
+def main(argv=None):
+    """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
+    args = build_parser().parse_args(argv)
+    # Before MXNet loads: its OpenMP threads are fixed when the library loads.
+    runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
+    try:
+        run(args)
+    except gm.GluonMultiGPUError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print('interrupted', file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
