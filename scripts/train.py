@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 
 import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
 from gluon_multigpu import names, runtime
@@ -24,7 +25,8 @@ examples:
 
 Bad input (a device that does not exist, a batch that cannot be split, missing
 or corrupt data, a non-positive number, an output directory that does not
-exist) stops before training with one line on stderr and exit status 2.
+exist or takes no new files) stops before training with one line on stderr
+and exit status 2.
 """
 
 
@@ -115,15 +117,25 @@ def select_devices(num_gpus, cpu_devices):
 
 
 def check_output_path(path, flag):
-    """Raise GluonMultiGPUError unless ``path`` can be written (checked before training)."""
+    """Raise GluonMultiGPUError unless ``path`` can be written (checked before training).
+
+    Whether the directory takes new files is tried out, with a temporary file
+    created and removed the way the output will be written: permission bits
+    do not tell (root ignores them; /proc and /sys refuse new files).
+    """
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise gm.GluonMultiGPUError(f'{flag} {path} is a directory; give a file name')
     if not os.path.isdir(directory):
         raise gm.GluonMultiGPUError(f'{flag} {path}: directory {directory} does not exist; '
                                     'create it first')
-    if not os.access(directory, os.W_OK):
-        raise gm.GluonMultiGPUError(f'{flag} {path}: directory {directory} is not writable')
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=f'.{os.path.basename(path)}.',
+                                         suffix='.tmp'):
+            pass
+    except OSError as e:
+        raise gm.GluonMultiGPUError(f'{flag} {path}: cannot create files in {directory} '
+                                    f'({e.strerror}); choose a writable directory') from None
 
 
 def make_loaders(args, batch_size, num_devices):

@@ -12,7 +12,19 @@ import pytest
 import gluon_multigpu as gm
 from conftest import REPO, load_script
 
+# A quick run on real data: what bad output paths are added to (the run would succeed without).
+QUICK = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train', '64',
+         '--num-test', '32', '--batch-size', '32', '--progress-interval', '0']
+
 FINAL = re.compile(r'^test acc: (\d\.\d\d), (\d+\.\d) sec/epoch on \[cpu\(0\), cpu\(1\)\]$')
+
+
+def assert_one_line_error(err, *phrases):
+    """The project's answer to bad input: one line on stderr, no traceback, the phrases in it."""
+    assert len(err.splitlines()) == 1, err
+    assert 'Traceback' not in err
+    for phrase in phrases:
+        assert phrase in err, err
 
 
 def run_script(*args, cwd=REPO):
@@ -126,16 +138,62 @@ def test_bad_data_directories_get_one_line_and_status_2(train_script, corrupt_di
 
 @pytest.mark.parametrize('argv, message', [
     (['--num-gpus', '64'], 'use --cpu-devices 64'),
-    (['--cpu-devices', '3', '--batch-size', '2'], 'cannot be split across 3 devices'),
+    (['--cpu-devices', '3', '--batch-size', '2'], 'cannot be split across 3 devices; '
+                                                  'use --batch-size 3 or more'),
     (['--cpu-devices', '2', '--data-dir', '/no/such/dir'], '/no/such/dir does not exist'),
     (['--cpu-devices', '2', '--json', '/no/such/dir/r.json'], 'does not exist; create it'),
-    (['--cpu-devices', '2', '--plot', '/'], 'is a directory'),
+    (['--cpu-devices', '2', '--plot', '/'], 'is a directory; give a file name'),
 ])
 def test_bad_input_stops_with_status_2(train_script, argv, message, capsys):
     assert train_script.main(argv) == 2
     captured = capsys.readouterr()
-    assert captured.out == '' and len(captured.err.splitlines()) == 1
-    assert message in captured.err
+    assert captured.out == ''
+    assert_one_line_error(captured.err, message)
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A directory in which this process cannot create files.
+
+    For an ordinary user, one without write permission. Root ignores
+    permission bits, so for root /sys, where nobody may create files.
+    """
+    if os.geteuid() != 0:
+        directory = tmp_path / 'read-only'
+        directory.mkdir()
+        directory.chmod(0o555)
+        yield directory
+        directory.chmod(0o755)
+    else:
+        yield '/sys'
+
+
+@pytest.mark.parametrize('flag, name', [('--json', 'r.json'), ('--plot', 'a.png')])
+@pytest.mark.parametrize('where', ['no such directory', 'a directory', 'unwritable', 'proc'])
+def test_output_paths_that_cannot_be_written_stop_before_training(
+        train_script, fashion_dir, unwritable_dir, tmp_path, flag, name, where, capsys):
+    # With real data: if the path were not refused at once, the run would train and succeed.
+    path, message, hint = {
+        'no such directory': (tmp_path / 'missing' / name, 'does not exist', 'create it first'),
+        'a directory': (tmp_path, 'is a directory', 'give a file name'),
+        'unwritable': (os.path.join(unwritable_dir, name), 'cannot create files in',
+                       'choose a writable directory'),
+        'proc': (f'/proc/{name}', 'cannot create files in /proc', 'choose a writable directory'),
+    }[where]
+    status = train_script.main(QUICK + ['--data-dir', str(fashion_dir), flag, str(path)])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ''
+    assert_one_line_error(captured.err, f'{flag} {path}', message, hint)
+    assert os.listdir(tmp_path) == (['read-only'] if os.geteuid() != 0 else [])
+    assert not os.path.exists(path) or os.path.isdir(path)
+
+
+def test_an_unwritable_output_path_is_one_line_without_traceback(fashion_dir, tmp_path):
+    # Once ended in a traceback after training: /proc passes os.access but takes no files.
+    proc = run_script(*QUICK, '--data-dir', fashion_dir, '--json', '/proc/r.json', cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert_one_line_error(proc.stderr, '--json /proc/r.json: cannot create files in /proc')
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize('argv, message', [
