@@ -35,9 +35,23 @@ def positive_int(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+        raise argparse.ArgumentTypeError(f'{text!r} is not an integer; give a whole number '
+                                         'of at least 1') from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f'{value} is not positive')
+        raise argparse.ArgumentTypeError(f'{value} is not positive; give a whole number '
+                                         'of at least 1')
+    return value
+
+
+def non_negative_int(text):
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not an integer; give a whole number '
+                                         'of 0 or more') from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f'{value} is negative; give a whole number of 0 or more')
     return value
 
 
@@ -46,9 +60,24 @@ def positive_float(text):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+        raise argparse.ArgumentTypeError(f'{text!r} is not a number; give a number '
+                                         'greater than 0') from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f'{text} is not a positive finite number')
+        raise argparse.ArgumentTypeError(f'{text} is not a positive finite number; give a '
+                                         'number greater than 0')
+    return value
+
+
+def non_negative_float(text):
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not a number; give a number '
+                                         'of 0 or more') from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f'{text} is not a finite number of 0 or more; '
+                                         'give 0 or more')
     return value
 
 
@@ -85,14 +114,15 @@ def build_parser():
                    help='use only the first N training images (default: all 60000)')
     p.add_argument('--num-test', type=positive_int, metavar='N',
                    help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=int, default=0,
+    p.add_argument('--seed', type=non_negative_int, default=0,
                    help='seed of the initial weights and the data order (default: 0)')
     p.add_argument('--plot', metavar='PATH', help='write the test-accuracy curve as a PNG')
     p.add_argument('--json', metavar='PATH', help='write every figure of the run(s) as JSON')
     p.add_argument('--book-literal', action='store_true',
                    help="run the text's loop verbatim (nn.Block residuals, no hybridization, "
                    'loss and accuracy read back every step) instead of the fast path')
-    p.add_argument('--progress-interval', type=float, default=10.0, metavar='SECONDS',
+    p.add_argument('--progress-interval', type=non_negative_float, default=10.0,
+                   metavar='SECONDS',
                    help='seconds between progress lines within an epoch on stderr; '
                    '0 turns them off (default: 10)')
     return p

@@ -196,25 +196,43 @@ def test_an_unwritable_output_path_is_one_line_without_traceback(fashion_dir, tm
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['--cpu-devices', '0'], '0 is not positive'),
-    (['--cpu-devices', '-2'], '-2 is not positive'),
-    (['--num-gpus', '1', '--cpu-devices', '1'], 'not allowed with argument'),
-    (['--kvstore', 'nccl2'], "invalid choice: 'nccl2'"),
-    (['--model', 'vgg'], "invalid choice: 'vgg'"),
-    (['--dataset', 'cifar'], "invalid choice: 'cifar'"),
-    (['--lr', 'nan'], 'nan is not a positive finite number'),
-    (['--lr', '-0.1'], '-0.1 is not a positive finite number'),
-    (['--lr', 'fast'], "'fast' is not a number"),
-    (['--num-epochs', '0'], '0 is not positive'),
-    (['--num-epochs', 'ten'], "'ten' is not an integer"),
+WHOLE, POSITIVE = 'give a whole number of at least 1', 'give a number greater than 0'
+
+
+@pytest.mark.parametrize('argv, message, hint', [
+    (['--cpu-devices', '0'], '--cpu-devices: 0 is not positive', WHOLE),
+    (['--cpu-devices', '-2'], '--cpu-devices: -2 is not positive', WHOLE),
+    (['--num-gpus', '0'], '--num-gpus: 0 is not positive', WHOLE),
+    (['--batch-size', '0'], '--batch-size: 0 is not positive', WHOLE),
+    (['--num-gpus', '1', '--cpu-devices', '1'], 'not allowed with argument', 'see --help'),
+    (['--kvstore', 'nccl2'], "invalid choice: 'nccl2'", "choose from 'local', 'device'"),
+    (['--model', 'vgg'], "invalid choice: 'vgg'", "choose from 'resnet18', 'simple-cnn'"),
+    (['--dataset', 'cifar'], "invalid choice: 'cifar'", "choose from 'fashion-mnist', 'mnist'"),
+    (['--lr', 'nan'], 'nan is not a positive finite number', POSITIVE),
+    (['--lr', '-0.1'], '-0.1 is not a positive finite number', POSITIVE),
+    (['--lr', 'fast'], "'fast' is not a number", POSITIVE),
+    (['--num-epochs', '0'], '--num-epochs: 0 is not positive', WHOLE),
+    (['--num-epochs', '-3'], '--num-epochs: -3 is not positive', WHOLE),
+    (['--num-epochs', '2.5'], "--num-epochs: '2.5' is not an integer", WHOLE),
+    (['--num-epochs', 'ten'], "'ten' is not an integer", WHOLE),
+    (['--seed', '-1'], '--seed: -1 is negative', 'give a whole number of 0 or more'),
+    (['--progress-interval', '-1'], '-1 is not a finite number of 0 or more', 'give 0 or more'),
+    (['--progress-interval', 'nan'], 'nan is not a finite number of 0 or more', 'give 0 or more'),
 ])
-def test_bad_arguments_stop_with_status_2(train_script, argv, message, capsys):
+def test_bad_arguments_stop_with_status_2(train_script, argv, message, hint, capsys):
     with pytest.raises(SystemExit) as stop:
         train_script.main(argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.splitlines()) == 1
-    assert message in err and err.endswith('(see --help)\n')
+    captured = capsys.readouterr()
+    assert stop.value.code == 2 and captured.out == ''
+    assert_one_line_error(captured.err, message, hint)
+    assert captured.err.endswith('(see --help)\n')
+
+
+def test_bad_arguments_in_a_process_are_one_line_without_traceback(tmp_path):
+    proc = run_script('--num-epochs', '2.5', '--json', 'r.json', cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert_one_line_error(proc.stderr, "'2.5' is not an integer")
+    assert os.listdir(tmp_path) == []
 
 
 def test_divergence_leaves_no_output_files(train_script, fashion_dir, tmp_path, capsys):
