@@ -107,6 +107,15 @@ def corrupt_dirs(tmp_path_factory, fashion_dir):
     raw = (d / 't10k-images-idx3-ubyte.gz').read_bytes()
     (d / 't10k-images-idx3-ubyte.gz').write_bytes(raw[:1000])
     dirs['truncated'] = (d, 'not a complete gzip file')
+    d = copy('garbage')  # e.g. an error page saved under the file's name
+    (d / 't10k-labels-idx1-ubyte.gz').write_bytes(b'<html><body>404 Not Found</body></html>\n')
+    dirs['garbage'] = (d, 't10k-labels-idx1-ubyte.gz is not a complete gzip file '
+                          '\\(Not a gzipped file')
+    d = copy('damaged')  # right length and header, four bytes of the stream flipped
+    raw = bytearray((d / 't10k-labels-idx1-ubyte.gz').read_bytes())
+    raw[len(raw) // 2:len(raw) // 2 + 4] = bytes(b ^ 0xFF for b in raw[len(raw) // 2:][:4])
+    (d / 't10k-labels-idx1-ubyte.gz').write_bytes(bytes(raw))
+    dirs['damaged'] = (d, 't10k-labels-idx1-ubyte.gz is not a complete gzip file')
     d = copy('magic')
     with gzip.open(d / 't10k-labels-idx1-ubyte.gz', 'wb') as f:
         f.write(b'\x12\x34\x08\x01' + (10000).to_bytes(4, 'big') + bytes(10000))
@@ -124,16 +133,22 @@ def corrupt_dirs(tmp_path_factory, fashion_dir):
     return dirs
 
 
-@pytest.mark.parametrize('case', ['truncated', 'magic', 'swapped', 'counts', 'missing'])
+DATA_HINTS = {'missing': 'point --data-dir at them, or pass --download',
+              'counts': 'download both again'}
+
+
+@pytest.mark.parametrize('case', ['truncated', 'garbage', 'damaged', 'magic', 'swapped',
+                                  'counts', 'missing'])
 def test_bad_data_directories_get_one_line_and_status_2(train_script, corrupt_dirs, case,
                                                         capsys, tmp_path):
     directory, message = corrupt_dirs[case]
     out = tmp_path / 'runs.json'
     status = train_script.main(['--cpu-devices', '2', '--data-dir', str(directory),
                                 '--json', str(out)])
-    err = capsys.readouterr().err
-    assert status == 2 and len(err.splitlines()) == 1 and re.search(message, err)
-    assert not out.exists()
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == '' and re.search(message, captured.err)
+    assert_one_line_error(captured.err, DATA_HINTS.get(case, 'download it again'))
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize('argv, message', [
