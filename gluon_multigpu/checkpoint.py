@@ -20,7 +20,7 @@ import os
 import signal
 
 from .errors import CheckpointError
-from .reporting import atomic_write
+from .reporting import atomic_write, check_output_dir
 
 __all__ = ['Checkpointer', 'CheckpointState', 'StopRequest', 'MANIFEST', 'FORMAT']
 
@@ -126,15 +126,7 @@ class Checkpointer:
         checkpoint must be intact, of a run with the same settings, and not
         past ``num_epochs``.
         """
-        parent = os.path.dirname(self.directory)
-        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
-            raise CheckpointError(f'--checkpoint-dir {self.directory} is a file; give a directory')
-        if not os.path.isdir(self.directory) and not os.path.isdir(parent):
-            raise CheckpointError(f'--checkpoint-dir {self.directory}: {parent} does not exist; '
-                                  'create it first')
-        target = self.directory if os.path.isdir(self.directory) else parent
-        if not os.access(target, os.W_OK):
-            raise CheckpointError(f'--checkpoint-dir {self.directory}: {target} is not writable')
+        check_output_dir(self.directory, '--checkpoint-dir')
         if not self.exists():
             return
         if not resume:

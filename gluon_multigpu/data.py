@@ -114,12 +114,14 @@ def read_split(root, split='train', name=None):
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or images.dtype != onp.uint8:
         raise DataError(f'{images_path} must hold uint8 images (N, H, W), '
-                        f'found {images.dtype} {images.shape}')
+                        f'found {images.dtype} {images.shape}; download it again')
     if labels.ndim != 1 or labels.dtype != onp.uint8:
-        raise DataError(f'{labels_path} must hold uint8 labels (N,), found {labels.dtype} {labels.shape}')
+        raise DataError(f'{labels_path} must hold uint8 labels (N,), found {labels.dtype} '
+                        f'{labels.shape}; download it again')
     if images.shape[0] != labels.shape[0]:
         raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} '
-                        f'holds {labels.shape[0]} labels; the files belong to different releases')
+                        f'holds {labels.shape[0]} labels; the files belong to different releases: '
+                        'download both again')
     if name is not None:
         spec = DATASETS[name]
         if images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]:
@@ -128,7 +130,8 @@ def read_split(root, split='train', name=None):
                             f'{spec["shape"]}; check --data-dir and --dataset')
         if labels.size and int(labels.max()) >= spec['classes']:
             raise DataError(f'{labels_path} has label {int(labels.max())}, but {name} has '
-                            f'{spec["classes"]} classes')
+                            f'{spec["classes"]} classes; check --dataset, or download the '
+                            'file again')
     return images, labels.astype(onp.int32)
 
 

@@ -10,7 +10,7 @@ from matplotlib.ticker import MaxNLocator
 from .errors import GluonMultiGPUError
 
 __all__ = ['Animator', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
-           'check_report_dir', 'write_kvstore_report', 'atomic_write', 'write_json']
+           'check_writable', 'check_output_dir', 'write_kvstore_report', 'atomic_write', 'write_json']
 
 
 class Animator:
@@ -146,7 +146,22 @@ def accuracy_chart(path, results, title=None):
     animator.save(path)
 
 
-def check_report_dir(directory, flag='--report'):
+def check_writable(directory, what):
+    """Raise ``GluonMultiGPUError`` unless a file can be created in ``directory``.
+
+    Tried out with a temporary file, created and removed: permission bits do
+    not tell (root ignores them; /proc and /sys refuse new files to everyone).
+    ``what`` names the option and path in the message.
+    """
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix='.write-test.', suffix='.tmp'):
+            pass
+    except OSError as e:
+        raise GluonMultiGPUError(f'{what}: cannot create files in {directory} ({e.strerror}); '
+                                 'choose a writable directory') from None
+
+
+def check_output_dir(directory, flag='--report'):
     """Raise ``GluonMultiGPUError`` unless ``directory`` is a writable directory or can be made.
 
     ``flag`` names the option in the message.
@@ -157,8 +172,7 @@ def check_report_dir(directory, flag='--report'):
     target = directory if os.path.isdir(directory) else os.path.dirname(directory)
     if not os.path.isdir(target):
         raise GluonMultiGPUError(f'{flag} {directory}: {target} does not exist; create it first')
-    if not os.access(target, os.W_OK):
-        raise GluonMultiGPUError(f'{flag} {directory}: {target} is not writable')
+    check_writable(target, f'{flag} {directory}')
 
 
 def write_kvstore_report(directory, results, tracker, config, answer):

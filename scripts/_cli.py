@@ -8,6 +8,7 @@ import math
 import os
 
 from gluon_multigpu.errors import GluonMultiGPUError
+from gluon_multigpu.reporting import check_writable
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -22,9 +23,23 @@ def positive_int(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+        raise argparse.ArgumentTypeError(f'{text!r} is not an integer; give a whole number '
+                                         'of at least 1') from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f'{value} is not positive')
+        raise argparse.ArgumentTypeError(f'{value} is not positive; give a whole number '
+                                         'of at least 1')
+    return value
+
+
+def non_negative_int(text):
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not an integer; give a whole number '
+                                         'of 0 or more') from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f'{value} is negative; give a whole number of 0 or more')
     return value
 
 
@@ -33,9 +48,24 @@ def positive_float(text):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+        raise argparse.ArgumentTypeError(f'{text!r} is not a number; give a number '
+                                         'greater than 0') from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f'{text} is not a positive finite number')
+        raise argparse.ArgumentTypeError(f'{text} is not a positive finite number; give a '
+                                         'number greater than 0')
+    return value
+
+
+def non_negative_float(text):
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not a number; give a number '
+                                         'of 0 or more') from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f'{text} is not a finite number of 0 or more; '
+                                         'give 0 or more')
     return value
 
 
@@ -47,5 +77,4 @@ def check_output_path(path, flag):
     if not os.path.isdir(directory):
         raise GluonMultiGPUError(f'{flag} {path}: directory {directory} does not exist; '
                                  'create it first')
-    if not os.access(directory, os.W_OK):
-        raise GluonMultiGPUError(f'{flag} {path}: directory {directory} is not writable')
+    check_writable(directory, f'{flag} {path}')

@@ -114,7 +114,7 @@ def engine_devices(args):
 def run(args, out=None):
     """Check the input, run the sweep and the projection's measurements, write the report."""
     out = out or sys.stdout
-    gm.reporting.check_report_dir(args.out, '--out')
+    gm.reporting.check_output_dir(args.out, '--out')
     from gluon_multigpu import measure, scaling  # MXNet loads here, after the engine settings
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
     device_type, counts, note = measure.resolve_devices(

@@ -15,8 +15,8 @@ import gluon_multigpu as gm  # loads MXNet only on first use, after the engine s
 from gluon_multigpu import names, runtime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import (OneLineParser, check_output_path, positive_float,  # noqa: E402,F401
-                  positive_int)  # shared by the scripts
+from _cli import (OneLineParser, check_output_path, non_negative_float,  # noqa: E402
+                  non_negative_int, positive_float, positive_int)  # shared by the scripts
 
 EPILOG = """\
 examples:
@@ -27,7 +27,7 @@ examples:
 
 Bad input (a device that does not exist, a batch that cannot be split, missing
 or corrupt data, a non-positive number, an output directory that does not
-exist, a checkpoint of another run) stops before training with one line on
+exist or takes no new files, a checkpoint of another run) stops before training with one line on
 stderr and exit status 2; a loss that becomes NaN stops with status 2 and
 keeps the last good checkpoint. Ctrl-C (SIGINT) or SIGTERM stops after the
 current step, writes a checkpoint with --checkpoint-dir, says how to resume,
@@ -71,7 +71,7 @@ def build_parser():
                    help='use only the first N training images (default: all 60000)')
     p.add_argument('--num-test', type=positive_int, metavar='N',
                    help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=int, default=0,
+    p.add_argument('--seed', type=non_negative_int, default=0,
                    help='seed of the initial weights and the data order (default: 0)')
     p.add_argument('--plot', metavar='PATH', help='write the test-accuracy curve as a PNG')
     p.add_argument('--json', metavar='PATH', help='write every figure of the run(s) as JSON')
@@ -88,7 +88,8 @@ def build_parser():
     p.add_argument('--book-literal', action='store_true',
                    help="run the text's loop verbatim (nn.Block residuals, no hybridization, "
                    'loss and accuracy read back every step) instead of the fast path')
-    p.add_argument('--progress-interval', type=float, default=10.0, metavar='SECONDS',
+    p.add_argument('--progress-interval', type=non_negative_float, default=10.0,
+                   metavar='SECONDS',
                    help='seconds between progress lines within an epoch on stderr; '
                    '0 turns them off (default: 10)')
     return p
@@ -215,7 +216,7 @@ def check_outputs(args):
         if path:
             check_output_path(path, flag)
     if args.report:
-        gm.reporting.check_report_dir(args.report)
+        gm.reporting.check_output_dir(args.report)
 
 
 def run(args, out=None, should_stop=None):

@@ -50,3 +50,20 @@ def load_script(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A directory in which this process cannot create files.
+
+    For an ordinary user, one without write permission. Root ignores
+    permission bits, so for root /sys, where nobody may create files.
+    """
+    if os.geteuid() != 0:
+        directory = tmp_path / 'read-only'
+        directory.mkdir()
+        directory.chmod(0o555)
+        yield directory
+        directory.chmod(0o755)
+    else:
+        yield '/sys'

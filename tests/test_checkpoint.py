@@ -134,7 +134,7 @@ def test_a_checkpoint_from_two_devices_resumes_on_three(uninterrupted, fashion_d
 
 
 def test_existing_foreign_and_damaged_checkpoints_are_refused(uninterrupted, fashion_dir,
-                                                              tmp_path, capsys):
+                                                              tmp_path, capsys, unwritable_dir):
     train = load_script('train')
 
     def answer(ckpt, *extra):
@@ -172,6 +172,9 @@ def test_existing_foreign_and_damaged_checkpoints_are_refused(uninterrupted, fas
     assert 'has 3 epochs done, more than the 2 asked for' in answer(copy('past'), '--resume',
                                                                     '--num-epochs', '2')
     assert 'does not exist; create it first' in answer(tmp_path / 'no' / 'such')
+    assert f'cannot create files in {unwritable_dir}' in answer(os.path.join(unwritable_dir, 'c'))
+    (tmp_path / 'file').write_text('x')
+    assert 'is a file; give a directory' in answer(tmp_path / 'file')
     assert 'give a single --kvstore' in answer(tmp_path / 'two', '--kvstore', 'local', 'device')
     status = train.main(['--cpu-devices', '2', '--resume'])
     assert status == 2 and '--resume needs --checkpoint-dir' in capsys.readouterr().err

@@ -12,7 +12,19 @@ import pytest
 import gluon_multigpu as gm
 from conftest import REPO, load_script
 
+# A quick run on real data: what bad output paths are added to (the run would succeed without).
+QUICK = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train', '64',
+         '--num-test', '32', '--batch-size', '32', '--progress-interval', '0']
+
 FINAL = re.compile(r'^test acc: (\d\.\d\d), (\d+\.\d) sec/epoch on \[cpu\(0\), cpu\(1\)\]$')
+
+
+def assert_one_line_error(err, *phrases):
+    """The project's answer to bad input: one line on stderr, no traceback, the phrases in it."""
+    assert len(err.splitlines()) == 1, err
+    assert 'Traceback' not in err
+    for phrase in phrases:
+        assert phrase in err, err
 
 
 def run_script(*args, cwd=REPO):
@@ -95,6 +107,15 @@ def corrupt_dirs(tmp_path_factory, fashion_dir):
     raw = (d / 't10k-images-idx3-ubyte.gz').read_bytes()
     (d / 't10k-images-idx3-ubyte.gz').write_bytes(raw[:1000])
     dirs['truncated'] = (d, 'not a complete gzip file')
+    d = copy('garbage')  # e.g. an error page saved under the file's name
+    (d / 't10k-labels-idx1-ubyte.gz').write_bytes(b'<html><body>404 Not Found</body></html>\n')
+    dirs['garbage'] = (d, 't10k-labels-idx1-ubyte.gz is not a complete gzip file '
+                          '\\(Not a gzipped file')
+    d = copy('damaged')  # right length and header, four bytes of the stream flipped
+    raw = bytearray((d / 't10k-labels-idx1-ubyte.gz').read_bytes())
+    raw[len(raw) // 2:len(raw) // 2 + 4] = bytes(b ^ 0xFF for b in raw[len(raw) // 2:][:4])
+    (d / 't10k-labels-idx1-ubyte.gz').write_bytes(bytes(raw))
+    dirs['damaged'] = (d, 't10k-labels-idx1-ubyte.gz is not a complete gzip file')
     d = copy('magic')
     with gzip.open(d / 't10k-labels-idx1-ubyte.gz', 'wb') as f:
         f.write(b'\x12\x34\x08\x01' + (10000).to_bytes(4, 'big') + bytes(10000))
@@ -112,51 +133,104 @@ def corrupt_dirs(tmp_path_factory, fashion_dir):
     return dirs
 
 
-@pytest.mark.parametrize('case', ['truncated', 'magic', 'swapped', 'counts', 'missing'])
+DATA_HINTS = {'missing': 'point --data-dir at them, or pass --download',
+              'counts': 'download both again'}
+
+
+@pytest.mark.parametrize('case', ['truncated', 'garbage', 'damaged', 'magic', 'swapped',
+                                  'counts', 'missing'])
 def test_bad_data_directories_get_one_line_and_status_2(train_script, corrupt_dirs, case,
                                                         capsys, tmp_path):
     directory, message = corrupt_dirs[case]
     out = tmp_path / 'runs.json'
     status = train_script.main(['--cpu-devices', '2', '--data-dir', str(directory),
                                 '--json', str(out)])
-    err = capsys.readouterr().err
-    assert status == 2 and len(err.splitlines()) == 1 and re.search(message, err)
-    assert not out.exists()
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == '' and re.search(message, captured.err)
+    assert_one_line_error(captured.err, DATA_HINTS.get(case, 'download it again'))
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize('argv, message', [
     (['--num-gpus', '64'], 'use --cpu-devices 64'),
-    (['--cpu-devices', '3', '--batch-size', '2'], 'cannot be split across 3 devices'),
+    (['--cpu-devices', '3', '--batch-size', '2'], 'cannot be split across 3 devices; '
+                                                  'use --batch-size 3 or more'),
     (['--cpu-devices', '2', '--data-dir', '/no/such/dir'], '/no/such/dir does not exist'),
     (['--cpu-devices', '2', '--json', '/no/such/dir/r.json'], 'does not exist; create it'),
-    (['--cpu-devices', '2', '--plot', '/'], 'is a directory'),
+    (['--cpu-devices', '2', '--plot', '/'], 'is a directory; give a file name'),
 ])
 def test_bad_input_stops_with_status_2(train_script, argv, message, capsys):
     assert train_script.main(argv) == 2
     captured = capsys.readouterr()
-    assert captured.out == '' and len(captured.err.splitlines()) == 1
-    assert message in captured.err
+    assert captured.out == ''
+    assert_one_line_error(captured.err, message)
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['--cpu-devices', '0'], '0 is not positive'),
-    (['--cpu-devices', '-2'], '-2 is not positive'),
-    (['--num-gpus', '1', '--cpu-devices', '1'], 'not allowed with argument'),
-    (['--kvstore', 'nccl2'], "invalid choice: 'nccl2'"),
-    (['--model', 'vgg'], "invalid choice: 'vgg'"),
-    (['--dataset', 'cifar'], "invalid choice: 'cifar'"),
-    (['--lr', 'nan'], 'nan is not a positive finite number'),
-    (['--lr', '-0.1'], '-0.1 is not a positive finite number'),
-    (['--lr', 'fast'], "'fast' is not a number"),
-    (['--num-epochs', '0'], '0 is not positive'),
-    (['--num-epochs', 'ten'], "'ten' is not an integer"),
+@pytest.mark.parametrize('flag, name', [('--json', 'r.json'), ('--plot', 'a.png')])
+@pytest.mark.parametrize('where', ['no such directory', 'a directory', 'unwritable', 'proc'])
+def test_output_paths_that_cannot_be_written_stop_before_training(
+        train_script, fashion_dir, unwritable_dir, tmp_path, flag, name, where, capsys):
+    # With real data: if the path were not refused at once, the run would train and succeed.
+    path, message, hint = {
+        'no such directory': (tmp_path / 'missing' / name, 'does not exist', 'create it first'),
+        'a directory': (tmp_path, 'is a directory', 'give a file name'),
+        'unwritable': (os.path.join(unwritable_dir, name), 'cannot create files in',
+                       'choose a writable directory'),
+        'proc': (f'/proc/{name}', 'cannot create files in /proc', 'choose a writable directory'),
+    }[where]
+    status = train_script.main(QUICK + ['--data-dir', str(fashion_dir), flag, str(path)])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ''
+    assert_one_line_error(captured.err, f'{flag} {path}', message, hint)
+    assert os.listdir(tmp_path) == (['read-only'] if os.geteuid() != 0 else [])
+    assert not os.path.exists(path) or os.path.isdir(path)
+
+
+def test_an_unwritable_output_path_is_one_line_without_traceback(fashion_dir, tmp_path):
+    # Once ended in a traceback after training: /proc passes os.access but takes no files.
+    proc = run_script(*QUICK, '--data-dir', fashion_dir, '--json', '/proc/r.json', cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert_one_line_error(proc.stderr, '--json /proc/r.json: cannot create files in /proc')
+    assert os.listdir(tmp_path) == []
+
+
+WHOLE, POSITIVE = 'give a whole number of at least 1', 'give a number greater than 0'
+
+
+@pytest.mark.parametrize('argv, message, hint', [
+    (['--cpu-devices', '0'], '--cpu-devices: 0 is not positive', WHOLE),
+    (['--cpu-devices', '-2'], '--cpu-devices: -2 is not positive', WHOLE),
+    (['--num-gpus', '0'], '--num-gpus: 0 is not positive', WHOLE),
+    (['--batch-size', '0'], '--batch-size: 0 is not positive', WHOLE),
+    (['--num-gpus', '1', '--cpu-devices', '1'], 'not allowed with argument', 'see --help'),
+    (['--kvstore', 'nccl2'], "invalid choice: 'nccl2'", "choose from 'local', 'device'"),
+    (['--model', 'vgg'], "invalid choice: 'vgg'", "choose from 'resnet18', 'simple-cnn'"),
+    (['--dataset', 'cifar'], "invalid choice: 'cifar'", "choose from 'fashion-mnist', 'mnist'"),
+    (['--lr', 'nan'], 'nan is not a positive finite number', POSITIVE),
+    (['--lr', '-0.1'], '-0.1 is not a positive finite number', POSITIVE),
+    (['--lr', 'fast'], "'fast' is not a number", POSITIVE),
+    (['--num-epochs', '0'], '--num-epochs: 0 is not positive', WHOLE),
+    (['--num-epochs', '-3'], '--num-epochs: -3 is not positive', WHOLE),
+    (['--num-epochs', '2.5'], "--num-epochs: '2.5' is not an integer", WHOLE),
+    (['--num-epochs', 'ten'], "'ten' is not an integer", WHOLE),
+    (['--seed', '-1'], '--seed: -1 is negative', 'give a whole number of 0 or more'),
+    (['--progress-interval', '-1'], '-1 is not a finite number of 0 or more', 'give 0 or more'),
+    (['--progress-interval', 'nan'], 'nan is not a finite number of 0 or more', 'give 0 or more'),
 ])
-def test_bad_arguments_stop_with_status_2(train_script, argv, message, capsys):
+def test_bad_arguments_stop_with_status_2(train_script, argv, message, hint, capsys):
     with pytest.raises(SystemExit) as stop:
         train_script.main(argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.splitlines()) == 1
-    assert message in err and err.endswith('(see --help)\n')
+    captured = capsys.readouterr()
+    assert stop.value.code == 2 and captured.out == ''
+    assert_one_line_error(captured.err, message, hint)
+    assert captured.err.endswith('(see --help)\n')
+
+
+def test_bad_arguments_in_a_process_are_one_line_without_traceback(tmp_path):
+    proc = run_script('--num-epochs', '2.5', '--json', 'r.json', cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert_one_line_error(proc.stderr, "'2.5' is not an integer")
+    assert os.listdir(tmp_path) == []
 
 
 def test_divergence_leaves_no_output_files(train_script, fashion_dir, tmp_path, capsys):
