@@ -27,17 +27,22 @@ def _max_abs_diff(a, b):
     return max((float(onp.max(onp.abs(x - y))) for x, y in zip(a, b) if x.size), default=0.0)
 
 
-def device_spread(net):
-    """Largest absolute difference between the copies of any parameter on its devices.
+def device_spread(net, trainable=True):
+    """Largest absolute difference between the copies of a parameter on its devices.
 
-    Zero when every device holds the same parameters, as after each step of a
-    correct data-parallel update.
+    ``trainable`` selects the weights (which a correct data-parallel update
+    keeps identical: 0 after every step); ``trainable=False`` the state that
+    gets no gradient, i.e. BatchNorm's running mean and variance, which MXNet
+    keeps per device, each updated from that device's shards only (as in the
+    book's code). Returns None when ``net`` has no such parameter.
     """
-    spread = 0.0
+    spread = None
     for p in net.collect_params().values():
+        if (p.grad_req != 'null') != trainable:
+            continue
         copies = [d.asnumpy() for d in p.list_data()]
-        spread = max([spread] + [float(onp.max(onp.abs(c - copies[0])))
-                                 for c in copies[1:] if c.size])
+        spread = max([spread or 0.0] + [float(onp.max(onp.abs(c - copies[0])))
+                                        for c in copies[1:] if c.size])
     return spread
 
 
@@ -56,13 +61,16 @@ class ParamTracker:
     diff : dict of str -> list of float
         Per run, the largest absolute parameter difference to the reference after each epoch.
     spread : dict of str -> list of float
-        Per run, ``device_spread`` after each epoch.
+        Per run, ``device_spread`` of the weights after each epoch.
+    stats_spread : dict of str -> list of float or None
+        Per run, ``device_spread`` of the running statistics after each epoch
+        (None for a network without BatchNorm).
     """
 
     def __init__(self):
         self._dir = tempfile.TemporaryDirectory(prefix='gluon-multigpu-params-')
         self.reference = None
-        self.diff, self.spread = {}, {}
+        self.diff, self.spread, self.stats_spread = {}, {}, {}
 
     def _path(self, epoch):
         return os.path.join(self._dir.name, f'epoch-{epoch}.npz')
@@ -80,6 +88,13 @@ class ParamTracker:
                 diff = _max_abs_diff(arrays, [saved[f'arr_{i}'] for i in range(len(arrays))])
         self.diff.setdefault(name, []).append(diff)
         self.spread.setdefault(name, []).append(device_spread(net))
+        self.stats_spread.setdefault(name, []).append(device_spread(net, trainable=False))
+
+    def run_dict(self, result):
+        """``result.to_dict()`` with this run's differences (for JSON)."""
+        return dict(result.to_dict(), param_diff=self.diff[result.kvstore],
+                    device_spread=self.spread[result.kvstore],
+                    running_stats_spread=self.stats_spread[result.kvstore])
 
     def close(self):
         """Remove the saved reference parameters."""
@@ -110,7 +125,8 @@ def recommend(results, noise=NOISE):
                      if slower(r) >= noise)
     where = f'on {len(best.devices)} device{"s" if len(best.devices) > 1 else ""}'
     if len(close) > 1:
-        answer = (f'{where}, kvstores {" and ".join(close)} are equally fast (within '
+        names = f'{", ".join(close[:-1])} and {close[-1]}'
+        answer = (f'{where}, kvstores {names} are equally fast (within '
                   f'{noise:.0%}, run-to-run noise)')
     else:
         answer = f'{where}, kvstore {best.kvstore} is fastest'

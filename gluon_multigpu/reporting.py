@@ -92,29 +92,32 @@ def _fmt_diffs(values):
     return ', '.join('0' if v == 0 else f'{v:.1e}' for v in values)
 
 
-def comparison_table(results, diff=None, spread=None, reference=None):
+def comparison_table(results, tracker=None):
     """Return a Markdown table comparing several ``TrainResult`` objects side by side.
 
     Parameters
     ----------
     results : list of TrainResult
-    diff, spread : dict of str -> list of float, optional
-        Per kvstore, the largest parameter difference to the ``reference`` run
-        and between the devices of the run, after each epoch (``ParamTracker``).
-    reference : str, optional
-        Name of the run ``diff`` is measured against.
+    tracker : compare.ParamTracker, optional
+        Adds, per kvstore, the largest parameter difference to the reference
+        run after each epoch, and the largest difference between the devices
+        of the run: of the weights, and of BatchNorm's running statistics.
     """
     header = '| kvstore | devices | sec/epoch | samples/s | final test acc |'
     rule = '| --- | --- | ---: | ---: | ---: |'
-    if diff is not None:
-        header += f' max abs param diff vs {reference}, per epoch | max diff between devices |'
-        rule += ' --- | ---: |'
+    if tracker is not None:
+        header += (f' max abs param diff vs {tracker.reference}, per epoch | weights: max diff '
+                   'between devices | running stats: max diff between devices |')
+        rule += ' --- | ---: | ---: |'
     rows = [header, rule]
     for r in results:
         row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} | '
                f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
-        if diff is not None:
-            row += f' {_fmt_diffs(diff[r.kvstore])} | {_fmt_diffs([max(spread[r.kvstore])])} |'
+        if tracker is not None:
+            stats = tracker.stats_spread[r.kvstore]
+            stats = 'none kept' if None in stats else _fmt_diffs([max(stats)])
+            row += (f' {_fmt_diffs(tracker.diff[r.kvstore])} | '
+                    f'{_fmt_diffs([max(tracker.spread[r.kvstore])])} | {stats} |')
         rows.append(row)
     return '\n'.join(rows)
 
@@ -199,8 +202,7 @@ def write_kvstore_report(directory, results, tracker, config, answer):
               [r.sec_per_epoch for r in results], 'training seconds per epoch', title=what)
     write_json(os.path.join(directory, 'runs.json'), {
         'config': config, 'reference': tracker.reference,
-        'runs': [dict(r.to_dict(), param_diff=tracker.diff[r.kvstore],
-                      device_spread=tracker.spread[r.kvstore]) for r in results]})
+        'runs': [tracker.run_dict(r) for r in results]})
     lines = [
         f'# kvstore comparison: {what}', '',
         f"{config['num_train']} training / {config['num_test']} test images, batch "
@@ -208,12 +210,15 @@ def write_kvstore_report(directory, results, tracker, config, answer):
         f"lr {config['lr']:g}, {len(results[0].epochs)} epoch(s), seed {config['seed']}; every "
         'kvstore started from the same initial weights and saw the same batches.', '',
         f'**Answer:** {answer}', '',
-        comparison_table(results, tracker.diff, tracker.spread, tracker.reference), '',
+        comparison_table(results, tracker), '',
         'sec/epoch is training time only, measured up to `npx.waitall()`; samples/s is over all '
         'epochs. The parameter differences are the largest absolute difference of any weight '
         f'to the {tracker.reference} run after each epoch (float rounding when the back ends '
-        'agree), and the largest difference between the copies on the devices of one run '
-        '(0 when every device holds the same parameters).', '',
+        'agree), and the largest difference between the copies on the devices of one run: '
+        '0 for the weights when every device holds the same parameters. BatchNorm\'s running '
+        'mean and variance are not synchronised: MXNet keeps them per device, each updated '
+        'from that device\'s shards only (so does the book\'s code), and each device '
+        'evaluates its shard of a test batch with its own.', '',
         '![test accuracy per epoch](accuracy.png)', '',
         '![training seconds per epoch](seconds.png)', '',
         'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '

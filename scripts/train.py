@@ -202,9 +202,8 @@ def write_outputs(args, results, config, tracker):
         gm.reporting.accuracy_chart(args.plot, results,
                                     title=f'{args.model} on {args.dataset}, [{devices}]')
     if args.json:
-        gm.write_json(args.json, {'config': config, 'reference': tracker.reference, 'runs': [
-            dict(r.to_dict(), param_diff=tracker.diff[r.kvstore],
-                 device_spread=tracker.spread[r.kvstore]) for r in results]})
+        gm.write_json(args.json, {'config': config, 'reference': tracker.reference,
+                                  'runs': [tracker.run_dict(r) for r in results]})
     if args.report:
         gm.write_kvstore_report(args.report, results, tracker, config,
                                 gm.recommend(results))
@@ -257,8 +256,7 @@ def run(args, out=None, should_stop=None):
             print(result.final_line(), file=out, flush=True)
             results.append(result)
         if len(results) > 1:
-            print(gm.comparison_table(results, tracker.diff, tracker.spread, tracker.reference),
-                  file=out)
+            print(gm.comparison_table(results, tracker), file=out)
             print(gm.recommend(results), file=out)
         config = dict(vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
                       devices=[str(d) for d in devices], num_train=train_iter.num_samples,

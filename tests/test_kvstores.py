@@ -37,6 +37,7 @@ def test_report_compares_every_kvstore_on_the_same_weights(train_script, fashion
     for run in data['runs']:
         assert len(run['param_diff']) == 2 and max(run['param_diff']) < 1e-5
         assert run['device_spread'] == [0.0, 0.0]
+        assert run['running_stats_spread'] == [None, None]  # the simple CNN has no BatchNorm
     losses = {r['kvstore']: [e['train_loss'] for e in r['epochs']] for r in data['runs']}
     onp.testing.assert_allclose(losses['device'], losses['local'], rtol=1e-5)
     onp.testing.assert_allclose(losses['none'], losses['local'], rtol=1e-5)
@@ -112,6 +113,30 @@ def test_param_tracker_measures_the_largest_difference():
     assert tracker.spread['b'] == [0.0, 0.0, pytest.approx(1.0)]
 
 
+def test_batchnorm_running_statistics_stay_per_device_while_the_weights_agree(fashion_test):
+    # MXNet keeps BatchNorm's running mean and variance per device, each from
+    # its own shards: the tracker reports them apart from the weights.
+    images, labels = fashion_test
+    X = mx.np.array(images[:8, None] / 255.0, dtype='float32')
+    y = mx.np.array(labels[:8], dtype='int32')
+    devices = gm.cpu_devices(2)
+    mx.random.seed(0)
+    net = gm.resnet18(10)
+    net.initialize(gm.default_initializer('resnet18'), ctx=devices)
+    trainer = gm.training.make_trainer(net, 0.1, 'device')
+    for _ in range(2):  # (after the first step, with deferred initialisation, they still agree)
+        gm.train_batch(net, X, y, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer, devices)
+    with gm.ParamTracker() as tracker:
+        tracker.record('device', 1, net)
+    assert tracker.spread['device'] == [0.0]
+    assert tracker.stats_spread['device'][0] > 1e-4
+    running = [p for p in net.collect_params().values() if p.grad_req == 'null']
+    mean = running[0].list_data()  # the first BatchNorm's running mean on the two devices
+    assert not onp.allclose(mean[0].asnumpy(), mean[1].asnumpy())
+    table = gm.comparison_table([result('device', 1.0)], tracker)
+    assert table.splitlines()[2].endswith(f'| 0 | 0 | {tracker.stats_spread["device"][0]:.1e} |')
+
+
 def result(kvstore, seconds):
     r = TrainResult(devices=['cpu(0)', 'cpu(1)'], kvstore=kvstore, lr=0.1)
     r.epochs.append(EpochRecord(1, 1.0, 0.5, 0.5, seconds, 0.1, 100))
@@ -119,6 +144,9 @@ def result(kvstore, seconds):
 
 
 def test_recommend_names_the_fastest_or_says_they_tie():
+    assert gm.recommend([result('local', 1.0), result('device', 1.01), result('none', 0.99)]) == \
+        ('on 2 devices, kvstores none, local and device are equally fast (within 3%, run-to-run '
+         'noise).')
     assert gm.recommend([result('local', 2.0), result('device', 1.0)]) == \
         'on 2 devices, kvstore device is fastest; local takes 100% longer.'
     assert gm.recommend([result('local', 1.01), result('device', 1.0), result('none', 1.5)]) == \
