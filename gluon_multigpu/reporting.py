@@ -57,7 +57,9 @@ class Animator:
         ax = fig.add_subplot(1, 1, 1)
         for i, (xs, ys) in enumerate(zip(self.X or [], self.Y or [])):
             label = self.legend[i] if i < len(self.legend) else None
-            ax.plot(xs, ys, marker='o', label=label)
+            # Lines that coincide (kvstores that agree) stay visible: styles differ.
+            ax.plot(xs, ys, marker='osD^v'[i % 5], linestyle=['-', '--', ':', '-.'][i % 4],
+                    markersize=7 - i % 3, label=label)
         if all(isinstance(x, int) for xs in self.X or [] for x in xs):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not fractions
         ax.set_xlabel(self.xlabel or '')
