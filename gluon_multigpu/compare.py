@@ -47,7 +47,7 @@ def device_spread(net, trainable=True):
 
 
 class ParamTracker:
-    """Record, after every epoch of several runs, how far each run's parameters are from the first's.
+    """Record after every epoch of several runs how far their parameters are from the first's.
 
     The first run to report an epoch is the reference: its parameters are
     written to a temporary directory (so memory stays flat for long runs of

@@ -10,7 +10,8 @@ from matplotlib.ticker import MaxNLocator
 from .errors import GluonMultiGPUError
 
 __all__ = ['Animator', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
-           'check_writable', 'check_output_dir', 'write_kvstore_report', 'atomic_write', 'write_json']
+           'check_writable', 'check_output_dir', 'write_kvstore_report', 'atomic_write',
+           'write_json']
 
 
 class Animator:

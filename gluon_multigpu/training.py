@@ -23,7 +23,8 @@ from .errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverg
 from .utils import Timer, accuracy
 
 __all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'EpochTotals', 'evaluate_accuracy_gpus',
-           'train_batch', 'train_epoch', 'DivergenceWatch', 'check_finite_params', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
+           'train_batch', 'train_epoch', 'DivergenceWatch', 'check_finite_params',
+           'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer', 'hybridize', 'train', 'fit']
 
 from .names import KVSTORES  # noqa: E402  (the back ends ``train`` accepts)
@@ -201,7 +202,7 @@ class DivergenceWatch:
         self.steps.append((losses, total))
 
     def check(self):
-        """Raise ``TrainingDiverged`` naming the first step whose loss or parameters are not finite."""
+        """Raise ``TrainingDiverged`` naming the first step with a non-finite loss or parameter."""
         if not self.steps or self._finite(self.steps[-1]):
             return
         for i, step in enumerate(self.steps):
@@ -307,7 +308,8 @@ def check_kvstore(kvstore, devices):
     """
     name = kvstore_name(kvstore)
     if name not in KVSTORES:
-        raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of {", ".join(KVSTORES)}')
+        raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of '
+                                 f'{", ".join(KVSTORES)}')
     if name != 'nccl':
         return
     if not has_nccl():

@@ -6,7 +6,9 @@ engine settings into the environment before MXNet loads.
 import argparse
 import math
 import os
+import sys
 
+from gluon_multigpu import runtime
 from gluon_multigpu.errors import GluonMultiGPUError
 from gluon_multigpu.reporting import check_writable
 
@@ -18,55 +20,86 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
 
 
+def _number(text, kind, in_range, out_of_range, wanted):
+    """Parse ``text`` as ``kind``; raise ArgumentTypeError unless ``in_range(value)``.
+
+    The messages say what is wrong (``'x' is not an integer``, ``0 is not
+    positive``) and what to give instead.
+    """
+    try:
+        value = kind(text)
+    except ValueError:
+        noun = 'an integer' if kind is int else 'a number'
+        raise argparse.ArgumentTypeError(f'{text!r} is not {noun}; give {wanted}') from None
+    if not in_range(value):
+        raise argparse.ArgumentTypeError(f'{text} {out_of_range}; give {wanted}')
+    return value
+
+
 def positive_int(text):
     """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not an integer; give a whole number '
-                                         'of at least 1') from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'{value} is not positive; give a whole number '
-                                         'of at least 1')
-    return value
+    return _number(text, int, lambda v: v >= 1, 'is not positive', 'a whole number of at least 1')
 
 
 def non_negative_int(text):
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not an integer; give a whole number '
-                                         'of 0 or more') from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f'{value} is negative; give a whole number of 0 or more')
-    return value
+    return _number(text, int, lambda v: v >= 0, 'is negative', 'a whole number of 0 or more')
 
 
 def positive_float(text):
     """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not a number; give a number '
-                                         'greater than 0') from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f'{text} is not a positive finite number; give a '
-                                         'number greater than 0')
-    return value
+    return _number(text, float, lambda v: math.isfinite(v) and v > 0,
+                   'is not a positive finite number', 'a number greater than 0')
 
 
 def non_negative_float(text):
     """argparse type: a finite number >= 0."""
+    return _number(text, float, lambda v: math.isfinite(v) and v >= 0,
+                   'is not a finite number of 0 or more', 'a number of 0 or more')
+
+
+def script_parser(doc, epilog, gpu_help, cpu_help):
+    """A ``OneLineParser`` for a script, with its ``--num-gpus``/``--cpu-devices`` pair.
+
+    ``doc`` is the script's docstring (its first line describes it), ``epilog``
+    ends ``--help``; the two help texts say what the device flags mean there.
+    """
+    p = OneLineParser(description=doc.splitlines()[0], epilog=epilog,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument('--num-gpus', type=positive_int, metavar='N', help=gpu_help)
+    where.add_argument('--cpu-devices', type=positive_int, metavar='N', help=cpu_help)
+    return p
+
+
+def engine_devices(args):
+    """How many CPU contexts will run side by side, from ``--cpu-devices``/``--num-gpus``.
+
+    None when neither is given: not known before MXNet looks for GPUs.
+    """
+    if args.cpu_devices is not None:
+        return args.cpu_devices
+    return 0 if args.num_gpus is not None else None
+
+
+def run_main(argv, build_parser, run):
+    """The ``main`` of a measuring script; return its exit status.
+
+    Parses ``argv``, puts the engine settings for ``engine_devices(args)``
+    CPU contexts into the environment before MXNet loads, then ``run(args)``:
+    0 when done, 2 with one line for bad input, 130 when interrupted.
+    """
+    args = build_parser().parse_args(argv)
+    runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not a number; give a number '
-                                         'of 0 or more') from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f'{text} is not a finite number of 0 or more; '
-                                         'give 0 or more')
-    return value
+        run(args)
+    except GluonMultiGPUError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print('interrupted', file=sys.stderr)
+        return 130
+    return 0
 
 
 def check_output_path(path, flag):

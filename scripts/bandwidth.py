@@ -9,15 +9,15 @@ bandwidth that makes, and its ratio to the forward and backward pass of one
 step on all devices. d2l 13.6 argues that ResNet-18 gains from more GPUs
 because its computation dwarfs its synchronisation; this prints that ratio.
 """
-import argparse
 import os
 import sys
 
 import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
-from gluon_multigpu import names, runtime
+from gluon_multigpu import names
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import OneLineParser, check_output_path, positive_int  # noqa: E402
+from _cli import (script_parser, check_output_path, non_negative_int, positive_int,  # noqa: E402
+                  run_main)
 
 EPILOG = """\
 figures (GB = 1e9 bytes):
@@ -42,14 +42,10 @@ measuring with one line on stderr and exit status 2.
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument('--num-gpus', type=positive_int, metavar='N',
-                       help='GPUs, counts 2, 4, ... up to N and N (default: all GPUs)')
-    where.add_argument('--cpu-devices', type=positive_int, metavar='N',
-                       help='CPU contexts, counts 2, 4, ... up to N and N (default without '
-                       'GPUs: counts 2 and 4)')
+    p = script_parser(__doc__, EPILOG,
+                      'GPUs, counts 2, 4, ... up to N and N (default: all GPUs)',
+                      'CPU contexts, counts 2, 4, ... up to N and N '
+                      '(default without GPUs: counts 2 and 4)')
     p.add_argument('--counts', type=positive_int, nargs='+', metavar='N',
                    help='device counts to measure, each at least 2 (default: see above)')
     p.add_argument('--models', nargs='+', choices=names.MODEL_NAMES,
@@ -71,18 +67,12 @@ def build_parser():
     p.add_argument('--data-dir', metavar='DIR',
                    help='Fashion-MNIST folder with the four IDX .gz files; its test images feed '
                    'the forward and backward pass (default: ~/.mxnet/datasets/fashion-mnist)')
-    p.add_argument('--seed', type=int, default=0, help='seed of the initial weights (default: 0)')
+    p.add_argument('--seed', type=non_negative_int, default=0,
+                   help='seed of the initial weights (default: 0)')
     p.add_argument('--csv', metavar='PATH', help='write one row per configuration as CSV')
     p.add_argument('--json', metavar='PATH',
                    help='write every figure, with the time of each repeat, as JSON')
     return p
-
-
-def engine_devices(args):
-    """How many CPU contexts will run side by side (None: not known before MXNet looks for GPUs)."""
-    if args.cpu_devices is not None:
-        return args.cpu_devices
-    return 0 if args.num_gpus is not None else None
 
 
 def run(args, out=None):
@@ -132,18 +122,7 @@ def run(args, out=None):
 
 def main(argv=None):
     """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
-    args = build_parser().parse_args(argv)
-    # Before MXNet loads: its OpenMP threads are fixed when the library loads.
-    runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
-    try:
-        run(args)
-    except gm.GluonMultiGPUError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print('interrupted', file=sys.stderr)
-        return 130
-    return 0
+    return run_main(argv, build_parser, run)
 
 
 if __name__ == '__main__':

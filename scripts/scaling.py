@@ -9,15 +9,15 @@ accuracy.png, a projection to 16 devices from a stated model
 (projection.csv, fitted to the synchronisations in sync.csv) and report.md,
 which answers how many devices to use and which kvstore is faster.
 """
-import argparse
 import os
 import sys
 
 import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
-from gluon_multigpu import names, runtime
+from gluon_multigpu import names
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import OneLineParser, positive_float, positive_int  # noqa: E402
+from _cli import (script_parser, non_negative_float, non_negative_int, positive_float,  # noqa: E402
+                  positive_int, run_main)
 
 EPILOG = """\
 definitions:
@@ -48,14 +48,10 @@ output directory is written only when every run has finished.
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument('--num-gpus', type=positive_int, metavar='N',
-                       help='GPUs, counts 1, 2, 4, ... up to N and N (default: all GPUs)')
-    where.add_argument('--cpu-devices', type=positive_int, metavar='N',
-                       help='CPU contexts, counts 1, 2, 4, ... up to N and N (default without '
-                       'GPUs: up to the number of cores)')
+    p = script_parser(__doc__, EPILOG,
+                      'GPUs, counts 1, 2, 4, ... up to N and N (default: all GPUs)',
+                      'CPU contexts, counts 1, 2, 4, ... up to N and N '
+                      '(default without GPUs: up to the number of cores)')
     p.add_argument('--counts', type=positive_int, nargs='+', metavar='N',
                    help='device counts to run, e.g. 1 2 4 (default: see above)')
     batch = p.add_mutually_exclusive_group()
@@ -84,7 +80,7 @@ def build_parser():
                    help='use only the first N training images (default: all 60000)')
     p.add_argument('--num-test', type=positive_int, metavar='N',
                    help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=int, default=0,
+    p.add_argument('--seed', type=non_negative_int, default=0,
                    help='seed of the initial weights and the data order, the same in every run '
                    '(default: 0)')
     p.add_argument('--project-to', type=positive_int, default=16, metavar='N',
@@ -98,17 +94,10 @@ def build_parser():
     p.add_argument('--out', metavar='DIR', default='scaling-report',
                    help='output directory, created at the end if missing; its parent must '
                    'exist (default: scaling-report)')
-    p.add_argument('--progress-interval', type=float, default=10.0, metavar='SECONDS',
+    p.add_argument('--progress-interval', type=non_negative_float, default=10.0, metavar='SECONDS',
                    help='seconds between progress lines within an epoch on stderr; 0 turns '
                    'them off (default: 10)')
     return p
-
-
-def engine_devices(args):
-    """How many CPU contexts will train side by side (None: unknown before MXNet looks for GPUs)."""
-    if args.cpu_devices is not None:
-        return args.cpu_devices
-    return 0 if args.num_gpus is not None else None
 
 
 def run(args, out=None):
@@ -167,18 +156,7 @@ def run(args, out=None):
 
 def main(argv=None):
     """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
-    args = build_parser().parse_args(argv)
-    # Before MXNet loads: its OpenMP threads are fixed when the library loads.
-    runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
-    try:
-        run(args)
-    except gm.GluonMultiGPUError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print('interrupted', file=sys.stderr)
-        return 130
-    return 0
+    return run_main(argv, build_parser, run)
 
 
 if __name__ == '__main__':

@@ -5,7 +5,6 @@ The loop of d2l 13.6 "Concise Implementation for Multiple GPUs": parameters on
 every device, each batch split across them, gradients summed by the kvstore.
 Without GPUs, ``--cpu-devices N`` runs the same code on N CPU contexts.
 """
-import argparse
 import os
 import shlex
 import signal
@@ -15,8 +14,9 @@ import gluon_multigpu as gm  # loads MXNet only on first use, after the engine s
 from gluon_multigpu import names, runtime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import (OneLineParser, check_output_path, non_negative_float,  # noqa: E402
-                  non_negative_int, positive_float, positive_int)  # shared by the scripts
+from _cli import (script_parser, check_output_path, engine_devices,  # noqa: E402
+                  non_negative_float, non_negative_int, positive_float,
+                  positive_int)  # shared by the scripts
 
 EPILOG = """\
 examples:
@@ -37,13 +37,9 @@ and exits with 130 or 143.
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument('--num-gpus', type=positive_int, metavar='N',
-                       help='train on gpu(0)..gpu(N-1) (default: all GPUs, or the CPU if none)')
-    where.add_argument('--cpu-devices', type=positive_int, metavar='N',
-                       help='train on N CPU contexts cpu(0)..cpu(N-1) instead of GPUs')
+    p = script_parser(__doc__, EPILOG,
+                      'train on gpu(0)..gpu(N-1) (default: all GPUs, or the CPU if none)',
+                      'train on N CPU contexts cpu(0)..cpu(N-1) instead of GPUs')
     p.add_argument('--kvstore', nargs='+', choices=names.KVSTORES, default=['device'],
                    metavar='KV', help='gradient synchronisation: local (sum on the CPU), device '
                    '(sum on the devices), nccl (NCCL between GPUs; needs an MXNet build with '
@@ -263,13 +259,6 @@ def run(args, out=None, should_stop=None):
                       num_test=len(test_iter.labels))
         write_outputs(args, results, config, tracker)
     return results
-
-
-def engine_devices(args):
-    """How many CPU contexts will train (None: not known before MXNet looks for GPUs)."""
-    if args.cpu_devices is not None:
-        return args.cpu_devices
-    return 0 if args.num_gpus is not None else None
 
 
 def resume_command(argv):

@@ -168,6 +168,7 @@ def test_unwritable_output_directory_is_refused(bandwidth, unwritable_dir, capsy
     (['--repeats', '0'], '0 is not positive'),
     (['--batch-per-device', '-4'], '-4 is not positive'),
     (['--counts', 'two'], "'two' is not an integer"),
+    (['--seed', '-1'], '-1 is negative'),
     (['--num-gpus', '2', '--cpu-devices', '2'], 'not allowed with argument'),
 ])
 def test_bad_arguments_stop_with_status_2(bandwidth, argv, message, capsys):

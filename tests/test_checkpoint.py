@@ -1,4 +1,4 @@
-"""Checkpoints and resume: killed runs continue exactly, damaged or foreign checkpoints are refused."""
+"""Checkpoints and resume: killed runs continue exactly; damaged or foreign ones are refused."""
 import json
 import os
 import re
@@ -194,7 +194,9 @@ def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(fas
             self.epoch += 1
             for i in range(4):
                 xb = X[i * 64:(i + 1) * 64]
-                yield (xb * float('nan') if self.epoch == 2 and i == 2 else xb), y[i * 64:(i + 1) * 64]
+                if self.epoch == 2 and i == 2:
+                    xb = xb * float('nan')
+                yield xb, y[i * 64:(i + 1) * 64]
     ckpt = gm.Checkpointer(tmp_path / 'ckpt', {'run': 'nan'})
     net = gm.simple_cnn()
     seen = []

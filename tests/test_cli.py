@@ -214,8 +214,8 @@ WHOLE, POSITIVE = 'give a whole number of at least 1', 'give a number greater th
     (['--num-epochs', '2.5'], "--num-epochs: '2.5' is not an integer", WHOLE),
     (['--num-epochs', 'ten'], "'ten' is not an integer", WHOLE),
     (['--seed', '-1'], '--seed: -1 is negative', 'give a whole number of 0 or more'),
-    (['--progress-interval', '-1'], '-1 is not a finite number of 0 or more', 'give 0 or more'),
-    (['--progress-interval', 'nan'], 'nan is not a finite number of 0 or more', 'give 0 or more'),
+    (['--progress-interval', '-1'], '-1 is not a finite number of 0 or more', 'give a number of 0 or more'),
+    (['--progress-interval', 'nan'], 'nan is not a finite number of 0 or more', 'give a number of 0 or more'),
 ])
 def test_bad_arguments_stop_with_status_2(train_script, argv, message, hint, capsys):
     with pytest.raises(SystemExit) as stop:
