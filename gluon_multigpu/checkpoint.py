@@ -97,6 +97,7 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         self.config = dict(config)
         self._sequence = 0
+        self._loaded = None  # (manifest stat, state): the checks and hashes are done once
 
     @property
     def manifest_path(self):
@@ -168,6 +169,10 @@ class Checkpointer:
         """
         if not self.exists():
             return None
+        stat = os.stat(self.manifest_path)
+        stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if self._loaded is not None and self._loaded[0] == stamp:
+            return self._loaded[1]
         manifest = self._read_manifest()
         for role, entry in manifest['files'].items():
             path = os.path.join(self.directory, entry['name'])
@@ -186,7 +191,9 @@ class Checkpointer:
                                   f'{", ".join(differ)}; use the same settings or another '
                                   '--checkpoint-dir')
         self._sequence = manifest.get('sequence', 0)
-        return CheckpointState(self.directory, manifest)
+        state = CheckpointState(self.directory, manifest)
+        self._loaded = (stamp, state)
+        return state
 
     def _write_durably(self, name, write):
         """Write a file through ``write(tmp_path)``, fsync and rename it; return its entry."""
