@@ -144,10 +144,11 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5)):
 
 def accuracy_chart(path, results, title=None):
     """Write the test accuracy per epoch of several ``TrainResult`` objects on one chart."""
-    animator = Animator(xlabel='epoch', ylabel='test acc', legend=[
-        f'kvstore {r.kvstore}' for r in results], xlim=[1, max(len(r.epochs) for r in results)],
-        title=title)
-    for i in range(max(len(r.epochs) for r in results)):
+    num_epochs = max(len(r.epochs) for r in results)
+    animator = Animator(xlabel='epoch', ylabel='test acc',
+                        legend=[f'kvstore {r.kvstore}' for r in results],
+                        xlim=[1, num_epochs], title=title)
+    for i in range(num_epochs):
         animator.add(i + 1, [r.test_acc[i] if i < len(r.epochs) else None for r in results])
     animator.save(path)
 

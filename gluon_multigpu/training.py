@@ -209,7 +209,8 @@ class DivergenceWatch:
             if not self._finite(step):
                 number = self.first_step + i
                 if all(math.isfinite(float(l)) for l in step[0]):
-                    raise TrainingDiverged(f'{self._bad_param()} became non-finite at step '
+                    bad = non_finite_params(self.params) or ['a parameter']
+                    raise TrainingDiverged(f'parameter {bad[0]} became non-finite at step '
                                            f'{number}', step=number)
                 raise TrainingDiverged(f'the training loss became non-finite at step {number}',
                                        step=number)
@@ -218,12 +219,6 @@ class DivergenceWatch:
     def _finite(step):
         losses, total = step
         return math.isfinite(float(total)) and all(math.isfinite(float(l)) for l in losses)
-
-    def _bad_param(self):
-        for p in self.params:
-            if not bool(np.isfinite(p.data(self.device)).all()):
-                return f'parameter {p.name}'
-        return 'a parameter'
 
 
 def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
@@ -278,10 +273,15 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
     return EpochTotals(loss_sum, num_correct, samples, seconds, batches, stopped)
 
 
+def non_finite_params(params):
+    """Names of the ``params`` that hold a NaN or an infinity on their first device (syncs)."""
+    return [p.name for p in params
+            if p.list_data() and not bool(np.isfinite(p.data(p.list_ctx()[0])).all())]
+
+
 def check_finite_params(net):
-    """Raise ``TrainingDiverged`` if any parameter holds a NaN or an infinity (one sync)."""
-    bad = [p.name for p in net.collect_params().values()
-           if p.list_data() and not bool(np.isfinite(p.data(p.list_ctx()[0])).all())]
+    """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
+    bad = non_finite_params(net.collect_params().values())
     if bad:
         raise TrainingDiverged(f'parameter {bad[0]} became non-finite'
                                + (f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''))
