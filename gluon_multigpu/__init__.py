@@ -3,61 +3,56 @@
 
 The modules follow the section: ``devices`` (device lists, splitting a batch),
 ``model`` (ResNet-18, the simple CNN), ``data`` (Fashion-MNIST/MNIST),
-``training`` (one step, one epoch, evaluation, ``train``), ``book`` (the
-text's loop verbatim, for teaching and comparison), ``compare`` (runs that
-differ in their kvstore), ``reporting`` (lines, tables, plots, reports),
-``checkpoint`` (crash-safe checkpoints, stopping on a signal), ``runtime``
-(engine settings), ``measure`` (timing one synchronisation, one step, a
-sweep of runs) and ``scaling`` (bandwidth, speedup, the projection model and
-their files).
+``kvstores`` (the Trainer and where gradients are summed), ``training`` (one
+step, one epoch, evaluation, ``train`` and its hooks), ``book`` (the text's
+loop), ``checkpoint`` (crash-safe checkpoints, stopping on a signal),
+``compare`` (runs that differ in their kvstore), ``reporting`` (lines,
+tables, charts, reports), ``files`` (atomic writes, JSON, CSV), ``measure``
+(timing one synchronisation, one step, a sweep of runs), ``scaling`` (the
+arithmetic of bandwidth, speedup and the projection) and ``scaling_report``.
 
-The names below are loaded with their module on first use, and with it
-MXNet, so that ``gluon_multigpu.runtime`` can still put the engine settings
-for a given number of CPU contexts into the environment before MXNet is
-imported (see ``runtime``). The first module that loads MXNet turns on its
-NumPy semantics (``npx.set_np()``), as the book does.
+Importing the package imports MXNet and turns on its NumPy semantics
+(``npx.set_np()``), as the book does. MXNet reads ``OMP_NUM_THREADS`` when it
+loads: set engine variables before importing the package (the scripts do,
+from their device flags; see ``scripts/_cli.py``).
 """
-import importlib
+from mxnet import npx
 
-from . import runtime
+npx.set_np()
+
+# pylint: disable=wrong-import-position
+from . import (book, checkpoint, compare, data, devices, errors, files, kvstores,  # noqa: E402
+               measure, model, reporting, scaling, scaling_report, training, utils)
+from .book import evaluate_accuracy_book, train_book  # noqa: E402
+from .checkpoint import Checkpointer, StopRequest  # noqa: E402
+from .compare import ParamTracker, device_spread, recommend  # noqa: E402
+from .data import (DATASETS, ArrayLoader, load_data, load_data_fashion_mnist,  # noqa: E402
+                   load_data_mnist, read_idx, read_split)
+from .devices import (cpu_devices, gpu_devices, num_gpus, split_batch, try_all_gpus,  # noqa: E402
+                      try_gpu)
+from .errors import (CheckpointError, DataError, DeviceError, GluonMultiGPUError,  # noqa: E402
+                     Interrupted, TrainingDiverged)
+from .files import write_json  # noqa: E402
+from .kvstores import KVSTORES  # noqa: E402
+from .model import (MODELS, HybridResidual, Residual, count_flops, default_initializer,  # noqa: E402
+                    get_model, hybrid_resnet18, resnet18, simple_cnn)
+from .reporting import (Animator, bar_chart, comparison_table, epoch_line,  # noqa: E402
+                        write_kvstore_report)
+from .training import (EpochRecord, Hook, TrainResult, evaluate_accuracy_gpus, train,  # noqa: E402
+                       train_batch, train_epoch)
+from .utils import Accumulator, Timer, accuracy  # noqa: E402
 
 __version__ = '0.1.0'
 
-_EXPORTS = {
-    'errors': ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged',
-               'CheckpointError', 'Interrupted'],
-    'checkpoint': ['Checkpointer', 'StopRequest'],
-    'devices': ['try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'num_gpus',
-                'split_batch'],
-    'model': ['Residual', 'BookResidual', 'resnet18', 'book_resnet18', 'simple_cnn', 'get_model',
-              'default_initializer', 'count_flops', 'MODELS'],
-    'data': ['DATASETS', 'ArrayLoader', 'load_data', 'load_data_fashion_mnist', 'load_data_mnist',
-             'read_idx', 'read_split'],
-    'utils': ['Timer', 'Accumulator', 'accuracy'],
-    'training': ['KVSTORES', 'EpochRecord', 'TrainResult', 'evaluate_accuracy_gpus', 'train',
-                 'train_batch', 'train_epoch'],
-    'book': ['train_book', 'evaluate_accuracy_book'],
-    'reporting': ['Animator', 'comparison_table', 'epoch_line', 'write_json', 'bar_chart',
-                  'write_kvstore_report'],
-    'compare': ['ParamTracker', 'device_spread', 'recommend'],
-    'measure': [],
-    'scaling': [],
-}
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_MODULE_OF) + ['runtime']
-
-
-def __getattr__(name):
-    if name in _MODULE_OF:
-        value = getattr(importlib.import_module(f'.{_MODULE_OF[name]}', __name__), name)
-    elif name in _EXPORTS:
-        value = importlib.import_module(f'.{name}', __name__)
-    else:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__) | set(_EXPORTS))
+__all__ = ['book', 'checkpoint', 'compare', 'data', 'devices', 'errors', 'files', 'kvstores',
+           'measure', 'model', 'reporting', 'scaling', 'scaling_report', 'training', 'utils',
+           'evaluate_accuracy_book', 'train_book', 'Checkpointer', 'StopRequest', 'ParamTracker',
+           'device_spread', 'recommend', 'DATASETS', 'ArrayLoader', 'load_data',
+           'load_data_fashion_mnist', 'load_data_mnist', 'read_idx', 'read_split', 'cpu_devices',
+           'gpu_devices', 'num_gpus', 'split_batch', 'try_all_gpus', 'try_gpu', 'CheckpointError',
+           'DataError', 'DeviceError', 'GluonMultiGPUError', 'Interrupted', 'TrainingDiverged',
+           'write_json', 'KVSTORES', 'MODELS', 'HybridResidual', 'Residual', 'count_flops',
+           'default_initializer', 'get_model', 'hybrid_resnet18', 'resnet18', 'simple_cnn',
+           'Animator', 'bar_chart', 'comparison_table', 'epoch_line', 'write_kvstore_report',
+           'EpochRecord', 'Hook', 'TrainResult', 'evaluate_accuracy_gpus', 'train', 'train_batch',
+           'train_epoch', 'Accumulator', 'Timer', 'accuracy']

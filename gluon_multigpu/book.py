@@ -1,18 +1,18 @@
-"""The text's training loop and evaluation verbatim, for teaching and for the speed comparison.
+"""The text's training loop and evaluation (d2l 13.6), for teaching and for the speed comparison.
 
-``train_book`` is the loop of d2l 13.6 (an ``nn.Block`` model run eagerly,
-the same step as ``training.train_batch`` with ``trainer.step(batch_size)``),
-with the loss and accuracy read back to the host after every step as the
-book's other training loops do, and the text's ``evaluate_accuracy_gpus``,
-which reads back every shard. Each
-read-back is a host-device sync point; ``training.train`` is the fast path
-with the same arithmetic.
+``train_book`` is the section's ``train``: ``resnet18`` built from the
+``nn.Block`` ``Residual`` and run eagerly, each batch split with
+``split_batch``, ``trainer.step(batch_size)``, ``npx.waitall()`` before the
+timer stops, and the text's ``evaluate_accuracy_gpus``, which reads back every
+shard. Its epoch has no read-back and computes no training loss or accuracy.
+``training.train`` is the fast path with the same arithmetic.
 """
-from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
-from mxnet import npx
+import mxnet as mx
+from mxnet import autograd, gluon, init, npx
 
 from .devices import split_batch
-from .training import DivergenceWatch, EpochTotals, fit, train_batch
+from .kvstores import kvstore_name, make_trainer
+from .training import EpochRecord, TrainResult, check_finite_params, check_train_args
 from .utils import Accumulator, Timer, accuracy
 
 __all__ = ['evaluate_accuracy_book', 'train_epoch_book', 'train_book']
@@ -22,53 +22,51 @@ def evaluate_accuracy_book(net, data_iter, split_f=split_batch):
     """Compute the accuracy of ``net`` on several devices, line for line as the text does."""
     # Query the list of devices
     devices = list(net.collect_params().values())[0].list_ctx()
-    # No. of correct predictions, no. of predictions
-    metric = Accumulator(2)
+    metric = Accumulator(2)  # num_corrected_examples, num_examples
     for features, labels in data_iter:
         X_shards, y_shards = split_f(features, labels, devices)
         # Run in parallel
         pred_shards = [net(X_shard) for X_shard in X_shards]
         # Sync point per shard: float() waits for the prediction
         metric.add(sum(float(accuracy(pred_shard, y_shard)) for
-                       pred_shard, y_shard in zip(pred_shards, y_shards)), labels.size)
+                       pred_shard, y_shard in zip(
+                           pred_shards, y_shards)), labels.size)
     return metric[0] / metric[1]
 
 
-def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None, *,
-                     should_stop=None, first_step=1):
-    """Train one epoch with the text's loop; return its ``EpochTotals``.
+def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None):
+    """One epoch of the text's loop; return the samples seen (counted on the host, no sync).
 
-    ``should_stop`` and ``first_step`` are those of ``training.train_epoch``;
-    a non-finite loss or parameter raises ``TrainingDiverged`` naming its step.
+    The caller stops its timer after ``npx.waitall()``, as the text does.
     """
-    timer = Timer()
-    metric = Accumulator(3)  # loss sum, correct predictions, samples
-    watch = DivergenceWatch(net, devices[0], first_step)
-    batches, stopped = 0, False
+    samples = 0
     for features, labels in train_iter:
-        stats = train_batch(net, features, labels, loss, trainer, devices, batch_size)
-        watch.add([l for l, _ in stats])
-        # Sync point per step: read the loss and accuracy back to the host.
-        metric.add(sum(float(l) for l, _ in stats), sum(float(c) for _, c in stats),
-                   features.shape[0])
-        batches += 1
-        if should_stop is not None and should_stop():
-            stopped = True
-            break
-    npx.waitall()
-    watch.check()
-    return EpochTotals(metric[0], metric[1], int(metric[2]), timer.stop(), batches, stopped)
+        X_shards, y_shards = split_batch(features, labels, devices)
+        with autograd.record():
+            losses = [loss(net(X_shard), y_shard) for X_shard, y_shard
+                      in zip(X_shards, y_shards)]
+        for l in losses:
+            l.backward()
+        trainer.step(batch_size or features.shape[0])
+        samples += features.shape[0]
+    return samples
 
 
 def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',
-               batch_size=None, seed=None, initializer=None, on_epoch=None, *, checkpoint=None,
-               resume=False, should_stop=None):
+               batch_size=None, seed=None, initializer=None, on_epoch=None):
     """Train with the text's loop; return a ``TrainResult`` like ``train``.
+
+    The loop is the text's (its epoch is ``train_epoch_book``), with three
+    additions that queue no work on the devices: the samples are counted
+    (for samples/s), each epoch is handed
+    to ``on_epoch`` in place of the text's plot, and after the timer stops the
+    parameters are checked to be finite (one read-back), so a diverged run
+    stops with ``TrainingDiverged``.
 
     Parameters
     ----------
     net : Block
-        Typically ``book_resnet18(10)``; never hybridized here.
+        Typically ``resnet18(10)``; never hybridized here.
     train_iter, test_iter : iterable of (X, y)
     devices : list of Context
     num_epochs : int
@@ -82,14 +80,26 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     initializer : Initializer, optional
         Defaults to the text's ``init.Normal(sigma=0.01)``.
     on_epoch : callable, optional
-        Called with each ``EpochRecord``.
-    checkpoint, resume, should_stop
-        As for ``training.train``.
+        Called with each ``EpochRecord`` (``train_loss`` and ``train_acc`` None).
     """
-    def run_epoch(epoch, net, data, loss, trainer, devices, stop, first_step):  # noqa: ARG001
-        return train_epoch_book(net, data, loss, trainer, devices, batch_size,
-                                should_stop=stop, first_step=first_step)
-    return fit(net, train_iter, test_iter, devices, run_epoch, evaluate_accuracy_book,
-               num_epochs=num_epochs, lr=lr, kvstore=kvstore, seed=seed,
-               initializer=initializer, hybrid=False, on_epoch=on_epoch, checkpoint=checkpoint,
-               resume=resume, should_stop=should_stop)
+    check_train_args(devices, num_epochs, kvstore, lr)
+    if seed is not None:
+        mx.random.seed(seed)
+    net.initialize(init=initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
+    trainer = make_trainer(net, lr, kvstore)
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    timer = Timer()
+    result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore_name(kvstore), lr=lr)
+    for epoch in range(num_epochs):
+        timer.start()
+        samples = train_epoch_book(net, train_iter, loss, trainer, devices, batch_size)
+        npx.waitall()
+        timer.stop()
+        check_finite_params(net, f' in epoch {epoch + 1}; lower the learning rate (it is {lr})')
+        tic = Timer()
+        test_acc = evaluate_accuracy_book(net, test_iter)
+        result.epochs.append(EpochRecord(epoch + 1, None, None, test_acc, timer.times[-1],
+                                         tic.stop(), samples))
+        if on_epoch is not None:
+            on_epoch(result.epochs[-1])
+    return result

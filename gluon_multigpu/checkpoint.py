@@ -1,4 +1,4 @@
-"""Checkpoints that survive a crash at any moment, and stopping on a signal.
+"""Checkpoints that survive a crash at any moment, and stopping on a signal: hooks of ``train``.
 
 A checkpoint directory holds at most one complete checkpoint, described by
 ``manifest.json``: the parameters (``save_parameters``), the Trainer's
@@ -9,23 +9,37 @@ the data order's seed, the history so far, and the settings of the run.
 Every file goes through a temporary file that is flushed, fsynced and
 renamed, and the manifest is written last and names its files by content
 hash: until the new manifest has been renamed into place, the old one still
-describes files that are all still there (old files are removed only
-afterwards). A crash, SIGKILL or full disk at any moment therefore leaves
-the last complete checkpoint intact.
+describes files that are all still there. A crash, SIGKILL or full disk at
+any moment therefore leaves the last complete checkpoint intact.
+
+The directory may hold the user's own files: a save removes only the files
+of the checkpoint it replaces (named in the old manifest) and leftovers of a
+killed save, which carry the checkpoint's exact names (``ckpt-NNNNNN.params``,
+``ckpt-NNNNNN.states``, with ``.tmp``; ``.manifest.json.*.tmp``). A lock
+(``flock`` on ``.lock``) held while a run uses the directory refuses a second
+run; the operating system drops it when the process ends, however it ends, so
+a ``.lock`` left by a killed run is simply taken over.
 """
 import datetime
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import signal
 
 from .errors import CheckpointError
-from .reporting import atomic_write, check_output_dir
+from .files import atomic_write, check_output_dir
+from .training import EpochRecord, EpochTotals, Hook
 
 __all__ = ['Checkpointer', 'CheckpointState', 'StopRequest', 'MANIFEST', 'FORMAT']
 
 MANIFEST = 'manifest.json'
+LOCK = '.lock'
 FORMAT = 'gluon-multigpu-checkpoint-1'
+_OWNED = re.compile(r'ckpt-\d{6}\.(params|states)(\.tmp)?|\.manifest\.json\.[A-Za-z0-9_]+\.tmp')
+_FILE_NAME = re.compile(r'ckpt-\d{6}\.(params|states)')
 
 
 def _sha256(path):
@@ -36,21 +50,77 @@ def _sha256(path):
     return digest.hexdigest()
 
 
-def _fsync_file(path):
-    with open(path, 'rb+') as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(directory):
-    fd = os.open(directory, os.O_RDONLY)
+def _fsync(path, flags=os.O_RDONLY):
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def _remove(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _is(value, kind, low=None):
+    ok = isinstance(value, kind) and not isinstance(value, bool) if kind is not bool \
+        else isinstance(value, bool)
+    return ok and (low is None or value >= low)
+
+
+def _check_record(fields, types, where):
+    """Raise ``CheckpointError`` unless ``fields`` is a dict with ``types`` (name -> kind)."""
+    if not isinstance(fields, dict) or set(fields) != set(types):
+        raise CheckpointError(f'{where} must have exactly the fields {", ".join(types)}')
+    for name, kind in types.items():
+        value = fields[name]
+        if not (value is None and name in ('train_loss', 'train_acc')) and not (
+                _is(value, kind) or (kind is float and _is(value, int))):
+            raise CheckpointError(f'{where}: field {name} is {value!r}, not a {kind.__name__}')
+
+
+_PARTIAL_TYPES = {'loss_sum': float, 'num_correct': float, 'samples': int, 'seconds': float,
+                  'batches': int, 'stopped': bool}
+_RECORD_TYPES = {'epoch': int, 'train_loss': float, 'train_acc': float, 'test_acc': float,
+                 'seconds': float, 'eval_seconds': float, 'samples': int}
+
+
+def validate_manifest(manifest):
+    """Raise ``CheckpointError`` naming the first field of ``manifest`` that is missing or wrong."""
+    if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+        raise CheckpointError(f'it is not a gluon-multigpu checkpoint manifest ({FORMAT})')
+    for key in ('sequence', 'epoch', 'partial', 'history', 'config', 'files'):
+        if key not in manifest:
+            raise CheckpointError(f'its field {key} is missing')
+    if not _is(manifest['sequence'], int, 0) or not _is(manifest['epoch'], int, 0):
+        raise CheckpointError('its fields sequence and epoch must be whole numbers of 0 or more')
+    if manifest['partial'] is not None:
+        _check_record(manifest['partial'], _PARTIAL_TYPES, 'its field partial')
+        if manifest['partial']['batches'] < 1:
+            raise CheckpointError('its field partial.batches must be at least 1')
+    if not isinstance(manifest['history'], list) or len(manifest['history']) != manifest['epoch']:
+        raise CheckpointError(f'its field history must list {manifest["epoch"]} epoch(s)')
+    for i, record in enumerate(manifest['history'], 1):
+        _check_record(record, _RECORD_TYPES, f'its field history[{i - 1}]')
+        if record['epoch'] != i:
+            raise CheckpointError(f'its field history[{i - 1}].epoch must be {i}')
+    if not isinstance(manifest['config'], dict):
+        raise CheckpointError('its field config must be an object')
+    files = manifest['files']
+    if not isinstance(files, dict) or set(files) != {'params', 'states'}:
+        raise CheckpointError('its field files must name exactly params and states')
+    for role, entry in files.items():
+        _check_record(entry, {'name': str, 'bytes': int, 'sha256': str}, f'its field files.{role}')
+        if not _FILE_NAME.fullmatch(entry['name']):
+            raise CheckpointError(f'its field files.{role}.name {entry["name"]!r} is not a '
+                                  'checkpoint file name')
+
+
 class CheckpointState:
-    """A loaded checkpoint: what ``training.fit`` needs to continue a run.
+    """A loaded checkpoint: what ``train`` needs to continue a run.
 
     Attributes
     ----------
@@ -64,7 +134,6 @@ class CheckpointState:
     """
 
     def __init__(self, directory, manifest):
-        from .training import EpochRecord, EpochTotals
         self.directory, self.manifest = directory, manifest
         self.epoch = manifest['epoch']
         self.partial = EpochTotals(**manifest['partial']) if manifest['partial'] else None
@@ -81,8 +150,8 @@ class CheckpointState:
         trainer.load_states(os.path.join(self.directory, files['states']['name']))
 
 
-class Checkpointer:
-    """Write and read the checkpoints of one run in ``directory``.
+class Checkpointer(Hook):
+    """Save a run after every epoch and when it is stopped; resume it (a ``train`` hook).
 
     Parameters
     ----------
@@ -91,13 +160,16 @@ class Checkpointer:
     config : dict
         The settings that must match for a checkpoint to be resumed (model,
         data, batch size, learning rate, seed, ...); JSON-serialisable.
+    resume : bool
+        Continue from the checkpoint in ``directory``, if it holds one.
     """
 
-    def __init__(self, directory, config):
+    def __init__(self, directory, config, resume=False):
         self.directory = os.path.abspath(directory)
-        self.config = dict(config)
+        self.config, self.resume = dict(config), resume
         self._sequence = 0
         self._loaded = None  # (manifest stat, state): the checks and hashes are done once
+        self._lock, self._made = None, False
 
     @property
     def manifest_path(self):
@@ -110,90 +182,131 @@ class Checkpointer:
     def describe(self):
         """A few words on the checkpoint in the directory, for messages."""
         try:
-            manifest = self._read_manifest()
+            state = self.load(check_config=False)
         except CheckpointError:
             return f'damaged, in {self.directory}'
-        where = f'epoch {manifest["epoch"]}'
-        if manifest['partial']:
-            where = (f'{manifest["partial"]["batches"]} batch(es) into epoch '
-                     f'{manifest["epoch"] + 1}')
+        where = f'epoch {state.epoch}'
+        if state.partial:
+            where = f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}'
         return f'{where}, in {self.directory}'
 
-    def check_directory(self, resume, num_epochs=None):
-        """Raise ``CheckpointError`` unless this run may write (and, with ``resume``, read) here.
+    # -- the directory: checked, locked, released -----------------------------------------
+
+    def check_directory(self, num_epochs=None):
+        """Raise ``CheckpointError`` unless this run may write (and, resuming, read) here.
 
         Without ``resume`` a directory that already holds a checkpoint is
         refused, so that a new run never overwrites an old one; with it, the
         checkpoint must be intact, of a run with the same settings, and not
         past ``num_epochs``.
         """
-        check_output_dir(self.directory, '--checkpoint-dir')
+        if os.path.islink(self.directory) and not os.path.exists(self.directory):
+            raise CheckpointError(f'checkpoint directory {self.directory} is a symbolic link to '
+                                  'nothing; remove the link or choose another `checkpoint_dir`')
+        check_output_dir(self.directory, 'checkpoint directory')
         if not self.exists():
             return
-        if not resume:
+        if not self.resume:
             raise CheckpointError(f'{self.directory} already holds a checkpoint '
-                                  f'({self.describe()}); add --resume to continue it, or give '
-                                  'another --checkpoint-dir')
+                                  f'({self.describe()}); add `resume=True` to continue it, or '
+                                  'choose another `checkpoint_dir`')
         state = self.load()  # refuses a damaged checkpoint or one of another run
-        if num_epochs is not None:
-            self.check_epochs(state, num_epochs)
-
-    def check_epochs(self, state, num_epochs):
-        """Raise ``CheckpointError`` if ``state`` has more epochs done than ``num_epochs``."""
-        if state.epoch > num_epochs:
+        if num_epochs is not None and state.epoch > num_epochs:
             raise CheckpointError(f'the checkpoint in {self.directory} has {state.epoch} epochs '
                                   f'done, more than the {num_epochs} asked for; ask for '
-                                  f'--num-epochs {state.epoch} or more')
+                                  f'`num_epochs` {state.epoch} or more')
+
+    def __enter__(self):
+        """Create the directory if missing and lock it against a second run."""
+        if not os.path.isdir(self.directory):
+            os.mkdir(self.directory)
+            self._made = True
+        path = os.path.join(self.directory, LOCK)
+        while self._lock is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise CheckpointError(f'another run is using the checkpoint directory '
+                                          f'{self.directory}; wait for it to end or choose '
+                                          'another `checkpoint_dir`') from None
+                raise
+            try:  # the lock counts only if the file is still the one under that name
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._lock = fd
+            else:
+                os.close(fd)
+        return self
+
+    def __exit__(self, *exc):
+        """Unlock and remove the lock file; a directory made by this run, still empty, goes too."""
+        if self._lock is not None:
+            _remove(os.path.join(self.directory, LOCK))  # while still holding the lock
+            os.close(self._lock)
+            self._lock = None
+        if self._made and not self.exists():
+            try:
+                os.rmdir(self.directory)
+            except OSError:
+                pass  # something was put there meanwhile: keep it
+        return False
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _damaged(self, why):
+        return CheckpointError(f'the checkpoint in {self.directory} is damaged: {why}; remove '
+                               'it or choose another `checkpoint_dir`')
 
     def _read_manifest(self):
         try:
             with open(self.manifest_path) as f:
                 manifest = json.load(f)
         except (OSError, ValueError) as e:
-            raise CheckpointError(f'the checkpoint in {self.directory} is damaged (cannot read '
-                                  f'{MANIFEST}: {e}); remove it or give another '
-                                  '--checkpoint-dir') from None
-        keys = {'format', 'epoch', 'partial', 'history', 'config', 'files'}
-        if not isinstance(manifest, dict) or manifest.get('format') != FORMAT or \
-                not keys <= set(manifest):
-            raise CheckpointError(f'{self.manifest_path} is not a gluon-multigpu checkpoint '
-                                  f'manifest ({FORMAT}); remove it or give another '
-                                  '--checkpoint-dir')
+            raise self._damaged(f'cannot read {MANIFEST} ({e})') from None
+        try:
+            validate_manifest(manifest)
+        except CheckpointError as e:
+            raise self._damaged(f'{MANIFEST}: {e}') from None
         return manifest
 
-    def load(self):
+    def load(self, check_config=True):
         """Return the ``CheckpointState`` in the directory, or None if it holds none.
 
-        Raises ``CheckpointError`` for a damaged checkpoint (a file missing,
-        or not what the manifest's hash says) or one of a run with other settings.
+        Raises ``CheckpointError`` for a damaged checkpoint (a bad manifest, a
+        file missing or not what the manifest's hash says) or, with
+        ``check_config``, one of a run with other settings.
         """
         if not self.exists():
             return None
         stat = os.stat(self.manifest_path)
         stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-        if self._loaded is not None and self._loaded[0] == stamp:
-            return self._loaded[1]
-        manifest = self._read_manifest()
-        for role, entry in manifest['files'].items():
-            path = os.path.join(self.directory, entry['name'])
-            if not os.path.isfile(path):
-                raise CheckpointError(f'the checkpoint in {self.directory} is damaged: its {role} '
-                                      f'file {entry["name"]} is missing; remove the directory '
-                                      'or give another --checkpoint-dir')
-            if os.path.getsize(path) != entry['bytes'] or _sha256(path) != entry['sha256']:
-                raise CheckpointError(f'the checkpoint in {self.directory} is damaged: '
-                                      f'{entry["name"]} does not match its recorded hash; '
-                                      'remove the directory or give another --checkpoint-dir')
-        differ = [f'{k} {manifest["config"].get(k)!r} (now {v!r})'
-                  for k, v in self.config.items() if manifest['config'].get(k) != v]
-        if differ:
-            raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
-                                  f'{", ".join(differ)}; use the same settings or another '
-                                  '--checkpoint-dir')
-        self._sequence = manifest.get('sequence', 0)
-        state = CheckpointState(self.directory, manifest)
-        self._loaded = (stamp, state)
+        if self._loaded is None or self._loaded[0] != stamp:
+            manifest = self._read_manifest()
+            for role, entry in manifest['files'].items():
+                path = os.path.join(self.directory, entry['name'])
+                if not os.path.isfile(path):
+                    raise self._damaged(f'its {role} file {entry["name"]} is missing')
+                if os.path.getsize(path) != entry['bytes'] or _sha256(path) != entry['sha256']:
+                    raise self._damaged(f'{entry["name"]} does not match its recorded hash')
+            self._loaded = (stamp, CheckpointState(self.directory, manifest))
+        state = self._loaded[1]
+        if check_config:
+            saved = state.manifest['config']
+            differ = [f'{k} {saved.get(k)!r} (now {v!r})' for k, v in self.config.items()
+                      if saved.get(k) != v]
+            if differ:
+                raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
+                                      f'{", ".join(differ)}; use the same settings or choose '
+                                      'another `checkpoint_dir`')
+        self._sequence = state.manifest['sequence']
         return state
+
+    # -- writing --------------------------------------------------------------------------
 
     def _write_durably(self, name, write):
         """Write a file through ``write(tmp_path)``, fsync and rename it; return its entry."""
@@ -201,17 +314,20 @@ class Checkpointer:
         tmp = f'{path}.tmp'
         try:
             write(tmp)
-            _fsync_file(tmp)
+            _fsync(tmp)
             os.replace(tmp, path)
         finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            _remove(tmp)
         return {'name': name, 'bytes': os.path.getsize(path), 'sha256': _sha256(path)}
 
     def save(self, net, trainer, history, epoch, partial=None):
         """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next)."""
         os.makedirs(self.directory, exist_ok=True)
-        old = set(os.listdir(self.directory))
+        try:
+            replaced = {e['name'] for e in self._read_manifest()['files'].values()} \
+                if self.exists() else set()
+        except CheckpointError:
+            replaced = set()
         self._sequence += 1
         stem = f'ckpt-{self._sequence:06d}'
         files = {'params': self._write_durably(f'{stem}.params', net.save_parameters),
@@ -226,19 +342,53 @@ class Checkpointer:
         with atomic_write(self.manifest_path) as f:
             json.dump(manifest, f, indent=2)
             f.write('\n')
-        _fsync_dir(self.directory)
-        keep = {MANIFEST} | {entry['name'] for entry in files.values()}
-        for name in old - keep:  # earlier checkpoints, and leftovers of a killed save
-            if name.startswith(('ckpt-', f'.{MANIFEST}.')):
-                os.remove(os.path.join(self.directory, name))
+        _fsync(self.directory)
+        keep = {entry['name'] for entry in files.values()}
+        leftovers = {n for n in os.listdir(self.directory) if _OWNED.fullmatch(n)}
+        for name in (replaced | leftovers) - keep:
+            _remove(os.path.join(self.directory, name))
+
+    # -- as a hook of train ----------------------------------------------------------------
+
+    def begin(self, run):
+        """With ``resume``: restore the parameters, the Trainer and the history; say where to go on."""
+        state = self.load() if self.resume else None
+        if state is None:
+            return None
+        if state.partial is not None and hasattr(run.train_iter, '__len__') and \
+                state.partial.batches >= len(run.train_iter):
+            raise self._damaged(f'{MANIFEST}: its field partial.batches '
+                                f'({state.partial.batches}) is past the end of an epoch of '
+                                f'{len(run.train_iter)} batches')
+        state.restore(run.net, run.trainer, run.devices)
+        run.result.epochs = list(state.history)
+        run.train_iter.epoch = state.epoch  # replay the data order of the next epoch
+        return state.epoch + 1, state.partial
+
+    def stopped(self, run, totals):
+        """Save the partial epoch."""
+        self.save(run.net, run.trainer, run.result.epochs, run.epoch - 1, partial=totals)
+
+    def epoch_end(self, run, record):
+        """Save the epoch just done."""
+        self.save(run.net, run.trainer, run.result.epochs, record.epoch)
+
+    def diverged(self, run, error):
+        """Say that the last good checkpoint is kept."""
+        if self.exists():
+            error.notes.append(f'the last good checkpoint ({self.describe()}) is kept')
 
 
-class StopRequest:
-    """A flag that SIGINT and SIGTERM set, asked by the training loop after every step.
+class StopRequest(Hook):
+    """A flag that SIGINT and SIGTERM set, asked by ``train`` after every step (a hook).
 
-    A second signal while the first is being handled stops at once
-    (``KeyboardInterrupt``), without a checkpoint. Use as a context manager:
-    the previous handlers come back on exit.
+    A second signal stops at once (``KeyboardInterrupt``), without a
+    checkpoint. Use as a context manager: the previous handlers come back on exit.
+
+    Parameters
+    ----------
+    on_signal : callable, optional
+        Called with the signal number when the first signal arrives (say that it was heard).
 
     Attributes
     ----------
@@ -248,17 +398,22 @@ class StopRequest:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
-        self.signum = None
+    def __init__(self, on_signal=None):
+        self.signum, self.on_signal = None, on_signal
         self._previous = {}
 
     def __call__(self):
+        return self.signum is not None
+
+    def step_end(self, run, step, samples, timer):
         return self.signum is not None
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
+        if self.on_signal is not None:
+            self.on_signal(signum)
 
     def __enter__(self):
         for s in self.SIGNALS:

@@ -13,13 +13,13 @@ import urllib.request
 import zlib
 
 import numpy as onp
-from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
 from mxnet import np, npx
 
 from .errors import DataError
 
 __all__ = ['IDX_FILES', 'DATASETS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
+           'last_batch_rule',
            'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
            'load_data_mnist']
 
@@ -90,7 +90,7 @@ def check_data_dir(root):
         where = (f'{root} does not exist' if not os.path.isdir(root)
                  else f'{root} lacks {", ".join(missing)}')
         raise DataError(f'{where}; it must hold the four files {", ".join(IDX_FILES.values())} '
-                        '(point --data-dir at them, or pass --download)')
+                        '(point `data_dir` at them, or pass `download=True`)')
 
 
 def read_split(root, split='train', name=None):
@@ -127,10 +127,10 @@ def read_split(root, split='train', name=None):
         if images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]:
             raise DataError(f'{images_path} holds {images.shape[0]} images of '
                             f'{images.shape[1:]}, but {name} {split} has {spec[split]} of '
-                            f'{spec["shape"]}; check --data-dir and --dataset')
+                            f'{spec["shape"]}; check `data_dir` and `dataset`')
         if labels.size and int(labels.max()) >= spec['classes']:
             raise DataError(f'{labels_path} has label {int(labels.max())}, but {name} has '
-                            f'{spec["classes"]} classes; check --dataset, or download the '
+                            f'{spec["classes"]} classes; check `dataset`, or download the '
                             'file again')
     return images, labels.astype(onp.int32)
 
@@ -208,6 +208,22 @@ class ArrayLoader:
         return X, np.array(self.labels[idx], dtype='int32')
 
 
+def last_batch_rule(num_samples, batch_size, num_devices):
+    """``'discard'`` if the last training batch would be too small to split across the devices.
+
+    A last batch of fewer samples than devices cannot be split; dropping it
+    beats stopping in the middle of an epoch. Otherwise ``'keep'``.
+    """
+    remainder = num_samples % batch_size
+    return 'discard' if 0 < remainder < num_devices else 'keep'
+
+
+def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None):
+    """The shuffled training ``ArrayLoader`` of a run on ``num_devices`` (see ``last_batch_rule``)."""
+    return ArrayLoader(images, labels, batch_size, shuffle=True, seed=seed, resize=resize,
+                       last_batch=last_batch_rule(len(labels), batch_size, num_devices))
+
+
 def download_dataset(name, root, base_url=MXNET_MIRROR):
     """Download the four IDX files of ``name`` that ``root`` lacks, each written atomically.
 
@@ -244,7 +260,7 @@ def download_dataset(name, root, base_url=MXNET_MIRROR):
 
 
 def load_data(name, batch_size, resize=None, root=None, download=False, num_train=None,
-              num_test=None, seed=0, last_batch='keep'):
+              num_test=None, seed=0, num_devices=1):
     """Return ``(train_iter, test_iter)`` for ``name`` ('fashion-mnist' or 'mnist').
 
     Parameters
@@ -263,8 +279,9 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
         Use only the first samples of each split (for quick runs and tests).
     seed : int
         Seed of the training set's shuffling.
-    last_batch : {'keep', 'discard'}
-        What the training iterator does with a final partial batch.
+    num_devices : int
+        Devices the batches are split across: a last training batch with
+        fewer samples is dropped (``last_batch_rule``).
     """
     if name not in DATASETS:
         raise DataError(f'unknown dataset {name!r}; choose one of {", ".join(DATASETS)}')
@@ -280,8 +297,7 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
                 raise DataError(f'{split} subset size must be in 1..{len(labels)}, got {limit}')
             images, labels = images[:limit], labels[:limit]
         splits[split] = (images, labels)
-    train_iter = ArrayLoader(*splits['train'], batch_size, shuffle=True, seed=seed,
-                             resize=resize, last_batch=last_batch)
+    train_iter = train_loader(*splits['train'], batch_size, num_devices, seed, resize)
     test_iter = ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize)
     return train_iter, test_iter
 

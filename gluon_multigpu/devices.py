@@ -5,14 +5,13 @@ Devices are always an explicit list named ``devices``: GPUs such as
 MXNet schedules on separate worker threads, so the same data-parallel code
 runs without a GPU.
 """
-from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
 from mxnet import gluon, npx
 
 from .errors import DeviceError
 
-__all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices',
-           'split_batch']
+__all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
+           'device_counts', 'resolve_counts', 'devices_for', 'split_batch']
 
 
 def num_gpus():
@@ -61,9 +60,101 @@ def gpu_devices(n):
     if n > available:
         have = (f'only {available} available; ask for at most {available}' if available
                 else 'none is available (no GPU, or a CPU build of MXNet)')
-        raise DeviceError(f'{n} GPU(s) requested but {have}, or use --cpu-devices {n} '
+        raise DeviceError(f'{n} GPU(s) requested but {have}, or use `cpu_devices` {n} '
                           'to run the same code on CPU contexts')
     return [mx.gpu(i) for i in range(n)]
+
+
+def resolve_devices(num_gpus_wanted=None, cpu_devices_wanted=None):
+    """Return ``(devices, note)``: the devices asked for, or all GPUs, or the CPU.
+
+    ``note`` says what was chosen when nothing was asked for and no GPU exists.
+    """
+    if cpu_devices_wanted is not None:
+        return cpu_devices(cpu_devices_wanted), None
+    if num_gpus_wanted is not None:
+        return gpu_devices(num_gpus_wanted), None
+    devices = try_all_gpus()
+    if devices[0].device_type == 'cpu':
+        return devices, ('no GPU found: training on the CPU; use `cpu_devices` N to split '
+                         'each batch across N CPU contexts')
+    return devices, None
+
+
+def device_counts(max_count, minimum=1):
+    """Return the counts of a sweep: 1, 2, 4, ... up to ``max_count``, and ``max_count``.
+
+    Counts below ``minimum`` are left out (a synchronisation needs two devices).
+    """
+    counts, n = [], 1
+    while n <= max_count:
+        if n >= minimum:
+            counts.append(n)
+        n *= 2
+    if max_count >= minimum and max_count not in counts:
+        counts.append(max_count)
+    return counts
+
+
+def resolve_counts(num_gpus_wanted=None, cpu_devices_wanted=None, counts=None, minimum=1,
+                   cpu_default=(1,)):
+    """Decide the device type and the device counts of a sweep.
+
+    Parameters
+    ----------
+    num_gpus_wanted, cpu_devices_wanted : int, optional
+        GPUs or CPU contexts, counts up to that many.
+    counts : list of int, optional
+        Explicit counts; otherwise 1 (or ``minimum``), 2, 4, ... up to the maximum.
+    minimum : int
+        Smallest count that makes sense (2 for a synchronisation).
+    cpu_default : list of int
+        Counts without GPUs and without a wish.
+
+    Returns
+    -------
+    (str, list of int, str or None)
+        ``'gpu'`` or ``'cpu'``, the sorted counts, and a note saying what was
+        chosen when no wish decided it.
+    """
+    counts = sorted(set(counts)) if counts else None
+    if counts and counts[0] < minimum:
+        raise DeviceError(f'a gradient synchronisation needs at least {minimum} devices, got a '
+                          f'count of {counts[0]}; give `counts` of {minimum} or more')
+    for name, wanted in (('cpu_devices', cpu_devices_wanted), ('num_gpus', num_gpus_wanted)):
+        if wanted is None:
+            continue
+        if name == 'num_gpus':
+            gpu_devices(wanted)  # raises, naming how many exist, if fewer do
+        if counts and counts[-1] > wanted:
+            raise DeviceError(f'`counts` {counts[-1]} exceeds `{name}` {wanted}; raise '
+                              f'`{name}` or leave the count out')
+        chosen = counts or device_counts(wanted, minimum)
+        if not chosen:
+            raise DeviceError(f'`{name}` {wanted} gives no device count of at least {minimum}; '
+                              f'use `{name}` {minimum} or more')
+        return ('cpu' if name == 'cpu_devices' else 'gpu'), chosen, None
+    available = num_gpus()
+    if available:
+        if counts:
+            gpu_devices(counts[-1])
+            return 'gpu', counts, None
+        chosen = device_counts(available, minimum)
+        if not chosen:
+            raise DeviceError(f'only {available} GPU is available and this needs at least '
+                              f'{minimum} devices; use `cpu_devices` {2 * minimum} to measure '
+                              'CPU contexts instead')
+        return 'gpu', chosen, None
+    chosen = counts or sorted(cpu_default)
+    return 'cpu', chosen, (f'no GPU found: using CPU contexts, counts {", ".join(map(str, chosen))}'
+                           '; `cpu_devices` N sets the largest count')
+
+
+def devices_for(device_type, n):
+    """Return the first ``n`` devices of ``device_type`` (``'gpu'`` or ``'cpu'``)."""
+    if device_type == 'gpu':
+        return gpu_devices(n)
+    return [mx.cpu(i) for i in range(n)]
 
 
 def split_batch(X, y, devices):

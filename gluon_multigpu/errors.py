@@ -1,4 +1,10 @@
-"""Errors that mean "the input is wrong": scripts print them as one line and exit 2."""
+"""Errors that mean "the input is wrong": scripts print them as one line and exit 2.
+
+Messages name the library's own arguments in backquotes (`checkpoint_dir`,
+`resume=True`); ``describe(names)`` spells them as a caller names them (the
+scripts pass their flags), so the library never names a command-line flag.
+"""
+import re
 
 __all__ = ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
            'Interrupted']
@@ -6,6 +12,11 @@ __all__ = ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged',
 
 class GluonMultiGPUError(ValueError):
     """Base of the package's user-facing errors; the message says what to do next."""
+
+    def describe(self, names=None):
+        """The message with each backquoted argument spelled as ``names`` maps it (else as is)."""
+        names = names or {}
+        return re.sub(r'`([^`]+)`', lambda m: names.get(m.group(1), m.group(1)), str(self))
 
 
 class DeviceError(GluonMultiGPUError):
@@ -19,12 +30,17 @@ class DataError(GluonMultiGPUError):
 class TrainingDiverged(GluonMultiGPUError):
     """The training loss or a parameter became NaN or infinite.
 
-    ``epoch`` and ``step`` say where, when known (``fit`` adds the epoch).
+    ``epoch`` and ``step`` say where, when known (``train`` adds the epoch);
+    ``notes`` are advice added on the way up (the learning rate, the checkpoint kept).
     """
 
     def __init__(self, message, epoch=None, step=None):
         super().__init__(message)
-        self.epoch, self.step = epoch, step
+        self.epoch, self.step, self.notes = epoch, step, []
+
+    def __str__(self):
+        where = f' in epoch {self.epoch}' if self.epoch is not None else ''
+        return super().__str__() + where + ''.join(f'; {note}' for note in self.notes)
 
 
 class CheckpointError(GluonMultiGPUError):
@@ -32,18 +48,14 @@ class CheckpointError(GluonMultiGPUError):
 
 
 class Interrupted(Exception):
-    """Training stopped on request (SIGINT, SIGTERM) after a step; a checkpoint may hold its state.
+    """Training stopped on request (a hook's ``step_end``) after a step.
 
     Attributes
     ----------
-    signum : int or None
-        The signal that asked for the stop.
     epoch, batches : int
         The epoch in progress and how many of its batches had finished.
-    checkpoint : str or None
-        Directory of the checkpoint written at the stop, if any.
     """
 
-    def __init__(self, signum, epoch, batches, checkpoint=None):
+    def __init__(self, epoch, batches):
         super().__init__(f'interrupted in epoch {epoch} after {batches} batch(es)')
-        self.signum, self.epoch, self.batches, self.checkpoint = signum, epoch, batches, checkpoint
+        self.epoch, self.batches = epoch, batches

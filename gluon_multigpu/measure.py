@@ -7,105 +7,30 @@ the devices took, not how long Python took to queue the work; figures are
 medians over repeats after one untimed warm-up (which compiles the graph,
 creates the kvstore and fills the gradients).
 """
-import os
 import statistics
 import time
 
 import numpy as onp
-from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
 from mxnet import autograd, gluon, npx
 
 from . import scaling
-from .data import ArrayLoader
-from .devices import gpu_devices, num_gpus, split_batch
-from .errors import DeviceError, TrainingDiverged
+from .data import ArrayLoader, train_loader
+from .devices import device_counts, devices_for, split_batch
+from .errors import TrainingDiverged
 from .model import default_initializer, get_model
-from .training import ReducingTrainer, has_nccl, hybridize, kvstore_name, make_trainer, train
+from .kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
+from .reporting import Progress
+from .training import hybridize, train
 
-__all__ = ['resolve_devices', 'devices_for', 'usable_kvstores', 'engine_description',
-           'build_net', 'trainable_params', 'gradient_bytes', 'real_batch', 'time_compute',
+__all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch', 'time_compute',
            'sync_trainer', 'time_sync', 'measure_bandwidth', 'compute_seconds',
-           'measure_projection', 'make_train_loader', 'run_sweep']
-
-
-def resolve_devices(num_gpus_wanted=None, cpu_devices_wanted=None, counts=None, minimum=1,
-                    cpu_default=(1,)):
-    """Decide the device type and the device counts of a sweep.
-
-    Parameters
-    ----------
-    num_gpus_wanted, cpu_devices_wanted : int, optional
-        ``--num-gpus N`` / ``--cpu-devices N``: GPUs or CPU contexts, counts up to N.
-    counts : list of int, optional
-        Explicit counts (``--counts``); otherwise 1 (or ``minimum``), 2, 4, ... up to the maximum.
-    minimum : int
-        Smallest count that makes sense (2 for a synchronisation).
-    cpu_default : list of int
-        Counts without GPUs and without flags.
-
-    Returns
-    -------
-    (str, list of int, str or None)
-        ``'gpu'`` or ``'cpu'``, the sorted counts, and a note saying what was
-        chosen when no flag decided it.
-    """
-    counts = sorted(set(counts)) if counts else None
-    if counts and counts[0] < minimum:
-        raise DeviceError(f'a gradient synchronisation needs at least {minimum} devices, got a '
-                          f'count of {counts[0]}; give counts of {minimum} or more')
-    for flag, wanted in (('--cpu-devices', cpu_devices_wanted), ('--num-gpus', num_gpus_wanted)):
-        if wanted is None:
-            continue
-        if flag == '--num-gpus':
-            gpu_devices(wanted)  # raises, naming how many exist, if fewer do
-        if counts and counts[-1] > wanted:
-            raise DeviceError(f'--counts {counts[-1]} exceeds {flag} {wanted}; raise {flag} or '
-                              'leave the count out')
-        chosen = counts or scaling.device_counts(wanted, minimum)
-        if not chosen:
-            raise DeviceError(f'{flag} {wanted} gives no device count of at least {minimum}; '
-                              f'use {flag} {minimum} or more')
-        return ('cpu' if flag == '--cpu-devices' else 'gpu'), chosen, None
-    available = num_gpus()
-    if available:
-        if counts:
-            gpu_devices(counts[-1])
-            return 'gpu', counts, None
-        chosen = scaling.device_counts(available, minimum)
-        if not chosen:
-            raise DeviceError(f'only {available} GPU is available and this needs at least '
-                              f'{minimum} devices; use --cpu-devices {2 * minimum} to measure '
-                              'CPU contexts instead')
-        return 'gpu', chosen, None
-    chosen = counts or sorted(cpu_default)
-    return 'cpu', chosen, (f'no GPU found: using CPU contexts, counts {", ".join(map(str, chosen))}'
-                           '; --cpu-devices N sets the largest count')
-
-
-def devices_for(device_type, n):
-    """Return the first ``n`` devices of ``device_type`` (``'gpu'`` or ``'cpu'``)."""
-    if device_type == 'gpu':
-        return gpu_devices(n)
-    return [mx.cpu(i) for i in range(n)]
+           'measure_projection', 'run_sweep']
 
 
 def usable_kvstores(device_type):
     """The kvstores this machine can use: local, device, none; nccl with GPUs and NCCL."""
     return ['local', 'device', 'none'] + (['nccl'] if device_type == 'gpu' and has_nccl() else [])
-
-
-def engine_description(device_type, environ=None):
-    """Say which engine settings the measurements ran under (for reports)."""
-    environ = os.environ if environ is None else environ
-    if device_type == 'gpu':
-        return f"GPUs, MXNET_ENABLE_GPU_P2P={environ.get('MXNET_ENABLE_GPU_P2P', '1 (default)')}"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-    threads = environ.get('OMP_NUM_THREADS', "MXNet's default (half the cores)")
-    return (f'CPU contexts on {cores} core(s), OMP_NUM_THREADS={threads} per context in every '
-            f"run, MXNET_CPU_TEMP_COPY={environ.get('MXNET_CPU_TEMP_COPY', '4 (default)')}; each "
-            'context stands for one device of a fixed size, so fewer contexts leave cores idle '
-            'and more contexts than cores share them')
 
 
 def build_net(model, devices, seed=0):
@@ -291,7 +216,7 @@ def measure_projection(model, device_type, counts, kvstores, batch_mode, batches
                  'devices, compute on one device')
     sync_rows = measure_bandwidth(model, device_type, measured, kvstores, 4, images, labels,
                                   sync_repeats, compute_repeats=0, seed=seed, progress=progress)
-    targets = scaling.device_counts(project_to)
+    targets = device_counts(project_to)
     compute = compute_seconds(model, device_type,
                               scaling.projection_batches(batch_mode, batches, targets),
                               images, labels, compute_repeats, seed)
@@ -303,13 +228,6 @@ def measure_projection(model, device_type, counts, kvstores, batch_mode, batches
             projection += scaling.projection_rows(model, device_type, kvstore, batch_mode, batch,
                                                   compute, slope, targets)
     return projection, sync_rows
-
-
-def make_train_loader(images, labels, batch_size, num_devices, seed):
-    """The training loader of one run; a last batch too small to split across devices is dropped."""
-    remainder = len(labels) % batch_size
-    last_batch = 'discard' if 0 < remainder < num_devices else 'keep'
-    return ArrayLoader(images, labels, batch_size, shuffle=True, seed=seed, last_batch=last_batch)
 
 
 def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
@@ -332,7 +250,7 @@ def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
     say = progress or (lambda line: None)
     for i, config in enumerate(grid, 1):
         devices = devices_for(device_type, config.devices)
-        train_iter = make_train_loader(*train_data, config.batch_size, config.devices, seed)
+        train_iter = train_loader(*train_data, config.batch_size, config.devices, seed)
         test_iter = ArrayLoader(*test_data, config.batch_size)
         label = (f'[{i}/{len(grid)}] {config.devices} device(s), kvstore {config.kvstore}, batch '
                  f'{config.batch_size} ({config.per_device_batch:g} per device), lr rule '
@@ -345,9 +263,8 @@ def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
                 initializer=default_initializer(config.model),
                 on_epoch=lambda r: say(f'  epoch {r.epoch}: loss {r.train_loss:.4f}, test acc '
                                        f'{r.test_acc:.3f}, {r.samples_per_sec:.0f} samples/s'),
-                on_progress=(lambda e, b, s, t: say(f'  epoch {e}: {b} batches, {t:.0f} s'))
-                if progress and progress_interval > 0 else None,
-                progress_interval=progress_interval)
+                hooks=[Progress(say, progress_interval)] if progress and progress_interval > 0
+                else [])
             rows.append(scaling.measured_row(config, device_type, result.epochs))
         except TrainingDiverged as e:
             say(f'{label}: {e}')

@@ -1,10 +1,9 @@
 """The networks: the book's modified ResNet-18 and the lab's small CNN."""
-from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 from mxnet import autograd, init, np, npx
 from mxnet.gluon import nn
 
-__all__ = ['Residual', 'BookResidual', 'resnet18', 'book_resnet18', 'simple_cnn', 'get_model',
-           'default_initializer', 'count_flops', 'MODELS']
+__all__ = ['Residual', 'HybridResidual', 'resnet18', 'hybrid_resnet18', 'simple_cnn',
+           'get_model', 'default_initializer', 'count_flops', 'MODELS']
 
 
 def _residual_layers(block, num_channels, use_1x1conv, strides):
@@ -19,8 +18,10 @@ def _residual_layers(block, num_channels, use_1x1conv, strides):
     block.bn2 = nn.BatchNorm()
 
 
-class Residual(nn.HybridBlock):
-    """The residual block of ResNet (d2l 8.6): two 3x3 convolutions with batch norm.
+class Residual(nn.Block):
+    """The residual block of ResNet as the text writes it (d2l 8.6): an ``nn.Block``, run eagerly.
+
+    Two 3x3 convolutions with batch norm, and the input added back.
 
     Parameters
     ----------
@@ -36,31 +37,30 @@ class Residual(nn.HybridBlock):
         super().__init__(**kwargs)
         _residual_layers(self, num_channels, use_1x1conv, strides)
 
-    def hybrid_forward(self, F, X):  # pylint: disable=arguments-differ
-        Y = F.npx.relu(self.bn1(self.conv1(X)))
-        Y = self.bn2(self.conv2(Y))
-        if self.conv3 is not None:
-            X = self.conv3(X)
-        return F.npx.relu(Y + X)
-
-
-class BookResidual(nn.Block):
-    """The residual block exactly as the text writes it: an ``nn.Block`` that cannot be hybridized.
-
-    Same layers, parameters and arithmetic as ``Residual``; kept for the
-    book-literal loop and the speed comparison. Parameters as ``Residual``.
-    """
-
-    def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
-        super().__init__(**kwargs)
-        _residual_layers(self, num_channels, use_1x1conv, strides)
-
     def forward(self, X):  # pylint: disable=arguments-differ
         Y = npx.relu(self.bn1(self.conv1(X)))
         Y = self.bn2(self.conv2(Y))
         if self.conv3:
             X = self.conv3(X)
         return npx.relu(Y + X)
+
+
+class HybridResidual(nn.HybridBlock):
+    """``Residual`` as a ``HybridBlock``, so that ``hybridize`` can compile it (the fast path).
+
+    Same layers, parameters, order and arithmetic; parameters as ``Residual``.
+    """
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        _residual_layers(self, num_channels, use_1x1conv, strides)
+
+    def hybrid_forward(self, F, X):  # pylint: disable=arguments-differ
+        Y = F.npx.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        if self.conv3 is not None:
+            X = self.conv3(X)
+        return F.npx.relu(Y + X)
 
 
 def _resnet_block(residual, num_channels, num_residuals, first_block=False):
@@ -89,11 +89,10 @@ def _resnet18(num_classes, residual):
 
 
 def resnet18(num_classes):
-    """Return the book's slightly modified ResNet-18 (d2l 13.6), built to be hybridized.
+    """Return the book's slightly modified ResNet-18 (d2l 13.6), built from ``Residual``.
 
     Compared with the ImageNet ResNet-18 it uses a 3x3 stem with stride 1 and
-    padding 1 and no max-pooling, because the input images are small. Every
-    block is a ``HybridBlock``, so ``train`` can compile it.
+    padding 1 and no max-pooling, because the input images are small.
 
     Parameters
     ----------
@@ -103,13 +102,13 @@ def resnet18(num_classes):
     return _resnet18(num_classes, Residual)
 
 
-def book_resnet18(num_classes):
-    """Return the same ResNet-18 built from ``BookResidual`` (``nn.Block``), as in the text."""
-    return _resnet18(num_classes, BookResidual)
+def hybrid_resnet18(num_classes):
+    """Return ``resnet18`` built from ``HybridResidual``: same parameters, compilable."""
+    return _resnet18(num_classes, HybridResidual)
 
 
 def simple_cnn(num_classes=10):
-    """Return the lab's small CNN (seed 002), a model that trains in seconds.
+    """Return the Gluon multi-GPU lab's small CNN, a model that trains in seconds.
 
     conv 20 3x3 relu, max-pool 2, conv 50 5x5 relu, max-pool 2, flatten,
     dense 128 relu, dense ``num_classes``. It has no BatchNorm, so a step on
@@ -126,7 +125,8 @@ def simple_cnn(num_classes=10):
     return net
 
 
-MODELS = {'resnet18': resnet18, 'simple-cnn': simple_cnn}
+#: The networks by name; every one is hybridizable (the fast path compiles it).
+MODELS = {'resnet18': hybrid_resnet18, 'simple-cnn': simple_cnn}
 
 
 def count_flops(net, input_shape=(1, 1, 28, 28)):
@@ -186,7 +186,7 @@ def default_initializer(name):
     """Return the initializer the source text uses for a model.
 
     ResNet-18: the book's ``Normal(sigma=0.01)`` (BatchNorm rescales it).
-    Simple CNN: MXNet's default ``Uniform(0.07)``, as in the lab (seed 002);
+    Simple CNN: MXNet's default ``Uniform(0.07)``, as in the lab;
     without BatchNorm, ``Normal(0.01)`` leaves it stuck near chance for epochs.
     """
     if name not in MODELS:

@@ -1,17 +1,17 @@
-"""Reporting: the per-epoch line, the side-by-side table, an Animator that writes PNGs, JSON."""
-import json
+"""Reporting: the per-epoch line, the side-by-side table, an Animator that writes PNGs, reports."""
 import os
-import tempfile
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .errors import GluonMultiGPUError
+from mxnet import npx
 
-__all__ = ['Animator', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
-           'check_writable', 'check_output_dir', 'write_kvstore_report', 'atomic_write',
-           'write_json']
+from .files import atomic_write, write_json
+from .training import Hook
+
+__all__ = ['Animator', 'Progress', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
+           'write_kvstore_report']
 
 
 class Animator:
@@ -84,10 +84,42 @@ class Animator:
             fig.savefig(f, format='png', dpi=100)
 
 
+class Progress(Hook):
+    """A ``train`` hook that calls ``say(line)`` at most every ``interval`` seconds of an epoch.
+
+    The line gives the epoch, the steps done (of ``len(run.train_iter)`` when
+    known), the seconds and samples/s so far.
+
+    Parameters
+    ----------
+    say : callable
+        Takes one line of text.
+    interval : float
+        Seconds between lines.
+    """
+
+    def __init__(self, say, interval=10.0):
+        self.say, self.interval = say, interval
+        self._due = None  # (epoch, seconds into it when the next line is due)
+
+    def step_end(self, run, step, samples, timer):
+        if self._due is None or self._due[0] != run.epoch:
+            self._due = (run.epoch, self.interval)
+        if timer.elapsed() < self._due[1]:
+            return
+        npx.waitall()  # Sync point: the figures of a progress line are the devices' own.
+        seconds = timer.elapsed()
+        self._due = (run.epoch, seconds + self.interval)
+        total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
+        self.say(f'  epoch {run.epoch}: {step}/{total or "?"} batches, {seconds:.0f} s, '
+                 f'{samples / seconds:.0f} samples/s')
+
+
 def epoch_line(record, num_epochs):
-    """Return the progress line of one epoch (an ``EpochRecord``)."""
-    return (f'epoch {record.epoch}/{num_epochs}: loss {record.train_loss:.4f}, '
-            f'train acc {record.train_acc:.3f}, test acc {record.test_acc:.3f}, '
+    """Return the line of one epoch (an ``EpochRecord``); the text's loop has no training figures."""
+    train = ('' if record.train_loss is None else
+             f'loss {record.train_loss:.4f}, train acc {record.train_acc:.3f}, ')
+    return (f'epoch {record.epoch}/{num_epochs}: {train}test acc {record.test_acc:.3f}, '
             f'{record.seconds:.1f} s, {record.samples_per_sec:.0f} samples/s')
 
 
@@ -153,35 +185,6 @@ def accuracy_chart(path, results, title=None):
     animator.save(path)
 
 
-def check_writable(directory, what):
-    """Raise ``GluonMultiGPUError`` unless a file can be created in ``directory``.
-
-    Tried out with a temporary file, created and removed: permission bits do
-    not tell (root ignores them; /proc and /sys refuse new files to everyone).
-    ``what`` names the option and path in the message.
-    """
-    try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix='.write-test.', suffix='.tmp'):
-            pass
-    except OSError as e:
-        raise GluonMultiGPUError(f'{what}: cannot create files in {directory} ({e.strerror}); '
-                                 'choose a writable directory') from None
-
-
-def check_output_dir(directory, flag='--report'):
-    """Raise ``GluonMultiGPUError`` unless ``directory`` is a writable directory or can be made.
-
-    ``flag`` names the option in the message.
-    """
-    directory = os.path.abspath(directory)
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory')
-    target = directory if os.path.isdir(directory) else os.path.dirname(directory)
-    if not os.path.isdir(target):
-        raise GluonMultiGPUError(f'{flag} {directory}: {target} does not exist; create it first')
-    check_writable(target, f'{flag} {directory}')
-
-
 def write_kvstore_report(directory, results, tracker, config, answer):
     """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
 
@@ -230,44 +233,3 @@ def write_kvstore_report(directory, results, tracker, config, answer):
         'compute per step).', '']
     with atomic_write(os.path.join(directory, 'report.md')) as f:
         f.write('\n'.join(lines))
-
-
-class atomic_write:  # pylint: disable=invalid-name
-    """Context manager writing ``path`` through a temporary file in the same directory.
-
-    The file appears under its name only when the block ends without error
-    (flushed, fsynced, renamed); otherwise nothing is left behind.
-    """
-
-    def __init__(self, path, mode='w'):
-        self.path, self.mode = os.path.abspath(path), mode
-        self._tmp, self._file = None, None
-
-    def __enter__(self):
-        fd, self._tmp = tempfile.mkstemp(dir=os.path.dirname(self.path),
-                                         prefix=f'.{os.path.basename(self.path)}.', suffix='.tmp')
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self._tmp, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
-        self._file = os.fdopen(fd, self.mode)
-        return self._file
-
-    def __exit__(self, exc_type, exc, tb):
-        try:
-            if exc_type is None:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-            self._file.close()
-            if exc_type is None:
-                os.replace(self._tmp, self.path)
-        finally:
-            if os.path.exists(self._tmp):
-                os.remove(self._tmp)
-        return False
-
-
-def write_json(path, obj):
-    """Write ``obj`` as indented JSON to ``path``, atomically."""
-    with atomic_write(path, 'w') as f:
-        json.dump(obj, f, indent=2)
-        f.write('\n')

@@ -1,12 +1,13 @@
 """Data-parallel training and evaluation over a list of devices (d2l 13.6).
 
-The loop is the book's: parameters initialised on every device, each batch
-split across the devices, forward and backward per shard inside one
+The loop is the section's: parameters initialised on every device, each
+batch split across the devices, forward and backward per shard inside one
 ``autograd.record()``, and ``trainer.step`` letting the kvstore sum the
-gradients and update every copy of the parameters. Host-device sync points
-are marked: where they sit decides what a timing means.
+gradients and update every copy. What the section does not do (checkpoints,
+stopping on a signal, progress lines) is added through ``Hook`` objects that
+live beside their own code. Host-device sync points are marked: where they
+sit decides what a timing means.
 """
-import functools
 import itertools
 import math
 import time
@@ -14,28 +15,28 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import List, NamedTuple, Optional
 
-from . import _mxnet  # noqa: F401  (engine settings, then MXNet in NumPy mode)
 import mxnet as mx
 from mxnet import autograd, gluon, init, np, npx
 
 from .devices import split_batch
 from .errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
+from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
 from .utils import Timer, accuracy
 
-__all__ = ['KVSTORES', 'EpochRecord', 'TrainResult', 'EpochTotals', 'evaluate_accuracy_gpus',
-           'train_batch', 'train_epoch', 'DivergenceWatch', 'check_finite_params',
-           'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
-           'ReducingTrainer', 'make_trainer', 'hybridize', 'train', 'fit']
-
-from .names import KVSTORES  # noqa: E402  (the back ends ``train`` accepts)
+__all__ = ['EpochRecord', 'TrainResult', 'EpochTotals', 'Hook', 'Run', 'evaluate_accuracy_gpus',
+           'train_batch', 'train_epoch', 'check_finite_params', 'hybridize', 'check_train_args',
+           'train']
 
 
 @dataclass
 class EpochRecord:
-    """Figures of one epoch; ``seconds`` is the training time only, as in the book."""
+    """Figures of one epoch; ``seconds`` is the training time only, as in the book.
+
+    ``train_loss`` and ``train_acc`` are None for the text's loop, which computes neither.
+    """
     epoch: int
-    train_loss: float
-    train_acc: float
+    train_loss: Optional[float]
+    train_acc: Optional[float]
     test_acc: float
     seconds: float
     eval_seconds: float
@@ -83,56 +84,60 @@ class TrainResult:
         return d
 
 
-def _device_list(net):
-    """The book's way of finding the devices: those of the first parameter."""
-    return list(net.collect_params().values())[0].list_ctx()
+class EpochTotals(NamedTuple):
+    """What one epoch (or the part of it run so far) adds up to."""
+    loss_sum: float
+    num_correct: float
+    samples: int
+    seconds: float
+    batches: int
+    stopped: bool = False  # ended early on request, not at the end of the data
+
+    def __add__(self, other):
+        """Totals of this part of an epoch followed by ``other``."""
+        return EpochTotals(*(a + b for a, b in zip(self[:5], other[:5])), other.stopped)
 
 
-def _add(acc, values):
-    """Add per-device arrays into per-device running sums, on the devices (no sync).
-
-    ``values`` may be shorter than ``acc`` (a last batch split over fewer devices).
-    """
-    return [v if a is None else a + v for a, v in zip(acc, values)] + acc[len(values):]
-
-
-def evaluate_accuracy_gpus(net, data_iter, split_f=split_batch, devices=None):
+def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):
     """Compute the accuracy of ``net`` on ``data_iter`` using several devices.
 
     Every sample counts once, also in a last batch that does not divide
     evenly; a last batch smaller than the number of devices uses the first
-    devices only.
+    devices only. Unlike the text's version (``book.evaluate_accuracy_book``),
+    the counts stay on the devices until the end: one read-back per device.
 
     Parameters
     ----------
     net : Block
         A network initialised on ``devices``.
     data_iter : iterable of (X, y)
-        Batches of features and labels.
+    devices : list of Context
     split_f : callable
         ``split_f(X, y, devices) -> (X_shards, y_shards)``.
-    devices : list of Context, optional
-        Defaults to the devices of the network's first parameter, as in the book.
 
     Returns
     -------
     float
         Fraction of correct predictions.
     """
-    devices = devices or _device_list(net)
-    correct, total = [None] * len(devices), 0
+    correct, total = [[] for _ in devices], 0
     for features, labels in data_iter:
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
-        correct = _add(correct, [accuracy(net(X_shard), y_shard)
-                                 for X_shard, y_shard in zip(X_shards, y_shards)])
+        for i, (X_shard, y_shard) in enumerate(zip(X_shards, y_shards)):
+            correct[i].append(accuracy(net(X_shard), y_shard))
         total += labels.shape[0]
     if total == 0:
         raise GluonMultiGPUError('the evaluation data is empty')
-    # Sync point: the only read-back of the evaluation.
-    return sum(float(c) for c in correct if c is not None) / total
+    return _read_sum(correct) / total
 
 
-def train_batch(net, X, y, loss, trainer, devices, batch_size=None):
+def _read_sum(per_device):
+    """Sum lists of 0-d arrays, one list per device (sync point: one read-back per device)."""
+    return sum(float(np.stack(values).asnumpy().astype('float64').sum())
+               for values in per_device if values)
+
+
+def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch):
     """Run one data-parallel training step on a batch.
 
     Parameters
@@ -149,6 +154,8 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None):
     batch_size : int, optional
         What ``trainer.step`` normalises the gradient by; defaults to the
         samples actually in the batch (the text passes its fixed batch size).
+    split_f : callable
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``.
 
     Returns
     -------
@@ -156,237 +163,158 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None):
         Per shard, the loss sum and the number of correct predictions, as
         0-d arrays on the shard's device (not read back: no sync here).
     """
-    X_shards, y_shards = split_batch(X, y, devices)
+    X_shards, y_shards = split_f(X, y, devices)
     with autograd.record():
         y_hats = [net(X_shard) for X_shard in X_shards]
         losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
     for l in losses:
         l.backward()
-    # By default the gradient is normalised by the samples actually in the
-    # batch, so a short last batch gets the same per-sample weight as the others.
     trainer.step(batch_size or X.shape[0])
     return [(l.sum(), accuracy(y_hat, y_shard))
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
 
 
-class EpochTotals(NamedTuple):
-    """What one epoch (or the part of it run so far) adds up to."""
-    loss_sum: float
-    num_correct: float
-    samples: int
-    seconds: float
-    batches: int
-    stopped: bool = False  # ended early on request, not at the end of the data
+@dataclass
+class Run:
+    """What hooks see of a run in progress: the network, its Trainer, and where it stands."""
+    net: object
+    trainer: object
+    devices: list
+    train_iter: object
+    result: TrainResult
+    hooks: list
+    epoch: int = 0
 
-    def __add__(self, other):
-        """Totals of this part of an epoch followed by ``other``."""
-        return EpochTotals(*(a + b for a, b in zip(self[:5], other[:5])), other.stopped)
+    def call(self, method, *args):
+        """Call ``method`` of every hook in turn; return True if any returned True."""
+        answers = [getattr(hook, method)(self, *args) for hook in self.hooks]
+        return any(a is True for a in answers)
 
 
-class DivergenceWatch:
-    """Watch every step for a non-finite loss or parameter, without a sync per step.
+class Hook:
+    """Something added to ``train``'s loop; each method does nothing until overridden.
 
-    Per step it keeps the loss sums of the shards and the sum of every
-    parameter on one device (a NaN or infinity anywhere makes that sum
-    non-finite), as arrays on the devices. ``check`` reads them back, so
-    call it where the loop waits anyway; it names the first bad step.
+    ``train`` calls the hooks in the order given. Hooks in the package:
+    ``checkpoint.Checkpointer`` (save, resume), ``checkpoint.StopRequest``
+    (stop on SIGINT/SIGTERM), and the scripts' progress printer.
     """
 
-    def __init__(self, net, device, first_step=1):
-        self.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
-        self.device, self.first_step, self.steps = device, first_step, []
+    def begin(self, run):
+        """Before the first epoch, the Trainer made; return ``(first_epoch, partial)`` to resume.
 
-    def add(self, losses):
-        """Note the step just queued: its per-shard loss sums (0-d arrays)."""
-        total = sum(p.data(self.device).sum() for p in self.params)
-        self.steps.append((losses, total))
+        ``partial`` is the ``EpochTotals`` of the batches of ``first_epoch``
+        already done, or None. Return None to start at epoch 1.
+        """
 
-    def check(self):
-        """Raise ``TrainingDiverged`` naming the first step with a non-finite loss or parameter."""
-        if not self.steps or self._finite(self.steps[-1]):
-            return
-        for i, step in enumerate(self.steps):
-            if not self._finite(step):
-                number = self.first_step + i
-                if all(math.isfinite(float(l)) for l in step[0]):
-                    bad = non_finite_params(self.params) or ['a parameter']
-                    raise TrainingDiverged(f'parameter {bad[0]} became non-finite at step '
-                                           f'{number}', step=number)
-                raise TrainingDiverged(f'the training loss became non-finite at step {number}',
-                                       step=number)
+    def step_end(self, run, step, samples, timer):
+        """After step ``step`` of ``run.epoch`` is queued; return True to stop the epoch there.
 
-    @staticmethod
-    def _finite(step):
-        losses, total = step
-        return math.isfinite(float(total)) and all(math.isfinite(float(l)) for l in losses)
+        ``samples`` counts this epoch's samples so far, ``timer`` has run since
+        its start. Nothing has synced: call ``npx.waitall()`` before reading
+        ``timer.elapsed()`` to get the devices' time.
+        """
+
+    def stopped(self, run, totals):
+        """The epoch was stopped by a hook after ``totals.batches`` steps (all finished)."""
+
+    def epoch_end(self, run, record):
+        """After each epoch is evaluated and recorded in ``run.result``."""
+
+    def diverged(self, run, error):
+        """Training diverged (``error``, a ``TrainingDiverged``); a hook may add to its notes."""
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, on_progress=None,
-                progress_interval=10.0, *, should_stop=None, first_step=1):
+def non_finite_params(params):
+    """Names of the ``params`` that hold a NaN or an infinity on their first device.
+
+    Sync point: one read-back for all of them.
+    """
+    params = [p for p in params if p.list_data()]
+    if not params:
+        return []
+    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
+                   for p in params]).asnumpy()
+    return [p.name for p, good in zip(params, ok) if not good]
+
+
+def check_finite_params(net, where=''):
+    """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
+    bad = non_finite_params(net.collect_params().values())
+    if bad:
+        more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
+        raise TrainingDiverged(f'parameter {bad[0]}{more} became non-finite{where}')
+
+
+def _check_losses(step_losses, first_step):
+    """Raise ``TrainingDiverged`` naming the first step whose loss is not finite.
+
+    ``step_losses`` holds, per device, one 0-d loss sum per step (sync point:
+    one read-back per device). Returns the total loss.
+    """
+    per_step = [np.stack(values).asnumpy().astype('float64') for values in step_losses if values]
+    if not per_step:
+        return 0.0
+    summed = sum(per_step)
+    for i, value in enumerate(summed):
+        if not math.isfinite(value):
+            raise TrainingDiverged(f'the training loss became non-finite at step {first_step + i}',
+                                   step=first_step + i)
+    return float(summed.sum())
+
+
+def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, first_step=1,
+                max_in_flight=None):
     """Train one epoch; return its ``EpochTotals``.
 
     ``seconds`` covers the loop up to ``npx.waitall()``, so it is the time the
-    devices took, not the time Python took to queue the work. A non-finite
-    loss or parameter raises ``TrainingDiverged`` naming the step, at the
-    next progress line or at the end of the epoch (see ``DivergenceWatch``).
+    devices took, not the time Python took to queue the work. The per-step
+    loss sums and correct counts stay on the devices and are read back once,
+    at the end; a non-finite loss raises ``TrainingDiverged`` naming the step.
 
     Parameters
     ----------
-    on_progress : callable, optional
-        Called as ``on_progress(batches_done, num_samples, seconds_so_far)`` at
-        most every ``progress_interval`` seconds.
-    progress_interval : float
-        Seconds between progress calls.
-    should_stop : callable, optional
-        Asked after every step; when it returns True the epoch ends there
-        (after the queued steps finish) with ``stopped=True``.
+    hooks_of : Run, optional
+        Its hooks' ``step_end`` is called after every step; one returning
+        True ends the epoch there (``stopped=True``).
     first_step : int
-        Number of the first step in the epoch, for messages (a resumed epoch starts later).
+        Number of the first step, for messages (a resumed epoch starts later).
+    max_in_flight : int, optional
+        After queuing step ``i``, wait until step ``i - max_in_flight`` has
+        finished, so the engine never runs more than that many steps behind
+        Python (None: as far as it likes, the book's way).
     """
-    loss_acc, correct_acc = [None] * len(devices), [None] * len(devices)
-    watch = DivergenceWatch(net, devices[0], first_step)
+    losses, correct = [[] for _ in devices], [[] for _ in devices]
     samples, batches, stopped, timer = 0, 0, False, Timer()
-    last_report = time.perf_counter()
     for X, y in train_iter:
         stats = train_batch(net, X, y, loss, trainer, devices)
-        watch.add([s[0] for s in stats])
-        loss_acc = _add(loss_acc, [s[0] for s in stats])
-        correct_acc = _add(correct_acc, [s[1] for s in stats])
+        for i, (l, c) in enumerate(stats):
+            losses[i].append(l)
+            correct[i].append(c)
         samples += X.shape[0]
         batches += 1
-        if on_progress is not None and time.perf_counter() - last_report >= progress_interval:
-            # Sync point: wait for this step so the progress figures are real.
-            watch.check()
-            last_report = time.perf_counter()
-            on_progress(first_step - 1 + batches, samples, timer.elapsed())
-        if should_stop is not None and should_stop():
+        if max_in_flight and batches > max_in_flight - 1:
+            # Sync point: step batches - max_in_flight + 1 has started its forward
+            # pass, so every step before it has been applied.
+            losses[0][batches - max_in_flight].wait_to_read()
+        if hooks_of is not None and hooks_of.call('step_end', first_step - 1 + batches, samples,
+                                                  timer):
             stopped = True
             break
     npx.waitall()  # Sync point: every queued step has finished before the timer stops.
     seconds = timer.stop()
     if samples == 0 and not stopped and first_step == 1:
         raise GluonMultiGPUError('the training data is empty')
-    # Sync point (already waited for): the read-backs of the epoch.
-    watch.check()
-    loss_sum = sum(float(a) for a in loss_acc if a is not None)
-    num_correct = sum(float(a) for a in correct_acc if a is not None)
-    return EpochTotals(loss_sum, num_correct, samples, seconds, batches, stopped)
-
-
-def non_finite_params(params):
-    """Names of the ``params`` that hold a NaN or an infinity on their first device (syncs)."""
-    return [p.name for p in params
-            if p.list_data() and not bool(np.isfinite(p.data(p.list_ctx()[0])).all())]
-
-
-def check_finite_params(net):
-    """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
-    bad = non_finite_params(net.collect_params().values())
-    if bad:
-        raise TrainingDiverged(f'parameter {bad[0]} became non-finite'
-                               + (f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''))
-
-
-def kvstore_name(kvstore):
-    """The command-line name of a kvstore argument: ``None`` is ``'none'``."""
-    return 'none' if kvstore is None else kvstore
-
-
-def has_nccl():
-    """Whether the installed MXNet build was compiled with NCCL."""
-    return mx.runtime.Features().is_enabled('NCCL')
-
-
-def check_kvstore(kvstore, devices):
-    """Raise ``GluonMultiGPUError`` unless ``train`` can use ``kvstore`` on ``devices``.
-
-    Parameters
-    ----------
-    kvstore : {'local', 'device', 'nccl', 'none', None}
-        ``None`` and ``'none'`` mean no kvstore (see ``ReducingTrainer``).
-    devices : list of Context
-    """
-    name = kvstore_name(kvstore)
-    if name not in KVSTORES:
-        raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of '
-                                 f'{", ".join(KVSTORES)}')
-    if name != 'nccl':
-        return
-    if not has_nccl():
-        raise GluonMultiGPUError(
-            f'kvstore nccl needs an MXNet build with NCCL, and the installed mxnet '
-            f'{mx.__version__} has none; install a GPU build with NCCL (pip uninstall -y mxnet '
-            "&& pip install -e '.[cu112]') or choose local, device or none")
-    if any(d.device_type != 'gpu' for d in devices):
-        raise GluonMultiGPUError('kvstore nccl sums gradients between GPUs; with CPU contexts '
-                                 'choose local, device or none')
-
-
-def check_lr(lr):
-    """Raise unless ``lr`` is a positive finite number."""
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise GluonMultiGPUError(f'learning rate must be a positive number, got {lr!r}')
-
-
-def allreduce(arrays):
-    """Sum ``arrays`` (one per device) in place, so that every one holds the sum (d2l 13.5).
-
-    The sum is formed on the first array's device, then copied back to the others.
-    """
-    for a in arrays[1:]:
-        arrays[0][:] += a.copyto(arrays[0].ctx)
-    for a in arrays[1:]:
-        arrays[0].copyto(a)
-
-
-class ReducingTrainer(gluon.Trainer):
-    """A ``gluon.Trainer`` without a kvstore that sums the gradients of all devices itself.
-
-    MXNet's Trainer with ``kvstore=None`` lets every device update its copy
-    with its own shard's gradient, so the copies drift apart. This one sums
-    each parameter's gradients with ``allreduce`` before the update, which is
-    what the kvstores do, in plain array operations: the baseline they are
-    measured against.
-    """
-
-    def __init__(self, params, optimizer, optimizer_params=None):
-        super().__init__(params, optimizer, optimizer_params, kvstore=None)
-
-    def _allreduce_grads(self):
-        for param in self._params:
-            if param.grad_req != 'null':
-                grads = param.list_grad()
-                if len(grads) > 1:
-                    allreduce(grads)
-
-
-def make_trainer(net, lr, kvstore):
-    """Return the book's SGD ``gluon.Trainer`` with the chosen kvstore.
-
-    Parameters
-    ----------
-    lr : float
-        Learning rate, positive.
-    kvstore : {'local', 'device', 'nccl', 'none', None}
-        Where gradients are summed: ``local`` on the CPU, ``device`` on the
-        devices, ``nccl`` by NCCL between GPUs, ``none``/``None`` by a
-        ``ReducingTrainer``.
-    """
-    check_lr(lr)
-    if kvstore_name(kvstore) == 'none':
-        return ReducingTrainer(net.collect_params(), 'sgd', {'learning_rate': lr})
-    return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr}, kvstore=kvstore)
+    loss_sum = _check_losses(losses, first_step)
+    return EpochTotals(loss_sum, _read_sum(correct), samples, seconds, batches, stopped)
 
 
 def hybridize(net):
     """Compile every ``HybridBlock`` of ``net``, with its memory planned once (``static_alloc``).
 
     A compiled graph runs without Python between its operators and reuses
-    its buffers. Blocks that are plain ``nn.Block`` (like ``BookResidual``)
-    keep running eagerly; their hybridizable children are compiled.
-    ``static_shape`` is not used: in MXNet 1.9.1 it drops BatchNorm's
-    running-statistics update on the first steps of a block nested in an
-    ``nn.Sequential`` (tests/test_fast_path.py compares with the eager loop).
+    its buffers. ``static_shape`` is not used: in MXNet 1.9.1 it drops
+    BatchNorm's running-statistics update on the first steps of a block nested
+    in an ``nn.Sequential`` (tests/test_fast_path.py compares with the eager loop).
     """
     with warnings.catch_warnings():
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
@@ -395,9 +323,33 @@ def hybridize(net):
         net.hybridize(static_alloc=True)
 
 
+def check_train_args(devices, num_epochs, kvstore, lr):
+    """Raise ``GluonMultiGPUError`` for arguments ``train`` cannot use, before any work."""
+    if not devices:
+        raise DeviceError('the device list is empty; pass at least one device')
+    if not isinstance(num_epochs, int) or num_epochs < 1:
+        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
+    check_kvstore(kvstore, devices)
+    check_lr(lr)
+
+
+class _EpochCallback(Hook):
+    """The ``on_epoch`` argument of ``train`` as a hook."""
+
+    def __init__(self, on_epoch):
+        self.on_epoch = on_epoch
+
+    def epoch_end(self, run, record):
+        self.on_epoch(record)
+
+
+def _epoch_record(epoch, totals, test_acc, eval_seconds):
+    return EpochRecord(epoch, totals.loss_sum / totals.samples, totals.num_correct / totals.samples,
+                       test_acc, totals.seconds, eval_seconds, totals.samples)
+
+
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
-          seed=None, initializer=None, hybrid=True, on_epoch=None, on_progress=None,
-          progress_interval=10.0, checkpoint=None, resume=False, should_stop=None):
+          seed=None, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Parameters
@@ -409,79 +361,28 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     devices : list of Context
         E.g. ``[mx.gpu(0), mx.gpu(1)]`` or ``cpu_devices(2)``.
     num_epochs : int
-        Passes over ``train_iter``.
     lr : float
         SGD learning rate.
     kvstore : {'local', 'device', 'nccl', 'none', None}
-        Gradient-synchronisation back end of the Trainer (see ``make_trainer``).
+        Gradient-synchronisation back end of the Trainer (see ``kvstores.make_trainer``).
     seed : int, optional
         Seeds MXNet's generators before initialisation, for identical initial weights.
     initializer : Initializer, optional
         Defaults to the book's ``init.Normal(sigma=0.01)``.
     hybrid : bool
         Hybridize the network (see ``hybridize``): the fast path, same arithmetic.
+    max_in_flight : int, optional
+        Steps the engine may run behind Python (see ``train_epoch``).
+    hooks : list of Hook
+        Checkpoints, stop on a signal, progress, ... (see ``Hook``).
     on_epoch : callable, optional
-        Called with each ``EpochRecord`` as soon as the epoch is evaluated (and checkpointed).
-    on_progress : callable, optional
-        Called as ``on_progress(epoch, batches_done, num_samples, seconds)`` during an epoch.
-    progress_interval : float
-        Seconds between progress calls.
-    checkpoint : checkpoint.Checkpointer, optional
-        Saves the run after every epoch, and when stopped by ``should_stop``.
-    resume : bool
-        Continue from ``checkpoint``'s last complete checkpoint, if it holds one.
-    should_stop : callable, optional
-        Asked after every step (e.g. a ``checkpoint.StopRequest`` set by a signal);
-        when True, training stops after that step, is checkpointed, and
-        ``Interrupted`` is raised.
+        Called with each ``EpochRecord`` once the epoch is evaluated.
 
     Returns
     -------
     TrainResult
     """
-    def run_epoch(epoch, net, data, loss, trainer, devices, stop, first_step):
-        progress = functools.partial(on_progress, epoch) if on_progress else None
-        return train_epoch(net, data, loss, trainer, devices, progress, progress_interval,
-                           should_stop=stop, first_step=first_step)
-
-    def evaluate(net, data_iter):
-        return evaluate_accuracy_gpus(net, data_iter, devices=devices)
-    return fit(net, train_iter, test_iter, devices, run_epoch, evaluate, num_epochs=num_epochs,
-               lr=lr, kvstore=kvstore, seed=seed, initializer=initializer, hybrid=hybrid,
-               on_epoch=on_epoch, checkpoint=checkpoint, resume=resume, should_stop=should_stop)
-
-
-def _check_fit_args(devices, num_epochs, kvstore, lr, train_iter, checkpoint):
-    if not devices:
-        raise DeviceError('the device list is empty; pass at least one device')
-    if not isinstance(num_epochs, int) or num_epochs < 1:
-        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
-    check_kvstore(kvstore, devices)
-    check_lr(lr)
-    if checkpoint is not None and not hasattr(train_iter, 'epoch'):
-        raise GluonMultiGPUError('checkpoints need a training loader that can replay an '
-                                 "epoch's order (one with an `epoch` counter, like ArrayLoader)")
-
-
-def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs, lr, kvstore,
-        seed, initializer, hybrid, on_epoch, checkpoint=None, resume=False, should_stop=None):
-    """The epoch loop that ``train`` and ``book.train_book`` share; returns a ``TrainResult``.
-
-    Checks the arguments before touching the network, initialises it on
-    every device (or restores a checkpoint), builds the Trainer, then per
-    epoch calls ``run_epoch(epoch, net, data, loss, trainer, devices,
-    should_stop, first_step)`` (which returns ``EpochTotals``), stops on a
-    non-finite loss or parameter, times ``evaluate(net, test_iter)``,
-    checkpoints, and records the epoch. See ``train`` for the arguments.
-
-    The epoch ``e`` of a loader with an ``epoch`` counter is expected to
-    draw the order of ``epoch = e - 1`` (start it at 0); a resumed run sets
-    the counter so, and skips the batches a mid-epoch checkpoint had done.
-    """
-    _check_fit_args(devices, num_epochs, kvstore, lr, train_iter, checkpoint)
-    state = checkpoint.load() if checkpoint is not None and resume else None
-    if state is not None:
-        checkpoint.check_epochs(state, num_epochs)
+    check_train_args(devices, num_epochs, kvstore, lr)
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
@@ -490,44 +391,41 @@ def fit(net, train_iter, test_iter, devices, run_epoch, evaluate, *, num_epochs,
     trainer = make_trainer(net, lr, kvstore)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore_name(kvstore), lr=lr)
-    start, partial = 1, None
-    if state is not None:
-        # Parameters before the Trainer's state: the kvstore copies the weights when it starts.
-        state.restore(net, trainer, devices)
-        result.epochs = list(state.history)
-        start, partial = state.epoch + 1, state.partial
-        train_iter.epoch = state.epoch
-    for epoch in range(start, num_epochs + 1):
-        data, done = train_iter, 0
-        if partial is not None:
-            data, done = itertools.islice(iter(train_iter), partial.batches, None), partial.batches
-        if should_stop is not None and should_stop():
-            raise Interrupted(getattr(should_stop, 'signum', None), epoch, done,
-                              checkpoint and checkpoint.directory)
-        try:
-            totals = run_epoch(epoch, net, data, loss, trainer, devices, should_stop, done + 1)
-            if partial is not None:
-                totals, partial = partial + totals, None
-            if not totals.stopped:
-                check_finite_params(net)
-        except TrainingDiverged as e:
-            kept = (f'; the last good checkpoint ({checkpoint.describe()}) is kept'
-                    if checkpoint is not None and checkpoint.exists() else '')
-            raise TrainingDiverged(f'{e} in epoch {epoch}; lower the learning rate (it is {lr})'
-                                   f'{kept}', epoch=epoch, step=e.step) from None
+    run = Run(net, trainer, devices, train_iter, result,
+              list(hooks) + ([_EpochCallback(on_epoch)] if on_epoch else []))
+    first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
+    for epoch in range(first_epoch, num_epochs + 1):
+        run.epoch, done = epoch, partial.batches if partial else 0
+        data = itertools.islice(iter(train_iter), done, None) if done else train_iter
+        totals = _diverged_in(run, train_epoch, net, data, loss, trainer, devices, hooks_of=run,
+                              first_step=done + 1, max_in_flight=max_in_flight)
+        totals, partial = (partial + totals if partial else totals), None
         if totals.stopped:
-            if checkpoint is not None:
-                checkpoint.save(net, trainer, result.epochs, epoch - 1, partial=totals)
-            raise Interrupted(getattr(should_stop, 'signum', None), epoch, totals.batches,
-                              checkpoint and checkpoint.directory)
+            run.call('stopped', totals)
+            raise Interrupted(epoch, totals.batches)
+        _diverged_in(run, check_finite_params, net, f' by step {totals.batches}')
         tic = time.perf_counter()
-        test_acc = evaluate(net, test_iter)
-        record = EpochRecord(epoch, totals.loss_sum / totals.samples,
-                             totals.num_correct / totals.samples, test_acc, totals.seconds,
-                             time.perf_counter() - tic, totals.samples)
-        result.epochs.append(record)
-        if checkpoint is not None:
-            checkpoint.save(net, trainer, result.epochs, epoch)
-        if on_epoch is not None:
-            on_epoch(record)
+        test_acc = evaluate_accuracy_gpus(net, test_iter, devices)
+        result.epochs.append(_epoch_record(epoch, totals, test_acc, time.perf_counter() - tic))
+        run.call('epoch_end', result.epochs[-1])
     return result
+
+
+def _begin(run):
+    """Let the hooks restore a run; return ``(first_epoch, partial)``."""
+    for hook in run.hooks:
+        start = hook.begin(run)
+        if start is not None:
+            return start
+    return 1, None
+
+
+def _diverged_in(run, fn, *args, **kwargs):
+    """Call ``fn``; a ``TrainingDiverged`` gets the epoch, advice, and the hooks' notes."""
+    try:
+        return fn(*args, **kwargs)
+    except TrainingDiverged as e:
+        e.epoch = run.epoch
+        e.notes.append(f'lower the learning rate (it is {run.result.lr})')
+        run.call('diverged', e)
+        raise

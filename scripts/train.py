@@ -10,13 +10,16 @@ import shlex
 import signal
 import sys
 
-import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
-from gluon_multigpu import names, runtime
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import (script_parser, check_output_path, engine_devices,  # noqa: E402
-                  non_negative_float, non_negative_int, positive_float,
-                  positive_int)  # shared by the scripts
+import _cli  # noqa: E402  (imports no MXNet)
+
+if __name__ == '__main__':
+    _cli.prepare_engine()  # before MXNet loads: it reads OMP_NUM_THREADS once, at load
+
+import gluon_multigpu as gm  # noqa: E402
+from gluon_multigpu.reporting import Progress  # noqa: E402
+from _cli import (FLAGS, batch_size, error_line, non_negative_float, num_epochs,  # noqa: E402
+                  positive_float, positive_int, script_parser, seed)
 
 EPILOG = """\
 examples:
@@ -40,23 +43,23 @@ def build_parser():
     p = script_parser(__doc__, EPILOG,
                       'train on gpu(0)..gpu(N-1) (default: all GPUs, or the CPU if none)',
                       'train on N CPU contexts cpu(0)..cpu(N-1) instead of GPUs')
-    p.add_argument('--kvstore', nargs='+', choices=names.KVSTORES, default=['device'],
+    p.add_argument('--kvstore', nargs='+', choices=gm.KVSTORES, default=['device'],
                    metavar='KV', help='gradient synchronisation: local (sum on the CPU), device '
                    '(sum on the devices), nccl (NCCL between GPUs; needs an MXNet build with '
                    'NCCL) or none (no kvstore: the Trainer sums the gradients itself); several '
                    'run in turn on the same data and initial weights and end with a '
                    'side-by-side table, including how far their parameters drift apart '
                    '(default: device)')
-    p.add_argument('--batch-size', type=positive_int, metavar='N',
+    p.add_argument('--batch-size', type=batch_size, metavar='N',
                    help='total batch size over all devices (default: 256 per device)')
     p.add_argument('--lr', type=positive_float, metavar='LR',
                    help='SGD learning rate (default: 0.1 per 256 samples of batch, '
                    'as the book scales it)')
-    p.add_argument('--num-epochs', type=positive_int, default=10, metavar='N',
+    p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='passes over the training set (default: 10)')
-    p.add_argument('--model', choices=names.MODEL_NAMES, default='resnet18',
+    p.add_argument('--model', choices=list(gm.MODELS), default='resnet18',
                    help='network (default: resnet18)')
-    p.add_argument('--dataset', choices=names.DATASET_NAMES, default='fashion-mnist',
+    p.add_argument('--dataset', choices=list(gm.DATASETS), default='fashion-mnist',
                    help='data set (default: fashion-mnist)')
     p.add_argument('--data-dir', metavar='DIR',
                    help='directory with the four IDX .gz files '
@@ -67,8 +70,9 @@ def build_parser():
                    help='use only the first N training images (default: all 60000)')
     p.add_argument('--num-test', type=positive_int, metavar='N',
                    help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=non_negative_int, default=0,
-                   help='seed of the initial weights and the data order (default: 0)')
+    p.add_argument('--seed', type=seed, default=0,
+                   help=f'seed of the initial weights and the data order, 0 to {_cli.MAX_SEED} '
+                   '(default: 0)')
     p.add_argument('--plot', metavar='PATH', help='write the test-accuracy curve as a PNG')
     p.add_argument('--json', metavar='PATH', help='write every figure of the run(s) as JSON')
     p.add_argument('--report', metavar='DIR',
@@ -82,8 +86,8 @@ def build_parser():
                    help='continue from the checkpoint in --checkpoint-dir (on any number of '
                    'devices); without one there, start at epoch 1')
     p.add_argument('--book-literal', action='store_true',
-                   help="run the text's loop verbatim (nn.Block residuals, no hybridization, "
-                   'loss and accuracy read back every step) instead of the fast path')
+                   help="run the text's loop (nn.Block residuals, no hybridization, no "
+                   'training loss or accuracy) instead of the fast path')
     p.add_argument('--progress-interval', type=non_negative_float, default=10.0,
                    metavar='SECONDS',
                    help='seconds between progress lines within an epoch on stderr; '
@@ -96,68 +100,45 @@ def parse_args(argv=None):
     return build_parser().parse_args(argv)
 
 
-def select_devices(num_gpus, cpu_devices):
-    """Return ``(devices, note)`` for the device flags; ``note`` says what was chosen and why."""
-    if cpu_devices is not None:
-        return gm.cpu_devices(cpu_devices), None
-    if num_gpus is not None:
-        return gm.gpu_devices(num_gpus), None
-    devices = gm.try_all_gpus()
-    if devices[0].device_type == 'cpu':
-        return devices, ('no GPU found: training on the CPU; use --cpu-devices N to split '
-                         'each batch across N CPU contexts')
-    return devices, None
-
-
 def make_loaders(args, batch_size, num_devices):
     """Load the data set; return ``(train_iter, test_iter, note)``."""
-    num_train = args.num_train or gm.DATASETS[args.dataset]['train']
-    remainder = num_train % batch_size
-    # A last training batch smaller than the number of devices cannot be
-    # split; drop it rather than stop in the middle of an epoch.
-    last_batch = 'discard' if 0 < remainder < num_devices else 'keep'
     train_iter, test_iter = gm.load_data(
         args.dataset, batch_size, root=args.data_dir, download=args.download,
-        num_train=args.num_train, num_test=args.num_test, seed=args.seed, last_batch=last_batch)
+        num_train=args.num_train, num_test=args.num_test, seed=args.seed, num_devices=num_devices)
+    dropped = len(train_iter.labels) - train_iter.num_samples
     note = None
-    if last_batch == 'discard':
-        note = (f'dropping the last {remainder} training sample(s) of each epoch: '
+    if dropped:
+        note = (f'dropping the last {dropped} training sample(s) of each epoch: '
                 f'fewer than the {num_devices} devices')
     return train_iter, test_iter, note
 
 
-def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, *,
-              checkpoint=None, should_stop=None):
-    """Train a fresh model (or resume one) with one kvstore; print progress; return the TrainResult.
+def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, hooks=()):
+    """Train a fresh model (or resume one) with one kvstore; print each epoch; return the result.
 
     After each epoch ``tracker`` records the parameters, for the comparison.
     """
     train_iter.epoch = 0  # every kvstore sees the same sequence of batches
-    num_batches = len(train_iter)
-
-    def on_progress(epoch, batches, samples, seconds):
-        print(f'  epoch {epoch}: {batches}/{num_batches} batches, {seconds:.0f} s, '
-              f'{samples / seconds:.0f} samples/s', file=sys.stderr, flush=True)
-
     classes = gm.DATASETS[args.dataset]['classes']
     if args.book_literal and args.model == 'resnet18':
-        net = gm.book_resnet18(classes)
+        net = gm.resnet18(classes)  # the text's: nn.Block residuals
     else:
         net = gm.get_model(args.model, classes)
 
     def on_epoch(record):
         print(gm.epoch_line(record, args.num_epochs), file=out, flush=True)
-        tracker.record(gm.training.kvstore_name(kvstore), record.epoch, net)
+        tracker.record(gm.kvstores.kvstore_name(kvstore), record.epoch, net)
 
     common = dict(num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
-                  initializer=gm.default_initializer(args.model), on_epoch=on_epoch,
-                  checkpoint=checkpoint, resume=args.resume, should_stop=should_stop)
+                  initializer=gm.default_initializer(args.model), on_epoch=on_epoch)
     if args.book_literal:
         return gm.train_book(net, train_iter, test_iter, devices,
                              batch_size=train_iter.batch_size, **common)
-    return gm.train(net, train_iter, test_iter, devices,
-                    on_progress=on_progress if args.progress_interval > 0 else None,
-                    progress_interval=args.progress_interval, **common)
+    if args.progress_interval > 0:
+        def say(line):
+            print(line, file=sys.stderr, flush=True)
+        hooks = [*hooks, Progress(say, args.progress_interval)]
+    return gm.train(net, train_iter, test_iter, devices, hooks=hooks, **common)
 
 
 def make_checkpointer(args, batch_size, lr, kvstores):
@@ -169,13 +150,16 @@ def make_checkpointer(args, batch_size, lr, kvstores):
         return None
     if len(kvstores) > 1:
         raise gm.GluonMultiGPUError('--checkpoint-dir follows one run; give a single --kvstore')
+    if args.book_literal:
+        raise gm.GluonMultiGPUError("--book-literal runs the text's loop, which keeps no "
+                                    'checkpoints; drop --checkpoint-dir or --book-literal')
     num_train = args.num_train or gm.DATASETS[args.dataset]['train']
     num_test = args.num_test or gm.DATASETS[args.dataset]['test']
     checkpoint = gm.Checkpointer(args.checkpoint_dir, {
         'model': args.model, 'dataset': args.dataset, 'batch_size': batch_size, 'lr': lr,
         'seed': args.seed, 'num_train': num_train, 'num_test': num_test,
-        'book_literal': args.book_literal})
-    checkpoint.check_directory(args.resume, args.num_epochs)
+        'book_literal': args.book_literal}, resume=args.resume)
+    checkpoint.check_directory(args.num_epochs)
     return checkpoint
 
 
@@ -209,18 +193,18 @@ def check_outputs(args):
     """Raise GluonMultiGPUError unless every output path can be written."""
     for path, flag in ((args.plot, '--plot'), (args.json, '--json')):
         if path:
-            check_output_path(path, flag)
+            gm.files.check_output_path(path, flag)
     if args.report:
-        gm.reporting.check_output_dir(args.report)
+        gm.files.check_output_dir(args.report, '--report')
 
 
-def run(args, out=None, should_stop=None):
+def run(args, out=None, stop=None):
     """Check the input, train once per kvstore, report; return the list of TrainResult.
 
-    ``should_stop`` (e.g. a ``StopRequest``) is asked after every step.
+    ``stop`` (a ``StopRequest``) is asked after every step.
     """
     out = out or sys.stdout
-    devices, note = select_devices(args.num_gpus, args.cpu_devices)
+    devices, note = gm.devices.resolve_devices(args.num_gpus, args.cpu_devices)
     batch_size = args.batch_size or 256 * len(devices)
     if batch_size < len(devices):
         raise gm.DeviceError(f'a batch of {batch_size} cannot be split across {len(devices)} '
@@ -228,27 +212,28 @@ def run(args, out=None, should_stop=None):
     lr = args.lr or 0.1 * batch_size / 256
     kvstores = list(dict.fromkeys(args.kvstore))
     for kvstore in kvstores:
-        gm.training.check_kvstore(kvstore, devices)
+        gm.kvstores.check_kvstore(kvstore, devices)
     check_outputs(args)
     checkpoint = make_checkpointer(args, batch_size, lr, kvstores)
     # Loaded before any training, so that bad data stops the run at once.
     train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices))
     for message in (note, data_note):
         if message:
-            print(message, file=out)
+            print(gm.GluonMultiGPUError(message).describe(FLAGS), file=out)
     print(f'training {args.model} on {args.dataset}: {train_iter.num_samples} train / '
           f'{len(test_iter.labels)} test images, batch {batch_size} '
           f'({batch_size / len(devices):g} per device), lr {lr:g}, {args.num_epochs} epoch(s), '
           f'devices {devices}', file=out, flush=True)
-    if args.resume:
-        print_resumed(checkpoint, args.num_epochs, out)
-    results = []
-    with gm.ParamTracker() as tracker:
+    hooks = [h for h in (checkpoint, stop) if h is not None]
+    with checkpoint or _nothing(), gm.ParamTracker() as tracker:
+        if args.resume:
+            print_resumed(checkpoint, args.num_epochs, out)
+        results = []
         for kvstore in kvstores:
             if len(kvstores) > 1:
                 print(f'-- kvstore {kvstore}', file=out, flush=True)
             result = train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker,
-                               checkpoint=checkpoint, should_stop=should_stop)
+                               hooks)
             print(result.final_line(), file=out, flush=True)
             results.append(result)
         if len(results) > 1:
@@ -259,6 +244,16 @@ def run(args, out=None, should_stop=None):
                       num_test=len(test_iter.labels))
         write_outputs(args, results, config, tracker)
     return results
+
+
+class _nothing:  # pylint: disable=invalid-name
+    """A context manager that does nothing (no checkpoint directory to lock)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 def resume_command(argv):
@@ -272,12 +267,13 @@ def resume_command(argv):
     return shlex.join(['python', script] + argv)
 
 
-def interrupted_message(stop, argv):
+def interrupted_message(stop, error, checkpoint_dir, argv):
     """One line on an ``Interrupted`` stop: where it stopped, where the checkpoint is, what next."""
     name = signal.Signals(stop.signum).name if stop.signum else 'a stop request'
-    where = f'interrupted by {name} in epoch {stop.epoch} after {stop.batches} batch(es)'
-    if stop.checkpoint:
-        return f'{where}; checkpoint in {stop.checkpoint}; resume with: {resume_command(argv)}'
+    where = f'interrupted by {name} in epoch {error.epoch} after {error.batches} batch(es)'
+    if checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir, 'manifest.json')):
+        return (f'{where}; checkpoint in {os.path.abspath(checkpoint_dir)}; resume with: '
+                f'{resume_command(argv)}')
     return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
 
 
@@ -288,17 +284,15 @@ def main(argv=None):
     (130 for SIGINT, 143 for SIGTERM) when stopped by a signal.
     """
     args = parse_args(argv)
-    # Before MXNet loads: its OpenMP threads are fixed when the library loads.
-    runtime.apply_engine_env(num_cpu_devices=engine_devices(args))
     try:
         with gm.StopRequest() as stop:
-            run(args, should_stop=stop)
+            run(args, stop=stop)
     except gm.GluonMultiGPUError as e:
-        print(f'error: {e}', file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return 2
     except gm.Interrupted as e:
-        print(interrupted_message(e, argv), file=sys.stderr)
-        return 128 + (e.signum or signal.SIGINT)
+        print(interrupted_message(stop, e, args.checkpoint_dir, argv), file=sys.stderr)
+        return 128 + (stop.signum or signal.SIGINT)
     except KeyboardInterrupt:
         print('interrupted at once (a second signal): no checkpoint written for the current '
               'step', file=sys.stderr)

@@ -1,13 +1,21 @@
-"""Shared fixtures: the real data sets beside the checkout, and the scripts as modules."""
+"""Shared fixtures: the real data sets beside the checkout, the scripts as modules, subprocesses."""
 import importlib.util
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
-import gluon_multigpu as gm
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / 'scripts'))
+import _cli  # noqa: E402  (imports no MXNet)
+
+# The tests run several CPU contexts in one process, as the scripts do: the
+# same engine settings, in place before MXNet loads.
+_cli.apply_engine_settings()
+
+import gluon_multigpu as gm  # noqa: E402
 # The data sets live in ../shared/data beside the checkout (CI puts them there);
 # GLUON_MULTIGPU_DATA points elsewhere.
 DATA = pathlib.Path(os.environ.get('GLUON_MULTIGPU_DATA', REPO.parent / 'shared' / 'data'))
@@ -67,3 +75,21 @@ def unwritable_dir(tmp_path):
         directory.chmod(0o755)
     else:
         yield '/sys'
+
+
+def run_bounded(args, timeout=300, **kwargs):
+    """``subprocess.run`` with a deadline: past it the process is killed and the test fails."""
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as e:  # subprocess.run has killed the process
+        pytest.fail(f'{args[:3]}... did not end within {timeout} s; output so far: {e.stderr!r}')
+
+
+def wait_bounded(proc, timeout=120):
+    """``proc.wait()`` with a deadline: past it the process is killed and the test fails."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f'process {proc.args[:3]}... did not end within {timeout} s')

@@ -37,37 +37,6 @@ def train_script():
     return load_script('train')
 
 
-def test_two_kvstores_end_to_end_on_real_data(fashion_dir, tmp_path):
-    out_json, out_png = tmp_path / 'runs.json', tmp_path / 'acc.png'
-    proc = run_script('--cpu-devices', 2, '--model', 'simple-cnn', '--num-epochs', 2,
-                      '--num-train', 1000, '--num-test', 500, '--batch-size', 64,
-                      '--kvstore', 'local', 'device', '--data-dir', fashion_dir,
-                      '--json', out_json, '--plot', out_png)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith('training simple-cnn on fashion-mnist: 1000 train / 500 test '
-                               'images, batch 64 (32 per device), lr 0.025, 2 epoch(s)')
-    epoch_lines = [l for l in lines if l.startswith('epoch ')]
-    assert len(epoch_lines) == 4
-    assert re.match(r'epoch 2/2: loss \d\.\d{4}, train acc 0\.\d{3}, test acc 0\.\d{3}, '
-                    r'\d+\.\d s, \d+ samples/s$', epoch_lines[1])
-    finals = [FINAL.match(l) for l in lines if l.startswith('test acc:')]
-    assert len(finals) == 2 and all(finals)
-    assert '| local | cpu(0), cpu(1) |' in proc.stdout and '| device |' in proc.stdout
-    report = json.loads(out_json.read_text())
-    assert [r['kvstore'] for r in report['runs']] == ['local', 'device']
-    assert report['config']['batch_size'] == 64 and report['config']['lr'] == 0.025
-    for run, final in zip(report['runs'], finals):
-        assert len(run['epochs']) == 2 and run['epochs'][0]['samples'] == 1000
-        assert f"{run['epochs'][-1]['test_acc']:.2f}" == final.group(1)
-        assert f"{run['sec_per_epoch']:.1f}" == final.group(2)
-    # same data and initial weights: the two back ends agree to float rounding
-    a, b = (r['epochs'][-1]['test_acc'] for r in report['runs'])
-    assert abs(a - b) <= 0.004
-    assert out_png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-    assert sorted(os.listdir(tmp_path)) == ['acc.png', 'runs.json']  # no temporary files
-
-
 @pytest.mark.skipif(gm.num_gpus() > 0, reason='checks the fallback without a GPU')
 def test_without_device_flags_it_uses_the_cpu_and_says_so(fashion_dir):
     proc = run_script('--model', 'simple-cnn', '--num-epochs', 1, '--num-train', 256,
@@ -194,28 +163,35 @@ def test_an_unwritable_output_path_is_one_line_without_traceback(fashion_dir, tm
     assert os.listdir(tmp_path) == []
 
 
-WHOLE, POSITIVE = 'give a whole number of at least 1', 'give a number greater than 0'
+POSITIVE = 'give a number greater than 0 and at most 1e6'
+NON_NEGATIVE = 'give a number from 0 to 1e6'
 
 
 @pytest.mark.parametrize('argv, message, hint', [
-    (['--cpu-devices', '0'], '--cpu-devices: 0 is not positive', WHOLE),
-    (['--cpu-devices', '-2'], '--cpu-devices: -2 is not positive', WHOLE),
-    (['--num-gpus', '0'], '--num-gpus: 0 is not positive', WHOLE),
-    (['--batch-size', '0'], '--batch-size: 0 is not positive', WHOLE),
+    (['--cpu-devices', '0'], '--cpu-devices: 0 is not positive', 'a whole number from 1 to 64'),
+    (['--cpu-devices', '-2'], '--cpu-devices: -2 is not positive', 'a whole number from 1 to 64'),
+    (['--cpu-devices', '1000000000'], '--cpu-devices: 1000000000 is above 64',
+     'a whole number from 1 to 64'),
+    (['--num-gpus', '0'], '--num-gpus: 0 is not positive', 'a whole number from 1 to 64'),
+    (['--batch-size', '0'], '--batch-size: 0 is not positive', 'a whole number from 1 to 1000000'),
+    (['--batch-size', '10000000'], '--batch-size: 10000000 is above 1000000', 'from 1 to 1000000'),
     (['--num-gpus', '1', '--cpu-devices', '1'], 'not allowed with argument', 'see --help'),
     (['--kvstore', 'nccl2'], "invalid choice: 'nccl2'", "choose from 'local', 'device'"),
     (['--model', 'vgg'], "invalid choice: 'vgg'", "choose from 'resnet18', 'simple-cnn'"),
     (['--dataset', 'cifar'], "invalid choice: 'cifar'", "choose from 'fashion-mnist', 'mnist'"),
     (['--lr', 'nan'], 'nan is not a positive finite number', POSITIVE),
     (['--lr', '-0.1'], '-0.1 is not a positive finite number', POSITIVE),
+    (['--lr', '1e300'], '1e300 is above 1e6', POSITIVE),
     (['--lr', 'fast'], "'fast' is not a number", POSITIVE),
-    (['--num-epochs', '0'], '--num-epochs: 0 is not positive', WHOLE),
-    (['--num-epochs', '-3'], '--num-epochs: -3 is not positive', WHOLE),
-    (['--num-epochs', '2.5'], "--num-epochs: '2.5' is not an integer", WHOLE),
-    (['--num-epochs', 'ten'], "'ten' is not an integer", WHOLE),
-    (['--seed', '-1'], '--seed: -1 is negative', 'give a whole number of 0 or more'),
-    (['--progress-interval', '-1'], '-1 is not a finite number of 0 or more', 'give a number of 0 or more'),
-    (['--progress-interval', 'nan'], 'nan is not a finite number of 0 or more', 'give a number of 0 or more'),
+    (['--num-epochs', '0'], '--num-epochs: 0 is not positive', 'a whole number from 1 to 100000'),
+    (['--num-epochs', '-3'], '--num-epochs: -3 is not positive', 'from 1 to 100000'),
+    (['--num-epochs', '2.5'], "--num-epochs: '2.5' is not an integer", 'from 1 to 100000'),
+    (['--num-epochs', 'ten'], "'ten' is not an integer", 'from 1 to 100000'),
+    (['--seed', '-1'], '--seed: -1 is negative', 'a whole number from 0 to 4294967295'),
+    (['--seed', str(2**32)], f'--seed: {2**32} is above 4294967295',
+     'a whole number from 0 to 4294967295'),
+    (['--progress-interval', '-1'], '-1 is not a finite number of 0 or more', NON_NEGATIVE),
+    (['--progress-interval', 'nan'], 'nan is not a finite number of 0 or more', NON_NEGATIVE),
 ])
 def test_bad_arguments_stop_with_status_2(train_script, argv, message, hint, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -254,22 +230,28 @@ def test_help_states_units_and_defaults(train_script, capsys):
         assert phrase in ' '.join(text.split())
 
 
-def test_book_literal_runs_the_texts_loop_to_the_same_figures(train_script, fashion_dir, capsys):
+def test_book_literal_runs_the_texts_loop_to_the_same_figures(train_script, fashion_dir, capsys,
+                                                               tmp_path):
     argv = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train',
             '512', '--num-test', '128', '--batch-size', '64', '--data-dir', str(fashion_dir),
             '--progress-interval', '0']
-    assert train_script.main(argv) == 0
+    assert train_script.main(argv + ['--json', str(tmp_path / 'fast.json')]) == 0
     fast = capsys.readouterr().out.splitlines()
-    assert train_script.main(argv + ['--book-literal']) == 0
+    assert train_script.main(argv + ['--book-literal', '--json', str(tmp_path / 'book.json')]) == 0
     book = capsys.readouterr().out.splitlines()
-    # same data, initial weights and update: the loss agrees to float rounding
-    loss = [float(re.search(r'loss (\d\.\d+)', l).group(1)) for l in (fast[1], book[1])]
-    assert abs(loss[0] - loss[1]) < 2e-4
+    # the text's loop computes no training loss or accuracy: its epoch line has none
+    assert re.match(r'epoch 1/1: test acc 0\.\d{3}, \d+\.\d s, \d+ samples/s$', book[1]), book[1]
+    assert fast[1].startswith('epoch 1/1: loss ')
+    # same data, initial weights and update: the same test accuracy (within one image)
+    acc = [json.loads((tmp_path / f'{n}.json').read_text())['runs'][0]['epochs'][0]['test_acc']
+           for n in ('fast', 'book')]
+    assert abs(acc[0] - acc[1]) <= 1 / 128 + 1e-9
     assert FINAL.match(book[-1])
 
 
-def test_cli_choices_match_the_library():
-    from gluon_multigpu import names
-    assert set(names.MODEL_NAMES) == set(gm.MODELS)
-    assert set(names.DATASET_NAMES) == set(gm.DATASETS)
-    assert names.KVSTORES == gm.KVSTORES
+def test_book_literal_keeps_no_checkpoints(train_script, tmp_path, capsys):
+    assert train_script.main(['--cpu-devices', '2', '--book-literal', '--checkpoint-dir',
+                              str(tmp_path / 'c')]) == 2
+    assert_one_line_error(capsys.readouterr().err, "runs the text's loop, which keeps no "
+                          'checkpoints')
+    assert os.listdir(tmp_path) == []

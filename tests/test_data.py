@@ -191,8 +191,11 @@ def test_images_are_scaled_to_unit_interval_like_to_tensor(tmp_path, tiny):
 def test_last_batch_discard_and_keep(tmp_path, tiny):
     make_dataset(tmp_path, n_train=10)
     keep, _ = gm.load_data(tiny(10), 4, root=str(tmp_path))
-    drop, _ = gm.load_data('tiny', 4, root=str(tmp_path), last_batch='discard')
+    # a last batch of 2 splits over 2 devices but not over 3
+    two, _ = gm.load_data('tiny', 4, root=str(tmp_path), num_devices=2)
+    drop, _ = gm.load_data('tiny', 4, root=str(tmp_path), num_devices=3)
     assert [len(b) for b in epoch_labels(keep)] == [4, 4, 2] and keep.num_samples == 10
+    assert [len(b) for b in epoch_labels(two)] == [4, 4, 2] and two.num_samples == 10
     assert [len(b) for b in epoch_labels(drop)] == [4, 4] and drop.num_samples == 8
 
 

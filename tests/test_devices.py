@@ -25,7 +25,7 @@ def test_without_gpu_the_book_helpers_fall_back_to_cpu():
 
 def test_asking_for_more_gpus_than_exist_suggests_cpu_devices():
     n = gm.num_gpus() + 1
-    with pytest.raises(gm.DeviceError, match=f'--cpu-devices {n}'):
+    with pytest.raises(gm.DeviceError, match=f'`cpu_devices` {n}'):
         gm.gpu_devices(n)
 
 

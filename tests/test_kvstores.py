@@ -21,13 +21,31 @@ def train_script():
 def test_report_compares_every_kvstore_on_the_same_weights(train_script, fashion_dir, tmp_path,
                                                             capsys):
     # 3 contexts: the sums have three terms, so back ends may differ in float rounding only.
-    report = tmp_path / 'report'
+    # The one run that checks the kvstores agree, end to end through the CLI and its outputs.
+    report, out_json, out_png = tmp_path / 'report', tmp_path / 'runs.json', tmp_path / 'acc.png'
     argv = ['--cpu-devices', '3', '--model', 'simple-cnn', '--num-epochs', '2', '--num-train',
             '600', '--num-test', '200', '--batch-size', '60', '--lr', '0.2', '--kvstore', 'local',
             'device', 'none', '--data-dir', str(fashion_dir), '--report', str(report),
-            '--progress-interval', '0']
+            '--json', str(out_json), '--plot', str(out_png), '--progress-interval', '0']
     assert train_script.main(argv) == 0
     out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith('training simple-cnn on fashion-mnist: 600 train / 200 test '
+                               'images, batch 60 (20 per device), lr 0.2, 2 epoch(s)')
+    epoch_lines = [l for l in lines if l.startswith('epoch ')]
+    assert len(epoch_lines) == 6
+    assert re.match(r'epoch 2/2: loss \d\.\d{4}, train acc 0\.\d{3}, test acc 0\.\d{3}, '
+                    r'\d+\.\d s, \d+ samples/s$', epoch_lines[1])
+    finals = [re.match(r'^test acc: (\d\.\d\d), (\d+\.\d) sec/epoch on \[cpu\(0\), cpu\(1\), '
+                       r'cpu\(2\)\]$', l) for l in lines if l.startswith('test acc:')]
+    assert len(finals) == 3 and all(finals)
+    assert json.loads(out_json.read_text()) == json.loads((report / 'runs.json').read_text())
+    for run, final in zip(json.loads(out_json.read_text())['runs'], finals):
+        assert len(run['epochs']) == 2 and run['epochs'][0]['samples'] == 600
+        assert f"{run['epochs'][-1]['test_acc']:.2f}" == final.group(1)
+        assert f"{run['sec_per_epoch']:.1f}" == final.group(2)
+    assert out_png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert sorted(os.listdir(tmp_path)) == ['acc.png', 'report', 'runs.json']  # no temporary files
     assert sorted(os.listdir(report)) == ['accuracy.png', 'report.md', 'runs.json', 'seconds.png']
     for png in ('accuracy.png', 'seconds.png'):
         assert (report / png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
@@ -56,8 +74,8 @@ def test_report_compares_every_kvstore_on_the_same_weights(train_script, fashion
     assert out.count('test acc: ') == 3 and '| none | cpu(0), cpu(1), cpu(2) |' in out
 
 
+@pytest.mark.skipif(gm.kvstores.has_nccl(), reason='this MXNet build has NCCL')
 def test_nccl_without_nccl_is_one_line_naming_the_build(train_script, capsys, tmp_path):
-    assert not gm.training.has_nccl()  # the CPU build of MXNet the tests run on
     status = train_script.main(['--cpu-devices', '2', '--kvstore', 'local', 'nccl',
                                 '--report', str(tmp_path / 'r')])
     captured = capsys.readouterr()
@@ -68,10 +86,10 @@ def test_nccl_without_nccl_is_one_line_naming_the_build(train_script, capsys, tm
 
 
 def test_nccl_on_cpu_contexts_is_refused_even_with_nccl(monkeypatch):
-    monkeypatch.setattr(gm.training, 'has_nccl', lambda: True)
+    monkeypatch.setattr(gm.kvstores, 'has_nccl', lambda: True)
     with pytest.raises(gm.GluonMultiGPUError, match='with CPU contexts choose local, device'):
-        gm.training.check_kvstore('nccl', gm.cpu_devices(2))
-    gm.training.check_kvstore('nccl', [mx.gpu(0), mx.gpu(1)])  # accepted: GPUs and NCCL
+        gm.kvstores.check_kvstore('nccl', gm.cpu_devices(2))
+    gm.kvstores.check_kvstore('nccl', [mx.gpu(0), mx.gpu(1)])  # accepted: GPUs and NCCL
 
 
 @pytest.mark.parametrize('make, message', [
@@ -121,9 +139,9 @@ def test_batchnorm_running_statistics_stay_per_device_while_the_weights_agree(fa
     y = mx.np.array(labels[:8], dtype='int32')
     devices = gm.cpu_devices(2)
     mx.random.seed(0)
-    net = gm.resnet18(10)
+    net = gm.hybrid_resnet18(10)
     net.initialize(gm.default_initializer('resnet18'), ctx=devices)
-    trainer = gm.training.make_trainer(net, 0.1, 'device')
+    trainer = gm.kvstores.make_trainer(net, 0.1, 'device')
     for _ in range(2):  # (after the first step, with deferred initialisation, they still agree)
         gm.train_batch(net, X, y, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer, devices)
     with gm.ParamTracker() as tracker:

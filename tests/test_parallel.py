@@ -59,7 +59,7 @@ def test_gradients_differ_per_device_and_parameters_agree_after_the_step(kvstore
     mx.random.seed(1)
     net = gm.simple_cnn()
     net.initialize(init.Uniform(0.07), ctx=devices)
-    trainer = gm.training.make_trainer(net, 0.5, kvstore)
+    trainer = gm.kvstores.make_trainer(net, 0.5, kvstore)
     X, y = real_batch(fashion_test, 16)
     forward_backward(net, X, y, devices)
     for p in trainable(net):  # each device saw other samples
@@ -77,7 +77,7 @@ def one_step(devices, X, y, kvstore='device', seed=7):
     mx.random.seed(seed)
     net = gm.simple_cnn()
     net.initialize(init.Uniform(0.07), ctx=devices)
-    trainer = gm.training.make_trainer(net, 0.3, kvstore)
+    trainer = gm.kvstores.make_trainer(net, 0.3, kvstore)
     gm.train_batch(net, X, y, gluon.loss.SoftmaxCrossEntropyLoss(), trainer, devices)
     return params_on(net, devices[-1])
 
@@ -108,8 +108,8 @@ def test_evaluate_accuracy_gpus_counts_every_sample_once(fashion_test):
     batches = [(X[i:j], y[i:j]) for i, j in ((0, 40), (40, 80), (80, 100), (100, 101))]
     expected = (numpy_predictions(net, X.asnumpy(), devices[0]) == y.asnumpy()).mean()
     assert 0 < expected < 1  # an untrained net: the count is not trivially 0 or all
-    assert gm.evaluate_accuracy_gpus(net, batches) == pytest.approx(expected, abs=1e-12)
-    assert gm.evaluate_accuracy_gpus(net, batches, devices=devices[:2]) == \
+    assert gm.evaluate_accuracy_gpus(net, batches, devices) == pytest.approx(expected, abs=1e-12)
+    assert gm.evaluate_accuracy_gpus(net, batches, devices[:2]) == \
         pytest.approx(expected, abs=1e-12)
 
 
@@ -117,20 +117,6 @@ def test_accuracy_counts_argmax_matches():
     y_hat = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
     y = np.array([1, 1, 1], dtype='int32')
     assert float(gm.accuracy(y_hat, y)) == 2.0
-
-
-def test_local_and_device_kvstores_train_to_the_same_parameters(fashion_test):
-    batches = [real_batch(fashion_test, 64, start) for start in range(0, 256, 64)]
-    nets = {}
-    for kvstore in ('local', 'device', 'none'):
-        net = gm.simple_cnn()
-        result = gm.train(net, batches, batches[:1], gm.cpu_devices(2), num_epochs=2, lr=0.2,
-                          kvstore=kvstore, seed=5, initializer=init.Uniform(0.07))
-        nets[kvstore] = (params_on(net, mx.cpu(1)), result)
-    for other in ('device', 'none'):
-        for a, b in zip(nets['local'][0], nets[other][0]):
-            onp.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        assert nets['local'][1].test_acc == pytest.approx(nets[other][1].test_acc)
 
 
 def test_train_returns_a_complete_result_on_any_iterable(fashion_test):
@@ -181,7 +167,7 @@ def test_mxnets_trainer_without_kvstore_lets_the_copies_drift_and_ours_does_not(
     for trainer_of, drifts in ((lambda net: gluon.Trainer(net.collect_params(), 'sgd',
                                                           {'learning_rate': 0.5}, kvstore=None),
                                 True),
-                               (lambda net: gm.training.ReducingTrainer(
+                               (lambda net: gm.kvstores.ReducingTrainer(
                                    net.collect_params(), 'sgd', {'learning_rate': 0.5}), False)):
         mx.random.seed(1)
         net = gm.simple_cnn()
@@ -197,7 +183,7 @@ def test_mxnets_trainer_without_kvstore_lets_the_copies_drift_and_ours_does_not(
 def test_allreduce_leaves_the_sum_on_every_device():
     parts = [onp.arange(6.0).reshape(2, 3) * (i + 1) for i in range(3)]
     arrays = [np.array(a, ctx=ctx) for a, ctx in zip(parts, gm.cpu_devices(3))]
-    gm.training.allreduce(arrays)
+    gm.kvstores.allreduce(arrays)
     for a, ctx in zip(arrays, gm.cpu_devices(3)):
         assert a.ctx == ctx
         onp.testing.assert_array_equal(a.asnumpy(), sum(parts))

@@ -113,12 +113,12 @@ def test_evaluation_accuracy_equals_a_numpy_count(case, use):
     batches = [(np.array(X[e - s:e]), np.array(y[e - s:e], dtype='int32'))
                for s, e in zip(sizes, ends)]
     net = dense_net(weight, bias, devices)
-    assert gm.evaluate_accuracy_gpus(net, batches) == expected / n
+    assert gm.evaluate_accuracy_gpus(net, batches, devices) == expected / n
     some = devices[:min(use, k)]
-    assert gm.evaluate_accuracy_gpus(net, batches, devices=some) == expected / n
+    assert gm.evaluate_accuracy_gpus(net, batches, some) == expected / n
 
 
 def test_evaluation_of_no_data_is_an_error():
     net = dense_net(onp.ones((2, 1), 'float32'), onp.zeros(2, 'float32'), gm.cpu_devices(2))
     with pytest.raises(gm.GluonMultiGPUError, match='evaluation data is empty'):
-        gm.evaluate_accuracy_gpus(net, [])
+        gm.evaluate_accuracy_gpus(net, [], gm.cpu_devices(2))

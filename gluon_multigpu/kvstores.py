@@ -1,0 +1,111 @@
+"""Where the gradients of all devices are summed: the Trainer and its kvstore (d2l 13.5/13.6).
+
+``gluon.Trainer(..., kvstore=...)`` sums each parameter's per-device
+gradients in ``trainer.step`` and updates every copy: ``local`` sums on the
+CPU, ``device`` on the devices, ``nccl`` with NCCL between GPUs. ``none``
+is a Trainer without a kvstore that sums the gradients itself
+(``ReducingTrainer``), the from-scratch way of d2l 13.5.
+"""
+import math
+
+import mxnet as mx
+from mxnet import gluon
+
+from .errors import GluonMultiGPUError
+
+__all__ = ['KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
+           'ReducingTrainer', 'make_trainer']
+
+#: Gradient-synchronisation back ends accepted by ``train``.
+KVSTORES = ('local', 'device', 'nccl', 'none')
+
+
+def kvstore_name(kvstore):
+    """The name of a kvstore argument: ``None`` is ``'none'``."""
+    return 'none' if kvstore is None else kvstore
+
+
+def has_nccl():
+    """Whether the installed MXNet build was compiled with NCCL."""
+    return mx.runtime.Features().is_enabled('NCCL')
+
+
+def check_kvstore(kvstore, devices):
+    """Raise ``GluonMultiGPUError`` unless ``train`` can use ``kvstore`` on ``devices``.
+
+    Parameters
+    ----------
+    kvstore : {'local', 'device', 'nccl', 'none', None}
+        ``None`` and ``'none'`` mean no kvstore (see ``ReducingTrainer``).
+    devices : list of Context
+    """
+    name = kvstore_name(kvstore)
+    if name not in KVSTORES:
+        raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of '
+                                 f'{", ".join(KVSTORES)}')
+    if name != 'nccl':
+        return
+    if not has_nccl():
+        raise GluonMultiGPUError(
+            f'kvstore nccl needs an MXNet build with NCCL, and the installed mxnet '
+            f'{mx.__version__} has none; install a GPU build with NCCL (pip uninstall -y mxnet '
+            "&& pip install -e '.[cu112]') or choose local, device or none")
+    if any(d.device_type != 'gpu' for d in devices):
+        raise GluonMultiGPUError('kvstore nccl sums gradients between GPUs; with CPU contexts '
+                                 'choose local, device or none')
+
+
+def check_lr(lr):
+    """Raise unless ``lr`` is a positive finite number."""
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise GluonMultiGPUError(f'learning rate must be a positive number, got {lr!r}')
+
+
+def allreduce(arrays):
+    """Sum ``arrays`` (one per device) in place, so that every one holds the sum (d2l 13.5).
+
+    The sum is formed on the first array's device, then copied back to the others.
+    """
+    for a in arrays[1:]:
+        arrays[0][:] += a.copyto(arrays[0].ctx)
+    for a in arrays[1:]:
+        arrays[0].copyto(a)
+
+
+class ReducingTrainer(gluon.Trainer):
+    """A ``gluon.Trainer`` without a kvstore that sums the gradients of all devices itself.
+
+    MXNet's Trainer with ``kvstore=None`` lets every device update its copy
+    with its own shard's gradient, so the copies drift apart. This one sums
+    each parameter's gradients with ``allreduce`` before the update, which is
+    what the kvstores do, in plain array operations: the baseline they are
+    measured against.
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None):
+        super().__init__(params, optimizer, optimizer_params, kvstore=None)
+
+    def _allreduce_grads(self):
+        for param in self._params:
+            if param.grad_req != 'null':
+                grads = param.list_grad()
+                if len(grads) > 1:
+                    allreduce(grads)
+
+
+def make_trainer(net, lr, kvstore):
+    """Return the book's SGD ``gluon.Trainer`` with the chosen kvstore.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate, positive.
+    kvstore : {'local', 'device', 'nccl', 'none', None}
+        Where gradients are summed: ``local`` on the CPU, ``device`` on the
+        devices, ``nccl`` by NCCL between GPUs, ``none``/``None`` by a
+        ``ReducingTrainer``.
+    """
+    check_lr(lr)
+    if kvstore_name(kvstore) == 'none':
+        return ReducingTrainer(net.collect_params(), 'sgd', {'learning_rate': lr})
+    return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr}, kvstore=kvstore)

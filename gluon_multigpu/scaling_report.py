@@ -1,0 +1,375 @@
+"""The reports of ``scripts/bandwidth.py`` and ``scripts/scaling.py``: tables, answers, charts, files.
+
+The figures come from ``scaling`` (the arithmetic) and ``measure`` (the
+measurements); this module turns them into Markdown, sentences, PNG charts
+and the output directory of a sweep. It does not import MXNet.
+"""
+import os
+import statistics
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .compare import NOISE
+from .files import atomic_write, write_csv
+from .devices import device_counts
+from .scaling import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS
+
+__all__ = ['bandwidth_table', 'bandwidth_summary', 'scaling_table', 'measured_speedup',
+           'projection_table', 'how_many_devices', 'fastest_kvstores', 'accuracy_answer',
+           'speedup_chart', 'efficiency_chart', 'accuracy_batch_chart', 'scaling_report',
+           'write_scaling_outputs']
+
+
+def _num(x, fmt):
+    return '' if x is None else format(x, fmt)
+
+
+def bandwidth_table(rows):
+    """Return the Markdown table of ``bandwidth_row`` dicts."""
+    lines = ['| model | devices | kvstore | gradient MB | sync ms | alg GB/s | bus GB/s | '
+             'compute ms (batch/device) | sync / compute |',
+             '| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in rows:
+        compute = (f"{r['compute_s'] * 1e3:.1f} ({r['batch_per_device']})"
+                   if r['compute_s'] is not None else '')
+        lines.append(f"| {r['model']} | {r['devices']} {r['device_type']} | {r['kvstore']} | "
+                     f"{r['grad_bytes'] / 1e6:.2f} | {r['sync_s'] * 1e3:.2f} | "
+                     f"{r['alg_gbps']:.3f} | {r['bus_gbps']:.3f} | {compute} | "
+                     f"{_num(r['sync_per_compute'], '.4f')} |")
+    return '\n'.join(lines)
+
+
+def bandwidth_summary(rows):
+    """Return one line per model: synchronisation against compute (the section's argument)."""
+    lines = []
+    for model in dict.fromkeys(r['model'] for r in rows):
+        mine = [r for r in rows if r['model'] == model and r['sync_per_compute'] is not None]
+        if not mine:
+            continue
+        lo = min(mine, key=lambda r: r['sync_per_compute'])
+        hi = max(mine, key=lambda r: r['sync_per_compute'])
+        lines.append(
+            f"{model} ({mine[0]['params']:,} parameters, {mine[0]['grad_bytes'] / 1e6:.1f} MB of "
+            f"gradients): one synchronisation costs {lo['sync_per_compute']:.1%} "
+            f"({lo['kvstore']}, {lo['devices']} devices) to {hi['sync_per_compute']:.1%} "
+            f"({hi['kvstore']}, {hi['devices']} devices) of a step's forward and backward pass "
+            f"at {mine[0]['batch_per_device']} samples per device.")
+    return lines
+
+
+def _pct(x):
+    return '' if x is None else f'{x:.0%}'
+
+
+def scaling_table(rows):
+    """Return the Markdown table of the measured runs."""
+    lines = ['| devices | kvstore | batch (per device) | lr rule | lr | sec/epoch | samples/s | '
+             'speedup | efficiency | test acc |',
+             '| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in rows:
+        figures = (f"{_num(r['sec_per_epoch'], '.2f')} | {_num(r['samples_per_sec'], '.0f')} | "
+                   f"{_num(r['speedup'], '.2f')} | {_pct(r['efficiency'])} | "
+                   f"{_num(r['test_acc'], '.4f')}")
+        if r['status'] != 'ok':
+            figures = f"{r['status']} | | | | "
+        lines.append(f"| {r['devices']} | {r['kvstore']} | {r['batch_size']} "
+                     f"({r['per_device_batch']:g}) | {r['lr_rule']} | {r['lr']:g} | {figures} |")
+    return '\n'.join(lines)
+
+
+def measured_speedup(rows, kvstore, batch_mode, batch_size, devices):
+    """The median measured speedup of the runs matching a projection row (over lr rules) or None."""
+    found = [r['speedup'] for r in rows
+             if r['kvstore'] == kvstore and r['batch_mode'] == batch_mode
+             and r['batch_size'] == batch_size and r['devices'] == devices
+             and r['speedup'] is not None]
+    return statistics.median(found) if found else None
+
+
+def projection_table(rows, measured=()):
+    """Return the Markdown table of ``projection_rows``, with the measured speedup where known."""
+    lines = ['| devices | kvstore | batch (per device) | t_compute ms | t_sync ms | t_step ms | '
+             'samples/s | speedup | efficiency | measured speedup |',
+             '| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in rows:
+        real = measured_speedup(measured, r['kvstore'], r['batch_mode'], r['batch_size'],
+                                r['devices'])
+        lines.append(f"| {r['devices']} | {r['kvstore']} | {r['batch_size']} "
+                     f"({r['per_device_batch']:g}) | {r['t_compute_s'] * 1e3:.1f} | "
+                     f"{r['t_sync_s'] * 1e3:.1f} | {r['t_step_s'] * 1e3:.1f} | "
+                     f"{r['samples_per_sec']:.0f} | {_num(r['speedup'], '.2f')} | "
+                     f"{_pct(r['efficiency'])} | {_num(real, '.2f')} |")
+    return '\n'.join(lines)
+
+
+def _devices(n):
+    return f'{n} device' if n == 1 else f'{n} devices'
+
+
+def _describe(r):
+    return (f"kvstore {r['kvstore']}, batch {r['batch_size']} ({r['per_device_batch']:g} per "
+            f"device), lr rule {r['lr_rule']} (lr {r['lr']:g})")
+
+
+def how_many_devices(rows):
+    """Return the answer to "how many devices": the best throughput, each count's efficiency."""
+    ok = [r for r in rows if r['samples_per_sec']]
+    if not ok:
+        return ['No run finished, so there is no answer.']
+    best = max(ok, key=lambda r: r['samples_per_sec'])
+    lines = [f"Best throughput: **{_devices(best['devices'])}**, {best['samples_per_sec']:.0f} "
+             f"samples/s ({_describe(best)}).", '',
+             'The fastest run at each count and its efficiency:']
+    for n in sorted({r['devices'] for r in ok}):
+        top = max((r for r in ok if r['devices'] == n), key=lambda r: r['samples_per_sec'])
+        eff = ('efficiency n/a: no 1-device run of this series' if top['efficiency'] is None
+               else f"speedup {top['speedup']:.2f}, efficiency {top['efficiency']:.0%}")
+        lines.append(f"- {_devices(n)}: {top['samples_per_sec']:.0f} samples/s, {eff} "
+                     f"({_describe(top)})")
+    return lines
+
+
+def fastest_kvstores(rows, noise=NOISE):
+    """Return the answer lines to "local or device": the fastest kvstore per device count.
+
+    Runs are compared within the same count, batch and learning-rate rule;
+    differences below ``noise`` (relative) are called a tie. One device is
+    left out: MXNet's Trainer makes no kvstore for a single device. Empty
+    when only one kvstore was run.
+    """
+    ok = [r for r in rows if r['samples_per_sec'] and r['devices'] > 1]
+    if len({r['kvstore'] for r in rows}) < 2:
+        return []
+    groups = {}
+    for r in ok:
+        groups.setdefault((r['devices'], r['batch_mode'], r['batch_size'], r['lr_rule']),
+                          []).append(r)
+    lines = []
+    for (n, _, batch, rule), group in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda r: -r['samples_per_sec'])
+        best = group[0]
+        rest = ', '.join(f"{r['kvstore']} {r['samples_per_sec']:.0f} "
+                         f"({1 - r['samples_per_sec'] / best['samples_per_sec']:.0%} slower)"
+                         for r in group[1:])
+        ties = [r['kvstore'] for r in group
+                if 1 - r['samples_per_sec'] / best['samples_per_sec'] < noise]
+        verdict = (f"{' and '.join(ties)} equally fast (within {noise:.0%})" if len(ties) > 1
+                   else f"**{best['kvstore']}** fastest")
+        lines.append(f"- {_devices(n)}, batch {batch}, lr rule {rule}: {verdict}: "
+                     f"{best['kvstore']} {best['samples_per_sec']:.0f} samples/s, {rest}")
+    if not lines:
+        lines.append('- no count of 2 or more devices ran with several kvstores')
+    return lines
+
+
+def accuracy_answer(rows):
+    """Return a line naming the run with the best final test accuracy, per learning-rate rule."""
+    ok = [r for r in rows if r['test_acc'] is not None]
+    lines = []
+    for rule in dict.fromkeys(r['lr_rule'] for r in rows):
+        mine = [r for r in ok if r['lr_rule'] == rule]
+        if not mine:
+            lines.append(f'- lr rule {rule}: no run finished')
+            continue
+        best = max(mine, key=lambda r: r['test_acc'])
+        worst = min(mine, key=lambda r: r['test_acc'])
+        lines.append(f"- lr rule {rule}: best {best['test_acc']:.4f} at batch "
+                     f"{best['batch_size']} on {_devices(best['devices'])} (lr {best['lr']:g}), "
+                     f"worst {worst['test_acc']:.4f} at batch {worst['batch_size']} "
+                     f"(lr {worst['lr']:g})")
+    failed = [r for r in rows if r['status'] != 'ok']
+    if failed:
+        lines.append(f"- {len(failed)} run(s) {failed[0]['status']}: "
+                     + '; '.join(f"{_devices(r['devices'])}, batch {r['batch_size']}, lr "
+                                 f"{r['lr']:g}" for r in failed))
+    return lines
+
+
+def _chart(path, lines, xlabel, ylabel, title=None, logx=False):
+    """Draw ``lines`` (dicts: label, x, y, optional style) into a PNG at ``path``, atomically."""
+    fig = Figure(figsize=(6, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for line in lines:
+        ax.plot(line['x'], line['y'], line.get('style', 'o-'), label=line['label'])
+    if logx:
+        ax.set_xscale('log', base=2)
+    xs = sorted({x for line in lines for x in line['x']})
+    if xs:
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f'{x:g}' for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_write(path, 'wb') as f:
+        fig.savefig(f, format='png', dpi=100)
+
+
+def _series_label(r):
+    batch = (f"{r['per_device_batch']:g}/device" if r['batch_mode'] == 'per-device'
+             else f"global {r['batch_size']}")
+    rule = f", {r['lr_rule']}" if 'lr_rule' in r else ''
+    return f"{r['kvstore']}, {batch}{rule}"
+
+
+def _lines_by_series(rows, field, style):
+    series = {}
+    for r in sorted(rows, key=lambda r: r['devices']):
+        if r[field] is not None:
+            line = series.setdefault(_series_label(r), {'label': _series_label(r), 'x': [],
+                                                         'y': [], 'style': style})
+            line['x'].append(r['devices'])
+            line['y'].append(r[field])
+    return list(series.values())
+
+
+def speedup_chart(path, rows, projection=(), title=None):
+    """Speedup against device count: measured series, the projection (dashed), the ideal line."""
+    lines = _lines_by_series(rows, 'speedup', 'o-')
+    for line in _lines_by_series(projection, 'speedup', 's--'):
+        line['label'] = f"model: {line['label']}"
+        lines.append(line)
+    counts = sorted({r['devices'] for r in list(rows) + list(projection)})
+    lines.append({'label': 'ideal (linear)', 'x': counts, 'y': counts, 'style': 'k:'})
+    _chart(path, lines, 'devices', 'speedup over 1 device', title, logx=True)
+
+
+def efficiency_chart(path, rows, projection=(), title=None):
+    """Efficiency (speedup / devices) against device count, measured and projected."""
+    lines = _lines_by_series(rows, 'efficiency', 'o-')
+    for line in _lines_by_series(projection, 'efficiency', 's--'):
+        line['label'] = f"model: {line['label']}"
+        lines.append(line)
+    counts = sorted({r['devices'] for r in list(rows) + list(projection)})
+    lines.append({'label': 'ideal', 'x': counts, 'y': [1.0] * len(counts), 'style': 'k:'})
+    _chart(path, lines, 'devices', 'efficiency (speedup / devices)', title, logx=True)
+
+
+def accuracy_batch_chart(path, rows, title=None):
+    """Final test accuracy against the global batch, a line per lr rule (mean per batch)."""
+    lines = []
+    for rule in dict.fromkeys(r['lr_rule'] for r in rows):
+        accs = {}
+        for r in rows:
+            if r['lr_rule'] == rule and r['test_acc'] is not None:
+                accs.setdefault(r['batch_size'], []).append(r['test_acc'])
+        xs = sorted(accs)
+        lines.append({'label': f'lr rule {rule}', 'x': xs,
+                      'y': [statistics.mean(accs[x]) for x in xs]})
+    _chart(path, lines, 'global batch size', 'final test accuracy', title, logx=True)
+
+
+def scaling_report(config, rows, projection, sync_rows, notes=()):
+    """Return ``report.md`` of a sweep as text.
+
+    Parameters
+    ----------
+    config : dict
+        ``model``, ``dataset``, ``num_train``, ``num_test``, ``epochs``, ``seed``,
+        ``device_type``, ``counts``, ``base_lr``, ``engine``, ``project_to``,
+        ``compute_repeats``, ``sync_repeats``.
+    rows : list of dict
+        ``measured_row`` dicts with speedups.
+    projection : list of dict
+        ``projection_rows`` dicts (empty when no count >= 2 was measured).
+    sync_rows : list of dict
+        ``bandwidth_row`` dicts the projection was fitted to.
+    notes : list of str
+        Remarks to print first (e.g. no 1-device run).
+    """
+    c = config
+    lines = [f"# Scaling: {c['model']} on {c['dataset']}, {c['device_type']} devices "
+             f"{', '.join(map(str, c['counts']))}", '',
+             f"{c['num_train']} training / {c['num_test']} test images, {c['epochs']} epoch(s), "
+             f"seed {c['seed']}, base learning rate {c['base_lr']:g} per {REFERENCE_BATCH} "
+             f"samples; every run starts from the same initial weights and sees the same data. "
+             f"Engine: {c['engine']}.", '']
+    lines += [f'> {n}' for n in notes] + ([''] if notes else [])
+    lines += ['## Answer', '', '### How many devices', ''] + how_many_devices(rows) + ['']
+    kv = fastest_kvstores(rows)
+    if kv:
+        lines += ['### local or device', ''] + kv + ['']
+    lines += ['### Accuracy, batch size and learning rate', ''] + accuracy_answer(rows) + ['']
+    lines += [
+        '## Measured', '', scaling_table(rows), '',
+        'samples/s and sec/epoch: training time up to `npx.waitall()`, evaluation excluded, '
+        'over every epoch but the first when there are two or more (the first also compiles the '
+        'graph). **speedup** = samples/s on N devices / samples/s of the 1-device run with the '
+        'same kvstore, learning-rate rule and per-device batch (with a fixed global batch: the '
+        'same global batch); **efficiency** = speedup / N. Learning-rate rules, B the global '
+        f'batch: linear = base x B / {REFERENCE_BATCH} (the book), fixed = base, sqrt = base x '
+        f'sqrt(B / {REFERENCE_BATCH}).', '',
+        '![speedup against devices](speedup.png)', '',
+        '![efficiency against devices](efficiency.png)', '',
+        '![final test accuracy against batch size](accuracy.png)', '']
+    lines += ['## Projection to more devices (a model, not a measurement)', '']
+    if not projection:
+        lines += ['No projection: it needs a synchronisation measured on at least 2 devices.', '']
+    else:
+        slopes = {r['kvstore']: r['sync_slope_s'] for r in projection}
+        lines += [
+            f"Model: `t_step(N) = t_compute(b) + t_sync(N)`, `t_sync(N) = s (N - 1)`, throughput "
+            f"= global batch / t_step(N), speedup = throughput(N) / throughput(1), efficiency = "
+            f"speedup / N, for N = {', '.join(str(n) for n in device_counts(c['project_to']))}.",
+            '',
+            f"- `t_compute(b)`: one training step (forward, backward, SGD update) of the "
+            f"per-device batch b on one device, measured (median of {c['compute_repeats']}).",
+            f"- `s`: least-squares slope through the origin of the synchronisation times measured "
+            f"below (median of {c['sync_repeats']} `allreduce_grads` each), per kvstore: "
+            + ', '.join(f'{kv} {s * 1e3:.2f} ms per added device' for kv, s in slopes.items())
+            + '.',
+            '- Assumptions: synchronisation and compute do not overlap; loading a batch, '
+            'splitting it and copying the shards to the devices cost nothing; every device is '
+            'as fast as the measured one; the synchronisation cost keeps growing linearly in '
+            'N - 1 beyond the counts measured (tree or ring all-reduce over a fast interconnect '
+            'grows more slowly, a shared bus may grow faster).', '',
+            projection_table(projection, rows), '',
+            'The last column is the measured speedup of the same kvstore and batch (median over '
+            'lr rules) where the sweep ran that count: the gap between the two is what the '
+            'assumptions leave out (loading and splitting each batch, Python overhead, devices '
+            'that share cores or memory bandwidth).', '',
+            'Synchronisations measured for the fit:', '', bandwidth_table(sync_rows), '']
+    lines += ['Files: `scaling.csv` (measured runs), `projection.csv`, `sync.csv`, the three '
+              'PNG charts.', '']
+    return '\n'.join(lines)
+
+
+def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=()):
+    """Write ``scaling.csv``, ``projection.csv``, ``sync.csv``, the charts and ``report.md``.
+
+    Each file is written atomically. ``directory`` is created if missing; if
+    writing fails, the files written so far (and a directory made here) are
+    removed again, so a failed call leaves nothing behind.
+    """
+    made = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    written = []
+
+    def path(name):
+        written.append(os.path.join(directory, name))
+        return written[-1]
+    what = f"{config['model']}, {config['device_type']} devices"
+    try:
+        write_csv(path('scaling.csv'), rows, MEASURED_COLUMNS)
+        write_csv(path('projection.csv'), projection, PROJECTION_COLUMNS)
+        write_csv(path('sync.csv'), sync_rows, SYNC_COLUMNS)
+        speedup_chart(path('speedup.png'), rows, projection, title=what)
+        efficiency_chart(path('efficiency.png'), rows, projection, title=what)
+        accuracy_batch_chart(path('accuracy.png'), rows, title=what)
+        with atomic_write(path('report.md')) as f:
+            f.write(scaling_report(config, rows, projection, sync_rows, notes))
+    except BaseException:
+        for p in written:
+            if os.path.exists(p):
+                os.remove(p)
+        if made and not os.listdir(directory):
+            os.rmdir(directory)
+        raise
+    return [os.path.basename(p) for p in written]
