@@ -5,7 +5,7 @@ The modules follow the section: ``devices`` (device lists, splitting a batch),
 ``model`` (ResNet-18, the simple CNN), ``data`` (Fashion-MNIST/MNIST),
 ``kvstores`` (the Trainer and where gradients are summed), ``training`` (one
 step, one epoch, evaluation, ``train`` and its hooks), ``book`` (the text's
-loop), ``checkpoint`` (crash-safe checkpoints, stopping on a signal),
+loop), ``checkpoint`` (crash-safe checkpoints), ``stopping`` (stop on a signal),
 ``compare`` (runs that differ in their kvstore), ``reporting`` (lines,
 tables, charts, reports), ``files`` (atomic writes, JSON, CSV), ``measure``
 (timing one synchronisation, one step, a sweep of runs), ``scaling`` (the
@@ -22,9 +22,10 @@ npx.set_np()
 
 # pylint: disable=wrong-import-position
 from . import (book, checkpoint, compare, data, devices, errors, files, kvstores,  # noqa: E402
-               measure, model, reporting, scaling, scaling_report, training, utils)
+               measure, model, reporting, scaling, scaling_report, stopping, training,
+               utils)
 from .book import evaluate_accuracy_book, train_book  # noqa: E402
-from .checkpoint import Checkpointer, StopRequest  # noqa: E402
+from .checkpoint import Checkpointer  # noqa: E402
 from .compare import ParamTracker, device_spread, recommend  # noqa: E402
 from .data import (DATASETS, ArrayLoader, load_data, load_data_fashion_mnist,  # noqa: E402
                    load_data_mnist, read_idx, read_split)
@@ -36,6 +37,7 @@ from .files import write_json  # noqa: E402
 from .kvstores import KVSTORES  # noqa: E402
 from .model import (MODELS, HybridResidual, Residual, count_flops, default_initializer,  # noqa: E402
                     get_model, hybrid_resnet18, resnet18, simple_cnn)
+from .stopping import StopRequest  # noqa: E402
 from .reporting import (Animator, bar_chart, comparison_table, epoch_line,  # noqa: E402
                         write_kvstore_report)
 from .training import (EpochRecord, Hook, TrainResult, evaluate_accuracy_gpus, train,  # noqa: E402
@@ -45,7 +47,8 @@ from .utils import Accumulator, Timer, accuracy  # noqa: E402
 __version__ = '0.1.0'
 
 __all__ = ['book', 'checkpoint', 'compare', 'data', 'devices', 'errors', 'files', 'kvstores',
-           'measure', 'model', 'reporting', 'scaling', 'scaling_report', 'training', 'utils',
+           'measure', 'model', 'reporting', 'scaling', 'scaling_report', 'stopping', 'training',
+           'utils',
            'evaluate_accuracy_book', 'train_book', 'Checkpointer', 'StopRequest', 'ParamTracker',
            'device_spread', 'recommend', 'DATASETS', 'ArrayLoader', 'load_data',
            'load_data_fashion_mnist', 'load_data_mnist', 'read_idx', 'read_split', 'cpu_devices',

@@ -1,4 +1,4 @@
-"""Checkpoints that survive a crash at any moment, and stopping on a signal: hooks of ``train``.
+"""Checkpoints that survive a crash at any moment: a hook of ``train`` that saves and resumes.
 
 A checkpoint directory holds at most one complete checkpoint, described by
 ``manifest.json``: the parameters (``save_parameters``), the Trainer's
@@ -27,13 +27,12 @@ import hashlib
 import json
 import os
 import re
-import signal
 
 from .errors import CheckpointError
 from .files import atomic_write, check_output_dir
 from .training import EpochRecord, EpochTotals, Hook
 
-__all__ = ['Checkpointer', 'CheckpointState', 'StopRequest', 'MANIFEST', 'FORMAT']
+__all__ = ['Checkpointer', 'CheckpointState', 'validate_manifest', 'MANIFEST', 'FORMAT']
 
 MANIFEST = 'manifest.json'
 LOCK = '.lock'
@@ -192,18 +191,15 @@ class Checkpointer(Hook):
 
     # -- the directory: checked, locked, released -----------------------------------------
 
-    def check_directory(self, num_epochs=None):
-        """Raise ``CheckpointError`` unless this run may write (and, resuming, read) here.
+    def check_directory(self, num_epochs=None, batches_per_epoch=None):
+        """Raise ``CheckpointError`` unless this run may continue (or start) from what is here.
 
         Without ``resume`` a directory that already holds a checkpoint is
         refused, so that a new run never overwrites an old one; with it, the
-        checkpoint must be intact, of a run with the same settings, and not
-        past ``num_epochs``.
+        checkpoint must be intact, of a run with the same settings, not past
+        ``num_epochs``, and stopped within an epoch of ``batches_per_epoch``.
+        Call it holding the lock (inside ``with checkpointer:``).
         """
-        if os.path.islink(self.directory) and not os.path.exists(self.directory):
-            raise CheckpointError(f'checkpoint directory {self.directory} is a symbolic link to '
-                                  'nothing; remove the link or choose another `checkpoint_dir`')
-        check_output_dir(self.directory, 'checkpoint directory')
         if not self.exists():
             return
         if not self.resume:
@@ -215,9 +211,21 @@ class Checkpointer(Hook):
             raise CheckpointError(f'the checkpoint in {self.directory} has {state.epoch} epochs '
                                   f'done, more than the {num_epochs} asked for; ask for '
                                   f'`num_epochs` {state.epoch} or more')
+        self._check_partial(state, batches_per_epoch)
+
+    def _check_partial(self, state, batches_per_epoch):
+        if state.partial is not None and batches_per_epoch is not None and \
+                state.partial.batches >= batches_per_epoch:
+            raise self._damaged(f'{MANIFEST}: its field partial.batches '
+                                f'({state.partial.batches}) is past the end of an epoch of '
+                                f'{batches_per_epoch} batches')
 
     def __enter__(self):
-        """Create the directory if missing and lock it against a second run."""
+        """Check the path, create the directory if missing and lock it against a second run."""
+        if os.path.islink(self.directory) and not os.path.exists(self.directory):
+            raise CheckpointError(f'checkpoint directory {self.directory} is a symbolic link to '
+                                  'nothing; remove the link or choose another `checkpoint_dir`')
+        check_output_dir(self.directory, 'checkpoint directory')
         if not os.path.isdir(self.directory):
             os.mkdir(self.directory)
             self._made = True
@@ -355,11 +363,8 @@ class Checkpointer(Hook):
         state = self.load() if self.resume else None
         if state is None:
             return None
-        if state.partial is not None and hasattr(run.train_iter, '__len__') and \
-                state.partial.batches >= len(run.train_iter):
-            raise self._damaged(f'{MANIFEST}: its field partial.batches '
-                                f'({state.partial.batches}) is past the end of an epoch of '
-                                f'{len(run.train_iter)} batches')
+        self._check_partial(state, len(run.train_iter) if hasattr(run.train_iter, '__len__')
+                            else None)
         state.restore(run.net, run.trainer, run.devices)
         run.result.epochs = list(state.history)
         run.train_iter.epoch = state.epoch  # replay the data order of the next epoch
@@ -377,50 +382,3 @@ class Checkpointer(Hook):
         """Say that the last good checkpoint is kept."""
         if self.exists():
             error.notes.append(f'the last good checkpoint ({self.describe()}) is kept')
-
-
-class StopRequest(Hook):
-    """A flag that SIGINT and SIGTERM set, asked by ``train`` after every step (a hook).
-
-    A second signal stops at once (``KeyboardInterrupt``), without a
-    checkpoint. Use as a context manager: the previous handlers come back on exit.
-
-    Parameters
-    ----------
-    on_signal : callable, optional
-        Called with the signal number when the first signal arrives (say that it was heard).
-
-    Attributes
-    ----------
-    signum : int or None
-        The first signal received.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, on_signal=None):
-        self.signum, self.on_signal = None, on_signal
-        self._previous = {}
-
-    def __call__(self):
-        return self.signum is not None
-
-    def step_end(self, run, step, samples, timer):
-        return self.signum is not None
-
-    def _handle(self, signum, frame):  # pylint: disable=unused-argument
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        if self.on_signal is not None:
-            self.on_signal(signum)
-
-    def __enter__(self):
-        for s in self.SIGNALS:
-            self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        return False

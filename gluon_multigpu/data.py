@@ -19,7 +19,7 @@ from mxnet import np, npx
 from .errors import DataError
 
 __all__ = ['IDX_FILES', 'DATASETS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
-           'last_batch_rule',
+           'last_batch_rule', 'train_loader', 'synthetic_data',
            'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
            'load_data_mnist']
 
@@ -300,6 +300,25 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
     train_iter = train_loader(*splits['train'], batch_size, num_devices, seed, resize)
     test_iter = ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize)
     return train_iter, test_iter
+
+
+def synthetic_data(name, batch_size, num_train=None, num_test=None, seed=0, num_devices=1):
+    """Return ``(train_iter, test_iter)`` of random images and labels shaped like data set ``name``.
+
+    For speed tests without files (no accuracy to speak of): uint8 images
+    and labels drawn from ``seed``, as many as the data set has unless
+    ``num_train``/``num_test`` say otherwise.
+    """
+    if name not in DATASETS:
+        raise DataError(f'unknown dataset {name!r}; choose one of {", ".join(DATASETS)}')
+    spec, rng = DATASETS[name], onp.random.default_rng(seed)
+
+    def split(n):
+        return (rng.integers(0, 256, size=(n, *spec['shape']), dtype=onp.uint8),
+                rng.integers(0, spec['classes'], size=n).astype(onp.int32))
+    train = split(num_train or spec['train'])
+    return (train_loader(*train, batch_size, num_devices, seed),
+            ArrayLoader(*split(num_test or spec['test']), batch_size))
 
 
 def load_data_fashion_mnist(batch_size, resize=None, root=None, **kwargs):

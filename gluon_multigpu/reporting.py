@@ -10,7 +10,7 @@ from mxnet import npx
 from .files import atomic_write, write_json
 from .training import Hook
 
-__all__ = ['Animator', 'Progress', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
+__all__ = ['Animator', 'Progress', 'duration', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
            'write_kvstore_report']
 
 
@@ -60,7 +60,7 @@ class Animator:
             label = self.legend[i] if i < len(self.legend) else None
             # Lines that coincide (kvstores that agree) stay visible: styles differ.
             ax.plot(xs, ys, marker='osD^v'[i % 5], linestyle=['-', '--', ':', '-.'][i % 4],
-                    markersize=7 - i % 3, label=label)
+                    markersize=10 - 2 * (i % 3), fillstyle='none', label=label)
         if all(isinstance(x, int) for xs in self.X or [] for x in xs):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not fractions
         ax.set_xlabel(self.xlabel or '')
@@ -84,35 +84,74 @@ class Animator:
             fig.savefig(f, format='png', dpi=100)
 
 
-class Progress(Hook):
-    """A ``train`` hook that calls ``say(line)`` at most every ``interval`` seconds of an epoch.
+def duration(seconds):
+    """``seconds`` as a short text: ``45 s``, ``12 min``, ``3.2 h``."""
+    if seconds < 90:
+        return f'{seconds:.0f} s'
+    if seconds < 90 * 60:
+        return f'{seconds / 60:.0f} min'
+    return f'{seconds / 3600:.1f} h'
 
-    The line gives the epoch, the steps done (of ``len(run.train_iter)`` when
-    known), the seconds and samples/s so far.
+
+class Progress(Hook):
+    """A ``train`` hook that reports progress within an epoch, at most every ``interval`` s.
+
+    A line gives the run's label, the epoch, the steps done of the epoch's,
+    images/s, and the estimated time left for the epoch and for the run.
+    Once per run, when the first measured steps put an epoch above
+    ``slow_epoch`` seconds, ``say`` gets the estimate and ``advice``.
 
     Parameters
     ----------
     say : callable
         Takes one line of text.
     interval : float
-        Seconds between lines.
+        Seconds between lines (0: no lines, the slow-run estimate only).
+    label : str
+        Names the run (its kvstore and devices), first on every line.
+    num_epochs : int, optional
+        Epochs of the run, for the time left of the run.
+    slow_epoch : float
+        Seconds per epoch above which the estimate is said.
+    advice : str
+        What to do instead of a slow run.
     """
 
-    def __init__(self, say, interval=10.0):
-        self.say, self.interval = say, interval
-        self._due = None  # (epoch, seconds into it when the next line is due)
+    def __init__(self, say, interval=10.0, label='', num_epochs=None, slow_epoch=600.0,
+                 advice=''):
+        self.say, self.interval, self.label = say, interval, label
+        self.num_epochs, self.slow_epoch, self.advice = num_epochs, slow_epoch, advice
+        self._epoch = self._due = self._first = None
+        self._warned = False
 
     def step_end(self, run, step, samples, timer):
-        if self._due is None or self._due[0] != run.epoch:
-            self._due = (run.epoch, self.interval)
-        if timer.elapsed() < self._due[1]:
+        if self._epoch != run.epoch:  # a new epoch (or the resumed part of one)
+            self._epoch, self._first = run.epoch, step
+            self._due = self.interval if self.interval > 0 else 30.0
+        if timer.elapsed() < self._due or step == self._first:
             return
         npx.waitall()  # Sync point: the figures of a progress line are the devices' own.
         seconds = timer.elapsed()
-        self._due = (run.epoch, seconds + self.interval)
+        self._due = seconds + (self.interval if self.interval > 0 else 30.0)
         total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
-        self.say(f'  epoch {run.epoch}: {step}/{total or "?"} batches, {seconds:.0f} s, '
-                 f'{samples / seconds:.0f} samples/s')
+        per_step = seconds / (step - self._first + 1)
+        epoch_left = per_step * (total - step) if total else None
+        if epoch_left is not None and not self._warned and per_step * total > self.slow_epoch:
+            self._warned = True
+            self.say(f'{self.label}: at {samples / seconds:.0f} images/s an epoch takes about '
+                     f'{duration(per_step * total)}'
+                     + (f', the run about {duration(per_step * total * self.num_epochs)}'
+                        if self.num_epochs else '') + (f'; {self.advice}' if self.advice else ''))
+        if self.interval <= 0:
+            return
+        left = ''
+        if epoch_left is not None:
+            left = f', epoch ends in {duration(epoch_left)}'
+            if self.num_epochs:
+                run_left = epoch_left + per_step * total * (self.num_epochs - run.epoch)
+                left += f', run in {duration(run_left)}'
+        self.say(f'  {self.label}: epoch {run.epoch}: {step}/{total or "?"} batches, '
+                 f'{samples / seconds:.0f} images/s{left}')
 
 
 def epoch_line(record, num_epochs):
@@ -124,7 +163,7 @@ def epoch_line(record, num_epochs):
 
 
 def _fmt_diffs(values):
-    return ', '.join('0' if v == 0 else f'{v:.1e}' for v in values)
+    return ', '.join(v if isinstance(v, str) else '0' if v == 0 else f'{v:.1e}' for v in values)
 
 
 def comparison_table(results, tracker=None):
@@ -149,10 +188,12 @@ def comparison_table(results, tracker=None):
         row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} | '
                f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
         if tracker is not None:
-            stats = tracker.stats_spread[r.kvstore]
-            stats = 'none kept' if None in stats else _fmt_diffs([max(stats)])
-            row += (f' {_fmt_diffs(tracker.diff[r.kvstore])} | '
-                    f'{_fmt_diffs([max(tracker.spread[r.kvstore])])} | {stats} |')
+            diff = tracker.diff.get(r.kvstore) or ['-']
+            spread = tracker.spread.get(r.kvstore)
+            stats = tracker.stats_spread.get(r.kvstore)
+            stats = '-' if not stats else 'none kept' if None in stats else _fmt_diffs([max(stats)])
+            row += (f' {_fmt_diffs(diff)} | {_fmt_diffs([max(spread)]) if spread else "-"} | '
+                    f'{stats} |')
         rows.append(row)
     return '\n'.join(rows)
 
@@ -179,7 +220,7 @@ def accuracy_chart(path, results, title=None):
     num_epochs = max(len(r.epochs) for r in results)
     animator = Animator(xlabel='epoch', ylabel='test acc',
                         legend=[f'kvstore {r.kvstore}' for r in results],
-                        xlim=[1, num_epochs], title=title)
+                        xlim=[0.5, num_epochs + 0.5], title=title)
     for i in range(num_epochs):
         animator.add(i + 1, [r.test_acc[i] if i < len(r.epochs) else None for r in results])
     animator.save(path)

@@ -18,10 +18,24 @@ if __name__ == '__main__':
 
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu.reporting import Progress  # noqa: E402
-from _cli import (FLAGS, batch_size, error_line, non_negative_float, num_epochs,  # noqa: E402
-                  positive_float, positive_int, script_parser, seed)
+from _cli import (FLAGS, batch_size, error_line, int_in, non_negative_float,  # noqa: E402
+                  num_epochs, positive_float, positive_int, script_parser, seed)
+
+#: Per model: samples per device and the learning rate as a function of the total batch B.
+#: ResNet-18 keeps the book's settings; the simple CNN's were measured (docs/guide.md).
+MODEL_DEFAULTS = {
+    'resnet18': (256, lambda batch: 0.1 * batch / 256, '256 per device, lr 0.1 per 256 samples '
+                 '(the book: batch 512 and lr 0.2 on two GPUs)'),
+    'simple-cnn': (64, lambda batch: 0.3, '64 per device, lr 0.3 (the Gluon multi-GPU lab)'),
+}
+#: Steps the engine may run ahead of Python by default (measured: docs/results.md).
+MAX_IN_FLIGHT = 2
 
 EPILOG = """\
+defaults per model (--batch-size, --lr):
+  resnet18     {resnet18}
+  simple-cnn   {simple_cnn}
+
 examples:
   %(prog)s --num-gpus 2                       the book's 2-GPU run (batch 512, lr 0.2)
   %(prog)s --cpu-devices 2 --model simple-cnn --num-epochs 2 --data-dir DIR
@@ -34,8 +48,8 @@ exist or takes no new files, a checkpoint of another run) stops before training 
 stderr and exit status 2; a loss that becomes NaN stops with status 2 and
 keeps the last good checkpoint. Ctrl-C (SIGINT) or SIGTERM stops after the
 current step, writes a checkpoint with --checkpoint-dir, says how to resume,
-and exits with 130 or 143.
-"""
+and exits with 130 or 143; a second Ctrl-C stops at once.
+""".format(resnet18=MODEL_DEFAULTS['resnet18'][2], simple_cnn=MODEL_DEFAULTS['simple-cnn'][2])
 
 
 def build_parser():
@@ -51,10 +65,9 @@ def build_parser():
                    'side-by-side table, including how far their parameters drift apart '
                    '(default: device)')
     p.add_argument('--batch-size', type=batch_size, metavar='N',
-                   help='total batch size over all devices (default: 256 per device)')
+                   help='total batch size over all devices (default: per model, see below)')
     p.add_argument('--lr', type=positive_float, metavar='LR',
-                   help='SGD learning rate (default: 0.1 per 256 samples of batch, '
-                   'as the book scales it)')
+                   help='SGD learning rate (default: per model, see below)')
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='passes over the training set (default: 10)')
     p.add_argument('--model', choices=list(gm.MODELS), default='resnet18',
@@ -88,6 +101,13 @@ def build_parser():
     p.add_argument('--book-literal', action='store_true',
                    help="run the text's loop (nn.Block residuals, no hybridization, no "
                    'training loss or accuracy) instead of the fast path')
+    p.add_argument('--max-in-flight', type=int_in(0, 1000), default=MAX_IN_FLIGHT, metavar='K',
+                   help='steps MXNet may run behind Python: after queuing a step, wait for the '
+                   'one K steps back, so Ctrl-C and progress act within a step; 0 = no bound, '
+                   f"the book's loop (default: {MAX_IN_FLIGHT})")
+    p.add_argument('--synthetic', action='store_true',
+                   help='random images and labels of the data set\'s shape instead of the '
+                   'files, for speed tests (accuracy means nothing then)')
     p.add_argument('--progress-interval', type=non_negative_float, default=10.0,
                    metavar='SECONDS',
                    help='seconds between progress lines within an epoch on stderr; '
@@ -101,10 +121,16 @@ def parse_args(argv=None):
 
 
 def make_loaders(args, batch_size, num_devices):
-    """Load the data set; return ``(train_iter, test_iter, note)``."""
-    train_iter, test_iter = gm.load_data(
-        args.dataset, batch_size, root=args.data_dir, download=args.download,
-        num_train=args.num_train, num_test=args.num_test, seed=args.seed, num_devices=num_devices)
+    """Load the data set (or make random data of its shape); return ``(train_iter, test_iter, note)``."""
+    if args.synthetic:
+        train_iter, test_iter = gm.data.synthetic_data(
+            args.dataset, batch_size, num_train=args.num_train, num_test=args.num_test,
+            seed=args.seed, num_devices=num_devices)
+    else:
+        train_iter, test_iter = gm.load_data(
+            args.dataset, batch_size, root=args.data_dir, download=args.download,
+            num_train=args.num_train, num_test=args.num_test, seed=args.seed,
+            num_devices=num_devices)
     dropped = len(train_iter.labels) - train_iter.num_samples
     note = None
     if dropped:
@@ -134,11 +160,30 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
     if args.book_literal:
         return gm.train_book(net, train_iter, test_iter, devices,
                              batch_size=train_iter.batch_size, **common)
-    if args.progress_interval > 0:
-        def say(line):
-            print(line, file=sys.stderr, flush=True)
-        hooks = [*hooks, Progress(say, args.progress_interval)]
-    return gm.train(net, train_iter, test_iter, devices, hooks=hooks, **common)
+    label = f'kvstore {kvstore} on {len(devices)} {devices[0].device_type.upper()}' + \
+        ('s' if len(devices) > 1 else '')
+    progress = Progress(say, args.progress_interval, label, args.num_epochs,
+                        advice=faster_advice(args, devices))
+    return gm.train(net, train_iter, test_iter, devices, hooks=[*hooks, progress],
+                    max_in_flight=args.max_in_flight or None, **common)
+
+
+def say(line):
+    """Print a progress line on stderr at once."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def faster_advice(args, devices):
+    """What to try when a run would take long: a smaller model, more contexts, GPUs."""
+    options = []
+    if args.model != 'simple-cnn':
+        options.append('--model simple-cnn trains about 60 times faster')
+    if devices[0].device_type == 'cpu' and len(devices) < max(2, _cli.cores()):
+        options.append(f'--cpu-devices {max(2, _cli.cores())} uses every core')
+    if devices[0].device_type == 'cpu':
+        options.append("a machine with GPUs takes seconds per epoch (pip install -e '.[cu112]')")
+    options.append('--num-train N trains on a subset')
+    return 'faster: ' + '; '.join(options)
 
 
 def make_checkpointer(args, batch_size, lr, kvstores):
@@ -159,7 +204,6 @@ def make_checkpointer(args, batch_size, lr, kvstores):
         'model': args.model, 'dataset': args.dataset, 'batch_size': batch_size, 'lr': lr,
         'seed': args.seed, 'num_train': num_train, 'num_test': num_test,
         'book_literal': args.book_literal}, resume=args.resume)
-    checkpoint.check_directory(args.num_epochs)
     return checkpoint
 
 
@@ -190,7 +234,16 @@ def write_outputs(args, results, config, tracker):
 
 
 def check_outputs(args):
-    """Raise GluonMultiGPUError unless every output path can be written."""
+    """Raise GluonMultiGPUError unless every output path can be written, each its own."""
+    outputs = [(flag, os.path.realpath(path)) for flag, path in (
+        ('--plot', args.plot), ('--json', args.json), ('--report', args.report),
+        ('--checkpoint-dir', args.checkpoint_dir)) if path]
+    for i, (flag, path) in enumerate(outputs):
+        for other, other_path in outputs[i + 1:]:
+            if path == other_path or other_path.startswith(path + os.sep) or \
+                    path.startswith(other_path + os.sep):
+                raise gm.GluonMultiGPUError(f'{flag} and {other} name the same place ({path}); '
+                                            'give each output its own path')
     for path, flag in ((args.plot, '--plot'), (args.json, '--json')):
         if path:
             gm.files.check_output_path(path, flag)
@@ -205,27 +258,29 @@ def run(args, out=None, stop=None):
     """
     out = out or sys.stdout
     devices, note = gm.devices.resolve_devices(args.num_gpus, args.cpu_devices)
-    batch_size = args.batch_size or 256 * len(devices)
+    per_device, default_lr, _ = MODEL_DEFAULTS[args.model]
+    batch_size = args.batch_size or per_device * len(devices)
     if batch_size < len(devices):
         raise gm.DeviceError(f'a batch of {batch_size} cannot be split across {len(devices)} '
                              f'devices; use --batch-size {len(devices)} or more')
-    lr = args.lr or 0.1 * batch_size / 256
+    lr = args.lr or default_lr(batch_size)
     kvstores = list(dict.fromkeys(args.kvstore))
     for kvstore in kvstores:
         gm.kvstores.check_kvstore(kvstore, devices)
     check_outputs(args)
     checkpoint = make_checkpointer(args, batch_size, lr, kvstores)
-    # Loaded before any training, so that bad data stops the run at once.
-    train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices))
-    for message in (note, data_note):
-        if message:
-            print(gm.GluonMultiGPUError(message).describe(FLAGS), file=out)
-    print(f'training {args.model} on {args.dataset}: {train_iter.num_samples} train / '
-          f'{len(test_iter.labels)} test images, batch {batch_size} '
-          f'({batch_size / len(devices):g} per device), lr {lr:g}, {args.num_epochs} epoch(s), '
-          f'devices {devices}', file=out, flush=True)
-    hooks = [h for h in (checkpoint, stop) if h is not None]
-    with checkpoint or _nothing(), gm.ParamTracker() as tracker:
+    with checkpoint or _nothing(), gm.ParamTracker() as tracker:  # the checkpoint is locked
+        # Loaded before any training, so that bad data stops the run at once.
+        train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices))
+        if checkpoint is not None:
+            checkpoint.check_directory(args.num_epochs, len(train_iter))
+        for message in (note, data_note):
+            if message:
+                print(gm.GluonMultiGPUError(message).describe(FLAGS), file=out)
+        print(f'training {args.model} on {args.dataset}: {train_iter.num_samples} train / '
+              f'{len(test_iter.labels)} test images, batch {batch_size} '
+              f'({batch_size / len(devices):g} per device), lr {lr:g}, {args.num_epochs} '
+              f'epoch(s), devices {devices}', file=out, flush=True)
         if args.resume:
             print_resumed(checkpoint, args.num_epochs, out)
         results = []
@@ -233,7 +288,7 @@ def run(args, out=None, stop=None):
             if len(kvstores) > 1:
                 print(f'-- kvstore {kvstore}', file=out, flush=True)
             result = train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker,
-                               hooks)
+                               [h for h in (checkpoint, stop) if h is not None])
             print(result.final_line(), file=out, flush=True)
             results.append(result)
         if len(results) > 1:
@@ -277,6 +332,19 @@ def interrupted_message(stop, error, checkpoint_dir, argv):
     return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
 
 
+def acknowledge(signum):
+    """Say at once that a first signal was heard."""
+    name = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
+    print(f'{name}: stopping after the current step; Ctrl-C again to stop now', file=sys.stderr,
+          flush=True)
+
+
+def stop_now(signum):  # pylint: disable=unused-argument
+    """Say that a second signal ends the run at once."""
+    print('stopped at once (a second signal): the last complete checkpoint, if any, is kept',
+          file=sys.stderr, flush=True)
+
+
 def main(argv=None):
     """Run the script; return the exit status.
 
@@ -285,7 +353,7 @@ def main(argv=None):
     """
     args = parse_args(argv)
     try:
-        with gm.StopRequest() as stop:
+        with gm.StopRequest(acknowledge, stop_now) as stop:
             run(args, stop=stop)
     except gm.GluonMultiGPUError as e:
         print(error_line(e), file=sys.stderr)
@@ -294,8 +362,7 @@ def main(argv=None):
         print(interrupted_message(stop, e, args.checkpoint_dir, argv), file=sys.stderr)
         return 128 + (stop.signum or signal.SIGINT)
     except KeyboardInterrupt:
-        print('interrupted at once (a second signal): no checkpoint written for the current '
-              'step', file=sys.stderr)
+        stop_now(signal.SIGINT)
         return 130
     return 0
 

@@ -5,7 +5,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import mxnet as mx
 import numpy as onp
@@ -13,7 +13,7 @@ import pytest
 from mxnet import np
 
 import gluon_multigpu as gm
-from conftest import REPO, load_script
+from conftest import REPO, load_script, run_bounded, wait_bounded
 
 SCRIPT = str(REPO / 'scripts' / 'train.py')
 
@@ -25,8 +25,7 @@ def argv(fashion_dir, ckpt, *extra, epochs=3, devices=2):
 
 
 def run(args, **kw):
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
-                          timeout=600, **kw)
+    return run_bounded([sys.executable, SCRIPT, *args], timeout=600, **kw)
 
 
 def manifest(ckpt):
@@ -65,17 +64,25 @@ def uninterrupted(tmp_path_factory, fashion_dir):
     return ckpt
 
 
-def start_and_wait_for(args, epoch, batches):
-    """Start the script; return the process once its progress shows ``batches`` of ``epoch``."""
+def start_and_wait_for(args, epoch, batches, timeout=300):
+    """Start the script; return the process once its progress shows ``batches`` of ``epoch``.
+
+    Past ``timeout`` seconds the process is killed and the test fails.
+    """
     proc = subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    progress = re.compile(rf'  epoch {epoch}: (\d+)/')
-    for line in proc.stderr:
-        match = progress.match(line)
-        if match and int(match.group(1)) >= batches or time.monotonic() > deadline:
-            return proc
-    raise AssertionError(f'the run ended before epoch {epoch}, batch {batches}: {proc.wait()}')
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    progress = re.compile(rf'  kvstore \w+ on \d+ CPUs?: epoch {epoch}: (\d+)/')
+    try:
+        for line in proc.stderr:
+            match = progress.match(line)
+            if match and int(match.group(1)) >= batches:
+                return proc
+    finally:
+        timer.cancel()
+    raise AssertionError(f'the run ended (or was killed after {timeout} s) before epoch '
+                         f'{epoch}, batch {batches}: {wait_bounded(proc)}')
 
 
 @pytest.mark.slow
@@ -85,7 +92,7 @@ def test_sigkill_in_the_middle_of_an_epoch_then_resume_matches(uninterrupted, fa
     args = argv(fashion_dir, ckpt, '--progress-interval', '0.05')
     proc = start_and_wait_for(args, 2, 10)
     proc.kill()  # SIGKILL: no handler runs, no checkpoint of the partial epoch
-    proc.wait()
+    wait_bounded(proc)
     assert proc.returncode == -signal.SIGKILL
     state = manifest(ckpt)
     assert state['epoch'] == 1 and state['partial'] is None  # the last complete checkpoint
@@ -107,7 +114,7 @@ def test_a_signal_checkpoints_the_partial_epoch_and_resume_matches(uninterrupted
     proc = start_and_wait_for(args, 2, 7)
     proc.send_signal(sig)
     err = proc.stderr.read().splitlines()
-    assert proc.wait() == status
+    assert wait_bounded(proc) == status
     name = signal.Signals(sig).name
     last = err[-1]
     assert last.startswith(f'interrupted by {name} in epoch 2 after ') and 'Traceback' not in last
@@ -318,6 +325,6 @@ def test_sigterm_without_a_checkpoint_dir_says_how_to_keep_one(fashion_dir):
     proc = start_and_wait_for(args, 1, 3)
     proc.send_signal(signal.SIGTERM)
     err = proc.stderr.read().splitlines()
-    assert proc.wait() == 143
+    assert wait_bounded(proc) == 143
     assert re.match(r'interrupted by SIGTERM in epoch 1 after \d+ batch\(es\); no checkpoint '
                     r'written \(add --checkpoint-dir DIR to be able to resume\)$', err[-1])

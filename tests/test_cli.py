@@ -52,7 +52,10 @@ def test_progress_lines_during_an_epoch(train_script, fashion_dir, capsys):
             '--data-dir', str(fashion_dir), '--progress-interval', '0.000001']
     assert train_script.main(argv) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith('  epoch 1: 1/16 batches,') and err[-1].startswith('  epoch 1: 16/16')
+    # a line after every step but the first (the clock of the estimate starts with it)
+    assert [int(re.match(r'  kvstore device on 2 CPUs: epoch 1: (\d+)/16 batches, \d+ images/s, '
+                         r'epoch ends in \d+ s, run in \d+ s$', l).group(1))
+            for l in err] == list(range(2, 17))
 
 
 def test_a_process_error_is_one_line_without_traceback():

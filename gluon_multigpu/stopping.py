@@ -1,0 +1,98 @@
+"""Stopping a run on SIGINT or SIGTERM after the current step: a hook of ``train``.
+
+Python runs a signal handler only between bytecodes, and the training loop
+spends most of its time blocked inside MXNet (``wait_to_read``,
+``npx.waitall``), so a handler alone may act only a step later. ``StopRequest``
+therefore also listens on the signal wake-up file descriptor from a thread:
+the first signal is acknowledged at once (``on_signal``) and the loop stops
+after the current step; a second signal ends the process at once (``os._exit``,
+status 128 + the signal), after ``on_second`` has said so. A checkpoint in
+the middle of being written is then left as its last complete version.
+"""
+import os
+import signal
+import socket
+import threading
+
+from .training import Hook
+
+__all__ = ['StopRequest']
+
+
+class StopRequest(Hook):
+    """A flag that SIGINT and SIGTERM set, asked by ``train`` after every step (a hook).
+
+    Use as a context manager in the main thread: the previous handlers come back on exit.
+
+    Parameters
+    ----------
+    on_signal : callable, optional
+        Called with the signal number as soon as the first signal arrives (from a thread).
+    on_second : callable, optional
+        Called with the signal number before a second signal ends the process.
+
+    Attributes
+    ----------
+    signum : int or None
+        The first signal received.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, on_signal=None, on_second=None):
+        self.signum, self.on_signal, self.on_second = None, on_signal, on_second
+        self._previous, self._wakeup, self._sockets, self._thread = {}, None, None, None
+        self._seen = 0
+
+    def __call__(self):
+        return self.signum is not None
+
+    def step_end(self, run, step, samples, timer):
+        return self.signum is not None
+
+    def _handle(self, signum, frame):  # pylint: disable=unused-argument
+        # Runs in the main thread once it is back in Python: the flag the loop reads.
+        if self.signum is None:
+            self.signum = signum
+        elif self._thread is None:  # no watcher: the second signal stops here
+            raise KeyboardInterrupt
+
+    def _watch(self):
+        """Read the signals as they arrive, even while the main thread waits inside MXNet."""
+        while True:
+            try:
+                data = self._sockets[0].recv(16)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                self._seen += 1
+                if self._seen == 1 and self.on_signal is not None:
+                    self.on_signal(signum)
+                elif self._seen >= 2:
+                    if self.on_second is not None:
+                        self.on_second(signum)
+                    os._exit(128 + signum)  # pylint: disable=protected-access
+
+    def __enter__(self):
+        for s in self.SIGNALS:
+            self._previous[s] = signal.signal(s, self._handle)
+        self._sockets = socket.socketpair()
+        for sock in self._sockets:
+            sock.setblocking(False)
+        self._sockets[0].setblocking(True)
+        self._wakeup = signal.set_wakeup_fd(self._sockets[1].fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name='stop-request', daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        signal.set_wakeup_fd(self._wakeup)
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._sockets[1].close()  # the watcher sees the end and returns
+        self._thread.join(timeout=5)
+        self._sockets[0].close()
+        self._thread = None
+        return False
