@@ -4,7 +4,7 @@
 The modules follow the section: ``devices`` (device lists, splitting a batch),
 ``model`` (ResNet-18, the simple CNN), ``data`` (Fashion-MNIST/MNIST),
 ``kvstores`` (the Trainer and where gradients are summed), ``training`` (one
-step, one epoch, evaluation, ``train`` and its hooks), ``book`` (the text's
+step, one epoch, evaluation, ``train`` and its hooks), ``results`` (what it returns), ``book`` (the text's
 loop), ``checkpoint`` (crash-safe checkpoints), ``stopping`` (stop on a signal),
 ``compare`` (runs that differ in their kvstore), ``reporting`` (lines,
 tables, charts, reports), ``files`` (atomic writes, JSON, CSV), ``measure``
@@ -22,8 +22,8 @@ npx.set_np()
 
 # pylint: disable=wrong-import-position
 from . import (book, checkpoint, compare, data, devices, errors, files, kvstores,  # noqa: E402
-               measure, model, reporting, scaling, scaling_report, stopping, training,
-               utils)
+               measure, model, reporting, results, scaling, scaling_report, stopping,
+               training, utils)
 from .book import evaluate_accuracy_book, train_book  # noqa: E402
 from .checkpoint import Checkpointer  # noqa: E402
 from .compare import ParamTracker, device_spread, recommend  # noqa: E402
@@ -40,14 +40,15 @@ from .model import (MODELS, HybridResidual, Residual, count_flops, default_initi
 from .stopping import StopRequest  # noqa: E402
 from .reporting import (Animator, bar_chart, comparison_table, epoch_line,  # noqa: E402
                         write_kvstore_report)
-from .training import (EpochRecord, Hook, TrainResult, evaluate_accuracy_gpus, train,  # noqa: E402
-                       train_batch, train_epoch)
+from .results import EpochRecord, TrainResult  # noqa: E402
+from .training import Hook, evaluate_accuracy_gpus, train, train_batch, train_epoch  # noqa: E402
 from .utils import Accumulator, Timer, accuracy  # noqa: E402
 
 __version__ = '0.1.0'
 
 __all__ = ['book', 'checkpoint', 'compare', 'data', 'devices', 'errors', 'files', 'kvstores',
-           'measure', 'model', 'reporting', 'scaling', 'scaling_report', 'stopping', 'training',
+           'measure', 'model', 'reporting', 'results', 'scaling', 'scaling_report', 'stopping',
+           'training',
            'utils',
            'evaluate_accuracy_book', 'train_book', 'Checkpointer', 'StopRequest', 'ParamTracker',
            'device_spread', 'recommend', 'DATASETS', 'ArrayLoader', 'load_data',

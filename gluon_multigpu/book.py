@@ -12,7 +12,8 @@ from mxnet import autograd, gluon, init, npx
 
 from .devices import split_batch
 from .kvstores import kvstore_name, make_trainer
-from .training import EpochRecord, TrainResult, check_finite_params, check_train_args
+from .results import EpochRecord, TrainResult
+from .training import check_finite_params, check_train_args
 from .utils import Accumulator, Timer, accuracy
 
 __all__ = ['evaluate_accuracy_book', 'train_epoch_book', 'train_book']

@@ -28,9 +28,12 @@ import json
 import os
 import re
 
+import mxnet as mx
+
 from .errors import CheckpointError
 from .files import atomic_write, check_output_dir
-from .training import EpochRecord, EpochTotals, Hook
+from .results import EpochRecord, EpochTotals
+from .training import Hook
 
 __all__ = ['Checkpointer', 'CheckpointState', 'validate_manifest', 'MANIFEST', 'FORMAT']
 
@@ -321,7 +324,11 @@ class Checkpointer(Hook):
         path = os.path.join(self.directory, name)
         tmp = f'{path}.tmp'
         try:
-            write(tmp)
+            try:
+                write(tmp)
+            except mx.base.MXNetError as e:  # MXNet's file stream: no errno, say what it is
+                raise OSError(errno.EIO, 'the write stopped short (disk full or file size limit?)',
+                              tmp) from e
             _fsync(tmp)
             os.replace(tmp, path)
         finally:

@@ -85,6 +85,23 @@ def read_csv(path):
         return [{k: value(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
+#: Bytes ``atomic_write`` adds to a name for its temporary file (``.NAME.XXXXXXXX.tmp``).
+TMP_EXTRA = len('..') + 8 + len('.tmp')
+
+
+def _check_name(path, what):
+    """Raise unless the file system takes ``path``'s name with room for its temporary name."""
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+        limit = os.pathconf(directory if os.path.isdir(directory) else '/', 'PC_NAME_MAX')
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(name)) + TMP_EXTRA > limit:
+        raise GluonMultiGPUError(f'{what} {path}: the name is {len(os.fsencode(name))} bytes long, '
+                                 f'and this file system takes {limit - TMP_EXTRA} at most here; '
+                                 'give a shorter name')
+
+
 def check_writable(directory, what):
     """Raise ``GluonMultiGPUError`` unless a file can be created in ``directory``.
 
@@ -108,6 +125,7 @@ def check_output_dir(directory, flag):
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory')
+    _check_name(directory, flag)
     target = directory if os.path.isdir(directory) else os.path.dirname(directory)
     if not os.path.isdir(target):
         raise GluonMultiGPUError(f'{flag} {directory}: {target} does not exist; create it first')
@@ -117,11 +135,17 @@ def check_output_dir(directory, flag):
 def check_output_path(path, what):
     """Raise ``GluonMultiGPUError`` unless the file ``path`` can be written (check before any work).
 
+    An existing path must be a regular file: writing replaces it (a device
+    such as /dev/null, a pipe or a socket would be replaced by a file).
     ``what`` names the output in the message.
     """
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise GluonMultiGPUError(f'{what} {path} is a directory; give a file name')
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise GluonMultiGPUError(f'{what} {path} exists and is not a regular file (a device, '
+                                 'pipe, socket or broken link); give the name of a file')
+    _check_name(path, what)
     if not os.path.isdir(directory):
         raise GluonMultiGPUError(f'{what} {path}: directory {directory} does not exist; '
                                  'create it first')

@@ -10,7 +10,7 @@ from mxnet import npx
 from .files import atomic_write, write_json
 from .training import Hook
 
-__all__ = ['Animator', 'Progress', 'duration', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
+__all__ = ['Animator', 'Progress', 'duration', 'markdown_table', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
            'write_kvstore_report']
 
 
@@ -160,6 +160,13 @@ def epoch_line(record, num_epochs):
              f'loss {record.train_loss:.4f}, train acc {record.train_acc:.3f}, ')
     return (f'epoch {record.epoch}/{num_epochs}: {train}test acc {record.test_acc:.3f}, '
             f'{record.seconds:.1f} s, {record.samples_per_sec:.0f} samples/s')
+
+
+def markdown_table(header, rows, align):
+    """Return a Markdown table: ``header`` and each row a list of cells, ``align`` one of
+    ``l``/``r`` per column."""
+    rule = ['---' if a == 'l' else '---:' for a in align]
+    return '\n'.join('| ' + ' | '.join(map(str, cells)) + ' |' for cells in [header, rule, *rows])
 
 
 def _fmt_diffs(values):

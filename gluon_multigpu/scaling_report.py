@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from .compare import NOISE
 from .files import atomic_write, write_csv
+from .reporting import markdown_table
 from .devices import device_counts
 from .scaling import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS
 
@@ -27,17 +28,15 @@ def _num(x, fmt):
 
 def bandwidth_table(rows):
     """Return the Markdown table of ``bandwidth_row`` dicts."""
-    lines = ['| model | devices | kvstore | gradient MB | sync ms | alg GB/s | bus GB/s | '
-             'compute ms (batch/device) | sync / compute |',
-             '| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
-    for r in rows:
+    def cells(r):
         compute = (f"{r['compute_s'] * 1e3:.1f} ({r['batch_per_device']})"
                    if r['compute_s'] is not None else '')
-        lines.append(f"| {r['model']} | {r['devices']} {r['device_type']} | {r['kvstore']} | "
-                     f"{r['grad_bytes'] / 1e6:.2f} | {r['sync_s'] * 1e3:.2f} | "
-                     f"{r['alg_gbps']:.3f} | {r['bus_gbps']:.3f} | {compute} | "
-                     f"{_num(r['sync_per_compute'], '.4f')} |")
-    return '\n'.join(lines)
+        return [r['model'], f"{r['devices']} {r['device_type']}", r['kvstore'],
+                f"{r['grad_bytes'] / 1e6:.2f}", f"{r['sync_s'] * 1e3:.2f}", f"{r['alg_gbps']:.3f}",
+                f"{r['bus_gbps']:.3f}", compute, _num(r['sync_per_compute'], '.4f')]
+    return markdown_table(['model', 'devices', 'kvstore', 'gradient MB', 'sync ms', 'alg GB/s',
+                           'bus GB/s', 'compute ms (batch/device)', 'sync / compute'],
+                          [cells(r) for r in rows], 'lrlrrrrrr')
 
 
 def bandwidth_summary(rows):
@@ -64,18 +63,16 @@ def _pct(x):
 
 def scaling_table(rows):
     """Return the Markdown table of the measured runs."""
-    lines = ['| devices | kvstore | batch (per device) | lr rule | lr | sec/epoch | samples/s | '
-             'speedup | efficiency | test acc |',
-             '| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
-    for r in rows:
-        figures = (f"{_num(r['sec_per_epoch'], '.2f')} | {_num(r['samples_per_sec'], '.0f')} | "
-                   f"{_num(r['speedup'], '.2f')} | {_pct(r['efficiency'])} | "
-                   f"{_num(r['test_acc'], '.4f')}")
+    def cells(r):
+        figures = [_num(r['sec_per_epoch'], '.2f'), _num(r['samples_per_sec'], '.0f'),
+                   _num(r['speedup'], '.2f'), _pct(r['efficiency']), _num(r['test_acc'], '.4f')]
         if r['status'] != 'ok':
-            figures = f"{r['status']} | | | | "
-        lines.append(f"| {r['devices']} | {r['kvstore']} | {r['batch_size']} "
-                     f"({r['per_device_batch']:g}) | {r['lr_rule']} | {r['lr']:g} | {figures} |")
-    return '\n'.join(lines)
+            figures = [r['status'], '', '', '', '']
+        return [r['devices'], r['kvstore'], f"{r['batch_size']} ({r['per_device_batch']:g})",
+                r['lr_rule'], f"{r['lr']:g}", *figures]
+    return markdown_table(['devices', 'kvstore', 'batch (per device)', 'lr rule', 'lr',
+                           'sec/epoch', 'samples/s', 'speedup', 'efficiency', 'test acc'],
+                          [cells(r) for r in rows], 'rlrlrrrrrr')
 
 
 def measured_speedup(rows, kvstore, batch_mode, batch_size, devices):
@@ -89,18 +86,16 @@ def measured_speedup(rows, kvstore, batch_mode, batch_size, devices):
 
 def projection_table(rows, measured=()):
     """Return the Markdown table of ``projection_rows``, with the measured speedup where known."""
-    lines = ['| devices | kvstore | batch (per device) | t_compute ms | t_sync ms | t_step ms | '
-             'samples/s | speedup | efficiency | measured speedup |',
-             '| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
-    for r in rows:
+    def cells(r):
         real = measured_speedup(measured, r['kvstore'], r['batch_mode'], r['batch_size'],
                                 r['devices'])
-        lines.append(f"| {r['devices']} | {r['kvstore']} | {r['batch_size']} "
-                     f"({r['per_device_batch']:g}) | {r['t_compute_s'] * 1e3:.1f} | "
-                     f"{r['t_sync_s'] * 1e3:.1f} | {r['t_step_s'] * 1e3:.1f} | "
-                     f"{r['samples_per_sec']:.0f} | {_num(r['speedup'], '.2f')} | "
-                     f"{_pct(r['efficiency'])} | {_num(real, '.2f')} |")
-    return '\n'.join(lines)
+        return [r['devices'], r['kvstore'], f"{r['batch_size']} ({r['per_device_batch']:g})",
+                f"{r['t_compute_s'] * 1e3:.1f}", f"{r['t_sync_s'] * 1e3:.1f}",
+                f"{r['t_step_s'] * 1e3:.1f}", f"{r['samples_per_sec']:.0f}",
+                _num(r['speedup'], '.2f'), _pct(r['efficiency']), _num(real, '.2f')]
+    return markdown_table(['devices', 'kvstore', 'batch (per device)', 't_compute ms',
+                           't_sync ms', 't_step ms', 'samples/s', 'speedup', 'efficiency',
+                           'measured speedup'], [cells(r) for r in rows], 'rlrrrrrrrr')
 
 
 def _devices(n):
@@ -230,26 +225,29 @@ def _lines_by_series(rows, field, style):
     return list(series.values())
 
 
-def speedup_chart(path, rows, projection=(), title=None):
-    """Speedup against device count: measured series, the projection (dashed), the ideal line."""
-    lines = _lines_by_series(rows, 'speedup', 'o-')
-    for line in _lines_by_series(projection, 'speedup', 's--'):
+def _measured_and_projected(path, rows, projection, field, ideal, ylabel, title):
+    """A chart of ``field`` against device count: measured series, the projection (dashed),
+    and the ideal line (``ideal(n)`` for n devices)."""
+    lines = _lines_by_series(rows, field, 'o-')
+    for line in _lines_by_series(projection, field, 's--'):
         line['label'] = f"model: {line['label']}"
         lines.append(line)
     counts = sorted({r['devices'] for r in list(rows) + list(projection)})
-    lines.append({'label': 'ideal (linear)', 'x': counts, 'y': counts, 'style': 'k:'})
-    _chart(path, lines, 'devices', 'speedup over 1 device', title, logx=True)
+    lines.append({'label': ideal[0], 'x': counts, 'y': [ideal[1](n) for n in counts],
+                  'style': 'k:'})
+    _chart(path, lines, 'devices', ylabel, title, logx=True)
+
+
+def speedup_chart(path, rows, projection=(), title=None):
+    """Speedup against device count: measured series, the projection (dashed), the ideal line."""
+    _measured_and_projected(path, rows, projection, 'speedup', ('ideal (linear)', float),
+                            'speedup over 1 device', title)
 
 
 def efficiency_chart(path, rows, projection=(), title=None):
     """Efficiency (speedup / devices) against device count, measured and projected."""
-    lines = _lines_by_series(rows, 'efficiency', 'o-')
-    for line in _lines_by_series(projection, 'efficiency', 's--'):
-        line['label'] = f"model: {line['label']}"
-        lines.append(line)
-    counts = sorted({r['devices'] for r in list(rows) + list(projection)})
-    lines.append({'label': 'ideal', 'x': counts, 'y': [1.0] * len(counts), 'style': 'k:'})
-    _chart(path, lines, 'devices', 'efficiency (speedup / devices)', title, logx=True)
+    _measured_and_projected(path, rows, projection, 'efficiency', ('ideal', lambda n: 1.0),
+                            'efficiency (speedup / devices)', title)
 
 
 def accuracy_batch_chart(path, rows, title=None):

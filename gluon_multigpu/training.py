@@ -12,8 +12,7 @@ import itertools
 import math
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
-from typing import List, NamedTuple, Optional
+from dataclasses import dataclass
 
 import mxnet as mx
 from mxnet import autograd, gluon, init, np, npx
@@ -21,81 +20,11 @@ from mxnet import autograd, gluon, init, np, npx
 from .devices import split_batch
 from .errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
 from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
+from .results import EpochRecord, EpochTotals, TrainResult
 from .utils import Timer, accuracy
 
-__all__ = ['EpochRecord', 'TrainResult', 'EpochTotals', 'Hook', 'Run', 'evaluate_accuracy_gpus',
-           'train_batch', 'train_epoch', 'check_finite_params', 'hybridize', 'check_train_args',
-           'train']
-
-
-@dataclass
-class EpochRecord:
-    """Figures of one epoch; ``seconds`` is the training time only, as in the book.
-
-    ``train_loss`` and ``train_acc`` are None for the text's loop, which computes neither.
-    """
-    epoch: int
-    train_loss: Optional[float]
-    train_acc: Optional[float]
-    test_acc: float
-    seconds: float
-    eval_seconds: float
-    samples: int
-
-    @property
-    def samples_per_sec(self):
-        """Training samples per second of the epoch."""
-        return self.samples / self.seconds
-
-
-@dataclass
-class TrainResult:
-    """What ``train`` returns: the per-epoch history and how it was run."""
-    devices: List[str]
-    kvstore: Optional[str]
-    lr: float
-    epochs: List[EpochRecord] = field(default_factory=list)
-
-    @property
-    def test_acc(self):
-        """Test accuracy after each epoch."""
-        return [e.test_acc for e in self.epochs]
-
-    @property
-    def sec_per_epoch(self):
-        """Mean training seconds per epoch (the book's ``timer.avg()``)."""
-        return sum(e.seconds for e in self.epochs) / len(self.epochs)
-
-    @property
-    def samples_per_sec(self):
-        """Training samples per second over all epochs."""
-        return sum(e.samples for e in self.epochs) / sum(e.seconds for e in self.epochs)
-
-    def final_line(self):
-        """Return the book's closing line, e.g. ``test acc: 0.92, 13.4 sec/epoch on [gpu(0)]``."""
-        return (f'test acc: {self.test_acc[-1]:.2f}, {self.sec_per_epoch:.1f} sec/epoch '
-                f'on [{", ".join(self.devices)}]')
-
-    def to_dict(self):
-        """Return every figure as plain JSON-ready data."""
-        d = asdict(self)
-        d['sec_per_epoch'] = self.sec_per_epoch
-        d['samples_per_sec'] = self.samples_per_sec
-        return d
-
-
-class EpochTotals(NamedTuple):
-    """What one epoch (or the part of it run so far) adds up to."""
-    loss_sum: float
-    num_correct: float
-    samples: int
-    seconds: float
-    batches: int
-    stopped: bool = False  # ended early on request, not at the end of the data
-
-    def __add__(self, other):
-        """Totals of this part of an epoch followed by ``other``."""
-        return EpochTotals(*(a + b for a, b in zip(self[:5], other[:5])), other.stopped)
+__all__ = ['Hook', 'Run', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
+           'check_finite_params', 'hybridize', 'check_train_args', 'train']
 
 
 def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):

@@ -167,17 +167,24 @@ def script_parser(doc, epilog, gpu_help, cpu_help):
     return p
 
 
+class _QuietParser(argparse.ArgumentParser):
+    """A parser that raises ``UsageError`` instead of printing and exiting."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
 def engine_devices(argv):
     """How many CPU contexts a command line trains on side by side; None if not yet known.
 
     Reads only the device flags (the full parser needs the package, which
     needs the settings first); a bad value is left for the full parser.
     """
-    p = argparse.ArgumentParser(add_help=False)
+    p = _QuietParser(add_help=False)
     add_device_flags(p, None, None)
     try:
         args, _ = p.parse_known_args(argv)
-    except SystemExit:
+    except UsageError:
         return None
     if args.cpu_devices is not None:
         return args.cpu_devices

@@ -348,16 +348,24 @@ def stop_now(signum):  # pylint: disable=unused-argument
 def main(argv=None):
     """Run the script; return the exit status.
 
-    0 when done, 2 for bad input or a diverged run, 128 + the signal number
-    (130 for SIGINT, 143 for SIGTERM) when stopped by a signal.
+    0 when done, 2 for bad input or a diverged run, 1 when an output cannot be
+    written (disk full, file too large), 128 + the signal number (130 for
+    SIGINT, 143 for SIGTERM) when stopped by a signal.
     """
     args = parse_args(argv)
+    # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         with gm.StopRequest(acknowledge, stop_now) as stop:
             run(args, stop=stop)
     except gm.GluonMultiGPUError as e:
         print(error_line(e), file=sys.stderr)
         return 2
+    except OSError as e:  # a disk that fills, a file-size limit, ... while writing
+        where = f' {e.filename}' if e.filename else ''
+        print(f'error: could not write{where}: {e.strerror or e}; free space or choose another '
+              'place (the last complete checkpoint, if any, is kept)', file=sys.stderr)
+        return 1
     except gm.Interrupted as e:
         print(interrupted_message(stop, e, args.checkpoint_dir, argv), file=sys.stderr)
         return 128 + (stop.signum or signal.SIGINT)

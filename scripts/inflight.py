@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Measure training speed and peak memory against the steps allowed in flight (--max-in-flight).
+
+Each measurement is one epoch of ``scripts/train.py --synthetic`` in a fresh
+process (so its peak resident memory is its own), the values of K taken in
+turn, round after round, so that all of them see the same machine state.
+Prints, per model, the median images/s and peak memory of each K and their
+ratio to the unbounded loop (K = 0), and the smallest K within --tolerance of
+its speed: the default the training script should use.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _cli  # noqa: E402  (imports no MXNet)
+
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
+#: model -> (training images, total batch): about half a minute per run on two CPU cores.
+SETTINGS = {'resnet18': (1280, 128), 'simple-cnn': (30720, 128)}
+
+
+def build_parser():
+    """Return the argument parser of this script."""
+    p = _cli.OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument('--cpu-devices', type=_cli.int_in(1, _cli.MAX_CPU_DEVICES), default=2,
+                   metavar='N', help='CPU contexts of every run (default: 2)')
+    p.add_argument('--models', nargs='+', choices=list(SETTINGS), default=list(SETTINGS),
+                   help='networks to measure (default: both)')
+    p.add_argument('--values', type=_cli.int_in(0, 1000), nargs='+', default=[1, 2, 3, 4, 0],
+                   metavar='K', help='values of --max-in-flight, 0 = unbounded '
+                   '(default: 1 2 3 4 0)')
+    p.add_argument('--rounds', type=_cli.int_in(1, 20), default=2, metavar='N',
+                   help='measurements of each value; medians are reported (default: 2)')
+    p.add_argument('--tolerance', type=_cli.positive_float, default=0.02, metavar='F',
+                   help='speed loss against unbounded still counted as equal (default: 0.02)')
+    p.add_argument('--json', metavar='PATH', help='write every measurement as JSON')
+    return p
+
+
+#: Runs train.py as __main__ and reports this process's peak resident memory (KiB) last.
+WRAPPER = """import resource, runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+    status = 0
+except SystemExit as e:
+    status = e.code
+print('peak-rss-kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+sys.exit(status)
+"""
+
+
+def measure(model, k, devices):
+    """One epoch in a fresh process; return (images/s, peak resident MiB)."""
+    images, batch = SETTINGS[model]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, 'run.json')
+        proc = subprocess.run(
+            [sys.executable, '-c', WRAPPER, TRAIN, '--cpu-devices', str(devices), '--model',
+             model, '--synthetic', '--num-epochs', '1', '--num-train', str(images), '--num-test',
+             str(batch), '--batch-size', str(batch), '--max-in-flight', str(k),
+             '--progress-interval', '0', '--json', out],
+            capture_output=True, text=True, timeout=1800, check=False)
+        if proc.returncode:
+            raise SystemExit(f'error: the run with K={k} failed: {proc.stderr.strip()[-300:]}')
+        peak = int(proc.stderr.strip().splitlines()[-1].split()[-1]) / 1024
+        with open(out) as f:
+            run = json.load(f)['runs'][0]
+    return run['samples_per_sec'], peak
+
+
+def main(argv=None):
+    """Measure, print the tables; return the exit status."""
+    args = build_parser().parse_args(argv)
+    rows = []
+    for model in args.models:
+        figures = {k: {'speed': [], 'peak': []} for k in args.values}
+        for r in range(args.rounds):
+            for k in args.values:
+                speed, peak = measure(model, k, args.cpu_devices)
+                figures[k]['speed'].append(speed)
+                figures[k]['peak'].append(peak)
+                print(f'{model}, round {r + 1}, K={k or "unbounded"}: {speed:.1f} images/s, '
+                      f'peak {peak:.0f} MiB', file=sys.stderr, flush=True)
+        rows += summarise(model, figures, args)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+def summarise(model, figures, args):
+    """Print one model's table; return its rows."""
+    base = statistics.median(figures[0]['speed']) if 0 in figures else None
+    print(f'\n{model}, {args.cpu_devices} CPU contexts, batch {SETTINGS[model][1]}, '
+          f'median of {args.rounds}:')
+    print('| K (steps in flight) | images/s | vs unbounded | peak memory MiB |')
+    print('| ---: | ---: | ---: | ---: |')
+    rows, chosen = [], None
+    for k, f in figures.items():
+        speed, peak = statistics.median(f['speed']), statistics.median(f['peak'])
+        ratio = speed / base if base else None
+        shown = f'{ratio:.3f}' if ratio else ''
+        print(f'| {k or "unbounded"} | {speed:.1f} | {shown} | {peak:.0f} |')
+        if k and ratio and ratio >= 1 - args.tolerance and (chosen is None or k < chosen):
+            chosen = k
+        rows.append({'model': model, 'k': k, 'images_per_sec': f['speed'],
+                     'peak_rss_mib': f['peak'], 'ratio': ratio})
+    if chosen:
+        print(f'smallest K within {args.tolerance:.0%} of unbounded: {chosen}')
+    return rows
+
+
+if __name__ == '__main__':
+    sys.exit(main())
