@@ -9,9 +9,10 @@ largest difference between the copies on the devices of one run), and
 """
 import numpy as onp
 
-__all__ = ['param_arrays', 'device_spread', 'ParamTracker', 'recommend', 'NOISE']
+__all__ = ['param_arrays', 'device_spread', 'ParamTracker', 'epoch_noise', 'recommend',
+           'NOISE']
 
-#: Relative differences in seconds per epoch below this are treated as run-to-run noise.
+#: Relative differences in seconds per epoch below this are always treated as noise.
 NOISE = 0.03
 
 
@@ -102,26 +103,47 @@ class ParamTracker:
         return False
 
 
+def epoch_noise(results):
+    """The run-to-run noise of ``results``: the largest relative spread of one run's epoch times.
+
+    Each run's spread is (slowest - fastest) / mean of its epochs' training
+    seconds; None when no run has two epochs (no spread to measure).
+    """
+    spreads = [(max(s) - min(s)) / (sum(s) / len(s)) for s in
+               ([e.seconds for e in r.epochs] for r in results) if len(s) > 1]
+    return max(spreads) if spreads else None
+
+
 def recommend(results, noise=NOISE):
     """Return a sentence naming the fastest kvstore of ``results`` (``TrainResult`` objects).
 
-    Differences of less than ``noise`` (relative) are reported as none.
+    A difference counts only when it exceeds both ``noise`` (relative) and
+    the spread of epoch times measured within the runs (``epoch_noise``);
+    with one epoch per run there is no spread to judge by, and the sentence
+    says so instead of naming a winner.
     """
     if len(results) < 2:
         return f'only kvstore {results[0].kvstore} was run; give several to compare.'
     ranked = sorted(results, key=lambda r: r.sec_per_epoch)
     best = ranked[0]
+    where = f'on {len(best.devices)} device{"s" if len(best.devices) > 1 else ""}'
 
     def slower(r):
         return r.sec_per_epoch / best.sec_per_epoch - 1
-    close = [r.kvstore for r in ranked if slower(r) < noise]
+    measured = epoch_noise(results)
+    if measured is None:
+        return (f'{where}, kvstore {best.kvstore} was fastest by {slower(ranked[1]):.0%}, but '
+                'with one epoch per kvstore that cannot be told from run-to-run noise; train 3 '
+                'or more epochs to compare.')
+    limit = max(noise, measured)
+    close = [r.kvstore for r in ranked if slower(r) <= limit]
     rest = '; '.join(f'{r.kvstore} takes {slower(r):.0%} longer' for r in ranked
-                     if slower(r) >= noise)
-    where = f'on {len(best.devices)} device{"s" if len(best.devices) > 1 else ""}'
+                     if slower(r) > limit)
     if len(close) > 1:
         names = f'{", ".join(close[:-1])} and {close[-1]}'
-        answer = (f'{where}, kvstores {names} are equally fast (within '
-                  f'{noise:.0%}, run-to-run noise)')
+        answer = (f'{where}, kvstores {names} are equally fast (within {limit:.0%}, the '
+                  'run-to-run noise measured across epochs)')
     else:
-        answer = f'{where}, kvstore {best.kvstore} is fastest'
+        answer = (f'{where}, kvstore {best.kvstore} is fastest (beyond the {limit:.0%} '
+                  'run-to-run noise measured across epochs)')
     return f'{answer}{"; " + rest if rest else ""}.'

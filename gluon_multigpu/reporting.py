@@ -61,8 +61,12 @@ class Animator:
             # Lines that coincide (kvstores that agree) stay visible: styles differ.
             ax.plot(xs, ys, marker='osD^v'[i % 5], linestyle=['-', '--', ':', '-.'][i % 4],
                     markersize=10 - 2 * (i % 3), fillstyle='none', label=label)
-        if all(isinstance(x, int) for xs in self.X or [] for x in xs):
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs, not fractions
+        values = sorted({x for xs in self.X or [] for x in xs})
+        if values and all(isinstance(x, int) for x in values):  # epochs, not fractions
+            if len(values) <= 20:
+                ax.set_xticks(values)
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(self.xlabel or '')
         ax.set_ylabel(self.ylabel or '')
         if self.xlim:

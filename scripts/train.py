@@ -29,7 +29,7 @@ MODEL_DEFAULTS = {
     'simple-cnn': (64, lambda batch: 0.3, '64 per device, lr 0.3 (the Gluon multi-GPU lab)'),
 }
 #: Steps the engine may run ahead of Python by default (measured: docs/results.md).
-MAX_IN_FLIGHT = 2
+MAX_IN_FLIGHT = 1
 
 EPILOG = """\
 defaults per model (--batch-size, --lr):
