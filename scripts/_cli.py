@@ -175,7 +175,7 @@ class _QuietParser(argparse.ArgumentParser):
 
 
 def engine_devices(argv):
-    """How many CPU contexts a command line trains on side by side; None if not yet known.
+    """How many CPU contexts a command line trains on side by side; None if not known.
 
     Reads only the device flags (the full parser needs the package, which
     needs the settings first); a bad value is left for the full parser.
@@ -188,7 +188,11 @@ def engine_devices(argv):
         return None
     if args.cpu_devices is not None:
         return args.cpu_devices
-    return 0 if args.num_gpus is not None else None
+    if args.num_gpus is not None:
+        return 0
+    # Neither flag: all GPUs, or one CPU context when there are none (no NVIDIA
+    # device node: MXNet would find no GPU either).
+    return None if os.path.exists('/dev/nvidiactl') else 1
 
 
 def prepare_engine(argv=None):
