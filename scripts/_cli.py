@@ -139,7 +139,6 @@ def non_negative_float(text):
     return _number(text, float, 0, 1e6, 'a number from 0 to 1e6')
 
 
-positive_int = int_in(1, 2**31 - 1)
 #: Samples per batch, epochs: more than any run here could use, small enough to stay exact.
 batch_size = int_in(1, 10**6)
 num_epochs = int_in(1, 10**5)

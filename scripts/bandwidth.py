@@ -12,12 +12,15 @@ because its computation dwarfs its synchronisation; this prints that ratio.
 import os
 import sys
 
-import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
-from gluon_multigpu import names
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import (script_parser, check_output_path, non_negative_int, positive_int,  # noqa: E402
-                  run_main)
+import _cli  # noqa: E402  (imports no MXNet)
+
+if __name__ == '__main__':
+    _cli.prepare_engine()  # before MXNet loads: it reads OMP_NUM_THREADS once, at load
+
+import gluon_multigpu as gm  # noqa: E402
+from gluon_multigpu import measure, scaling, scaling_report  # noqa: E402
+from _cli import int_in, run_main, script_parser, seed  # noqa: E402
 
 EPILOG = """\
 figures (GB = 1e9 bytes):
@@ -40,26 +43,39 @@ measuring with one line on stderr and exit status 2.
 """
 
 
+def engine_description(device_type):
+    """Say which engine settings the measurements ran under (for reports)."""
+    if device_type == 'gpu':
+        return ('GPUs, MXNET_ENABLE_GPU_P2P='
+                f"{os.environ.get('MXNET_ENABLE_GPU_P2P', '1 (default)')}")
+    threads = os.environ.get('OMP_NUM_THREADS', "MXNet's default (half the cores)")
+    return (f'CPU contexts on {_cli.cores()} core(s), OMP_NUM_THREADS={threads} per context in '
+            'every run, MXNET_CPU_TEMP_COPY='
+            f"{os.environ.get('MXNET_CPU_TEMP_COPY', '4 (default)')}; each context stands for "
+            'one device of a fixed size, so fewer contexts leave cores idle and more contexts '
+            'than cores share them')
+
+
 def build_parser():
     """Return the argument parser of this script."""
     p = script_parser(__doc__, EPILOG,
                       'GPUs, counts 2, 4, ... up to N and N (default: all GPUs)',
                       'CPU contexts, counts 2, 4, ... up to N and N '
                       '(default without GPUs: counts 2 and 4)')
-    p.add_argument('--counts', type=positive_int, nargs='+', metavar='N',
+    p.add_argument('--counts', type=int_in(1, _cli.MAX_CPU_DEVICES), nargs='+', metavar='N',
                    help='device counts to measure, each at least 2 (default: see above)')
-    p.add_argument('--models', nargs='+', choices=names.MODEL_NAMES,
-                   default=list(names.MODEL_NAMES), metavar='MODEL',
+    p.add_argument('--models', nargs='+', choices=list(gm.MODELS),
+                   default=list(list(gm.MODELS)), metavar='MODEL',
                    help='networks whose parameters are synchronised: '
-                   f'{", ".join(names.MODEL_NAMES)} (default: both)')
-    p.add_argument('--kvstores', nargs='+', choices=names.KVSTORES, metavar='KV',
+                   f'{", ".join(list(gm.MODELS))} (default: both)')
+    p.add_argument('--kvstores', nargs='+', choices=gm.KVSTORES, metavar='KV',
                    help='local (sum on the CPU), device (sum on the devices), nccl (GPUs and an '
                    'MXNet build with NCCL) or none (the Trainer sums itself) (default: every one '
                    'this machine can use)')
-    p.add_argument('--batch-per-device', type=positive_int, metavar='N',
+    p.add_argument('--batch-per-device', type=int_in(1, 100_000), metavar='N',
                    help="samples per device in the compute step (default: 256, the book's; "
                    '8 with --quick)')
-    p.add_argument('--repeats', type=positive_int, metavar='N',
+    p.add_argument('--repeats', type=int_in(1, 1000), metavar='N',
                    help='timed repeats of each measurement; medians are reported '
                    '(default: 5; 2 with --quick)')
     p.add_argument('--quick', action='store_true',
@@ -67,7 +83,7 @@ def build_parser():
     p.add_argument('--data-dir', metavar='DIR',
                    help='Fashion-MNIST folder with the four IDX .gz files; its test images feed '
                    'the forward and backward pass (default: ~/.mxnet/datasets/fashion-mnist)')
-    p.add_argument('--seed', type=non_negative_int, default=0,
+    p.add_argument('--seed', type=seed, default=0,
                    help='seed of the initial weights (default: 0)')
     p.add_argument('--csv', metavar='PATH', help='write one row per configuration as CSV')
     p.add_argument('--json', metavar='PATH',
@@ -80,13 +96,12 @@ def run(args, out=None):
     out = out or sys.stdout
     for path, flag in ((args.csv, '--csv'), (args.json, '--json')):
         if path:
-            check_output_path(path, flag)
-    from gluon_multigpu import measure, scaling  # MXNet loads here, after the engine settings
-    device_type, counts, note = measure.resolve_devices(
+            gm.files.check_output_path(path, flag)
+    device_type, counts, note = gm.devices.resolve_counts(
         args.num_gpus, args.cpu_devices, args.counts, minimum=2, cpu_default=(2, 4))
     kvstores = list(dict.fromkeys(args.kvstores or measure.usable_kvstores(device_type)))
     for kvstore in kvstores:
-        gm.training.check_kvstore(kvstore, measure.devices_for(device_type, counts[0]))
+        gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
     batch = args.batch_per_device or (8 if args.quick else 256)
     repeats = args.repeats or (2 if args.quick else 5)
     root = os.path.expanduser(args.data_dir or gm.data.default_root('fashion-mnist'))
@@ -101,15 +116,15 @@ def run(args, out=None):
     for model in args.models:
         rows += measure.measure_bandwidth(model, device_type, counts, kvstores, batch, images,
                                           labels, repeats, seed=args.seed, progress=progress)
-    print(scaling.bandwidth_table(rows), file=out)
-    print('', *scaling.bandwidth_summary(rows), sep='\n', file=out)
+    print(scaling_report.bandwidth_table(rows), file=out)
+    print('', *scaling_report.bandwidth_summary(rows), sep='\n', file=out)
     config = {'device_type': device_type, 'counts': counts, 'kvstores': kvstores,
               'models': args.models, 'batch_per_device': batch, 'repeats': repeats,
-              'seed': args.seed, 'engine': measure.engine_description(device_type)}
+              'seed': args.seed, 'engine': engine_description(device_type)}
     written = []
     try:  # both files or neither
         if args.csv:
-            scaling.write_csv(args.csv, rows, scaling.BANDWIDTH_COLUMNS)
+            gm.files.write_csv(args.csv, rows, scaling.BANDWIDTH_COLUMNS)
             written.append(args.csv)
         if args.json:
             gm.write_json(args.json, {'config': config, 'rows': rows})

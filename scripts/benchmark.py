@@ -2,8 +2,9 @@
 """Measure the package's training path against the text's loop, side by side, in one run.
 
 Each measurement runs in a fresh process, because MXNet reads its threading
-settings when it is imported: the "book" variant with MXNet's defaults
-(``GLUON_MULTIGPU_ENGINE_ENV=0``), "ours" with the package's engine settings.
+settings when it is imported: the "book" variant (the text's loop: ``resnet18``
+of ``nn.Block`` residuals, no hybridization, no read-back within an epoch)
+with MXNet's defaults, "ours" with the engine settings ``train.py`` applies.
 Variants alternate and the whole list repeats (the end-to-end runs, two
 whole epochs each, run once); the table gives medians, the
 ratios the targets ask for, and whether each holds. Timings are wall-clock
@@ -21,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _bench_workers  # noqa: E402  (imports no MXNet)
-from _cli import OneLineParser  # noqa: E402
+import _cli  # noqa: E402  (imports no MXNet)
 
 FULL = {'steps': 3, 'warmup': 1, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
         'eval_images': 512, 'memory_train': 7680, 'e2e_train': None, 'e2e_test': None,
@@ -49,12 +50,12 @@ TARGETS = [  # key, what, comparison, threshold
 
 def parse_args(argv=None):
     """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
-    p = OneLineParser(description=__doc__.splitlines()[0])
+    p = _cli.OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--data-dir', metavar='DIR',
                    default=os.path.expanduser('~/.mxnet/datasets/fashion-mnist'),
                    help='folder of the four Fashion-MNIST IDX .gz files '
                    '(default: ~/.mxnet/datasets/fashion-mnist)')
-    p.add_argument('--repeats', type=int, default=2, metavar='N',
+    p.add_argument('--repeats', type=_cli.int_in(1, 100), default=2, metavar='N',
                    help='rounds over all measurements; medians are reported (default: 2)')
     p.add_argument('--json', metavar='PATH', default='benchmark.json',
                    help='where to write every measurement (default: benchmark.json)')
@@ -64,10 +65,7 @@ def parse_args(argv=None):
                    help='run only the measurements whose key starts with a PREFIX '
                    '(e.g. train/resnet18 e2e); targets lacking a figure show n/a')
     p.add_argument('--worker', metavar='SPEC', help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error(f'--repeats must be at least 1, got {args.repeats}')
-    return args
+    return p.parse_args(argv)
 
 
 def variant_env(variant):
@@ -75,10 +73,7 @@ def variant_env(variant):
     env = dict(os.environ)
     for name in ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY', 'OPENBLAS_NUM_THREADS'):
         env.pop(name, None)  # the package decides, or MXNet does
-    if variant == 'book':
-        env['GLUON_MULTIGPU_ENGINE_ENV'] = '0'
-    else:
-        env.pop('GLUON_MULTIGPU_ENGINE_ENV', None)
+    env.pop('GLUON_MULTIGPU_ENGINE_ENV', None)
     return env
 
 
@@ -227,8 +222,7 @@ def main(argv=None):
     if args.worker:
         spec = json.loads(args.worker)
         if spec['variant'] == 'ours':  # the settings train.py applies for this device count
-            from gluon_multigpu import runtime
-            runtime.apply_engine_env(num_cpu_devices=spec.get('devices'))
+            _cli.apply_engine_settings(spec.get('devices'))
         print('RESULT ' + json.dumps(_bench_workers.WORKERS[spec['kind']](spec)), flush=True)
         return 0
     missing = [f for f in ('train-images-idx3-ubyte.gz', 't10k-images-idx3-ubyte.gz')
@@ -269,7 +263,7 @@ def main(argv=None):
     print(f'\nResNet-18: {flops / 1e9:.2f} GFLOP per training image (forward + backward, '
           f'from layer shapes); {time.perf_counter() - start:.0f} s in all; '
           f'{os.cpu_count()} CPUs')
-    from gluon_multigpu.reporting import write_json
+    from gluon_multigpu.files import write_json
     write_json(args.json, {'targets': rows, 'measurements': results,
                            'flops_per_image': flops, 'quick': args.quick,
                            'repeats': args.repeats, 'cpus': os.cpu_count()})

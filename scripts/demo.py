@@ -13,9 +13,11 @@ plays the part of "the CPU" on which nothing was initialised.
 import os
 import sys
 
-from gluon_multigpu import runtime
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _cli  # noqa: E402  (imports no MXNet)
 
-runtime.apply_engine_env()  # before MXNet loads
+if __name__ == '__main__':
+    _cli.prepare_engine()  # before MXNet loads
 
 # pylint: disable=wrong-import-position
 import mxnet as mx  # noqa: E402
@@ -23,16 +25,13 @@ from mxnet import gluon, init, np  # noqa: E402
 
 import gluon_multigpu as gm  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import OneLineParser  # noqa: E402  (shared by the scripts)
-
 
 def parse_args(argv=None):
     """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
-    p = OneLineParser(description=__doc__.splitlines()[0])
+    p = _cli.OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--cpu', action='store_true',
                    help='use the CPU contexts cpu(1), cpu(2) even when two GPUs exist')
-    p.add_argument('--seed', type=int,
+    p.add_argument('--seed', type=_cli.seed,
                    help="seed MXNet's generators first (default: MXNet's start-up state, "
                    "which reproduces the weights printed in the text)")
     return p.parse_args(argv)

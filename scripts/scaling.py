@@ -12,12 +12,17 @@ which answers how many devices to use and which kvstore is faster.
 import os
 import sys
 
-import gluon_multigpu as gm  # loads MXNet only on first use, after the engine settings
-from gluon_multigpu import names
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cli import (script_parser, non_negative_float, non_negative_int, positive_float,  # noqa: E402
-                  positive_int, run_main)
+import _cli  # noqa: E402  (imports no MXNet)
+
+if __name__ == '__main__':
+    _cli.prepare_engine()  # before MXNet loads: it reads OMP_NUM_THREADS once, at load
+
+import gluon_multigpu as gm  # noqa: E402
+from gluon_multigpu import measure, scaling, scaling_report  # noqa: E402
+from _cli import (int_in, non_negative_float, num_epochs, positive_float, run_main,  # noqa: E402
+                  script_parser, seed)
+from bandwidth import engine_description  # noqa: E402
 
 EPILOG = """\
 definitions:
@@ -52,43 +57,43 @@ def build_parser():
                       'GPUs, counts 1, 2, 4, ... up to N and N (default: all GPUs)',
                       'CPU contexts, counts 1, 2, 4, ... up to N and N '
                       '(default without GPUs: up to the number of cores)')
-    p.add_argument('--counts', type=positive_int, nargs='+', metavar='N',
+    p.add_argument('--counts', type=int_in(1, _cli.MAX_CPU_DEVICES), nargs='+', metavar='N',
                    help='device counts to run, e.g. 1 2 4 (default: see above)')
     batch = p.add_mutually_exclusive_group()
-    batch.add_argument('--batch-per-device', type=positive_int, nargs='+', metavar='B',
+    batch.add_argument('--batch-per-device', type=int_in(1, 100_000), nargs='+', metavar='B',
                        help='samples per device per step; the global batch is B x devices, as '
                        "the book scales it (default: 256, the book's)")
-    batch.add_argument('--global-batch', type=positive_int, nargs='+', metavar='B',
+    batch.add_argument('--global-batch', type=int_in(1, 1_000_000), nargs='+', metavar='B',
                        help='fixed global batches instead, split across the devices')
-    p.add_argument('--lr-rule', nargs='+', choices=names.LR_RULES, default=['linear'],
+    p.add_argument('--lr-rule', nargs='+', choices=scaling.LR_RULES, default=['linear'],
                    metavar='RULE', help='learning-rate rules to try: '
-                   f'{", ".join(names.LR_RULES)} (default: linear)')
+                   f'{", ".join(scaling.LR_RULES)} (default: linear)')
     p.add_argument('--base-lr', type=positive_float, default=0.1, metavar='LR',
                    help='SGD learning rate at a global batch of 256 (default: 0.1, the book)')
-    p.add_argument('--kvstores', nargs='+', choices=names.KVSTORES, default=['device'],
+    p.add_argument('--kvstores', nargs='+', choices=gm.KVSTORES, default=['device'],
                    metavar='KV', help='gradient synchronisation: local, device, nccl (GPUs with '
                    'an NCCL build) or none (default: device)')
-    p.add_argument('--num-epochs', type=positive_int, default=10, metavar='N',
+    p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='epochs of every run (default: 10)')
-    p.add_argument('--model', choices=names.MODEL_NAMES, default='resnet18',
+    p.add_argument('--model', choices=list(gm.MODELS), default='resnet18',
                    help='network (default: resnet18)')
-    p.add_argument('--dataset', choices=names.DATASET_NAMES, default='fashion-mnist',
+    p.add_argument('--dataset', choices=list(gm.DATASETS), default='fashion-mnist',
                    help='data set (default: fashion-mnist)')
     p.add_argument('--data-dir', metavar='DIR', help='directory with the four IDX .gz files '
                    '(default: ~/.mxnet/datasets/<dataset>)')
-    p.add_argument('--num-train', type=positive_int, metavar='N',
+    p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
                    help='use only the first N training images (default: all 60000)')
-    p.add_argument('--num-test', type=positive_int, metavar='N',
+    p.add_argument('--num-test', type=int_in(1, 10**8), metavar='N',
                    help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=non_negative_int, default=0,
+    p.add_argument('--seed', type=seed, default=0,
                    help='seed of the initial weights and the data order, the same in every run '
                    '(default: 0)')
-    p.add_argument('--project-to', type=positive_int, default=16, metavar='N',
+    p.add_argument('--project-to', type=int_in(1, 1024), default=16, metavar='N',
                    help='project to 1, 2, 4, ... N devices (default: 16, a p2.16xlarge)')
-    p.add_argument('--compute-repeats', type=positive_int, default=5, metavar='N',
+    p.add_argument('--compute-repeats', type=int_in(1, 1000), default=5, metavar='N',
                    help='timed training steps (forward, backward, update) on one device for '
                    'the projection; the median is used (default: 5)')
-    p.add_argument('--sync-repeats', type=positive_int, default=5, metavar='N',
+    p.add_argument('--sync-repeats', type=int_in(1, 1000), default=5, metavar='N',
                    help='timed synchronisations per kvstore and count for the projection '
                    '(default: 5)')
     p.add_argument('--out', metavar='DIR', default='scaling-report',
@@ -103,14 +108,13 @@ def build_parser():
 def run(args, out=None):
     """Check the input, run the sweep and the projection's measurements, write the report."""
     out = out or sys.stdout
-    gm.reporting.check_output_dir(args.out, '--out')
-    from gluon_multigpu import measure, scaling  # MXNet loads here, after the engine settings
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-    device_type, counts, note = measure.resolve_devices(
-        args.num_gpus, args.cpu_devices, args.counts, cpu_default=scaling.device_counts(cores))
+    gm.files.check_output_dir(args.out, '--out')
+    cores = _cli.cores()
+    device_type, counts, note = gm.devices.resolve_counts(
+        args.num_gpus, args.cpu_devices, args.counts, cpu_default=gm.devices.device_counts(cores))
     kvstores = list(dict.fromkeys(args.kvstores))
     for kvstore in kvstores:
-        gm.training.check_kvstore(kvstore, measure.devices_for(device_type, counts[0]))
+        gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
     batch_mode = 'global' if args.global_batch else 'per-device'
     batches = list(dict.fromkeys(args.global_batch or args.batch_per_device or [256]))
     grid = scaling.build_grid(args.model, counts, kvstores, list(dict.fromkeys(args.lr_rule)),
@@ -139,17 +143,17 @@ def run(args, out=None):
     config = {'model': args.model, 'dataset': args.dataset, 'num_train': len(train_data[1]),
               'num_test': len(test_iter.labels), 'epochs': args.num_epochs, 'seed': args.seed,
               'device_type': device_type, 'counts': counts, 'base_lr': args.base_lr,
-              'engine': measure.engine_description(device_type), 'project_to': args.project_to,
+              'engine': engine_description(device_type), 'project_to': args.project_to,
               'compute_repeats': args.compute_repeats, 'sync_repeats': args.sync_repeats}
-    scaling.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
-    print(scaling.scaling_table(rows), file=out)
-    print('', *scaling.how_many_devices(rows), file=out, sep='\n')
-    kv_lines = scaling.fastest_kvstores(rows)
+    scaling_report.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
+    print(scaling_report.scaling_table(rows), file=out)
+    print('', *scaling_report.how_many_devices(rows), file=out, sep='\n')
+    kv_lines = scaling_report.fastest_kvstores(rows)
     if kv_lines:
         print('', 'local or device:', *kv_lines, file=out, sep='\n')
     if projection:
         print('', 'Projection (a model, not a measurement; assumptions in report.md):',
-              scaling.projection_table(projection, rows), file=out, sep='\n')
+              scaling_report.projection_table(projection, rows), file=out, sep='\n')
     print(f'\nwrote {os.path.join(args.out, "report.md")} and its files', file=out)
     return rows, projection
 

@@ -19,7 +19,7 @@ if __name__ == '__main__':
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu.reporting import Progress  # noqa: E402
 from _cli import (FLAGS, batch_size, error_line, int_in, non_negative_float,  # noqa: E402
-                  num_epochs, positive_float, positive_int, script_parser, seed)
+                  num_epochs, positive_float, script_parser, seed)
 
 #: Per model: samples per device and the learning rate as a function of the total batch B.
 #: ResNet-18 keeps the book's settings; the simple CNN's were measured (docs/guide.md).
@@ -79,9 +79,9 @@ def build_parser():
                    '(default: ~/.mxnet/datasets/<dataset>)')
     p.add_argument('--download', action='store_true',
                    help="download missing files from MXNet's mirror (needs internet)")
-    p.add_argument('--num-train', type=positive_int, metavar='N',
+    p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
                    help='use only the first N training images (default: all 60000)')
-    p.add_argument('--num-test', type=positive_int, metavar='N',
+    p.add_argument('--num-test', type=int_in(1, 10**8), metavar='N',
                    help='use only the first N test images (default: all 10000)')
     p.add_argument('--seed', type=seed, default=0,
                    help=f'seed of the initial weights and the data order, 0 to {_cli.MAX_SEED} '

@@ -10,8 +10,13 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu import measure, scaling
+from gluon_multigpu import measure
 from conftest import load_script
+
+
+# nccl on CPU contexts: refused for the build (no NCCL) or, with NCCL, for the devices
+NCCL_ON_CPU = ('sums gradients between GPUs' if gm.kvstores.has_nccl()
+               else 'needs an MXNet build with NCCL')
 
 MODELS = ['resnet18', 'simple-cnn']
 KVSTORES = ['local', 'device', 'none']
@@ -34,7 +39,7 @@ def quick(bandwidth, fashion_dir, tmp_path_factory):
     printed = io.StringIO()
     bandwidth.run(args, out=printed)
     return {'json': json.loads((out / 'bw.json').read_text()),
-            'csv': scaling.read_csv(out / 'bw.csv'), 'printed': printed.getvalue(), 'dir': out}
+            'csv': gm.files.read_csv(out / 'bw.csv'), 'printed': printed.getvalue(), 'dir': out}
 
 
 def trainable_count_from_shapes(model):
@@ -133,11 +138,11 @@ def truncated_dir(fashion_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--num-gpus', '2'], 'none is available'),
+    (['--num-gpus', str(gm.num_gpus() + 1)], 'GPU(s) requested but'),
     (['--counts', '1', '2'], 'needs at least 2 devices, got a count of 1'),
     (['--cpu-devices', '4', '--counts', '2', '8'], '--counts 8 exceeds --cpu-devices 4'),
     (['--cpu-devices', '1'], '--cpu-devices 1 gives no device count of at least 2'),
-    (['--cpu-devices', '2', '--kvstores', 'device', 'nccl'], 'needs an MXNet build with NCCL'),
+    (['--cpu-devices', '2', '--kvstores', 'device', 'nccl'], NCCL_ON_CPU),
     (['--cpu-devices', '2', '--data-dir', '/no/such/dir'], '/no/such/dir does not exist'),
     (['--cpu-devices', '2', '--csv', '/no/such/dir/bw.csv'], 'does not exist; create it first'),
     (['--cpu-devices', '2', '--json', '{tmp}'], 'is a directory; give a file name'),

@@ -12,6 +12,11 @@ import gluon_multigpu as gm
 from gluon_multigpu import scaling
 from conftest import load_script
 
+
+# nccl on CPU contexts: refused for the build (no NCCL) or, with NCCL, for the devices
+NCCL_ON_CPU = ('sums gradients between GPUs' if gm.kvstores.has_nccl()
+               else 'needs an MXNet build with NCCL')
+
 NUM_TRAIN = 256
 KVSTORES = ['local', 'device']
 RULES = ['linear', 'fixed']
@@ -34,9 +39,9 @@ def sweep(script, out, *extra):
     printed = io.StringIO()
     script.run(args, out=printed)
     return {'printed': printed.getvalue(), 'dir': out,
-            'rows': scaling.read_csv(out / 'scaling.csv'),
-            'projection': scaling.read_csv(out / 'projection.csv'),
-            'sync': scaling.read_csv(out / 'sync.csv'),
+            'rows': gm.files.read_csv(out / 'scaling.csv'),
+            'projection': gm.files.read_csv(out / 'projection.csv'),
+            'sync': gm.files.read_csv(out / 'sync.csv'),
             'report': (out / 'report.md').read_text()}
 
 
@@ -118,7 +123,7 @@ def test_report_has_every_run_and_answers_from_the_measurements(per_device):
     for png in ('speedup.png', 'efficiency.png', 'accuracy.png'):
         assert f']({png})' in text
     assert '## Projection to more devices (a model, not a measurement)' in text
-    assert per_device['printed'].startswith(scaling.scaling_table(rows).splitlines()[0])
+    assert per_device['printed'].startswith(gm.scaling_report.scaling_table(rows).splitlines()[0])
 
 
 def least_squares_slope(points):
@@ -224,9 +229,9 @@ def test_without_a_one_device_run_speedup_is_left_empty_and_said(script, fashion
 
 
 def test_device_counts_and_learning_rate_rules():
-    assert scaling.device_counts(6) == [1, 2, 4, 6]
-    assert scaling.device_counts(16) == [1, 2, 4, 8, 16]
-    assert scaling.device_counts(4, minimum=2) == [2, 4] and scaling.device_counts(1, 2) == []
+    assert gm.devices.device_counts(6) == [1, 2, 4, 6]
+    assert gm.devices.device_counts(16) == [1, 2, 4, 8, 16]
+    assert gm.devices.device_counts(4, minimum=2) == [2, 4] and gm.devices.device_counts(1, 2) == []
     assert scaling.learning_rate('linear', 0.1, 512) == pytest.approx(0.2)  # the book's 2 GPUs
     assert scaling.learning_rate('sqrt', 0.1, 1024) == pytest.approx(0.2)
     assert scaling.learning_rate('fixed', 0.1, 1024) == 0.1
@@ -234,10 +239,9 @@ def test_device_counts_and_learning_rate_rules():
         scaling.learning_rate('cubic', 0.1, 256)
 
 
+@pytest.mark.skipif(gm.num_gpus() > 0, reason='checks the fallback without a GPU')
 def test_without_gpus_or_flags_the_sweep_uses_cpu_contexts_and_says_so():
-    from gluon_multigpu import measure
-    assert gm.num_gpus() == 0  # the CPU build the tests run on
-    kind, counts, note = measure.resolve_devices(cpu_default=[1, 2])
+    kind, counts, note = gm.devices.resolve_counts(cpu_default=[1, 2])
     assert (kind, counts) == ('cpu', [1, 2]) and note.startswith('no GPU found')
 
 
@@ -254,11 +258,11 @@ def truncated_dir(fashion_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--num-gpus', '1'], 'none is available'),
+    (['--num-gpus', str(gm.num_gpus() + 1)], 'GPU(s) requested but'),
     (['--cpu-devices', '2', '--counts', '1', '4'], '--counts 4 exceeds --cpu-devices 2'),
     (['--cpu-devices', '4', '--global-batch', '2'], 'a global batch of 2 cannot be split '
      'across 4 devices'),
-    (['--cpu-devices', '2', '--kvstores', 'nccl'], 'needs an MXNet build with NCCL'),
+    (['--cpu-devices', '2', '--kvstores', 'nccl'], NCCL_ON_CPU),
     (['--cpu-devices', '2', '--out', '{tmp}/file.txt'], 'is a file; give a directory'),
     (['--cpu-devices', '2', '--out', '{tmp}/no/such'], 'does not exist; create it first'),
     (['--cpu-devices', '2', '--data-dir', '/no/such/dir', '--out', '{tmp}/r'],
@@ -282,11 +286,11 @@ def test_bad_input_is_one_line_status_2_and_no_files(script, argv, message, tmp_
 def test_a_failure_while_writing_leaves_no_files(per_device, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError('disk full')
-    monkeypatch.setattr(scaling, 'accuracy_batch_chart', broken)
+    monkeypatch.setattr(gm.scaling_report, 'accuracy_batch_chart', broken)
     rows, projection, sync = per_device['rows'], per_device['projection'], per_device['sync']
     config = {'model': 'simple-cnn', 'device_type': 'cpu'}
     with pytest.raises(OSError):
-        scaling.write_scaling_outputs(tmp_path / 'new', config, rows, projection, sync)
+        gm.scaling_report.write_scaling_outputs(tmp_path / 'new', config, rows, projection, sync)
     assert os.listdir(tmp_path) == []
 
 
