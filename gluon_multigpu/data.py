@@ -18,7 +18,7 @@ from mxnet import np, npx
 
 from .errors import DataError
 
-__all__ = ['IDX_FILES', 'DATASETS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
+__all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',
            'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
            'load_data_mnist']
@@ -45,13 +45,35 @@ def default_root(name='fashion-mnist'):
     return os.path.join(mx.base.data_dir(), 'datasets', name)
 
 
-def read_idx(path):
+#: Most elements an IDX file of an unknown data set may hold (a header claiming
+#: more is refused before anything is read): 10**8, 100 MB of uint8.
+MAX_ITEMS = 10**8
+#: Most dimensions of an IDX file: images are (N, H, W) or (N, H, W, C).
+MAX_RANK = 4
+
+
+def _read(f, n, path):
+    """Read ``n`` bytes (or fewer at the end) from the gzip stream ``f``, as one line on error."""
+    try:
+        return f.read(n)
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f'{path} is not a complete gzip file ({e}); download it again') from None
+
+
+def read_idx(path, max_items=MAX_ITEMS):
     """Read one gzip-compressed IDX file into a NumPy array, validating its content.
+
+    The header is read and checked first; then exactly the bytes it
+    announces are inflated, and one more to make sure nothing follows, so a
+    small file that would inflate to gigabytes is refused without holding
+    more than the announced payload in memory.
 
     Parameters
     ----------
     path : str
         Path of an ``*-idx?-ubyte.gz`` file.
+    max_items : int
+        Most elements the header may announce.
 
     Returns
     -------
@@ -59,26 +81,39 @@ def read_idx(path):
         The array with the shape stored in the file's header.
     """
     try:
-        with gzip.open(path, 'rb') as f:
-            raw = f.read()
+        f = gzip.open(path, 'rb')
     except FileNotFoundError:
         raise DataError(f'{path} does not exist') from None
-    except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f'{path} is not a complete gzip file ({e}); '
-                        'download it again') from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise DataError(f'{path} is not an IDX file (bad magic number {raw[:4].hex() or "<empty>"}); '
-                        'download it again')
-    dtype, ndim = onp.dtype(_IDX_DTYPES[raw[2]]), raw[3]
-    header = 4 + 4 * ndim
-    if ndim == 0 or len(raw) < header:
-        raise DataError(f'{path} has a truncated IDX header; download it again')
-    shape = struct.unpack(f'>{ndim}I', raw[4:header])
-    expected = int(onp.prod(shape, dtype=onp.int64)) * dtype.itemsize
-    if len(raw) - header != expected:
-        raise DataError(f'{path} holds {len(raw) - header} data bytes but its header '
-                        f'{shape} needs {expected}; download it again')
-    data = onp.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+    except OSError as e:
+        raise DataError(f'{path} cannot be opened ({e.strerror or e})') from None
+    with f:
+        magic = _read(f, 4, path)
+        if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_DTYPES:
+            raise DataError(f'{path} is not an IDX file (bad magic number '
+                            f'{magic.hex() or "<empty>"}); download it again')
+        dtype, ndim = onp.dtype(_IDX_DTYPES[magic[2]]), magic[3]
+        if not 1 <= ndim <= MAX_RANK:
+            raise DataError(f'{path} has an IDX header of {ndim} dimensions (1 to {MAX_RANK} '
+                            'make sense); download it again')
+        dims = _read(f, 4 * ndim, path)
+        if len(dims) < 4 * ndim:
+            raise DataError(f'{path} has a truncated IDX header; download it again')
+        shape = struct.unpack(f'>{ndim}I', dims)
+        items = 1
+        for d in shape:
+            items *= d  # Python integers: no overflow
+        if items > max_items:
+            raise DataError(f'{path} has an IDX header {shape} of {items} elements, more than '
+                            f'the {max_items} this data set can hold; download it again')
+        expected = items * dtype.itemsize
+        raw = _read(f, expected, path)
+        if len(raw) != expected:
+            raise DataError(f'{path} holds {len(raw)} data bytes but its header {shape} needs '
+                            f'{expected}; download it again')
+        if _read(f, 1, path):
+            raise DataError(f'{path} holds more data than its header {shape} says; download it '
+                            'again')
+    data = onp.frombuffer(raw, dtype=dtype).reshape(shape)
     return data.astype(dtype.newbyteorder('='), copy=False)
 
 
@@ -111,7 +146,12 @@ def read_split(root, split='train', name=None):
     """
     images_path = os.path.join(root, IDX_FILES[(split, 'images')])
     labels_path = os.path.join(root, IDX_FILES[(split, 'labels')])
-    images, labels = read_idx(images_path), read_idx(labels_path)
+    # A known data set bounds what a header may announce: its images' size.
+    limit = MAX_ITEMS
+    if name is not None:
+        spec = DATASETS[name]
+        limit = spec[split] * int(onp.prod(spec['shape']))
+    images, labels = read_idx(images_path, limit), read_idx(labels_path, limit)
     if images.ndim != 3 or images.dtype != onp.uint8:
         raise DataError(f'{images_path} must hold uint8 images (N, H, W), '
                         f'found {images.dtype} {images.shape}; download it again')
@@ -327,5 +367,5 @@ def load_data_fashion_mnist(batch_size, resize=None, root=None, **kwargs):
 
 
 def load_data_mnist(batch_size, resize=None, root=None, **kwargs):
-    """Return ``(train_iter, test_iter)`` of MNIST (seed 002's data); see ``load_data``."""
+    """Return ``(train_iter, test_iter)`` of MNIST (the Gluon lab's data); see ``load_data``."""
     return load_data('mnist', batch_size, resize=resize, root=root, **kwargs)

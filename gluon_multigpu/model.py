@@ -1,4 +1,4 @@
-"""The networks: the book's modified ResNet-18 and the lab's small CNN."""
+"""The networks: the book's modified ResNet-18 and the Gluon multi-GPU lab's small CNN."""
 from mxnet import autograd, init, np, npx
 from mxnet.gluon import nn
 

@@ -160,7 +160,7 @@ def build_grid(model, counts, kvstores, lr_rules, base_lr, epochs, batches,
                     if global_batch < n:
                         raise GluonMultiGPUError(
                             f'a global batch of {global_batch} cannot be split across {n} '
-                            f'devices; use --global-batch {n} or more, or fewer devices')
+                            f'devices; use `global_batch` {n} or more, or fewer devices')
                     grid.append(Config(model, n, kvstore, batch_mode, global_batch, rule,
                                        learning_rate(rule, base_lr, global_batch), epochs))
     return grid

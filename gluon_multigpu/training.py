@@ -23,7 +23,7 @@ from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
 from .results import EpochRecord, EpochTotals, TrainResult
 from .utils import Timer, accuracy
 
-__all__ = ['Hook', 'Run', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
+__all__ = ['Hook', 'Run', 'EpochSteps', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
            'check_finite_params', 'hybridize', 'check_train_args', 'train']
 
 
@@ -114,6 +114,10 @@ class Run:
     hooks: list
     epoch: int = 0
 
+    def batches(self, skip=0):
+        """The epoch's batches, without the first ``skip`` (done before a resumed stop)."""
+        return itertools.islice(iter(self.train_iter), skip, None) if skip else self.train_iter
+
     def call(self, method, *args):
         """Call ``method`` of every hook in turn; return True if any returned True."""
         answers = [getattr(hook, method)(self, *args) for hook in self.hooks]
@@ -174,67 +178,74 @@ def check_finite_params(net, where=''):
         raise TrainingDiverged(f'parameter {bad[0]}{more} became non-finite{where}')
 
 
-def _check_losses(step_losses, first_step):
-    """Raise ``TrainingDiverged`` naming the first step whose loss is not finite.
+@dataclass
+class EpochSteps:
+    """The steps of an epoch as queued: what ``train_epoch`` returns, before any wait.
 
-    ``step_losses`` holds, per device, one 0-d loss sum per step (sync point:
-    one read-back per device). Returns the total loss.
+    Per device, each step's loss sum and correct count, still on the device;
+    and what Python knows without waiting (samples, steps, whether a hook
+    stopped the epoch). ``totals`` reads them back once the devices are done.
     """
-    per_step = [np.stack(values).asnumpy().astype('float64') for values in step_losses if values]
-    if not per_step:
-        return 0.0
-    summed = sum(per_step)
-    for i, value in enumerate(summed):
-        if not math.isfinite(value):
-            raise TrainingDiverged(f'the training loss became non-finite at step {first_step + i}',
-                                   step=first_step + i)
-    return float(summed.sum())
+    losses: list
+    correct: list
+    samples: int = 0
+    batches: int = 0
+    stopped: bool = False
+    first_step: int = 1
+
+    def totals(self, seconds):
+        """Return the epoch's ``EpochTotals`` (sync point: one read-back per device).
+
+        Raises ``TrainingDiverged`` naming the first step whose loss is not
+        finite, and ``GluonMultiGPUError`` for an epoch without data.
+        """
+        if self.samples == 0 and not self.stopped and self.first_step == 1:
+            raise GluonMultiGPUError('the training data is empty')
+        per_step = [np.stack(v).asnumpy().astype('float64') for v in self.losses if v]
+        step_sums = sum(per_step) if per_step else []
+        for i, value in enumerate(step_sums):
+            if not math.isfinite(value):
+                step = self.first_step + i
+                raise TrainingDiverged(f'the training loss became non-finite at step {step}',
+                                       step=step)
+        return EpochTotals(float(sum(step_sums)), _read_sum(self.correct), self.samples,
+                           seconds, self.batches, self.stopped)
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, first_step=1,
-                max_in_flight=None):
-    """Train one epoch; return its ``EpochTotals``.
-
-    ``seconds`` covers the loop up to ``npx.waitall()``, so it is the time the
-    devices took, not the time Python took to queue the work. The per-step
-    loss sums and correct counts stay on the devices and are read back once,
-    at the end; a non-finite loss raises ``TrainingDiverged`` naming the step.
+def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
+                first_step=1, max_in_flight=None):
+    """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
+    ``totals(seconds)``).
 
     Parameters
     ----------
     hooks_of : Run, optional
         Its hooks' ``step_end`` is called after every step; one returning
         True ends the epoch there (``stopped=True``).
+    timer : Timer, optional
+        The epoch's timer, handed to the hooks.
     first_step : int
         Number of the first step, for messages (a resumed epoch starts later).
     max_in_flight : int, optional
-        After queuing step ``i``, wait until step ``i - max_in_flight`` has
-        finished, so the engine never runs more than that many steps behind
+        After queuing step ``i``, wait until step ``i - max_in_flight + 1`` has
+        started, so the engine never runs more than that many steps behind
         Python (None: as far as it likes, the book's way).
     """
-    losses, correct = [[] for _ in devices], [[] for _ in devices]
-    samples, batches, stopped, timer = 0, 0, False, Timer()
+    steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
     for X, y in train_iter:
-        stats = train_batch(net, X, y, loss, trainer, devices)
-        for i, (l, c) in enumerate(stats):
-            losses[i].append(l)
-            correct[i].append(c)
-        samples += X.shape[0]
-        batches += 1
-        if max_in_flight and batches > max_in_flight - 1:
-            # Sync point: step batches - max_in_flight + 1 has started its forward
-            # pass, so every step before it has been applied.
-            losses[0][batches - max_in_flight].wait_to_read()
-        if hooks_of is not None and hooks_of.call('step_end', first_step - 1 + batches, samples,
-                                                  timer):
-            stopped = True
+        for i, (l, c) in enumerate(train_batch(net, X, y, loss, trainer, devices)):
+            steps.losses[i].append(l)
+            steps.correct[i].append(c)
+        steps.samples += X.shape[0]
+        steps.batches += 1
+        if max_in_flight and steps.batches >= max_in_flight:
+            # Sync point: this step's loss exists once the step before it was applied.
+            steps.losses[0][steps.batches - max_in_flight].wait_to_read()
+        if hooks_of is not None and hooks_of.call('step_end', first_step - 1 + steps.batches,
+                                                  steps.samples, timer):
+            steps.stopped = True
             break
-    npx.waitall()  # Sync point: every queued step has finished before the timer stops.
-    seconds = timer.stop()
-    if samples == 0 and not stopped and first_step == 1:
-        raise GluonMultiGPUError('the training data is empty')
-    loss_sum = _check_losses(losses, first_step)
-    return EpochTotals(loss_sum, _read_sum(correct), samples, seconds, batches, stopped)
+    return steps
 
 
 def hybridize(net):
@@ -323,11 +334,14 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     run = Run(net, trainer, devices, train_iter, result,
               list(hooks) + ([_EpochCallback(on_epoch)] if on_epoch else []))
     first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
+    timer = Timer()
     for epoch in range(first_epoch, num_epochs + 1):
         run.epoch, done = epoch, partial.batches if partial else 0
-        data = itertools.islice(iter(train_iter), done, None) if done else train_iter
-        totals = _diverged_in(run, train_epoch, net, data, loss, trainer, devices, hooks_of=run,
-                              first_step=done + 1, max_in_flight=max_in_flight)
+        timer.start()
+        steps = train_epoch(net, run.batches(done), loss, trainer, devices, hooks_of=run,
+                            timer=timer, first_step=done + 1, max_in_flight=max_in_flight)
+        npx.waitall()  # Sync point: every queued step has finished before the timer stops.
+        totals = _diverged_in(run, steps.totals, timer.stop())  # the epoch's one read-back
         totals, partial = (partial + totals if partial else totals), None
         if totals.stopped:
             run.call('stopped', totals)

@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 
 #: Most CPU contexts a script accepts: MXNet starts a worker thread per
@@ -154,6 +155,40 @@ def add_device_flags(p, gpu_help, cpu_help):
     return where
 
 
+def add_run_flags(p, models, datasets, seed_help='the same in every run'):
+    """Add what a training run is made of: --model, --dataset, --data-dir, subsets and --seed.
+
+    ``models`` and ``datasets`` are the choices (the package's names).
+    """
+    p.add_argument('--model', choices=list(models), default='resnet18',
+                   help='network (default: resnet18)')
+    p.add_argument('--dataset', choices=list(datasets), default='fashion-mnist',
+                   help='data set (default: fashion-mnist)')
+    p.add_argument('--data-dir', metavar='DIR', help='directory with the four IDX .gz files '
+                   '(default: ~/.mxnet/datasets/<dataset>)')
+    p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
+                   help='use only the first N training images (default: all 60000)')
+    p.add_argument('--num-test', type=int_in(1, 10**8), metavar='N',
+                   help='use only the first N test images (default: all 10000)')
+    p.add_argument('--seed', type=seed, default=0,
+                   help=f'seed of the initial weights and the data order, 0 to {MAX_SEED}, '
+                   f'{seed_help} (default: 0)')
+
+
+def sweep_parser(doc, epilog, first, cpu_default, what):
+    """A parser for a script that sweeps device counts ``first``, 2 x ``first``, ... up to N.
+
+    ``cpu_default`` says what it sweeps without GPUs and flags; ``what`` ends
+    the help of ``--counts`` ("device counts to ...").
+    """
+    counts = f'counts {first}, {2 * first if first > 1 else 2}, ... up to N and N'
+    p = script_parser(doc, epilog, f'GPUs, {counts} (default: all GPUs)',
+                      f'CPU contexts, {counts} (default without GPUs: {cpu_default})')
+    p.add_argument('--counts', type=int_in(1, MAX_CPU_DEVICES), nargs='+', metavar='N',
+                   help=f'device counts to {what} (default: see above)')
+    return p
+
+
 def script_parser(doc, epilog, gpu_help, cpu_help):
     """A ``OneLineParser`` for a script, with its ``--num-gpus``/``--cpu-devices`` pair.
 
@@ -194,11 +229,20 @@ def engine_devices(argv):
     return None if os.path.exists('/dev/nvidiactl') else 1
 
 
+def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
+    print('interrupted while starting: nothing was written', file=sys.stderr, flush=True)
+    os._exit(128 + signum)  # pylint: disable=protected-access
+
+
 def prepare_engine(argv=None):
     """The first thing a script does: engine settings for its device flags, before MXNet loads.
 
-    A bad engine variable ends the process with one line and status 2.
+    A bad engine variable ends the process with one line and status 2. Until
+    the script installs its own handlers, Ctrl-C or SIGTERM (while MXNet
+    loads, which takes seconds) ends it with one line, not a traceback.
     """
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stopped_while_starting)
     argv = sys.argv[1:] if argv is None else argv
     try:
         apply_engine_settings(engine_devices(argv))
@@ -212,7 +256,8 @@ FLAGS = {'cpu_devices': '--cpu-devices', 'num_gpus': '--num-gpus',
          'checkpoint_dir': '--checkpoint-dir', 'resume=True': '--resume',
          'num_epochs': '--num-epochs', 'data_dir': '--data-dir', 'download=True': '--download',
          'dataset': '--dataset', 'batch_size': '--batch-size', 'num_train': '--num-train',
-         'lr': '--lr', 'counts': '--counts', 'kvstore': '--kvstore'}
+         'lr': '--lr', 'counts': '--counts', 'kvstore': '--kvstore',
+         'global_batch': '--global-batch'}
 
 
 def error_line(error):

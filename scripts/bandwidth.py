@@ -20,7 +20,7 @@ if __name__ == '__main__':
 
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu import measure, scaling, scaling_report  # noqa: E402
-from _cli import int_in, run_main, script_parser, seed  # noqa: E402
+from _cli import int_in, run_main, seed  # noqa: E402
 
 EPILOG = """\
 figures (GB = 1e9 bytes):
@@ -58,16 +58,11 @@ def engine_description(device_type):
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = script_parser(__doc__, EPILOG,
-                      'GPUs, counts 2, 4, ... up to N and N (default: all GPUs)',
-                      'CPU contexts, counts 2, 4, ... up to N and N '
-                      '(default without GPUs: counts 2 and 4)')
-    p.add_argument('--counts', type=int_in(1, _cli.MAX_CPU_DEVICES), nargs='+', metavar='N',
-                   help='device counts to measure, each at least 2 (default: see above)')
+    p = _cli.sweep_parser(__doc__, EPILOG, 2, 'counts 2 and 4', 'measure, each at least 2')
     p.add_argument('--models', nargs='+', choices=list(gm.MODELS),
-                   default=list(list(gm.MODELS)), metavar='MODEL',
+                   default=list(gm.MODELS), metavar='MODEL',
                    help='networks whose parameters are synchronised: '
-                   f'{", ".join(list(gm.MODELS))} (default: both)')
+                   f'{", ".join(gm.MODELS)} (default: both)')
     p.add_argument('--kvstores', nargs='+', choices=gm.KVSTORES, metavar='KV',
                    help='local (sum on the CPU), device (sum on the devices), nccl (GPUs and an '
                    'MXNet build with NCCL) or none (the Trainer sums itself) (default: every one '

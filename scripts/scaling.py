@@ -20,8 +20,8 @@ if __name__ == '__main__':
 
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu import measure, scaling, scaling_report  # noqa: E402
-from _cli import (int_in, non_negative_float, num_epochs, positive_float, run_main,  # noqa: E402
-                  script_parser, seed)
+from _cli import (int_in, non_negative_float, num_epochs, positive_float,  # noqa: E402
+                  run_main)
 from bandwidth import engine_description  # noqa: E402
 
 EPILOG = """\
@@ -53,12 +53,7 @@ output directory is written only when every run has finished.
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = script_parser(__doc__, EPILOG,
-                      'GPUs, counts 1, 2, 4, ... up to N and N (default: all GPUs)',
-                      'CPU contexts, counts 1, 2, 4, ... up to N and N '
-                      '(default without GPUs: up to the number of cores)')
-    p.add_argument('--counts', type=int_in(1, _cli.MAX_CPU_DEVICES), nargs='+', metavar='N',
-                   help='device counts to run, e.g. 1 2 4 (default: see above)')
+    p = _cli.sweep_parser(__doc__, EPILOG, 1, 'up to the number of cores', 'run, e.g. 1 2 4')
     batch = p.add_mutually_exclusive_group()
     batch.add_argument('--batch-per-device', type=int_in(1, 100_000), nargs='+', metavar='B',
                        help='samples per device per step; the global batch is B x devices, as '
@@ -75,19 +70,7 @@ def build_parser():
                    'an NCCL build) or none (default: device)')
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='epochs of every run (default: 10)')
-    p.add_argument('--model', choices=list(gm.MODELS), default='resnet18',
-                   help='network (default: resnet18)')
-    p.add_argument('--dataset', choices=list(gm.DATASETS), default='fashion-mnist',
-                   help='data set (default: fashion-mnist)')
-    p.add_argument('--data-dir', metavar='DIR', help='directory with the four IDX .gz files '
-                   '(default: ~/.mxnet/datasets/<dataset>)')
-    p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
-                   help='use only the first N training images (default: all 60000)')
-    p.add_argument('--num-test', type=int_in(1, 10**8), metavar='N',
-                   help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=seed, default=0,
-                   help='seed of the initial weights and the data order, the same in every run '
-                   '(default: 0)')
+    _cli.add_run_flags(p, gm.MODELS, gm.DATASETS)
     p.add_argument('--project-to', type=int_in(1, 1024), default=16, metavar='N',
                    help='project to 1, 2, 4, ... N devices (default: 16, a p2.16xlarge)')
     p.add_argument('--compute-repeats', type=int_in(1, 1000), default=5, metavar='N',

@@ -19,7 +19,7 @@ if __name__ == '__main__':
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu.reporting import Progress  # noqa: E402
 from _cli import (FLAGS, batch_size, error_line, int_in, non_negative_float,  # noqa: E402
-                  num_epochs, positive_float, script_parser, seed)
+                  num_epochs, positive_float, script_parser)
 
 #: Per model: samples per device and the learning rate as a function of the total batch B.
 #: ResNet-18 keeps the book's settings; the simple CNN's were measured (docs/guide.md).
@@ -70,22 +70,9 @@ def build_parser():
                    help='SGD learning rate (default: per model, see below)')
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='passes over the training set (default: 10)')
-    p.add_argument('--model', choices=list(gm.MODELS), default='resnet18',
-                   help='network (default: resnet18)')
-    p.add_argument('--dataset', choices=list(gm.DATASETS), default='fashion-mnist',
-                   help='data set (default: fashion-mnist)')
-    p.add_argument('--data-dir', metavar='DIR',
-                   help='directory with the four IDX .gz files '
-                   '(default: ~/.mxnet/datasets/<dataset>)')
+    _cli.add_run_flags(p, gm.MODELS, gm.DATASETS, 'the same for every kvstore')
     p.add_argument('--download', action='store_true',
                    help="download missing files from MXNet's mirror (needs internet)")
-    p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
-                   help='use only the first N training images (default: all 60000)')
-    p.add_argument('--num-test', type=int_in(1, 10**8), metavar='N',
-                   help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=seed, default=0,
-                   help=f'seed of the initial weights and the data order, 0 to {_cli.MAX_SEED} '
-                   '(default: 0)')
     p.add_argument('--plot', metavar='PATH', help='write the test-accuracy curve as a PNG')
     p.add_argument('--json', metavar='PATH', help='write every figure of the run(s) as JSON')
     p.add_argument('--report', metavar='DIR',

@@ -1,11 +1,12 @@
 """scripts/benchmark.py: the bookkeeping of its table, and a quick run end to end (no timings)."""
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, load_script
+from conftest import REPO, load_script, run_bounded
+
+pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
 
 
 @pytest.fixture(scope='module')
@@ -54,10 +55,10 @@ def test_missing_figures_are_not_applicable_rather_than_met(bench):
 
 def test_quick_run_end_to_end_writes_every_target(fashion_dir, tmp_path):
     out = tmp_path / 'bench.json'
-    proc = subprocess.run([sys.executable, str(REPO / 'scripts' / 'benchmark.py'), '--quick',
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'benchmark.py'), '--quick',
                            '--repeats', '1', '--only', 'pipeline', 'e2e', 'memory/ours',
                            '--data-dir', str(fashion_dir), '--json', str(out)],
-                          capture_output=True, text=True, timeout=600)
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert [r['key'] for r in report['targets']] == [t[0] for t in load_script('benchmark').TARGETS]
@@ -70,7 +71,7 @@ def test_quick_run_end_to_end_writes_every_target(fashion_dir, tmp_path):
 
 
 def test_bad_data_dir_is_one_line_and_status_2(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / 'scripts' / 'benchmark.py'),
-                           '--data-dir', str(tmp_path)], capture_output=True, text=True)
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'benchmark.py'),
+                           '--data-dir', str(tmp_path)])
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
     assert 'point --data-dir' in proc.stderr

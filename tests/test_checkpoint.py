@@ -140,6 +140,7 @@ def test_a_checkpoint_from_two_devices_resumes_on_three(uninterrupted, fashion_d
     assert_same_run(ckpt, uninterrupted, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_existing_foreign_and_damaged_checkpoints_are_refused(uninterrupted, fashion_dir,
                                                               tmp_path, capsys, unwritable_dir):
     train = load_script('train')
@@ -257,7 +258,10 @@ def test_a_non_finite_loss_is_named_by_its_step(fashion_test):
             return out * float('nan') if NanAtThree.calls in (5, 6) else out
     with pytest.raises(gm.TrainingDiverged, match='^the training loss became non-finite at step '
                                                   '3$') as stop:
-        gm.train_epoch(net, batches, NanAtThree(), trainer, gm.cpu_devices(2))
+        steps = gm.train_epoch(net, batches, NanAtThree(), trainer, gm.cpu_devices(2))
+        assert steps.batches == 4 and steps.samples == 256  # queued: nothing read back yet
+        mx.npx.waitall()
+        steps.totals(1.0)
     assert stop.value.step == 3
 
 
@@ -320,6 +324,7 @@ def test_a_run_diverging_in_its_first_epoch_leaves_no_checkpoint(fashion_dir, tm
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_sigterm_without_a_checkpoint_dir_says_how_to_keep_one(fashion_dir):
     args = argv(fashion_dir, 'unused')[:-2] + ['--progress-interval', '0.05']
     proc = start_and_wait_for(args, 1, 3)

@@ -4,13 +4,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 import gluon_multigpu as gm
-from conftest import REPO, load_script
+from conftest import REPO, load_script, run_bounded
 
 # A quick run on real data: what bad output paths are added to (the run would succeed without).
 QUICK = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train', '64',
@@ -28,8 +27,8 @@ def assert_one_line_error(err, *phrases):
 
 
 def run_script(*args, cwd=REPO):
-    return subprocess.run([sys.executable, str(REPO / 'scripts' / 'train.py'), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=600)
+    return run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), *map(str, args)],
+                          cwd=cwd, timeout=600)
 
 
 @pytest.fixture(scope='module')
@@ -37,6 +36,7 @@ def train_script():
     return load_script('train')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(gm.num_gpus() > 0, reason='checks the fallback without a GPU')
 def test_without_device_flags_it_uses_the_cpu_and_says_so(fashion_dir):
     proc = run_script('--model', 'simple-cnn', '--num-epochs', 1, '--num-train', 256,
@@ -58,6 +58,7 @@ def test_progress_lines_during_an_epoch(train_script, fashion_dir, capsys):
             for l in err] == list(range(2, 17))
 
 
+@pytest.mark.slow
 def test_a_process_error_is_one_line_without_traceback():
     proc = run_script('--num-gpus', gm.num_gpus() + 1)
     assert proc.returncode == 2
@@ -158,6 +159,7 @@ def test_output_paths_that_cannot_be_written_stop_before_training(
     assert not os.path.exists(path) or os.path.isdir(path)
 
 
+@pytest.mark.slow
 def test_an_unwritable_output_path_is_one_line_without_traceback(fashion_dir, tmp_path):
     # Once ended in a traceback after training: /proc passes os.access but takes no files.
     proc = run_script(*QUICK, '--data-dir', fashion_dir, '--json', '/proc/r.json', cwd=tmp_path)
@@ -205,6 +207,7 @@ def test_bad_arguments_stop_with_status_2(train_script, argv, message, hint, cap
     assert captured.err.endswith('(see --help)\n')
 
 
+@pytest.mark.slow
 def test_bad_arguments_in_a_process_are_one_line_without_traceback(tmp_path):
     proc = run_script('--num-epochs', '2.5', '--json', 'r.json', cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ''
@@ -258,3 +261,34 @@ def test_book_literal_keeps_no_checkpoints(train_script, tmp_path, capsys):
     assert_one_line_error(capsys.readouterr().err, "runs the text's loop, which keeps no "
                           'checkpoints')
     assert os.listdir(tmp_path) == []
+
+
+def library_message_arguments():
+    """The backquoted argument names in every message the library raises (read from its source)."""
+    import ast
+    names = set()
+    for path in (REPO / 'gluon_multigpu').glob('*.py'):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Raise, ast.Call)) and (
+                    isinstance(node, ast.Raise) or getattr(node.func, 'attr', '') == 'append'):
+                for const in ast.walk(node):
+                    if isinstance(const, ast.Constant) and isinstance(const.value, str):
+                        names |= set(re.findall(r'(?<!`)`([a-z_]+(?:=True)?)`(?!`)', const.value))
+    return names
+
+
+def test_the_library_names_no_flag_and_the_cli_spells_every_argument_it_names():
+    import _cli
+    names = library_message_arguments()
+    assert {'checkpoint_dir', 'cpu_devices', 'resume=True', 'data_dir'} <= names  # it found them
+    assert names <= set(_cli.FLAGS), names - set(_cli.FLAGS)
+    for path in (REPO / 'gluon_multigpu').glob('*.py'):
+        for node in ast_strings(path):
+            assert not re.search(r'(^|\s)--[a-z]', node), (path.name, node)
+
+
+def ast_strings(path):
+    import ast
+    return [n.value for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and not n.value.startswith(('-', "'"))]

@@ -1,12 +1,13 @@
 """scripts/demo.py reproduces the section's walk-through, checked against the book's printout."""
 import re
-import subprocess
 import sys
 
 import numpy as onp
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_bounded
+
+pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
 
 NUMBER = re.compile(r'-?\d+\.\d+(?:e[-+]\d+)?')
 
@@ -28,8 +29,8 @@ BOOK_FORWARD = [
 @pytest.fixture(scope='module')
 def demo_output():
     # A fresh process: the text's numbers come from MXNet's start-up random state.
-    proc = subprocess.run([sys.executable, str(REPO / 'scripts' / 'demo.py'), '--cpu'],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'demo.py'), '--cpu'],
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -127,6 +127,7 @@ def test_apply_engine_settings_can_be_turned_off():
     assert environ == {'GLUON_MULTIGPU_ENGINE_ENV': '0'}
 
 
+@pytest.mark.slow
 def test_a_script_sets_the_engine_from_its_device_flags_before_mxnet_loads(tmp_path):
     # a script that stops right after the package import shows what MXNet loaded with
     probe = tmp_path / 'probe.py'

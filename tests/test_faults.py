@@ -20,6 +20,8 @@ import pytest
 from conftest import REPO, run_bounded, wait_bounded
 from test_checkpoint import assert_same_run, manifest
 
+pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
+
 SCRIPT = str(REPO / 'scripts' / 'train.py')
 
 

@@ -75,6 +75,7 @@ def test_resuming_a_finished_run_writes_its_outputs(train, fashion_dir, tmp_path
     assert len(runs) == 1 and len(runs[0]['epochs']) == 1 and runs[0]['param_diff'] == []
 
 
+@pytest.mark.slow
 def test_two_runs_on_one_checkpoint_folder_the_second_is_refused(fashion_dir, tmp_path):
     ckpt = tmp_path / 'ckpt'
     first = subprocess.Popen([sys.executable, SCRIPT, *argv(fashion_dir, ckpt, epochs=1000)],
@@ -125,6 +126,7 @@ def test_a_dangling_symlink_as_checkpoint_dir_is_one_line(train, fashion_dir, tm
     assert 'is a symbolic link to nothing' in one_line(capsys.readouterr())
 
 
+@pytest.mark.slow
 def test_nothing_is_left_in_the_temporary_folder(fashion_dir, tmp_path):
     tmp = tmp_path / 'tmp'
     tmp.mkdir()

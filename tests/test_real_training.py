@@ -1,7 +1,11 @@
 """A short real-data run: the simple CNN on two CPU contexts learns Fashion-MNIST."""
 from mxnet import init
 
+import pytest
+
 import gluon_multigpu as gm
+
+pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
 
 
 def test_simple_cnn_on_two_cpu_contexts_learns_fashion_mnist(fashion_dir):

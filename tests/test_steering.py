@@ -11,7 +11,7 @@ import time
 import pytest
 
 import gluon_multigpu as gm
-from conftest import REPO, load_script, wait_bounded
+from conftest import REPO, load_script, wait_bounded, run_bounded
 
 SCRIPT = str(REPO / 'scripts' / 'train.py')
 PROGRESS = re.compile(r'  kvstore device on 1 CPU: epoch 1: (\d+)/(\d+) batches, (\d+) images/s, '
@@ -116,12 +116,27 @@ def test_help_shows_the_defaults_per_model(capsys):
     assert 'simple-cnn 64 per device, lr 0.3' in text
 
 
+@pytest.mark.slow
 def test_synthetic_data_needs_no_files(tmp_path):
-    proc = subprocess.run([sys.executable, SCRIPT, '--cpu-devices', '2', '--model', 'simple-cnn',
+    proc = run_bounded([sys.executable, SCRIPT, '--cpu-devices', '2', '--model', 'simple-cnn',
                            '--synthetic', '--num-epochs', '1', '--num-train', '256',
                            '--num-test', '64', '--data-dir', str(tmp_path / 'none')],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert 'training simple-cnn on fashion-mnist: 256 train / 64 test images' in proc.stdout
     assert re.search(r'^test acc: 0\.\d\d, ', proc.stdout, re.M)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('delay', [0.2, 1.0])
+def test_ctrl_c_while_mxnet_loads_is_one_line(fashion_dir, tmp_path, delay):
+    proc = subprocess.Popen([sys.executable, SCRIPT, '--cpu-devices', '2', '--model', 'simple-cnn',
+                             '--data-dir', str(fashion_dir), '--checkpoint-dir', 'c'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(delay)  # the import of MXNet takes about two seconds
+    proc.send_signal(signal.SIGINT)
+    assert wait_bounded(proc) == 130
+    err = proc.stderr.read()
+    assert err == 'interrupted while starting: nothing was written\n', err
     assert os.listdir(tmp_path) == []
