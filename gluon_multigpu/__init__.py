@@ -21,8 +21,8 @@ from mxnet import npx
 npx.set_np()
 
 # pylint: disable=wrong-import-position
-from . import (book, checkpoint, compare, data, devices, errors, files, kvstores,  # noqa: E402
-               measure, model, reporting, results, scaling, scaling_report, stopping,
+from . import (book, checkpoint, compare, data, devices, distributed, errors, files,  # noqa: E402
+               kvstores, measure, model, reporting, results, scaling, scaling_report, stopping,
                training, utils)
 from .book import evaluate_accuracy_book, train_book  # noqa: E402
 from .checkpoint import Checkpointer  # noqa: E402
@@ -46,7 +46,8 @@ from .utils import Accumulator, Timer, accuracy  # noqa: E402
 
 __version__ = '0.1.0'
 
-__all__ = ['book', 'checkpoint', 'compare', 'data', 'devices', 'errors', 'files', 'kvstores',
+__all__ = ['book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors', 'files',
+           'kvstores',
            'measure', 'model', 'reporting', 'results', 'scaling', 'scaling_report', 'stopping',
            'training',
            'utils',

@@ -35,7 +35,7 @@ from .files import atomic_write, check_output_dir
 from .results import EpochRecord, EpochTotals
 from .training import Hook
 
-__all__ = ['Checkpointer', 'CheckpointState', 'validate_manifest', 'MANIFEST', 'FORMAT']
+__all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'validate_manifest', 'MANIFEST', 'FORMAT']
 
 MANIFEST = 'manifest.json'
 LOCK = '.lock'
@@ -79,7 +79,7 @@ def _check_record(fields, types, where):
         raise CheckpointError(f'{where} must have exactly the fields {", ".join(types)}')
     for name, kind in types.items():
         value = fields[name]
-        if not (value is None and name in ('train_loss', 'train_acc')) and not (
+        if not (value is None and name in ('train_loss', 'train_acc', 'test_acc')) and not (
                 _is(value, kind) or (kind is float and _is(value, int))):
             raise CheckpointError(f'{where}: field {name} is {value!r}, not a {kind.__name__}')
 
@@ -121,6 +121,22 @@ def validate_manifest(manifest):
                                   'checkpoint file name')
 
 
+def _states_writer(trainer):
+    """How to write ``trainer``'s optimizer state to a path.
+
+    A parameter server keeps the optimizer on its servers, where a worker
+    cannot save it; the package's plain SGD has no state to keep, so such a
+    checkpoint holds an empty states file (and resuming loads none).
+    """
+    if getattr(trainer, '_distributed', False) and getattr(trainer, '_update_on_kvstore', False):
+        if trainer._optimizer.__class__.__name__ != 'SGD' or \
+                getattr(trainer._optimizer, 'momentum', 0):
+            raise CheckpointError('a parameter server keeps this optimizer\'s state on its '
+                                  'servers, where a checkpoint cannot reach it')
+        return lambda path: open(path, 'wb').close()
+    return trainer.save_states
+
+
 class CheckpointState:
     """A loaded checkpoint: what ``train`` needs to continue a run.
 
@@ -149,7 +165,8 @@ class CheckpointState:
         """
         files = self.manifest['files']
         net.load_parameters(os.path.join(self.directory, files['params']['name']), ctx=devices)
-        trainer.load_states(os.path.join(self.directory, files['states']['name']))
+        if files['states']['bytes']:  # empty: the servers of a parameter server held it
+            trainer.load_states(os.path.join(self.directory, files['states']['name']))
 
 
 class Checkpointer(Hook):
@@ -346,7 +363,7 @@ class Checkpointer(Hook):
         self._sequence += 1
         stem = f'ckpt-{self._sequence:06d}'
         files = {'params': self._write_durably(f'{stem}.params', net.save_parameters),
-                 'states': self._write_durably(f'{stem}.states', trainer.save_states)}
+                 'states': self._write_durably(f'{stem}.states', _states_writer(trainer))}
         manifest = {
             'format': FORMAT, 'sequence': self._sequence,
             'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
@@ -389,3 +406,19 @@ class Checkpointer(Hook):
         """Say that the last good checkpoint is kept."""
         if self.exists():
             error.notes.append(f'the last good checkpoint ({self.describe()}) is kept')
+
+
+class CheckpointReader(Checkpointer):
+    """A ``Checkpointer`` that only resumes: for the workers of a parameter server but the first.
+
+    It takes no lock and writes nothing; the first worker saves for all.
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def save(self, net, trainer, history, epoch, partial=None):
+        """Nothing: the first worker saves."""

@@ -7,9 +7,11 @@ after every epoch (the largest absolute difference to the first run, and the
 largest difference between the copies on the devices of one run), and
 ``recommend`` turns the timings into a sentence.
 """
+import hashlib
+
 import numpy as onp
 
-__all__ = ['param_arrays', 'device_spread', 'ParamTracker', 'epoch_noise', 'recommend',
+__all__ = ['param_arrays', 'fingerprint', 'device_spread', 'ParamTracker', 'epoch_noise', 'recommend',
            'NOISE']
 
 #: Relative differences in seconds per epoch below this are always treated as noise.
@@ -19,6 +21,17 @@ NOISE = 0.03
 def param_arrays(net, ctx=None):
     """Return the parameters of ``net`` on ``ctx`` (default: their first device) as NumPy arrays."""
     return [p.data(ctx or p.list_ctx()[0]).asnumpy() for p in net.collect_params().values()]
+
+
+def fingerprint(net):
+    """The first 12 hex digits of the SHA-256 of every parameter on its first device.
+
+    Equal fingerprints mean bit-identical parameters (sync point: reads them all).
+    """
+    digest = hashlib.sha256()
+    for array in param_arrays(net):
+        digest.update(onp.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:12]
 
 
 def _max_abs_diff(a, b):

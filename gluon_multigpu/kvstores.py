@@ -4,7 +4,9 @@
 gradients in ``trainer.step`` and updates every copy: ``local`` sums on the
 CPU, ``device`` on the devices, ``nccl`` with NCCL between GPUs. ``none``
 is a Trainer without a kvstore that sums the gradients itself
-(``ReducingTrainer``), the from-scratch way of d2l 13.5.
+(``ReducingTrainer``), the from-scratch way of d2l 13.5. The parameter-server
+kvstores (``dist_sync``, ``dist_device_sync``, ``dist_async``) sum over
+workers on several machines too (see ``distributed``).
 """
 import math
 
@@ -13,16 +15,20 @@ from mxnet import gluon
 
 from .errors import GluonMultiGPUError
 
-__all__ = ['KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
+__all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer']
 
-#: Gradient-synchronisation back ends accepted by ``train``.
+#: Gradient-synchronisation back ends of one machine accepted by ``train``.
 KVSTORES = ('local', 'device', 'nccl', 'none')
+#: The parameter-server kvstores (a worker of ``scripts/launch.py``).
+DIST_KVSTORES = ('dist_sync', 'dist_device_sync', 'dist_async')
 
 
 def kvstore_name(kvstore):
-    """The name of a kvstore argument: ``None`` is ``'none'``."""
-    return 'none' if kvstore is None else kvstore
+    """The name of a kvstore argument (a name, a KVStore, or ``None`` for ``'none'``)."""
+    if kvstore is None:
+        return 'none'
+    return kvstore if isinstance(kvstore, str) else kvstore.type
 
 
 def has_nccl():
@@ -40,9 +46,13 @@ def check_kvstore(kvstore, devices):
     devices : list of Context
     """
     name = kvstore_name(kvstore)
-    if name not in KVSTORES:
+    if name in DIST_KVSTORES and isinstance(kvstore, str):
+        raise GluonMultiGPUError(f'kvstore {name} joins a parameter server: pass the kvstore '
+                                 'that distributed.connect returns, in a worker started by '
+                                 'scripts/launch.py')
+    if name not in KVSTORES + DIST_KVSTORES:
         raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of '
-                                 f'{", ".join(KVSTORES)}')
+                                 f'{", ".join(KVSTORES + DIST_KVSTORES)}')
     if name != 'nccl':
         return
     if not has_nccl():
@@ -108,4 +118,7 @@ def make_trainer(net, lr, kvstore):
     check_lr(lr)
     if kvstore_name(kvstore) == 'none':
         return ReducingTrainer(net.collect_params(), 'sgd', {'learning_rate': lr})
+    # With a parameter server MXNet updates on the servers and the workers pull
+    # the weights. (Pulling summed gradients instead, update_on_kvstore=False,
+    # let the workers' parameters drift apart in MXNet 1.9.1: measured.)
     return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr}, kvstore=kvstore)

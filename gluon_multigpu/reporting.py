@@ -162,8 +162,9 @@ def epoch_line(record, num_epochs):
     """Return the line of one epoch (an ``EpochRecord``); the text's loop has no training figures."""
     train = ('' if record.train_loss is None else
              f'loss {record.train_loss:.4f}, train acc {record.train_acc:.3f}, ')
-    return (f'epoch {record.epoch}/{num_epochs}: {train}test acc {record.test_acc:.3f}, '
-            f'{record.seconds:.1f} s, {record.samples_per_sec:.0f} samples/s')
+    test = '' if record.test_acc is None else f'test acc {record.test_acc:.3f}, '
+    return (f'epoch {record.epoch}/{num_epochs}: {train}{test}{record.seconds:.1f} s, '
+            f'{record.samples_per_sec:.0f} samples/s')
 
 
 def markdown_table(header, rows, align):

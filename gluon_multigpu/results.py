@@ -9,12 +9,13 @@ __all__ = ['EpochRecord', 'TrainResult', 'EpochTotals']
 class EpochRecord:
     """Figures of one epoch; ``seconds`` is the training time only, as in the book.
 
-    ``train_loss`` and ``train_acc`` are None for the text's loop, which computes neither.
+    ``train_loss`` and ``train_acc`` are None for the text's loop, which computes neither;
+    ``test_acc`` is None where there was no evaluation (a parameter server's other workers).
     """
     epoch: int
     train_loss: Optional[float]
     train_acc: Optional[float]
-    test_acc: float
+    test_acc: Optional[float]
     seconds: float
     eval_seconds: float
     samples: int
@@ -32,6 +33,7 @@ class TrainResult:
     kvstore: Optional[str]
     lr: float
     epochs: List[EpochRecord] = field(default_factory=list)
+    workers: int = 1  # processes of a parameter-server run, each on ``devices``
 
     @property
     def test_acc(self):
@@ -50,8 +52,9 @@ class TrainResult:
 
     def final_line(self):
         """Return the book's closing line, e.g. ``test acc: 0.92, 13.4 sec/epoch on [gpu(0)]``."""
+        workers = f'{self.workers} workers x ' if self.workers > 1 else ''
         return (f'test acc: {self.test_acc[-1]:.2f}, {self.sec_per_epoch:.1f} sec/epoch '
-                f'on [{", ".join(self.devices)}]')
+                f'on {workers}[{", ".join(self.devices)}]')
 
     def to_dict(self):
         """Return every figure as plain JSON-ready data."""

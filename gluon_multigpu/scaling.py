@@ -28,7 +28,8 @@ from .errors import GluonMultiGPUError
 __all__ = ['LR_RULES', 'REFERENCE_BATCH', 'BATCH_MODES', 'learning_rate', 'bus_factor',
            'bandwidth', 'bandwidth_row', 'BANDWIDTH_COLUMNS', 'SYNC_COLUMNS', 'Config',
            'build_grid', 'measured_row', 'MEASURED_COLUMNS', 'add_speedups', 'fit_sync_slope',
-           'per_device_batch_at', 'projection_batches', 'projection_rows', 'PROJECTION_COLUMNS']
+           'per_device_batch_at', 'projection_batches', 'projection_rows', 'worker_projection',
+           'PROJECTION_COLUMNS']
 
 #: Learning-rate rules of a sweep (see ``learning_rate``).
 LR_RULES = ('linear', 'fixed', 'sqrt')
@@ -296,4 +297,34 @@ def projection_rows(model, device_type, kvstore, batch_mode, batch, compute_s, s
     for r in rows:
         r['speedup'] = r['samples_per_sec'] / one if one else None
         r['efficiency'] = r['speedup'] / r['devices'] if one else None
+    return rows
+
+
+def worker_projection(t_step_s, grad_bytes, workers, servers, gbps):
+    """Project a parameter-server run to ``workers`` machines (a model, not a measurement).
+
+    Every step, each worker pushes its summed gradient (``grad_bytes``) and
+    pulls the total back; the servers share the keys, so each server's link
+    carries ``2 grad_bytes workers / servers`` and each worker's ``2
+    grad_bytes``. With every link at ``gbps`` GB/s and no overlap of
+    communication with computation::
+
+        t_net(W) = 2 grad_bytes max(1, W / S) / bandwidth
+        speedup(W) = W t_step / (t_step + t_net(W))
+
+    against one machine without a parameter server, where ``t_step_s`` is one
+    worker's step (its devices' compute and their local synchronisation).
+
+    Returns
+    -------
+    list of dict
+        Per worker count: ``workers``, ``t_net_s``, ``t_step_s``, ``speedup``, ``efficiency``.
+    """
+    rows = []
+    for w in workers:
+        t_net = 2 * grad_bytes * max(1.0, w / servers) / (gbps * 1e9)
+        speedup = w * t_step_s / (t_step_s + t_net)
+        rows.append({'workers': w, 'servers': servers, 'gbps': gbps, 't_net_s': t_net,
+                     't_step_s': t_step_s + t_net, 'speedup': speedup,
+                     'efficiency': speedup / w})
     return rows

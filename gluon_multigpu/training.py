@@ -213,7 +213,7 @@ class EpochSteps:
 
 
 def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
-                first_step=1, max_in_flight=None):
+                first_step=1, max_in_flight=None, step_scale=1):
     """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
     ``totals(seconds)``).
 
@@ -230,10 +230,14 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
         After queuing step ``i``, wait until step ``i - max_in_flight + 1`` has
         started, so the engine never runs more than that many steps behind
         Python (None: as far as it likes, the book's way).
+    step_scale : int
+        ``trainer.step`` normalises by a batch's samples times this: the
+        workers of a synchronous parameter server (``distributed.step_scale``).
     """
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
     for X, y in train_iter:
-        for i, (l, c) in enumerate(train_batch(net, X, y, loss, trainer, devices)):
+        stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale)
+        for i, (l, c) in enumerate(stats):
             steps.losses[i].append(l)
             steps.correct[i].append(c)
         steps.samples += X.shape[0]
@@ -289,7 +293,8 @@ def _epoch_record(epoch, totals, test_acc, eval_seconds):
 
 
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
-          seed=None, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None):
+          seed=None, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None,
+          step_scale=1):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Parameters
@@ -298,6 +303,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         An uninitialised (or to be re-initialised) network.
     train_iter, test_iter : iterable of (X, y)
         Batches; any iterable (the package's loaders, a Gluon ``DataLoader``, a list).
+        ``test_iter`` None: no evaluation (``test_acc`` None), as on the workers
+        of a parameter server other than the first.
     devices : list of Context
         E.g. ``[mx.gpu(0), mx.gpu(1)]`` or ``cpu_devices(2)``.
     num_epochs : int
@@ -317,6 +324,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         Checkpoints, stop on a signal, progress, ... (see ``Hook``).
     on_epoch : callable, optional
         Called with each ``EpochRecord`` once the epoch is evaluated.
+    step_scale : int
+        See ``train_epoch``: the workers of a synchronous parameter server.
 
     Returns
     -------
@@ -339,7 +348,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         run.epoch, done = epoch, partial.batches if partial else 0
         timer.start()
         steps = train_epoch(net, run.batches(done), loss, trainer, devices, hooks_of=run,
-                            timer=timer, first_step=done + 1, max_in_flight=max_in_flight)
+                            timer=timer, first_step=done + 1, max_in_flight=max_in_flight,
+                            step_scale=step_scale)
         npx.waitall()  # Sync point: every queued step has finished before the timer stops.
         totals = _diverged_in(run, steps.totals, timer.stop())  # the epoch's one read-back
         totals, partial = (partial + totals if partial else totals), None
@@ -348,7 +358,7 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
             raise Interrupted(epoch, totals.batches)
         _diverged_in(run, check_finite_params, net, f' by step {totals.batches}')
         tic = time.perf_counter()
-        test_acc = evaluate_accuracy_gpus(net, test_iter, devices)
+        test_acc = evaluate_accuracy_gpus(net, test_iter, devices) if test_iter else None
         result.epochs.append(_epoch_record(epoch, totals, test_acc, time.perf_counter() - tic))
         run.call('epoch_end', result.epochs[-1])
     return result

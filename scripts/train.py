@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import sys
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _cli  # noqa: E402  (imports no MXNet)
@@ -57,7 +58,8 @@ def build_parser():
     p = script_parser(__doc__, EPILOG,
                       'train on gpu(0)..gpu(N-1) (default: all GPUs, or the CPU if none)',
                       'train on N CPU contexts cpu(0)..cpu(N-1) instead of GPUs')
-    p.add_argument('--kvstore', nargs='+', choices=gm.KVSTORES, default=['device'],
+    p.add_argument('--kvstore', nargs='+', choices=gm.KVSTORES + gm.kvstores.DIST_KVSTORES,
+                   default=['device'],
                    metavar='KV', help='gradient synchronisation: local (sum on the CPU), device '
                    '(sum on the devices), nccl (NCCL between GPUs; needs an MXNet build with '
                    'NCCL) or none (no kvstore: the Trainer sums the gradients itself); several '
@@ -107,8 +109,12 @@ def parse_args(argv=None):
     return build_parser().parse_args(argv)
 
 
-def make_loaders(args, batch_size, num_devices):
-    """Load the data set (or make random data of its shape); return ``(train_iter, test_iter, note)``."""
+def make_loaders(args, batch_size, num_devices, worker):
+    """Load the data set (or make random data of its shape); return ``(train_iter, test_iter, note)``.
+
+    A worker of a parameter server trains on its share of every global batch
+    and, unless it is the first, does not evaluate (``test_iter`` None).
+    """
     if args.synthetic:
         train_iter, test_iter = gm.data.synthetic_data(
             args.dataset, batch_size, num_train=args.num_train, num_test=args.num_test,
@@ -118,15 +124,23 @@ def make_loaders(args, batch_size, num_devices):
             args.dataset, batch_size, root=args.data_dir, download=args.download,
             num_train=args.num_train, num_test=args.num_test, seed=args.seed,
             num_devices=num_devices)
-    dropped = len(train_iter.labels) - train_iter.num_samples
+    if worker.count > 1:
+        train_iter = gm.distributed.WorkerShard(train_iter.images, train_iter.labels, batch_size,
+                                                worker.rank, worker.count, args.seed)
+        test_iter = None if worker.rank else test_iter
+    dropped = len(train_iter.labels) - train_iter.num_samples * worker.count
     note = None
-    if dropped:
+    if dropped and worker.count > 1:
+        note = (f'dropping {dropped} training sample(s) of each epoch: they make no whole global '
+                f'batch of {batch_size} x {worker.count} workers')
+    elif dropped:
         note = (f'dropping the last {dropped} training sample(s) of each epoch: '
                 f'fewer than the {num_devices} devices')
     return train_iter, test_iter, note
 
 
-def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, hooks=()):
+def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, hooks=(),
+              worker=None):
     """Train a fresh model (or resume one) with one kvstore; print each epoch; return the result.
 
     After each epoch ``tracker`` records the parameters, for the comparison.
@@ -139,7 +153,10 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
         net = gm.get_model(args.model, classes)
 
     def on_epoch(record):
-        print(gm.epoch_line(record, args.num_epochs), file=out, flush=True)
+        line = gm.epoch_line(record, args.num_epochs)
+        if worker is not None and worker.count > 1:  # the workers must agree: show it
+            line += f', parameters {gm.compare.fingerprint(net)}'
+        print(line, file=out, flush=True)
         tracker.record(gm.kvstores.kvstore_name(kvstore), record.epoch, net)
 
     common = dict(num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
@@ -147,12 +164,16 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
     if args.book_literal:
         return gm.train_book(net, train_iter, test_iter, devices,
                              batch_size=train_iter.batch_size, **common)
-    label = f'kvstore {kvstore} on {len(devices)} {devices[0].device_type.upper()}' + \
+    label = (f'kvstore {gm.kvstores.kvstore_name(kvstore)} on {len(devices)} '
+             f'{devices[0].device_type.upper()}') + \
         ('s' if len(devices) > 1 else '')
     progress = Progress(say, args.progress_interval, label, args.num_epochs,
                         advice=faster_advice(args, devices))
-    return gm.train(net, train_iter, test_iter, devices, hooks=[*hooks, progress],
-                    max_in_flight=args.max_in_flight or None, **common)
+    scale = gm.distributed.step_scale(kvstore, worker.count) if worker and worker.count > 1 else 1
+    result = gm.train(net, train_iter, test_iter, devices, hooks=[*hooks, progress],
+                      max_in_flight=args.max_in_flight or None, step_scale=scale, **common)
+    result.workers = worker.count if worker else 1
+    return result
 
 
 def say(line):
@@ -173,8 +194,11 @@ def faster_advice(args, devices):
     return 'faster: ' + '; '.join(options)
 
 
-def make_checkpointer(args, batch_size, lr, kvstores):
-    """Return the Checkpointer of ``--checkpoint-dir`` (None without it), checked for this run."""
+def make_checkpointer(args, batch_size, lr, kvstores, worker):
+    """Return the Checkpointer of ``--checkpoint-dir`` (None without it), checked for this run.
+
+    On a parameter server the first worker saves; the others only read, to resume.
+    """
     if args.resume and not args.checkpoint_dir:
         raise gm.GluonMultiGPUError('--resume needs --checkpoint-dir DIR, the directory to '
                                     'resume from')
@@ -185,13 +209,20 @@ def make_checkpointer(args, batch_size, lr, kvstores):
     if args.book_literal:
         raise gm.GluonMultiGPUError("--book-literal runs the text's loop, which keeps no "
                                     'checkpoints; drop --checkpoint-dir or --book-literal')
+    if worker.kvstore is not None and worker.kvstore.type == 'dist_async':
+        raise gm.GluonMultiGPUError('--kvstore dist_async keeps the optimizer on the servers, '
+                                    'which a checkpoint cannot save; drop --checkpoint-dir or '
+                                    'use dist_sync')
     num_train = args.num_train or gm.DATASETS[args.dataset]['train']
     num_test = args.num_test or gm.DATASETS[args.dataset]['test']
-    checkpoint = gm.Checkpointer(args.checkpoint_dir, {
-        'model': args.model, 'dataset': args.dataset, 'batch_size': batch_size, 'lr': lr,
-        'seed': args.seed, 'num_train': num_train, 'num_test': num_test,
-        'book_literal': args.book_literal}, resume=args.resume)
-    return checkpoint
+    config = {'model': args.model, 'dataset': args.dataset, 'batch_size': batch_size, 'lr': lr,
+              'seed': args.seed, 'num_train': num_train, 'num_test': num_test,
+              'book_literal': args.book_literal}
+    if worker.count > 1:
+        config['workers'] = worker.count  # a resumed run needs as many
+    if worker.rank:
+        return gm.checkpoint.CheckpointReader(args.checkpoint_dir, config, resume=args.resume)
+    return gm.Checkpointer(args.checkpoint_dir, config, resume=args.resume)
 
 
 def print_resumed(checkpoint, num_epochs, out):
@@ -250,42 +281,105 @@ def run(args, out=None, stop=None):
     if batch_size < len(devices):
         raise gm.DeviceError(f'a batch of {batch_size} cannot be split across {len(devices)} '
                              f'devices; use --batch-size {len(devices)} or more')
-    lr = args.lr or default_lr(batch_size)
     kvstores = list(dict.fromkeys(args.kvstore))
     for kvstore in kvstores:
-        gm.kvstores.check_kvstore(kvstore, devices)
+        if kvstore not in gm.kvstores.DIST_KVSTORES:
+            gm.kvstores.check_kvstore(kvstore, devices)
     check_outputs(args)
-    checkpoint = make_checkpointer(args, batch_size, lr, kvstores)
+    worker = join_parameter_server(kvstores)  # blocks until every worker has joined
+    if worker.rank:
+        out = RankPrefixed(out, worker.rank)
+    lr = args.lr or default_lr(batch_size * worker.count)
+    checkpoint = make_checkpointer(args, batch_size, lr, kvstores, worker)
     with checkpoint or _nothing(), gm.ParamTracker() as tracker:  # the checkpoint is locked
         # Loaded before any training, so that bad data stops the run at once.
-        train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices))
+        train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices), worker)
         if checkpoint is not None:
             checkpoint.check_directory(args.num_epochs, len(train_iter))
         for message in (note, data_note):
             if message:
                 print(gm.GluonMultiGPUError(message).describe(FLAGS), file=out)
         print(f'training {args.model} on {args.dataset}: {train_iter.num_samples} train / '
-              f'{len(test_iter.labels)} test images, batch {batch_size} '
-              f'({batch_size / len(devices):g} per device), lr {lr:g}, {args.num_epochs} '
-              f'epoch(s), devices {devices}', file=out, flush=True)
+              f'{len(test_iter.labels) if test_iter else 0} test images, batch {batch_size} '
+              f'({batch_size / len(devices):g} per device){worker.describe(batch_size)}, '
+              f'lr {lr:g}, {args.num_epochs} epoch(s), devices {devices}', file=out, flush=True)
         if args.resume:
             print_resumed(checkpoint, args.num_epochs, out)
         results = []
         for kvstore in kvstores:
             if len(kvstores) > 1:
                 print(f'-- kvstore {kvstore}', file=out, flush=True)
-            result = train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker,
-                               [h for h in (checkpoint, stop) if h is not None])
-            print(result.final_line(), file=out, flush=True)
+            result = train_one(args, worker.kvstore or kvstore, devices, lr, train_iter,
+                               test_iter, out, tracker,
+                               [h for h in (checkpoint, stop) if h is not None], worker)
+            if not worker.rank:
+                print(result.final_line(), file=out, flush=True)
             results.append(result)
         if len(results) > 1:
             print(gm.comparison_table(results, tracker), file=out)
             print(gm.recommend(results), file=out)
-        config = dict(vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
-                      devices=[str(d) for d in devices], num_train=train_iter.num_samples,
-                      num_test=len(test_iter.labels))
-        write_outputs(args, results, config, tracker)
+        if not worker.rank:  # the first worker writes for all
+            config = dict(vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
+                          devices=[str(d) for d in devices], num_train=train_iter.num_samples,
+                          num_test=len(test_iter.labels), workers=worker.count)
+            write_outputs(args, results, config, tracker)
     return results
+
+
+class Worker(NamedTuple):
+    """This process's place in a parameter-server run (rank 0 of 1 on one machine)."""
+    kvstore: object = None
+    rank: int = 0
+    count: int = 1
+
+    def describe(self, batch_size):
+        """The batch as the header line states it: per worker and global, with workers."""
+        if self.count == 1:
+            return ''
+        return (f' per worker x {self.count} workers = global batch {batch_size * self.count}, '
+                f'kvstore {self.kvstore.type}, worker rank {self.rank}')
+
+
+#: The variables a parameter-server worker needs (scripts/launch.py sets them).
+DMLC_VARIABLES = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
+                  'DMLC_NUM_WORKER')
+
+
+def join_parameter_server(kvstores):
+    """Join the parameter server if a dist kvstore was asked for; return this ``Worker``."""
+    dist = [k for k in kvstores if k in gm.kvstores.DIST_KVSTORES]
+    if not dist:
+        return Worker()
+    if len(kvstores) > 1:
+        raise gm.GluonMultiGPUError(f'--kvstore {dist[0]} trains across machines; give it alone, '
+                                    'not with other kvstores')
+    missing = [v for v in DMLC_VARIABLES if not os.environ.get(v)]
+    if missing or os.environ.get('DMLC_ROLE') != 'worker':
+        raise gm.GluonMultiGPUError(
+            f'--kvstore {dist[0]} runs as a worker of a parameter server, and '
+            f'{", ".join(missing) or "DMLC_ROLE=worker"} is not set; start it with: python '
+            f'scripts/launch.py -n WORKERS -s SERVERS -- python scripts/train.py --kvstore '
+            f'{dist[0]} ...')
+    kv = gm.distributed.connect(dist[0])
+    return Worker(kv, kv.rank, kv.num_workers)
+
+
+class RankPrefixed:
+    """A text stream that puts ``rank R: `` before every line (the workers after the first)."""
+
+    def __init__(self, stream, rank):
+        self.stream, self.prefix, self._start = stream, f'rank {rank}: ', True
+
+    def write(self, text):
+        for piece in text.splitlines(keepends=True):
+            if self._start:
+                self.stream.write(self.prefix)
+            self.stream.write(piece)
+            self._start = piece.endswith('\n')
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
 
 
 class _nothing:  # pylint: disable=invalid-name

@@ -137,3 +137,14 @@ def test_nothing_is_left_in_the_temporary_folder(fashion_dir, tmp_path):
                         '--kvstore', 'local', 'device', '--report', tmp_path / 'rep'], env=env)
     assert proc.returncode == 0, proc.stderr
     assert os.listdir(tmp) == [] and tempfile.gettempdir() != str(tmp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('tmpdir', ['/nonexistent/tmp', '/proc'])
+def test_a_temporary_folder_that_takes_no_files_does_not_stop_a_run(fashion_dir, tmp_path, tmpdir):
+    args = argv(fashion_dir, tmp_path / 'ckpt', epochs=1)
+    del args[args.index('--checkpoint-dir'):args.index('--checkpoint-dir') + 2]
+    proc = run_bounded([sys.executable, SCRIPT, *map(str, args)],
+                       env=dict(os.environ, TMPDIR=tmpdir))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().splitlines()[-1].startswith('test acc: ')

@@ -191,7 +191,8 @@ def test_allreduce_leaves_the_sum_on_every_device():
 
 @pytest.mark.parametrize('kwargs, message', [
     ({'kvstore': 'nccl2'}, "unknown kvstore 'nccl2'"),
-    ({'kvstore': 'dist_sync'}, "unknown kvstore 'dist_sync'; choose one of local, device, nccl"),
+    ({'kvstore': 'dist_sync2'}, "unknown kvstore 'dist_sync2'; choose one of local, device, nccl"),
+    ({'kvstore': 'dist_sync'}, 'pass the kvstore that distributed.connect returns'),
     ({'kvstore': 'nccl'}, 'nccl'),
     ({'lr': -0.1}, 'learning rate must be a positive number'),
     ({'lr': float('nan')}, 'learning rate must be a positive number'),

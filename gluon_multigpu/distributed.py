@@ -1,0 +1,96 @@
+"""Training across machines on MXNet's parameter server: each worker its share of every batch.
+
+MXNet's ``dist_sync``, ``dist_device_sync`` and ``dist_async`` kvstores (the
+ps-lite parameter server compiled into the pip build) connect the processes
+that ``scripts/launch.py`` starts: a scheduler, servers that hold the summed
+gradients (or, asynchronously, the weights), and workers, each training on
+its own devices as on one machine. A worker reads its share of every global
+batch of a shuffled epoch (``WorkerShard``): the workers' shares of one step
+together are exactly the batch a single process would draw with the same
+seed, so a synchronous run on W workers equals one process on all their
+devices.
+"""
+import mxnet as mx
+
+from .data import ArrayLoader
+from .errors import GluonMultiGPUError
+from .kvstores import DIST_KVSTORES
+
+__all__ = ['DIST_KVSTORES', 'is_distributed', 'connect', 'WorkerShard', 'step_scale']
+
+
+
+def is_distributed(kvstore):
+    """Whether ``kvstore`` (a name or a KVStore) is one of the parameter-server kvstores."""
+    name = kvstore if isinstance(kvstore, str) or kvstore is None else kvstore.type
+    return name in DIST_KVSTORES
+
+
+def connect(name):
+    """Join the parameter server as a worker; return the kvstore (``.rank``, ``.num_workers``).
+
+    The process must have been started with the DMLC_* variables of a worker
+    (``scripts/launch.py`` sets them); MXNet reads them here.
+    """
+    if name not in DIST_KVSTORES:
+        raise GluonMultiGPUError(f'{name!r} is not a parameter-server kvstore; choose one of '
+                                 f'{", ".join(DIST_KVSTORES)}')
+    return mx.kv.create(name)
+
+
+def step_scale(kvstore, num_workers):
+    """What a worker multiplies its batch size by for ``trainer.step``.
+
+    Synchronous kvstores hand every worker the sum over all workers'
+    gradients, so the step normalises by the global batch (``num_workers``);
+    ``dist_async`` applies each worker's own gradient, normalised by its batch.
+    """
+    name = kvstore if isinstance(kvstore, str) else kvstore.type
+    return 1 if name == 'dist_async' else num_workers
+
+
+class WorkerShard(ArrayLoader):
+    """The training batches of worker ``rank`` of ``num_workers``: its share of each global batch.
+
+    Epoch ``e`` shuffles all samples with ``(seed, e)`` as ``ArrayLoader``
+    does, cuts the order into global batches of ``batch_size * num_workers``
+    (a last, incomplete one is dropped, so every worker takes the same number
+    of steps), and gives worker ``rank`` the samples ``[rank * batch_size,
+    (rank + 1) * batch_size)`` of each. Every sample of an epoch goes to at
+    most one worker, in the order one process would see it.
+
+    Parameters
+    ----------
+    images, labels : numpy.ndarray
+    batch_size : int
+        Samples per step on this worker (over its devices).
+    rank, num_workers : int
+    seed : int
+    """
+
+    def __init__(self, images, labels, batch_size, rank, num_workers, seed=0):
+        if not 0 <= rank < num_workers:
+            raise GluonMultiGPUError(f'worker rank {rank} is not within 0..{num_workers - 1}')
+        super().__init__(images, labels, batch_size, shuffle=True, seed=seed,
+                         last_batch='discard')
+        self.rank, self.num_workers = rank, num_workers
+        if len(self) == 0:
+            raise GluonMultiGPUError(
+                f'{len(labels)} training images make no global batch of {batch_size} x '
+                f'{num_workers} workers; use a smaller `batch_size` or more images')
+
+    def __len__(self):
+        return len(self.labels) // (self.batch_size * self.num_workers)
+
+    @property
+    def num_samples(self):
+        """Samples this worker sees per epoch."""
+        return len(self) * self.batch_size
+
+    def __iter__(self):
+        order = self.order(self.epoch)
+        self.epoch += 1
+        step = self.batch_size * self.num_workers
+        for i in range(len(self)):
+            start = i * step + self.rank * self.batch_size
+            yield self._to_batch(order[start:start + self.batch_size])

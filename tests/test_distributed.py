@@ -1,0 +1,216 @@
+"""Training on MXNet's parameter server on loopback: equal to one process, supervised, bounded."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import numpy as onp
+import pytest
+
+import gluon_multigpu as gm
+from conftest import REPO, load_script, run_bounded, wait_bounded
+
+LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
+
+
+def train_args(fashion_dir, *extra):
+    return ['--model', 'simple-cnn', '--num-train', '1280', '--num-test', '500', '--lr', '0.3',
+            '--num-epochs', '2', '--data-dir', str(fashion_dir), '--progress-interval', '0',
+            *map(str, extra)]
+
+
+def launch(workers, *command, timeout=300, **kw):
+    return run_bounded([sys.executable, LAUNCH, '-n', str(workers), '-s', '1', '--',
+                        sys.executable, *command], timeout=timeout, **kw)
+
+
+def saved_params(ckpt):
+    manifest = json.loads((ckpt / 'manifest.json').read_text())
+    return {k.split('_', 1)[-1]: v.asnumpy()
+            for k, v in mx.npx.load(str(ckpt / manifest['files']['params']['name'])).items()}
+
+
+@pytest.fixture(scope='module')
+def one_process(fashion_dir, tmp_path_factory):
+    """One process on two CPU contexts, batch 128: what two workers of 64 each must equal."""
+    out = tmp_path_factory.mktemp('single')
+    proc = run_bounded([sys.executable, TRAIN, '--cpu-devices', '2', '--batch-size', '128',
+                        *train_args(fashion_dir, '--checkpoint-dir', out / 'ckpt', '--json',
+                                    out / 'run.json')])
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kvstore', ['dist_sync', 'dist_device_sync'])
+def test_two_workers_equal_one_process_on_their_devices(one_process, fashion_dir, tmp_path,
+                                                        kvstore):
+    proc = launch(2, TRAIN, '--kvstore', kvstore, '--cpu-devices', '1', '--batch-size', '64',
+                  *train_args(fashion_dir, '--checkpoint-dir', tmp_path / 'ckpt', '--json',
+                              tmp_path / 'run.json'), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    # every epoch, both workers hold bit-identical parameters
+    prints = re.findall(r'^\[worker \d\] (?:rank 1: )?epoch (\d)/2: .*, parameters (\w+)$',
+                        proc.stdout, re.M)
+    assert len(prints) == 4, proc.stdout  # two workers, two epochs
+    for epoch in ('1', '2'):
+        assert len({p for e, p in prints if e == epoch}) == 1, prints
+    final = [l for l in proc.stdout.splitlines() if 'test acc: ' in l and 'sec/epoch' in l]
+    assert len(final) == 1 and final[0].endswith('on 2 workers x [cpu(0)]')
+    # equal to one process on two contexts that saw the same global batches
+    single = json.loads((one_process / 'run.json').read_text())['runs'][0]['epochs']
+    dist = json.loads((tmp_path / 'run.json').read_text())['runs'][0]['epochs']
+    assert [e['test_acc'] for e in dist] == pytest.approx([e['test_acc'] for e in single],
+                                                          abs=2 / 500)
+    a, b = saved_params(tmp_path / 'ckpt'), saved_params(one_process / 'ckpt')
+    assert sorted(a) == sorted(b)
+    for k in a:
+        onp.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.slow
+def test_asynchronous_workers_learn(fashion_dir, tmp_path):
+    # (later flags win: 100 steps for each worker)
+    proc = launch(2, TRAIN, '--kvstore', 'dist_async', '--cpu-devices', '1', '--batch-size', '64',
+                  *train_args(fashion_dir, '--json', tmp_path / 'run.json', '--num-train', 12800,
+                              '--num-epochs', 1), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    acc = json.loads((tmp_path / 'run.json').read_text())['runs'][0]['epochs'][-1]['test_acc']
+    assert acc > 0.5  # one class for all scores about 0.1
+
+
+def children(pid):
+    """The process ids whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open(f'/proc/{entry}/stat') as f:
+                    fields = f.read().rsplit(')', 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid):
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path):
+    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--grace', '3', '--',
+                             sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
+                             *train_args(fashion_dir)[:-6], '--num-epochs', '50',
+                             '--data-dir', str(fashion_dir), '--progress-interval', '1'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        for line in proc.stdout:  # wait until the workers train
+            if re.search(r'epoch 1: \d+/\d+ batches', line):
+                break
+        kids = children(proc.pid)
+        assert len(kids) == 4  # scheduler, server, two workers
+        worker = kids[-1]
+        killed = time.monotonic()
+        os.kill(worker, signal.SIGKILL)
+        status = wait_bounded(proc, 60)
+        took = time.monotonic() - killed
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert status == 1 and re.search(r'^launch: worker 1 failed \(signal SIGKILL\); stopped the '
+                                     r'other processes$', err, re.M), err
+    assert took < 3 + 2, took  # the grace, and the launcher's polling
+    time.sleep(0.2)
+    assert not [k for k in kids if alive(k)]
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['-n', '0', '--', 'true'], '-n/--num-workers: 0 is not positive'),
+    (['-n', '2', '--launcher', 'ssh', '-H', '/no/such/hosts', '--', 'true'],
+     '--hostfile /no/such/hosts: No such file or directory'),
+    (['-n', '2', '--launcher', 'ssh', '-H', 'EMPTY', '--', 'true'], 'lists no host'),
+    (['-n', '2', '--launcher', 'ssh', '--', 'true'], '--launcher ssh needs --hostfile'),
+    (['-n', '2'], 'no command to run'),
+    (['-n', '2', '--port', 'BUSY', '--', 'true'], 'is in use'),
+])
+def test_bad_launcher_input_is_one_line_and_status_2(argv, message, tmp_path, capsys):
+    empty = tmp_path / 'hosts'
+    empty.write_text('# nobody\n\n')
+    with socket.socket() as busy:
+        busy.bind(('127.0.0.1', 0))
+        busy.listen()
+        argv = [str(empty) if a == 'EMPTY' else str(busy.getsockname()[1]) if a == 'BUSY' else a
+                for a in argv]
+        try:
+            status = load_script('launch').main(argv)
+        except SystemExit as e:
+            status = e.code
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_a_dist_kvstore_without_the_launcher_is_one_line(fashion_dir, capsys, monkeypatch):
+    for name in ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
+                 'DMLC_NUM_WORKER'):
+        monkeypatch.delenv(name, raising=False)
+    status = load_script('train').main(['--kvstore', 'dist_sync', '--cpu-devices', '1',
+                                        '--data-dir', str(fashion_dir)])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.splitlines()) == 1
+    assert 'DMLC_ROLE, DMLC_PS_ROOT_URI' in err and 'scripts/launch.py -n WORKERS' in err
+
+
+def test_a_worker_shard_is_its_part_of_each_global_batch():
+    n, batch, workers = 103, 4, 3
+    images = onp.arange(n * 4, dtype=onp.uint8).reshape(n, 2, 2)
+    labels = onp.arange(n, dtype=onp.int32)
+    whole = gm.ArrayLoader(images, labels, batch * workers, shuffle=True, seed=5,
+                           last_batch='discard')
+    shards = [gm.distributed.WorkerShard(images, labels, batch, r, workers, seed=5)
+              for r in range(workers)]
+    for _ in range(2):  # two epochs, two orders
+        steps = [list(s) for s in shards]
+        assert {len(s) for s in steps} == {n // (batch * workers)}  # equal steps: nobody waits
+        for i, (X, y) in enumerate(whole):
+            joined = onp.concatenate([steps[r][i][1].asnumpy() for r in range(workers)])
+            onp.testing.assert_array_equal(joined, y.asnumpy())
+    seen = onp.concatenate([b[1].asnumpy() for s in shards for b in s])
+    assert len(set(seen.tolist())) == len(seen)  # no sample twice in an epoch
+
+
+def test_the_worker_projection_follows_its_formula():
+    rows = gm.scaling.worker_projection(0.05, 40e6, [1, 2, 4, 8], servers=2, gbps=1.0)
+    for r in rows:  # recomputed by hand: push and pull of 40 MB per worker, shared by 2 servers
+        t_net = 2 * 40e6 * max(1, r['workers'] / 2) / 1e9
+        assert r['t_net_s'] == pytest.approx(t_net)
+        assert r['speedup'] == pytest.approx(r['workers'] * 0.05 / (0.05 + t_net))
+        assert r['efficiency'] == pytest.approx(r['speedup'] / r['workers'])
+    assert rows[2]['t_net_s'] == rows[1]['t_net_s'] * 2  # past the servers, links fill up
+
+
+@pytest.mark.slow
+def test_a_parameter_server_run_resumes_with_the_same_workers(fashion_dir, tmp_path):
+    def run(ckpt, epochs, *extra):
+        proc = launch(2, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1', '--batch-size',
+                      '64', *train_args(fashion_dir, '--checkpoint-dir', ckpt, *extra,
+                                        '--num-epochs', epochs), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        return proc.stdout
+    run(tmp_path / 'whole', 2)
+    run(tmp_path / 'parts', 1)
+    resumed = run(tmp_path / 'parts', 2, '--resume')
+    assert 'resuming from the checkpoint epoch 1' in resumed
+    a, b = saved_params(tmp_path / 'whole'), saved_params(tmp_path / 'parts')
+    for k in a:
+        onp.testing.assert_array_equal(a[k], b[k], err_msg=k)  # the servers' arithmetic is exact
