@@ -22,8 +22,8 @@ npx.set_np()
 
 # pylint: disable=wrong-import-position
 from . import (book, checkpoint, compare, data, devices, distributed, errors, files,  # noqa: E402
-               kvstores, measure, model, reporting, results, scaling, scaling_report, stopping,
-               training, utils)
+               kvstores, manifest, measure, model, reporting, results, scaling, scaling_report,
+               stopping, training, utils)
 from .book import evaluate_accuracy_book, train_book  # noqa: E402
 from .checkpoint import Checkpointer  # noqa: E402
 from .compare import ParamTracker, device_spread, recommend  # noqa: E402
@@ -47,7 +47,7 @@ from .utils import Accumulator, Timer, accuracy  # noqa: E402
 __version__ = '0.1.0'
 
 __all__ = ['book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors', 'files',
-           'kvstores',
+           'kvstores', 'manifest',
            'measure', 'model', 'reporting', 'results', 'scaling', 'scaling_report', 'stopping',
            'training',
            'utils',
