@@ -64,7 +64,9 @@ def build_parser():
                    '(sum on the devices), nccl (NCCL between GPUs; needs an MXNet build with '
                    'NCCL) or none (no kvstore: the Trainer sums the gradients itself); several '
                    'run in turn on the same data and initial weights and end with a '
-                   'side-by-side table, including how far their parameters drift apart '
+                   'side-by-side table, including how far their parameters drift apart; '
+                   'dist_sync, dist_device_sync or dist_async: a worker of MXNet\'s parameter '
+                   'server, started by scripts/launch.py, --batch-size then per worker '
                    '(default: device)')
     p.add_argument('--batch-size', type=batch_size, metavar='N',
                    help='total batch size over all devices (default: per model, see below)')
