@@ -214,3 +214,43 @@ def test_a_parameter_server_run_resumes_with_the_same_workers(fashion_dir, tmp_p
     a, b = saved_params(tmp_path / 'whole'), saved_params(tmp_path / 'parts')
     for k in a:
         onp.testing.assert_array_equal(a[k], b[k], err_msg=k)  # the servers' arithmetic is exact
+
+
+def watch_children(proc, until):
+    """Every child process of ``proc`` seen while it runs, until ``until(line)`` is printed."""
+    seen = set(children(proc.pid))
+    for line in proc.stdout:
+        seen |= set(children(proc.pid))
+        if until(line):
+            break
+    return seen
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, tmp_path):
+    command = [sys.executable, LAUNCH, '-n', '2', '-s', '1', '--', sys.executable, TRAIN,
+               '--kvstore', 'dist_sync', '--cpu-devices', '1', '--model', 'simple-cnn',
+               '--num-train', '1280', '--num-test', '100', '--data-dir', str(fashion_dir),
+               '--progress-interval', '0.5']
+    # Ctrl-C in the middle of training
+    proc = subprocess.Popen(command + ['--num-epochs', '50'], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        seen = watch_children(proc, lambda l: re.search(r'epoch 1: \d+/\d+ batches', l))
+        proc.send_signal(signal.SIGINT)
+        assert wait_bounded(proc, 30) == 130
+    finally:
+        proc.kill()
+    assert 'launch: interrupted: stopped every process' in proc.stderr.read()
+    time.sleep(0.2)
+    assert len(seen) == 4 and not [k for k in seen if alive(k)]
+    # a run to its end
+    proc = subprocess.Popen(command + ['--num-epochs', '1'], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        seen = watch_children(proc, lambda l: False)
+        assert wait_bounded(proc, 120) == 0
+    finally:
+        proc.kill()
+    time.sleep(0.2)
+    assert len(seen) == 4 and not [k for k in seen if alive(k)]
