@@ -5,13 +5,15 @@ Devices are always an explicit list named ``devices``: GPUs such as
 MXNet schedules on separate worker threads, so the same data-parallel code
 runs without a GPU.
 """
+import math
+
 import mxnet as mx
 from mxnet import gluon, npx
 
 from .errors import DeviceError
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
-           'device_counts', 'resolve_counts', 'devices_for', 'split_batch']
+           'device_counts', 'resolve_counts', 'devices_for', 'split_sizes', 'split_batch']
 
 
 def num_gpus():
@@ -157,12 +159,38 @@ def devices_for(device_type, n):
     return [mx.cpu(i) for i in range(n)]
 
 
-def split_batch(X, y, devices):
+def split_sizes(n, weights):
+    """Shard sizes of a batch of ``n`` samples in proportion to ``weights``, each at least 1.
+
+    Largest remainders: the sizes add up to ``n`` and each is within one
+    sample of its exact share (before the at-least-one rule moves a sample).
+    """
+    if any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise DeviceError(f'split weights must be positive numbers, got {list(weights)}')
+    if n < len(weights):
+        raise DeviceError(f'a batch of {n} sample(s) cannot be split across {len(weights)} '
+                          f'devices; use a batch size of at least {len(weights)} or fewer devices')
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    sizes = [int(e) for e in exact]
+    for i in sorted(range(len(weights)), key=lambda i: exact[i] - sizes[i],
+                    reverse=True)[:n - sum(sizes)]:
+        sizes[i] += 1
+    for i, size in enumerate(sizes):  # every device gets a sample: its gradient is fresh
+        if size == 0:
+            sizes[i] = 1
+            sizes[sizes.index(max(sizes))] -= 1
+    return sizes
+
+
+def split_batch(X, y, devices, weights=None):
     """Split ``X`` and ``y`` along the batch axis into one shard per device.
 
-    Uses ``gluon.utils.split_and_load``. A batch that does not divide evenly
-    is split into shards whose sizes differ by at most one, so every sample is
-    used exactly once.
+    Without ``weights``, ``gluon.utils.split_and_load``: a batch that does not
+    divide evenly is split into shards whose sizes differ by at most one. With
+    ``weights`` (one per device), shard sizes follow them (``split_sizes``):
+    faster devices can take more. Either way every sample is used exactly once,
+    in order.
 
     Parameters
     ----------
@@ -170,6 +198,8 @@ def split_batch(X, y, devices):
         Features and labels with the same first dimension.
     devices : list of mxnet.Context
         Where the shards go, one shard each, in order.
+    weights : list of float, optional
+        Relative shares of the devices.
 
     Returns
     -------
@@ -181,6 +211,15 @@ def split_batch(X, y, devices):
     n = X.shape[0]
     if n != y.shape[0]:
         raise DeviceError(f'features hold {n} samples but labels hold {y.shape[0]}')
+    if weights is not None:
+        if len(weights) != len(devices):
+            raise DeviceError(f'{len(weights)} split weights for {len(devices)} devices; give '
+                              'one weight per device')
+        bounds = [0]
+        for size in split_sizes(n, weights):
+            bounds.append(bounds[-1] + size)
+        return ([X[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)],
+                [y[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)])
     if n < len(devices):
         raise DeviceError(
             f'a batch of {n} sample(s) cannot be split across {len(devices)} devices; '

@@ -8,6 +8,7 @@ stopping on a signal, progress lines) is added through ``Hook`` objects that
 live beside their own code. Host-device sync points are marked: where they
 sit decides what a timing means.
 """
+import functools
 import itertools
 import math
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import mxnet as mx
 from mxnet import autograd, gluon, init, np, npx
 
-from .devices import split_batch
+from .devices import split_batch, split_sizes
 from .errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
 from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
 from .results import EpochRecord, EpochTotals, TrainResult
@@ -213,7 +214,7 @@ class EpochSteps:
 
 
 def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
-                first_step=1, max_in_flight=None, step_scale=1):
+                first_step=1, max_in_flight=None, step_scale=1, split_f=split_batch):
     """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
     ``totals(seconds)``).
 
@@ -233,10 +234,13 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
     step_scale : int
         ``trainer.step`` normalises by a batch's samples times this: the
         workers of a synchronous parameter server (``distributed.step_scale``).
+    split_f : callable
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``, e.g. ``split_batch``
+        with per-device weights.
     """
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
     for X, y in train_iter:
-        stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale)
+        stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f)
         for i, (l, c) in enumerate(stats):
             steps.losses[i].append(l)
             steps.correct[i].append(c)
@@ -294,7 +298,7 @@ def _epoch_record(epoch, totals, test_acc, eval_seconds):
 
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
           seed=None, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None,
-          step_scale=1):
+          step_scale=1, split_weights=None):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Parameters
@@ -326,12 +330,22 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         Called with each ``EpochRecord`` once the epoch is evaluated.
     step_scale : int
         See ``train_epoch``: the workers of a synchronous parameter server.
+    split_weights : list of float, optional
+        Relative shares of the devices in every batch (``split_batch``); the
+        book's even split without them. The update stays the same: the loss
+        is a sum over samples and ``trainer.step`` divides by the whole batch.
 
     Returns
     -------
     TrainResult
     """
     check_train_args(devices, num_epochs, kvstore, lr)
+    split_f = functools.partial(split_batch, weights=split_weights)
+    if split_weights is not None:  # bad weights are refused before any work
+        if len(split_weights) != len(devices):
+            raise DeviceError(f'{len(split_weights)} split weights for {len(devices)} devices; '
+                              'give one weight per device')
+        split_sizes(len(devices), split_weights)
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
@@ -349,7 +363,7 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         timer.start()
         steps = train_epoch(net, run.batches(done), loss, trainer, devices, hooks_of=run,
                             timer=timer, first_step=done + 1, max_in_flight=max_in_flight,
-                            step_scale=step_scale)
+                            step_scale=step_scale, split_f=split_f)
         npx.waitall()  # Sync point: every queued step has finished before the timer stops.
         totals = _diverged_in(run, steps.totals, timer.stop())  # the epoch's one read-back
         totals, partial = (partial + totals if partial else totals), None

@@ -146,6 +146,20 @@ num_epochs = int_in(1, 10**5)
 seed = int_in(0, MAX_SEED)
 
 
+def split_weights(text):
+    """argparse type of --split: ``even`` (None) or positive weights ``W1,W2,...``."""
+    if text == 'even':
+        return None
+    try:
+        weights = [float(w) for w in text.split(',')]
+    except ValueError:
+        weights = []
+    if not weights or not all(math.isfinite(w) and 0 < w <= 1e6 for w in weights):
+        raise argparse.ArgumentTypeError(f'{text!r} is neither even nor positive weights; give '
+                                         'even or one weight per device, e.g. 1,3')
+    return weights
+
+
 def add_device_flags(p, gpu_help, cpu_help):
     """Add the mutually exclusive ``--num-gpus``/``--cpu-devices`` pair to parser ``p``."""
     where = p.add_mutually_exclusive_group()

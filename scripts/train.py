@@ -96,6 +96,10 @@ def build_parser():
                    help='steps MXNet may run behind Python: after queuing a step, wait for the '
                    'one K steps back, so Ctrl-C and progress act within a step; 0 = no bound, '
                    f"the book's loop (default: {MAX_IN_FLIGHT})")
+    p.add_argument('--split', type=_cli.split_weights, default=None, metavar='even|W1,W2,...',
+                   help='how each batch is shared among the devices: even (the book) or one '
+                   'relative weight per device, e.g. 1,3 gives the second device three times '
+                   'the samples of the first, for devices of different speed (default: even)')
     p.add_argument('--synthetic', action='store_true',
                    help='random images and labels of the data set\'s shape instead of the '
                    'files, for speed tests (accuracy means nothing then)')
@@ -173,7 +177,8 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
                         advice=faster_advice(args, devices))
     scale = gm.distributed.step_scale(kvstore, worker.count) if worker and worker.count > 1 else 1
     result = gm.train(net, train_iter, test_iter, devices, hooks=[*hooks, progress],
-                      max_in_flight=args.max_in_flight or None, step_scale=scale, **common)
+                      max_in_flight=args.max_in_flight or None, step_scale=scale,
+                      split_weights=args.split, **common)
     result.workers = worker.count if worker else 1
     return result
 
@@ -283,6 +288,11 @@ def run(args, out=None, stop=None):
     if batch_size < len(devices):
         raise gm.DeviceError(f'a batch of {batch_size} cannot be split across {len(devices)} '
                              f'devices; use --batch-size {len(devices)} or more')
+    if args.split is not None and len(args.split) != len(devices):
+        raise gm.DeviceError(f'--split gives {len(args.split)} weights for {len(devices)} '
+                             f'devices; give one weight per device')
+    if args.split is not None and args.book_literal:
+        raise gm.GluonMultiGPUError("--book-literal runs the text's even split; drop --split")
     kvstores = list(dict.fromkeys(args.kvstore))
     for kvstore in kvstores:
         if kvstore not in gm.kvstores.DIST_KVSTORES:
