@@ -3,7 +3,8 @@
 
 The modules follow the section: ``devices`` (device lists, splitting a batch),
 ``model`` (ResNet-18, the simple CNN), ``data`` (Fashion-MNIST/MNIST),
-``kvstores`` (the Trainer and where gradients are summed), ``training`` (one
+``kvstores`` (the Trainer and where gradients are summed), ``balance`` (how a
+batch is shared among devices of different speed), ``training`` (one
 step, one epoch, evaluation, ``train`` and its hooks), ``results`` (what it returns), ``book`` (the text's
 loop), ``checkpoint`` (crash-safe checkpoints), ``stopping`` (stop on a signal),
 ``compare`` (runs that differ in their kvstore), ``reporting`` (lines,
@@ -21,7 +22,7 @@ from mxnet import npx
 npx.set_np()
 
 # pylint: disable=wrong-import-position
-from . import (book, checkpoint, compare, data, devices, distributed, errors, files,  # noqa: E402
+from . import (balance, book, checkpoint, compare, data, devices, distributed, errors, files,  # noqa: E402
                kvstores, manifest, measure, model, reporting, results, scaling, scaling_report,
                stopping, training, utils)
 from .book import evaluate_accuracy_book, train_book  # noqa: E402
@@ -46,7 +47,7 @@ from .utils import Accumulator, Timer, accuracy  # noqa: E402
 
 __version__ = '0.1.0'
 
-__all__ = ['book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors', 'files',
+__all__ = ['balance', 'book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors', 'files',
            'kvstores', 'manifest',
            'measure', 'model', 'reporting', 'results', 'scaling', 'scaling_report', 'stopping',
            'training',

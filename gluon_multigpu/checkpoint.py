@@ -270,8 +270,10 @@ class Checkpointer(Hook):
         state = self._loaded[1]
         if check_config:
             saved = state.manifest['config']
-            differ = [f'{k} {saved.get(k)!r} (now {v!r})' for k, v in self.config.items()
-                      if saved.get(k) != v]
+            # Settings that only some runs record (workers, sync_bn, dtype) count when absent too.
+            differ = [f'{k} {saved.get(k)!r} (now {self.config.get(k)!r})'
+                      for k in sorted(set(self.config) | set(saved))
+                      if saved.get(k) != self.config.get(k)]
             if differ:
                 raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
                                       f'{", ".join(differ)}; use the same settings or choose '

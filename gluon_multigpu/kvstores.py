@@ -103,7 +103,7 @@ class ReducingTrainer(gluon.Trainer):
                     allreduce(grads)
 
 
-def make_trainer(net, lr, kvstore):
+def make_trainer(net, lr, kvstore, multi_precision=False):
     """Return the book's SGD ``gluon.Trainer`` with the chosen kvstore.
 
     Parameters
@@ -114,11 +114,16 @@ def make_trainer(net, lr, kvstore):
         Where gradients are summed: ``local`` on the CPU, ``device`` on the
         devices, ``nccl`` by NCCL between GPUs, ``none``/``None`` by a
         ``ReducingTrainer``.
+    multi_precision : bool
+        Keep a float32 copy of every float16 weight and update that (mixed precision).
     """
     check_lr(lr)
+    options = {'learning_rate': lr}
+    if multi_precision:
+        options['multi_precision'] = True
     if kvstore_name(kvstore) == 'none':
-        return ReducingTrainer(net.collect_params(), 'sgd', {'learning_rate': lr})
+        return ReducingTrainer(net.collect_params(), 'sgd', options)
     # With a parameter server MXNet updates on the servers and the workers pull
     # the weights. (Pulling summed gradients instead, update_on_kvstore=False,
     # let the workers' parameters drift apart in MXNet 1.9.1: measured.)
-    return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr}, kvstore=kvstore)
+    return gluon.Trainer(net.collect_params(), 'sgd', options, kvstore=kvstore)

@@ -8,7 +8,6 @@ stopping on a signal, progress lines) is added through ``Hook`` objects that
 live beside their own code. Host-device sync points are marked: where they
 sit decides what a timing means.
 """
-import functools
 import itertools
 import math
 import time
@@ -18,9 +17,11 @@ from dataclasses import dataclass
 import mxnet as mx
 from mxnet import autograd, gluon, init, np, npx
 
-from .devices import split_batch, split_sizes
+from .balance import make_split
+from .devices import split_batch
 from .errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
 from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
+from .precision import make_precision
 from .results import EpochRecord, EpochTotals, TrainResult
 from .utils import Timer, accuracy
 
@@ -67,7 +68,8 @@ def _read_sum(per_device):
                for values in per_device if values)
 
 
-def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch):
+def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch,
+                after_backward=None, scaler=None):
     """Run one data-parallel training step on a batch.
 
     Parameters
@@ -85,7 +87,14 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
         What ``trainer.step`` normalises the gradient by; defaults to the
         samples actually in the batch (the text passes its fixed batch size).
     split_f : callable
-        ``split_f(X, y, devices) -> (X_shards, y_shards)``.
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``, e.g. a ``balance.Split``.
+    after_backward : callable, optional
+        ``after_backward(net, devices)``, called once the backward passes are
+        queued and before ``trainer.step`` sums the gradients: where each
+        device's own work of the step ends (``balance.TimedSplit`` times it there).
+    scaler : precision.LossScaler, optional
+        Scales the loss in the backward pass and divides it out in the step,
+        which it skips when a gradient overflows (float16).
 
     Returns
     -------
@@ -98,8 +107,16 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
         y_hats = [net(X_shard) for X_shard in X_shards]
         losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
     for l in losses:
-        l.backward()
-    trainer.step(batch_size or X.shape[0])
+        if scaler is None:
+            l.backward()
+        else:
+            scaler.backward(l)
+    if after_backward is not None:
+        after_backward(net, devices)
+    if scaler is None:
+        trainer.step(batch_size or X.shape[0])
+    else:  # Sync point: an overflowing step is skipped
+        scaler.step(trainer, batch_size or X.shape[0], devices)
     return [(l.sum(), accuracy(y_hat, y_shard))
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
 
@@ -214,7 +231,8 @@ class EpochSteps:
 
 
 def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
-                first_step=1, max_in_flight=None, step_scale=1, split_f=split_batch):
+                first_step=1, max_in_flight=None, step_scale=1, split_f=split_batch,
+                after_backward=None, scaler=None):
     """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
     ``totals(seconds)``).
 
@@ -234,13 +252,15 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
     step_scale : int
         ``trainer.step`` normalises by a batch's samples times this: the
         workers of a synchronous parameter server (``distributed.step_scale``).
-    split_f : callable
-        ``split_f(X, y, devices) -> (X_shards, y_shards)``, e.g. ``split_batch``
-        with per-device weights.
+    split_f, after_backward : callable
+        How a batch is split and what runs before ``trainer.step`` (see ``train_batch``).
+    scaler : precision.LossScaler, optional
+        Loss scaling (see ``train_batch``).
     """
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
     for X, y in train_iter:
-        stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f)
+        stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f,
+                            after_backward, scaler)
         for i, (l, c) in enumerate(stats):
             steps.losses[i].append(l)
             steps.correct[i].append(c)
@@ -298,7 +318,7 @@ def _epoch_record(epoch, totals, test_acc, eval_seconds):
 
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
           seed=None, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None,
-          step_scale=1, split_weights=None):
+          step_scale=1, split=None, precision=None):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Parameters
@@ -330,28 +350,32 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         Called with each ``EpochRecord`` once the epoch is evaluated.
     step_scale : int
         See ``train_epoch``: the workers of a synchronous parameter server.
-    split_weights : list of float, optional
-        Relative shares of the devices in every batch (``split_batch``); the
-        book's even split without them. The update stays the same: the loss
-        is a sum over samples and ``trainer.step`` divides by the whole batch.
+    split : None, 'even', 'auto', list of float, or balance.Split
+        How every batch is shared among the devices (``balance.make_split``):
+        the book's even split, shares that follow the devices' measured speed,
+        or fixed relative weights, one per device. The update stays the same:
+        the loss is a sum over samples and ``trainer.step`` divides by the whole batch.
+    precision : None, str or precision.MixedPrecision
+        The compute type: ``'float32'`` (None, the book's), ``'float16'`` (GPUs:
+        float32 master weights and dynamic loss scaling), or a ``MixedPrecision``.
 
     Returns
     -------
     TrainResult
     """
     check_train_args(devices, num_epochs, kvstore, lr)
-    split_f = functools.partial(split_batch, weights=split_weights)
-    if split_weights is not None:  # bad weights are refused before any work
-        if len(split_weights) != len(devices):
-            raise DeviceError(f'{len(split_weights)} split weights for {len(devices)} devices; '
-                              'give one weight per device')
-        split_sizes(len(devices), split_weights)
+    split = make_split(split)  # bad weights are refused before any work
+    split.start(net, devices)
+    precision = make_precision(precision, devices)  # None: float32, the book's
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
     if hybrid:
         hybridize(net)
-    trainer = make_trainer(net, lr, kvstore)
+    model = precision.prepare(net) if precision else net  # what computes: net, or net cast
+    scaler = precision.scaler if precision else None
+    trainer = make_trainer(net, lr, kvstore,
+                           multi_precision=precision.multi_precision if precision else False)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore_name(kvstore), lr=lr)
     run = Run(net, trainer, devices, train_iter, result,
@@ -361,9 +385,11 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     for epoch in range(first_epoch, num_epochs + 1):
         run.epoch, done = epoch, partial.batches if partial else 0
         timer.start()
-        steps = train_epoch(net, run.batches(done), loss, trainer, devices, hooks_of=run,
+        steps = train_epoch(model, run.batches(done), loss, trainer, devices, hooks_of=run,
                             timer=timer, first_step=done + 1, max_in_flight=max_in_flight,
-                            step_scale=step_scale, split_f=split_f)
+                            step_scale=step_scale, split_f=split,
+                            after_backward=split.after_backward,
+                            scaler=scaler)
         npx.waitall()  # Sync point: every queued step has finished before the timer stops.
         totals = _diverged_in(run, steps.totals, timer.stop())  # the epoch's one read-back
         totals, partial = (partial + totals if partial else totals), None
@@ -372,7 +398,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
             raise Interrupted(epoch, totals.batches)
         _diverged_in(run, check_finite_params, net, f' by step {totals.batches}')
         tic = time.perf_counter()
-        test_acc = evaluate_accuracy_gpus(net, test_iter, devices) if test_iter else None
+        test_acc = (evaluate_accuracy_gpus(model, test_iter, devices, split.evaluation())
+                    if test_iter else None)
         result.epochs.append(_epoch_record(epoch, totals, test_acc, time.perf_counter() - tic))
         run.call('epoch_end', result.epochs[-1])
     return result

@@ -147,16 +147,18 @@ seed = int_in(0, MAX_SEED)
 
 
 def split_weights(text):
-    """argparse type of --split: ``even`` (None) or positive weights ``W1,W2,...``."""
+    """argparse type of --split: ``even`` (None), ``auto``, or positive weights ``W1,W2,...``."""
     if text == 'even':
         return None
+    if text == 'auto':
+        return text
     try:
         weights = [float(w) for w in text.split(',')]
     except ValueError:
         weights = []
     if not weights or not all(math.isfinite(w) and 0 < w <= 1e6 for w in weights):
-        raise argparse.ArgumentTypeError(f'{text!r} is neither even nor positive weights; give '
-                                         'even or one weight per device, e.g. 1,3')
+        raise argparse.ArgumentTypeError(f'{text!r} is neither even, auto nor positive weights; '
+                                         'give even, auto or one weight per device, e.g. 1,3')
     return weights
 
 
@@ -271,7 +273,8 @@ FLAGS = {'cpu_devices': '--cpu-devices', 'num_gpus': '--num-gpus',
          'num_epochs': '--num-epochs', 'data_dir': '--data-dir', 'download=True': '--download',
          'dataset': '--dataset', 'batch_size': '--batch-size', 'num_train': '--num-train',
          'lr': '--lr', 'counts': '--counts', 'kvstore': '--kvstore',
-         'global_batch': '--global-batch'}
+         'global_batch': '--global-batch', 'dtype': '--dtype', 'split': '--split',
+         'sync_bn': '--sync-bn'}
 
 
 def error_line(error):

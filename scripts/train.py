@@ -96,10 +96,19 @@ def build_parser():
                    help='steps MXNet may run behind Python: after queuing a step, wait for the '
                    'one K steps back, so Ctrl-C and progress act within a step; 0 = no bound, '
                    f"the book's loop (default: {MAX_IN_FLIGHT})")
-    p.add_argument('--split', type=_cli.split_weights, default=None, metavar='even|W1,W2,...',
-                   help='how each batch is shared among the devices: even (the book) or one '
-                   'relative weight per device, e.g. 1,3 gives the second device three times '
-                   'the samples of the first, for devices of different speed (default: even)')
+    p.add_argument('--split', type=_cli.split_weights, default=None,
+                   metavar='even|auto|W1,W2,...',
+                   help='how each batch is shared among the devices, for devices of different '
+                   'speed: even (the book); auto, shares measured from each device\'s step time '
+                   'during the first steps and re-balanced when the times drift (a line after '
+                   'each epoch gives the shares and each device\'s idle time); or one relative '
+                   'weight per device, e.g. 1,3 gives the second device three times the samples '
+                   'of the first (default: even)')
+    p.add_argument('--dtype', choices=gm.precision.DTYPES, default='float32',
+                   help='compute type: float32 (the book); float16 on GPUs, with float32 master '
+                   'weights and dynamic loss scaling (CPU contexts have no float16 matrix '
+                   'multiply in MXNet 1.9.1); bfloat16 is explained in docs/exercises.md '
+                   '(default: float32)')
     p.add_argument('--synthetic', action='store_true',
                    help='random images and labels of the data set\'s shape instead of the '
                    'files, for speed tests (accuracy means nothing then)')
@@ -158,11 +167,16 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
     else:
         net = gm.get_model(args.model, classes)
 
+    split = gm.balance.make_split(args.split)
+
     def on_epoch(record):
         line = gm.epoch_line(record, args.num_epochs)
         if worker is not None and worker.count > 1:  # the workers must agree: show it
             line += f', parameters {gm.compare.fingerprint(net)}'
         print(line, file=out, flush=True)
+        if isinstance(split, gm.balance.TimedSplit):
+            print(f'  {split.summary()}', file=out, flush=True)
+            split.reset_stats()
         tracker.record(gm.kvstores.kvstore_name(kvstore), record.epoch, net)
 
     common = dict(num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
@@ -178,7 +192,7 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
     scale = gm.distributed.step_scale(kvstore, worker.count) if worker and worker.count > 1 else 1
     result = gm.train(net, train_iter, test_iter, devices, hooks=[*hooks, progress],
                       max_in_flight=args.max_in_flight or None, step_scale=scale,
-                      split_weights=args.split, **common)
+                      split=split, precision=args.dtype, **common)
     result.workers = worker.count if worker else 1
     return result
 
@@ -227,6 +241,8 @@ def make_checkpointer(args, batch_size, lr, kvstores, worker):
               'book_literal': args.book_literal}
     if worker.count > 1:
         config['workers'] = worker.count  # a resumed run needs as many
+    if args.dtype != 'float32':
+        config['dtype'] = args.dtype
     if worker.rank:
         return gm.checkpoint.CheckpointReader(args.checkpoint_dir, config, resume=args.resume)
     return gm.Checkpointer(args.checkpoint_dir, config, resume=args.resume)
@@ -288,11 +304,14 @@ def run(args, out=None, stop=None):
     if batch_size < len(devices):
         raise gm.DeviceError(f'a batch of {batch_size} cannot be split across {len(devices)} '
                              f'devices; use --batch-size {len(devices)} or more')
-    if args.split is not None and len(args.split) != len(devices):
+    if isinstance(args.split, list) and len(args.split) != len(devices):
         raise gm.DeviceError(f'--split gives {len(args.split)} weights for {len(devices)} '
                              f'devices; give one weight per device')
     if args.split is not None and args.book_literal:
         raise gm.GluonMultiGPUError("--book-literal runs the text's even split; drop --split")
+    if args.dtype != 'float32' and args.book_literal:
+        raise gm.GluonMultiGPUError("--book-literal runs the text's float32 loop; drop --dtype")
+    gm.precision.check_dtype(args.dtype, devices)
     kvstores = list(dict.fromkeys(args.kvstore))
     for kvstore in kvstores:
         if kvstore not in gm.kvstores.DIST_KVSTORES:

@@ -76,12 +76,12 @@ def test_evaluation_with_unequal_shards_equals_a_numpy_count(fashion_test):
 
 def test_train_and_the_cli_refuse_weights_that_do_not_fit(capsys):
     with pytest.raises(gm.DeviceError, match='3 split weights for 2 devices'):
-        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), split_weights=[1, 2, 3])
+        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), split=[1, 2, 3])
     with pytest.raises(gm.DeviceError, match='must be positive'):
-        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), split_weights=[1, 0])
+        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), split=[1, 0])
     train = load_script('train')
     assert train.main(['--cpu-devices', '2', '--split', '1,2,3']) == 2
     assert '--split gives 3 weights for 2 devices' in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
         train.main(['--cpu-devices', '2', '--split', '1,x'])
-    assert stop.value.code == 2 and 'neither even nor positive weights' in capsys.readouterr().err
+    assert stop.value.code == 2 and 'neither even, auto nor positive weights' in capsys.readouterr().err

@@ -1,0 +1,258 @@
+"""Sharing each batch among devices of different speed (exercise 2 of d2l 13.6).
+
+The section splits every batch evenly, so a step lasts as long as the slowest
+device's share. A ``Split`` is the split function ``train`` uses: ``Split()``
+is the book's even split, ``Split(weights)`` fixed shares, ``AutoSplit()``
+shares that follow each device's measured speed. ``TimedSplit`` measures
+without acting, to see how long each device waits for the others.
+
+The update is the same whatever the shares: the loss is a sum over samples
+and ``trainer.step`` divides by the whole batch (tests/test_split.py).
+"""
+import statistics
+import threading
+import time
+
+from .devices import split_batch, split_sizes
+from .errors import DeviceError
+
+__all__ = ['Split', 'TimedSplit', 'AutoSplit', 'make_split']
+
+
+class Split:
+    """Fixed shares of every batch: even (``weights`` None, the book's) or in proportion to
+    ``weights``, one positive number per device.
+
+    Call it as ``train``'s split function: ``split(X, y, devices) -> (X_shards, y_shards)``.
+    """
+
+    def __init__(self, weights=None):
+        if weights is not None:
+            weights = [float(w) for w in weights]
+            split_sizes(len(weights), weights)  # refuses weights that are not positive
+        self.weights = weights
+
+    def __call__(self, X, y, devices):
+        return split_batch(X, y, devices, self.weights)
+
+    def start(self, net, devices):
+        """Check the shares against ``devices`` before training ``net`` (initialised on them)."""
+        if self.weights is not None and len(self.weights) != len(devices):
+            raise DeviceError(f'{len(self.weights)} split weights for {len(devices)} devices; '
+                              'give one weight per device')
+
+    def after_backward(self, net, devices):
+        """Called once a step's backward passes are queued, before ``trainer.step``."""
+
+    def evaluation(self):
+        """The split function for evaluation: the current shares, no timing.
+
+        A last batch smaller than the device count reaches only the first
+        devices (``evaluate_accuracy_gpus``), which then share it by their weights.
+        """
+        if self.weights is None:
+            return split_batch
+        weights = list(self.weights)
+        return lambda X, y, devices: split_batch(X, y, devices, weights[:len(devices)])
+
+    def shares(self, batch_size, num_devices):
+        """Shard sizes of a batch of ``batch_size`` on ``num_devices`` devices now."""
+        return split_sizes(batch_size, self.weights or [1.0] * num_devices)
+
+    def describe(self):
+        """How the batch is shared, e.g. ``even`` or ``weights 1:3``."""
+        if self.weights is None:
+            return 'even'
+        return 'weights ' + ':'.join(f'{w:g}' for w in self.weights)
+
+
+class TimedSplit(Split):
+    """A ``Split`` that times each device's share of a step, every ``every`` steps.
+
+    A timed step first waits until the previous update has reached every
+    device, then, once the step's backward passes are queued, waits for each
+    device's gradients in a thread of its own: ``times`` gets the seconds each
+    device took from the step's start. The slowest device sets the step's
+    time; the others wait for it in ``trainer.step`` (their idle time).
+
+    Parameters
+    ----------
+    weights : list of float, optional
+        Fixed shares (None: even).
+    every : int
+        Time one step in ``every`` (the first step of a run is never timed:
+        it builds the compiled graph).
+    """
+
+    def __init__(self, weights=None, every=10):
+        super().__init__(weights)
+        if not isinstance(every, int) or every < 1:
+            raise DeviceError(f'every must be a positive whole number of steps, got {every!r}')
+        self.every = every
+        self.steps = 0
+        self.times, self.sizes = [], []  # per timed step: seconds and samples per device
+        self._params = []
+        self._start = None
+        self._since_change = 0
+
+    def start(self, net, devices):
+        super().start(net, devices)
+        self._params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+
+    def __call__(self, X, y, devices):
+        self.steps += 1
+        self._since_change += 1
+        self._start = None
+        if self._due():
+            for p in self._params:  # Sync point: the previous update is done everywhere.
+                for ctx in p.list_ctx():
+                    p.data(ctx).wait_to_read()
+            self._start = time.perf_counter()
+        X_shards, y_shards = super().__call__(X, y, devices)
+        self._sizes = [s.shape[0] for s in y_shards]
+        return X_shards, y_shards
+
+    def _due(self):
+        return self._since_change > 1 and self.steps % self.every == 0
+
+    def after_backward(self, net, devices):
+        if self._start is None:
+            return
+        ready = _ready_times(self._params, devices[:len(self._sizes)])  # Sync point
+        self.observe([t - self._start for t in ready], self._sizes)
+
+    def observe(self, times, sizes):
+        """Record one timed step: each device's ``times`` (seconds) for its ``sizes`` (samples)."""
+        self.times.append(times)
+        self.sizes.append(sizes)
+
+    def reset_stats(self):
+        """Forget the timed steps so far (e.g. at the start of an epoch)."""
+        self.times, self.sizes = [], []
+
+    def idle(self):
+        """Per device, the share of the timed steps' time it waited for the slowest (0..1)."""
+        if not self.times:
+            return []
+        return [sum(max(t) - t[i] for t in self.times) / sum(max(t) for t in self.times)
+                for i in range(len(self.times[0]))]
+
+    def device_ms(self):
+        """Per device, the median milliseconds of its share of a timed step."""
+        if not self.times:
+            return []
+        return [1000 * statistics.median(t[i] for t in self.times)
+                for i in range(len(self.times[0]))]
+
+    def summary(self):
+        """A line on the timed steps: shares, each device's time and idle share."""
+        if not self.times:
+            return f'split {self.describe()}: no step timed yet'
+        ms = '/'.join(f'{m:.0f}' for m in self.device_ms())
+        idle = '/'.join(f'{100 * i:.0f}%' for i in self.idle())
+        return (f'split {self.describe()}: per device {ms} ms a step, idle {idle} '
+                f'({len(self.times)} steps timed)')
+
+
+class AutoSplit(TimedSplit):
+    """Shares that follow each device's measured speed, so that all finish a step together.
+
+    Starts even. After a change of the shares the next ``window`` steps are
+    timed (the first after a change is skipped: new shard shapes cost a graph
+    re-plan); later one step in ``every``. Each ``window`` timed steps it takes
+    every device's median speed (samples per second of its share) and, when
+    shares in proportion to those speeds would shorten the step by more than
+    ``tolerance``, moves to them. Speeds that drift (a device that takes on
+    other work) are followed the same way.
+
+    Parameters
+    ----------
+    every : int
+        Once settled, time one step in ``every``.
+    window : int
+        Timed steps behind each decision.
+    tolerance : float
+        Smallest predicted gain (a fraction of the step's time) worth a change.
+    """
+
+    def __init__(self, every=10, window=3, tolerance=0.05):
+        super().__init__(None, every)
+        if not isinstance(window, int) or window < 1:
+            raise DeviceError(f'window must be a positive whole number, got {window!r}')
+        if not 0 <= tolerance < 1:
+            raise DeviceError(f'tolerance must be a fraction from 0 to 1, got {tolerance!r}')
+        self.window, self.tolerance = window, tolerance
+        self.changes = 0
+        self._speeds, self._gains = [], []
+
+    def start(self, net, devices):
+        super().start(net, devices)
+        self.weights = self.weights if self.weights else [1.0] * len(devices)
+
+    def _due(self):
+        if self._since_change <= 1:
+            return False
+        return len(self._speeds) < self.window and self._since_change <= 1 + self.window or \
+            self.steps % self.every == 0
+
+    def observe(self, times, sizes):
+        super().observe(times, sizes)
+        if len(times) != len(self.weights):  # a last batch on fewer devices says nothing
+            return
+        speeds = [s / max(t, 1e-9) for s, t in zip(sizes, times)]
+        self._speeds.append(speeds)
+        self._gains.append(1 - sum(sizes) / sum(speeds) / max(times))
+        if len(self._speeds) < self.window:
+            return
+        speed = [statistics.median(s[i] for s in self._speeds) for i in range(len(speeds))]
+        gain = statistics.median(self._gains)
+        self._speeds, self._gains = [], []
+        if gain > self.tolerance:
+            self.weights = [s / sum(speed) for s in speed]
+            self.changes += 1
+            self._since_change = 0
+
+    def describe(self):
+        shares = '/'.join(f'{100 * w / sum(self.weights):.0f}%' for w in self.weights or [])
+        return f'auto (shares {shares or "even"}, {self.changes} change(s))'
+
+
+def _ready_times(params, devices):
+    """Per device, when all of its gradients were written (``time.perf_counter()``).
+
+    One thread per device waits for that device's gradients, so each device's
+    time is its own, whatever order they finish in. Sync point.
+    """
+    ready, errors = [None] * len(devices), []
+
+    def wait(i):
+        try:
+            for p in params:
+                p.grad(devices[i]).wait_to_read()  # releases the GIL while it waits
+            ready[i] = time.perf_counter()
+        except Exception as e:  # pylint: disable=broad-except  (re-raised below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return ready
+
+
+def make_split(split):
+    """Return the ``Split`` for ``split``: a ``Split`` as is, None or ``'even'`` the book's,
+    ``'auto'`` an ``AutoSplit``, a list of numbers fixed weights."""
+    if isinstance(split, Split):
+        return split
+    if split is None or split == 'even':
+        return Split()
+    if split == 'auto':
+        return AutoSplit()
+    if isinstance(split, str):
+        raise DeviceError(f'unknown split {split!r}; give `split` even, auto or one weight per '
+                          'device')
+    return Split(split)

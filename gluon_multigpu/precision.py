@@ -1,0 +1,160 @@
+"""Mixed precision: float16 on GPUs with float32 master weights and dynamic loss scaling.
+
+With ``dtype`` float16 the network computes in float16 (BatchNorm keeps its
+parameters in float32: Gluon's ``BatchNorm.cast`` does so), the optimizer keeps
+a float32 copy of every weight (``multi_precision``), and the loss is scaled
+before the backward pass so that small gradients do not vanish in float16;
+``trainer.step`` divides the scale out again. A step whose gradients overflow
+is skipped and the scale halved (``LossScaler``).
+
+On CPU contexts float16 does not apply: MXNet 1.9.1 has no float16 matrix
+multiply on the CPU (its convolutions and dense layers stop with "FP16 gemm on
+cpu not implemented"). For bfloat16 on the CPU see docs/exercises.md.
+"""
+from mxnet import autograd, np
+from mxnet.gluon import nn
+
+from .errors import DeviceError, GluonMultiGPUError
+
+__all__ = ['DTYPES', 'check_dtype', 'LossScaler', 'MixedPrecision', 'make_precision',
+           'all_finite']
+
+#: What ``train`` and ``--dtype`` accept.
+DTYPES = ('float32', 'float16', 'bfloat16')
+
+
+def check_dtype(dtype, devices):
+    """Raise ``GluonMultiGPUError`` unless ``train`` can compute in ``dtype`` on ``devices``."""
+    if dtype not in DTYPES:
+        raise GluonMultiGPUError(f'unknown dtype {dtype!r}; choose one of {", ".join(DTYPES)}')
+    cpus = [str(d) for d in devices if d.device_type != 'gpu']
+    if dtype == 'float16' and cpus:
+        raise DeviceError(f'`dtype` float16 needs GPUs, and {cpus[0]} is a CPU context: MXNet '
+                          '1.9.1 has no float16 matrix multiply on the CPU ("FP16 gemm on cpu not '
+                          'implemented"); use `dtype` float32 on CPU contexts')
+    if dtype == 'bfloat16':
+        raise DeviceError('`dtype` bfloat16 cannot train in MXNet 1.9.1 (see docs/exercises.md, '
+                          '"Mixed precision"); use `dtype` float32')
+
+
+def all_finite(params, devices):
+    """Whether every gradient of ``params`` on ``devices`` is finite (sync point: one read-back).
+
+    Each gradient is summed in float32, so that float16 gradients do not
+    overflow in the sum where they did not overflow themselves.
+    """
+    sums = [np.sum(p.grad(d), dtype='float32').as_in_ctx(devices[0])
+            for p in params if p.grad_req != 'null' for d in devices]
+    return bool(np.isfinite(np.stack(sums).sum()).item())
+
+
+class LossScaler:
+    """Dynamic loss scaling: the loss times ``scale`` in the backward pass, divided out in the step.
+
+    An overflow (a gradient that is not finite on some device) skips the
+    step and divides the scale by ``factor``; ``window`` steps in a row
+    without one multiply it by ``factor``. With powers of two the scaling
+    itself is exact: in float32 a scaled step equals an unscaled one.
+
+    Parameters
+    ----------
+    scale : float
+        The first scale (2**15 as in MXNet's AMP).
+    factor : float
+        How much an overflow lowers the scale and a quiet window raises it.
+    window : int
+        Steps without overflow before the scale grows.
+    min_scale : float
+        The scale never drops below this.
+    """
+
+    def __init__(self, scale=2.0 ** 15, factor=2.0, window=2000, min_scale=1.0):
+        if not (scale > 0 and factor > 1 and window >= 1 and min_scale > 0):
+            raise GluonMultiGPUError('a loss scaler needs scale > 0, factor > 1, window >= 1 '
+                                     'and min_scale > 0')
+        self.scale, self.factor, self.window, self.min_scale = scale, factor, window, min_scale
+        self.skipped = 0
+        self.params = []  # the parameters whose gradients are checked (``MixedPrecision.prepare``)
+        self._quiet = 0
+
+    def backward(self, loss):
+        """``loss.backward()`` with the loss multiplied by the scale."""
+        loss.backward(out_grad=np.full(loss.shape, self.scale, dtype=loss.dtype, ctx=loss.ctx))
+
+    def step(self, trainer, batch_size, devices):
+        """Update with the gradients unscaled, or skip an overflowing step; return whether updated.
+
+        Sync point: the gradients' finiteness is read back before the update.
+        """
+        if not all_finite(self.params, devices):
+            self.scale = max(self.min_scale, self.scale / self.factor)
+            self.skipped += 1
+            self._quiet = 0
+            return False
+        trainer.step(batch_size * self.scale)  # divides the gradients by the batch and the scale
+        self._quiet += 1
+        if self._quiet >= self.window:
+            self.scale *= self.factor
+            self._quiet = 0
+        return True
+
+
+class Cast(nn.Block):
+    """Run ``net`` in ``dtype`` on its inputs cast to it; give back float32 outputs for the loss.
+
+    The network is cast on the first call: parameters whose shape waits for
+    the first input (deferred initialisation) are first made in float32 by a
+    forward pass of one sample in predict mode, because MXNet 1.9.1's random
+    initialisers cannot fill float16 parameters in NumPy mode. ``net`` keeps
+    its parameter names, so checkpoints are those of the float32 network.
+    """
+
+    def __init__(self, net, dtype):
+        super().__init__()
+        self.net, self.dtype, self.cast_done = net, dtype, False
+
+    def forward(self, X):  # pylint: disable=arguments-differ
+        if not self.cast_done:
+            with autograd.pause(train_mode=False):
+                self.net(X[:1])  # every parameter exists, in float32
+            self.net.cast(self.dtype)  # BatchNorm keeps float32 (Gluon's BatchNorm.cast)
+            self.cast_done = True
+        return self.net(X.astype(self.dtype, copy=False)).astype('float32', copy=False)
+
+
+class MixedPrecision:
+    """How ``train`` computes in ``dtype``: the network cast, the optimizer's float32 copies,
+    and a ``LossScaler`` (a new one by default).
+
+    ``MixedPrecision('float32', LossScaler(...))`` runs the loss scaling alone,
+    in float32: what the tests check on CPU contexts.
+    """
+
+    def __init__(self, dtype='float16', scaler=None):
+        if dtype not in DTYPES:
+            raise GluonMultiGPUError(f'unknown dtype {dtype!r}; choose one of {", ".join(DTYPES)}')
+        self.dtype, self.scaler = dtype, scaler or LossScaler()
+
+    def prepare(self, net):
+        """Return the block to call in training: ``net`` cast to the compute type (on its first
+        call, see ``Cast``), and the loss scaler told which gradients to check."""
+        self.scaler.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+        return net if self.dtype == 'float32' else Cast(net, self.dtype)
+
+    @property
+    def multi_precision(self):
+        """Whether the optimizer must keep float32 master copies of the weights."""
+        return self.dtype != 'float32'
+
+
+def make_precision(precision, devices):
+    """Return the ``MixedPrecision`` for ``precision`` (a dtype name or one), None for float32.
+
+    Raises ``GluonMultiGPUError`` when it does not apply to ``devices``.
+    """
+    if precision is None or precision == 'float32':
+        return None
+    if not isinstance(precision, MixedPrecision):
+        precision = MixedPrecision(precision)
+    check_dtype(precision.dtype, devices)
+    return precision

@@ -1,0 +1,126 @@
+"""Devices of different speed (exercise 2): timing each device's share, and shares that follow."""
+import threading
+
+import mxnet as mx
+import numpy as onp
+import pytest
+from mxnet import np
+
+import gluon_multigpu as gm
+from gluon_multigpu.balance import AutoSplit, Split, TimedSplit, make_split
+from conftest import load_script
+
+
+def simulate(split, speeds, overhead=0.002, batch=256, steps=30):
+    """Feed ``split`` the times devices of ``speeds`` (samples/s) would take; return the sizes."""
+    for _ in range(steps):
+        sizes = split.shares(batch, len(speeds))
+        split.observe([overhead + s / v for s, v in zip(sizes, speeds)], sizes)
+        if split._since_change == 0:  # a change: the next step runs the new shares
+            split._since_change = 2
+    return split.shares(batch, len(speeds))
+
+
+def test_auto_split_moves_to_shares_in_proportion_to_speed():
+    split = AutoSplit(window=3)
+    split.weights = [1.0, 1.0]
+    sizes = simulate(split, [3000, 1000])
+    # Finishing together: 0.002 + a/3000 = 0.002 + b/1000 with a + b = 256.
+    assert sizes == pytest.approx([192, 64], abs=3)
+    assert split.changes >= 1
+
+
+def test_auto_split_leaves_equal_devices_alone_and_follows_a_drift():
+    split = AutoSplit(window=3, tolerance=0.05)
+    split.weights = [1.0, 1.0, 1.0]
+    assert simulate(split, [2000, 2000, 2000]) == [86, 85, 85] and split.changes == 0
+    assert simulate(split, [2000, 2000, 500]) == pytest.approx([114, 114, 28], abs=3)
+    changes = split.changes
+    assert simulate(split, [500, 2000, 2000])[0] < 40 and split.changes > changes
+
+
+def test_unequal_times_mean_idle_devices():
+    split = TimedSplit()
+    split.observe([0.10, 0.05], [64, 64])
+    split.observe([0.10, 0.10], [64, 64])
+    assert split.idle() == pytest.approx([0.0, 0.25])
+    assert split.device_ms() == pytest.approx([100, 75])
+
+
+def test_bad_splits_are_refused():
+    with pytest.raises(gm.DeviceError, match='unknown split'):
+        make_split('fast')
+    with pytest.raises(gm.DeviceError, match='positive'):
+        Split([1, -1])
+    with pytest.raises(gm.DeviceError, match='every'):
+        TimedSplit(every=0)
+    assert make_split(None).describe() == 'even' and make_split([1, 3]).describe() == 'weights 1:3'
+
+
+def params(net, ctx):
+    return [p.data(ctx).asnumpy() for p in net.collect_params().values()]
+
+
+def train_simple(split, steps=24, seed=3):
+    data, _ = gm.data.synthetic_data('fashion-mnist', 96, num_train=96 * steps, num_test=96,
+                                     seed=seed, num_devices=2)
+    net = gm.simple_cnn()
+    gm.train(net, data, None, gm.cpu_devices(2), num_epochs=1, lr=0.1, seed=seed,
+             initializer=gm.default_initializer('simple-cnn'), max_in_flight=1, split=split)
+    return params(net, mx.cpu(1))
+
+
+def test_timed_steps_and_a_changing_split_keep_the_update():
+    even = train_simple(TimedSplit(every=2))
+    timed = TimedSplit(every=2)
+    assert [onp.array_equal(a, b) for a, b in zip(even, train_simple(timed))] == [True] * 8
+    assert len(timed.times) == 12 and all(t > 0 for step in timed.times for t in step)
+    assert 0 <= min(timed.idle()) and max(timed.idle()) < 1
+    # Told that cpu(1) is three times slower, the split moves its shares during the run:
+    # the parameters stay those of the even split. (Scripted times keep the shares, and so
+    # the rounding, the same in every run: with other shares a ReLU can flip on rounding.)
+    auto = ScriptedAutoSplit(every=1, window=2)
+    moved = train_simple(auto)
+    assert auto.changes >= 1 and {tuple(s) for s in auto.sizes} >= {(48, 48), (71, 25)}
+    for a, b in zip(even, moved):
+        onp.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+class ScriptedAutoSplit(AutoSplit):
+    """An ``AutoSplit`` that observes the times of a cpu(1) three times slower than cpu(0)."""
+
+    def after_backward(self, net, devices):
+        if self._start is not None:
+            self.observe([0.001 + s / v for s, v in zip(self._sizes, (3000, 1000))], self._sizes)
+
+
+def test_auto_split_gives_a_busy_device_a_smaller_share():
+    """cpu(1) also runs other work (a matrix product after another): it gets fewer samples."""
+    stop = threading.Event()
+
+    def other_work():
+        A = np.ones((512, 512), ctx=mx.cpu(1))
+        while not stop.is_set():
+            np.dot(A, A).wait_to_read()
+
+    worker = threading.Thread(target=other_work)
+    worker.start()
+    try:
+        auto = AutoSplit(every=2)
+        train_simple(auto, steps=48)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert auto.changes >= 1 and auto.weights[1] < auto.weights[0], auto.summary()
+
+
+def test_the_cli_reports_the_auto_split_after_every_epoch(capsys):
+    train = load_script('train')
+    assert train.main(['--cpu-devices', '2', '--model', 'simple-cnn', '--synthetic',
+                       '--num-train', '1920', '--num-test', '200', '--num-epochs', '2',
+                       '--split', 'auto', '--progress-interval', '0']) == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith('  split auto (shares ')]
+    assert len(lines) == 2 and all('idle' in l and 'steps timed' in l for l in lines), out
+    assert train.main(['--cpu-devices', '2', '--split', 'auto', '--book-literal']) == 2
+    assert "drop --split" in capsys.readouterr().err
