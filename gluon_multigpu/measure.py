@@ -8,11 +8,12 @@ medians over repeats after one untimed warm-up (which compiles the graph,
 creates the kvstore and fills the gradients).
 """
 import statistics
+import threading
 import time
 
 import numpy as onp
 import mxnet as mx
-from mxnet import autograd, gluon, npx
+from mxnet import autograd, gluon, np, npx
 
 from . import scaling
 from .data import ArrayLoader, train_loader
@@ -25,7 +26,7 @@ from .training import hybridize, train
 
 __all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch', 'time_compute',
            'sync_trainer', 'time_sync', 'measure_bandwidth', 'compute_seconds',
-           'measure_projection', 'run_sweep']
+           'measure_projection', 'run_sweep', 'OtherWork']
 
 
 def usable_kvstores(device_type):
@@ -270,3 +271,46 @@ def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
             say(f'{label}: {e}')
             rows.append(scaling.measured_row(config, device_type, None, status='diverged'))
     return rows
+
+
+class OtherWork:
+    """Other work on a device, as a device shared with another job sees it: a context manager.
+
+    A thread queues a ``size`` x ``size`` matrix product on ``device``, waits
+    for it and queues the next, until the ``with`` block ends. MXNet runs
+    each CPU context's operators on that context's own worker thread, so the
+    training operators of that context queue behind these: the context is
+    slower than the others. ``move_to`` moves the work to another device
+    (a load that drifts); ``device`` None is no work at all.
+    """
+
+    def __init__(self, device, size=512):
+        self.device, self.size = device, size
+        self._stop = threading.Event()
+        self._thread = None
+
+    def move_to(self, device):
+        """From now on, load ``device`` (None: stop loading)."""
+        self.device = device
+
+    def _work(self):
+        matrices = {}
+        while not self._stop.is_set():
+            device = self.device
+            if device is None:
+                time.sleep(0.01)
+                continue
+            if device not in matrices:
+                matrices[device] = np.ones((self.size, self.size), ctx=device)
+            np.dot(matrices[device], matrices[device]).wait_to_read()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+

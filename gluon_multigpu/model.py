@@ -2,20 +2,25 @@
 from mxnet import autograd, init, np, npx
 from mxnet.gluon import nn
 
+from .errors import GluonMultiGPUError
+
 __all__ = ['Residual', 'HybridResidual', 'resnet18', 'hybrid_resnet18', 'simple_cnn',
            'get_model', 'default_initializer', 'count_flops', 'MODELS']
 
 
-def _residual_layers(block, num_channels, use_1x1conv, strides):
-    """Give a residual block the book's layers, in the book's order (so parameters match)."""
+def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
+    """Give a residual block the book's layers, in the book's order (so parameters match).
+
+    ``norm`` makes each batch-normalisation layer (``nn.BatchNorm`` in the book).
+    """
     block.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
     block.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
     if use_1x1conv:
         block.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
     else:
         block.conv3 = None
-    block.bn1 = nn.BatchNorm()
-    block.bn2 = nn.BatchNorm()
+    block.bn1 = norm()
+    block.bn2 = norm()
 
 
 class Residual(nn.Block):
@@ -31,11 +36,13 @@ class Residual(nn.Block):
         Pass the input through a 1x1 convolution so that it matches the output shape.
     strides : int
         Stride of the first 3x3 convolution (and of the 1x1 convolution).
+    norm : callable
+        Makes a batch-normalisation layer (default ``nn.BatchNorm``, the book's).
     """
 
-    def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
         super().__init__(**kwargs)
-        _residual_layers(self, num_channels, use_1x1conv, strides)
+        _residual_layers(self, num_channels, use_1x1conv, strides, norm)
 
     def forward(self, X):  # pylint: disable=arguments-differ
         Y = npx.relu(self.bn1(self.conv1(X)))
@@ -51,9 +58,9 @@ class HybridResidual(nn.HybridBlock):
     Same layers, parameters, order and arithmetic; parameters as ``Residual``.
     """
 
-    def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
         super().__init__(**kwargs)
-        _residual_layers(self, num_channels, use_1x1conv, strides)
+        _residual_layers(self, num_channels, use_1x1conv, strides, norm)
 
     def hybrid_forward(self, F, X):  # pylint: disable=arguments-differ
         Y = F.npx.relu(self.bn1(self.conv1(X)))
@@ -63,32 +70,32 @@ class HybridResidual(nn.HybridBlock):
         return F.npx.relu(Y + X)
 
 
-def _resnet_block(residual, num_channels, num_residuals, first_block=False):
+def _resnet_block(residual, num_channels, num_residuals, norm, first_block=False):
     """Return one ResNet stage; all but the first halve height and width."""
     blk = nn.Sequential()
     for i in range(num_residuals):
         if i == 0 and not first_block:
-            blk.add(residual(num_channels, use_1x1conv=True, strides=2))
+            blk.add(residual(num_channels, use_1x1conv=True, strides=2, norm=norm))
         else:
-            blk.add(residual(num_channels))
+            blk.add(residual(num_channels, norm=norm))
     return blk
 
 
-def _resnet18(num_classes, residual):
+def _resnet18(num_classes, residual, norm):
     net = nn.Sequential()
     # This model uses a smaller convolution kernel, stride, and padding and
     # removes the max-pooling layer
     net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
-            nn.BatchNorm(), nn.Activation('relu'))
-    net.add(_resnet_block(residual, 64, 2, first_block=True),
-            _resnet_block(residual, 128, 2),
-            _resnet_block(residual, 256, 2),
-            _resnet_block(residual, 512, 2))
+            norm(), nn.Activation('relu'))
+    net.add(_resnet_block(residual, 64, 2, norm, first_block=True),
+            _resnet_block(residual, 128, 2, norm),
+            _resnet_block(residual, 256, 2, norm),
+            _resnet_block(residual, 512, 2, norm))
     net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
     return net
 
 
-def resnet18(num_classes):
+def resnet18(num_classes, norm=nn.BatchNorm):
     """Return the book's slightly modified ResNet-18 (d2l 13.6), built from ``Residual``.
 
     Compared with the ImageNet ResNet-18 it uses a 3x3 stem with stride 1 and
@@ -98,13 +105,16 @@ def resnet18(num_classes):
     ----------
     num_classes : int
         Outputs of the final Dense layer.
+    norm : callable
+        Makes each batch-normalisation layer: ``nn.BatchNorm`` (the book's), or
+        a synchronised one (``sync_bn.sync_batch_norm``).
     """
-    return _resnet18(num_classes, Residual)
+    return _resnet18(num_classes, Residual, norm)
 
 
-def hybrid_resnet18(num_classes):
+def hybrid_resnet18(num_classes, norm=nn.BatchNorm):
     """Return ``resnet18`` built from ``HybridResidual``: same parameters, compilable."""
-    return _resnet18(num_classes, HybridResidual)
+    return _resnet18(num_classes, HybridResidual, norm)
 
 
 def simple_cnn(num_classes=10):
@@ -127,6 +137,8 @@ def simple_cnn(num_classes=10):
 
 #: The networks by name; every one is hybridizable (the fast path compiles it).
 MODELS = {'resnet18': hybrid_resnet18, 'simple-cnn': simple_cnn}
+#: The networks with batch normalisation (``get_model`` takes their ``norm``).
+NORMALISED = ('resnet18',)
 
 
 def count_flops(net, input_shape=(1, 1, 28, 28)):
@@ -173,13 +185,22 @@ def count_flops(net, input_shape=(1, 1, 28, 28)):
     return 3 * 2 * sum(macs) / input_shape[0]
 
 
-def get_model(name, num_classes=10):
-    """Return a new, uninitialised network by its CLI name (``resnet18``, ``simple-cnn``)."""
+def get_model(name, num_classes=10, norm=None):
+    """Return a new, uninitialised network by its CLI name (``resnet18``, ``simple-cnn``).
+
+    ``norm`` makes the batch-normalisation layers of a network that has them
+    (ResNet-18; the simple CNN has none); None: ``nn.BatchNorm``.
+    """
     try:
         factory = MODELS[name]
     except KeyError:
         raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}') from None
-    return factory(num_classes)
+    if norm is None:
+        return factory(num_classes)
+    if name not in NORMALISED:
+        raise GluonMultiGPUError(f'model {name} has no batch normalisation to synchronise; '
+                                 f'choose {", ".join(NORMALISED)}')
+    return factory(num_classes, norm=norm)
 
 
 def default_initializer(name):

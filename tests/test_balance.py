@@ -1,10 +1,7 @@
 """Devices of different speed (exercise 2): timing each device's share, and shares that follow."""
-import threading
-
 import mxnet as mx
 import numpy as onp
 import pytest
-from mxnet import np
 
 import gluon_multigpu as gm
 from gluon_multigpu.balance import AutoSplit, Split, TimedSplit, make_split
@@ -96,21 +93,9 @@ class ScriptedAutoSplit(AutoSplit):
 
 def test_auto_split_gives_a_busy_device_a_smaller_share():
     """cpu(1) also runs other work (a matrix product after another): it gets fewer samples."""
-    stop = threading.Event()
-
-    def other_work():
-        A = np.ones((512, 512), ctx=mx.cpu(1))
-        while not stop.is_set():
-            np.dot(A, A).wait_to_read()
-
-    worker = threading.Thread(target=other_work)
-    worker.start()
-    try:
-        auto = AutoSplit(every=2)
+    auto = AutoSplit(every=2)
+    with gm.measure.OtherWork(mx.cpu(1)):
         train_simple(auto, steps=48)
-    finally:
-        stop.set()
-        worker.join(timeout=30)
     assert auto.changes >= 1 and auto.weights[1] < auto.weights[0], auto.summary()
 
 
