@@ -4,7 +4,8 @@
 The modules follow the section: ``devices`` (device lists, splitting a batch),
 ``model`` (ResNet-18, the simple CNN), ``data`` (Fashion-MNIST/MNIST),
 ``kvstores`` (the Trainer and where gradients are summed), ``balance`` (how a
-batch is shared among devices of different speed), ``training`` (one
+batch is shared among devices of different speed), ``precision`` (float16
+with loss scaling), ``sync_bn`` (synchronised BatchNorm), ``training`` (one
 step, one epoch, evaluation, ``train`` and its hooks), ``results`` (what it returns), ``book`` (the text's
 loop), ``checkpoint`` (crash-safe checkpoints), ``stopping`` (stop on a signal),
 ``compare`` (runs that differ in their kvstore), ``reporting`` (lines,
@@ -22,9 +23,9 @@ from mxnet import npx
 npx.set_np()
 
 # pylint: disable=wrong-import-position
-from . import (balance, book, checkpoint, compare, data, devices, distributed, errors, files,  # noqa: E402
-               kvstores, manifest, measure, model, reporting, results, scaling, scaling_report,
-               stopping, training, utils)
+from . import (balance, book, checkpoint, compare, data, devices, distributed,  # noqa: E402
+               errors, files, kvstores, manifest, measure, model, precision, reporting, results,
+               scaling, scaling_report, stopping, sync_bn, training, utils)
 from .book import evaluate_accuracy_book, train_book  # noqa: E402
 from .checkpoint import Checkpointer  # noqa: E402
 from .compare import ParamTracker, device_spread, recommend  # noqa: E402
@@ -47,11 +48,9 @@ from .utils import Accumulator, Timer, accuracy  # noqa: E402
 
 __version__ = '0.1.0'
 
-__all__ = ['balance', 'book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors', 'files',
-           'kvstores', 'manifest',
-           'measure', 'model', 'reporting', 'results', 'scaling', 'scaling_report', 'stopping',
-           'training',
-           'utils',
+__all__ = ['balance', 'book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors',
+           'files', 'kvstores', 'manifest', 'measure', 'model', 'precision', 'reporting', 'results',
+           'scaling', 'scaling_report', 'stopping', 'sync_bn', 'training', 'utils',
            'evaluate_accuracy_book', 'train_book', 'Checkpointer', 'StopRequest', 'ParamTracker',
            'device_spread', 'recommend', 'DATASETS', 'ArrayLoader', 'load_data',
            'load_data_fashion_mnist', 'load_data_mnist', 'read_idx', 'read_split', 'cpu_devices',

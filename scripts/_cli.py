@@ -33,7 +33,7 @@ def cores():
     return os.cpu_count() or 1
 
 
-def engine_env(num_cpu_devices=None, num_cores=None):
+def engine_env(num_cpu_devices=None, num_cores=None, sync_bn=False):
     """Return the engine variables the scripts recommend for ``num_cpu_devices`` CPU contexts.
 
     ``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space, 64 (16 per
@@ -48,9 +48,17 @@ def engine_env(num_cpu_devices=None, num_cores=None):
     every context measured about 15% faster on ResNet-18 with two contexts,
     but MXNet's OpenMP-threaded OpenBLAS then hung in ``np.dot`` on two
     contexts at once.
+
+    With ``sync_bn`` (synchronised BatchNorm), 128 copies per context, at
+    least 256: a layer waiting for the other contexts holds a copy, and with
+    32 per context ResNet-18's contexts waited for each other forever
+    (``gluon_multigpu.sync_bn``).
     """
     num_cores = num_cores or cores()
-    env = {'MXNET_CPU_TEMP_COPY': str(max(64, 16 * (num_cpu_devices or 0)))}
+    copies = max(64, 16 * (num_cpu_devices or 0))
+    if sync_bn:
+        copies = max(256, 128 * (num_cpu_devices or 2))  # as sync_bn.cpu_scratch_needed
+    env = {'MXNET_CPU_TEMP_COPY': str(copies)}
     if num_cpu_devices:
         env['OMP_NUM_THREADS'] = str(max(1, num_cores // num_cpu_devices))
     return env
@@ -76,8 +84,9 @@ def check_engine_env(environ):
                              f'{low} to {high}; set it so or unset it')
 
 
-def apply_engine_settings(num_cpu_devices=None, environ=None):
-    """Check the engine variables, then add ``engine_env(num_cpu_devices)`` where not set.
+def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
+    """Check the engine variables, then add ``engine_env(num_cpu_devices, sync_bn=sync_bn)``
+    where not set.
 
     A variable you set yourself always wins; ``GLUON_MULTIGPU_ENGINE_ENV=0``
     leaves MXNet's own defaults. Call before ``gluon_multigpu`` (MXNet) is
@@ -87,7 +96,8 @@ def apply_engine_settings(num_cpu_devices=None, environ=None):
     check_engine_env(environ)
     if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0':
         return {}
-    applied = {k: v for k, v in engine_env(num_cpu_devices).items() if k not in environ}
+    applied = {k: v for k, v in engine_env(num_cpu_devices, sync_bn=sync_bn).items()
+               if k not in environ}
     environ.update(applied)
     return applied
 
@@ -261,7 +271,7 @@ def prepare_engine(argv=None):
         signal.signal(signum, _stopped_while_starting)
     argv = sys.argv[1:] if argv is None else argv
     try:
-        apply_engine_settings(engine_devices(argv))
+        apply_engine_settings(engine_devices(argv), sync_bn='--sync-bn' in argv)
     except UsageError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)

@@ -104,6 +104,12 @@ def build_parser():
                    'each epoch gives the shares and each device\'s idle time); or one relative '
                    'weight per device, e.g. 1,3 gives the second device three times the samples '
                    'of the first (default: even)')
+    p.add_argument('--sync-bn', action='store_true',
+                   help='ResNet-18 with synchronised BatchNorm: the mean and variance of each '
+                   'BatchNorm layer over all devices\' shards, as one device with the whole batch '
+                   'would compute them, and the same running statistics on every device (needs '
+                   'the even split and a batch size divisible by the devices; MXNet\'s '
+                   'SyncBatchNorm, slower per step)')
     p.add_argument('--dtype', choices=gm.precision.DTYPES, default='float32',
                    help='compute type: float32 (the book); float16 on GPUs, with float32 master '
                    'weights and dynamic loss scaling (CPU contexts have no float16 matrix '
@@ -165,7 +171,8 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
     if args.book_literal and args.model == 'resnet18':
         net = gm.resnet18(classes)  # the text's: nn.Block residuals
     else:
-        net = gm.get_model(args.model, classes)
+        net = gm.get_model(args.model, classes,
+                           gm.sync_bn.sync_batch_norm(len(devices)) if args.sync_bn else None)
 
     split = gm.balance.make_split(args.split)
 
@@ -243,6 +250,8 @@ def make_checkpointer(args, batch_size, lr, kvstores, worker):
         config['workers'] = worker.count  # a resumed run needs as many
     if args.dtype != 'float32':
         config['dtype'] = args.dtype
+    if args.sync_bn:
+        config['sync_bn'] = True
     if worker.rank:
         return gm.checkpoint.CheckpointReader(args.checkpoint_dir, config, resume=args.resume)
     return gm.Checkpointer(args.checkpoint_dir, config, resume=args.resume)
@@ -292,6 +301,28 @@ def check_outputs(args):
         gm.files.check_output_dir(args.report, '--report')
 
 
+def check_sync_bn(args, devices, batch_size):
+    """Raise GluonMultiGPUError unless synchronised BatchNorm can train as asked.
+
+    MXNet's operator averages the devices' statistics with equal weights and
+    waits for every device in each step: equal shards, all devices.
+    """
+    if args.model not in gm.model.NORMALISED:
+        raise gm.GluonMultiGPUError(f'--sync-bn synchronises BatchNorm, and --model {args.model} '
+                                    'has none; use --model resnet18 or drop --sync-bn')
+    if args.book_literal:
+        raise gm.GluonMultiGPUError("--book-literal runs the text's nn.BatchNorm; drop --sync-bn")
+    if args.split is not None:
+        raise gm.GluonMultiGPUError('--sync-bn averages the devices\' statistics with equal '
+                                    'weights, so it needs equal shards; drop --split')
+    if batch_size % len(devices):
+        raise gm.DeviceError(f'--sync-bn needs equal shards, and a batch of {batch_size} does '
+                             f'not divide among {len(devices)} devices; use a --batch-size '
+                             f'divisible by {len(devices)}')
+    if devices[0].device_type == 'cpu':
+        gm.sync_bn.check_cpu_scratch(len(devices), int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')))
+
+
 def run(args, out=None, stop=None):
     """Check the input, train once per kvstore, report; return the list of TrainResult.
 
@@ -312,6 +343,8 @@ def run(args, out=None, stop=None):
     if args.dtype != 'float32' and args.book_literal:
         raise gm.GluonMultiGPUError("--book-literal runs the text's float32 loop; drop --dtype")
     gm.precision.check_dtype(args.dtype, devices)
+    if args.sync_bn:
+        check_sync_bn(args, devices, batch_size)
     kvstores = list(dict.fromkeys(args.kvstore))
     for kvstore in kvstores:
         if kvstore not in gm.kvstores.DIST_KVSTORES:

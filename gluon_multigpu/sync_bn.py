@@ -1,0 +1,113 @@
+"""Synchronised BatchNorm (``--sync-bn``): batch statistics over the shards of all devices.
+
+With the book's ``nn.BatchNorm`` each device normalises its shard with that
+shard's mean and variance and keeps running statistics of its own shards,
+so a small per-device batch gives noisy statistics and the devices' running
+statistics differ. ``SyncBatchNorm`` computes the mean and variance over all
+devices' shards together (MXNet's ``_contrib_SyncBatchNorm``): a step on N
+devices normalises as one device would with the whole batch, and every device
+keeps the same running statistics.
+
+MXNet 1.9.1's own ``gluon.contrib.nn.SyncBatchNorm`` fails in NumPy mode (its
+operator takes legacy arrays only); this one converts to legacy arrays and
+back around the operator. What the operator asks of its caller:
+
+- In training mode each layer waits in a barrier until all ``num_devices``
+  devices have reached it, in the forward and in the backward pass: a step
+  must reach every device (a batch on fewer would wait forever). Prediction
+  uses the running statistics and needs no barrier, so evaluation may run
+  on fewer devices.
+- The devices' statistics are averaged with equal weights, not by shard size:
+  shards must be equal for the statistics to be the whole batch's.
+- On CPU contexts, a layer waiting in its barrier holds one of the scratch
+  spaces that all CPU contexts share (``MXNET_CPU_TEMP_COPY`` of them); with
+  too few, another context's operator needs the held one and never reaches
+  the barrier. ResNet-18 hung with 32 copies per context and ran with 64
+  (docs/exercises.md); ``check_cpu_scratch`` asks for ``SCRATCH_PER_CPU_CONTEXT``.
+"""
+import functools
+import itertools
+import os
+
+from mxnet.gluon import nn
+from mxnet.util import is_np_array
+
+from .errors import DeviceError
+
+__all__ = ['SyncBatchNorm', 'sync_batch_norm', 'check_cpu_scratch', 'cpu_scratch_needed',
+           'SCRATCH_PER_CPU_CONTEXT']
+
+#: Scratch spaces (``MXNET_CPU_TEMP_COPY``) per CPU context asked for: twice what ran.
+SCRATCH_PER_CPU_CONTEXT = 128
+_instances = itertools.count()
+
+
+def cpu_scratch_needed(num_devices):
+    """``MXNET_CPU_TEMP_COPY`` that synchronised BatchNorm needs on ``num_devices`` CPU contexts."""
+    return max(256, SCRATCH_PER_CPU_CONTEXT * num_devices)
+
+
+def check_cpu_scratch(num_devices, temp_copy):
+    """Raise ``DeviceError`` when ``temp_copy`` scratch spaces could let ``num_devices`` CPU
+    contexts wait for each other forever."""
+    needed = cpu_scratch_needed(num_devices)
+    if num_devices > 1 and temp_copy < needed:
+        raise DeviceError(f'synchronised BatchNorm on {num_devices} CPU contexts with '
+                          f'MXNET_CPU_TEMP_COPY={temp_copy} can wait forever (the contexts share '
+                          f'those scratch spaces); set MXNET_CPU_TEMP_COPY={needed} or more '
+                          'before MXNet loads, or unset it')
+
+
+class SyncBatchNorm(nn.BatchNorm):
+    """``nn.BatchNorm`` whose batch statistics are those of all ``num_devices`` shards together.
+
+    Same parameters as ``nn.BatchNorm`` (``gamma``, ``beta``, ``running_mean``,
+    ``running_var``), so checkpoints load either way. Every instance has its
+    own synchronisation key. See the module's docstring for what a step must
+    do: reach all ``num_devices`` devices, with equal shards.
+
+    Parameters
+    ----------
+    num_devices : int
+        Devices every training step runs on.
+    **kwargs
+        As ``nn.BatchNorm`` (``momentum``, ``epsilon``, ``center``, ``scale``, ...; axis 1).
+    """
+
+    def __init__(self, num_devices, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
+            raise DeviceError(f'num_devices must be a positive whole number, got {num_devices!r}')
+        self.num_devices = num_devices
+        # The operator keeps one barrier per key for the whole process; a key used
+        # again with another device count crashes it, so every instance has its own.
+        self.key = f'{self.prefix}sync{next(_instances)}_ndev{num_devices}'
+        self._sync_args = {k: self._kwargs[k] for k in ('eps', 'momentum', 'fix_gamma',
+                                                         'use_global_stats')}
+        self._checked = False
+
+    def forward(self, x, *args):  # pylint: disable=arguments-differ
+        if not self._checked and getattr(x, 'ctx', None) is not None \
+                and x.ctx.device_type == 'cpu':
+            # MXNet read this variable when it loaded; 4 is its default.
+            check_cpu_scratch(self.num_devices, int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')))
+            self._checked = True
+        return super().forward(x, *args)
+
+    def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
+        # pylint: disable=arguments-differ
+        numpy_mode = is_np_array()
+        if numpy_mode:  # the operator takes legacy arrays: the same memory, seen as legacy
+            x, gamma, beta, running_mean, running_var = (
+                a.as_nd_ndarray() for a in (x, gamma, beta, running_mean, running_var))
+        out = F.contrib.SyncBatchNorm(x, gamma, beta, running_mean, running_var, name='fwd',
+                                      ndev=self.num_devices, key=self.key, **self._sync_args)
+        return out.as_np_ndarray() if numpy_mode else out
+
+
+def sync_batch_norm(num_devices):
+    """A norm-layer factory for ``model.hybrid_resnet18``: ``SyncBatchNorm`` over
+    ``num_devices`` devices (``nn.BatchNorm`` for one: nothing to synchronise)."""
+    if num_devices == 1:
+        return nn.BatchNorm
+    return functools.partial(SyncBatchNorm, num_devices)
