@@ -9,7 +9,9 @@ is skipped and the scale halved (``LossScaler``).
 
 On CPU contexts float16 does not apply: MXNet 1.9.1 has no float16 matrix
 multiply on the CPU (its convolutions and dense layers stop with "FP16 gemm on
-cpu not implemented"). For bfloat16 on the CPU see docs/exercises.md.
+cpu not implemented"). bfloat16 on the CPU trains only through a converted
+graph in MXNet 1.9.1, slower than float32 on the machines measured, so it is
+not offered (docs/exercises.md).
 """
 from mxnet import autograd, np
 from mxnet.gluon import nn
@@ -33,8 +35,10 @@ def check_dtype(dtype, devices):
                           '1.9.1 has no float16 matrix multiply on the CPU ("FP16 gemm on cpu not '
                           'implemented"); use `dtype` float32 on CPU contexts')
     if dtype == 'bfloat16':
-        raise DeviceError('`dtype` bfloat16 cannot train in MXNet 1.9.1 (see docs/exercises.md, '
-                          '"Mixed precision"); use `dtype` float32')
+        raise DeviceError('`dtype` bfloat16 is not offered: MXNet 1.9.1 trains these networks in '
+                          'bfloat16 on the CPU only through a converted graph, which measured '
+                          'slower than float32 here (docs/exercises.md, scripts/bfloat16.py); use '
+                          '`dtype` float32')
 
 
 def all_finite(params, devices):

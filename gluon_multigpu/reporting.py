@@ -210,14 +210,14 @@ def comparison_table(results, tracker=None):
     return '\n'.join(rows)
 
 
-def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5)):
-    """Write a bar chart of ``values`` (one bar per label, value printed on it) as a PNG."""
+def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%.2f'):
+    """Write a bar chart of ``values`` (one bar per label, value printed on it as ``fmt``) as a PNG."""
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     bars = ax.bar(labels, values, color='tab:blue')
     ax.margins(y=0.12)  # room for the value labels
-    ax.bar_label(bars, fmt='%.2f')
+    ax.bar_label(bars, fmt=fmt)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)

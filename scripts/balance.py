@@ -176,7 +176,7 @@ def write_outputs(directory, rows, devices, config):
               [f"{r['scenario']}\n{r['split']}" for r in rows],
               [r['images_per_sec'] for r in rows], 'images/s',
               title=f"{config['model']}, batch {config['batch']}, {len(devices)} devices",
-              figsize=(1.1 * len(rows) + 1, 3.8))
+              figsize=(1.1 * len(rows) + 1, 3.8), fmt='%.0f')
     with gm.files.atomic_write(os.path.join(directory, 'report.md'), 'w') as f:
         f.write(f"# Splitting each batch among devices of different speed\n\n"
                 f"Command: `{config['command']}`\n\n{table(rows, devices)}\n\n"

@@ -69,18 +69,22 @@ def to_hybrid(block):
 
 def bfloat16_block(net, X, conv_only):
     """``net`` (initialised, a HybridBlock) as a block that computes in bfloat16; same parameters."""
-    fp32_ops = conditional = None
-    if conv_only:  # convert_symbol takes only operators named in one of its lists
-        symbol_bf16.FP32_FUNCS.extend(op for op in CONV_ONLY_FP32
-                                      if op not in symbol_bf16.FP32_FUNCS)
-        fp32_ops = list(symbol_bf16.FP32_FUNCS)
-        conditional = [('Activation', 'act_type', ['softrelu', 'relu'])]
     net.hybridize()
     net(X)  # compiles the graph
     inputs, graph = net._cached_graph  # pylint: disable=protected-access
-    converted = amp.convert_symbol(graph, target_dtype='bfloat16',
-                                   data_names=[i.name for i in inputs], fp32_ops=fp32_ops,
-                                   conditional_fp32_ops=conditional)
+    fp32_ops = conditional = None
+    known = list(symbol_bf16.FP32_FUNCS)
+    if conv_only:
+        fp32_ops = known + [op for op in CONV_ONLY_FP32 if op not in known]
+        conditional = [('Activation', 'act_type', ['softrelu', 'relu'])]
+        # convert_symbol takes only operators of its own lists: the NumPy ones join for now
+        symbol_bf16.FP32_FUNCS[:] = fp32_ops
+    try:
+        converted = amp.convert_symbol(graph, target_dtype='bfloat16',
+                                       data_names=[i.name for i in inputs], fp32_ops=fp32_ops,
+                                       conditional_fp32_ops=conditional)
+    finally:
+        symbol_bf16.FP32_FUNCS[:] = known
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         block = gluon.SymbolBlock(converted.as_np_ndarray(), [i.as_np_ndarray() for i in inputs],

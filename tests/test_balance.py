@@ -36,6 +36,20 @@ def test_auto_split_leaves_equal_devices_alone_and_follows_a_drift():
     assert simulate(split, [500, 2000, 2000])[0] < 40 and split.changes > changes
 
 
+def test_a_change_that_does_not_pay_is_undone():
+    """cpu(1) takes 100 ms whatever its share (its time is not its samples'): a move is undone."""
+    split = AutoSplit(window=3, hold=2)
+    split.weights = [1.0, 1.0]
+    for _ in range(40):
+        sizes = split.shares(256, 2)
+        split.observe([0.002 + sizes[0] / 3000, 0.1], sizes)
+        if split._since_change == 0:
+            split._since_change = 2
+    assert split.shares(256, 2) == [128, 128]
+    assert split.changes >= 2 and split.undone == split.changes  # tried again after holding
+    assert 'undone' in split.describe()
+
+
 def test_unequal_times_mean_idle_devices():
     split = TimedSplit()
     split.observe([0.10, 0.05], [64, 64])
