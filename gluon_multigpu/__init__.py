@@ -39,7 +39,7 @@ from .files import write_json  # noqa: E402
 from .kvstores import KVSTORES  # noqa: E402
 from .model import (MODELS, HybridResidual, Residual, count_flops, default_initializer,  # noqa: E402
                     get_model, hybrid_resnet18, resnet18, simple_cnn)
-from .stopping import StopRequest  # noqa: E402
+from .stopping import StallGuard, StopRequest  # noqa: E402
 from .reporting import (Animator, bar_chart, comparison_table, epoch_line,  # noqa: E402
                         write_kvstore_report)
 from .results import EpochRecord, TrainResult  # noqa: E402
@@ -51,7 +51,7 @@ __version__ = '0.1.0'
 __all__ = ['balance', 'book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors',
            'files', 'kvstores', 'manifest', 'measure', 'model', 'precision', 'reporting', 'results',
            'scaling', 'scaling_report', 'stopping', 'sync_bn', 'training', 'utils',
-           'evaluate_accuracy_book', 'train_book', 'Checkpointer', 'StopRequest', 'ParamTracker',
+           'evaluate_accuracy_book', 'train_book', 'Checkpointer', 'StopRequest', 'StallGuard', 'ParamTracker',
            'device_spread', 'recommend', 'DATASETS', 'ArrayLoader', 'load_data',
            'load_data_fashion_mnist', 'load_data_mnist', 'read_idx', 'read_split', 'cpu_devices',
            'gpu_devices', 'num_gpus', 'split_batch', 'try_all_gpus', 'try_gpu', 'CheckpointError',

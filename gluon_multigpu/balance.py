@@ -82,6 +82,9 @@ class TimedSplit(Split):
     every : int
         Time one step in ``every`` (the first step of a run is never timed:
         it builds the compiled graph).
+
+    ``train`` calls ``start`` (which learns the parameters to wait for) and
+    ``after_backward``; a loop of your own calls them as ``train`` does.
     """
 
     def __init__(self, weights=None, every=10):
@@ -91,7 +94,7 @@ class TimedSplit(Split):
         self.every = every
         self.steps = 0
         self.times, self.sizes = [], []  # per timed step: seconds and samples per device
-        self._params = []
+        self._params, self._sizes = [], []
         self._start = None
         self._since_change = 0
 
@@ -116,9 +119,9 @@ class TimedSplit(Split):
         return self._since_change > 1 and self.steps % self.every == 0
 
     def after_backward(self, net, devices):
-        if self._start is None:
+        if self._start is None or len(self._sizes) != len(devices):
             return
-        ready = _ready_times(self._params, devices[:len(self._sizes)])  # Sync point
+        ready = _ready_times(self._params, devices)  # Sync point
         self.observe([t - self._start for t in ready], self._sizes)
 
     def observe(self, times, sizes):
@@ -210,8 +213,6 @@ class AutoSplit(TimedSplit):
 
     def observe(self, times, sizes):
         super().observe(times, sizes)
-        if len(times) != len(self.weights):  # a last batch on fewer devices says nothing
-            return
         speeds = [s / max(t, 1e-9) for s, t in zip(sizes, times)]
         self._speeds.append(speeds)
         self._gains.append(1 - sum(sizes) / sum(speeds) / max(times))

@@ -1,4 +1,4 @@
-"""Stopping a run on SIGINT or SIGTERM after the current step: a hook of ``train``.
+"""Stopping a run on SIGINT or SIGTERM after the current step, or when its steps stall: hooks.
 
 Python runs a signal handler only between bytecodes, and the training loop
 spends most of its time blocked inside MXNet (``wait_to_read``,
@@ -13,10 +13,11 @@ import os
 import signal
 import socket
 import threading
+import time
 
 from .training import Hook
 
-__all__ = ['StopRequest']
+__all__ = ['StopRequest', 'StallGuard']
 
 
 class StopRequest(Hook):
@@ -96,3 +97,59 @@ class StopRequest(Hook):
         self._sockets[0].close()
         self._thread = None
         return False
+
+
+class StallGuard(Hook):
+    """Calls ``on_stall`` when no training step has finished for a long time: a deadlock.
+
+    MXNet's synchronised BatchNorm waits in a barrier without a time limit,
+    and on CPU contexts it has been seen to wait forever (``sync_bn``); a
+    process stuck there cannot be interrupted from Python. A thread of this
+    guard checks, once a second, the time since the last step was queued
+    (with steps in flight bounded, that is also the time since the step
+    before it finished), from an epoch's first step until its steps are done;
+    evaluation is not watched. Past ``max(seconds, factor x the longest step
+    so far)`` it calls ``on_stall(seconds_waited)``, which should end the
+    process. Use as a context manager (the thread ends with it), and only
+    with steps in flight bounded: an unbounded loop legitimately waits a
+    whole epoch at its end.
+    """
+
+    def __init__(self, on_stall, seconds=120.0, factor=20.0):
+        self.on_stall, self.seconds, self.factor = on_stall, seconds, factor
+        self._last = None  # when the last step was queued; None: not watching
+        self._longest = 0.0
+        self._done = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._watch, name='stall-guard', daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        return False
+
+    def _watch(self):
+        while not self._done.wait(1.0):
+            last = self._last
+            if last is None:
+                continue
+            waited = time.monotonic() - last
+            if waited > max(self.seconds, self.factor * self._longest):
+                self._last = None
+                self.on_stall(waited)
+
+    def step_end(self, run, step, samples, timer):
+        now = time.monotonic()
+        if self._last is not None:
+            self._longest = max(self._longest, now - self._last)
+        self._last = now
+
+    def _rest(self, *args):
+        self._last = None
+
+    steps_done = stopped = epoch_end = diverged = _rest
+

@@ -146,8 +146,9 @@ class Hook:
     """Something added to ``train``'s loop; each method does nothing until overridden.
 
     ``train`` calls the hooks in the order given. Hooks in the package:
-    ``checkpoint.Checkpointer`` (save, resume), ``checkpoint.StopRequest``
-    (stop on SIGINT/SIGTERM), and the scripts' progress printer.
+    ``checkpoint.Checkpointer`` (save, resume), ``stopping.StopRequest``
+    (stop on SIGINT/SIGTERM), ``stopping.StallGuard`` (end a deadlocked run),
+    ``reporting.Progress`` (progress lines).
     """
 
     def begin(self, run):
@@ -164,6 +165,9 @@ class Hook:
         its start. Nothing has synced: call ``npx.waitall()`` before reading
         ``timer.elapsed()`` to get the devices' time.
         """
+
+    def steps_done(self, run):
+        """The epoch's queued steps have all finished on the devices (before evaluation)."""
 
     def stopped(self, run, totals):
         """The epoch was stopped by a hook after ``totals.batches`` steps (all finished)."""
@@ -391,7 +395,9 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
                             after_backward=split.after_backward,
                             scaler=scaler)
         npx.waitall()  # Sync point: every queued step has finished before the timer stops.
-        totals = _diverged_in(run, steps.totals, timer.stop())  # the epoch's one read-back
+        seconds = timer.stop()
+        run.call('steps_done')
+        totals = _diverged_in(run, steps.totals, seconds)  # the epoch's one read-back
         totals, partial = (partial + totals if partial else totals), None
         if totals.stopped:
             run.call('stopped', totals)

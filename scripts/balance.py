@@ -134,7 +134,8 @@ def measure_all(args, devices, weights, say):
         last = measured[-1][1]
         rows.append({'scenario': scenario, 'split': name, 'images_per_sec': statistics.median(speeds),
                      'idle': idle, 'shares': last.shares(batch, len(devices)),
-                     'changes': getattr(last, 'changes', 0), 'rounds': speeds})
+                     'changes': getattr(last, 'changes', 0), 'undone': getattr(last, 'undone', 0),
+                     'rounds': speeds})
     for row in rows:
         even = next(r for r in rows if r['scenario'] == row['scenario'] and r['split'] == 'even')
         row['vs_even'] = row['images_per_sec'] / even['images_per_sec']
@@ -144,10 +145,10 @@ def measure_all(args, devices, weights, say):
 def table(rows, devices):
     """The Markdown table of ``rows``."""
     header = ['scenario', 'split', 'images/s', 'vs even'] + [f'idle {d}' for d in devices] + \
-        ['shares (end)', 'auto changes']
+        ['shares (end)', 'auto changes (undone)']
     body = [[r['scenario'], r['split'], f"{r['images_per_sec']:.0f}", f"{r['vs_even']:.2f}",
              *(f'{100 * i:.0f}%' for i in r['idle']), '/'.join(map(str, r['shares'])),
-             r['changes'] if r['split'] == 'auto' else '-'] for r in rows]
+             f"{r['changes']} ({r['undone']})" if r['split'] == 'auto' else '-'] for r in rows]
     return markdown_table(header, body, 'llrr' + 'r' * len(devices) + 'rr')
 
 
@@ -171,7 +172,7 @@ def write_outputs(directory, rows, devices, config):
                  rounds='/'.join(f'{s:.1f}' for s in r['rounds'])) for r in rows]
     gm.files.write_csv(os.path.join(directory, 'balance.csv'), flat,
                        ['scenario', 'split', 'images_per_sec', 'vs_even', 'idle', 'shares',
-                        'changes', 'rounds'])
+                        'changes', 'undone', 'rounds'])
     bar_chart(os.path.join(directory, 'images.png'),
               [f"{r['scenario']}\n{r['split']}" for r in rows],
               [r['images_per_sec'] for r in rows], 'images/s',

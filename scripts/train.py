@@ -323,6 +323,27 @@ def check_sync_bn(args, devices, batch_size):
         gm.sync_bn.check_cpu_scratch(len(devices), int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')))
 
 
+def stall_guard(args, devices):
+    """A ``StallGuard`` for synchronised BatchNorm on CPU contexts (None elsewhere).
+
+    It ends the process (status 3) with one line when no step finished for a
+    long time: MXNet's barrier has been seen to wait forever there.
+    """
+    if not (args.sync_bn and devices[0].device_type == 'cpu' and args.max_in_flight):
+        return None
+
+    def on_stall(waited):
+        kept = ''
+        if args.checkpoint_dir and os.path.isfile(os.path.join(args.checkpoint_dir,
+                                                               'manifest.json')):
+            kept = f'; the last checkpoint is kept, resume with: {resume_command(None)}'
+        print(f'error: no training step finished for {waited:.0f} s: synchronised BatchNorm on '
+              'CPU contexts can wait forever in MXNet 1.9.1 (docs/exercises.md); run without '
+              f'--sync-bn or on GPUs{kept}', file=sys.stderr, flush=True)
+        os._exit(3)  # pylint: disable=protected-access  (the engine cannot be unblocked)
+    return gm.StallGuard(on_stall)
+
+
 def run(args, out=None, stop=None):
     """Check the input, train once per kvstore, report; return the list of TrainResult.
 
@@ -355,7 +376,8 @@ def run(args, out=None, stop=None):
         out = RankPrefixed(out, worker.rank)
     lr = args.lr or default_lr(batch_size * worker.count)
     checkpoint = make_checkpointer(args, batch_size, lr, kvstores, worker)
-    with checkpoint or _nothing(), gm.ParamTracker() as tracker:  # the checkpoint is locked
+    guard = stall_guard(args, devices)
+    with checkpoint or _nothing(), gm.ParamTracker() as tracker, guard or _nothing():
         # Loaded before any training, so that bad data stops the run at once.
         train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices), worker)
         if checkpoint is not None:
@@ -375,7 +397,7 @@ def run(args, out=None, stop=None):
                 print(f'-- kvstore {kvstore}', file=out, flush=True)
             result = train_one(args, worker.kvstore or kvstore, devices, lr, train_iter,
                                test_iter, out, tracker,
-                               [h for h in (checkpoint, stop) if h is not None], worker)
+                               [h for h in (checkpoint, stop, guard) if h is not None], worker)
             if not worker.rank:
                 print(result.final_line(), file=out, flush=True)
             results.append(result)
@@ -494,8 +516,8 @@ def main(argv=None):
     """Run the script; return the exit status.
 
     0 when done, 2 for bad input or a diverged run, 1 when an output cannot be
-    written (disk full, file too large), 128 + the signal number (130 for
-    SIGINT, 143 for SIGTERM) when stopped by a signal.
+    written (disk full, file too large), 3 when the steps stalled (``stall_guard``),
+    128 + the signal number (130 for SIGINT, 143 for SIGTERM) when stopped by a signal.
     """
     args = parse_args(argv)
     # Past a file-size limit a write then fails (EFBIG) instead of killing the process.

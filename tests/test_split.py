@@ -1,5 +1,6 @@
 """Unequal shares of a batch across devices (--split): every sample once, the same update."""
 import functools
+import json
 
 import mxnet as mx
 import numpy as onp
@@ -85,3 +86,18 @@ def test_train_and_the_cli_refuse_weights_that_do_not_fit(capsys):
     with pytest.raises(SystemExit) as stop:
         train.main(['--cpu-devices', '2', '--split', '1,x'])
     assert stop.value.code == 2 and 'neither even, auto nor positive weights' in capsys.readouterr().err
+
+
+def test_the_cli_trains_as_well_with_a_1_3_split_as_with_the_even_one(fashion_dir, tmp_path,
+                                                                      capsys):
+    """The same data, initial weights and update: the same test accuracy (to rounding)."""
+    train = load_script('train')
+    argv = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train',
+            '2048', '--num-test', '512', '--data-dir', str(fashion_dir), '--progress-interval', '0']
+    acc = {}
+    for split in ('even', '1,3'):
+        out = tmp_path / f'{split}.json'
+        assert train.main(argv + ['--split', split, '--json', str(out)]) == 0
+        acc[split] = json.loads(out.read_text())['runs'][0]['epochs'][0]['test_acc']
+    capsys.readouterr()
+    assert acc['even'] > 0.5 and abs(acc['even'] - acc['1,3']) <= 2 / 512

@@ -140,3 +140,17 @@ def test_ctrl_c_while_mxnet_loads_is_one_line(fashion_dir, tmp_path, delay):
     err = proc.stderr.read()
     assert err == 'interrupted while starting: nothing was written\n', err
     assert os.listdir(tmp_path) == []
+
+
+def test_the_stall_guard_fires_only_while_steps_are_due():
+    """A step that never finishes is reported once; an epoch whose steps are done is not watched."""
+    import time
+    fired = []
+    with gm.StallGuard(fired.append, seconds=1.0, factor=1.0) as guard:
+        guard.step_end(None, 1, 1, None)
+        guard.steps_done(None)  # evaluation follows: not watched
+        time.sleep(2.2)
+        assert fired == []
+        guard.step_end(None, 1, 1, None)  # a step queued, and nothing after it
+        time.sleep(2.5)
+    assert len(fired) == 1 and fired[0] > 1.0
