@@ -90,7 +90,10 @@ def test_train_and_the_cli_refuse_weights_that_do_not_fit(capsys):
 
 def test_the_cli_trains_as_well_with_a_1_3_split_as_with_the_even_one(fashion_dir, tmp_path,
                                                                       capsys):
-    """The same data, initial weights and update: the same test accuracy (to rounding)."""
+    """The same data, initial weights and update: the same test accuracy (to rounding).
+
+    16 steps of 128 images: well above chance (0.1), not yet trained out.
+    """
     train = load_script('train')
     argv = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train',
             '2048', '--num-test', '512', '--data-dir', str(fashion_dir), '--progress-interval', '0']
@@ -100,4 +103,4 @@ def test_the_cli_trains_as_well_with_a_1_3_split_as_with_the_even_one(fashion_di
         assert train.main(argv + ['--split', split, '--json', str(out)]) == 0
         acc[split] = json.loads(out.read_text())['runs'][0]['epochs'][0]['test_acc']
     capsys.readouterr()
-    assert acc['even'] > 0.5 and abs(acc['even'] - acc['1,3']) <= 2 / 512
+    assert acc['even'] > 0.25 and abs(acc['even'] - acc['1,3']) <= 2 / 512
