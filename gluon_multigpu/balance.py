@@ -208,8 +208,8 @@ class AutoSplit(TimedSplit):
     def _due(self):
         if self._since_change <= 1:
             return False
-        return len(self._speeds) < self.window and self._since_change <= 1 + self.window or \
-            self.steps % self.every == 0
+        just_changed = len(self._speeds) < self.window and self._since_change <= 1 + self.window
+        return just_changed or self.steps % self.every == 0
 
     def observe(self, times, sizes):
         super().observe(times, sizes)

@@ -25,10 +25,14 @@ __all__ = ['DTYPES', 'check_dtype', 'LossScaler', 'MixedPrecision', 'make_precis
 DTYPES = ('float32', 'float16', 'bfloat16')
 
 
-def check_dtype(dtype, devices):
-    """Raise ``GluonMultiGPUError`` unless ``train`` can compute in ``dtype`` on ``devices``."""
+def _check_known(dtype):
     if dtype not in DTYPES:
         raise GluonMultiGPUError(f'unknown dtype {dtype!r}; choose one of {", ".join(DTYPES)}')
+
+
+def check_dtype(dtype, devices):
+    """Raise ``GluonMultiGPUError`` unless ``train`` can compute in ``dtype`` on ``devices``."""
+    _check_known(dtype)
     cpus = [str(d) for d in devices if d.device_type != 'gpu']
     if dtype == 'float16' and cpus:
         raise DeviceError(f'`dtype` float16 needs GPUs, and {cpus[0]} is a CPU context: MXNet '
@@ -135,8 +139,7 @@ class MixedPrecision:
     """
 
     def __init__(self, dtype='float16', scaler=None):
-        if dtype not in DTYPES:
-            raise GluonMultiGPUError(f'unknown dtype {dtype!r}; choose one of {", ".join(DTYPES)}')
+        _check_known(dtype)
         self.dtype, self.scaler = dtype, scaler or LossScaler()
 
     def prepare(self, net):

@@ -5,7 +5,7 @@ import pytest
 from mxnet import gluon, np, npx
 
 import gluon_multigpu as gm
-from gluon_multigpu.precision import Cast, LossScaler, MixedPrecision, check_dtype, make_precision
+from gluon_multigpu.precision import LossScaler, MixedPrecision, check_dtype, make_precision
 from conftest import load_script
 
 
@@ -95,8 +95,3 @@ def test_loss_scaling_changes_nothing_but_skips_overflowing_steps():
     backward()
     assert scaler.skipped == 2 and not onp.array_equal(before[0],
                                                        scaler.params[0].data(devices[0]).asnumpy())
-
-
-def test_the_cast_block_keeps_parameter_names():
-    net = gm.simple_cnn()
-    assert list(Cast(net, 'float16').net.collect_params()) == list(net.collect_params())

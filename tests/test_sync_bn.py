@@ -72,3 +72,14 @@ def test_the_layer_refuses_too_few_scratch_spaces_instead_of_waiting_forever():
     assert gm.sync_bn.sync_batch_norm(1) is mx.gluon.nn.BatchNorm
     keys = {b.key for b in (gm.sync_bn.SyncBatchNorm(2), gm.sync_bn.SyncBatchNorm(2))}
     assert len(keys) == 2  # each layer its own barrier
+
+
+def test_the_scripts_give_synchronised_batchnorm_the_scratch_spaces_it_asks_for():
+    """_cli sets them before MXNet loads, so it cannot call sync_bn: the two must agree."""
+    import _cli
+    for n in (2, 3, 4, 8):
+        copies = int(_cli.engine_env(n, sync_bn=True)['MXNET_CPU_TEMP_COPY'])
+        assert copies == gm.sync_bn.cpu_scratch_needed(n)
+        gm.sync_bn.check_cpu_scratch(n, copies)  # accepted
+        assert int(_cli.engine_env(n)['MXNET_CPU_TEMP_COPY']) < copies
+
