@@ -25,7 +25,7 @@ npx.set_np()
 # pylint: disable=wrong-import-position
 from . import (balance, book, checkpoint, compare, data, devices, distributed,  # noqa: E402
                errors, files, kvstores, manifest, measure, model, precision, reporting, results,
-               scaling, scaling_report, stopping, sync_bn, training, utils)
+               scaling, scaling_report, states, stopping, sync_bn, training, utils)
 from .book import evaluate_accuracy_book, train_book  # noqa: E402
 from .checkpoint import Checkpointer  # noqa: E402
 from .compare import ParamTracker, device_spread, recommend  # noqa: E402

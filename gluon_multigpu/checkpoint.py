@@ -6,19 +6,28 @@ optimizer state (``save_states``), the epochs done, the batches done in the
 next epoch when it was stopped part-way (with that part's running totals),
 the data order's seed, the history so far, and the settings of the run.
 
-Every file goes through a temporary file that is flushed, fsynced and
-renamed, and the manifest is written last and names its files by content
-hash: until the new manifest has been renamed into place, the old one still
-describes files that are all still there. A crash, SIGKILL or full disk at
-any moment therefore leaves the last complete checkpoint intact.
+A save writes its files into a private folder it makes in the directory
+(``.ckpt-save.XXXXXXXX``, an unpredictable name, mode 0700), flushes and
+fsyncs them, records there the names and hashes it is about to place, renames
+them into the directory, and writes the manifest last, naming its files by
+content hash: until the new manifest has been renamed into place, the old one
+still describes files that are all still there. A crash, SIGKILL or full disk
+at any moment therefore leaves the last complete checkpoint intact.
 
-The directory may hold the user's own files: a save removes only the files
-of the checkpoint it replaces (named in the old manifest) and leftovers of a
-killed save, which carry the checkpoint's exact names (``ckpt-NNNNNN.params``,
-``ckpt-NNNNNN.states``, with ``.tmp``; ``.manifest.json.*.tmp``). A lock
-(``flock`` on ``.lock``) held while a run uses the directory refuses a second
-run; the operating system drops it when the process ends, however it ends, so
-a ``.lock`` left by a killed run is simply taken over.
+Nothing is written through a link, nothing outside the directory is touched,
+and nothing in it is removed but what this package owns: the files of the
+checkpoint being replaced (named in its manifest), and what a killed save
+left (its private folder, and files it had placed, recognised by the names
+and hashes it recorded). Any other ``ckpt-NNNNNN.params`` or ``.states`` is
+someone else's: a run refuses to start beside it rather than delete it. A
+lock (``flock`` on ``.lock``) held while a run uses the directory refuses a
+second run; the operating system drops it when the process ends, however it
+ends, so a ``.lock`` left by a killed run is simply taken over.
+
+The optimizer state is an array file (``states``), not MXNet's pickle:
+loading a checkpoint runs no code, whoever wrote it. A checkpoint from
+elsewhere can still hold any weights it likes, and its hashes only say that
+its files are the ones its manifest names, not who wrote them.
 """
 import datetime
 import errno
@@ -27,12 +36,16 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import stat
+import tempfile
 
 import mxnet as mx
 
 from .errors import CheckpointError
-from .files import atomic_write, check_output_dir
-from .manifest import FORMAT, validate_manifest
+from .files import CHECKPOINT_FILE, atomic_write, check_output_dir
+from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
+from .states import load_trainer_states, save_trainer_states
 from .results import EpochRecord, EpochTotals
 from .training import Hook
 
@@ -40,15 +53,35 @@ __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'F
 
 MANIFEST = 'manifest.json'
 LOCK = '.lock'
-_OWNED = re.compile(r'ckpt-\d{6}\.(params|states)(\.tmp)?|\.manifest\.json\.[A-Za-z0-9_]+\.tmp')
+#: The private folder of a save, and the record in it of the files it places.
+_SAVE_DIR = re.compile(r'\.ckpt-save\.[A-Za-z0-9_]+')
+_PLACED = 'placed.json'
+#: What a killed atomic write of the manifest leaves (``files.atomic_write``).
+_MANIFEST_TMP = re.compile(r'\.manifest\.json\.[A-Za-z0-9_]+\.tmp')
+
+
+def _open_regular(path):
+    """Open ``path`` for reading without following a link; raise OSError unless a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, 'not a regular file', path)
+    return os.fdopen(fd, 'rb')
 
 
 def _sha256(path):
     digest = hashlib.sha256()
-    with open(path, 'rb') as f:
+    with _open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b''):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _is_regular(path):
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _fsync(path, flags=os.O_RDONLY):
@@ -67,7 +100,7 @@ def _remove(path):
 
 
 def _states_writer(trainer):
-    """How to write ``trainer``'s optimizer state to a path.
+    """How to write ``trainer``'s optimizer state to a path (``states.save_trainer_states``).
 
     A parameter server keeps the optimizer on its servers, where a worker
     cannot save it; the package's plain SGD has no state to keep, so such a
@@ -78,8 +111,8 @@ def _states_writer(trainer):
                 getattr(trainer._optimizer, 'momentum', 0):
             raise CheckpointError('a parameter server keeps this optimizer\'s state on its '
                                   'servers, where a checkpoint cannot reach it')
-        return lambda path: open(path, 'wb').close()
-    return trainer.save_states
+        return lambda path: open(path, 'xb').close()
+    return lambda path: save_trainer_states(trainer, path)
 
 
 class CheckpointState:
@@ -109,9 +142,25 @@ class CheckpointState:
         the weights when the Trainer first touches it.
         """
         files = self.manifest['files']
-        net.load_parameters(os.path.join(self.directory, files['params']['name']), ctx=devices)
+        params, states = (files[role]['name'] for role in ('params', 'states'))
+        try:
+            net.load_parameters(os.path.join(self.directory, params), ctx=devices)
+        except mx.base.MXNetError:
+            raise _damaged(self.directory, f'{params} does not load into this network') from None
+        except (AssertionError, ValueError, KeyError, IndexError) as e:  # Gluon's checks
+            raise _damaged(self.directory, f'{params} does not load into this network '
+                           f'({str(e).strip()[:200]})') from None
         if files['states']['bytes']:  # empty: the servers of a parameter server held it
-            trainer.load_states(os.path.join(self.directory, files['states']['name']))
+            try:
+                load_trainer_states(trainer, os.path.join(self.directory, states))
+            except CheckpointError as e:
+                raise _damaged(self.directory, f'{states} is not an optimizer state of this '
+                               f'network: {e}') from None
+
+
+def _damaged(directory, why):
+    return CheckpointError(f'the checkpoint in {directory} is damaged: {why}; remove it or '
+                           'choose another `checkpoint_dir`')
 
 
 class Checkpointer(Hook):
@@ -140,8 +189,8 @@ class Checkpointer(Hook):
         return os.path.join(self.directory, MANIFEST)
 
     def exists(self):
-        """Whether the directory holds a manifest (complete or not)."""
-        return os.path.isfile(self.manifest_path)
+        """Whether the directory holds a manifest (complete or not; or something in its place)."""
+        return os.path.lexists(self.manifest_path)
 
     def describe(self):
         """A few words on the checkpoint in the directory, for messages."""
@@ -166,17 +215,32 @@ class Checkpointer(Hook):
         Call it holding the lock (inside ``with checkpointer:``).
         """
         if not self.exists():
+            self._check_foreign(())
             return
         if not self.resume:
             raise CheckpointError(f'{self.directory} already holds a checkpoint '
                                   f'({self.describe()}); add `resume=True` to continue it, or '
                                   'choose another `checkpoint_dir`')
         state = self.load()  # refuses a damaged checkpoint or one of another run
+        self._check_foreign(entry['name'] for entry in state.manifest['files'].values())
+        self._check_arrays(state)
         if num_epochs is not None and state.epoch > num_epochs:
             raise CheckpointError(f'the checkpoint in {self.directory} has {state.epoch} epochs '
                                   f'done, more than the {num_epochs} asked for; ask for '
                                   f'`num_epochs` {state.epoch} or more')
         self._check_partial(state, batches_per_epoch)
+
+    def _check_arrays(self, state):
+        """Raise unless the checkpoint's files are array files MXNet reads (before any work)."""
+        for role, entry in state.manifest['files'].items():
+            if entry['bytes'] == 0 and role == 'states':
+                continue  # a parameter server's: its servers held the state
+            try:
+                mx.nd.load(os.path.join(self.directory, entry['name']))
+            except mx.base.MXNetError:
+                raise self._damaged(f'{entry["name"]} is not an array file MXNet can read'
+                                    + (' (an optimizer state is never a pickle here)'
+                                       if role == 'states' else '')) from None
 
     def _check_partial(self, state, batches_per_epoch):
         if state.partial is not None and batches_per_epoch is not None and \
@@ -196,7 +260,11 @@ class Checkpointer(Hook):
             self._made = True
         path = os.path.join(self.directory, LOCK)
         while self._lock is None:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as e:  # a link (ELOOP), a directory (EISDIR), ...
+                raise CheckpointError(f'the lock file {path} is not a regular file ({e.strerror}); '
+                                      'remove it or choose another `checkpoint_dir`') from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -232,14 +300,18 @@ class Checkpointer(Hook):
     # -- reading --------------------------------------------------------------------------
 
     def _damaged(self, why):
-        return CheckpointError(f'the checkpoint in {self.directory} is damaged: {why}; remove '
-                               'it or choose another `checkpoint_dir`')
+        return _damaged(self.directory, why)
 
     def _read_manifest(self):
         try:
-            with open(self.manifest_path) as f:
-                manifest = json.load(f)
-        except (OSError, ValueError) as e:
+            with _open_regular(self.manifest_path) as f:
+                manifest = read_manifest(f)
+        except OSError as e:
+            why = 'is a symbolic link' if os.path.islink(self.manifest_path) else \
+                'is not a regular file' if os.path.lexists(self.manifest_path) and \
+                not os.path.isfile(self.manifest_path) else f'cannot be read ({e.strerror})'
+            raise self._damaged(f'{MANIFEST} {why}') from None
+        except CheckpointError as e:
             raise self._damaged(f'cannot read {MANIFEST} ({e})') from None
         try:
             validate_manifest(manifest)
@@ -256,14 +328,17 @@ class Checkpointer(Hook):
         """
         if not self.exists():
             return None
-        stat = os.stat(self.manifest_path)
-        stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        info = os.lstat(self.manifest_path)
+        stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
         if self._loaded is None or self._loaded[0] != stamp:
             manifest = self._read_manifest()
             for role, entry in manifest['files'].items():
                 path = os.path.join(self.directory, entry['name'])
-                if not os.path.isfile(path):
+                if not os.path.lexists(path):
                     raise self._damaged(f'its {role} file {entry["name"]} is missing')
+                if not _is_regular(path):
+                    raise self._damaged(f'its {role} file {entry["name"]} is not a regular file '
+                                        '(a link or a directory)')
                 if os.path.getsize(path) != entry['bytes'] or _sha256(path) != entry['sha256']:
                     raise self._damaged(f'{entry["name"]} does not match its recorded hash')
             self._loaded = (stamp, CheckpointState(self.directory, manifest))
@@ -283,21 +358,81 @@ class Checkpointer(Hook):
 
     # -- writing --------------------------------------------------------------------------
 
-    def _write_durably(self, name, write):
-        """Write a file through ``write(tmp_path)``, fsync and rename it; return its entry."""
-        path = os.path.join(self.directory, name)
-        tmp = f'{path}.tmp'
+    def _leftovers(self, keep=()):
+        """What killed saves left here: ``(their private folders, the files they placed)``.
+
+        A placed file counts only while it still has the name, size and hash
+        its save recorded: anything else under a checkpoint's name is not ours.
+        Files named in ``keep`` (the manifest's) are never leftovers.
+        """
+        folders, placed = [], set()
         try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return folders, placed
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if not _SAVE_DIR.fullmatch(name) or os.path.islink(path) or not os.path.isdir(path):
+                continue
+            folders.append(path)
+            try:
+                with _open_regular(os.path.join(path, _PLACED)) as f:
+                    record = json.loads(f.read(1 << 16))
+                entries = list(record.values())
+            except (OSError, ValueError, AttributeError):
+                continue
+            for entry in entries:
+                try:
+                    target = os.path.join(self.directory, entry['name'])
+                    if entry['name'] not in keep and CHECKPOINT_FILE.fullmatch(entry['name']) \
+                            and _is_regular(target) and \
+                            os.path.getsize(target) == entry['bytes'] and \
+                            _sha256(target) == entry['sha256']:
+                        placed.add(entry['name'])
+                except (TypeError, KeyError, OSError):
+                    pass
+        return folders, placed
+
+    def _foreign(self, named):
+        """The files here with a checkpoint's name that neither ``named`` nor a killed save owns."""
+        try:
+            candidates = {n for n in os.listdir(self.directory) if CHECKPOINT_FILE.fullmatch(n)}
+        except FileNotFoundError:
+            return []
+        named = set(named)
+        return sorted(candidates - named - self._leftovers(named)[1])
+
+    def _check_foreign(self, named):
+        foreign = self._foreign(named)
+        if foreign:
+            more = f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''
+            raise CheckpointError(f'{self.directory} holds {foreign[0]}{more}, which no '
+                                  'checkpoint of this package there names (a file of your own?); '
+                                  'move it away or choose another `checkpoint_dir`')
+
+    def _place(self, work, stem, net, trainer):
+        """Write the params and states in ``work``, record them, move them in; return the entries."""
+        entries = {}
+        for role, write in (('params', net.save_parameters), ('states', _states_writer(trainer))):
+            tmp = os.path.join(work, role)
             try:
                 write(tmp)
             except mx.base.MXNetError as e:  # MXNet's file stream: no errno, say what it is
                 raise OSError(errno.EIO, 'the write stopped short (disk full or file size limit?)',
-                              tmp) from e
+                              os.path.join(self.directory, f'{stem}.{role}')) from e
             _fsync(tmp)
-            os.replace(tmp, path)
-        finally:
-            _remove(tmp)
-        return {'name': name, 'bytes': os.path.getsize(path), 'sha256': _sha256(path)}
+            entries[role] = {'name': f'{stem}.{role}', 'bytes': os.path.getsize(tmp),
+                             'sha256': _sha256(tmp)}
+        with atomic_write(os.path.join(work, _PLACED), follow_links=False) as f:
+            json.dump(entries, f)
+        _fsync(work)
+        for role, entry in entries.items():
+            final = os.path.join(self.directory, entry['name'])
+            if os.path.lexists(final):  # put there during the run: not ours to replace
+                raise CheckpointError(f'{final} appeared in the checkpoint directory during the '
+                                      'run; move it away and resume')
+            os.replace(os.path.join(work, role), final)
+        return entries
 
     def save(self, net, trainer, history, epoch, partial=None):
         """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next)."""
@@ -307,25 +442,44 @@ class Checkpointer(Hook):
                 if self.exists() else set()
         except CheckpointError:
             replaced = set()
-        self._sequence += 1
+        self._clean(set(), keep=replaced)  # what killed saves left, before placing new files
+        self._sequence = self._sequence % MAX_SEQUENCE + 1  # the names need only be new
         stem = f'ckpt-{self._sequence:06d}'
-        files = {'params': self._write_durably(f'{stem}.params', net.save_parameters),
-                 'states': self._write_durably(f'{stem}.states', _states_writer(trainer))}
-        manifest = {
-            'format': FORMAT, 'sequence': self._sequence,
-            'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'epoch': epoch, 'partial': partial._asdict() if partial is not None else None,
-            'history': [vars(r) for r in history], 'config': self.config, 'files': files,
-            'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
-        }
-        with atomic_write(self.manifest_path) as f:
-            json.dump(manifest, f, indent=2)
-            f.write('\n')
-        _fsync(self.directory)
-        keep = {entry['name'] for entry in files.values()}
-        leftovers = {n for n in os.listdir(self.directory) if _OWNED.fullmatch(n)}
-        for name in (replaced | leftovers) - keep:
-            _remove(os.path.join(self.directory, name))
+        work = tempfile.mkdtemp(prefix='.ckpt-save.', dir=self.directory)
+        files = {}
+        try:
+            files = self._place(work, stem, net, trainer)
+            manifest = {
+                'format': FORMAT, 'sequence': self._sequence,
+                'written': datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec='seconds'),
+                'epoch': epoch, 'partial': partial._asdict() if partial is not None else None,
+                'history': [vars(r) for r in history], 'config': self.config, 'files': files,
+                'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
+            }
+            with atomic_write(self.manifest_path, follow_links=False) as f:
+                json.dump(manifest, f, indent=2)
+                f.write('\n')
+            _fsync(self.directory)
+        except BaseException:
+            for entry in files.values():  # placed, but no manifest names them
+                _remove(os.path.join(self.directory, entry['name']))
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        new = {entry['name'] for entry in files.values()}
+        self._clean(replaced - new, keep=new)
+
+    def _clean(self, replaced, keep):
+        """Remove ``replaced`` and what killed saves left, never ``keep``; nothing else."""
+        folders, placed = self._leftovers(keep)
+        for name in (replaced | placed) - set(keep):
+            if _is_regular(os.path.join(self.directory, name)):
+                _remove(os.path.join(self.directory, name))
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)  # removes links inside, never follows them
+        for name in os.listdir(self.directory):
+            if _MANIFEST_TMP.fullmatch(name) and _is_regular(os.path.join(self.directory, name)):
+                _remove(os.path.join(self.directory, name))
 
     # -- as a hook of train ----------------------------------------------------------------
 

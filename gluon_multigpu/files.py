@@ -6,14 +6,17 @@ all. The checks try out a directory before any work, so that a run never
 fails at its end because an output cannot be written.
 """
 import csv
+import errno
 import json
 import os
+import re
 import tempfile
 
 from .errors import GluonMultiGPUError
 
 __all__ = ['atomic_write', 'write_json', 'write_csv', 'read_csv', 'check_writable',
-           'check_output_dir', 'check_output_path']
+           'check_output_dir', 'check_output_path', 'check_outputs', 'resolve_output',
+           'is_checkpoint_folder']
 
 
 class atomic_write:  # pylint: disable=invalid-name
@@ -21,13 +24,28 @@ class atomic_write:  # pylint: disable=invalid-name
 
     The file appears under its name only when the block ends without error
     (flushed, fsynced, renamed); otherwise nothing is left behind.
+
+    With ``follow_links`` (outputs the user names), a symbolic link is written
+    through: the file it leads to is replaced, beside itself, and the link
+    stays (``resolve_output``). Without it (a checkpoint's own files), the
+    rename replaces whatever has the name, a planted link included, and
+    nothing outside the directory is touched. Either way only a regular file
+    (or nothing) is ever replaced.
     """
 
-    def __init__(self, path, mode='w'):
+    def __init__(self, path, mode='w', follow_links=True):
         self.path, self.mode = os.path.abspath(path), mode
+        self.follow_links = follow_links
         self._tmp, self._file = None, None
 
     def __enter__(self):
+        if self.follow_links:
+            self.path = resolve_output(self.path, 'output')
+            refused = os.path.lexists(self.path) and not os.path.isfile(self.path)
+        else:
+            refused = os.path.isdir(self.path) and not os.path.islink(self.path)
+        if refused:
+            raise IsADirectoryError(errno.EISDIR, 'not a regular file, not replaced', self.path)
         fd, self._tmp = tempfile.mkstemp(dir=os.path.dirname(self.path),
                                          prefix=f'.{os.path.basename(self.path)}.', suffix='.tmp')
         umask = os.umask(0)
@@ -45,7 +63,7 @@ class atomic_write:  # pylint: disable=invalid-name
             if exc_type is None:
                 os.replace(self._tmp, self.path)
         finally:
-            if os.path.exists(self._tmp):
+            if os.path.lexists(self._tmp):
                 os.remove(self._tmp)
         return False
 
@@ -102,6 +120,91 @@ def _check_name(path, what):
                                  'give a shorter name')
 
 
+#: Trees of the kernel's own files: an output there, or a link leading there (``/dev/stdout``
+#: is a link to ``/proc/self/fd/1``, a link to whatever standard output is), is never a file
+#: a run may replace. (Devices in /dev are refused as not regular files; /dev/shm is a
+#: file system like any other.)
+SYSTEM_TREES = ('/proc', '/sys')
+#: Links followed at most from an output's name to its file (the kernel's own limit).
+MAX_LINKS = 40
+
+
+def _under(path, trees):
+    return any(path == t or path.startswith(t + os.sep) for t in trees)
+
+
+def resolve_output(path, what):
+    """Return the file an output named ``path`` is written to: its symbolic links followed.
+
+    Each link is followed in turn, so that a chain through ``/proc`` or
+    ``/sys`` is refused even where it ends at a regular file
+    (``/dev/stdout`` with standard output redirected to a file: replacing
+    that file would lose what the shell writes there). Raises
+    ``GluonMultiGPUError`` naming ``what`` for such a path and for a loop.
+    """
+    current = os.path.abspath(path)
+    for _ in range(MAX_LINKS):
+        current = os.path.join(os.path.realpath(os.path.dirname(current)),
+                               os.path.basename(current))
+        if _under(current, SYSTEM_TREES):
+            via = '' if current == os.path.abspath(path) else f', which leads to {current},'
+            raise GluonMultiGPUError(f'{what} {path}{via} is in {current.split(os.sep)[1]} '
+                                     '(a device or a file of the kernel, not one a run may '
+                                     'replace); give the name of a regular file')
+        if not os.path.islink(current):
+            return current
+        current = os.path.join(os.path.dirname(current), os.readlink(current))
+    raise GluonMultiGPUError(f'{what} {path}: its symbolic links lead round in a loop; give the '
+                             'name of a regular file')
+
+
+def _check_not_empty(path, what):
+    if path is None or not str(path).strip():
+        raise GluonMultiGPUError(f'{what} is empty; give a path')
+
+
+def _missing_directory(directory, what, path):
+    """The error for an output whose ``directory`` is not a directory: what is wrong with it."""
+    probe = directory
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if os.path.lexists(probe) and not os.path.isdir(probe):
+        return GluonMultiGPUError(f'{what} {path}: {probe} is a file, not a directory; give a '
+                                  'path in a directory')
+    return GluonMultiGPUError(f'{what} {path}: directory {directory} does not exist; '
+                              'create it first')
+
+
+#: The name of a checkpoint's own files (``checkpoint.Checkpointer``).
+CHECKPOINT_FILE = re.compile(r'ckpt-\d{6}\.(params|states)')
+_CHECKPOINT_MARK = b'"format": "gluon-multigpu-checkpoint'
+
+
+def is_checkpoint_folder(directory):
+    """Whether ``directory`` holds a checkpoint: a checkpoint manifest or a checkpoint's files."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    if any(CHECKPOINT_FILE.fullmatch(n) for n in names):
+        return True
+    manifest = os.path.join(directory, 'manifest.json')
+    if 'manifest.json' not in names or not os.path.isfile(manifest):
+        return False
+    try:
+        with open(manifest, 'rb') as f:
+            return _CHECKPOINT_MARK in f.read(4096)
+    except OSError:
+        return False
+
+
+def _same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check_writable(directory, what):
     """Raise ``GluonMultiGPUError`` unless a file can be created in ``directory``.
 
@@ -117,36 +220,89 @@ def check_writable(directory, what):
                                  'choose a writable directory') from None
 
 
-def check_output_dir(directory, flag):
+def check_output_dir(directory, flag, checkpoints=False):
     """Raise ``GluonMultiGPUError`` unless ``directory`` is a writable directory or can be made.
 
-    ``flag`` names the output in the message.
+    ``flag`` names the output in the message. ``checkpoints``: also refuse a
+    directory that is, or is directly inside, a checkpoint folder (a report
+    written there could take a checkpoint's names).
     """
+    _check_not_empty(directory, flag)
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory')
     _check_name(directory, flag)
     target = directory if os.path.isdir(directory) else os.path.dirname(directory)
     if not os.path.isdir(target):
-        raise GluonMultiGPUError(f'{flag} {directory}: {target} does not exist; create it first')
+        raise _missing_directory(target, flag, directory)
     check_writable(target, f'{flag} {directory}')
+    if checkpoints:
+        for d in (directory, os.path.dirname(directory)):
+            if is_checkpoint_folder(d):
+                raise GluonMultiGPUError(f'{flag} {directory} is in the checkpoint folder {d}; '
+                                         'give a directory outside it')
 
 
-def check_output_path(path, what):
+def check_output_path(path, what, inputs=()):
     """Raise ``GluonMultiGPUError`` unless the file ``path`` can be written (check before any work).
 
-    An existing path must be a regular file: writing replaces it (a device
-    such as /dev/null, a pipe or a socket would be replaced by a file).
-    ``what`` names the output in the message.
+    Returns the file that will be written: a symbolic link is written
+    through (``resolve_output``). What is there must be a regular file: a
+    device, pipe or socket would be replaced by a file. Also refused: one of
+    ``inputs`` (the run's own input files), and a file in a checkpoint folder
+    (its manifest or its files would be replaced). ``what`` names the output
+    in the message.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
+    _check_not_empty(path, what)
+    target = resolve_output(path, what)
+    directory = os.path.dirname(target)
+    if os.path.isdir(target):
         raise GluonMultiGPUError(f'{what} {path} is a directory; give a file name')
-    if os.path.lexists(path) and not os.path.isfile(path):
+    if os.path.lexists(target) and not os.path.isfile(target):
         raise GluonMultiGPUError(f'{what} {path} exists and is not a regular file (a device, '
-                                 'pipe, socket or broken link); give the name of a file')
-    _check_name(path, what)
+                                 'pipe or socket); give the name of a file')
+    _check_name(target, what)
     if not os.path.isdir(directory):
-        raise GluonMultiGPUError(f'{what} {path}: directory {directory} does not exist; '
-                                 'create it first')
+        raise _missing_directory(directory, what, path)
     check_writable(directory, f'{what} {path}')
+    for source in inputs:
+        if os.path.exists(target) and _same_file(target, source):
+            raise GluonMultiGPUError(f'{what} {path} is {source}, one of the run\'s input files; '
+                                     'give another name')
+    if is_checkpoint_folder(directory):
+        raise GluonMultiGPUError(f'{what} {path} is in the checkpoint folder {directory}; give a '
+                                 'path outside it')
+    return target
+
+
+def check_outputs(files=(), directories=(), checkpoint_dir=None, inputs=()):
+    """Raise ``GluonMultiGPUError`` unless every output of a run can be written, each its own.
+
+    ``files`` and ``directories`` are ``(what, path)`` pairs (None paths are
+    skipped): files are checked by ``check_output_path`` against the run's
+    ``inputs``, directories (reports) by ``check_output_dir`` outside any
+    checkpoint folder; ``checkpoint_dir`` (the ``Checkpointer`` checks it
+    itself) only must not collide. No two outputs may name the same place, or
+    one lie inside another.
+    """
+    places = []
+    for what, path in files:
+        if path is not None:
+            _check_not_empty(path, what)
+            places.append((what, resolve_output(path, what)))
+    for what, path in (*directories, ('`checkpoint_dir`', checkpoint_dir)):
+        if path is not None:
+            _check_not_empty(path, what)
+            places.append((what, os.path.realpath(path)))
+    for i, (what, path) in enumerate(places):
+        for other, other_path in places[i + 1:]:
+            if path == other_path or other_path.startswith(path + os.sep) or \
+                    path.startswith(other_path + os.sep):
+                raise GluonMultiGPUError(f'{what} and {other} name the same place ({path}); '
+                                         'give each output its own path')
+    for what, path in files:
+        if path is not None:
+            check_output_path(path, what, inputs)
+    for what, path in directories:
+        if path is not None:
+            check_output_dir(path, what, checkpoints=True)

@@ -6,17 +6,22 @@ input must end with its exit status, one line on stderr, no traceback,
 nothing of the user's deleted, and nothing left in the temporary folder.
 """
 import gzip
+import hashlib
+import json
 import os
+import pickle
 import random
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+import gluon_multigpu as gm
 from conftest import REPO, run_bounded, wait_bounded
 from test_checkpoint import assert_same_run, manifest
 
@@ -33,18 +38,56 @@ def argv(fashion_dir, ckpt, *extra):
             *map(str, extra)]
 
 
+class Lines:
+    """The lines a process prints, read by a thread: ``wait_for(prefix, timeout)`` waits for one."""
+
+    def __init__(self, stream):
+        self.lines, self._new = [], threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream):
+        for line in stream:
+            with self._new:
+                self.lines.append(line)
+                self._new.notify_all()
+        with self._new:
+            self.lines.append(None)  # the end
+            self._new.notify_all()
+
+    def wait_for(self, prefix, timeout):
+        """True once a line starting with ``prefix`` was printed; False at the end or deadline."""
+        deadline = time.monotonic() + timeout
+        with self._new:
+            while True:
+                if any(l is not None and l.startswith(prefix) for l in self.lines):
+                    return True
+                left = deadline - time.monotonic()
+                if None in self.lines or left <= 0:
+                    return False
+                self._new.wait(left)
+
+
 @pytest.mark.slow
 def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir, tmp_path):
     whole = tmp_path / 'whole'
     assert run_bounded([sys.executable, SCRIPT, *argv(fashion_dir, whole)]).returncode == 0
+    # Kill times are drawn in units of this machine's epoch (measured by the run above, so a
+    # fast or a loaded machine gets as many kills): at most 1.5 epochs of training a try,
+    # and some tries are killed while the script starts (MXNet loading, data, first save).
+    epoch = max(e['seconds'] + e['eval_seconds'] for e in manifest(whole)['history'])
     ckpt = tmp_path / 'ckpt'
-    rng = random.Random(1234)  # the same kill times on every run of the test
+    rng = random.Random(1234)  # the same choices on every run of the test
     kills = 0
     for attempt in range(10):
         extra = ['--resume'] if attempt else []
         proc = subprocess.Popen([sys.executable, SCRIPT, *argv(fashion_dir, ckpt, *extra)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        time.sleep(rng.uniform(1.5, 7.0))  # start-up, loading, training, saving: anywhere
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = Lines(proc.stdout)
+        if rng.random() < 0.3:
+            time.sleep(rng.uniform(0.1, 2.0))  # starting: anywhere before training
+        elif lines.wait_for('training ', timeout=300):
+            time.sleep(rng.uniform(0.0, 1.5) * epoch)  # training, evaluating, saving
         proc.send_signal(signal.SIGKILL)
         status = wait_bounded(proc)
         err = proc.stderr.read()
@@ -52,9 +95,9 @@ def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir,
         if status == 0:
             break  # it finished before the kill
         kills += 1
-        assert status == -signal.SIGKILL
+        assert status == -signal.SIGKILL, (status, err)
         if (ckpt / 'manifest.json').exists():
-            assert manifest(ckpt)['format'] == 'gluon-multigpu-checkpoint-1'
+            assert manifest(ckpt)['format'] == gm.checkpoint.FORMAT
     final = run_bounded([sys.executable, SCRIPT, *argv(fashion_dir, ckpt, '--resume')])
     assert final.returncode == 0, final.stderr
     assert kills >= 3, kills  # the test killed runs, not only watched them finish
@@ -62,6 +105,86 @@ def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir,
     assert sorted(os.listdir(ckpt)) == ['ckpt-%06d.params' % manifest(ckpt)['sequence'],
                                         'ckpt-%06d.states' % manifest(ckpt)['sequence'],
                                         'manifest.json']
+
+
+def short_argv(fashion_dir, ckpt, epochs, *extra):
+    return [*argv(fashion_dir, ckpt, *extra)[:4], '--num-epochs', str(epochs),
+            *argv(fashion_dir, ckpt, *extra)[6:]]
+
+
+@pytest.mark.slow
+def test_links_planted_in_a_checkpoint_folder_touch_nothing_outside_it(fashion_dir, tmp_path):
+    """Links under the names a save uses (before this version: ``.tmp`` names) lead nowhere."""
+    ckpt, victim = tmp_path / 'ckpt', tmp_path / 'victim.txt'
+    victim.write_text('outside the folder')
+    first = run_bounded([sys.executable, SCRIPT, *short_argv(fashion_dir, ckpt, 1)])
+    assert first.returncode == 0, first.stderr
+    # the next save's names, and the temporary names earlier versions wrote through
+    for name in ('ckpt-000002.params.tmp', 'ckpt-000002.states.tmp', 'ckpt-000002.params'):
+        (ckpt / name).symlink_to(victim)
+    refused = run_bounded([sys.executable, SCRIPT, *short_argv(fashion_dir, ckpt, 2, '--resume')])
+    assert refused.returncode == 2 and refused.stderr.count('\n') == 1, refused.stderr
+    assert 'holds ckpt-000002.params, which no checkpoint' in refused.stderr
+    assert victim.read_text() == 'outside the folder'
+    os.remove(ckpt / 'ckpt-000002.params')  # the user moves it away, as the line says
+    (ckpt / 'manifest.json.planted').symlink_to(victim)
+    done = run_bounded([sys.executable, SCRIPT, *short_argv(fashion_dir, ckpt, 2, '--resume')])
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == 'outside the folder'
+    for name in ('ckpt-000002.params', 'ckpt-000002.states', 'manifest.json'):
+        assert not (ckpt / name).is_symlink() and (ckpt / name).is_file()
+    assert manifest(ckpt)['epoch'] == 2
+    # a manifest or a lock file that is a link is refused, not followed
+    for name in ('manifest.json', '.lock'):
+        saved = (ckpt / name).read_bytes() if name == 'manifest.json' else None
+        if saved is not None:
+            os.replace(ckpt / name, tmp_path / 'manifest.json')
+        (ckpt / name).symlink_to(tmp_path / 'manifest.json' if saved else victim)
+        answer = run_bounded([sys.executable, SCRIPT,
+                              *short_argv(fashion_dir, ckpt, 3, '--resume')])
+        assert answer.returncode == 2 and answer.stderr.count('\n') == 1, answer.stderr
+        assert ('is a symbolic link' if saved else 'is not a regular file') in answer.stderr
+        os.remove(ckpt / name)
+        if saved is not None:
+            os.replace(tmp_path / 'manifest.json', ckpt / name)
+    assert victim.read_text() == 'outside the folder'
+
+
+class Planted:
+    """A pickle that, when loaded, creates the file ``path``: what a planted .states would do."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+@pytest.mark.slow
+def test_a_planted_pickle_as_optimizer_state_runs_nothing(fashion_dir, tmp_path):
+    ckpt, marker = tmp_path / 'ckpt', tmp_path / 'code-ran'
+    first = run_bounded([sys.executable, SCRIPT, *short_argv(fashion_dir, ckpt, 1)])
+    assert first.returncode == 0, first.stderr
+    m = manifest(ckpt)
+    states = ckpt / m['files']['states']['name']
+    data = pickle.dumps({0: Planted(str(marker))})
+    pickle.loads(data)  # the pickle does run code when unpickled ...
+    assert marker.exists()
+    marker.unlink()
+    states.write_bytes(data)  # ... and whoever can write the folder can update the hash
+    m['files']['states'].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (ckpt / 'manifest.json').write_text(json.dumps(m))
+    proc = run_bounded([sys.executable, SCRIPT, *short_argv(fashion_dir, ckpt, 2, '--resume')])
+    assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert f'is damaged: {states.name} is not an array file' in proc.stderr, proc.stderr
+    assert not marker.exists()
+    # the same for a checkpoint of the earlier format, whose states file was a pickle
+    m['format'] = 'gluon-multigpu-checkpoint-1'
+    (ckpt / 'manifest.json').write_text(json.dumps(m))
+    proc = run_bounded([sys.executable, SCRIPT, *short_argv(fashion_dir, ckpt, 2, '--resume')])
+    assert proc.returncode == 2 and 'which could run code when loaded' in proc.stderr
+    assert not marker.exists()
 
 
 def bad_header_dir(base, fashion_dir):

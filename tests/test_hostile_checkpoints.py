@@ -1,6 +1,8 @@
 """What a hostile user does to a checkpoint folder and the outputs: nothing of theirs is lost."""
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,18 +36,30 @@ def test_a_save_keeps_the_users_own_files_and_survives_a_killed_saves_leftovers(
         train, fashion_dir, tmp_path, capsys):
     ckpt = tmp_path / 'ckpt'
     ckpt.mkdir()
-    mine = {'ckpt-notes.txt': 'my notes', '.manifest.json.mine': 'x', 'ckpt-1.params': 'y'}
+    mine = {'ckpt-notes.txt': 'my notes', '.manifest.json.mine': 'x', 'ckpt-1.params': 'y',
+            'ckpt-000001.params.tmp': 'a name earlier versions used'}
     for name, text in mine.items():
         (ckpt / name).write_text(text)
-    # what a save killed mid-way leaves: a temporary file under the next save's name
-    (ckpt / 'ckpt-000001.params.tmp').write_bytes(b'half a file')
     assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
+    # what a save killed after placing its files leaves: its private folder, the record of
+    # what it placed, and the placed files under the next checkpoint's names
+    save = ckpt / '.ckpt-save.killed'
+    save.mkdir()
+    placed = {}
+    for role in ('params', 'states'):
+        data = f'a placed {role} file'.encode()
+        (ckpt / f'ckpt-000002.{role}').write_bytes(data)
+        placed[role] = {'name': f'ckpt-000002.{role}', 'bytes': len(data),
+                        'sha256': hashlib.sha256(data).hexdigest()}
+    (save / 'placed.json').write_text(json.dumps(placed))
+    (save / 'params').write_bytes(b'half a file')
     assert train.main(argv(fashion_dir, ckpt, '--resume', epochs=2)) == 0
     capsys.readouterr()
     for name, text in mine.items():
         assert (ckpt / name).read_text() == text
     assert sorted(os.listdir(ckpt)) == sorted(['ckpt-000002.params', 'ckpt-000002.states',
                                                'manifest.json', *mine])
+    assert (ckpt / 'ckpt-000002.params').stat().st_size > 1000  # the run's, not the leftover
 
 
 @pytest.mark.parametrize('flags, message', [
@@ -97,11 +111,11 @@ def test_two_runs_on_one_checkpoint_folder_the_second_is_refused(fashion_dir, tm
 
 
 @pytest.mark.parametrize('edit, field', [
-    (lambda m: m.update(epoch='two'), 'sequence and epoch'),
+    (lambda m: m.update(epoch='two'), 'sequence (1 to 999999) and epoch (0 or more)'),
     (lambda m: m.pop('history'), 'field history is missing'),
     (lambda m: m['history'][0].update(test_acc='high'), 'history[0]: field test_acc'),
     (lambda m: m['files']['params'].update(name='../../etc/passwd'), 'files.params.name'),
-    (lambda m: m.update(partial={'loss_sum': 1.0, 'num_correct': 1.0, 'samples': 64,
+    (lambda m: m.update(partial={'loss_sum': 1.0, 'num_correct': 1.0, 'samples': 6400,
                                  'seconds': 1.0, 'batches': 99, 'stopped': True}),
      'partial.batches (99) is past the end of an epoch of 10 batches'),
 ])
@@ -118,6 +132,140 @@ def test_a_hand_edited_manifest_is_refused_naming_the_field(train, fashion_dir, 
     err = one_line(capsys.readouterr())
     assert 'is damaged' in err and field in err, err
     assert sorted(os.listdir(ckpt)) == before
+
+
+def damage_params(ckpt, manifest):
+    """Garble the params file and record its new hash, as someone who can write the folder can."""
+    params = ckpt / manifest['files']['params']['name']
+    data = bytearray(params.read_bytes())
+    data[40:4000] = b'\xff' * 3960
+    params.write_bytes(bytes(data))
+    manifest['files']['params'].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    return json.dumps(manifest)
+
+
+def history_field(name, value):
+    def edit(ckpt, manifest):  # pylint: disable=unused-argument
+        manifest['history'][0][name] = value
+        return json.dumps(manifest)
+    return edit
+
+
+# (edit of the manifest: returns its new text, a phrase of the one line)
+RAW_EDITS = [
+    (history_field('seconds', 0), 'history[0]: field seconds is 0, and it must be above 0'),
+    (history_field('train_acc', float('nan')), 'NaN is not a number a manifest holds'),
+    (history_field('test_acc', -3.5), 'field test_acc is -3.5, and it must be from 0 to 1'),
+    (lambda c, m: json.dumps(dict(m, partial={'loss_sum': 1.0, 'num_correct': 1.0, 'samples': -7000,
+                                           'seconds': 1.0, 'batches': 2, 'stopped': True})),
+     'field samples is -7000, and it must be at least 1'),
+    (lambda c, m: json.dumps(dict(m, sequence=999999 + 1)), 'sequence (1 to 999999)'),
+    (lambda c, m: json.dumps(dict(m, sequence=2)), "files.params.name 'ckpt-000001.params' is not"),
+    (lambda c, m: '[' * 200000 + ']' * 200000, 'nested deeper than any manifest'),
+    (lambda c, m: json.dumps(dict(m, padding='x' * (33 << 20))), 'larger than 32 MiB'),
+    (damage_params, 'ckpt-000001.params is not an array file MXNet can read'),
+]
+
+
+@pytest.mark.parametrize('edit, phrase', RAW_EDITS, ids=[
+    'zero seconds', 'NaN', 'negative share', 'negative samples', 'sequence past the names',
+    'names of another sequence', 'deep nesting', 'huge', 'params garbled, hash updated'])
+def test_a_manifest_out_of_range_is_one_line_before_any_work(train, fashion_dir, tmp_path,
+                                                            capsys, edit, phrase):
+    ckpt = tmp_path / 'ckpt'
+    assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
+    capsys.readouterr()
+    (ckpt / 'manifest.json').write_text(
+        edit(ckpt, json.loads((ckpt / 'manifest.json').read_text())))
+    before = {n: (ckpt / n).read_bytes() for n in os.listdir(ckpt)}
+    assert train.main(argv(fashion_dir, ckpt, '--resume', epochs=2)) == 2
+    err = one_line(capsys.readouterr())
+    assert 'is damaged' in err and phrase in err, err
+    assert {n: (ckpt / n).read_bytes() for n in os.listdir(ckpt)} == before
+
+
+@pytest.mark.parametrize('name', ['manifest.json', '.lock'])
+def test_a_directory_in_place_of_the_manifest_or_lock_is_refused_at_once(
+        train, fashion_dir, tmp_path, capsys, name):
+    ckpt = tmp_path / 'ckpt'
+    (ckpt / name).mkdir(parents=True)
+    assert train.main(argv(fashion_dir, ckpt, '--resume')) == 2
+    err = one_line(capsys.readouterr())  # nothing printed on stdout: no epoch was trained
+    assert 'is not a regular file' in err, err
+    assert os.listdir(ckpt) == [name]
+
+
+def test_a_fresh_run_refuses_a_folder_holding_checkpoint_files_it_did_not_write(
+        train, fashion_dir, tmp_path, capsys):
+    ckpt = tmp_path / 'ckpt'
+    ckpt.mkdir()
+    (ckpt / 'ckpt-000003.params').write_text('my own weights')
+    for extra in ([], ['--resume']):
+        assert train.main(argv(fashion_dir, ckpt, *extra)) == 2
+        err = one_line(capsys.readouterr())
+        assert 'holds ckpt-000003.params, which no checkpoint' in err and 'move it away' in err
+    assert os.listdir(ckpt) == ['ckpt-000003.params']
+    assert (ckpt / 'ckpt-000003.params').read_text() == 'my own weights'
+
+
+def test_an_output_link_is_written_through_and_stays_a_link(train, fashion_dir, tmp_path,
+                                                            capsys):
+    real, link = tmp_path / 'real.json', tmp_path / 'link.json'
+    real.write_text('{}')
+    link.symlink_to('real.json')
+    args = argv(fashion_dir, tmp_path / 'ckpt', '--json', link, epochs=1)
+    assert train.main(args[:args.index('--checkpoint-dir')] + args[
+        args.index('--checkpoint-dir') + 2:]) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and os.readlink(link) == 'real.json'
+    assert json.loads(real.read_text())['runs'][0]['epochs'][0]['epoch'] == 1
+
+
+@pytest.mark.slow
+def test_an_output_linked_to_standard_output_is_refused(fashion_dir, tmp_path):
+    """``/dev/stdout`` is a link to ``/proc/self/fd/1``: replacing what it leads to loses the log."""
+    (tmp_path / 'stdout').symlink_to('/proc/self/fd/1')
+    log = tmp_path / 'log.txt'
+    with open(log, 'w') as out:
+        proc = run_bounded([sys.executable, SCRIPT, *argv(fashion_dir, tmp_path / 'c', epochs=1),
+                            '--json', tmp_path / 'stdout'], stdout=None, capture_output=False,
+                           stderr=subprocess.PIPE) if False else subprocess.run(
+            [sys.executable, SCRIPT, *map(str, argv(fashion_dir, tmp_path / 'c', epochs=1)),
+             '--json', str(tmp_path / 'stdout')], stdout=out, stderr=subprocess.PIPE, text=True,
+            timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr
+    assert 'leads to /proc/' in proc.stderr and 'give the name of a regular file' in proc.stderr
+    assert (tmp_path / 'stdout').is_symlink() and log.read_text() == ''
+
+
+@pytest.mark.parametrize('where', ['data file', 'checkpoint manifest', 'checkpoint folder'])
+def test_an_output_may_not_name_an_input_or_a_checkpoint(train, fashion_dir, tmp_path, capsys,
+                                                         where):
+    data = tmp_path / 'data'
+    shutil.copytree(fashion_dir, data)
+    other = tmp_path / 'other'
+    assert train.main(argv(data, other, epochs=1)) == 0
+    capsys.readouterr()
+    target = {'data file': data / 't10k-labels-idx1-ubyte.gz',
+              'checkpoint manifest': other / 'manifest.json',
+              'checkpoint folder': other / 'accuracy.json'}[where]
+    before = {p: p.read_bytes() for d in (data, other) for p in d.iterdir()}
+    flag = '--plot' if where == 'checkpoint folder' else '--json'
+    args = argv(data, tmp_path / 'mine', epochs=1)
+    assert train.main(args + [flag, str(target).replace('.json', '.png')
+                              if flag == '--plot' else str(target)]) == 2
+    err = one_line(capsys.readouterr())
+    assert ("one of the run's input files" if where == 'data file' else
+            'is in the checkpoint folder') in err, err
+    assert {p: p.read_bytes() for d in (data, other) for p in d.iterdir()} == before
+    assert not (tmp_path / 'mine').exists()
+
+
+def test_an_output_under_a_regular_file_says_so(train, fashion_dir, tmp_path, capsys):
+    (tmp_path / 'afile').write_text('x')
+    for flag in ('--json', '--report'):
+        assert train.main(argv(fashion_dir, tmp_path / 'c', flag, tmp_path / 'afile' / 'x')) == 2
+        assert f'{tmp_path / "afile"} is a file, not a directory' in one_line(capsys.readouterr())
 
 
 def test_a_dangling_symlink_as_checkpoint_dir_is_one_line(train, fashion_dir, tmp_path, capsys):
