@@ -267,8 +267,9 @@ def check_output_path(path, what, inputs=()):
     check_writable(directory, f'{what} {path}')
     for source in inputs:
         if os.path.exists(target) and _same_file(target, source):
-            raise GluonMultiGPUError(f'{what} {path} is {source}, one of the run\'s input files; '
-                                     'give another name')
+            same = os.path.abspath(path) == os.path.abspath(source)
+            raise GluonMultiGPUError(f'{what} {path} is {"" if same else source + ", "}one of the '
+                                     "run's input files; give another name")
     if is_checkpoint_folder(directory):
         raise GluonMultiGPUError(f'{what} {path} is in the checkpoint folder {directory}; give a '
                                  'path outside it')
