@@ -56,15 +56,23 @@ class atomic_write:  # pylint: disable=invalid-name
 
     def __exit__(self, exc_type, exc, tb):
         try:
-            if exc_type is None:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-            self._file.close()
+            try:
+                if exc_type is None:
+                    self._file.flush()
+                    os.fsync(self._file.fileno())
+            finally:
+                self._file.close()  # also on a full disk: the space is freed with the file
             if exc_type is None:
                 os.replace(self._tmp, self.path)
+        except OSError as e:
+            if not e.filename:  # a full disk in flush(): name the file meant
+                e.filename = self.path
+            raise
         finally:
             if os.path.lexists(self._tmp):
                 os.remove(self._tmp)
+        if isinstance(exc, OSError) and not exc.filename:
+            exc.filename = self.path  # a write in the block failed: name the file meant
         return False
 
 
@@ -143,10 +151,11 @@ def resolve_output(path, what):
     ``GluonMultiGPUError`` naming ``what`` for such a path and for a loop.
     """
     current = os.path.abspath(path)
-    for _ in range(MAX_LINKS):
+    for hop in range(MAX_LINKS):
         current = os.path.join(os.path.realpath(os.path.dirname(current)),
                                os.path.basename(current))
-        if _under(current, SYSTEM_TREES):
+        # A plain name there is left to the writability check (nobody may create files there).
+        if _under(current, SYSTEM_TREES) and (hop or os.path.islink(current)):
             via = '' if current == os.path.abspath(path) else f', which leads to {current},'
             raise GluonMultiGPUError(f'{what} {path}{via} is in {current.split(os.sep)[1]} '
                                      '(a device or a file of the kernel, not one a run may '

@@ -6,7 +6,13 @@ arithmetic on the results is in ``scaling``. Every timer starts after
 the devices took, not how long Python took to queue the work; figures are
 medians over repeats after one untimed warm-up (which compiles the graph,
 creates the kvstore and fills the gradients).
+
+A measurement takes minutes; ``stop_on_signals`` makes SIGINT and SIGTERM end
+one cleanly: they raise ``Stopped`` in the main thread, which unwinds through
+every ``with`` and ``finally`` on the way (temporary files, threads, child
+processes), where SIGTERM would otherwise end the process on the spot.
 """
+import signal
 import statistics
 import threading
 import time
@@ -26,7 +32,7 @@ from .training import hybridize, train
 
 __all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch', 'time_compute',
            'sync_trainer', 'time_sync', 'measure_bandwidth', 'compute_seconds',
-           'measure_projection', 'run_sweep', 'OtherWork']
+           'measure_projection', 'run_sweep', 'OtherWork', 'Stopped', 'stop_on_signals']
 
 
 def usable_kvstores(device_type):
@@ -314,3 +320,45 @@ class OtherWork:
         self._thread.join()
         return False
 
+
+class Stopped(BaseException):
+    """A run stopped by a signal (``stop_on_signals``); ``signum`` says which.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: no ``except Exception``
+    on the way out swallows it, and a caller that turns Ctrl-C into status
+    130 can tell SIGTERM (143) apart.
+    """
+
+    def __init__(self, signum):
+        self.signum = signum
+        super().__init__(f'interrupted by {signal.Signals(signum).name}')
+
+
+class stop_on_signals:  # pylint: disable=invalid-name
+    """Context manager (main thread): SIGINT and SIGTERM raise ``Stopped`` where the code is.
+
+    Python runs the handler between bytecodes, so a wait inside MXNet ends
+    first (a step, a synchronisation). A signal after the first is ignored:
+    it would break into the cleanup the first one started, and leave half of
+    it undone. The previous handlers come back on exit. ``signum`` is the
+    first signal received, or None.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum, self._previous = None, {}
+
+    def _handle(self, signum, frame):  # pylint: disable=unused-argument
+        if self.signum is None:
+            self.signum = signum
+            raise Stopped(signum)
+
+    def __enter__(self):
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        return False

@@ -1,5 +1,13 @@
-"""Reporting: the per-epoch line, the side-by-side table, an Animator that writes PNGs, reports."""
+"""Reporting: the per-epoch line, the side-by-side table, an Animator that draws charts, reports.
+
+Charts are PNG, SVG or PDF, as the name's extension says (``check_chart_path``).
+A report folder is written all or nothing (``ReportFolder``): a disk that fills
+or an interruption half-way leaves the folder as it was, and the ``OSError``
+names the report file it was writing.
+"""
 import os
+import shutil
+import tempfile
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -7,15 +15,164 @@ from matplotlib.ticker import MaxNLocator
 
 from mxnet import npx
 
+from .errors import GluonMultiGPUError
 from .files import atomic_write, write_json
 from .training import Hook
 
-__all__ = ['Animator', 'Progress', 'duration', 'markdown_table', 'epoch_line', 'comparison_table', 'bar_chart', 'accuracy_chart',
-           'write_kvstore_report']
+__all__ = ['Animator', 'Progress', 'duration', 'markdown_table', 'epoch_line', 'comparison_table',
+           'bar_chart', 'accuracy_chart', 'write_kvstore_report', 'CHART_FORMATS',
+           'check_chart_path', 'save_figure', 'ReportFolder', 'naming']
+
+#: Chart formats by file extension: what matplotlib's Agg canvas writes without other backends.
+CHART_FORMATS = {'.png': 'png', '.svg': 'svg', '.pdf': 'pdf'}
+
+
+def check_chart_path(path, what):
+    """Return the format of a chart written to ``path``; raise unless its extension names one.
+
+    The extension decides (case aside): ``.png``, ``.svg`` or ``.pdf``. Any
+    other raises ``GluonMultiGPUError`` naming ``what`` (the option, for the
+    message): a chart named ``x.svg`` must not hold PNG bytes. Only the name
+    is checked: ``files.check_output_path`` checks that it can be written.
+    """
+    extension = os.path.splitext(os.fspath(path))[1]
+    if extension.lower() not in CHART_FORMATS:
+        given = f'has the extension {extension}' if extension else 'has no extension'
+        raise GluonMultiGPUError(f'{what} {path} {given}; a chart is written as '
+                                 f'{", ".join(CHART_FORMATS)} (from the extension): give a name '
+                                 'ending in one of them')
+    return CHART_FORMATS[extension.lower()]
+
+
+def _naming(error, path):
+    """``error`` (an ``OSError``) naming ``path`` as its file: itself, or a new one of its kind.
+
+    A rename's error names two files, and the second cannot be unset: such an
+    error is replaced (``OSError`` picks the subclass its errno stands for).
+    """
+    if error.filename2 is None:
+        error.filename = path
+        return error
+    return OSError(error.errno, error.strerror, path)
+
+
+class naming:  # pylint: disable=invalid-name
+    """Context manager: an ``OSError`` inside names ``path`` (``filename``), the file written.
+
+    A write that fails on a full disk raises ``OSError`` without a file name,
+    and one through a temporary file names the temporary; the user knows the
+    file by the name they asked for.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, OSError):
+            named = _naming(exc, self.path)
+            if named is not exc:
+                raise named from exc
+        return False
+
+
+def save_figure(fig, path):
+    """Write ``fig`` to ``path`` atomically, in the format its extension names (PNG, SVG, PDF)."""
+    chart_format = check_chart_path(path, 'chart')
+    with naming(path), atomic_write(path, 'wb') as f:
+        fig.savefig(f, format=chart_format, dpi=100)
+
+
+class ReportFolder:
+    """Write the files of a report into ``directory`` all or nothing: a context manager.
+
+    ``path(name)`` gives where to write the report's file ``name``: a hidden
+    staging folder inside ``directory``, so that any function writing to a
+    path will do. When the block ends without error, every staged file is
+    moved to its name. When it fails (a disk that fills, an interruption),
+    the staged files are removed, and ``directory`` too if this call created
+    it: the folder is left as it was. Should a move fail, the files moved
+    before it are removed as well: nothing this call wrote stays. An
+    ``OSError`` names the report file being written (``filename``), not its
+    staging name.
+    """
+
+    def __init__(self, directory):
+        self.directory = os.fspath(directory)
+        self._staging, self._made, self._moved, self._names = None, [], [], []
+        self._current = None  # the report file being written or moved
+
+    def __enter__(self):
+        missing, probe = [], os.path.abspath(self.directory)
+        while not os.path.lexists(probe):
+            missing.append(probe)  # innermost first: the order to remove them in
+            probe = os.path.dirname(probe)
+        self._made = missing
+        try:
+            with naming(self.directory):
+                os.makedirs(self.directory, exist_ok=True)
+                self._staging = tempfile.mkdtemp(dir=self.directory, prefix='.report-',
+                                                 suffix='.tmp')
+        except BaseException:
+            self._remove_made()
+            raise
+        return self
+
+    def path(self, name):
+        """Where to write the report's file ``name`` (staged until the block ends)."""
+        self._current = os.path.join(self.directory, name)
+        self._names.append(name)
+        return os.path.join(self._staging, name)
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            try:
+                for name in dict.fromkeys(self._names):
+                    self._current = os.path.join(self.directory, name)
+                    os.replace(os.path.join(self._staging, name), self._current)
+                    self._moved.append(self._current)
+            except BaseException as e:
+                self._undo()
+                named = self._named(e)
+                if named is e:
+                    raise
+                raise named from e
+            shutil.rmtree(self._staging, ignore_errors=True)  # empty now
+            return False
+        self._undo()
+        named = self._named(exc)
+        if named is not exc:
+            raise named from exc
+        return False
+
+    def _named(self, error):
+        """``error``, naming the report file being written if it is an ``OSError``."""
+        if isinstance(error, OSError) and self._current is not None:
+            return _naming(error, self._current)
+        return error
+
+    def _undo(self):
+        """Remove what this call wrote."""
+        shutil.rmtree(self._staging, ignore_errors=True)
+        for path in self._moved:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+        self._remove_made()
+
+    def _remove_made(self):
+        for directory in self._made:
+            try:
+                os.rmdir(directory)  # only while empty: nothing of anyone else's goes
+            except OSError:
+                return
 
 
 class Animator:
-    """Collect points of one or more lines and draw them into a PNG (no notebook needed).
+    """Collect points of one or more lines and draw them into a chart file (no notebook needed).
 
     Mirrors the book's ``d2l.Animator``: ``add(x, y)`` appends one point per
     line, and ``X``/``Y`` hold the data (``animator.Y[0][-1]`` is the last
@@ -82,10 +239,9 @@ class Animator:
         return fig
 
     def save(self, path):
-        """Write the figure as a PNG to ``path``, atomically."""
-        fig = self.figure()
-        with atomic_write(path, 'wb') as f:
-            fig.savefig(f, format='png', dpi=100)
+        """Write the figure to ``path``, atomically, as PNG, SVG or PDF by its extension."""
+        check_chart_path(path, 'chart')  # before drawing
+        save_figure(self.figure(), path)
 
 
 def duration(seconds):
@@ -211,7 +367,11 @@ def comparison_table(results, tracker=None):
 
 
 def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%.2f'):
-    """Write a bar chart of ``values`` (one bar per label, value printed on it as ``fmt``) as a PNG."""
+    """Write a bar chart of ``values`` (one bar per label, value printed on it as ``fmt``).
+
+    PNG, SVG or PDF, as the extension of ``path`` says.
+    """
+    check_chart_path(path, 'chart')
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
@@ -223,12 +383,15 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%
         ax.set_title(title)
     ax.grid(True, axis='y', alpha=0.3)
     fig.tight_layout()
-    with atomic_write(path, 'wb') as f:
-        fig.savefig(f, format='png', dpi=100)
+    save_figure(fig, path)
 
 
 def accuracy_chart(path, results, title=None):
-    """Write the test accuracy per epoch of several ``TrainResult`` objects on one chart."""
+    """Write the test accuracy per epoch of several ``TrainResult`` objects on one chart.
+
+    PNG, SVG or PDF, as the extension of ``path`` says; an ``OSError`` names ``path``.
+    """
+    check_chart_path(path, 'chart')
     num_epochs = max(len(r.epochs) for r in results)
     animator = Animator(xlabel='epoch', ylabel='test acc',
                         legend=[f'kvstore {r.kvstore}' for r in results],
@@ -241,7 +404,9 @@ def accuracy_chart(path, results, title=None):
 def write_kvstore_report(directory, results, tracker, config, answer):
     """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
 
-    Each file is written atomically; the directory is created if missing.
+    All or nothing (``ReportFolder``): the directory is created if missing,
+    and a failure half-way (a full disk, an interruption) leaves it as it
+    was, with an ``OSError`` naming the file it was writing.
 
     Parameters
     ----------
@@ -254,15 +419,8 @@ def write_kvstore_report(directory, results, tracker, config, answer):
     answer : str
         The recommendation sentence (``compare.recommend``).
     """
-    os.makedirs(directory, exist_ok=True)
     devices = ', '.join(results[0].devices)
     what = f"{config['model']} on {config['dataset']}, [{devices}]"
-    accuracy_chart(os.path.join(directory, 'accuracy.png'), results, title=what)
-    bar_chart(os.path.join(directory, 'seconds.png'), [r.kvstore for r in results],
-              [r.sec_per_epoch for r in results], 'training seconds per epoch', title=what)
-    write_json(os.path.join(directory, 'runs.json'), {
-        'config': config, 'reference': tracker.reference,
-        'runs': [tracker.run_dict(r) for r in results]})
     lines = [
         f'# kvstore comparison: {what}', '',
         f"{config['num_train']} training / {config['num_test']} test images, batch "
@@ -284,5 +442,12 @@ def write_kvstore_report(directory, results, tracker, config, answer):
         'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '
         'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
         'compute per step).', '']
-    with atomic_write(os.path.join(directory, 'report.md')) as f:
-        f.write('\n'.join(lines))
+    with ReportFolder(directory) as folder:
+        accuracy_chart(folder.path('accuracy.png'), results, title=what)
+        bar_chart(folder.path('seconds.png'), [r.kvstore for r in results],
+                  [r.sec_per_epoch for r in results], 'training seconds per epoch', title=what)
+        write_json(folder.path('runs.json'), {
+            'config': config, 'reference': tracker.reference,
+            'runs': [tracker.run_dict(r) for r in results]})
+        with atomic_write(folder.path('report.md')) as f:
+            f.write('\n'.join(lines))

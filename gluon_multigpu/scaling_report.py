@@ -1,10 +1,9 @@
 """The reports of ``scripts/bandwidth.py`` and ``scripts/scaling.py``: tables, answers, charts, files.
 
 The figures come from ``scaling`` (the arithmetic) and ``measure`` (the
-measurements); this module turns them into Markdown, sentences, PNG charts
-and the output directory of a sweep. It does not import MXNet.
+measurements); this module turns them into Markdown, sentences, charts (PNG,
+SVG or PDF by the extension) and the output directory of a sweep.
 """
-import os
 import statistics
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -12,7 +11,7 @@ from matplotlib.figure import Figure
 
 from .compare import NOISE
 from .files import atomic_write, write_csv
-from .reporting import markdown_table
+from .reporting import ReportFolder, check_chart_path, markdown_table, save_figure
 from .devices import device_counts
 from .scaling import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS
 
@@ -184,7 +183,11 @@ def accuracy_answer(rows):
 
 
 def _chart(path, lines, xlabel, ylabel, title=None, logx=False):
-    """Draw ``lines`` (dicts: label, x, y, optional style) into a PNG at ``path``, atomically."""
+    """Draw ``lines`` (dicts: label, x, y, optional style) into a chart at ``path``, atomically.
+
+    PNG, SVG or PDF, as the extension of ``path`` says.
+    """
+    check_chart_path(path, 'chart')
     fig = Figure(figsize=(6, 4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
@@ -203,8 +206,7 @@ def _chart(path, lines, xlabel, ylabel, title=None, logx=False):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_write(path, 'wb') as f:
-        fig.savefig(f, format='png', dpi=100)
+    save_figure(fig, path)
 
 
 def _series_label(r):
@@ -342,32 +344,20 @@ def scaling_report(config, rows, projection, sync_rows, notes=()):
 def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=()):
     """Write ``scaling.csv``, ``projection.csv``, ``sync.csv``, the charts and ``report.md``.
 
-    Each file is written atomically. ``directory`` is created if missing; if
-    writing fails, the files written so far (and a directory made here) are
-    removed again, so a failed call leaves nothing behind.
+    All or nothing (``reporting.ReportFolder``): ``directory`` is created if
+    missing, and a failure half-way (a full disk, an interruption) leaves it
+    as it was, with an ``OSError`` naming the file it was writing. Returns
+    the names of the files written.
     """
-    made = not os.path.isdir(directory)
-    os.makedirs(directory, exist_ok=True)
-    written = []
-
-    def path(name):
-        written.append(os.path.join(directory, name))
-        return written[-1]
     what = f"{config['model']}, {config['device_type']} devices"
-    try:
-        write_csv(path('scaling.csv'), rows, MEASURED_COLUMNS)
-        write_csv(path('projection.csv'), projection, PROJECTION_COLUMNS)
-        write_csv(path('sync.csv'), sync_rows, SYNC_COLUMNS)
-        speedup_chart(path('speedup.png'), rows, projection, title=what)
-        efficiency_chart(path('efficiency.png'), rows, projection, title=what)
-        accuracy_batch_chart(path('accuracy.png'), rows, title=what)
-        with atomic_write(path('report.md')) as f:
+    with ReportFolder(directory) as folder:
+        write_csv(folder.path('scaling.csv'), rows, MEASURED_COLUMNS)
+        write_csv(folder.path('projection.csv'), projection, PROJECTION_COLUMNS)
+        write_csv(folder.path('sync.csv'), sync_rows, SYNC_COLUMNS)
+        speedup_chart(folder.path('speedup.png'), rows, projection, title=what)
+        efficiency_chart(folder.path('efficiency.png'), rows, projection, title=what)
+        accuracy_batch_chart(folder.path('accuracy.png'), rows, title=what)
+        with atomic_write(folder.path('report.md')) as f:
             f.write(scaling_report(config, rows, projection, sync_rows, notes))
-    except BaseException:
-        for p in written:
-            if os.path.exists(p):
-                os.remove(p)
-        if made and not os.listdir(directory):
-            os.rmdir(directory)
-        raise
-    return [os.path.basename(p) for p in written]
+    return ['scaling.csv', 'projection.csv', 'sync.csv', 'speedup.png', 'efficiency.png',
+            'accuracy.png', 'report.md']

@@ -21,14 +21,16 @@ import _cli  # noqa: E402  (imports no MXNet)
 if __name__ == '__main__':
     # Before MXNet loads (it reads OMP_NUM_THREADS once): without device flags and GPUs,
     # this script measures 2 CPU contexts, and the engine is set up for them.
+    # A --cpu-devices of the command line comes later and wins (--cpu-devices=3 too).
     _ARGV = sys.argv[1:]
-    _cli.prepare_engine(_ARGV + ['--cpu-devices', '2'] if _cli.engine_devices(_ARGV) == 1
-                        and '--cpu-devices' not in _ARGV else _ARGV)
+    _cli.prepare_engine(['--cpu-devices', '2'] + _ARGV if _cli.engine_devices(_ARGV) == 1
+                        else _ARGV)
 
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu.balance import AutoSplit, TimedSplit  # noqa: E402
-from gluon_multigpu.reporting import bar_chart, markdown_table  # noqa: E402
-from _cli import batch_size, int_in, run_main, seed  # noqa: E402
+from gluon_multigpu.reporting import ReportFolder, bar_chart, markdown_table  # noqa: E402
+from _cli import batch_size, int_in, seed  # noqa: E402
+from bandwidth import stopping_main  # noqa: E402
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
 SETTINGS = {'simple-cnn': (256, 80), 'resnet18': (64, 16)}
@@ -51,7 +53,10 @@ examples:
 
 Bad input (devices that do not exist, weights that do not match the devices, an
 output directory that cannot be written) stops before any run with one line on
-stderr and exit status 2.
+stderr and exit status 2. The output directory is written at the end, all or
+nothing: Ctrl-C or SIGTERM stops with one line and status 130 or 143, a disk
+that fills with one line naming the file and status 1, and either leaves it
+as it was.
 """
 
 
@@ -165,23 +170,24 @@ def answers(rows):
 
 
 def write_outputs(directory, rows, devices, config):
-    """report.md, balance.csv and images.png in ``directory``."""
-    os.makedirs(directory, exist_ok=True)
+    """report.md, balance.csv and images.png in ``directory``, all or nothing (a ReportFolder)."""
     flat = [dict(r, idle='/'.join(f'{i:.4f}' for i in r['idle']),
                  shares='/'.join(map(str, r['shares'])),
                  rounds='/'.join(f'{s:.1f}' for s in r['rounds'])) for r in rows]
-    gm.files.write_csv(os.path.join(directory, 'balance.csv'), flat,
-                       ['scenario', 'split', 'images_per_sec', 'vs_even', 'idle', 'shares',
-                        'changes', 'undone', 'rounds'])
-    bar_chart(os.path.join(directory, 'images.png'),
-              [f"{r['scenario']}\n{r['split']}" for r in rows],
-              [r['images_per_sec'] for r in rows], 'images/s',
-              title=f"{config['model']}, batch {config['batch']}, {len(devices)} devices",
-              figsize=(1.1 * len(rows) + 1, 3.8), fmt='%.0f')
-    with gm.files.atomic_write(os.path.join(directory, 'report.md'), 'w') as f:
-        f.write(f"# Splitting each batch among devices of different speed\n\n"
-                f"Command: `{config['command']}`\n\n{table(rows, devices)}\n\n"
-                + '\n'.join(f'- {line}' for line in answers(rows)) + '\n\n![images/s](images.png)\n')
+    with ReportFolder(directory) as folder:
+        gm.files.write_csv(folder.path('balance.csv'), flat,
+                           ['scenario', 'split', 'images_per_sec', 'vs_even', 'idle', 'shares',
+                            'changes', 'undone', 'rounds'])
+        bar_chart(folder.path('images.png'),
+                  [f"{r['scenario']}\n{r['split']}" for r in rows],
+                  [r['images_per_sec'] for r in rows], 'images/s',
+                  title=f"{config['model']}, batch {config['batch']}, {len(devices)} devices",
+                  figsize=(1.1 * len(rows) + 1, 3.8), fmt='%.0f')
+        with gm.files.atomic_write(folder.path('report.md'), 'w') as f:
+            f.write(f"# Splitting each batch among devices of different speed\n\n"
+                    f"Command: `{config['command']}`\n\n{table(rows, devices)}\n\n"
+                    + '\n'.join(f'- {line}' for line in answers(rows))
+                    + '\n\n![images/s](images.png)\n')
 
 
 def run(args, out=None):
@@ -197,8 +203,12 @@ def run(args, out=None):
     if len(weights) != len(devices):
         raise gm.DeviceError(f'--weights gives {len(weights)} weights for {len(devices)} devices; '
                              'give one weight per device')
-    if args.out:
-        gm.files.check_output_dir(args.out, '--out')
+    steps = args.steps or SETTINGS[args.model][1]
+    if args.every > steps:  # no step of the even split would be timed: no idle shares
+        raise gm.GluonMultiGPUError(f'--every {args.every} times one step in {args.every}, and a '
+                                    f'run has {steps} steps; give --every {steps} or less, or '
+                                    'more --steps')
+    gm.files.check_outputs(directories=[('--out', args.out)])
     rows, batch = measure_all(args, devices, weights,
                               lambda line: print(line, file=sys.stderr, flush=True))
     print(table(rows, devices), file=out)
@@ -212,8 +222,12 @@ def run(args, out=None):
 
 
 def main(argv=None):
-    """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
-    return run_main(argv, build_parser, run)
+    """Run the script; return the exit status.
+
+    0 when done; 1 when the report cannot be written (a disk that fills); 2
+    for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    """
+    return stopping_main(argv, build_parser, run)
 
 
 if __name__ == '__main__':

@@ -10,6 +10,7 @@ step on all devices. d2l 13.6 argues that ResNet-18 gains from more GPUs
 because its computation dwarfs its synchronisation; this prints that ratio.
 """
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,8 +39,11 @@ examples:
   %(prog)s --counts 2 8 --kvstores device nccl --csv bw.csv --json bw.json
 
 Bad input (a count of devices that do not exist, nccl without NCCL or GPUs,
-missing or corrupt data, an output path that cannot be written) stops before
-measuring with one line on stderr and exit status 2.
+missing or corrupt data, an output path that cannot be written, --csv and --json
+naming the same file) stops before measuring with one line on stderr and exit
+status 2. Ctrl-C or SIGTERM stops with one line and status 130 or 143, a disk
+that fills while writing with one line naming the file and status 1; either
+way no file is written (both or neither).
 """
 
 
@@ -89,9 +93,9 @@ def build_parser():
 def run(args, out=None):
     """Check the input, measure, print the table, write the files; return the rows."""
     out = out or sys.stdout
-    for path, flag in ((args.csv, '--csv'), (args.json, '--json')):
-        if path:
-            gm.files.check_output_path(path, flag)
+    root = os.path.expanduser(args.data_dir or gm.data.default_root('fashion-mnist'))
+    gm.files.check_outputs(files=[('--csv', args.csv), ('--json', args.json)],
+                           inputs=[os.path.join(root, n) for n in gm.data.IDX_FILES.values()])
     device_type, counts, note = gm.devices.resolve_counts(
         args.num_gpus, args.cpu_devices, args.counts, minimum=2, cpu_default=(2, 4))
     kvstores = list(dict.fromkeys(args.kvstores or measure.usable_kvstores(device_type)))
@@ -99,7 +103,6 @@ def run(args, out=None):
         gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
     batch = args.batch_per_device or (8 if args.quick else 256)
     repeats = args.repeats or (2 if args.quick else 5)
-    root = os.path.expanduser(args.data_dir or gm.data.default_root('fashion-mnist'))
     gm.data.check_data_dir(root)
     images, labels = gm.read_split(root, 'test', 'fashion-mnist')
     if note:
@@ -131,8 +134,37 @@ def run(args, out=None):
 
 
 def main(argv=None):
-    """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
-    return run_main(argv, build_parser, run)
+    """Run the script; return the exit status.
+
+    0 when done; 1 when an output cannot be written (a disk that fills); 2
+    for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    """
+    return stopping_main(argv, build_parser, run)
+
+
+def stopping_main(argv, make_parser, run_script):
+    """``_cli.run_main`` that also ends cleanly on a signal and on a failed write; the status.
+
+    The main of every script but train.py and launch.py. SIGINT and SIGTERM
+    unwind the run (``measure.stop_on_signals``: temporary files, threads,
+    child processes and report folders are cleaned up on the way) and end it
+    with one line and 128 + the signal; an ``OSError`` (a disk that fills, a
+    file-size limit) with one line naming the file, and 1. Bad input is
+    ``run_main``'s: one line and 2.
+    """
+    # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    with measure.stop_on_signals():
+        try:
+            return run_main(argv, make_parser, run_script)
+        except measure.Stopped as e:
+            print(f'{e}: nothing was written', file=sys.stderr)
+            return 128 + e.signum
+        except OSError as e:
+            where = f' {e.filename}' if e.filename else ''
+            print(f'error: could not write{where}: {e.strerror or e}; free space or choose '
+                  'another place (nothing was written)', file=sys.stderr)
+            return 1
 
 
 if __name__ == '__main__':

@@ -9,6 +9,11 @@ Variants alternate and the whole list repeats (the end-to-end runs, two
 whole epochs each, run once); the table gives medians, the
 ratios the targets ask for, and whether each holds. Timings are wall-clock
 seconds ended by ``npx.waitall()``.
+
+Bad input (a data folder without the files, a --json path that cannot be
+written) stops before measuring with one line and status 2. Ctrl-C or SIGTERM
+stops the measurement in progress and ends with one line and status 130 or
+143, writing nothing.
 """
 import argparse
 import json
@@ -23,6 +28,11 @@ sys.path.insert(0, HERE)
 
 import _bench_workers  # noqa: E402  (imports no MXNet)
 import _cli  # noqa: E402  (imports no MXNet)
+
+if __name__ == '__main__' and '--worker' not in sys.argv[1:]:
+    # The parent loads MXNet too (for its checks): Ctrl-C or SIGTERM meanwhile is one line.
+    # A measurement process starts from variant_env, without these settings.
+    _cli.prepare_engine([])
 
 FULL = {'steps': 3, 'warmup': 1, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
         'eval_images': 512, 'memory_train': 7680, 'e2e_train': None, 'e2e_test': None,
@@ -48,8 +58,8 @@ TARGETS = [  # key, what, comparison, threshold
 ]
 
 
-def parse_args(argv=None):
-    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
+def build_parser():
+    """Return the argument parser of this script."""
     p = _cli.OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--data-dir', metavar='DIR',
                    default=os.path.expanduser('~/.mxnet/datasets/fashion-mnist'),
@@ -65,7 +75,12 @@ def parse_args(argv=None):
                    help='run only the measurements whose key starts with a PREFIX '
                    '(e.g. train/resnet18 e2e); targets lacking a figure show n/a')
     p.add_argument('--worker', metavar='SPEC', help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
+    return build_parser().parse_args(argv)
 
 
 def variant_env(variant):
@@ -217,31 +232,51 @@ def detail_table(results):
 
 
 def main(argv=None):
-    """Run every measurement, print the tables, write the JSON; return the exit status."""
+    """Run every measurement, print the tables, write the JSON; return the exit status.
+
+    0 when done; 1 when the JSON cannot be written; 2 for bad input; 130 or
+    143 when stopped by SIGINT or SIGTERM.
+    """
     args = parse_args(argv)
     if args.worker:
-        spec = json.loads(args.worker)
-        if spec['variant'] == 'ours':  # the settings train.py applies for this device count
-            _cli.apply_engine_settings(spec.get('devices'))
-        print('RESULT ' + json.dumps(_bench_workers.WORKERS[spec['kind']](spec)), flush=True)
-        return 0
+        return worker(args.worker)
+    # Here, not at the top: a measurement process must load MXNet only after its settings.
+    from bandwidth import stopping_main  # pylint: disable=import-outside-toplevel
+    return stopping_main(argv, build_parser, run)
+
+
+def worker(text):
+    """A measurement process: run the measurement ``text`` (JSON) describes, print its result."""
+    try:
+        spec = json.loads(text)
+        kind, ours = _bench_workers.WORKERS[spec['kind']], spec['variant'] == 'ours'
+    except (ValueError, KeyError, TypeError):
+        print('error: --worker is how benchmark.py starts its measurement processes; leave it '
+              'out', file=sys.stderr)
+        return 2
+    if ours:  # the settings train.py applies for this device count
+        _cli.apply_engine_settings(spec.get('devices'))
+    print('RESULT ' + json.dumps(kind(spec)), flush=True)
+    return 0
+
+
+def run(args, out=None):
+    """Check the input, run every measurement, print the tables, write the JSON."""
+    import gluon_multigpu as gm  # pylint: disable=import-outside-toplevel  (as in main)
+    out = out or sys.stdout
     missing = [f for f in ('train-images-idx3-ubyte.gz', 't10k-images-idx3-ubyte.gz')
                if not os.path.isfile(os.path.join(args.data_dir, f))]
     if missing:
-        print(f'error: {args.data_dir} lacks {", ".join(missing)}; point --data-dir at the '
-              'Fashion-MNIST files', file=sys.stderr)
-        return 2
-    json_dir = os.path.dirname(os.path.abspath(args.json))
-    if not os.path.isdir(json_dir):
-        print(f'error: --json {args.json}: directory {json_dir} does not exist', file=sys.stderr)
-        return 2
+        raise gm.DataError(f'{args.data_dir} lacks {", ".join(missing)}; point `data_dir` at '
+                           'the Fashion-MNIST files')
+    gm.files.check_outputs(files=[('--json', args.json)], inputs=[
+        os.path.join(args.data_dir, n) for n in gm.data.IDX_FILES.values()])
     size = QUICK if args.quick else FULL
     tasks = plan(size, os.path.abspath(args.data_dir))
     if args.only:
         tasks = [(k, s) for k, s in tasks if any(k.startswith(p) for p in args.only)]
         if not tasks:
-            print(f'error: no measurement matches --only {" ".join(args.only)}', file=sys.stderr)
-            return 2
+            raise gm.GluonMultiGPUError(f'no measurement matches --only {" ".join(args.only)}')
     results = {key: [] for key, _ in tasks}
     start = time.perf_counter()
     for round_ in range(args.repeats):
@@ -257,17 +292,16 @@ def main(argv=None):
                   f'({time.perf_counter() - tic:.0f} s)', file=sys.stderr, flush=True)
     flops = flops_per_image()
     rows = summarize(results, flops)
-    print(table(rows))
-    print()
-    print(detail_table(results))
+    print(table(rows), file=out)
+    print(file=out)
+    print(detail_table(results), file=out)
     print(f'\nResNet-18: {flops / 1e9:.2f} GFLOP per training image (forward + backward, '
           f'from layer shapes); {time.perf_counter() - start:.0f} s in all; '
-          f'{os.cpu_count()} CPUs')
-    from gluon_multigpu.files import write_json
-    write_json(args.json, {'targets': rows, 'measurements': results,
-                           'flops_per_image': flops, 'quick': args.quick,
-                           'repeats': args.repeats, 'cpus': os.cpu_count()})
-    return 0
+          f'{os.cpu_count()} CPUs', file=out)
+    gm.write_json(args.json, {'targets': rows, 'measurements': results,
+                              'flops_per_image': flops, 'quick': args.quick,
+                              'repeats': args.repeats, 'cpus': os.cpu_count()})
+    return rows
 
 
 def flops_per_image():

@@ -24,17 +24,23 @@ import mxnet as mx  # noqa: E402
 from mxnet import gluon, init, np  # noqa: E402
 
 import gluon_multigpu as gm  # noqa: E402
+from bandwidth import stopping_main  # noqa: E402  (the scripts' shared main)
 
 
-def parse_args(argv=None):
-    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
+def build_parser():
+    """Return the argument parser of this script."""
     p = _cli.OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--cpu', action='store_true',
                    help='use the CPU contexts cpu(1), cpu(2) even when two GPUs exist')
     p.add_argument('--seed', type=_cli.seed,
                    help="seed MXNet's generators first (default: MXNet's start-up state, "
                    "which reproduces the weights printed in the text)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
+    return build_parser().parse_args(argv)
 
 
 def demo_devices(force_cpu=False):
@@ -79,17 +85,22 @@ def walk_through(devices, out=None):
     return net
 
 
-def main(argv=None):
-    """Run the walk-through; return the exit status."""
-    args = parse_args(argv)
+def run(args, out=None):
+    """Run the walk-through on the devices ``args`` ask for; return the network."""
+    out = out or sys.stdout
     if args.seed is not None:
         mx.random.seed(args.seed)
     devices = demo_devices(args.cpu)
     if devices[0].device_type == 'cpu':
         print('fewer than two GPUs (or --cpu): using CPU contexts cpu(1) and cpu(2); '
-              'cpu(0), the default context, plays the CPU of the text')
-    walk_through(devices)
-    return 0
+              'cpu(0), the default context, plays the CPU of the text', file=out)
+    return walk_through(devices, out)
+
+
+def main(argv=None):
+    """Run the walk-through; return the exit status (0, 2 for bad input, 130 or 143 when
+    stopped by SIGINT or SIGTERM)."""
+    return stopping_main(argv, build_parser, run)
 
 
 if __name__ == '__main__':

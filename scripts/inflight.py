@@ -7,6 +7,10 @@ turn, round after round, so that all of them see the same machine state.
 Prints, per model, the median images/s and peak memory of each K and their
 ratio to the unbounded loop (K = 0), and the smallest K within --tolerance of
 its speed: the default the training script should use.
+
+Bad input (an output path that cannot be written) stops before measuring with
+one line and status 2. Ctrl-C or SIGTERM stops the run in progress and ends
+with one line and status 130 or 143, writing nothing.
 """
 import json
 import os
@@ -17,6 +21,15 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _cli  # noqa: E402  (imports no MXNet)
+
+#: The environment of the measured runs: this process's before its own engine settings below
+#: (each run sets those of its --cpu-devices itself).
+RUN_ENV = dict(os.environ)
+if __name__ == '__main__':
+    _cli.prepare_engine([])  # Ctrl-C or SIGTERM while MXNet loads (for the checks) is one line
+
+import gluon_multigpu as gm  # noqa: E402
+from bandwidth import stopping_main  # noqa: E402  (the scripts' shared main)
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 #: model -> (training images, total batch): about half a minute per run on two CPU cores.
@@ -55,7 +68,10 @@ sys.exit(status)
 
 
 def measure(model, k, devices):
-    """One epoch in a fresh process; return (images/s, peak resident MiB)."""
+    """One epoch in a fresh process; return (images/s, peak resident MiB).
+
+    Stopped (Ctrl-C, SIGTERM), the run is killed and its folder removed.
+    """
     images, batch = SETTINGS[model]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, 'run.json')
@@ -64,18 +80,22 @@ def measure(model, k, devices):
              model, '--synthetic', '--num-epochs', '1', '--num-train', str(images), '--num-test',
              str(batch), '--batch-size', str(batch), '--max-in-flight', str(k),
              '--progress-interval', '0', '--json', out],
-            capture_output=True, text=True, timeout=1800, check=False)
+            capture_output=True, text=True, timeout=1800, check=False, env=RUN_ENV)
+        lines = proc.stderr.strip().splitlines()
         if proc.returncode:
-            raise SystemExit(f'error: the run with K={k} failed: {proc.stderr.strip()[-300:]}')
-        peak = int(proc.stderr.strip().splitlines()[-1].split()[-1]) / 1024
+            said = [l for l in lines if not l.startswith('peak-rss-kib ')] or ['no message']
+            raise SystemExit(f'error: the run with K={k} failed (status {proc.returncode}): '
+                             f'{said[-1]}')
+        peak = int(lines[-1].split()[-1]) / 1024
         with open(out) as f:
-            run = json.load(f)['runs'][0]
-    return run['samples_per_sec'], peak
+            run_ = json.load(f)['runs'][0]
+    return run_['samples_per_sec'], peak
 
 
-def main(argv=None):
-    """Measure, print the tables; return the exit status."""
-    args = build_parser().parse_args(argv)
+def run(args, out=None):
+    """Check the output, measure, print the tables, write the JSON; return the rows."""
+    out = out or sys.stdout
+    gm.files.check_outputs(files=[('--json', args.json)])
     rows = []
     for model in args.models:
         figures = {k: {'speed': [], 'peak': []} for k in args.values}
@@ -86,32 +106,41 @@ def main(argv=None):
                 figures[k]['peak'].append(peak)
                 print(f'{model}, round {r + 1}, K={k or "unbounded"}: {speed:.1f} images/s, '
                       f'peak {peak:.0f} MiB', file=sys.stderr, flush=True)
-        rows += summarise(model, figures, args)
+        rows += summarise(model, figures, args, out)
     if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(rows, f, indent=2)
-    return 0
+        gm.write_json(args.json, rows)
+    return rows
 
 
-def summarise(model, figures, args):
-    """Print one model's table; return its rows."""
+def main(argv=None):
+    """Measure, print the tables; return the exit status.
+
+    0 when done; 1 when a run fails or the JSON cannot be written; 2 for bad
+    input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    """
+    return stopping_main(argv, build_parser, run)
+
+
+def summarise(model, figures, args, out=None):
+    """Print one model's table to ``out``; return its rows."""
+    out = out or sys.stdout
     base = statistics.median(figures[0]['speed']) if 0 in figures else None
     print(f'\n{model}, {args.cpu_devices} CPU contexts, batch {SETTINGS[model][1]}, '
-          f'median of {args.rounds}:')
-    print('| K (steps in flight) | images/s | vs unbounded | peak memory MiB |')
-    print('| ---: | ---: | ---: | ---: |')
+          f'median of {args.rounds}:', file=out)
+    print('| K (steps in flight) | images/s | vs unbounded | peak memory MiB |', file=out)
+    print('| ---: | ---: | ---: | ---: |', file=out)
     rows, chosen = [], None
     for k, f in figures.items():
         speed, peak = statistics.median(f['speed']), statistics.median(f['peak'])
         ratio = speed / base if base else None
         shown = f'{ratio:.3f}' if ratio else ''
-        print(f'| {k or "unbounded"} | {speed:.1f} | {shown} | {peak:.0f} |')
+        print(f'| {k or "unbounded"} | {speed:.1f} | {shown} | {peak:.0f} |', file=out)
         if k and ratio and ratio >= 1 - args.tolerance and (chosen is None or k < chosen):
             chosen = k
         rows.append({'model': model, 'k': k, 'images_per_sec': f['speed'],
                      'peak_rss_mib': f['peak'], 'ratio': ratio})
     if chosen:
-        print(f'smallest K within {args.tolerance:.0%} of unbounded: {chosen}')
+        print(f'smallest K within {args.tolerance:.0%} of unbounded: {chosen}', file=out)
     return rows
 
 

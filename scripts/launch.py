@@ -8,13 +8,17 @@ mxnet with DMLC_ROLE=server runs a server until the workers are done); every
 worker runs the command given after ``--``. Every line a process prints comes
 out with its role and number in front. If any process fails, the others are
 stopped and the launcher exits with status 1 within --grace seconds, naming
-the failed role; Ctrl-C stops everything (status 130). No process is left
-behind: the children die with the launcher even if it is killed.
+the failed role; Ctrl-C or SIGTERM stops everything (status 130 or 143), with
+one line. No process is left behind: the children die with the launcher even
+if it is killed. Bad input (a command that does not exist, a host file without
+hosts, a port in use) stops before any process starts, with one line and
+status 2.
 """
 import argparse
 import ctypes
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -104,6 +108,10 @@ def plan(args):
     if not command:
         raise LaunchError('no command to run: give it after --, e.g. -- python '
                           'scripts/train.py --kvstore dist_sync ...')
+    if args.launcher == 'local' and shutil.which(command[0]) is None:
+        raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
+                          'give an executable or one on the PATH, e.g. -- python '
+                          'scripts/train.py ...')
     if args.launcher == 'ssh':
         if not args.hostfile:
             raise LaunchError('--launcher ssh needs --hostfile FILE with the hosts')
@@ -210,35 +218,56 @@ def supervise(procs, grace, out=sys.stdout):
 
 
 def main(argv=None):
-    """Run the script; return the exit status (0, 1 if a process failed, 2, 130)."""
-    args = build_parser().parse_args(argv)
-    try:
-        processes = plan(args)
-    except LaunchError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    procs, lock = [], threading.Lock()
-    interrupted = []
+    """Run the script; return the exit status (0; 1 if a process failed; 2 for bad input;
+    130 or 143 when stopped by SIGINT or SIGTERM)."""
+    signals = []  # the signal that interrupted the launcher; None once the processes ended
 
     def on_signal(signum, frame):  # pylint: disable=unused-argument
-        interrupted.append(signum)
-        raise KeyboardInterrupt
+        # Only the first: a second would break into the stopping of the processes.
+        if not signals:
+            signals.append(signum)
+            raise KeyboardInterrupt
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    threads = []
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+            processes = plan(args)
+        except LaunchError as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print('launch: interrupted: no process was started', file=sys.stderr)
+            return 128 + signals[0]
+        return launch(args, processes, signals)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def launch(args, processes, signals):
+    """Start ``processes`` (``plan``), supervise them; return the exit status.
+
+    ``signals`` holds the signal that raised ``KeyboardInterrupt``, once one did.
+    """
+    procs, lock, threads = [], threading.Lock(), []
     try:
         for label, host, env, command in processes:
-            procs.append(spawn(label, host, env, command, args.launcher))
+            try:
+                procs.append(spawn(label, host, env, command, args.launcher))
+            except OSError as e:  # the program vanished, no more processes allowed, ...
+                stop_all(procs, args.grace)
+                signals.append(None)
+                print(f'launch: could not start {label} ({shlex.join(command)}): '
+                      f'{e.strerror or e}; stopped the other processes', file=sys.stderr)
+                return 1
             threads.append(threading.Thread(target=forward, args=(procs[-1], sys.stdout, lock),
                                             daemon=True))
             threads[-1].start()
         status, why = supervise(procs, args.grace)
+        signals.append(None)  # every process has ended: a signal from now on changes nothing
     except KeyboardInterrupt:
         stop_all(procs, args.grace)
-        status, why = 128 + (interrupted[0] if interrupted else signal.SIGINT), 'interrupted: ' \
-            'stopped every process'
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        status, why = 128 + signals[0], 'interrupted: stopped every process'
     for t in threads:
         t.join(timeout=1)
     if why:

@@ -20,9 +20,8 @@ if __name__ == '__main__':
 
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu import measure, scaling, scaling_report  # noqa: E402
-from _cli import (int_in, non_negative_float, num_epochs, positive_float,  # noqa: E402
-                  run_main)
-from bandwidth import engine_description  # noqa: E402
+from _cli import int_in, non_negative_float, num_epochs, positive_float  # noqa: E402
+from bandwidth import engine_description, stopping_main  # noqa: E402
 
 EPILOG = """\
 definitions:
@@ -46,8 +45,10 @@ examples:
 
 Bad input (device counts that do not exist, a batch that cannot be split, missing
 or corrupt data, an output directory whose parent does not exist or is not
-writable) stops before training with one line on stderr and exit status 2; the
-output directory is written only when every run has finished.
+writable) stops before training with one line on stderr and exit status 2. The
+output directory is written only when every run has finished, all or nothing:
+Ctrl-C or SIGTERM stops with one line and status 130 or 143, a disk that fills
+with one line naming the file and status 1, and either leaves it as it was.
 """
 
 
@@ -91,7 +92,7 @@ def build_parser():
 def run(args, out=None):
     """Check the input, run the sweep and the projection's measurements, write the report."""
     out = out or sys.stdout
-    gm.files.check_output_dir(args.out, '--out')
+    gm.files.check_outputs(directories=[('--out', args.out)])
     cores = _cli.cores()
     device_type, counts, note = gm.devices.resolve_counts(
         args.num_gpus, args.cpu_devices, args.counts, cpu_default=gm.devices.device_counts(cores))
@@ -128,7 +129,6 @@ def run(args, out=None):
               'device_type': device_type, 'counts': counts, 'base_lr': args.base_lr,
               'engine': engine_description(device_type), 'project_to': args.project_to,
               'compute_repeats': args.compute_repeats, 'sync_repeats': args.sync_repeats}
-    scaling_report.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
     print(scaling_report.scaling_table(rows), file=out)
     print('', *scaling_report.how_many_devices(rows), file=out, sep='\n')
     kv_lines = scaling_report.fastest_kvstores(rows)
@@ -137,13 +137,19 @@ def run(args, out=None):
     if projection:
         print('', 'Projection (a model, not a measurement; assumptions in report.md):',
               scaling_report.projection_table(projection, rows), file=out, sep='\n')
+    # Written last: the figures above are shown even when the disk is full.
+    scaling_report.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
     print(f'\nwrote {os.path.join(args.out, "report.md")} and its files', file=out)
     return rows, projection
 
 
 def main(argv=None):
-    """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
-    return run_main(argv, build_parser, run)
+    """Run the script; return the exit status.
+
+    0 when done; 1 when the report cannot be written (a disk that fills); 2
+    for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    """
+    return stopping_main(argv, build_parser, run)
 
 
 if __name__ == '__main__':
