@@ -378,8 +378,8 @@ class Checkpointer(Hook):
             try:
                 with _open_regular(os.path.join(path, _PLACED)) as f:
                     record = json.loads(f.read(1 << 16))
-                entries = list(record.values())
-            except (OSError, ValueError, AttributeError):
+                entries = [*record['placed'].values(), *record['replaced'].values()]
+            except (OSError, ValueError, AttributeError, KeyError, TypeError):
                 continue
             for entry in entries:
                 try:
@@ -410,8 +410,12 @@ class Checkpointer(Hook):
                                   'checkpoint of this package there names (a file of your own?); '
                                   'move it away or choose another `checkpoint_dir`')
 
-    def _place(self, work, stem, net, trainer):
-        """Write the params and states in ``work``, record them, move them in; return the entries."""
+    def _place(self, work, stem, net, trainer, replaced):
+        """Write the params and states in ``work``, record them, move them in; return the entries.
+
+        The record also names the ``replaced`` checkpoint's files: killed after
+        the new manifest is in place, this save leaves them for the next to remove.
+        """
         entries = {}
         for role, write in (('params', net.save_parameters), ('states', _states_writer(trainer))):
             tmp = os.path.join(work, role)
@@ -424,7 +428,7 @@ class Checkpointer(Hook):
             entries[role] = {'name': f'{stem}.{role}', 'bytes': os.path.getsize(tmp),
                              'sha256': _sha256(tmp)}
         with atomic_write(os.path.join(work, _PLACED), follow_links=False) as f:
-            json.dump(entries, f)
+            json.dump({'placed': entries, 'replaced': replaced}, f)
         _fsync(work)
         for role, entry in entries.items():
             final = os.path.join(self.directory, entry['name'])
@@ -438,17 +442,17 @@ class Checkpointer(Hook):
         """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next)."""
         os.makedirs(self.directory, exist_ok=True)
         try:
-            replaced = {e['name'] for e in self._read_manifest()['files'].values()} \
-                if self.exists() else set()
+            old = self._read_manifest()['files'] if self.exists() else {}
         except CheckpointError:
-            replaced = set()
+            old = {}
+        replaced = {e['name'] for e in old.values()}
         self._clean(set(), keep=replaced)  # what killed saves left, before placing new files
         self._sequence = self._sequence % MAX_SEQUENCE + 1  # the names need only be new
         stem = f'ckpt-{self._sequence:06d}'
         work = tempfile.mkdtemp(prefix='.ckpt-save.', dir=self.directory)
         files = {}
         try:
-            files = self._place(work, stem, net, trainer)
+            files = self._place(work, stem, net, trainer, old)
             manifest = {
                 'format': FORMAT, 'sequence': self._sequence,
                 'written': datetime.datetime.now(datetime.timezone.utc).isoformat(

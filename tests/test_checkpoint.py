@@ -378,3 +378,34 @@ def test_the_optimizer_state_file_continues_training_exactly(tmp_path, optimizer
         onp.testing.assert_array_equal(a, b)  # the same operations on the same numbers
     # and the state mattered: without it the steps differ
     assert max(float(abs(a - b).max()) for a, b in zip(whole, steps(*fresh))) > 1e-4
+
+
+class KilledAfterItsManifest(gm.Checkpointer):
+    """A Checkpointer whose saves die after the new manifest, before the old files go."""
+
+    def _clean(self, replaced, keep):
+        if replaced:  # the clean-up after the manifest: the process is gone by then
+            return
+        super()._clean(replaced, keep)
+
+
+def test_a_save_killed_after_its_manifest_leaves_nothing_foreign(tmp_path):
+    devices = gm.cpu_devices(2)
+    net = gm.simple_cnn()
+    net.initialize(gm.default_initializer('simple-cnn'), ctx=devices)
+    trainer = gm.training.make_trainer(net, 0.1, 'device')
+    gm.train_batch(net, np.ones((8, 1, 28, 28)), np.zeros(8, dtype='int32'),
+                   mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer, devices)
+    history = [gm.EpochRecord(e, 1.0, 0.5, 0.5, 1.0, 0.1, 8) for e in (1, 2, 3)]
+    gm.Checkpointer(tmp_path, {'k': 1}).save(net, trainer, history[:1], 1)
+    killed = KilledAfterItsManifest(tmp_path, {'k': 1}, resume=True)
+    killed.load()
+    killed.save(net, trainer, history[:2], 2)
+    assert {'ckpt-000001.params', 'ckpt-000002.params'} <= set(os.listdir(tmp_path))
+    resumed = gm.Checkpointer(tmp_path, {'k': 1}, resume=True)
+    with resumed:
+        resumed.check_directory(3)  # the old files are the killed save's to remove, not foreign
+        assert resumed.load().epoch == 2
+        resumed.save(net, trainer, history, 3)
+    assert sorted(os.listdir(tmp_path)) == ['ckpt-000003.params', 'ckpt-000003.states',
+                                            'manifest.json']

@@ -51,7 +51,7 @@ def test_a_save_keeps_the_users_own_files_and_survives_a_killed_saves_leftovers(
         (ckpt / f'ckpt-000002.{role}').write_bytes(data)
         placed[role] = {'name': f'ckpt-000002.{role}', 'bytes': len(data),
                         'sha256': hashlib.sha256(data).hexdigest()}
-    (save / 'placed.json').write_text(json.dumps(placed))
+    (save / 'placed.json').write_text(json.dumps({'placed': placed, 'replaced': {}}))
     (save / 'params').write_bytes(b'half a file')
     assert train.main(argv(fashion_dir, ckpt, '--resume', epochs=2)) == 0
     capsys.readouterr()
