@@ -11,15 +11,20 @@ On CPU contexts float16 does not apply: MXNet 1.9.1 has no float16 matrix
 multiply on the CPU (its convolutions and dense layers stop with "FP16 gemm on
 cpu not implemented"). bfloat16 on the CPU trains only through a converted
 graph in MXNet 1.9.1, slower than float32 on the machines measured, so it is
-not offered (docs/exercises.md).
+not offered (docs/exercises.md). Whether a CPU can compute in bfloat16 at all
+depends on its instruction set: ``check_bfloat16`` tries.
 """
-from mxnet import autograd, np
+import functools
+import warnings
+
+import mxnet as mx
+from mxnet import autograd, gluon, np
 from mxnet.gluon import nn
 
 from .errors import DeviceError, GluonMultiGPUError
 
-__all__ = ['DTYPES', 'check_dtype', 'LossScaler', 'MixedPrecision', 'make_precision',
-           'all_finite']
+__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision',
+           'make_precision', 'all_finite']
 
 #: What ``train`` and ``--dtype`` accept.
 DTYPES = ('float32', 'float16', 'bfloat16')
@@ -43,6 +48,51 @@ def check_dtype(dtype, devices):
                           'bfloat16 on the CPU only through a converted graph, which measured '
                           'slower than float32 here (docs/exercises.md, scripts/bfloat16.py); use '
                           '`dtype` float32')
+
+
+def check_bfloat16():
+    """Raise ``DeviceError`` unless this CPU computes convolutions and dense layers in bfloat16.
+
+    MXNet 1.9.1 computes them in bfloat16 with oneDNN kernels that exist only
+    for some instruction sets (AVX-512; natively with AVX512_BF16): on a CPU
+    with AVX2 alone, as many AMD EPYCs, oneDNN has none, and MXNet says so
+    only when the operator runs ("could not create a primitive descriptor
+    iterator"). So this runs the smallest graph of the kind scripts/bfloat16.py
+    trains: a convolution and a dense layer on the bfloat16 casts that
+    ``amp.convert_symbol`` inserts, as a NumPy-mode ``SymbolBlock``, forward
+    and backward, on ``cpu()``. Tried once per process.
+    """
+    reason = _bfloat16_failure()
+    if reason:
+        raise DeviceError(f'this CPU cannot compute in bfloat16 (oneDNN has no bfloat16 kernel '
+                          f'for its instruction set): a bfloat16 convolution failed with '
+                          f'"{reason}"')
+
+
+@functools.lru_cache(maxsize=None)
+def _bfloat16_failure():
+    """The first line of MXNet's error for a bfloat16 convolution and dense layer, or ''."""
+    from mxnet.contrib.amp.amp import bfloat16  # the dtype ``amp_cast`` takes (not NumPy's)
+    data, weight, dense = mx.sym.var('data'), mx.sym.var('weight'), mx.sym.var('dense')
+    conv = mx.sym.Convolution(mx.sym.amp_cast(data, dtype=bfloat16),
+                              mx.sym.amp_cast(weight, dtype=bfloat16), kernel=(3, 3),
+                              num_filter=4, no_bias=True)
+    out = mx.sym.FullyConnected(conv, mx.sym.amp_cast(dense, dtype=bfloat16), num_hidden=2,
+                                no_bias=True)
+    out = mx.sym.amp_cast(out, dtype='float32')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # the parameters' types are known once they exist
+        block = gluon.SymbolBlock(out.as_np_ndarray(), [data.as_np_ndarray()])
+    try:
+        block.initialize(mx.init.Constant(0.5), ctx=mx.cpu())
+        with autograd.record():
+            y = block(np.ones((2, 3, 6, 6), ctx=mx.cpu()))
+        y.backward()
+        for array in [y] + [p.grad() for p in block.collect_params().values()]:
+            array.wait_to_read()  # Sync point: oneDNN refuses only when the operator runs
+    except mx.MXNetError as e:
+        return str(e).splitlines()[0].replace('MXNetError: ', '') or type(e).__name__
+    return ''
 
 
 def all_finite(params, devices):

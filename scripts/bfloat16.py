@@ -33,7 +33,8 @@ from mxnet.gluon import nn  # noqa: E402
 
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu.reporting import markdown_table  # noqa: E402
-from _cli import int_in, run_main  # noqa: E402
+from _cli import int_in  # noqa: E402
+from bandwidth import stopping_main  # noqa: E402
 
 #: model -> (batch, steps per round): about a second per round on two cores.
 SETTINGS = {'simple-cnn': (128, 10), 'resnet18': (64, 2)}
@@ -150,6 +151,7 @@ def measure(args, model, say):
 
 def run(args, out=None):
     """Measure every model; print one table."""
+    gm.precision.check_bfloat16()  # a CPU without bfloat16 kernels: one line, status 2
     out = out or sys.stdout
     rows = []
     for model in args.models:
@@ -164,8 +166,11 @@ def run(args, out=None):
 
 
 def main(argv=None):
-    """Run the script; return the exit status (0, 2 for bad input, 130 if interrupted)."""
-    return run_main(argv, build_parser, run)
+    """Run the script; return the exit status.
+
+    0 when done; 2 for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    """
+    return stopping_main(argv, build_parser, run)
 
 
 if __name__ == '__main__':

@@ -2,9 +2,13 @@
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import threading
+import time
 
+import numpy as onp
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -77,6 +81,48 @@ def unwritable_dir(tmp_path):
         yield '/sys'
 
 
+#: float32's machine epsilon (2**-23): the spacing of the floats from 1 to 2.
+EPS32 = float(onp.finfo(onp.float32).eps)
+
+
+def simple_cnn_terms(batch):
+    """Per parameter of ``simple_cnn`` (in order): the products summed into one gradient element.
+
+    A convolution's weight and bias gradients sum over the batch and the layer's
+    output positions (26 x 26 for the first, 9 x 9 for the second on 28 x 28
+    images); a dense layer's over the batch.
+    """
+    return [batch * 26 * 26] * 2 + [batch * 9 * 9] * 2 + [batch] * 4
+
+
+def one_step_bound(before, after, terms):
+    """How far two float32 results of one SGD step from ``before`` may lie apart by rounding alone.
+
+    Both compute ``w - lr * g / B`` from the same ``w`` and the same samples;
+    they differ in the order in which they sum the ``terms`` products that
+    make an element of ``g`` (the shares of the devices, then their sum; kernels
+    that split a sum by thread). A float32 sum of n terms in any order is within
+    (n - 1) eps/2 times the sum of their magnitudes of the exact sum (Higham,
+    *Accuracy and Stability of Numerical Algorithms*, 4.2), so two orders lie
+    at most n eps times that apart. That sum of magnitudes, times lr / B, is
+    taken as the largest update of the tensor, ``after - before`` (the terms
+    of a gradient element mostly share a sign; a bound, not a fit: the
+    differences measured are orders of magnitude below it). Each result is
+    then rounded once more to a float near ``after``: eps times its magnitude.
+    Returns one bound per tensor.
+    """
+    return [EPS32 * (onp.abs(a).max() + n * onp.abs(a - w).max())
+            for w, a, n in zip(before, after, terms)]
+
+
+def assert_one_step_close(before, a, b, terms, names=None):
+    """Assert that parameters ``a`` and ``b`` after one step from ``before`` agree to rounding."""
+    for i, (x, y, bound) in enumerate(zip(a, b, one_step_bound(before, a, terms))):
+        worst = float(onp.abs(x - y).max())
+        assert worst <= bound, (f'{names[i] if names else i}: {worst:.3g} apart after one step, '
+                                f'more than rounding allows ({bound:.3g})')
+
+
 def run_bounded(args, timeout=300, **kwargs):
     """``subprocess.run`` with a deadline: past it the process is killed and the test fails."""
     try:
@@ -93,3 +139,50 @@ def wait_bounded(proc, timeout=120):
         proc.kill()
         proc.wait()
         pytest.fail(f'process {proc.args[:3]}... did not end within {timeout} s')
+
+
+class Lines:
+    """The lines of a process's output ``stream``, each with the time it arrived, read by a thread.
+
+    ``wait_for`` waits for a line with a deadline, and fails if the stream ends first.
+    """
+
+    def __init__(self, stream):
+        self.lines, self._cond = [], threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream):
+        for line in stream:
+            with self._cond:
+                self.lines.append((time.monotonic(), line.rstrip('\n')))
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append((time.monotonic(), None))
+            self._cond.notify_all()
+
+    def wait_for(self, pattern, timeout=120, start=0):
+        """The (time, line) of the first line from ``start`` on that matches ``pattern``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for i in range(start, len(self.lines)):
+                    when, line = self.lines[i]
+                    if line is None:
+                        raise AssertionError(f'the process ended before {pattern!r}: '
+                                             f'{[l for _, l in self.lines]}')
+                    if re.search(pattern, line):
+                        return when, line
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f'no line {pattern!r} within {timeout} s')
+                self._cond.wait(left)
+
+    def ended(self):
+        """Whether the stream has ended (the process closed it, or ended)."""
+        with self._cond:
+            return bool(self.lines) and self.lines[-1][1] is None
+
+    def text(self):
+        """Every line so far."""
+        with self._cond:
+            return [l for _, l in self.lines if l is not None]

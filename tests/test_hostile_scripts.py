@@ -231,6 +231,11 @@ def assert_stopped(status, err, signum, seen=()):
 ])
 def test_a_signal_after_the_first_line_is_one_line_and_writes_nothing(
         script, argv, signum, fashion_dir, tmp_path):
+    if script == 'bfloat16':
+        try:
+            gm.precision.check_bfloat16()
+        except gm.DeviceError as e:  # the script refuses such a CPU at once: nothing to stop
+            pytest.skip(f'this CPU trains no bfloat16: {e}')
     extra = [] if script in ('balance', 'bfloat16') else ['--data-dir', str(fashion_dir)]
     status, _, err, _ = stop_after([sys.executable, str(SCRIPTS / f'{script}.py'), *argv,
                                     *extra], signum, tmp_path)

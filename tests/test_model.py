@@ -1,7 +1,8 @@
 import mxnet as mx
 import numpy as onp
 import pytest
-from mxnet import init, np
+from mxnet import autograd, init, np
+from mxnet.gluon import nn
 
 import gluon_multigpu as gm
 
@@ -66,13 +67,33 @@ def test_residual_halves_spatial_size_with_stride_two():
     assert initialised(same, shape=(1, 4, 6, 6)).shape == (1, 4, 6, 6)
 
 
-def test_residual_hybridized_computes_the_same():
-    blk = gm.Residual(4, use_1x1conv=True, strides=2)
+def test_hybridize_compiles_the_hybrid_residual_whole_and_only_the_layers_of_the_books():
+    """``Residual`` is an ``nn.Block``: ``hybridize`` compiles its layers one by one and its
+    ``forward`` stays Python; ``HybridResidual`` becomes one graph. With the same parameters
+    all three compute the same (in training mode: BatchNorm on the batch's statistics)."""
     x = np.random.uniform(size=(2, 3, 8, 8))
-    blk.initialize(init.Normal(sigma=0.1))
-    eager = blk(x).asnumpy()
-    blk.hybridize()
-    onp.testing.assert_allclose(blk(x).asnumpy(), eager, rtol=1e-5, atol=1e-6)
+    book = gm.Residual(4, use_1x1conv=True, strides=2)
+    book.initialize(init.Normal(sigma=0.1))
+    with autograd.record():
+        eager = book(x).asnumpy()
+    book.hybridize()
+    with autograd.record():
+        layers = book(x).asnumpy()
+    assert not isinstance(book, nn.HybridBlock)
+    assert all(layer._cached_op is not None for layer in book._children.values())
+    whole = gm.HybridResidual(4, use_1x1conv=True, strides=2)
+    whole.initialize()
+    whole(x)
+    for mine, books in zip(whole.collect_params().values(), book.collect_params().values()):
+        mine.set_data(books.data())
+    whole.hybridize()
+    with autograd.record():
+        compiled = whole(x).asnumpy()
+    assert whole._cached_op is not None  # one graph, holding every layer:
+    assert all(layer._cached_op is None for layer in whole._children.values())
+    assert whole._cached_graph[1].tojson().count('"op": "Convolution"') == 3
+    onp.testing.assert_allclose(layers, eager, rtol=1e-5, atol=1e-6)
+    onp.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
 def test_simple_cnn_matches_the_lab():

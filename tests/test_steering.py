@@ -11,45 +11,11 @@ import time
 import pytest
 
 import gluon_multigpu as gm
-from conftest import REPO, load_script, wait_bounded, run_bounded
+from conftest import REPO, Lines, load_script, run_bounded, wait_bounded
 
 SCRIPT = str(REPO / 'scripts' / 'train.py')
 PROGRESS = re.compile(r'  kvstore device on 1 CPU: epoch 1: (\d+)/(\d+) batches, (\d+) images/s, '
                       r'epoch ends in \d+ (s|min|h), run in \d+ (s|min|h)$')
-
-
-class Lines:
-    """The stderr lines of a process, each with the time it arrived, read by a thread."""
-
-    def __init__(self, proc):
-        self.lines, self._cond = [], threading.Condition()
-        threading.Thread(target=self._read, args=(proc.stderr,), daemon=True).start()
-
-    def _read(self, stream):
-        for line in stream:
-            with self._cond:
-                self.lines.append((time.monotonic(), line.rstrip('\n')))
-                self._cond.notify_all()
-        with self._cond:
-            self.lines.append((time.monotonic(), None))
-            self._cond.notify_all()
-
-    def wait_for(self, pattern, timeout=120, start=0):
-        """The (time, line) of the first line from ``start`` on that matches ``pattern``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for i in range(start, len(self.lines)):
-                    when, line = self.lines[i]
-                    if line is None:
-                        raise AssertionError(f'the process ended before {pattern!r}: '
-                                             f'{[l for _, l in self.lines]}')
-                    if re.search(pattern, line):
-                        return when, line
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f'no line {pattern!r} within {timeout} s')
-                self._cond.wait(left)
 
 
 def start(fashion_dir, ckpt, *extra):
@@ -59,7 +25,12 @@ def start(fashion_dir, ckpt, *extra):
             '--checkpoint-dir', str(ckpt), '--progress-interval', '0.2', *extra]
     proc = subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    return proc, Lines(proc)
+    return proc, Lines(proc.stderr)
+
+
+def seconds_a_step(line):
+    """A step's seconds as a progress line measured them (16 images a step)."""
+    return 16 / int(re.search(r', (\d+) images/s, ', line).group(1))
 
 
 @pytest.mark.slow
@@ -69,23 +40,27 @@ def test_ctrl_c_is_acknowledged_at_once_and_stops_within_a_step(fashion_dir, tmp
     try:
         lines.wait_for(PROGRESS.pattern)
         _, line = lines.wait_for(PROGRESS.pattern, start=len(lines.lines))
-        step_seconds = 16 / int(PROGRESS.match(line).group(3))
+        done, step_seconds = int(PROGRESS.match(line).group(1)), seconds_a_step(line)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         heard, _ = lines.wait_for('^Ctrl-C: stopping after the current step; Ctrl-C again to '
                                   'stop now$')
-        status = wait_bounded(proc, 60)
-        ended = time.monotonic()
+        status = wait_bounded(proc, 120)
     finally:
         proc.kill()
     assert status == 130
-    assert heard - sent < 1.0, f'acknowledged after {heard - sent:.2f} s'
-    # within one step's time and a second (the checkpoint is written in that time too)
-    assert ended - sent < step_seconds + 1.5, (ended - sent, step_seconds)
-    last = [l for _, l in lines.lines if l][-1]
-    assert re.match(r'interrupted by SIGINT in epoch 1 after \d+ batch\(es\); checkpoint in ', last)
+    # At once: a thread says so while the main thread waits inside the step in flight, where
+    # a handler of the main thread would speak at the step's end. Within a second, or a step
+    # as measured on this machine when its load makes steps longer (0.2 ms seen, steps of 1 s).
+    assert heard - sent < max(1.0, step_seconds), f'acknowledged after {heard - sent:.2f} s'
+    # Within a step: the run stops after the step in flight when the signal came (the one
+    # after the progress line read, or the next if the line was read late).
+    last = lines.text()[-1]
+    stopped = re.match(r'interrupted by SIGINT in epoch 1 after (\d+) batch\(es\); checkpoint '
+                       r'in ', last)
+    assert stopped and done < int(stopped.group(1)) <= done + 2, (done, last)
     manifest = json.loads((ckpt / 'manifest.json').read_text())
-    assert manifest['epoch'] == 0 and manifest['partial']['batches'] >= 2
+    assert manifest['epoch'] == 0 and manifest['partial']['batches'] == int(stopped.group(1))
 
 
 @pytest.mark.slow
@@ -93,17 +68,22 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(fashion_dir
     ckpt = tmp_path / 'ckpt'
     proc, lines = start(fashion_dir, ckpt, '--num-epochs', '3', '--num-train', '160')
     try:
-        lines.wait_for(r'epoch 2: \d+/10 batches')  # epoch 1 is checkpointed
+        _, line = lines.wait_for(r'epoch 2: \d+/10 batches')  # epoch 1 is checkpointed
+        step_seconds = seconds_a_step(line)
         proc.send_signal(signal.SIGINT)
         lines.wait_for('^Ctrl-C: stopping after the current step')
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        status = wait_bounded(proc, 60)
+        status = wait_bounded(proc, 120)
         ended = time.monotonic()
     finally:
         proc.kill()
-    assert status == 130 and ended - sent < 1.0
-    assert lines.wait_for('^stopped at once')
+    assert status == 130 and lines.wait_for('^stopped at once')
+    # at once: neither the step in flight nor the checkpoint after it was waited for; within a
+    # second, or a step as measured when the machine's load makes steps longer (0.22 s seen
+    # with two CPU-bound jobs beside, steps of 0.64 s)
+    assert not [l for l in lines.text() if l.startswith('interrupted by')], lines.text()
+    assert ended - sent < max(1.0, step_seconds), (ended - sent, step_seconds)
     state = gm.Checkpointer(ckpt, {}).load(check_config=False)  # intact: hashes verified
     assert state.epoch >= 1
 
@@ -129,28 +109,49 @@ def test_synthetic_data_needs_no_files(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('delay', [0.2, 1.0])
-def test_ctrl_c_while_mxnet_loads_is_one_line(fashion_dir, tmp_path, delay):
-    proc = subprocess.Popen([sys.executable, SCRIPT, '--cpu-devices', '2', '--model', 'simple-cnn',
-                             '--data-dir', str(fashion_dir), '--checkpoint-dir', 'c'],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    time.sleep(delay)  # the import of MXNet takes about two seconds
-    proc.send_signal(signal.SIGINT)
-    assert wait_bounded(proc) == 130
-    err = proc.stderr.read()
-    assert err == 'interrupted while starting: nothing was written\n', err
+@pytest.mark.parametrize('loaded', ['mxnet.base', 'mxnet.gluon'])
+def test_ctrl_c_while_mxnet_loads_is_one_line(fashion_dir, tmp_path, loaded):
+    """SIGINT once the import of MXNet has got as far as ``loaded`` (its library, its Gluon).
+
+    ``-X importtime`` prints a line as each module's import ends: an event in
+    the import, where a delay would depend on the machine's speed and load.
+    """
+    proc = subprocess.Popen([sys.executable, '-X', 'importtime', SCRIPT, '--cpu-devices', '2',
+                             '--model', 'simple-cnn', '--data-dir', str(fashion_dir),
+                             '--checkpoint-dir', 'c'], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        lines = Lines(proc.stderr)
+        lines.wait_for(rf'^import time: .*\| +{re.escape(loaded)}$')
+        proc.send_signal(signal.SIGINT)
+        assert wait_bounded(proc) == 130
+    finally:
+        proc.kill()
+    imported = [l for l in lines.text() if l.startswith('import time:')]
+    # the signal came before the package (and so MXNet) had finished loading
+    assert not [l for l in imported if l.endswith('| gluon_multigpu')], imported[-3:]
+    err = [l for l in lines.text() if not l.startswith('import time:')]
+    assert err == ['interrupted while starting: nothing was written'], err
     assert os.listdir(tmp_path) == []
 
 
 def test_the_stall_guard_fires_only_while_steps_are_due():
-    """A step that never finishes is reported once; an epoch whose steps are done is not watched."""
-    import time
-    fired = []
-    with gm.StallGuard(fired.append, seconds=1.0, factor=1.0) as guard:
+    """A step that never finishes is reported once; an epoch whose steps are done is not watched.
+
+    The guard looks once a second. A loaded machine can only make it look less
+    often: the test waits for the report (with a deadline), not for a time.
+    """
+    fired, reported = [], threading.Event()
+
+    def on_stall(seconds):
+        fired.append(seconds)
+        reported.set()
+    with gm.StallGuard(on_stall, seconds=1.0, factor=1.0) as guard:
         guard.step_end(None, 1, 1, None)
         guard.steps_done(None)  # evaluation follows: not watched
-        time.sleep(2.2)
+        time.sleep(2.2)  # two looks at a guard that is not watching
         assert fired == []
         guard.step_end(None, 1, 1, None)  # a step queued, and nothing after it
-        time.sleep(2.5)
+        assert reported.wait(60), 'no stall reported within 60 s'
+        time.sleep(1.2)  # another look: reported once
     assert len(fired) == 1 and fired[0] > 1.0
