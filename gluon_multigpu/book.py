@@ -11,6 +11,7 @@ import mxnet as mx
 from mxnet import autograd, gluon, init, npx
 
 from .devices import split_batch
+from .errors import Interrupted
 from .kvstores import kvstore_name, make_trainer
 from .results import EpochRecord, TrainResult
 from .training import check_finite_params, check_train_args
@@ -53,16 +54,36 @@ def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None):
     return samples
 
 
+class _UntilStopped:
+    """An epoch's batches until ``stop()`` says to stop: asked before each step, on the host.
+
+    The next batch is drawn before ``stop`` is asked, so a stop after the
+    epoch's last step is seen to be the epoch's end (``stopped`` stays False).
+    """
+
+    def __init__(self, batches, stop):
+        self.batches, self.stop = batches, stop
+        self.count, self.stopped = 0, False
+
+    def __iter__(self):
+        for batch in self.batches:
+            if self.stop():
+                self.stopped = True
+                return
+            self.count += 1
+            yield batch
+
+
 def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',
-               batch_size=None, seed=None, initializer=None, on_epoch=None):
+               batch_size=None, seed=None, initializer=None, on_epoch=None, stop=None):
     """Train with the text's loop; return a ``TrainResult`` like ``train``.
 
-    The loop is the text's (its epoch is ``train_epoch_book``), with three
+    The loop is the text's (its epoch is ``train_epoch_book``), with four
     additions that queue no work on the devices: the samples are counted
     (for samples/s), each epoch is handed
-    to ``on_epoch`` in place of the text's plot, and after the timer stops the
+    to ``on_epoch`` in place of the text's plot, after the timer stops the
     parameters are checked to be finite (one read-back), so a diverged run
-    stops with ``TrainingDiverged``.
+    stops with ``TrainingDiverged``, and ``stop`` is asked between steps.
 
     Parameters
     ----------
@@ -82,6 +103,13 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
         Defaults to the text's ``init.Normal(sigma=0.01)``.
     on_epoch : callable, optional
         Called with each ``EpochRecord`` (``train_loss`` and ``train_acc`` None).
+    stop : callable, optional
+        Asked (a Python flag, no wait for the devices) after every step and
+        after every epoch, e.g. a ``stopping.StopRequest``: True ends the run
+        there with ``Interrupted``, once the queued steps have finished. A stop
+        in an epoch's last step or its evaluation ends the run at that
+        epoch's end (``Interrupted.epoch_done``), not in the next epoch; after
+        the last epoch the run simply ends.
     """
     check_train_args(devices, num_epochs, kvstore, lr)
     if seed is not None:
@@ -92,10 +120,13 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     timer = Timer()
     result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore_name(kvstore), lr=lr)
     for epoch in range(num_epochs):
+        batches = train_iter if stop is None else _UntilStopped(train_iter, stop)
         timer.start()
-        samples = train_epoch_book(net, train_iter, loss, trainer, devices, batch_size)
+        samples = train_epoch_book(net, batches, loss, trainer, devices, batch_size)
         npx.waitall()
         timer.stop()
+        if stop is not None and batches.stopped:
+            raise Interrupted(epoch + 1, batches.count)
         check_finite_params(net, f' in epoch {epoch + 1}; lower the learning rate (it is {lr})')
         tic = Timer()
         test_acc = evaluate_accuracy_book(net, test_iter)
@@ -103,4 +134,6 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
                                          tic.stop(), samples))
         if on_epoch is not None:
             on_epoch(result.epochs[-1])
+        if stop is not None and stop() and epoch + 1 < num_epochs:
+            raise Interrupted(epoch + 1, batches.count, epoch_done=True)
     return result

@@ -7,6 +7,7 @@ original Zalando release although its content is the same.
 """
 import gzip
 import os
+import stat
 import struct
 import tempfile
 import urllib.request
@@ -80,6 +81,10 @@ def read_idx(path, max_items=MAX_ITEMS):
     numpy.ndarray
         The array with the shape stored in the file's header.
     """
+    kind = _not_a_file(path)
+    if kind:
+        raise DataError(f'{path} cannot be opened: it is {kind}, not a data file; put the '
+                        'gzip-compressed IDX file there')
     try:
         f = gzip.open(path, 'rb')
     except FileNotFoundError:
@@ -117,14 +122,51 @@ def read_idx(path, max_items=MAX_ITEMS):
     return data.astype(dtype.newbyteorder('='), copy=False)
 
 
+def _not_a_file(path):
+    """What ``path`` is when it is there but not a regular file (else None): for messages.
+
+    A FIFO would block the reader forever, a directory is no file: neither is "missing".
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return 'a symbolic link to nothing' if os.path.islink(path) else None
+    except OSError as e:
+        return f'not readable ({e.strerror})'
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
+                       (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
+                       (stat.S_ISBLK, 'a block device')):
+        if test(mode):
+            return kind
+    return 'not a regular file'
+
+
 def check_data_dir(root):
-    """Raise DataError naming the directory and the four files if any file is missing."""
-    missing = [name for name in IDX_FILES.values()
-               if not os.path.isfile(os.path.join(root, name))]
+    """Raise DataError naming the directory and the four files if any file is missing.
+
+    A name that is there but is no regular file (a directory, a FIFO, a link
+    to nothing) is named as what it is, not as missing.
+    """
+    files = ", ".join(IDX_FILES.values())
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise DataError(f'{root} is {_not_a_file(root) or "a file"}, not a directory; point '
+                        f'`data_dir` at the folder that holds the four files {files}')
+    missing = []
+    for name in IDX_FILES.values():
+        path = os.path.join(root, name)
+        kind = _not_a_file(path) if os.path.isdir(root) else None
+        if kind:
+            raise DataError(f'{path} is {kind}, not a data file; put the gzip-compressed IDX '
+                            f'file {name} there (point `data_dir` at the folder that holds the '
+                            'four files)')
+        if not os.path.isfile(path):
+            missing.append(name)
     if missing:
         where = (f'{root} does not exist' if not os.path.isdir(root)
                  else f'{root} lacks {", ".join(missing)}')
-        raise DataError(f'{where}; it must hold the four files {", ".join(IDX_FILES.values())} '
+        raise DataError(f'{where}; it must hold the four files {files} '
                         '(point `data_dir` at them, or pass `download=True`)')
 
 
@@ -200,29 +242,40 @@ class ArrayLoader:
         Resize images to ``resize x resize`` (bilinear).
     last_batch : {'keep', 'discard'}
         Keep a final batch smaller than ``batch_size``, or drop it.
+    multiple : int
+        A kept final batch is cut to a multiple of this many samples (the
+        rest is dropped): the devices of a run whose shards must be equal
+        (synchronised BatchNorm). 1: kept whole.
     """
 
     def __init__(self, images, labels, batch_size, shuffle=False, seed=0, resize=None,
-                 last_batch='keep'):
+                 last_batch='keep', multiple=1):
         if batch_size < 1:
             raise DataError(f'batch size must be positive, got {batch_size}')
         if last_batch not in ('keep', 'discard'):
             raise ValueError(f"last_batch must be 'keep' or 'discard', got {last_batch!r}")
+        if not 1 <= multiple <= batch_size or batch_size % multiple:
+            raise DataError(f'a batch of {batch_size} cannot be cut into shards of equal size '
+                            f'for {multiple} devices; use a `batch_size` divisible by {multiple}')
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.resize, self.last_batch = resize, last_batch
+        self.resize, self.last_batch, self.multiple = resize, last_batch, multiple
         self.epoch = 0
 
+    def _last_size(self):
+        """Samples in the final, incomplete batch (0: none)."""
+        if self.last_batch == 'discard':
+            return 0
+        rest = len(self.labels) % self.batch_size
+        return rest - rest % self.multiple
+
     def __len__(self):
-        n, b = len(self.labels), self.batch_size
-        return n // b if self.last_batch == 'discard' else -(-n // b)
+        return len(self.labels) // self.batch_size + (1 if self._last_size() else 0)
 
     @property
     def num_samples(self):
         """Samples seen per epoch."""
-        if self.last_batch == 'discard':
-            return len(self) * self.batch_size
-        return len(self.labels)
+        return len(self.labels) // self.batch_size * self.batch_size + self._last_size()
 
     def order(self, epoch):
         """Return the sample order of ``epoch`` (a NumPy index array)."""
@@ -235,7 +288,7 @@ class ArrayLoader:
         self.epoch += 1
         for i in range(len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
-            yield self._to_batch(idx)
+            yield self._to_batch(idx[:len(idx) - len(idx) % self.multiple])
 
     def _to_batch(self, idx):
         # Gather and scale in NumPy, then one copy into MXNet: cheaper than
@@ -258,10 +311,17 @@ def last_batch_rule(num_samples, batch_size, num_devices):
     return 'discard' if 0 < remainder < num_devices else 'keep'
 
 
-def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None):
-    """The shuffled training ``ArrayLoader`` of a run on ``num_devices`` (see ``last_batch_rule``)."""
+def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None,
+                 equal_shards=False):
+    """The shuffled training ``ArrayLoader`` of a run on ``num_devices`` (see ``last_batch_rule``).
+
+    With ``equal_shards`` (synchronised BatchNorm averages the devices'
+    statistics with equal weights) every batch divides evenly among the
+    devices: the samples that would make the last batch uneven are dropped.
+    """
     return ArrayLoader(images, labels, batch_size, shuffle=True, seed=seed, resize=resize,
-                       last_batch=last_batch_rule(len(labels), batch_size, num_devices))
+                       last_batch=last_batch_rule(len(labels), batch_size, num_devices),
+                       multiple=num_devices if equal_shards else 1)
 
 
 def download_dataset(name, root, base_url=MXNET_MIRROR):
@@ -300,7 +360,7 @@ def download_dataset(name, root, base_url=MXNET_MIRROR):
 
 
 def load_data(name, batch_size, resize=None, root=None, download=False, num_train=None,
-              num_test=None, seed=0, num_devices=1):
+              num_test=None, seed=0, num_devices=1, equal_shards=False):
     """Return ``(train_iter, test_iter)`` for ``name`` ('fashion-mnist' or 'mnist').
 
     Parameters
@@ -322,6 +382,9 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
     num_devices : int
         Devices the batches are split across: a last training batch with
         fewer samples is dropped (``last_batch_rule``).
+    equal_shards : bool
+        Drop the samples that would make the last training batch divide
+        unevenly among the devices (``train_loader``).
     """
     if name not in DATASETS:
         raise DataError(f'unknown dataset {name!r}; choose one of {", ".join(DATASETS)}')
@@ -337,12 +400,14 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
                 raise DataError(f'{split} subset size must be in 1..{len(labels)}, got {limit}')
             images, labels = images[:limit], labels[:limit]
         splits[split] = (images, labels)
-    train_iter = train_loader(*splits['train'], batch_size, num_devices, seed, resize)
+    train_iter = train_loader(*splits['train'], batch_size, num_devices, seed, resize,
+                              equal_shards)
     test_iter = ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize)
     return train_iter, test_iter
 
 
-def synthetic_data(name, batch_size, num_train=None, num_test=None, seed=0, num_devices=1):
+def synthetic_data(name, batch_size, num_train=None, num_test=None, seed=0, num_devices=1,
+                   equal_shards=False):
     """Return ``(train_iter, test_iter)`` of random images and labels shaped like data set ``name``.
 
     For speed tests without files (no accuracy to speak of): uint8 images
@@ -357,7 +422,7 @@ def synthetic_data(name, batch_size, num_train=None, num_test=None, seed=0, num_
         return (rng.integers(0, 256, size=(n, *spec['shape']), dtype=onp.uint8),
                 rng.integers(0, spec['classes'], size=n).astype(onp.int32))
     train = split(num_train or spec['train'])
-    return (train_loader(*train, batch_size, num_devices, seed),
+    return (train_loader(*train, batch_size, num_devices, seed, equal_shards=equal_shards),
             ArrayLoader(*split(num_test or spec['test']), batch_size))
 
 

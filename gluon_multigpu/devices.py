@@ -6,6 +6,7 @@ MXNet schedules on separate worker threads, so the same data-parallel code
 runs without a GPU.
 """
 import math
+import os
 
 import mxnet as mx
 from mxnet import gluon, npx
@@ -13,7 +14,8 @@ from mxnet import gluon, npx
 from .errors import DeviceError
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
-           'device_counts', 'resolve_counts', 'devices_for', 'split_sizes', 'split_batch']
+           'device_counts', 'resolve_counts', 'devices_for', 'split_sizes', 'split_batch',
+           'available_memory']
 
 
 def num_gpus():
@@ -227,3 +229,65 @@ def split_batch(X, y, devices, weights=None):
     even = n % len(devices) == 0
     return (gluon.utils.split_and_load(X, devices, even_split=even),
             gluon.utils.split_and_load(y, devices, even_split=even))
+
+
+def _read_number(path, field=None):
+    """The number in file ``path`` (or on its line ``field:``); None if unreadable or 'max'."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if field is None:
+                    return int(line.split()[0])
+                if line.startswith(field + ':'):
+                    return int(line.split()[1]) * 1024  # /proc/meminfo counts kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room():
+    """Bytes this process's memory cgroup (v2, else v1) still allows; None without a limit."""
+    try:
+        with open('/proc/self/cgroup') as f:
+            lines = [line.rstrip('\n').split(':', 2) for line in f]
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        if len(line) != 3:
+            continue
+        controllers, path = line[1], line[2].rstrip('/')
+        if controllers == '':  # cgroup v2
+            folder, limit_file, usage_file = ('/sys/fs/cgroup' + path, 'memory.max',
+                                              'memory.current')
+        elif 'memory' in controllers.split(','):  # cgroup v1
+            folder, limit_file, usage_file = ('/sys/fs/cgroup/memory' + path,
+                                              'memory.limit_in_bytes', 'memory.usage_in_bytes')
+        else:
+            continue
+        limit = _read_number(os.path.join(folder, limit_file))
+        usage = _read_number(os.path.join(folder, usage_file))
+        if limit is not None and usage is not None and limit < 2**60:  # 2**63 - 4096: none
+            rooms.append(limit - usage)
+    return min(rooms) if rooms else None
+
+
+def available_memory():
+    """Bytes of memory this process could hold in all, or None where the system does not say.
+
+    What it holds now (its resident set) plus what the system can still
+    give without swapping (``MemAvailable`` of ``/proc/meminfo``), within
+    what its memory cgroup (a container's limit) still allows.
+    """
+    free = _read_number('/proc/meminfo', 'MemAvailable')
+    if free is None:
+        return None
+    room = _cgroup_room()
+    if room is not None:
+        free = min(free, max(room, 0))
+    try:
+        with open('/proc/self/statm') as f:
+            resident = int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+    except (OSError, ValueError, IndexError):
+        resident = 0
+    return free + resident

@@ -48,14 +48,20 @@ class CheckpointError(GluonMultiGPUError):
 
 
 class Interrupted(Exception):
-    """Training stopped on request (a hook's ``step_end``) after a step.
+    """Training stopped on request (a hook's ``step_end`` or ``epoch_end``) after a step.
 
     Attributes
     ----------
     epoch, batches : int
         The epoch in progress and how many of its batches had finished.
+    epoch_done : bool
+        The request came at the epoch's end (in its last step or its
+        evaluation): the epoch is complete, evaluated and recorded, and the
+        next one was not begun.
     """
 
-    def __init__(self, epoch, batches):
-        super().__init__(f'interrupted in epoch {epoch} after {batches} batch(es)')
-        self.epoch, self.batches = epoch, batches
+    def __init__(self, epoch, batches, epoch_done=False):
+        where = (f'after epoch {epoch}, before the next began' if epoch_done else
+                 f'in epoch {epoch} after {batches} batch(es)')
+        super().__init__(f'interrupted {where}')
+        self.epoch, self.batches, self.epoch_done = epoch, batches, epoch_done

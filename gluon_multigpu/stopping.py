@@ -1,4 +1,4 @@
-"""Stopping a run on SIGINT or SIGTERM after the current step, or when its steps stall: hooks.
+"""Stopping a run on SIGINT, SIGTERM or SIGHUP after the current step, or when its steps stall.
 
 Python runs a signal handler only between bytecodes, and the training loop
 spends most of its time blocked inside MXNet (``wait_to_read``,
@@ -8,6 +8,13 @@ the first signal is acknowledged at once (``on_signal``) and the loop stops
 after the current step; a second signal ends the process at once (``os._exit``,
 status 128 + the signal), after ``on_second`` has said so. A checkpoint in
 the middle of being written is then left as its last complete version.
+
+SIGHUP (the terminal or the ssh session closed) stops like SIGTERM. A
+repeated SIGHUP is not a second request: a closing session may send it more
+than once, and nobody is there to ask twice. A SIGHUP that was ignored when
+the context was entered (``nohup``) stays ignored. (SIGINT is handled even
+where a shell started the run in the background with SIGINT ignored:
+``kill -INT`` still stops it after a step, as before.)
 """
 import os
 import signal
@@ -21,7 +28,11 @@ __all__ = ['StopRequest', 'StallGuard']
 
 
 class StopRequest(Hook):
-    """A flag that SIGINT and SIGTERM set, asked by ``train`` after every step (a hook).
+    """A flag that SIGINT, SIGTERM and SIGHUP set, asked by ``train`` after every step (a hook).
+
+    ``train`` also asks it after every epoch (``epoch_end``): a signal during
+    an evaluation stops the run at that epoch's end. Calling it asks the same
+    (``train_book`` takes it as ``stop``).
 
     Use as a context manager in the main thread: the previous handlers come back on exit.
 
@@ -38,7 +49,7 @@ class StopRequest(Hook):
         The first signal received.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, on_signal=None, on_second=None):
         self.signum, self.on_signal, self.on_second = None, on_signal, on_second
@@ -51,11 +62,14 @@ class StopRequest(Hook):
     def step_end(self, run, step, samples, timer):
         return self.signum is not None
 
+    def epoch_end(self, run, record):
+        return self.signum is not None
+
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         # Runs in the main thread once it is back in Python: the flag the loop reads.
         if self.signum is None:
             self.signum = signum
-        elif self._thread is None:  # no watcher: the second signal stops here
+        elif self._thread is None and signum != signal.SIGHUP:  # no watcher: stop here
             raise KeyboardInterrupt
 
     def _watch(self):
@@ -68,17 +82,21 @@ class StopRequest(Hook):
             if not data:
                 return
             for signum in data:
+                if signum not in self._previous:
+                    continue  # another signal's wake-up (e.g. SIGCHLD): not ours
                 self._seen += 1
-                if self._seen == 1 and self.on_signal is not None:
-                    self.on_signal(signum)
-                elif self._seen >= 2:
+                if self._seen == 1:
+                    if self.on_signal is not None:
+                        _quietly(self.on_signal, signum)
+                elif signum != signal.SIGHUP:  # a session closing may repeat SIGHUP
                     if self.on_second is not None:
-                        self.on_second(signum)
+                        _quietly(self.on_second, signum)
                     os._exit(128 + signum)  # pylint: disable=protected-access
 
     def __enter__(self):
         for s in self.SIGNALS:
-            self._previous[s] = signal.signal(s, self._handle)
+            if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN:  # nohup
+                self._previous[s] = signal.signal(s, self._handle)
         self._sockets = socket.socketpair()
         for sock in self._sockets:
             sock.setblocking(False)
@@ -97,6 +115,14 @@ class StopRequest(Hook):
         self._sockets[0].close()
         self._thread = None
         return False
+
+
+def _quietly(say, signum):
+    """Call ``say(signum)``; a terminal that is gone (EIO, EPIPE) must not end the watcher."""
+    try:
+        say(signum)
+    except (OSError, ValueError):  # ValueError: the stream was closed
+        pass
 
 
 class StallGuard(Hook):

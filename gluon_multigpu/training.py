@@ -147,7 +147,7 @@ class Hook:
 
     ``train`` calls the hooks in the order given. Hooks in the package:
     ``checkpoint.Checkpointer`` (save, resume), ``stopping.StopRequest``
-    (stop on SIGINT/SIGTERM), ``stopping.StallGuard`` (end a deadlocked run),
+    (stop on SIGINT/SIGTERM/SIGHUP), ``stopping.StallGuard`` (end a deadlocked run),
     ``reporting.Progress`` (progress lines).
     """
 
@@ -161,6 +161,11 @@ class Hook:
     def step_end(self, run, step, samples, timer):
         """After step ``step`` of ``run.epoch`` is queued; return True to stop the epoch there.
 
+        A stop in the epoch's last step (all its batches done, when the data
+        has a length) becomes a stop at the epoch's end: it is evaluated and
+        recorded first (see ``epoch_end``), so a checkpoint never holds a
+        partial epoch that is in fact whole.
+
         ``samples`` counts this epoch's samples so far, ``timer`` has run since
         its start. Nothing has synced: call ``npx.waitall()`` before reading
         ``timer.elapsed()`` to get the devices' time.
@@ -173,7 +178,13 @@ class Hook:
         """The epoch was stopped by a hook after ``totals.batches`` steps (all finished)."""
 
     def epoch_end(self, run, record):
-        """After each epoch is evaluated and recorded in ``run.result``."""
+        """After each epoch is evaluated and recorded in ``run.result``; True stops the run there.
+
+        Every hook's ``epoch_end`` is called (a checkpoint of the epoch is
+        written) before the run stops; it stops only if an epoch is left to
+        begin (``Interrupted`` with ``epoch_done``); after the last epoch
+        ``train`` returns as usual.
+        """
 
     def diverged(self, run, error):
         """Training diverged (``error``, a ``TrainingDiverged``); a hook may add to its notes."""
@@ -399,7 +410,7 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         run.call('steps_done')
         totals = _diverged_in(run, steps.totals, seconds)  # the epoch's one read-back
         totals, partial = (partial + totals if partial else totals), None
-        if totals.stopped:
+        if totals.stopped and not _whole_epoch(run, totals):
             run.call('stopped', totals)
             raise Interrupted(epoch, totals.batches)
         _diverged_in(run, check_finite_params, net, f' by step {totals.batches}')
@@ -407,8 +418,16 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
         test_acc = (evaluate_accuracy_gpus(model, test_iter, devices, split.evaluation())
                     if test_iter else None)
         result.epochs.append(_epoch_record(epoch, totals, test_acc, time.perf_counter() - tic))
-        run.call('epoch_end', result.epochs[-1])
+        stop = run.call('epoch_end', result.epochs[-1])  # every hook: the checkpoint is saved
+        # A stop asked for in the epoch's last step or its evaluation: at the epoch's end.
+        if (stop or totals.stopped) and epoch < num_epochs:
+            raise Interrupted(epoch, totals.batches, epoch_done=True)
     return result
+
+
+def _whole_epoch(run, totals):
+    """Whether ``totals`` cover all of the epoch's batches (a stop in its last step)."""
+    return hasattr(run.train_iter, '__len__') and totals.batches >= len(run.train_iter)
 
 
 def _begin(run):

@@ -66,27 +66,70 @@ def engine_env(num_cpu_devices=None, num_cores=None, sync_bn=False):
 
 #: Engine variables checked before MXNet loads: name -> (smallest, largest) whole value.
 #: MXNet aborts (OMP_NUM_THREADS=abc: status 134) or dies silently
-#: (MXNET_CPU_TEMP_COPY=0: status 136) on values outside these.
+#: (MXNET_CPU_TEMP_COPY=0: status 136) on values outside these; it parses
+#: ASCII digits only (OMP_NUM_THREADS=\u0662, an Arabic-Indic two, aborts).
 ENGINE_LIMITS = {'OMP_NUM_THREADS': (1, 1024), 'MXNET_CPU_TEMP_COPY': (1, 4096),
                  'MXNET_CPU_WORKER_NTHREADS': (1, 1024), 'MXNET_CPU_PRIORITY_NTHREADS': (1, 1024),
-                 'MXNET_ENABLE_GPU_P2P': (0, 1), 'MXNET_CUDNN_AUTOTUNE_DEFAULT': (0, 2)}
+                 'MXNET_GPU_WORKER_NTHREADS': (1, 1024), 'MXNET_GPU_COPY_NTHREADS': (1, 1024),
+                 'MXNET_ENABLE_GPU_P2P': (0, 1), 'MXNET_CUDNN_AUTOTUNE_DEFAULT': (0, 2),
+                 'MXNET_CPU_PARALLEL_RAND_COPY': (1, 1024), 'MXNET_KVSTORE_USETREE': (0, 1),
+                 'MXNET_UPDATE_ON_KVSTORE': (0, 1), 'MXNET_OPTIMIZER_AGGREGATION_SIZE': (0, 60),
+                 'MXNET_ENABLE_CYTHON': (0, 1), 'MXNET_ENFORCE_CYTHON': (0, 1),
+                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN': (0, 2**31 - 1),
+                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': (0, 2**31 - 1),
+                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (0, 2**31 - 1),
+                 'MXNET_MKLDNN_CACHE_NUM': (-1, 2**31 - 1), 'MXNET_PROFILER_AUTOSTART': (0, 1),
+                 'MXNET_PROFILER_MODE': (0, 2**31 - 1)}
+#: Engine variables MXNet reads as booleans: 0, 1, true or false (any case), nothing else
+#: (MXNET_EXEC_BULK_EXEC_TRAIN=abc is an MXNetError, MXNET_MKLDNN_ENABLED=abc status 134).
+ENGINE_BOOLEANS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_EXEC_BULK_EXEC_INFERENCE',
+                   'MXNET_EXEC_ENABLE_INPLACE', 'MXNET_ENGINE_INFO', 'MXNET_MKLDNN_ENABLED',
+                   'MXNET_MKLDNN_DEBUG', 'MXNET_OUTPUT_TUNING_DATA', 'MXNET_SAFE_ACCUMULATION',
+                   'MXNET_ENFORCE_DETERMINISM', 'MXNET_USE_FUSION')
+#: Engine variables that take one of a few words, exactly as written: name -> (words, advice).
+ENGINE_CHOICES = {
+    'MXNET_ENGINE_TYPE': (('ThreadedEnginePerDevice', 'ThreadedEngine', 'NaiveEngine'),
+                          "set it to one of them (MXNet's default is the first) or unset it"),
+    'GLUON_MULTIGPU_ENGINE_ENV': (('0', '1'), "set 0 to keep MXNet's own engine settings, or 1 "
+                                  "(or unset it) for the scripts' (docs/guide.md)")}
+#: What MXNet's parser skips around a number (C's isspace; not Unicode spaces).
+_C_SPACE = ' \t\n\r\v\f'
 
 
 def check_engine_env(environ):
-    """Raise ``UsageError`` naming the first engine variable in ``environ`` with a bad value."""
+    """Raise ``UsageError`` naming the first engine variable in ``environ`` with a bad value.
+
+    Whole numbers are ASCII digits in their range (spaces around them are
+    allowed, as MXNet allows them), booleans 0, 1, true or false, the engine
+    type one of MXNet's three, ``GLUON_MULTIGPU_ENGINE_ENV`` 0 or 1.
+    """
     for name, (low, high) in ENGINE_LIMITS.items():
         text = environ.get(name)
         if text is None:
             continue
-        value = text.strip()
-        if not re.fullmatch(r'\d+', value) or not low <= int(value) <= high:
+        value = text.strip(_C_SPACE)
+        if not re.fullmatch(r'-?[0-9]+', value, re.ASCII) or not low <= int(value) <= high:
             raise UsageError(f'environment variable {name}={text!r} is not a whole number from '
                              f'{low} to {high}; set it so or unset it')
+    for name in ENGINE_BOOLEANS:
+        text = environ.get(name)
+        if text is not None and not (text.isascii() and
+                                     text.lower() in ('0', '1', 'true', 'false')):
+            raise UsageError(f'environment variable {name}={text!r} is not a boolean; set it to '
+                             '0 or 1 (true or false), or unset it')
+    for name, (choices, advice) in ENGINE_CHOICES.items():
+        text = environ.get(name)
+        if text is not None and text not in choices:
+            raise UsageError(f'environment variable {name}={text!r} is none of '
+                             f'{", ".join(choices)}; {advice}')
 
 
 def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
     """Check the engine variables, then add ``engine_env(num_cpu_devices, sync_bn=sync_bn)``
     where not set.
+
+    ``sync_bn`` on several devices (or an unknown number) is refused on MXNet's
+    naive engine, where its devices would wait for each other forever.
 
     A variable you set yourself always wins; ``GLUON_MULTIGPU_ENGINE_ENV=0``
     leaves MXNet's own defaults. Call before ``gluon_multigpu`` (MXNet) is
@@ -94,6 +137,12 @@ def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
     """
     environ = os.environ if environ is None else environ
     check_engine_env(environ)
+    if sync_bn and environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine' and num_cpu_devices != 1:
+        # Each layer waits for every device's statistics, and the naive engine runs one
+        # operation at a time: the first step waited forever (and SIGTERM could not end it).
+        raise UsageError('--sync-bn makes the devices wait for each other, which '
+                         'MXNET_ENGINE_TYPE=NaiveEngine (one operation at a time) never lets '
+                         'finish; unset MXNET_ENGINE_TYPE or drop --sync-bn')
     if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0':
         return {}
     applied = {k: v for k, v in engine_env(num_cpu_devices, sync_bn=sync_bn).items()
@@ -103,7 +152,16 @@ def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """``ArgumentParser`` that reports a bad argument in one line (no usage block), status 2."""
+    """``ArgumentParser`` that reports a bad argument in one line (no usage block), status 2.
+
+    Flags must be written in full (no ``--sync`` for ``--sync-bn``): the
+    engine settings are chosen from the command line before this parser
+    runs, by the full names.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault('allow_abbrev', False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
@@ -150,6 +208,19 @@ def non_negative_float(text):
     return _number(text, float, 0, 1e6, 'a number from 0 to 1e6')
 
 
+def path_of(kind):
+    """argparse type: a path that is not empty (``''`` would mean the current folder, or none).
+
+    ``kind`` says what to give instead ("a directory", "a file name").
+    """
+    def parse(text):
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f'{text!r} is an empty path; give {kind}')
+        return text
+    parse.__name__ = 'path'
+    return parse
+
+
 #: Samples per batch, epochs: more than any run here could use, small enough to stay exact.
 batch_size = int_in(1, 10**6)
 num_epochs = int_in(1, 10**5)
@@ -190,7 +261,8 @@ def add_run_flags(p, models, datasets, seed_help='the same in every run'):
                    help='network (default: resnet18)')
     p.add_argument('--dataset', choices=list(datasets), default='fashion-mnist',
                    help='data set (default: fashion-mnist)')
-    p.add_argument('--data-dir', metavar='DIR', help='directory with the four IDX .gz files '
+    p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'),
+                   help='directory with the four IDX .gz files '
                    '(default: ~/.mxnet/datasets/<dataset>)')
     p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
                    help='use only the first N training images (default: all 60000)')
@@ -228,7 +300,10 @@ def script_parser(doc, epilog, gpu_help, cpu_help):
 
 
 class _QuietParser(argparse.ArgumentParser):
-    """A parser that raises ``UsageError`` instead of printing and exiting."""
+    """A parser that raises ``UsageError`` instead of printing and exiting (no abbreviations)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         raise UsageError(message)
@@ -255,8 +330,32 @@ def engine_devices(argv):
     return None if os.path.exists('/dev/nvidiactl') else 1
 
 
+#: The signals that stop a run: Ctrl-C, SIGTERM, and SIGHUP (the terminal or ssh session closed).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def say_quietly(line, stream=None):
+    """Print ``line`` on ``stream`` (stderr) and flush; a terminal that is gone is not an error."""
+    try:
+        print(line, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):  # EIO (a closed terminal), EPIPE; ValueError: stream closed
+        pass
+
+
+_RUN = {'began': False}
+
+
+def run_began():
+    """Say that the script's own handlers are in place: the pre-load ones act again only after."""
+    _RUN['began'] = True
+
+
 def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
-    print('interrupted while starting: nothing was written', file=sys.stderr, flush=True)
+    if _RUN['began']:  # the script's handlers are gone again: the run has ended
+        say_quietly(f'{signal.Signals(signum).name} came as the run was ending: its results are '
+                    'as printed')
+    else:
+        say_quietly('interrupted while starting: nothing was written')
     os._exit(128 + signum)  # pylint: disable=protected-access
 
 
@@ -264,17 +363,77 @@ def prepare_engine(argv=None):
     """The first thing a script does: engine settings for its device flags, before MXNet loads.
 
     A bad engine variable ends the process with one line and status 2. Until
-    the script installs its own handlers, Ctrl-C or SIGTERM (while MXNet
-    loads, which takes seconds) ends it with one line, not a traceback.
+    the script installs its own handlers, Ctrl-C, SIGTERM or SIGHUP (while
+    MXNet loads, which takes seconds) ends it with one line, not a traceback;
+    SIGHUP ignored at start (``nohup``) stays ignored.
     """
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stopped_while_starting)
+    for signum in STOP_SIGNALS:
+        if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:  # nohup
+            signal.signal(signum, _stopped_while_starting)
+    _RUN['began'] = False
     argv = sys.argv[1:] if argv is None else argv
     try:
         apply_engine_settings(engine_devices(argv), sync_bn='--sync-bn' in argv)
     except UsageError as e:
-        print(f'error: {e}', file=sys.stderr)
+        say_quietly(f'error: {e}')
         sys.exit(2)
+
+
+class _QuietStream:
+    """A console stream whose write errors end its output, not the run.
+
+    A terminal that closed (EIO) or a reader that went away (EPIPE) would
+    turn the next progress line into an exception. On the first failure the
+    stream's descriptor is pointed at the null device, so that what is still
+    buffered, and Python's flush at exit, go nowhere quietly.
+    """
+
+    def __init__(self, stream):
+        self._stream, self.lost = stream, False
+
+    def _lose(self):
+        self.lost = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass  # no descriptor of its own (a test's capture): dropping the text is enough
+
+    def write(self, text):
+        if not self.lost:
+            try:
+                self._stream.write(text)
+            except (OSError, ValueError):
+                self._lose()
+        return len(text)
+
+    def flush(self):
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._lose()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class quiet_console:  # pylint: disable=invalid-name
+    """Within the block, ``sys.stdout`` and ``sys.stderr`` never raise on a closed terminal."""
+
+    def __enter__(self):
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _QuietStream(sys.stdout), _QuietStream(sys.stderr)
+        return self
+
+    def __exit__(self, *exc):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = self._saved
+        return False
 
 
 #: How the library's argument names read on the command line (see ``GluonMultiGPUError``).

@@ -20,7 +20,7 @@ if __name__ == '__main__':
 import gluon_multigpu as gm  # noqa: E402
 from gluon_multigpu.reporting import Progress  # noqa: E402
 from _cli import (FLAGS, batch_size, error_line, int_in, non_negative_float,  # noqa: E402
-                  num_epochs, positive_float, script_parser)
+                  num_epochs, path_of, positive_float, say_quietly, script_parser)
 
 #: Per model: samples per device and the learning rate as a function of the total batch B.
 #: ResNet-18 keeps the book's settings; the simple CNN's were measured (docs/guide.md).
@@ -47,9 +47,15 @@ Bad input (a device that does not exist, a batch that cannot be split, missing
 or corrupt data, a non-positive number, an output directory that does not
 exist or takes no new files, a checkpoint of another run) stops before training with one line on
 stderr and exit status 2; a loss that becomes NaN stops with status 2 and
-keeps the last good checkpoint. Ctrl-C (SIGINT) or SIGTERM stops after the
-current step, writes a checkpoint with --checkpoint-dir, says how to resume,
-and exits with 130 or 143; a second Ctrl-C stops at once.
+keeps the last good checkpoint. A batch larger than the training set is cut
+to it; on CPU contexts a batch whose estimated memory (about 16 MB per sample
+for resnet18, 0.32 MB for simple-cnn, plus the process) exceeds the memory
+available is refused, naming the largest that fits. Ctrl-C (SIGINT), SIGTERM
+or SIGHUP (the terminal closed) stops after the current step (during an
+evaluation: at that epoch's end), writes a checkpoint with --checkpoint-dir,
+says how to resume, and exits with 130, 143 or 129; a second Ctrl-C stops at
+once. A signal after the last step lets the run finish, says so, and exits
+with the same status.
 """.format(resnet18=MODEL_DEFAULTS['resnet18'][2], simple_cnn=MODEL_DEFAULTS['simple-cnn'][2])
 
 
@@ -69,7 +75,9 @@ def build_parser():
                    'server, started by scripts/launch.py, --batch-size then per worker '
                    '(default: device)')
     p.add_argument('--batch-size', type=batch_size, metavar='N',
-                   help='total batch size over all devices (default: per model, see below)')
+                   help='total batch size over all devices (default: per model, see below); '
+                   'one larger than the training set is cut to it, and on CPU contexts one whose '
+                   'estimated memory exceeds what is available is refused (see below)')
     p.add_argument('--lr', type=positive_float, metavar='LR',
                    help='SGD learning rate (default: per model, see below)')
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
@@ -77,15 +85,19 @@ def build_parser():
     _cli.add_run_flags(p, gm.MODELS, gm.DATASETS, 'the same for every kvstore')
     p.add_argument('--download', action='store_true',
                    help="download missing files from MXNet's mirror (needs internet)")
-    p.add_argument('--plot', metavar='PATH', help='write the test-accuracy curve as a PNG')
-    p.add_argument('--json', metavar='PATH', help='write every figure of the run(s) as JSON')
-    p.add_argument('--report', metavar='DIR',
+    p.add_argument('--plot', metavar='PATH', type=path_of('a file name'),
+                   help='write the test-accuracy curve as a chart, PNG, SVG or PDF by the '
+                   'extension of PATH')
+    p.add_argument('--json', metavar='PATH', type=path_of('a file name'),
+                   help='write every figure of the run(s) as JSON')
+    p.add_argument('--report', metavar='DIR', type=path_of('a directory'),
                    help='write a Markdown report comparing the kvstores (report.md, with '
                    'accuracy.png, seconds.png and runs.json) into DIR, created if missing')
-    p.add_argument('--checkpoint-dir', metavar='DIR',
+    p.add_argument('--checkpoint-dir', metavar='DIR', type=path_of('a directory'),
                    help='save the run after every epoch (parameters, optimizer state, data '
-                   'order, history) into DIR, created if missing; Ctrl-C or SIGTERM also saves '
-                   'before stopping. Writes are atomic: a crash keeps the last complete one')
+                   'order, history) into DIR, created if missing; Ctrl-C, SIGTERM or SIGHUP '
+                   'also saves before stopping. Writes are atomic: a crash keeps the last '
+                   'complete one')
     p.add_argument('--resume', action='store_true',
                    help='continue from the checkpoint in --checkpoint-dir (on any number of '
                    'devices); without one there, start at epoch 1')
@@ -108,8 +120,9 @@ def build_parser():
                    help='ResNet-18 with synchronised BatchNorm: the mean and variance of each '
                    'BatchNorm layer over all devices\' shards, as one device with the whole batch '
                    'would compute them, and the same running statistics on every device (needs '
-                   'the even split and a batch size divisible by the devices; MXNet\'s '
-                   'SyncBatchNorm, slower per step)')
+                   'the even split and a batch size divisible by the devices; the samples that '
+                   'would make the last batch uneven are dropped; MXNet\'s SyncBatchNorm, '
+                   'slower per step)')
     p.add_argument('--dtype', choices=gm.precision.DTYPES, default='float32',
                    help='compute type: float32 (the book); float16 on GPUs, with float32 master '
                    'weights and dynamic loss scaling (CPU contexts have no float16 matrix '
@@ -136,15 +149,16 @@ def make_loaders(args, batch_size, num_devices, worker):
     A worker of a parameter server trains on its share of every global batch
     and, unless it is the first, does not evaluate (``test_iter`` None).
     """
+    equal = bool(args.sync_bn)  # equal shards in every batch, the last one too
     if args.synthetic:
         train_iter, test_iter = gm.data.synthetic_data(
             args.dataset, batch_size, num_train=args.num_train, num_test=args.num_test,
-            seed=args.seed, num_devices=num_devices)
+            seed=args.seed, num_devices=num_devices, equal_shards=equal)
     else:
         train_iter, test_iter = gm.load_data(
             args.dataset, batch_size, root=args.data_dir, download=args.download,
             num_train=args.num_train, num_test=args.num_test, seed=args.seed,
-            num_devices=num_devices)
+            num_devices=num_devices, equal_shards=equal)
     if worker.count > 1:
         train_iter = gm.distributed.WorkerShard(train_iter.images, train_iter.labels, batch_size,
                                                 worker.rank, worker.count, args.seed)
@@ -154,6 +168,9 @@ def make_loaders(args, batch_size, num_devices, worker):
     if dropped and worker.count > 1:
         note = (f'dropping {dropped} training sample(s) of each epoch: they make no whole global '
                 f'batch of {batch_size} x {worker.count} workers')
+    elif dropped and equal:
+        note = (f'dropping the last {dropped} training sample(s) of each epoch: with `sync_bn` '
+                f'every batch must divide evenly among the {num_devices} devices')
     elif dropped:
         note = (f'dropping the last {dropped} training sample(s) of each epoch: '
                 f'fewer than the {num_devices} devices')
@@ -188,9 +205,10 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
 
     common = dict(num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
                   initializer=gm.default_initializer(args.model), on_epoch=on_epoch)
-    if args.book_literal:
+    if args.book_literal:  # the text's loop, asking the stop request between steps
+        stop = next((h for h in hooks if isinstance(h, gm.StopRequest)), None)
         return gm.train_book(net, train_iter, test_iter, devices,
-                             batch_size=train_iter.batch_size, **common)
+                             batch_size=train_iter.batch_size, stop=stop, **common)
     label = (f'kvstore {gm.kvstores.kvstore_name(kvstore)} on {len(devices)} '
              f'{devices[0].device_type.upper()}') + \
         ('s' if len(devices) > 1 else '')
@@ -205,8 +223,8 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
 
 
 def say(line):
-    """Print a progress line on stderr at once."""
-    print(line, file=sys.stderr, flush=True)
+    """Print a progress line on stderr at once (nothing, quietly, if the terminal is gone)."""
+    say_quietly(line)
 
 
 def faster_advice(args, devices):
@@ -284,21 +302,20 @@ def write_outputs(args, results, config, tracker):
 
 
 def check_outputs(args):
-    """Raise GluonMultiGPUError unless every output path can be written, each its own."""
-    outputs = [(flag, os.path.realpath(path)) for flag, path in (
-        ('--plot', args.plot), ('--json', args.json), ('--report', args.report),
-        ('--checkpoint-dir', args.checkpoint_dir)) if path]
-    for i, (flag, path) in enumerate(outputs):
-        for other, other_path in outputs[i + 1:]:
-            if path == other_path or other_path.startswith(path + os.sep) or \
-                    path.startswith(other_path + os.sep):
-                raise gm.GluonMultiGPUError(f'{flag} and {other} name the same place ({path}); '
-                                            'give each output its own path')
-    for path, flag in ((args.plot, '--plot'), (args.json, '--json')):
-        if path:
-            gm.files.check_output_path(path, flag)
-    if args.report:
-        gm.files.check_output_dir(args.report, '--report')
+    """Raise GluonMultiGPUError unless every output path can be written, each its own.
+
+    None may be one of the run's data files or lie in a checkpoint folder;
+    a chart's format must be one its extension names.
+    """
+    inputs = []
+    if not args.synthetic:
+        root = args.data_dir or gm.data.default_root(args.dataset)
+        inputs = [os.path.join(root, name) for name in gm.data.IDX_FILES.values()]
+    gm.files.check_outputs(files=[('--plot', args.plot), ('--json', args.json)],
+                           directories=[('--report', args.report)],
+                           checkpoint_dir=args.checkpoint_dir, inputs=inputs)
+    if args.plot is not None:
+        gm.reporting.check_chart_path(args.plot, '--plot')
 
 
 def check_sync_bn(args, devices, batch_size):
@@ -356,6 +373,7 @@ def run(args, out=None, stop=None):
     if batch_size < len(devices):
         raise gm.DeviceError(f'a batch of {batch_size} cannot be split across {len(devices)} '
                              f'devices; use --batch-size {len(devices)} or more')
+    batch_size, cut = fit_batch(args, batch_size, devices)
     if isinstance(args.split, list) and len(args.split) != len(devices):
         raise gm.DeviceError(f'--split gives {len(args.split)} weights for {len(devices)} '
                              f'devices; give one weight per device')
@@ -382,7 +400,7 @@ def run(args, out=None, stop=None):
         train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices), worker)
         if checkpoint is not None:
             checkpoint.check_directory(args.num_epochs, len(train_iter))
-        for message in (note, data_note):
+        for message in (note, cut, data_note):
             if message:
                 print(gm.GluonMultiGPUError(message).describe(FLAGS), file=out)
         print(f'training {args.model} on {args.dataset}: {train_iter.num_samples} train / '
@@ -393,6 +411,9 @@ def run(args, out=None, stop=None):
             print_resumed(checkpoint, args.num_epochs, out)
         results = []
         for kvstore in kvstores:
+            if results and stop is not None and stop():  # a signal in the last run's end
+                raise StoppedBetweenRuns(args.num_epochs, results[-1].kvstore,
+                                         kvstores[len(results):])
             if len(kvstores) > 1:
                 print(f'-- kvstore {kvstore}', file=out, flush=True)
             result = train_one(args, worker.kvstore or kvstore, devices, lr, train_iter,
@@ -410,6 +431,39 @@ def run(args, out=None, stop=None):
                           num_test=len(test_iter.labels), workers=worker.count)
             write_outputs(args, results, config, tracker)
     return results
+
+
+def fit_batch(args, batch_size, devices):
+    """Return ``(batch_size, note)``: the batch cut to the training set, checked against memory.
+
+    A batch larger than the training set is one batch of all of it: it is
+    cut to the set (to a multiple of the devices with ``--sync-bn``), with a
+    note. On CPU contexts the estimated peak memory (``gm.model.MEMORY``)
+    must fit in the memory available, or the run is refused naming the
+    largest batch that fits: past it the system swaps or kills the run.
+    """
+    images = min(args.num_train or gm.DATASETS[args.dataset]['train'],
+                 gm.DATASETS[args.dataset]['train'])
+    multiple = len(devices) if args.sync_bn else 1
+    note = None
+    if batch_size > images >= len(devices):
+        given = (f'--batch-size {batch_size}' if args.batch_size else
+                 f'the default batch of {batch_size}')
+        batch_size = images - images % multiple
+        note = (f'{given} is more than the {images} training images: using a batch of '
+                f'{batch_size}')
+    if devices[0].device_type == 'cpu':
+        gm.model.check_memory(args.model, batch_size, len(devices),
+                              gm.devices.available_memory(), multiple, args.sync_bn)
+    return batch_size, note
+
+
+class StoppedBetweenRuns(gm.Interrupted):
+    """A signal at the end of one kvstore's run: the next runs are not begun."""
+
+    def __init__(self, num_epochs, done, left):
+        super().__init__(num_epochs, None, epoch_done=True)
+        self.done, self.left = done, left
 
 
 class Worker(NamedTuple):
@@ -492,24 +546,48 @@ def resume_command(argv):
 def interrupted_message(stop, error, checkpoint_dir, argv):
     """One line on an ``Interrupted`` stop: where it stopped, where the checkpoint is, what next."""
     name = signal.Signals(stop.signum).name if stop.signum else 'a stop request'
+    if isinstance(error, StoppedBetweenRuns):
+        return (f'interrupted by {name} at the end of the run with kvstore {error.done}: the '
+                f'runs with {", ".join(error.left)} were not begun and no output was written')
     where = f'interrupted by {name} in epoch {error.epoch} after {error.batches} batch(es)'
+    if error.epoch_done:
+        where = (f'interrupted by {name} after epoch {error.epoch} had finished its steps, before '
+                 f'epoch {error.epoch + 1} began')
     if checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir, 'manifest.json')):
         return (f'{where}; checkpoint in {os.path.abspath(checkpoint_dir)}; resume with: '
                 f'{resume_command(argv)}')
     return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
 
 
-def acknowledge(signum):
-    """Say at once that a first signal was heard."""
-    name = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
-    print(f'{name}: stopping after the current step; Ctrl-C again to stop now', file=sys.stderr,
-          flush=True)
+def acknowledge(signum, book=False):
+    """Say at once that a first signal was heard (quietly nothing if the terminal is gone).
+
+    The text's loop (``book``) queues steps ahead of the devices without a
+    bound, up to an epoch's end: it stops after the steps already queued.
+    """
+    name = {signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
+        signum, signal.Signals(signum).name)
+    when = ("once the steps already queued have run (the text's loop queues them ahead of the "
+            "devices, up to the epoch's end)" if book else 'after the current step')
+    say_quietly(f'{name}: stopping {when}; Ctrl-C again to stop now')
 
 
 def stop_now(signum):  # pylint: disable=unused-argument
     """Say that a second signal ends the run at once."""
-    print('stopped at once (a second signal): the last complete checkpoint, if any, is kept',
-          file=sys.stderr, flush=True)
+    say_quietly('stopped at once (a second signal): the last complete checkpoint, if any, is '
+                'kept')
+
+
+def finished_anyway(signum, args):
+    """One line for a signal that came after the last step: the run finished all the same."""
+    done = ['the run is complete']
+    if args.json or args.plot or args.report:
+        done.append('its outputs are written')
+    if args.checkpoint_dir:
+        done.append('its checkpoint holds it')
+    done = ', '.join(done[:-1]) + ' and ' + done[-1] if len(done) > 1 else done[0]
+    return (f'{signal.Signals(signum).name} came after the last step: {done}; exit status '
+            f'{128 + signum}, as for any stop by a signal')
 
 
 def main(argv=None):
@@ -517,13 +595,21 @@ def main(argv=None):
 
     0 when done, 2 for bad input or a diverged run, 1 when an output cannot be
     written (disk full, file too large), 3 when the steps stalled (``stall_guard``),
-    128 + the signal number (130 for SIGINT, 143 for SIGTERM) when stopped by a signal.
+    128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP) when a
+    signal came, also after the last step (the run is then complete, and says so).
     """
     args = parse_args(argv)
     # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    with _cli.quiet_console():  # a closed terminal (SIGHUP) must not turn a print into an error
+        return _main(args, argv)
+
+
+def _main(args, argv):
     try:
-        with gm.StopRequest(acknowledge, stop_now) as stop:
+        with gm.StopRequest(lambda signum: acknowledge(signum, args.book_literal),
+                            stop_now) as stop:
+            _cli.run_began()  # from its end on, a signal finds the run over, not starting
             run(args, stop=stop)
     except gm.GluonMultiGPUError as e:
         print(error_line(e), file=sys.stderr)
@@ -539,6 +625,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         stop_now(signal.SIGINT)
         return 130
+    if stop.signum:  # in the last evaluation, or while the outputs were written
+        print(finished_anyway(stop.signum, args), file=sys.stderr)
+        return 128 + stop.signum
     return 0
 
 
