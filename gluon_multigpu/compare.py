@@ -63,8 +63,9 @@ class ParamTracker:
     The first run to report an epoch is the reference: its parameters are kept
     in memory (as NumPy copies, 45 MB an epoch for ResNet-18) and
     later runs are compared with them; nothing is written to disk, so a killed
-    run leaves nothing behind. Use as a context manager, or call ``close`` to
-    drop them.
+    run leaves nothing behind. With ``compare=False`` (a single run: nothing to
+    compare with) nothing is kept, so memory stays flat over any number of
+    epochs. Use as a context manager, or call ``close`` to drop them.
 
     Attributes
     ----------
@@ -79,7 +80,8 @@ class ParamTracker:
         (None for a network without BatchNorm).
     """
 
-    def __init__(self):
+    def __init__(self, compare=True):
+        self.compare = compare
         self._saved = {}  # epoch -> the reference run's parameters
         self.reference = None
         self.diff, self.spread, self.stats_spread = {}, {}, {}
@@ -88,12 +90,12 @@ class ParamTracker:
         """Note the parameters of run ``name`` after ``epoch`` (1-based)."""
         if self.reference is None:
             self.reference = name
-        arrays = param_arrays(net)
         if name == self.reference:
-            self._saved[epoch] = arrays
+            if self.compare:
+                self._saved[epoch] = param_arrays(net)
             diff = 0.0
         else:
-            diff = _max_abs_diff(arrays, self._saved[epoch])
+            diff = _max_abs_diff(param_arrays(net), self._saved[epoch])
         self.diff.setdefault(name, []).append(diff)
         self.spread.setdefault(name, []).append(device_spread(net))
         self.stats_spread.setdefault(name, []).append(device_spread(net, trainable=False))

@@ -136,6 +136,37 @@ def test_param_tracker_measures_the_largest_difference():
     assert tracker.spread['b'] == [0.0, 0.0, pytest.approx(1.0)]
 
 
+def test_a_tracker_of_one_run_keeps_no_copy_of_the_parameters(capsys):
+    """45 MB an epoch for ResNet-18: a single run has nothing to compare them with."""
+    net = small_net(1, gm.cpu_devices(2))
+    with gm.ParamTracker(compare=False) as tracker:
+        for epoch in (1, 2, 3):
+            tracker.record('device', epoch, net)
+        assert tracker._saved == {} and tracker.diff == {'device': [0.0, 0.0, 0.0]}
+    with gm.ParamTracker() as tracker:
+        tracker.record('device', 1, net)
+        assert list(tracker._saved) == [1]
+    # the CLI keeps copies only when it compares several kvstores
+    train = load_script('train')
+    args = ['--cpu-devices', '2', '--model', 'simple-cnn', '--synthetic', '--num-train', '64',
+            '--num-test', '16', '--num-epochs', '2', '--progress-interval', '0']
+    made = []
+    real = gm.ParamTracker
+
+    class Spy(real):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+    gm.ParamTracker = Spy
+    try:
+        assert train.main(args) == 0
+        assert train.main(args + ['--kvstore', 'local', 'device']) == 0
+    finally:
+        gm.ParamTracker = real
+    capsys.readouterr()
+    assert [t.compare for t in made] == [False, True]
+
+
 def test_batchnorm_running_statistics_stay_per_device_while_the_weights_agree(fashion_test):
     # MXNet keeps BatchNorm's running mean and variance per device, each from
     # its own shards: the tracker reports them apart from the weights.
