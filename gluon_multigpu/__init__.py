@@ -40,8 +40,8 @@ from .kvstores import KVSTORES  # noqa: E402
 from .model import (MODELS, HybridResidual, Residual, count_flops, default_initializer,  # noqa: E402
                     get_model, hybrid_resnet18, resnet18, simple_cnn)
 from .stopping import StallGuard, StopRequest  # noqa: E402
-from .reporting import (Animator, bar_chart, comparison_table, epoch_line,  # noqa: E402
-                        write_kvstore_report)
+from .reporting import (Animator, Progress, bar_chart, comparison_table,  # noqa: E402
+                        epoch_line, write_kvstore_report)
 from .results import EpochRecord, TrainResult  # noqa: E402
 from .training import Hook, evaluate_accuracy_gpus, train, train_batch, train_epoch  # noqa: E402
 from .utils import Accumulator, Timer, accuracy  # noqa: E402
@@ -58,6 +58,6 @@ __all__ = ['balance', 'book', 'checkpoint', 'compare', 'data', 'devices', 'distr
            'DataError', 'DeviceError', 'GluonMultiGPUError', 'Interrupted', 'TrainingDiverged',
            'write_json', 'KVSTORES', 'MODELS', 'HybridResidual', 'Residual', 'count_flops',
            'default_initializer', 'get_model', 'hybrid_resnet18', 'resnet18', 'simple_cnn',
-           'Animator', 'bar_chart', 'comparison_table', 'epoch_line', 'write_kvstore_report',
+           'Animator', 'Progress', 'bar_chart', 'comparison_table', 'epoch_line', 'write_kvstore_report',
            'EpochRecord', 'Hook', 'TrainResult', 'evaluate_accuracy_gpus', 'train', 'train_batch',
            'train_epoch', 'Accumulator', 'Timer', 'accuracy']

@@ -16,14 +16,8 @@ from .data import ArrayLoader
 from .errors import GluonMultiGPUError
 from .kvstores import DIST_KVSTORES
 
-__all__ = ['DIST_KVSTORES', 'is_distributed', 'connect', 'WorkerShard', 'step_scale']
+__all__ = ['DIST_KVSTORES', 'connect', 'WorkerShard', 'step_scale']
 
-
-
-def is_distributed(kvstore):
-    """Whether ``kvstore`` (a name or a KVStore) is one of the parameter-server kvstores."""
-    name = kvstore if isinstance(kvstore, str) or kvstore is None else kvstore.type
-    return name in DIST_KVSTORES
 
 
 def connect(name):

@@ -53,8 +53,12 @@ class TrainResult:
     def final_line(self):
         """Return the book's closing line, e.g. ``test acc: 0.92, 13.4 sec/epoch on [gpu(0)]``."""
         workers = f'{self.workers} workers x ' if self.workers > 1 else ''
-        return (f'test acc: {self.test_acc[-1]:.2f}, {self.sec_per_epoch:.1f} sec/epoch '
-                f'on {workers}[{", ".join(self.devices)}]')
+        where = f'on {workers}[{", ".join(self.devices)}]'
+        if not self.epochs:
+            return f'no epoch trained {where}'
+        last = self.test_acc[-1]  # None without a test set (the workers of a parameter server)
+        accuracy = 'no test set' if last is None else f'test acc: {last:.2f}'
+        return f'{accuracy}, {self.sec_per_epoch:.1f} sec/epoch {where}'
 
     def to_dict(self):
         """Return every figure as plain JSON-ready data."""

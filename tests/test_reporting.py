@@ -69,6 +69,15 @@ def test_final_line_is_the_books_line():
     assert result.samples_per_sec == pytest.approx(120000 / 15.8)
 
 
+def test_final_line_without_a_test_set_or_an_epoch_says_so():
+    result = make_result('device', [7.8])
+    result.epochs[0] = EpochRecord(1, 0.5, 0.8, None, 7.8, 0.0, 60000)  # no evaluation
+    assert result.final_line() == 'no test set, 7.8 sec/epoch on [gpu(0), gpu(1)]'
+    assert TrainResult(devices=['cpu(0)'], kvstore='device', lr=0.1).final_line() == \
+        'no epoch trained on [cpu(0)]'
+    assert gm.Progress.__module__ == 'gluon_multigpu.reporting'  # exported with the others
+
+
 def test_comparison_table_has_one_row_per_run():
     table = gm.comparison_table([make_result('local', [10.0]), make_result('device', [8.0])])
     rows = table.splitlines()
