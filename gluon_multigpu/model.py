@@ -221,7 +221,8 @@ def default_initializer(name):
 #: RSS of runs of three steps on Fashion-MNIST (MXNet 1.9.1, 2-core CPU; docs/guide.md):
 #: ResNet-18 0.99-1.35 GB at batch 16 on 1-2 contexts, then 12-16 MB more per sample (fast
 #: path and the text's loop; batch 512 on 2 contexts: 7.6 GB); the simple CNN 0.35 GB at batch
-#: 256, then 0.28-0.38 MB per sample (batch 8192: 3.3 GB, 32768: 10.0 GB, 60000: 17.3 GB).
+#: 256, then 0.28-0.38 MB per sample (batch 8192: 3.3 GB, 32768: 10.0 GB; a user saw 17.3 GB
+#: at 60000).
 MEMORY = {'resnet18': (600e6, 300e6, 16e6), 'simple-cnn': (850e6, 10e6, 320e3)}
 #: The same with synchronised BatchNorm (``sync_bn``): ResNet-18 on 2 contexts 2.9 GB at
 #: batch 64 and 7.8 GB at 256, 25 MB more per sample.

@@ -141,6 +141,28 @@ def wait_bounded(proc, timeout=120):
         pytest.fail(f'process {proc.args[:3]}... did not end within {timeout} s')
 
 
+def children(pid):
+    """The process ids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{entry}/stat') as f:
+                if int(f.read().rsplit(')', 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def alive(pid):
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
 class Lines:
     """The lines of a process's output ``stream``, each with the time it arrived, read by a thread.
 

@@ -13,8 +13,8 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
-from conftest import (REPO, Lines, assert_one_step_close, load_script, run_bounded,
-                      simple_cnn_terms, wait_bounded)
+from conftest import (REPO, Lines, alive, assert_one_step_close, children, load_script,
+                      run_bounded, simple_cnn_terms, wait_bounded)
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
 
@@ -114,29 +114,6 @@ def test_asynchronous_workers_learn(fashion_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:]
     acc = json.loads((tmp_path / 'run.json').read_text())['runs'][0]['epochs'][-1]['test_acc']
     assert acc > 0.5  # one class for all scores about 0.1
-
-
-def children(pid):
-    """The process ids whose parent is ``pid``."""
-    found = []
-    for entry in os.listdir('/proc'):
-        if entry.isdigit():
-            try:
-                with open(f'/proc/{entry}/stat') as f:
-                    fields = f.read().rsplit(')', 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def alive(pid):
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except OSError:
-        return False
 
 
 def gone(pids, timeout=30):

@@ -16,13 +16,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 import gluon_multigpu as gm
-from conftest import REPO, run_bounded, wait_bounded
+from conftest import REPO, Lines, run_bounded, wait_bounded
 from test_checkpoint import assert_same_run, manifest
 
 pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
@@ -36,36 +35,6 @@ def argv(fashion_dir, ckpt, *extra):
             '1920', '--num-test', '300', '--batch-size', '32', '--lr', '0.1', '--data-dir',
             str(fashion_dir), '--checkpoint-dir', str(ckpt), '--progress-interval', '0',
             *map(str, extra)]
-
-
-class Lines:
-    """The lines a process prints, read by a thread: ``wait_for(prefix, timeout)`` waits for one."""
-
-    def __init__(self, stream):
-        self.lines, self._new = [], threading.Condition()
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream):
-        for line in stream:
-            with self._new:
-                self.lines.append(line)
-                self._new.notify_all()
-        with self._new:
-            self.lines.append(None)  # the end
-            self._new.notify_all()
-
-    def wait_for(self, prefix, timeout):
-        """True once a line starting with ``prefix`` was printed; False at the end or deadline."""
-        deadline = time.monotonic() + timeout
-        with self._new:
-            while True:
-                if any(l is not None and l.startswith(prefix) for l in self.lines):
-                    return True
-                left = deadline - time.monotonic()
-                if None in self.lines or left <= 0:
-                    return False
-                self._new.wait(left)
 
 
 @pytest.mark.slow
@@ -86,7 +55,8 @@ def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir,
         lines = Lines(proc.stdout)
         if rng.random() < 0.3:
             time.sleep(rng.uniform(0.1, 2.0))  # starting: anywhere before training
-        elif lines.wait_for('training ', timeout=300):
+        else:
+            lines.wait_for(r'^training ', timeout=300)
             time.sleep(rng.uniform(0.0, 1.5) * epoch)  # training, evaluating, saving
         proc.send_signal(signal.SIGKILL)
         status = wait_bounded(proc)

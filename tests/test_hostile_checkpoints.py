@@ -226,13 +226,11 @@ def test_an_output_linked_to_standard_output_is_refused(fashion_dir, tmp_path):
     """``/dev/stdout`` is a link to ``/proc/self/fd/1``: replacing what it leads to loses the log."""
     (tmp_path / 'stdout').symlink_to('/proc/self/fd/1')
     log = tmp_path / 'log.txt'
-    with open(log, 'w') as out:
-        proc = run_bounded([sys.executable, SCRIPT, *argv(fashion_dir, tmp_path / 'c', epochs=1),
-                            '--json', tmp_path / 'stdout'], stdout=None, capture_output=False,
-                           stderr=subprocess.PIPE) if False else subprocess.run(
-            [sys.executable, SCRIPT, *map(str, argv(fashion_dir, tmp_path / 'c', epochs=1)),
-             '--json', str(tmp_path / 'stdout')], stdout=out, stderr=subprocess.PIPE, text=True,
-            timeout=300)
+    with open(log, 'w') as out:  # standard output redirected to a file, as a shell does
+        proc = subprocess.run([sys.executable, SCRIPT,
+                               *map(str, argv(fashion_dir, tmp_path / 'c', epochs=1)),
+                               '--json', str(tmp_path / 'stdout')],
+                              stdout=out, stderr=subprocess.PIPE, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr
     assert 'leads to /proc/' in proc.stderr and 'give the name of a regular file' in proc.stderr
     assert (tmp_path / 'stdout').is_symlink() and log.read_text() == ''

@@ -18,7 +18,7 @@ import pytest
 
 import gluon_multigpu as gm
 from gluon_multigpu.results import EpochRecord, TrainResult
-from conftest import REPO, load_script, run_bounded, wait_bounded
+from conftest import REPO, alive, children, load_script, run_bounded, wait_bounded
 
 SCRIPTS = REPO / 'scripts'
 PNG, SVG, PDF = b'\x89PNG\r\n\x1a\n', b'<?xml', b'%PDF'
@@ -148,27 +148,6 @@ class Output:
             t.join(timeout)
         assert not any(t.is_alive() for t in self._threads), 'output still open after the end'
         return self.snapshot()
-
-
-def children(pid):
-    """The process ids whose parent is ``pid``."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir('/proc')):
-        try:
-            with open(f'/proc/{entry}/stat') as f:
-                if int(f.read().rsplit(')', 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def alive(pid):
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except OSError:
-        return False
 
 
 def first_line(lines, kids):  # pylint: disable=unused-argument
