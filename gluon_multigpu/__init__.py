@@ -1,63 +1,98 @@
 """gluon-multigpu: data-parallel training with MXNet Gluon, after d2l's
-"Concise Implementation for Multiple GPUs".
+"Concise Implementation for Multiple GPUs" (section 13.6).
 
-The modules follow the section: ``devices`` (device lists, splitting a batch),
-``model`` (ResNet-18, the simple CNN), ``data`` (Fashion-MNIST/MNIST),
-``kvstores`` (the Trainer and where gradients are summed), ``balance`` (how a
-batch is shared among devices of different speed), ``precision`` (float16
-with loss scaling), ``sync_bn`` (synchronised BatchNorm), ``training`` (one
-step, one epoch, evaluation, ``train`` and its hooks), ``results`` (what it returns), ``book`` (the text's
-loop), ``checkpoint`` (crash-safe checkpoints), ``stopping`` (stop on a signal),
-``compare`` (runs that differ in their kvstore), ``reporting`` (lines,
-tables, charts, reports), ``files`` (atomic writes, JSON, CSV), ``measure``
-(timing one synchronisation, one step, a sweep of runs), ``scaling`` (the
-arithmetic of bandwidth, speedup and the projection) and ``scaling_report``.
+In a notebook or a script::
 
-Importing the package imports MXNet and turns on its NumPy semantics
-(``npx.set_np()``), as the book does. MXNet reads ``OMP_NUM_THREADS`` when it
-loads: set engine variables before importing the package (the scripts do,
-from their device flags; see ``scripts/_cli.py``).
+    import gluon_multigpu as gm
+    devices = gm.cpu_devices(2)      # or gm.try_all_gpus(); configures MXNet's engine first
+    train_iter, test_iter = gm.load_data_fashion_mnist(128, root='../shared/data/fashion-mnist')
+    result = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2)
+    print(result.final_line())       # test acc: 0.85, 17.5 sec/epoch on [cpu(0), cpu(1)]
+
+The modules are grouped by what they are for:
+
+- ``core``, the section: ``devices`` (device lists, splitting a batch),
+  ``model`` (ResNet-18, the simple CNN), ``recipes`` (each model's measured
+  settings), ``data`` (Fashion-MNIST/MNIST), ``kvstores`` (the Trainer and
+  where gradients are summed), ``training`` (one step, one epoch,
+  evaluation, ``train``), ``results``, ``book`` (the text's own loop),
+  ``utils``;
+- ``features``, the exercises, each a plug-in of ``train``: ``balance``
+  (uneven splits), ``precision`` (float16), ``sync_bn`` (synchronised
+  BatchNorm), ``distributed`` (the parameter server);
+- ``run``, what a long run needs: ``engine`` (MXNet's engine settings),
+  ``checkpoint`` (with ``manifest`` and ``states``), ``stopping``
+  (signals, stalls), ``progress``, ``files`` (atomic writes, output checks);
+- ``study``, measuring and comparing: ``measure``, ``scaling``,
+  ``scaling_report``, ``compare`` (kvstores side by side), ``charts``,
+  ``kvstore_report``.
+
+Importing the package loads neither MXNet nor matplotlib: each loads when
+a name that needs it is first used (``gm.cpu_devices`` configures the
+engine for the devices first: MXNet reads ``OMP_NUM_THREADS`` once, when it
+loads). Every short module name (``gm.balance``, ``gm.checkpoint``, ...)
+and every name below is available as an attribute.
 """
-from mxnet import npx
-
-npx.set_np()
-
-# pylint: disable=wrong-import-position
-from . import (balance, book, checkpoint, compare, data, devices, distributed,  # noqa: E402
-               errors, files, kvstores, manifest, measure, model, precision, reporting, results,
-               scaling, scaling_report, states, stopping, sync_bn, training, utils)
-from .book import evaluate_accuracy_book, train_book  # noqa: E402
-from .checkpoint import Checkpointer  # noqa: E402
-from .compare import ParamTracker, device_spread, recommend  # noqa: E402
-from .data import (DATASETS, ArrayLoader, load_data, load_data_fashion_mnist,  # noqa: E402
-                   load_data_mnist, read_idx, read_split)
-from .devices import (cpu_devices, gpu_devices, num_gpus, split_batch, try_all_gpus,  # noqa: E402
-                      try_gpu)
-from .errors import (CheckpointError, DataError, DeviceError, GluonMultiGPUError,  # noqa: E402
-                     Interrupted, TrainingDiverged)
-from .files import write_json  # noqa: E402
-from .kvstores import KVSTORES  # noqa: E402
-from .model import (MODELS, HybridResidual, Residual, count_flops, default_initializer,  # noqa: E402
-                    get_model, hybrid_resnet18, resnet18, simple_cnn)
-from .stopping import StallGuard, StopRequest  # noqa: E402
-from .reporting import (Animator, Progress, bar_chart, comparison_table,  # noqa: E402
-                        epoch_line, write_kvstore_report)
-from .results import EpochRecord, TrainResult  # noqa: E402
-from .training import Hook, evaluate_accuracy_gpus, train, train_batch, train_epoch  # noqa: E402
-from .utils import Accumulator, Timer, accuracy  # noqa: E402
+import importlib
 
 __version__ = '0.1.0'
 
-__all__ = ['balance', 'book', 'checkpoint', 'compare', 'data', 'devices', 'distributed', 'errors',
-           'files', 'kvstores', 'manifest', 'measure', 'model', 'precision', 'reporting', 'results',
-           'scaling', 'scaling_report', 'stopping', 'sync_bn', 'training', 'utils',
-           'evaluate_accuracy_book', 'train_book', 'Checkpointer', 'StopRequest', 'StallGuard', 'ParamTracker',
-           'device_spread', 'recommend', 'DATASETS', 'ArrayLoader', 'load_data',
-           'load_data_fashion_mnist', 'load_data_mnist', 'read_idx', 'read_split', 'cpu_devices',
-           'gpu_devices', 'num_gpus', 'split_batch', 'try_all_gpus', 'try_gpu', 'CheckpointError',
-           'DataError', 'DeviceError', 'GluonMultiGPUError', 'Interrupted', 'TrainingDiverged',
-           'write_json', 'KVSTORES', 'MODELS', 'HybridResidual', 'Residual', 'count_flops',
-           'default_initializer', 'get_model', 'hybrid_resnet18', 'resnet18', 'simple_cnn',
-           'Animator', 'Progress', 'bar_chart', 'comparison_table', 'epoch_line', 'write_kvstore_report',
-           'EpochRecord', 'Hook', 'TrainResult', 'evaluate_accuracy_gpus', 'train', 'train_batch',
-           'train_epoch', 'Accumulator', 'Timer', 'accuracy']
+#: Where each module lives: short name -> group.
+MODULES = {
+    'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
+    'training': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
+    'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
+    'distributed': 'features',
+    'engine': 'run', 'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
+    'progress': 'run', 'files': 'run',
+    'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
+    'charts': 'study', 'kvstore_report': 'study',
+}
+
+#: The package's names, by the short name of the module that defines them.
+NAMES = {
+    'book': ['evaluate_accuracy_book', 'train_book'],
+    'checkpoint': ['Checkpointer'],
+    'compare': ['ParamTracker', 'device_spread', 'recommend'],
+    'data': ['DATASETS', 'ArrayLoader', 'load_data', 'load_data_fashion_mnist', 'load_data_mnist',
+             'read_idx', 'read_split'],
+    'devices': ['cpu_devices', 'gpu_devices', 'num_gpus', 'split_batch', 'try_all_gpus', 'try_gpu'],
+    'files': ['write_json'],
+    'kvstores': ['KVSTORES'],
+    'model': ['MODELS', 'HybridResidual', 'Residual', 'count_flops', 'default_initializer',
+              'get_model', 'hybrid_resnet18', 'resnet18', 'simple_cnn'],
+    'stopping': ['StallGuard', 'StopRequest'],
+    'progress': ['Progress'],
+    'charts': ['Animator', 'bar_chart'],
+    'kvstore_report': ['comparison_table', 'write_kvstore_report'],
+    'results': ['EpochRecord', 'TrainResult', 'epoch_line'],
+    'training': ['Hook', 'evaluate_accuracy_gpus', 'train', 'train_batch', 'train_epoch'],
+    'utils': ['Accumulator', 'Timer', 'accuracy'],
+    'errors': ['CheckpointError', 'DataError', 'DeviceError', 'GluonMultiGPUError',
+               'Interrupted', 'TrainingDiverged'],
+}
+_WHERE = {name: module for module, names in NAMES.items() for name in names}
+
+__all__ = ['errors', *MODULES, *_WHERE]
+
+
+def _module(short):
+    if short == 'errors':
+        return importlib.import_module(f'{__name__}.errors')
+    return importlib.import_module(f'{__name__}.{MODULES[short]}.{short}')
+
+
+def __getattr__(name):
+    """Load a module, or the module that defines a name, when it is first used (PEP 562)."""
+    if name in MODULES or name == 'errors':
+        value = _module(name)
+    elif name in _WHERE:
+        value = getattr(_module(_WHERE[name]), name)
+    else:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

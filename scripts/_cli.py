@@ -1,17 +1,18 @@
-"""What the scripts share: engine settings, the argument parser and types, the error handling.
+"""What the scripts share: the argument parser and types, the engine set-up, the error handling.
 
 MXNet reads some of its settings once, when its library loads (``OMP_NUM_THREADS``)
 or when its engine first needs scratch space (``MXNET_CPU_TEMP_COPY``). So a
-script first reads its device flags and calls ``apply_engine_settings``, and
-only then imports ``gluon_multigpu`` (which imports MXNet). Nothing in this
-module imports MXNet or the package at module level.
+script first reads its device flags and calls ``prepare_engine``, which has
+``gluon_multigpu.run.engine`` compute and set them, and only then uses
+anything of the package that loads MXNet. Nothing in this module loads MXNet.
 """
 import argparse
 import math
 import os
-import re
 import signal
 import sys
+
+from gluon_multigpu.run import engine
 
 #: Most CPU contexts a script accepts: MXNet starts a worker thread per
 #: context, and past this many the contexts only share the same cores.
@@ -28,127 +29,18 @@ class UsageError(Exception):
 
 def cores():
     """The CPU cores this process may run on."""
-    if hasattr(os, 'sched_getaffinity'):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def engine_env(num_cpu_devices=None, num_cores=None, sync_bn=False):
-    """Return the engine variables the scripts recommend for ``num_cpu_devices`` CPU contexts.
-
-    ``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space, 64 (16 per
-    context beyond 4 contexts). All CPU contexts share one pool of them (4 by
-    default), and an operator holding a copy blocks every other operator that
-    drew the same copy: with 4, the backward passes of two contexts ran one
-    after the other; 64 measured faster than 32.
-
-    ``OMP_NUM_THREADS`` (only when ``num_cpu_devices`` is known): the cores
-    divided among the contexts. MXNet's own default is half the cores, which
-    leaves one of two cores idle when a single context trains. All cores for
-    every context measured about 15% faster on ResNet-18 with two contexts,
-    but MXNet's OpenMP-threaded OpenBLAS then hung in ``np.dot`` on two
-    contexts at once.
-
-    With ``sync_bn`` (synchronised BatchNorm), 128 copies per context, at
-    least 256: a layer waiting for the other contexts holds a copy, and with
-    32 per context ResNet-18's contexts waited for each other forever
-    (``gluon_multigpu.sync_bn``).
-    """
-    num_cores = num_cores or cores()
-    copies = max(64, 16 * (num_cpu_devices or 0))
-    if sync_bn:
-        copies = max(256, 128 * (num_cpu_devices or 2))  # as sync_bn.cpu_scratch_needed
-    env = {'MXNET_CPU_TEMP_COPY': str(copies)}
-    if num_cpu_devices:
-        env['OMP_NUM_THREADS'] = str(max(1, num_cores // num_cpu_devices))
-    return env
-
-
-#: Engine variables checked before MXNet loads: name -> (smallest, largest) whole value.
-#: MXNet aborts (OMP_NUM_THREADS=abc: status 134) or dies silently
-#: (MXNET_CPU_TEMP_COPY=0: status 136) on values outside these; it parses
-#: ASCII digits only (OMP_NUM_THREADS=\u0662, an Arabic-Indic two, aborts).
-ENGINE_LIMITS = {'OMP_NUM_THREADS': (1, 1024), 'MXNET_CPU_TEMP_COPY': (1, 4096),
-                 'MXNET_CPU_WORKER_NTHREADS': (1, 1024), 'MXNET_CPU_PRIORITY_NTHREADS': (1, 1024),
-                 'MXNET_GPU_WORKER_NTHREADS': (1, 1024), 'MXNET_GPU_COPY_NTHREADS': (1, 1024),
-                 'MXNET_ENABLE_GPU_P2P': (0, 1), 'MXNET_CUDNN_AUTOTUNE_DEFAULT': (0, 2),
-                 'MXNET_CPU_PARALLEL_RAND_COPY': (1, 1024), 'MXNET_KVSTORE_USETREE': (0, 1),
-                 'MXNET_UPDATE_ON_KVSTORE': (0, 1), 'MXNET_OPTIMIZER_AGGREGATION_SIZE': (0, 60),
-                 'MXNET_ENABLE_CYTHON': (0, 1), 'MXNET_ENFORCE_CYTHON': (0, 1),
-                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN': (0, 2**31 - 1),
-                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': (0, 2**31 - 1),
-                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (0, 2**31 - 1),
-                 'MXNET_MKLDNN_CACHE_NUM': (-1, 2**31 - 1), 'MXNET_PROFILER_AUTOSTART': (0, 1),
-                 'MXNET_PROFILER_MODE': (0, 2**31 - 1)}
-#: Engine variables MXNet reads as booleans: 0, 1, true or false (any case), nothing else
-#: (MXNET_EXEC_BULK_EXEC_TRAIN=abc is an MXNetError, MXNET_MKLDNN_ENABLED=abc status 134).
-ENGINE_BOOLEANS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_EXEC_BULK_EXEC_INFERENCE',
-                   'MXNET_EXEC_ENABLE_INPLACE', 'MXNET_ENGINE_INFO', 'MXNET_MKLDNN_ENABLED',
-                   'MXNET_MKLDNN_DEBUG', 'MXNET_OUTPUT_TUNING_DATA', 'MXNET_SAFE_ACCUMULATION',
-                   'MXNET_ENFORCE_DETERMINISM', 'MXNET_USE_FUSION')
-#: Engine variables that take one of a few words, exactly as written: name -> (words, advice).
-ENGINE_CHOICES = {
-    'MXNET_ENGINE_TYPE': (('ThreadedEnginePerDevice', 'ThreadedEngine', 'NaiveEngine'),
-                          "set it to one of them (MXNet's default is the first) or unset it"),
-    'GLUON_MULTIGPU_ENGINE_ENV': (('0', '1'), "set 0 to keep MXNet's own engine settings, or 1 "
-                                  "(or unset it) for the scripts' (docs/guide.md)")}
-#: What MXNet's parser skips around a number (C's isspace; not Unicode spaces).
-_C_SPACE = ' \t\n\r\v\f'
-
-
-def check_engine_env(environ):
-    """Raise ``UsageError`` naming the first engine variable in ``environ`` with a bad value.
-
-    Whole numbers are ASCII digits in their range (spaces around them are
-    allowed, as MXNet allows them), booleans 0, 1, true or false, the engine
-    type one of MXNet's three, ``GLUON_MULTIGPU_ENGINE_ENV`` 0 or 1.
-    """
-    for name, (low, high) in ENGINE_LIMITS.items():
-        text = environ.get(name)
-        if text is None:
-            continue
-        value = text.strip(_C_SPACE)
-        if not re.fullmatch(r'-?[0-9]+', value, re.ASCII) or not low <= int(value) <= high:
-            raise UsageError(f'environment variable {name}={text!r} is not a whole number from '
-                             f'{low} to {high}; set it so or unset it')
-    for name in ENGINE_BOOLEANS:
-        text = environ.get(name)
-        if text is not None and not (text.isascii() and
-                                     text.lower() in ('0', '1', 'true', 'false')):
-            raise UsageError(f'environment variable {name}={text!r} is not a boolean; set it to '
-                             '0 or 1 (true or false), or unset it')
-    for name, (choices, advice) in ENGINE_CHOICES.items():
-        text = environ.get(name)
-        if text is not None and text not in choices:
-            raise UsageError(f'environment variable {name}={text!r} is none of '
-                             f'{", ".join(choices)}; {advice}')
+    return engine.cores()
 
 
 def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
-    """Check the engine variables, then add ``engine_env(num_cpu_devices, sync_bn=sync_bn)``
-    where not set.
+    """``gm.engine.configure`` for a script: a bad engine variable is a ``UsageError``.
 
-    ``sync_bn`` on several devices (or an unknown number) is refused on MXNet's
-    naive engine, where its devices would wait for each other forever.
-
-    A variable you set yourself always wins; ``GLUON_MULTIGPU_ENGINE_ENV=0``
-    leaves MXNet's own defaults. Call before ``gluon_multigpu`` (MXNet) is
-    imported; returns the variables set now.
+    Call before MXNet loads; returns the variables set now.
     """
-    environ = os.environ if environ is None else environ
-    check_engine_env(environ)
-    if sync_bn and environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine' and num_cpu_devices != 1:
-        # Each layer waits for every device's statistics, and the naive engine runs one
-        # operation at a time: the first step waited forever (and SIGTERM could not end it).
-        raise UsageError('--sync-bn makes the devices wait for each other, which '
-                         'MXNET_ENGINE_TYPE=NaiveEngine (one operation at a time) never lets '
-                         'finish; unset MXNET_ENGINE_TYPE or drop --sync-bn')
-    if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0':
-        return {}
-    applied = {k: v for k, v in engine_env(num_cpu_devices, sync_bn=sync_bn).items()
-               if k not in environ}
-    environ.update(applied)
-    return applied
+    try:
+        return engine.configure(num_cpu_devices, sync_bn=sync_bn, environ=environ)
+    except engine.EngineError as e:
+        raise UsageError(e.describe(FLAGS)) from None
 
 
 class OneLineParser(argparse.ArgumentParser):

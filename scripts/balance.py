@@ -27,8 +27,10 @@ if __name__ == '__main__':
                         else _ARGV)
 
 import gluon_multigpu as gm  # noqa: E402
-from gluon_multigpu.balance import AutoSplit, TimedSplit  # noqa: E402
-from gluon_multigpu.reporting import ReportFolder, bar_chart, markdown_table  # noqa: E402
+from gluon_multigpu.features.balance import AutoSplit, TimedSplit  # noqa: E402
+from gluon_multigpu.run.files import ReportFolder  # noqa: E402
+from gluon_multigpu.study.charts import bar_chart  # noqa: E402
+from gluon_multigpu.study.kvstore_report import markdown_table  # noqa: E402
 from _cli import batch_size, int_in, seed  # noqa: E402
 from bandwidth import stopping_main  # noqa: E402
 

@@ -32,7 +32,7 @@ from mxnet.contrib.amp.lists import symbol_bf16  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 import gluon_multigpu as gm  # noqa: E402
-from gluon_multigpu.reporting import markdown_table  # noqa: E402
+from gluon_multigpu.study.kvstore_report import markdown_table  # noqa: E402
 from _cli import int_in  # noqa: E402
 from bandwidth import stopping_main  # noqa: E402
 

@@ -18,7 +18,7 @@ if __name__ == '__main__':
     _cli.prepare_engine()  # before MXNet loads: it reads OMP_NUM_THREADS once, at load
 
 import gluon_multigpu as gm  # noqa: E402
-from gluon_multigpu.reporting import Progress  # noqa: E402
+from gluon_multigpu.run.progress import Progress  # noqa: E402
 from _cli import (FLAGS, batch_size, error_line, int_in, non_negative_float,  # noqa: E402
                   num_epochs, path_of, positive_float, say_quietly, script_parser)
 
@@ -291,7 +291,7 @@ def write_outputs(args, results, config, tracker):
     """Write the ``--plot``, ``--json`` and ``--report`` files, each atomically."""
     if args.plot:
         devices = ', '.join(results[0].devices)
-        gm.reporting.accuracy_chart(args.plot, results,
+        gm.charts.accuracy_chart(args.plot, results,
                                     title=f'{args.model} on {args.dataset}, [{devices}]')
     if args.json:
         gm.write_json(args.json, {'config': config, 'reference': tracker.reference,
@@ -315,7 +315,7 @@ def check_outputs(args):
                            directories=[('--report', args.report)],
                            checkpoint_dir=args.checkpoint_dir, inputs=inputs)
     if args.plot is not None:
-        gm.reporting.check_chart_path(args.plot, '--plot')
+        gm.charts.check_chart_path(args.plot, '--plot')
 
 
 def check_sync_bn(args, devices, batch_size):

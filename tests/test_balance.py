@@ -5,7 +5,7 @@ import pytest
 from mxnet import autograd
 
 import gluon_multigpu as gm
-from gluon_multigpu.balance import AutoSplit, Split, TimedSplit, make_split
+from gluon_multigpu.features.balance import AutoSplit, Split, TimedSplit, make_split
 from conftest import assert_one_step_close, load_script, simple_cnn_terms
 
 

@@ -267,7 +267,7 @@ def library_message_arguments():
     """The backquoted argument names in every message the library raises (read from its source)."""
     import ast
     names = set()
-    for path in (REPO / 'gluon_multigpu').glob('*.py'):
+    for path in (REPO / 'gluon_multigpu').rglob('*.py'):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Raise, ast.Call)) and (
                     isinstance(node, ast.Raise) or getattr(node.func, 'attr', '') == 'append'):
@@ -282,7 +282,7 @@ def test_the_library_names_no_flag_and_the_cli_spells_every_argument_it_names():
     names = library_message_arguments()
     assert {'checkpoint_dir', 'cpu_devices', 'resume=True', 'data_dir'} <= names  # it found them
     assert names <= set(_cli.FLAGS), names - set(_cli.FLAGS)
-    for path in (REPO / 'gluon_multigpu').glob('*.py'):
+    for path in (REPO / 'gluon_multigpu').rglob('*.py'):
         for node in ast_strings(path):
             assert not re.search(r'(^|\s)--[a-z]', node), (path.name, node)
 

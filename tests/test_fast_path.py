@@ -105,13 +105,13 @@ def test_count_flops_matches_the_layer_arithmetic():
 
 
 def test_engine_env_divides_the_cores_among_contexts_and_widens_the_scratch_pool():
-    assert _cli.engine_env(2, num_cores=8) == {'OMP_NUM_THREADS': '4',
+    assert gm.engine.recommended(2, num_cores=8) == {'OMP_NUM_THREADS': '4',
                                                'MXNET_CPU_TEMP_COPY': '64'}
-    assert _cli.engine_env(3, num_cores=2) == {'OMP_NUM_THREADS': '1',
+    assert gm.engine.recommended(3, num_cores=2) == {'OMP_NUM_THREADS': '1',
                                                'MXNET_CPU_TEMP_COPY': '64'}
-    assert _cli.engine_env(8, num_cores=8)['MXNET_CPU_TEMP_COPY'] == '128'
-    assert _cli.engine_env(num_cores=2) == {'MXNET_CPU_TEMP_COPY': '64'}  # count unknown
-    assert _cli.engine_env(0) == {'MXNET_CPU_TEMP_COPY': '64'}        # GPUs: threads untouched
+    assert gm.engine.recommended(8, num_cores=8)['MXNET_CPU_TEMP_COPY'] == '128'
+    assert gm.engine.recommended(num_cores=2) == {'MXNET_CPU_TEMP_COPY': '64'}  # count unknown
+    assert gm.engine.recommended(0) == {'MXNET_CPU_TEMP_COPY': '64'}        # GPUs: threads untouched
 
 
 def test_apply_engine_settings_never_overrides_the_user():

@@ -454,12 +454,12 @@ def test_sync_bn_drops_the_samples_that_make_the_last_batch_uneven(fashion_dir):
     ({'MXNET_UPDATE_ON_KVSTORE': 'abc'}, 'MXNET_UPDATE_ON_KVSTORE'),
 ])
 def test_an_engine_variable_mxnet_cannot_take_is_refused(env, phrase):
-    with pytest.raises(_cli.UsageError, match=re.escape(phrase)):
-        _cli.check_engine_env(env)
+    with pytest.raises(gm.engine.EngineError, match=re.escape(phrase)):
+        gm.engine.check_environment(env)
 
 
 def test_engine_variables_mxnet_takes_pass():
-    _cli.check_engine_env({'OMP_NUM_THREADS': ' 2 ', 'MXNET_ENGINE_TYPE': 'NaiveEngine',
+    gm.engine.check_environment({'OMP_NUM_THREADS': ' 2 ', 'MXNET_ENGINE_TYPE': 'NaiveEngine',
                            'MXNET_EXEC_BULK_EXEC_TRAIN': 'TRUE', 'MXNET_ENGINE_INFO': '0',
                            'GLUON_MULTIGPU_ENGINE_ENV': '1', 'MXNET_MKLDNN_CACHE_NUM': '-1'})
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.results import EpochRecord, TrainResult
+from gluon_multigpu.core.results import EpochRecord, TrainResult
 from conftest import REPO, alive, children, load_script, run_bounded, wait_bounded
 
 SCRIPTS = REPO / 'scripts'
@@ -360,7 +360,7 @@ def test_a_failed_report_leaves_the_folder_and_its_old_report_as_they_were(small
 def test_an_interrupted_report_leaves_nothing(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise gm.measure.Stopped(signal.SIGINT)
-    monkeypatch.setattr(gm.reporting, 'bar_chart', interrupted)
+    monkeypatch.setattr(gm.kvstore_report, 'bar_chart', interrupted)
     with pytest.raises(gm.measure.Stopped):
         kvstore_report(tmp_path / 'new' / 'report')
     assert os.listdir(tmp_path) == []
@@ -385,7 +385,7 @@ def test_a_chart_on_a_full_disk_names_its_file(small_disk):
     fill(small_disk, 0)
     path = small_disk / 'acc.png'
     with pytest.raises(OSError) as failed:
-        gm.reporting.accuracy_chart(str(path), [make_result('device', [1.0, 1.0])])
+        gm.charts.accuracy_chart(str(path), [make_result('device', [1.0, 1.0])])
     assert failed.value.errno == 28 and failed.value.filename == str(path)
     assert os.listdir(small_disk) == ['filler']
 
@@ -442,8 +442,8 @@ def test_a_sweep_whose_report_does_not_fit_is_one_line_and_status_1(small_disk, 
                                          ('ACC.SVG', SVG)])
 def test_charts_are_written_in_the_format_their_extension_names(name, magic, tmp_path):
     results = [make_result('local', [1.0, 1.1]), make_result('device', [0.9, 1.0])]
-    assert gm.reporting.check_chart_path(name, '--plot') == name.rsplit('.', 1)[1].lower()
-    gm.reporting.accuracy_chart(str(tmp_path / name), results)
+    assert gm.charts.check_chart_path(name, '--plot') == name.rsplit('.', 1)[1].lower()
+    gm.charts.accuracy_chart(str(tmp_path / name), results)
     gm.bar_chart(str(tmp_path / f'bars-{name}'), ['a', 'b'], [1.0, 2.0], 'seconds')
     rows = [{'devices': n, 'kvstore': 'device', 'batch_mode': 'per-device',
              'per_device_batch': 32, 'batch_size': 32 * n, 'lr_rule': 'linear',
@@ -461,10 +461,10 @@ def test_charts_are_written_in_the_format_their_extension_names(name, magic, tmp
 ])
 def test_a_chart_name_without_a_chart_extension_is_refused(name, message, tmp_path):
     with pytest.raises(gm.GluonMultiGPUError) as refused:
-        gm.reporting.check_chart_path(name, '--plot')
+        gm.charts.check_chart_path(name, '--plot')
     assert message in str(refused.value) and '\n' not in str(refused.value)
     with pytest.raises(gm.GluonMultiGPUError):
-        gm.reporting.accuracy_chart(str(tmp_path / name), [make_result('device', [1.0])])
+        gm.charts.accuracy_chart(str(tmp_path / name), [make_result('device', [1.0])])
     assert os.listdir(tmp_path) == []
 
 

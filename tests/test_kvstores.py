@@ -9,7 +9,7 @@ import pytest
 from mxnet import init
 
 import gluon_multigpu as gm
-from gluon_multigpu.training import EpochRecord, TrainResult
+from gluon_multigpu.core.training import EpochRecord, TrainResult
 from conftest import load_script
 
 
@@ -225,7 +225,7 @@ def test_a_one_epoch_chart_has_integer_ticks_every_run_visible_and_no_warning(tm
     runs = [result(k, 1.0) for k in ('local', 'device', 'none')]
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # a library warning would reach the user
-        gm.reporting.accuracy_chart(tmp_path / 'a.png', runs)
+        gm.charts.accuracy_chart(tmp_path / 'a.png', runs)
         animator = gm.Animator(xlabel='epoch', legend=['local', 'device', 'none'],
                                xlim=[0.5, 1.5])
         animator.add(1, [0.5, 0.5, 0.5])

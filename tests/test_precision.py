@@ -5,7 +5,7 @@ import pytest
 from mxnet import gluon, np, npx
 
 import gluon_multigpu as gm
-from gluon_multigpu.precision import LossScaler, MixedPrecision, check_dtype, make_precision
+from gluon_multigpu.features.precision import LossScaler, MixedPrecision, check_dtype, make_precision
 from conftest import load_script
 
 

@@ -10,10 +10,11 @@ workers on several machines too (see ``distributed``).
 """
 import math
 
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import gluon
 
-from .errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError
 
 __all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer']

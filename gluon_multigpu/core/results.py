@@ -80,3 +80,12 @@ class EpochTotals(NamedTuple):
     def __add__(self, other):
         """Totals of this part of an epoch followed by ``other``."""
         return EpochTotals(*(a + b for a, b in zip(self[:5], other[:5])), other.stopped)
+
+
+def epoch_line(record, num_epochs):
+    """Return the line of one epoch (an ``EpochRecord``); the text's loop has no training figures."""
+    train = ('' if record.train_loss is None else
+             f'loss {record.train_loss:.4f}, train acc {record.train_acc:.3f}, ')
+    test = '' if record.test_acc is None else f'test acc {record.test_acc:.3f}, '
+    return (f'epoch {record.epoch}/{num_epochs}: {train}{test}{record.seconds:.1f} s, '
+            f'{record.samples_per_sec:.0f} samples/s')

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 
-from .training import Hook
+from ..core.training import Hook
 
 __all__ = ['StopRequest', 'StallGuard']
 

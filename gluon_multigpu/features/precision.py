@@ -17,11 +17,12 @@ depends on its instruction set: ``check_bfloat16`` tries.
 import functools
 import warnings
 
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, gluon, np
 from mxnet.gluon import nn
 
-from .errors import DeviceError, GluonMultiGPUError
+from ..errors import DeviceError, GluonMultiGPUError
 
 __all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision',
            'make_precision', 'all_finite']

@@ -10,11 +10,12 @@ together are exactly the batch a single process would draw with the same
 seed, so a synchronous run on W workers equals one process on all their
 devices.
 """
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
-from .data import ArrayLoader
-from .errors import GluonMultiGPUError
-from .kvstores import DIST_KVSTORES
+from ..core.data import ArrayLoader
+from ..errors import GluonMultiGPUError
+from ..core.kvstores import DIST_KVSTORES
 
 __all__ = ['DIST_KVSTORES', 'connect', 'WorkerShard', 'step_scale']
 

@@ -19,10 +19,11 @@ before it changes anything.
 """
 import numpy as onp
 
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import nd
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ['save_trainer_states', 'load_trainer_states']
 

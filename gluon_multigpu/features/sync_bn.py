@@ -29,10 +29,11 @@ import functools
 import itertools
 import os
 
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet.gluon import nn
 from mxnet.util import is_np_array
 
-from .errors import DeviceError
+from ..errors import DeviceError
 
 __all__ = ['SyncBatchNorm', 'sync_batch_norm', 'check_cpu_scratch', 'cpu_scratch_needed',
            'SCRATCH_PER_CPU_CONTEXT']

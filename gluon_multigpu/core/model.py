@@ -1,8 +1,9 @@
 """The networks: the book's modified ResNet-18 and the Gluon multi-GPU lab's small CNN."""
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import autograd, init, np, npx
 from mxnet.gluon import nn
 
-from .errors import DeviceError, GluonMultiGPUError
+from ..errors import DeviceError, GluonMultiGPUError
 
 __all__ = ['Residual', 'HybridResidual', 'resnet18', 'hybrid_resnet18', 'simple_cnn',
            'get_model', 'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',

@@ -14,10 +14,11 @@ import urllib.request
 import zlib
 
 import numpy as onp
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import np, npx
 
-from .errors import DataError
+from ..errors import DataError
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',

@@ -13,8 +13,8 @@ import statistics
 import threading
 import time
 
-from .devices import split_batch, split_sizes
-from .errors import DeviceError
+from ..core.devices import split_batch, split_sizes
+from ..errors import DeviceError
 
 __all__ = ['Split', 'TimedSplit', 'AutoSplit', 'make_split']
 

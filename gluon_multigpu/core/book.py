@@ -7,11 +7,12 @@ timer stops, and the text's ``evaluate_accuracy_gpus``, which reads back every
 shard. Its epoch has no read-back and computes no training loss or accuracy.
 ``training.train`` is the fast path with the same arithmetic.
 """
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, gluon, init, npx
 
 from .devices import split_batch
-from .errors import Interrupted
+from ..errors import Interrupted
 from .kvstores import kvstore_name, make_trainer
 from .results import EpochRecord, TrainResult
 from .training import check_finite_params, check_train_args

@@ -18,17 +18,18 @@ import threading
 import time
 
 import numpy as onp
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, gluon, np, npx
 
 from . import scaling
-from .data import ArrayLoader, train_loader
-from .devices import device_counts, devices_for, split_batch
-from .errors import TrainingDiverged
-from .model import default_initializer, get_model
-from .kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
-from .reporting import Progress
-from .training import hybridize, train
+from ..core.data import ArrayLoader, train_loader
+from ..core.devices import device_counts, devices_for, split_batch
+from ..errors import TrainingDiverged
+from ..core.model import default_initializer, get_model
+from ..core.kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
+from ..run.progress import Progress
+from ..core.training import hybridize, train
 
 __all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch', 'time_compute',
            'sync_trainer', 'time_sync', 'measure_bandwidth', 'compute_seconds',

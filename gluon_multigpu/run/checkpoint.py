@@ -40,14 +40,15 @@ import shutil
 import stat
 import tempfile
 
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .files import CHECKPOINT_FILE, atomic_write, check_output_dir
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
-from .results import EpochRecord, EpochTotals
-from .training import Hook
+from ..core.results import EpochRecord, EpochTotals
+from ..core.training import Hook
 
 __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT']
 

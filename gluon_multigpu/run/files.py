@@ -10,9 +10,10 @@ import errno
 import json
 import os
 import re
+import shutil
 import tempfile
 
-from .errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError
 
 __all__ = ['atomic_write', 'write_json', 'write_csv', 'read_csv', 'check_writable',
            'check_output_dir', 'check_output_path', 'check_outputs', 'resolve_output',
@@ -316,3 +317,123 @@ def check_outputs(files=(), directories=(), checkpoint_dir=None, inputs=()):
     for what, path in directories:
         if path is not None:
             check_output_dir(path, what, checkpoints=True)
+
+
+def _naming(error, path):
+    """``error`` (an ``OSError``) naming ``path`` as its file: itself, or a new one of its kind.
+
+    A rename's error names two files, and the second cannot be unset: such an
+    error is replaced (``OSError`` picks the subclass its errno stands for).
+    """
+    if error.filename2 is None:
+        error.filename = path
+        return error
+    return OSError(error.errno, error.strerror, path)
+
+
+class naming:  # pylint: disable=invalid-name
+    """Context manager: an ``OSError`` inside names ``path`` (``filename``), the file written.
+
+    A write that fails on a full disk raises ``OSError`` without a file name,
+    and one through a temporary file names the temporary; the user knows the
+    file by the name they asked for.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, OSError):
+            named = _naming(exc, self.path)
+            if named is not exc:
+                raise named from exc
+        return False
+
+
+class ReportFolder:
+    """Write the files of a report into ``directory`` all or nothing: a context manager.
+
+    ``path(name)`` gives where to write the report's file ``name``: a hidden
+    staging folder inside ``directory``, so that any function writing to a
+    path will do. When the block ends without error, every staged file is
+    moved to its name. When it fails (a disk that fills, an interruption),
+    the staged files are removed, and ``directory`` too if this call created
+    it: the folder is left as it was. Should a move fail, the files moved
+    before it are removed as well: nothing this call wrote stays. An
+    ``OSError`` names the report file being written (``filename``), not its
+    staging name.
+    """
+
+    def __init__(self, directory):
+        self.directory = os.fspath(directory)
+        self._staging, self._made, self._moved, self._names = None, [], [], []
+        self._current = None  # the report file being written or moved
+
+    def __enter__(self):
+        missing, probe = [], os.path.abspath(self.directory)
+        while not os.path.lexists(probe):
+            missing.append(probe)  # innermost first: the order to remove them in
+            probe = os.path.dirname(probe)
+        self._made = missing
+        try:
+            with naming(self.directory):
+                os.makedirs(self.directory, exist_ok=True)
+                self._staging = tempfile.mkdtemp(dir=self.directory, prefix='.report-',
+                                                 suffix='.tmp')
+        except BaseException:
+            self._remove_made()
+            raise
+        return self
+
+    def path(self, name):
+        """Where to write the report's file ``name`` (staged until the block ends)."""
+        self._current = os.path.join(self.directory, name)
+        self._names.append(name)
+        return os.path.join(self._staging, name)
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            try:
+                for name in dict.fromkeys(self._names):
+                    self._current = os.path.join(self.directory, name)
+                    os.replace(os.path.join(self._staging, name), self._current)
+                    self._moved.append(self._current)
+            except BaseException as e:
+                self._undo()
+                named = self._named(e)
+                if named is e:
+                    raise
+                raise named from e
+            shutil.rmtree(self._staging, ignore_errors=True)  # empty now
+            return False
+        self._undo()
+        named = self._named(exc)
+        if named is not exc:
+            raise named from exc
+        return False
+
+    def _named(self, error):
+        """``error``, naming the report file being written if it is an ``OSError``."""
+        if isinstance(error, OSError) and self._current is not None:
+            return _naming(error, self._current)
+        return error
+
+    def _undo(self):
+        """Remove what this call wrote."""
+        shutil.rmtree(self._staging, ignore_errors=True)
+        for path in self._moved:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+        self._remove_made()
+
+    def _remove_made(self):
+        for directory in self._made:
+            try:
+                os.rmdir(directory)  # only while empty: nothing of anyone else's goes
+            except OSError:
+                return

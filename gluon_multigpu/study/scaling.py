@@ -23,7 +23,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError
 
 __all__ = ['LR_RULES', 'REFERENCE_BATCH', 'BATCH_MODES', 'learning_rate', 'bus_factor',
            'bandwidth', 'bandwidth_row', 'BANDWIDTH_COLUMNS', 'SYNC_COLUMNS', 'Config',

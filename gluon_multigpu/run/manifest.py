@@ -7,7 +7,7 @@ that nothing a hand edit puts there reaches the arithmetic of a run.
 import json
 import math
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ['FORMAT', 'MAX_MANIFEST_BYTES', 'read_manifest', 'validate_manifest']
 

@@ -10,9 +10,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .compare import NOISE
-from .files import atomic_write, write_csv
-from .reporting import ReportFolder, check_chart_path, markdown_table, save_figure
-from .devices import device_counts
+from ..run.files import atomic_write, write_csv
+from ..run.files import ReportFolder
+from .charts import check_chart_path, save_figure
+from .kvstore_report import markdown_table
+from ..core.devices import device_counts
 from .scaling import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS
 
 __all__ = ['bandwidth_table', 'bandwidth_summary', 'scaling_table', 'measured_speedup',
@@ -344,7 +346,7 @@ def scaling_report(config, rows, projection, sync_rows, notes=()):
 def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=()):
     """Write ``scaling.csv``, ``projection.csv``, ``sync.csv``, the charts and ``report.md``.
 
-    All or nothing (``reporting.ReportFolder``): ``directory`` is created if
+    All or nothing (``files.ReportFolder``): ``directory`` is created if
     missing, and a failure half-way (a full disk, an interruption) leaves it
     as it was, with an ``OSError`` naming the file it was writing. Returns
     the names of the files written.

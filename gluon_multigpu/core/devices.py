@@ -4,41 +4,57 @@ Devices are always an explicit list named ``devices``: GPUs such as
 ``[mx.gpu(0), mx.gpu(1)]``, or CPU contexts ``[mx.cpu(0), mx.cpu(1)]``, which
 MXNet schedules on separate worker threads, so the same data-parallel code
 runs without a GPU.
+
+This module loads MXNet only when a function needs it: ``cpu_devices(n)``
+and ``gpu_devices(n)`` first configure MXNet's engine for the devices
+(``run.engine``), which must happen before MXNet loads.
 """
 import math
 import os
 
-import mxnet as mx
-from mxnet import gluon, npx
-
-from .errors import DeviceError
+from ..errors import DeviceError
+from ..run import engine
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
            'device_counts', 'resolve_counts', 'devices_for', 'split_sizes', 'split_batch',
            'available_memory']
 
 
+def _mx():
+    """MXNet, loaded now if it was not (with the book's NumPy semantics)."""
+    from .. import _mxnet  # noqa: F401  pylint: disable=import-outside-toplevel
+    import mxnet  # pylint: disable=import-outside-toplevel
+    return mxnet
+
+
 def num_gpus():
     """Return the number of GPUs MXNet can see (0 on a CPU build)."""
+    mx = _mx()
     try:
-        return npx.num_gpus()
+        return mx.npx.num_gpus()
     except mx.base.MXNetError:  # a CUDA build on a machine without a driver
         return 0
 
 
 def try_gpu(i=0):
     """Return ``gpu(i)`` if it exists, otherwise ``cpu()``."""
+    mx = _mx()
     return mx.gpu(i) if num_gpus() >= i + 1 else mx.cpu()
 
 
 def try_all_gpus():
     """Return all available GPUs, or ``[cpu()]`` if there is no GPU."""
+    mx = _mx()
     devices = [mx.gpu(i) for i in range(num_gpus())]
     return devices if devices else [mx.cpu()]
 
 
 def cpu_devices(n):
     """Return ``n`` CPU contexts ``[cpu(0), ..., cpu(n-1)]``.
+
+    Before MXNet loads, the engine is configured for ``n`` contexts
+    (``engine.configure``: OpenMP threads per context, scratch copies); once
+    it is loaded with other settings, an ``engine.EngineWarning`` says so.
 
     Parameters
     ----------
@@ -47,6 +63,8 @@ def cpu_devices(n):
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DeviceError(f'the number of CPU devices must be a positive integer, got {n!r}')
+    engine.configure(cpu_devices=n)
+    mx = _mx()
     return [mx.cpu(i) for i in range(n)]
 
 
@@ -60,6 +78,8 @@ def gpu_devices(n):
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DeviceError(f'the number of GPUs must be a positive integer, got {n!r}')
+    engine.configure(cpu_devices=None)
+    mx = _mx()
     available = num_gpus()
     if n > available:
         have = (f'only {available} available; ask for at most {available}' if available
@@ -158,7 +178,7 @@ def devices_for(device_type, n):
     """Return the first ``n`` devices of ``device_type`` (``'gpu'`` or ``'cpu'``)."""
     if device_type == 'gpu':
         return gpu_devices(n)
-    return [mx.cpu(i) for i in range(n)]
+    return [_mx().cpu(i) for i in range(n)]
 
 
 def split_sizes(n, weights):
@@ -227,8 +247,8 @@ def split_batch(X, y, devices, weights=None):
             f'a batch of {n} sample(s) cannot be split across {len(devices)} devices; '
             f'use a batch size of at least {len(devices)} or fewer devices')
     even = n % len(devices) == 0
-    return (gluon.utils.split_and_load(X, devices, even_split=even),
-            gluon.utils.split_and_load(y, devices, even_split=even))
+    split_and_load = _mx().gluon.utils.split_and_load
+    return (split_and_load(X, devices, even_split=even), split_and_load(y, devices, even_split=even))
 
 
 def _read_number(path, field=None):

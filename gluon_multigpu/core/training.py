@@ -14,14 +14,15 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, gluon, init, np, npx
 
-from .balance import make_split
+from ..features.balance import make_split
 from .devices import split_batch
-from .errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
+from ..errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
 from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
-from .precision import make_precision
+from ..features.precision import make_precision
 from .results import EpochRecord, EpochTotals, TrainResult
 from .utils import Timer, accuracy
 
@@ -148,7 +149,7 @@ class Hook:
     ``train`` calls the hooks in the order given. Hooks in the package:
     ``checkpoint.Checkpointer`` (save, resume), ``stopping.StopRequest``
     (stop on SIGINT/SIGTERM/SIGHUP), ``stopping.StallGuard`` (end a deadlocked run),
-    ``reporting.Progress`` (progress lines).
+    ``progress.Progress`` (progress lines).
     """
 
     def begin(self, run):

@@ -1,0 +1,1 @@
+"""The section itself: devices, the networks and their recipes, the data, the kvstores, the loop."""

@@ -1,0 +1,1 @@
+"""Measuring and comparing: timings, scaling, kvstores side by side, charts and reports."""

@@ -1,0 +1,151 @@
+"""Charts: an Animator that draws lines into a file, bar charts, the accuracy chart.
+
+Charts are PNG, SVG or PDF, as the name's extension says (``check_chart_path``),
+written atomically; matplotlib loads only when this module does.
+"""
+import os
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ..errors import GluonMultiGPUError
+from ..run.files import atomic_write, naming
+
+__all__ = ['Animator', 'bar_chart', 'accuracy_chart', 'CHART_FORMATS', 'check_chart_path',
+           'save_figure']
+
+#: Chart formats by file extension: what matplotlib's Agg canvas writes without other backends.
+CHART_FORMATS = {'.png': 'png', '.svg': 'svg', '.pdf': 'pdf'}
+
+
+def check_chart_path(path, what):
+    """Return the format of a chart written to ``path``; raise unless its extension names one.
+
+    The extension decides (case aside): ``.png``, ``.svg`` or ``.pdf``. Any
+    other raises ``GluonMultiGPUError`` naming ``what`` (the option, for the
+    message): a chart named ``x.svg`` must not hold PNG bytes. Only the name
+    is checked: ``files.check_output_path`` checks that it can be written.
+    """
+    extension = os.path.splitext(os.fspath(path))[1]
+    if extension.lower() not in CHART_FORMATS:
+        given = f'has the extension {extension}' if extension else 'has no extension'
+        raise GluonMultiGPUError(f'{what} {path} {given}; a chart is written as '
+                                 f'{", ".join(CHART_FORMATS)} (from the extension): give a name '
+                                 'ending in one of them')
+    return CHART_FORMATS[extension.lower()]
+
+
+def save_figure(fig, path):
+    """Write ``fig`` to ``path`` atomically, in the format its extension names (PNG, SVG, PDF)."""
+    chart_format = check_chart_path(path, 'chart')
+    with naming(path), atomic_write(path, 'wb') as f:
+        fig.savefig(f, format=chart_format, dpi=100)
+
+
+class Animator:
+    """Collect points of one or more lines and draw them into a chart file (no notebook needed).
+
+    Mirrors the book's ``d2l.Animator``: ``add(x, y)`` appends one point per
+    line, and ``X``/``Y`` hold the data (``animator.Y[0][-1]`` is the last
+    value of the first line). ``save(path)`` draws the figure and writes it.
+
+    Parameters
+    ----------
+    xlabel, ylabel : str, optional
+    legend : list of str, optional
+        One name per line.
+    xlim, ylim : (float, float), optional
+    title : str, optional
+    figsize : (float, float)
+        Inches.
+    """
+
+    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None, ylim=None,
+                 title=None, figsize=(5, 3.5)):
+        self.xlabel, self.ylabel, self.legend = xlabel, ylabel, list(legend or [])
+        self.xlim, self.ylim, self.title, self.figsize = xlim, ylim, title, figsize
+        self.X, self.Y = None, None
+
+    def add(self, x, y):
+        """Append the point ``(x, y_i)`` to every line ``i``; ``y`` is a number or a sequence."""
+        if not hasattr(y, '__len__'):
+            y = [y]
+        if not hasattr(x, '__len__'):
+            x = [x] * len(y)
+        if self.X is None:
+            self.X, self.Y = [[] for _ in y], [[] for _ in y]
+        for i, (a, b) in enumerate(zip(x, y)):
+            if a is not None and b is not None:
+                self.X[i].append(a)
+                self.Y[i].append(b)
+
+    def figure(self):
+        """Return a new matplotlib ``Figure`` with the lines drawn so far."""
+        fig = Figure(figsize=self.figsize)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        for i, (xs, ys) in enumerate(zip(self.X or [], self.Y or [])):
+            label = self.legend[i] if i < len(self.legend) else None
+            # Lines that coincide (kvstores that agree) stay visible: styles differ.
+            ax.plot(xs, ys, marker='osD^v'[i % 5], linestyle=['-', '--', ':', '-.'][i % 4],
+                    markersize=10 - 2 * (i % 3), fillstyle='none', label=label)
+        values = sorted({x for xs in self.X or [] for x in xs})
+        if values and all(isinstance(x, int) for x in values):  # epochs, not fractions
+            if len(values) <= 20:
+                ax.set_xticks(values)
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(self.xlabel or '')
+        ax.set_ylabel(self.ylabel or '')
+        if self.xlim:
+            ax.set_xlim(*self.xlim)
+        if self.ylim:
+            ax.set_ylim(*self.ylim)
+        if self.title:
+            ax.set_title(self.title)
+        if self.legend:
+            ax.legend()
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        return fig
+
+    def save(self, path):
+        """Write the figure to ``path``, atomically, as PNG, SVG or PDF by its extension."""
+        check_chart_path(path, 'chart')  # before drawing
+        save_figure(self.figure(), path)
+
+
+def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%.2f'):
+    """Write a bar chart of ``values`` (one bar per label, value printed on it as ``fmt``).
+
+    PNG, SVG or PDF, as the extension of ``path`` says.
+    """
+    check_chart_path(path, 'chart')
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    bars = ax.bar(labels, values, color='tab:blue')
+    ax.margins(y=0.12)  # room for the value labels
+    ax.bar_label(bars, fmt=fmt)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, axis='y', alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def accuracy_chart(path, results, title=None):
+    """Write the test accuracy per epoch of several ``TrainResult`` objects on one chart.
+
+    PNG, SVG or PDF, as the extension of ``path`` says; an ``OSError`` names ``path``.
+    """
+    check_chart_path(path, 'chart')
+    num_epochs = max(len(r.epochs) for r in results)
+    animator = Animator(xlabel='epoch', ylabel='test acc',
+                        legend=[f'kvstore {r.kvstore}' for r in results],
+                        xlim=[0.5, num_epochs + 0.5], title=title)
+    for i in range(num_epochs):
+        animator.add(i + 1, [r.test_acc[i] if i < len(r.epochs) else None for r in results])
+    animator.save(path)

@@ -1,0 +1,100 @@
+"""The kvstore comparison: its side-by-side table and its report folder."""
+from ..run.files import ReportFolder, atomic_write, write_json
+from .charts import accuracy_chart, bar_chart
+
+__all__ = ['markdown_table', 'comparison_table', 'write_kvstore_report']
+
+
+def markdown_table(header, rows, align):
+    """Return a Markdown table: ``header`` and each row a list of cells, ``align`` one of
+    ``l``/``r`` per column."""
+    rule = ['---' if a == 'l' else '---:' for a in align]
+    return '\n'.join('| ' + ' | '.join(map(str, cells)) + ' |' for cells in [header, rule, *rows])
+
+
+def _fmt_diffs(values):
+    return ', '.join(v if isinstance(v, str) else '0' if v == 0 else f'{v:.1e}' for v in values)
+
+
+def comparison_table(results, tracker=None):
+    """Return a Markdown table comparing several ``TrainResult`` objects side by side.
+
+    Parameters
+    ----------
+    results : list of TrainResult
+    tracker : compare.ParamTracker, optional
+        Adds, per kvstore, the largest parameter difference to the reference
+        run after each epoch, and the largest difference between the devices
+        of the run: of the weights, and of BatchNorm's running statistics.
+    """
+    header = '| kvstore | devices | sec/epoch | samples/s | final test acc |'
+    rule = '| --- | --- | ---: | ---: | ---: |'
+    if tracker is not None:
+        header += (f' max abs param diff vs {tracker.reference}, per epoch | weights: max diff '
+                   'between devices | running stats: max diff between devices |')
+        rule += ' --- | ---: | ---: |'
+    rows = [header, rule]
+    for r in results:
+        row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} | '
+               f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
+        if tracker is not None:
+            diff = tracker.diff.get(r.kvstore) or ['-']
+            spread = tracker.spread.get(r.kvstore)
+            stats = tracker.stats_spread.get(r.kvstore)
+            stats = '-' if not stats else 'none kept' if None in stats else _fmt_diffs([max(stats)])
+            row += (f' {_fmt_diffs(diff)} | {_fmt_diffs([max(spread)]) if spread else "-"} | '
+                    f'{stats} |')
+        rows.append(row)
+    return '\n'.join(rows)
+
+
+def write_kvstore_report(directory, results, tracker, config, answer):
+    """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
+
+    All or nothing (``ReportFolder``): the directory is created if missing,
+    and a failure half-way (a full disk, an interruption) leaves it as it
+    was, with an ``OSError`` naming the file it was writing.
+
+    Parameters
+    ----------
+    results : list of TrainResult
+        One run per kvstore, on the same devices, data and initial weights.
+    tracker : ParamTracker
+        The parameter differences recorded after each epoch.
+    config : dict
+        The run's settings (``model``, ``dataset``, ``batch_size``, ``lr``, ...).
+    answer : str
+        The recommendation sentence (``compare.recommend``).
+    """
+    devices = ', '.join(results[0].devices)
+    what = f"{config['model']} on {config['dataset']}, [{devices}]"
+    lines = [
+        f'# kvstore comparison: {what}', '',
+        f"{config['num_train']} training / {config['num_test']} test images, batch "
+        f"{config['batch_size']} ({config['batch_size'] / len(results[0].devices):g} per device), "
+        f"lr {config['lr']:g}, {len(results[0].epochs)} epoch(s), seed {config['seed']}; every "
+        'kvstore started from the same initial weights and saw the same batches.', '',
+        f'**Answer:** {answer}', '',
+        comparison_table(results, tracker), '',
+        'sec/epoch is training time only, measured up to `npx.waitall()`; samples/s is over all '
+        'epochs. The parameter differences are the largest absolute difference of any weight '
+        f'to the {tracker.reference} run after each epoch (float rounding when the back ends '
+        'agree), and the largest difference between the copies on the devices of one run: '
+        '0 for the weights when every device holds the same parameters. BatchNorm\'s running '
+        'mean and variance are not synchronised: MXNet keeps them per device, each updated '
+        'from that device\'s shards only (so does the book\'s code), and each device '
+        'evaluates its shard of a test batch with its own.', '',
+        '![test accuracy per epoch](accuracy.png)', '',
+        '![training seconds per epoch](seconds.png)', '',
+        'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '
+        'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
+        'compute per step).', '']
+    with ReportFolder(directory) as folder:
+        accuracy_chart(folder.path('accuracy.png'), results, title=what)
+        bar_chart(folder.path('seconds.png'), [r.kvstore for r in results],
+                  [r.sec_per_epoch for r in results], 'training seconds per epoch', title=what)
+        write_json(folder.path('runs.json'), {
+            'config': config, 'reference': tracker.reference,
+            'runs': [tracker.run_dict(r) for r in results]})
+        with atomic_write(folder.path('report.md')) as f:
+            f.write('\n'.join(lines))
