@@ -33,7 +33,7 @@ def _test_images(spec, n):
 def _net(variant, model):
     import gluon_multigpu as gm
     if model == 'resnet18':  # the text's nn.Block residuals, or the compilable ones
-        return gm.resnet18(10) if variant == 'book' else gm.hybrid_resnet18(10)
+        return gm.book.resnet18(10) if variant == 'book' else gm.resnet18(10)
     return gm.simple_cnn(10)
 
 

@@ -307,7 +307,7 @@ def run(args, out=None):
 def flops_per_image():
     """ResNet-18's training FLOPs per 28x28 image (imports MXNet in this process: done last)."""
     import gluon_multigpu as gm
-    net = gm.resnet18(10)
+    net = gm.book.resnet18(10)
     net.initialize()
     return gm.count_flops(net)
 

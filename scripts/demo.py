@@ -59,7 +59,7 @@ def show(arr):
 def walk_through(devices, out=None):
     """Run the three steps of the text on ``devices``; return the network."""
     out = out or sys.stdout
-    net = gm.resnet18(10)
+    net = gm.book.resnet18(10)
     net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
     print(f'devices = {devices}', file=out)
 

@@ -186,7 +186,7 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
     train_iter.epoch = 0  # every kvstore sees the same sequence of batches
     classes = gm.DATASETS[args.dataset]['classes']
     if args.book_literal and args.model == 'resnet18':
-        net = gm.resnet18(classes)  # the text's: nn.Block residuals
+        net = gm.book.resnet18(classes)  # the text's: nn.Block residuals
     else:
         net = gm.get_model(args.model, classes,
                            gm.sync_bn.sync_batch_norm(len(devices)) if args.sync_bn else None)

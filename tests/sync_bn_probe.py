@@ -57,13 +57,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         params_file = os.path.join(tmp, 'start.params')
         mx.random.seed(0)
-        start = gm.hybrid_resnet18(10)
+        start = gm.resnet18(10)
         start.initialize(init.Normal(0.01), ctx=one)
         start(batches[0][0][:1])
         start.save_parameters(params_file)
-        ref = steps(gm.hybrid_resnet18(10), one, batches[:1], params_file)
-        runs = {'sync': gm.hybrid_resnet18(10, norm=gm.sync_bn.sync_batch_norm(2)),
-                'plain': gm.hybrid_resnet18(10)}
+        ref = steps(gm.resnet18(10), one, batches[:1], params_file)
+        runs = {'sync': gm.resnet18(10, norm=gm.sync_bn.sync_batch_norm(2)),
+                'plain': gm.resnet18(10)}
         out = {}
         for name, net in runs.items():
             seen = steps(net, two, batches, params_file)

@@ -24,7 +24,7 @@ def params(net, ctx):
 
 
 def test_book_resnet18_has_the_same_parameters_in_the_same_order():
-    fast, book = gm.hybrid_resnet18(10), gm.resnet18(10)
+    fast, book = gm.resnet18(10), gm.book.resnet18(10)
     for net in (fast, book):
         net.initialize()
         net(np.zeros((1, 1, 28, 28)))
@@ -70,7 +70,7 @@ def test_fast_resnet18_step_equals_the_books_within_float_tolerance(fashion_test
     X, y = real_batches(fashion_test, 16, 16)[0]
     devices = gm.cpu_devices(2)
     out = {}
-    for name, net in (('book', gm.resnet18(10)), ('fast', gm.hybrid_resnet18(10))):
+    for name, net in (('book', gm.book.resnet18(10)), ('fast', gm.resnet18(10))):
         mx.random.seed(9)
         net.initialize(init.Normal(sigma=0.01), ctx=devices)
         if name == 'fast':
@@ -99,7 +99,7 @@ def test_count_flops_matches_the_layer_arithmetic():
                    + 4 * 4 * 512 * (256 * 9 + 3 * 512 * 9 + 256)      # stage 4
                    + 512 * 10)                                        # dense
     cnn_macs = 26 * 26 * 20 * 9 + 9 * 9 * 50 * 20 * 25 + 800 * 128 + 128 * 10
-    for net, macs in ((gm.resnet18(10), resnet_macs), (gm.simple_cnn(), cnn_macs)):
+    for net, macs in ((gm.book.resnet18(10), resnet_macs), (gm.simple_cnn(), cnn_macs)):
         net.initialize()
         assert gm.count_flops(net, (2, 1, 28, 28)) == 3 * 2 * macs
 

@@ -43,7 +43,7 @@ def test_sync_bn_keeps_one_set_of_running_statistics_on_two_gpus():
     rng = onp.random.default_rng(2)
     batches = [(np.array(rng.random((32, 1, 28, 28)), dtype='float32'),
                 np.array(rng.integers(0, 10, 32), dtype='int32')) for _ in range(3)]
-    net = gm.hybrid_resnet18(10, norm=gm.sync_bn.sync_batch_norm(2))
+    net = gm.resnet18(10, norm=gm.sync_bn.sync_batch_norm(2))
     gm.train(net, batches, batches[:1], devices, num_epochs=1, lr=0.05, seed=0)
     stats = [p for name, p in net.collect_params().items() if 'running' in name]
     assert stats

@@ -175,7 +175,7 @@ def test_batchnorm_running_statistics_stay_per_device_while_the_weights_agree(fa
     y = mx.np.array(labels[:8], dtype='int32')
     devices = gm.cpu_devices(2)
     mx.random.seed(0)
-    net = gm.hybrid_resnet18(10)
+    net = gm.resnet18(10)
     net.initialize(gm.default_initializer('resnet18'), ctx=devices)
     trainer = gm.kvstores.make_trainer(net, 0.1, 'device')
     for _ in range(2):  # (after the first step, with deferred initialisation, they still agree)

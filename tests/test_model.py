@@ -36,7 +36,7 @@ def initialised(net, shape=(2, 1, 28, 28), ctx=None):
 
 
 def test_resnet18_has_the_books_layers_shapes_and_order():
-    net = gm.resnet18(10)
+    net = gm.book.resnet18(10)
     out = initialised(net)
     assert out.shape == (2, 10)
     shapes = [p.shape for p in net.collect_params().values()]
@@ -50,7 +50,7 @@ def test_resnet18_has_the_books_layers_shapes_and_order():
 
 
 def test_resnet18_structure_stem_without_max_pool():
-    net = gm.resnet18(10)
+    net = gm.book.resnet18(10)
     kinds = [type(b).__name__ for b in net]
     assert kinds == ['Conv2D', 'BatchNorm', 'Activation', 'Sequential', 'Sequential',
                      'Sequential', 'Sequential', 'GlobalAvgPool2D', 'Dense']

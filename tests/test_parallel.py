@@ -32,7 +32,7 @@ def forward_backward(net, X, y, devices):
 
 def test_initialize_puts_identical_parameters_on_every_device():
     devices = gm.cpu_devices(3)
-    net = gm.resnet18(10)
+    net = gm.book.resnet18(10)
     net.initialize(init.Normal(sigma=0.01), ctx=devices)
     net(np.random.uniform(size=(2, 1, 28, 28), ctx=devices[1]))  # deferred init happens here
     first = params_on(net, devices[0])

@@ -39,7 +39,7 @@ def test_float16_casts_the_network_and_reaches_the_trainer(monkeypatch):
                         lambda p, devices: MixedPrecision(p))  # as on GPUs: no CPU check
     monkeypatch.setattr(gm.training, 'make_trainer', trainer_spy)
     data, _ = gm.data.synthetic_data('fashion-mnist', 8, num_train=16, num_test=8, seed=0)
-    net = gm.hybrid_resnet18(10)
+    net = gm.resnet18(10)
     with pytest.raises(mx.base.MXNetError, match='FP16 gemm on cpu not implemented'):
         gm.train(net, data, None, [mx.cpu()], num_epochs=1, precision='float16')
     try:

@@ -65,7 +65,7 @@ def test_sync_bn_refuses_what_it_cannot_synchronise(capsys):
 
 def test_the_layer_refuses_too_few_scratch_spaces_instead_of_waiting_forever():
     devices = gm.cpu_devices(2)
-    net = gm.hybrid_resnet18(10, norm=gm.sync_bn.sync_batch_norm(2))
+    net = gm.resnet18(10, norm=gm.sync_bn.sync_batch_norm(2))
     net.initialize(ctx=devices)
     with pytest.raises(gm.DeviceError, match='set MXNET_CPU_TEMP_COPY=256'):
         net(np.zeros((2, 1, 28, 28), ctx=devices[0]))

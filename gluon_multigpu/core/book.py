@@ -14,11 +14,12 @@ from mxnet import autograd, gluon, init, npx
 from .devices import split_batch
 from ..errors import Interrupted
 from .kvstores import kvstore_name, make_trainer
+from .model import text_resnet18 as resnet18
 from .results import EpochRecord, TrainResult
 from .training import check_finite_params, check_train_args
 from .utils import Accumulator, Timer, accuracy
 
-__all__ = ['evaluate_accuracy_book', 'train_epoch_book', 'train_book']
+__all__ = ['resnet18', 'evaluate_accuracy_book', 'train_epoch_book', 'train_book']
 
 
 def evaluate_accuracy_book(net, data_iter, split_f=split_batch):

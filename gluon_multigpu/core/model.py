@@ -4,8 +4,9 @@ from mxnet import autograd, init, np, npx
 from mxnet.gluon import nn
 
 from ..errors import DeviceError, GluonMultiGPUError
+from .recipes import RECIPES
 
-__all__ = ['Residual', 'HybridResidual', 'resnet18', 'hybrid_resnet18', 'simple_cnn',
+__all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cnn',
            'get_model', 'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',
            'memory_needed', 'largest_batch', 'check_memory']
 
@@ -97,8 +98,8 @@ def _resnet18(num_classes, residual, norm):
     return net
 
 
-def resnet18(num_classes, norm=nn.BatchNorm):
-    """Return the book's slightly modified ResNet-18 (d2l 13.6), built from ``Residual``.
+def text_resnet18(num_classes=10, norm=nn.BatchNorm):
+    """Return the book's slightly modified ResNet-18 (d2l 13.6), built from ``Residual`` as printed.
 
     Compared with the ImageNet ResNet-18 it uses a 3x3 stem with stride 1 and
     padding 1 and no max-pooling, because the input images are small.
@@ -114,9 +115,16 @@ def resnet18(num_classes, norm=nn.BatchNorm):
     return _resnet18(num_classes, Residual, norm)
 
 
-def hybrid_resnet18(num_classes, norm=nn.BatchNorm):
-    """Return ``resnet18`` built from ``HybridResidual``: same parameters, compilable."""
-    return _resnet18(num_classes, HybridResidual, norm)
+def resnet18(num_classes=10, norm=nn.BatchNorm):
+    """Return the book's ResNet-18 built from ``HybridResidual``: the fast path's network.
+
+    The same layers and parameters, in the same order, as the text's
+    ``text_resnet18`` (``book.resnet18``), but compilable: ``train``
+    hybridizes it. It carries its recipe (``recipes.RECIPES['resnet18']``).
+    """
+    net = _resnet18(num_classes, HybridResidual, norm)
+    net.recipe = RECIPES['resnet18']
+    return net
 
 
 def simple_cnn(num_classes=10):
@@ -134,11 +142,12 @@ def simple_cnn(num_classes=10):
             nn.Flatten(),
             nn.Dense(128, activation='relu'),
             nn.Dense(num_classes))
+    net.recipe = RECIPES['simple-cnn']
     return net
 
 
 #: The networks by name; every one is hybridizable (the fast path compiles it).
-MODELS = {'resnet18': hybrid_resnet18, 'simple-cnn': simple_cnn}
+MODELS = {'resnet18': resnet18, 'simple-cnn': simple_cnn}
 #: The networks with batch normalisation (``get_model`` takes their ``norm``).
 NORMALISED = ('resnet18',)
 
@@ -214,7 +223,7 @@ def default_initializer(name):
     """
     if name not in MODELS:
         raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}')
-    return init.Uniform(0.07) if name == 'simple-cnn' else init.Normal(sigma=0.01)
+    return RECIPES[name].initializer()
 
 
 #: Peak memory (resident set) of a training run on CPU contexts, per model: (bytes for the

@@ -107,7 +107,7 @@ class SyncBatchNorm(nn.BatchNorm):
 
 
 def sync_batch_norm(num_devices):
-    """A norm-layer factory for ``model.hybrid_resnet18``: ``SyncBatchNorm`` over
+    """A norm-layer factory for ``model.resnet18``: ``SyncBatchNorm`` over
     ``num_devices`` devices (``nn.BatchNorm`` for one: nothing to synchronise)."""
     if num_devices == 1:
         return nn.BatchNorm
