@@ -58,10 +58,16 @@ class Interrupted(Exception):
         The request came at the epoch's end (in its last step or its
         evaluation): the epoch is complete, evaluated and recorded, and the
         next one was not begun.
+    training : training.Training or None
+        The run, intact: ``training.fit()`` goes on from where it stopped,
+        ``training.result`` holds the epochs done.
     """
 
-    def __init__(self, epoch, batches, epoch_done=False):
+    def __init__(self, epoch, batches, epoch_done=False, training=None):
         where = (f'after epoch {epoch}, before the next began' if epoch_done else
                  f'in epoch {epoch} after {batches} batch(es)')
-        super().__init__(f'interrupted {where}')
+        more = ('; the run is kept: gm.last_run().fit() goes on from there' if training is not None
+                else '')
+        super().__init__(f'interrupted {where}{more}')
         self.epoch, self.batches, self.epoch_done = epoch, batches, epoch_done
+        self.training = training

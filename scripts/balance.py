@@ -115,7 +115,7 @@ def run_once(args, scenario, split, devices, data):
         data.epoch = 0
         result = gm.train(gm.get_model(args.model), data, None, devices, num_epochs=1,
                           lr=0.05, seed=args.seed, initializer=gm.default_initializer(args.model),
-                          max_in_flight=1, split=split, hooks=hooks)
+                          max_in_flight=1, hooks=[gm.balance.make_split(split), *hooks])
     return result.samples_per_sec
 
 

@@ -214,10 +214,12 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
         ('s' if len(devices) > 1 else '')
     progress = Progress(say, args.progress_interval, label, args.num_epochs,
                         advice=faster_advice(args, devices))
-    scale = gm.distributed.step_scale(kvstore, worker.count) if worker and worker.count > 1 else 1
-    result = gm.train(net, train_iter, test_iter, devices, hooks=[*hooks, progress],
-                      max_in_flight=args.max_in_flight or None, step_scale=scale,
-                      split=split, precision=args.dtype, **common)
+    features = [split, gm.precision.make_precision(args.dtype, devices)]
+    if worker and worker.count > 1:
+        features.append(gm.distributed.StepScale(kvstore, worker.count))
+    result = gm.train(net, train_iter, test_iter, devices,
+                      hooks=[f for f in features if f is not None] + [*hooks, progress],
+                      max_in_flight=args.max_in_flight, **common)
     result.workers = worker.count if worker else 1
     return result
 

@@ -88,7 +88,7 @@ def train_simple(split, steps=24, seed=3, hooks=()):
     net = gm.simple_cnn()
     result = gm.train(net, data, None, gm.cpu_devices(2), num_epochs=1, lr=0.1, seed=seed,
                       initializer=gm.default_initializer('simple-cnn'), max_in_flight=1,
-                      split=split, hooks=hooks)
+                      hooks=[gm.balance.make_split(split), *hooks])
     assert result.epochs[0].samples == 96 * steps
     return params(net, mx.cpu(1))
 

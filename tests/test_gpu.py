@@ -31,7 +31,7 @@ def test_float16_trains_on_two_gpus_with_float32_master_weights():
     net = gm.simple_cnn()
     precision = gm.precision.MixedPrecision('float16')
     result = gm.train(net, batches, batches[:1], devices, num_epochs=2, lr=0.1, seed=0,
-                      initializer=init.Uniform(0.07), precision=precision)
+                      initializer=init.Uniform(0.07), hooks=[precision])
     assert result.epochs[-1].train_loss < result.epochs[0].train_loss
     assert all(p.data(devices[0]).dtype == onp.float16 for p in net.collect_params().values())
     for p in net.collect_params().values():

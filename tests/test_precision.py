@@ -11,7 +11,8 @@ from conftest import load_script
 
 def test_float16_is_refused_on_cpu_contexts_and_accepted_for_gpus(tmp_path, capsys):
     with pytest.raises(gm.DeviceError, match='FP16 gemm on cpu not implemented'):
-        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), precision='float16')
+        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2),
+                 hooks=[gm.precision.MixedPrecision('float16')])
     check_dtype('float16', [mx.gpu(0), mx.gpu(1)])  # a Context is a name: no GPU is touched
     with pytest.raises(gm.GluonMultiGPUError, match='unknown dtype'):
         make_precision('float64', gm.cpu_devices(1))
@@ -35,13 +36,13 @@ def test_float16_casts_the_network_and_reaches_the_trainer(monkeypatch):
         seen['trainer'] = make_trainer(net, lr, kvstore, multi_precision)
         return seen['trainer']
 
-    monkeypatch.setattr(gm.training, 'make_precision',
-                        lambda p, devices: MixedPrecision(p))  # as on GPUs: no CPU check
+    monkeypatch.setattr(gm.precision, 'check_dtype', lambda *args: None)  # as on GPUs
     monkeypatch.setattr(gm.training, 'make_trainer', trainer_spy)
     data, _ = gm.data.synthetic_data('fashion-mnist', 8, num_train=16, num_test=8, seed=0)
     net = gm.resnet18(10)
     with pytest.raises(mx.base.MXNetError, match='FP16 gemm on cpu not implemented'):
-        gm.train(net, data, None, [mx.cpu()], num_epochs=1, precision='float16')
+        gm.train(net, data, None, [mx.cpu()], num_epochs=1,
+                 hooks=[gm.precision.MixedPrecision('float16')])
     try:
         npx.waitall()  # clear what else the engine holds of that error
     except mx.base.MXNetError:
@@ -63,7 +64,8 @@ def test_loss_scaling_changes_nothing_but_skips_overflowing_steps():
         net = gm.simple_cnn()
         data.epoch = 0
         gm.train(net, data, None, gm.cpu_devices(2), num_epochs=1, lr=0.1, seed=1,
-                 initializer=gm.default_initializer('simple-cnn'), precision=precision)
+                 initializer=gm.default_initializer('simple-cnn'),
+                 hooks=[precision] if precision else [])
         result[name] = [p.data(mx.cpu(1)).asnumpy() for p in net.collect_params().values()]
     # A power of two scales and unscales exactly: the same parameters, bit for bit.
     assert all(onp.array_equal(a, b) for a, b in zip(result['plain'], result['scaled']))

@@ -77,9 +77,9 @@ def test_evaluation_with_unequal_shards_equals_a_numpy_count(fashion_test):
 
 def test_train_and_the_cli_refuse_weights_that_do_not_fit(capsys):
     with pytest.raises(gm.DeviceError, match='3 split weights for 2 devices'):
-        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), split=[1, 2, 3])
+        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), hooks=[gm.balance.Split([1, 2, 3])])
     with pytest.raises(gm.DeviceError, match='must be positive'):
-        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), split=[1, 0])
+        gm.train(gm.simple_cnn(), [], [], gm.cpu_devices(2), hooks=[gm.balance.Split([1, 0])])
     train = load_script('train')
     assert train.main(['--cpu-devices', '2', '--split', '1,2,3']) == 2
     assert '--split gives 3 weights for 2 devices' in capsys.readouterr().err

@@ -12,22 +12,21 @@ import itertools
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
-from mxnet import autograd, gluon, init, np, npx
+from mxnet import autograd, gluon, np, npx
 
-from ..features.balance import make_split
 from .devices import split_batch
 from ..errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
 from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
-from ..features.precision import make_precision
+from .recipes import recipe_of
 from .results import EpochRecord, EpochTotals, TrainResult
 from .utils import Timer, accuracy
 
 __all__ = ['Hook', 'Run', 'EpochSteps', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
-           'check_finite_params', 'hybridize', 'check_train_args', 'train']
+           'check_finite_params', 'hybridize', 'check_train_args', 'Training', 'train', 'last_run']
 
 
 def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):
@@ -124,7 +123,16 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
 
 @dataclass
 class Run:
-    """What hooks see of a run in progress: the network, its Trainer, and where it stands."""
+    """What hooks see of a run in progress: the network, its Trainer, and where it stands.
+
+    Before the Trainer is made, the hooks' ``setup`` may change how a step
+    computes (the features plug in here): ``model`` (what computes: the
+    network, or a cast of it), ``split`` (how a batch is shared among the
+    devices; ``after_backward`` runs between the backward passes and the
+    update, ``eval_split`` splits an evaluation batch), ``scaler`` (loss
+    scaling), ``step_scale`` (``trainer.step`` normalises by a batch's samples
+    times this) and ``trainer_options`` (arguments of ``kvstores.make_trainer``).
+    """
     net: object
     trainer: object
     devices: list
@@ -132,6 +140,15 @@ class Run:
     result: TrainResult
     hooks: list
     epoch: int = 0
+    test_iter: object = None
+    num_epochs: int = 0
+    model: object = None
+    split: object = None
+    after_backward: object = None
+    eval_split: object = None
+    scaler: object = None
+    step_scale: int = 1
+    trainer_options: dict = field(default_factory=dict)
 
     def batches(self, skip=0):
         """The epoch's batches, without the first ``skip`` (done before a resumed stop)."""
@@ -142,22 +159,53 @@ class Run:
         answers = [getattr(hook, method)(self, *args) for hook in self.hooks]
         return any(a is True for a in answers)
 
+    def plug(self, what, value, by):
+        """Set ``what`` (``split``, ``model``, ``scaler``) for plug-in ``by``; refuse a second."""
+        if getattr(self, what) is not None:
+            raise GluonMultiGPUError(f'two hooks set the {what} of the step ({by!r} is the '
+                                     'second); pass only one of them')
+        setattr(self, what, value)
+
 
 class Hook:
     """Something added to ``train``'s loop; each method does nothing until overridden.
 
     ``train`` calls the hooks in the order given. Hooks in the package:
+    the features (``balance.Split``, ``precision.MixedPrecision``,
+    ``distributed.StepScale``: they plug into the step in ``setup``),
     ``checkpoint.Checkpointer`` (save, resume), ``stopping.StopRequest``
-    (stop on SIGINT/SIGTERM/SIGHUP), ``stopping.StallGuard`` (end a deadlocked run),
-    ``progress.Progress`` (progress lines).
+    (stop on SIGINT/SIGTERM/SIGHUP, the scripts'), ``stopping.Interruptible``
+    (Ctrl-C in a notebook or a Python session), ``stopping.StallGuard`` (end a
+    deadlocked run), ``progress.Progress`` (progress lines), ``progress.Live``
+    (a progress display in a notebook).
     """
+
+    #: A hook that handles SIGINT itself: ``train`` then adds no ``Interruptible``.
+    handles_signals = False
+    #: A hook that shows progress: ``train`` then adds no ``Live`` display.
+    shows_progress = False
+
+    def setup(self, run):
+        """Once, the network initialised (and hybridized), before the Trainer is made.
+
+        A feature plugs into the step here: ``run.plug('split', ...)``,
+        ``run.plug('model', ...)``, ``run.plug('scaler', ...)``,
+        ``run.step_scale``, ``run.trainer_options`` (see ``Run``).
+        """
 
     def begin(self, run):
         """Before the first epoch, the Trainer made; return ``(first_epoch, partial)`` to resume.
 
         ``partial`` is the ``EpochTotals`` of the batches of ``first_epoch``
-        already done, or None. Return None to start at epoch 1.
+        already done, or None. Return None to start at epoch 1. Called once
+        per ``Training`` (not again when ``fit`` continues it).
         """
+
+    def enter(self, run):
+        """At the start of every ``fit`` (``train`` calls it once): e.g. install a signal handler."""
+
+    def leave(self, run):
+        """At the end of every ``fit``, also when it raises: undo what ``enter`` did."""
 
     def step_end(self, run, step, samples, timer):
         """After step ``step`` of ``run.epoch`` is queued; return True to stop the epoch there.
@@ -308,13 +356,18 @@ def hybridize(net):
 
 
 def check_train_args(devices, num_epochs, kvstore, lr):
-    """Raise ``GluonMultiGPUError`` for arguments ``train`` cannot use, before any work."""
+    """Raise ``GluonMultiGPUError`` for arguments ``train`` cannot use, before any work.
+
+    ``lr`` None (the recipe's) passes.
+    """
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')
-    if not isinstance(num_epochs, int) or num_epochs < 1:
+    if num_epochs is not None and (not isinstance(num_epochs, int) or isinstance(num_epochs, bool)
+                                   or num_epochs < 1):
         raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
     check_kvstore(kvstore, devices)
-    check_lr(lr)
+    if lr is not None:
+        check_lr(lr)
 
 
 class _EpochCallback(Hook):
@@ -332,15 +385,200 @@ def _epoch_record(epoch, totals, test_acc, eval_seconds):
                        test_acc, totals.seconds, eval_seconds, totals.samples)
 
 
-def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device', *,
-          seed=None, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None,
-          step_scale=1, split=None, precision=None):
+def batch_size_of(data, recipe, num_devices):
+    """The samples of a whole batch of ``data``: its ``batch_size``, or the recipe's."""
+    size = getattr(data, 'batch_size', None)
+    if isinstance(size, int) and size > 0:
+        return size
+    return recipe.batch_size(num_devices)
+
+
+def _default_hooks(hooks):
+    """The hooks ``train`` adds: Ctrl-C that stops after a step, and a live display.
+
+    Only where the caller's hooks do neither themselves (the scripts bring their own).
+    """
+    from ..run.progress import Live  # pylint: disable=import-outside-toplevel
+    from ..run.stopping import Interruptible  # pylint: disable=import-outside-toplevel
+    added = []
+    if not any(getattr(h, 'handles_signals', False) for h in hooks):
+        added.append(Interruptible())
+    if not any(getattr(h, 'shows_progress', False) for h in hooks):
+        added.append(Live())
+    return added
+
+
+_LAST = {'run': None}
+
+
+def last_run():
+    """The ``Training`` made last in this process (by ``train`` too), or None.
+
+    After an interrupt in a notebook, ``gm.last_run().fit()`` goes on from
+    the step where it stopped.
+    """
+    return _LAST['run']
+
+
+class Training:
+    """A data-parallel run that can go on: ``fit`` trains, and calling it again continues.
+
+    ``train(...)`` is ``Training(...).fit(num_epochs)``. Keep the object to
+    train more epochs, or to finish an interrupted one, without
+    re-initialising anything (the Trainer's state, the data's order, the
+    history all go on)::
+
+        run = gm.Training(gm.simple_cnn(), train_iter, test_iter, gm.cpu_devices(2))
+        run.fit(2)      # epochs 1-2
+        run.fit(3)      # epochs 3-5
+        # Ctrl-C during fit: it stops after the current step and raises Interrupted;
+        run.fit()       # finishes the interrupted epoch and the rest of that fit's epochs
+
+    The parameters are ``train``'s, but ``num_epochs``, which each ``fit`` takes.
+
+    Attributes
+    ----------
+    net, trainer, devices : the network, its Trainer, the devices
+    result : TrainResult
+        The history so far (``result.training`` is this object).
+    epoch : int
+        The last epoch completed.
+    recipe : recipes.Recipe
+        Where the settings not given came from.
+    """
+
+    def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore='device', *,
+                 seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(),
+                 on_epoch=None):
+        devices = list(devices) if devices is not None else []
+        check_train_args(devices, None, kvstore, lr)
+        self.recipe = recipe_of(net)
+        if lr is None:
+            lr = self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices)))
+        self.max_in_flight = self.recipe.max_in_flight if max_in_flight is None else max_in_flight
+        hooks = list(hooks) + ([_EpochCallback(on_epoch)] if on_epoch else [])
+        hooks += _default_hooks(hooks)
+        self.net, self.devices = net, devices
+        self.result = TrainResult(devices=[str(d) for d in devices],
+                                  kvstore=kvstore_name(kvstore), lr=lr)
+        self.result.training = self
+        _LAST['run'] = self
+        run = Run(net, None, devices, train_iter, self.result, hooks, test_iter=test_iter)
+        self.run = run
+        if seed is not None:
+            mx.random.seed(seed)
+        net.initialize(initializer or self.recipe.initializer(), ctx=devices, force_reinit=True)
+        if hybrid:
+            hybridize(net)
+        run.call('setup')  # the features plug into the step
+        run.model = run.model or net
+        if run.split is None:
+            run.split, run.eval_split = split_batch, split_batch
+        run.eval_split = run.eval_split or run.split
+        run.trainer = make_trainer(net, lr, kvstore, **run.trainer_options)
+        self.trainer = run.trainer
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+        self._started = False
+        self._live = None  # the interrupted epoch: (its batches left, its totals so far)
+        self._target = None
+
+    @property
+    def epoch(self):
+        """The last epoch completed."""
+        return self.result.epochs[-1].epoch if self.result.epochs else 0
+
+    @property
+    def hooks(self):
+        """The hooks of the run, the ones ``train`` added included."""
+        return self.run.hooks
+
+    def fit(self, num_epochs=None):
+        """Train ``num_epochs`` more epochs (an interrupted one counts as the first); return
+        ``result``.
+
+        ``num_epochs`` None: finish what the last ``fit`` was asked for (after an
+        interrupt). Raises ``Interrupted`` when a hook (Ctrl-C) stops it after
+        a step; the object stays usable: ``fit()`` goes on from there.
+        """
+        if num_epochs is None:
+            if self._target is None or self._target <= self.epoch:
+                raise GluonMultiGPUError('nothing left to continue; give `num_epochs`, the '
+                                         'epochs to train')
+        else:
+            check_train_args(self.devices, num_epochs, self.result.kvstore, self.result.lr)
+            self._target = self.epoch + num_epochs  # an interrupted epoch is the first of them
+        run = self.run
+        run.num_epochs = self._target
+        run.call('enter')
+        try:
+            self._fit(run)
+        finally:
+            run.call('leave')
+        return self.result
+
+    def _fit(self, run):
+        first_epoch, partial, batches = self.epoch + 1, None, None
+        if not self._started:
+            self._started = True
+            first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
+            if partial is not None:
+                batches = iter(run.batches(partial.batches))
+        elif self._live is not None:
+            batches, partial = self._live
+            first_epoch = run.epoch
+        self._live = None
+        if first_epoch > self._target:  # a resumed run that had done them all
+            return
+        timer = Timer()
+        for epoch in range(first_epoch, self._target + 1):
+            run.epoch = epoch
+            done = partial.batches if partial else 0
+            batches = batches if batches is not None else iter(run.train_iter)
+            timer.start()
+            steps = train_epoch(run.model, batches, self.loss, run.trainer, run.devices,
+                                hooks_of=run, timer=timer, first_step=done + 1,
+                                max_in_flight=self.max_in_flight, step_scale=run.step_scale,
+                                split_f=run.split, after_backward=run.after_backward,
+                                scaler=run.scaler)
+            npx.waitall()  # Sync point: every queued step has finished before the timer stops.
+            seconds = timer.stop()
+            run.call('steps_done')
+            totals = _diverged_in(run, steps.totals, seconds)  # the epoch's one read-back
+            totals, partial = (partial + totals if partial else totals), None
+            if totals.stopped and not _whole_epoch(run, totals):
+                run.call('stopped', totals)
+                self._live = (batches, totals)
+                raise Interrupted(epoch, totals.batches, training=self)
+            batches = None
+            _diverged_in(run, check_finite_params, self.net, f' by step {totals.batches}')
+            tic = time.perf_counter()
+            test_acc = (evaluate_accuracy_gpus(run.model, run.test_iter, run.devices,
+                                               run.eval_split)
+                        if run.test_iter else None)
+            self.result.epochs.append(_epoch_record(epoch, totals, test_acc,
+                                                    time.perf_counter() - tic))
+            stop = run.call('epoch_end', self.result.epochs[-1])  # every hook: the checkpoint
+            # A stop asked for in the epoch's last step or its evaluation: at the epoch's end.
+            if (stop or totals.stopped) and epoch < self._target:
+                raise Interrupted(epoch, totals.batches, epoch_done=True, training=self)
+
+
+def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='device', *,
+          seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
+
+    Every setting not given comes from the network's recipe (``recipes``):
+    the networks of the package carry the measured ones, any other network
+    gets the book's. Features plug in as hooks, not parameters: an uneven
+    split (``balance.Split``, ``balance.AutoSplit``), float16
+    (``precision.MixedPrecision``), a parameter-server worker's step
+    (``distributed.StepScale``), checkpoints (``checkpoint.Checkpointer``).
+    Synchronised BatchNorm is part of the network (``sync_bn.sync_batch_norm``).
 
     Parameters
     ----------
     net : Block
-        An uninitialised (or to be re-initialised) network.
+        A network; it is (re-)initialised on ``devices``.
     train_iter, test_iter : iterable of (X, y)
         Batches; any iterable (the package's loaders, a Gluon ``DataLoader``, a list).
         ``test_iter`` None: no evaluation (``test_acc`` None), as on the workers
@@ -348,82 +586,41 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='d
     devices : list of Context
         E.g. ``[mx.gpu(0), mx.gpu(1)]`` or ``cpu_devices(2)``.
     num_epochs : int
-    lr : float
-        SGD learning rate.
+    lr : float, optional
+        SGD learning rate; None: the recipe's for the batch size of ``train_iter``.
     kvstore : {'local', 'device', 'nccl', 'none', None}
         Gradient-synchronisation back end of the Trainer (see ``kvstores.make_trainer``).
-    seed : int, optional
-        Seeds MXNet's generators before initialisation, for identical initial weights.
+    seed : int or None
+        Seeds MXNet's generators before initialisation, for identical initial
+        weights (None: not seeded).
     initializer : Initializer, optional
-        Defaults to the book's ``init.Normal(sigma=0.01)``.
+        None: the recipe's (``Uniform(0.07)`` for the simple CNN, the book's
+        ``Normal(0.01)`` otherwise).
     hybrid : bool
         Hybridize the network (see ``hybridize``): the fast path, same arithmetic.
     max_in_flight : int, optional
-        Steps the engine may run behind Python (see ``train_epoch``).
+        Steps the engine may run behind Python (see ``train_epoch``); None:
+        the recipe's (1 for the package's networks), 0: unbounded (the book's loop).
     hooks : list of Hook
-        Checkpoints, stop on a signal, progress, ... (see ``Hook``).
+        Features, checkpoints, stopping, progress, ... (see ``Hook``). Unless
+        one of them does it itself, ``train`` adds ``stopping.Interruptible``
+        (Ctrl-C stops after the current step; a second never kills the
+        process) and ``progress.Live`` (a display that updates in place in a
+        notebook).
     on_epoch : callable, optional
         Called with each ``EpochRecord`` once the epoch is evaluated.
-    step_scale : int
-        See ``train_epoch``: the workers of a synchronous parameter server.
-    split : None, 'even', 'auto', list of float, or balance.Split
-        How every batch is shared among the devices (``balance.make_split``):
-        the book's even split, shares that follow the devices' measured speed,
-        or fixed relative weights, one per device. The update stays the same:
-        the loss is a sum over samples and ``trainer.step`` divides by the whole batch.
-    precision : None, str or precision.MixedPrecision
-        The compute type: ``'float32'`` (None, the book's), ``'float16'`` (GPUs:
-        float32 master weights and dynamic loss scaling), or a ``MixedPrecision``.
 
     Returns
     -------
     TrainResult
+        ``result.training`` is the ``Training``: ``result.training.fit(2)``
+        trains two more epochs. An interrupt raises ``Interrupted``, whose
+        ``training.fit()`` goes on.
     """
-    check_train_args(devices, num_epochs, kvstore, lr)
-    split = make_split(split)  # bad weights are refused before any work
-    split.start(net, devices)
-    precision = make_precision(precision, devices)  # None: float32, the book's
-    if seed is not None:
-        mx.random.seed(seed)
-    net.initialize(initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
-    if hybrid:
-        hybridize(net)
-    model = precision.prepare(net) if precision else net  # what computes: net, or net cast
-    scaler = precision.scaler if precision else None
-    trainer = make_trainer(net, lr, kvstore,
-                           multi_precision=precision.multi_precision if precision else False)
-    loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    result = TrainResult(devices=[str(d) for d in devices], kvstore=kvstore_name(kvstore), lr=lr)
-    run = Run(net, trainer, devices, train_iter, result,
-              list(hooks) + ([_EpochCallback(on_epoch)] if on_epoch else []))
-    first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
-    timer = Timer()
-    for epoch in range(first_epoch, num_epochs + 1):
-        run.epoch, done = epoch, partial.batches if partial else 0
-        timer.start()
-        steps = train_epoch(model, run.batches(done), loss, trainer, devices, hooks_of=run,
-                            timer=timer, first_step=done + 1, max_in_flight=max_in_flight,
-                            step_scale=step_scale, split_f=split,
-                            after_backward=split.after_backward,
-                            scaler=scaler)
-        npx.waitall()  # Sync point: every queued step has finished before the timer stops.
-        seconds = timer.stop()
-        run.call('steps_done')
-        totals = _diverged_in(run, steps.totals, seconds)  # the epoch's one read-back
-        totals, partial = (partial + totals if partial else totals), None
-        if totals.stopped and not _whole_epoch(run, totals):
-            run.call('stopped', totals)
-            raise Interrupted(epoch, totals.batches)
-        _diverged_in(run, check_finite_params, net, f' by step {totals.batches}')
-        tic = time.perf_counter()
-        test_acc = (evaluate_accuracy_gpus(model, test_iter, devices, split.evaluation())
-                    if test_iter else None)
-        result.epochs.append(_epoch_record(epoch, totals, test_acc, time.perf_counter() - tic))
-        stop = run.call('epoch_end', result.epochs[-1])  # every hook: the checkpoint is saved
-        # A stop asked for in the epoch's last step or its evaluation: at the epoch's end.
-        if (stop or totals.stopped) and epoch < num_epochs:
-            raise Interrupted(epoch, totals.batches, epoch_done=True)
-    return result
+    check_train_args(list(devices or []), num_epochs, kvstore, lr)
+    return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed,
+                    initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
+                    hooks=hooks, on_epoch=on_epoch).fit(num_epochs)
 
 
 def _whole_epoch(run, totals):

@@ -14,16 +14,18 @@ import threading
 import time
 
 from ..core.devices import split_batch, split_sizes
+from ..core.training import Hook
 from ..errors import DeviceError
 
 __all__ = ['Split', 'TimedSplit', 'AutoSplit', 'make_split']
 
 
-class Split:
+class Split(Hook):
     """Fixed shares of every batch: even (``weights`` None, the book's) or in proportion to
     ``weights``, one positive number per device.
 
-    Call it as ``train``'s split function: ``split(X, y, devices) -> (X_shards, y_shards)``.
+    A plug-in of ``train``: pass it in ``hooks`` (``hooks=[Split([1, 3])]``).
+    It is also a split function: ``split(X, y, devices) -> (X_shards, y_shards)``.
     """
 
     def __init__(self, weights=None):
@@ -34,6 +36,12 @@ class Split:
 
     def __call__(self, X, y, devices):
         return split_batch(X, y, devices, self.weights)
+
+    def setup(self, run):
+        """Plug into ``run``'s step: this split, its ``after_backward``, its evaluation split."""
+        self.start(run.net, run.devices)
+        run.plug('split', self, self)
+        run.after_backward, run.eval_split = self.after_backward, self.evaluation()
 
     def start(self, net, devices):
         """Check the shares against ``devices`` before training ``net`` (initialised on them)."""

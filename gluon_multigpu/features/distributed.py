@@ -16,6 +16,7 @@ import mxnet as mx
 from ..core.data import ArrayLoader
 from ..errors import GluonMultiGPUError
 from ..core.kvstores import DIST_KVSTORES
+from ..core.training import Hook
 
 __all__ = ['DIST_KVSTORES', 'connect', 'WorkerShard', 'step_scale']
 
@@ -42,6 +43,20 @@ def step_scale(kvstore, num_workers):
     """
     name = kvstore if isinstance(kvstore, str) else kvstore.type
     return 1 if name == 'dist_async' else num_workers
+
+
+class StepScale(Hook):
+    """A plug-in of ``train`` for a worker of a parameter server: how ``trainer.step`` normalises.
+
+    ``hooks=[StepScale(kvstore, num_workers)]`` sets ``run.step_scale`` to
+    ``step_scale(kvstore, num_workers)``.
+    """
+
+    def __init__(self, kvstore, num_workers):
+        self.scale = step_scale(kvstore, num_workers)
+
+    def setup(self, run):
+        run.step_scale = self.scale
 
 
 class WorkerShard(ArrayLoader):

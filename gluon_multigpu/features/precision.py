@@ -23,6 +23,7 @@ from mxnet import autograd, gluon, np
 from mxnet.gluon import nn
 
 from ..errors import DeviceError, GluonMultiGPUError
+from ..core.training import Hook
 
 __all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision',
            'make_precision', 'all_finite']
@@ -181,9 +182,12 @@ class Cast(nn.Block):
         return self.net(X.astype(self.dtype, copy=False)).astype('float32', copy=False)
 
 
-class MixedPrecision:
+class MixedPrecision(Hook):
     """How ``train`` computes in ``dtype``: the network cast, the optimizer's float32 copies,
     and a ``LossScaler`` (a new one by default).
+
+    A plug-in of ``train``: pass it in ``hooks`` (``hooks=[MixedPrecision('float16')]``,
+    or ``make_precision(dtype, devices)``, which is None for float32).
 
     ``MixedPrecision('float32', LossScaler(...))`` runs the loss scaling alone,
     in float32: what the tests check on CPU contexts.
@@ -192,6 +196,14 @@ class MixedPrecision:
     def __init__(self, dtype='float16', scaler=None):
         _check_known(dtype)
         self.dtype, self.scaler = dtype, scaler or LossScaler()
+
+    def setup(self, run):
+        """Plug into ``run``'s step: the cast network, the scaler, float32 master weights."""
+        check_dtype(self.dtype, run.devices)
+        run.plug('model', self.prepare(run.net), self)
+        run.plug('scaler', self.scaler, self)
+        if self.multi_precision:
+            run.trainer_options['multi_precision'] = True
 
     def prepare(self, net):
         """Return the block to call in training: ``net`` cast to the compute type (on its first

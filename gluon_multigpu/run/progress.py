@@ -4,7 +4,7 @@ from mxnet import npx
 
 from ..core.training import Hook
 
-__all__ = ['Progress', 'duration']
+__all__ = ['Progress', 'Live', 'duration']
 
 
 def duration(seconds):
@@ -39,6 +39,8 @@ class Progress(Hook):
     advice : str
         What to do instead of a slow run.
     """
+
+    shows_progress = True
 
     def __init__(self, say, interval=10.0, label='', num_epochs=None, slow_epoch=600.0,
                  advice=''):
@@ -75,3 +77,12 @@ class Progress(Hook):
                 left += f', run in {duration(run_left)}'
         self.say(f'  {self.label}: epoch {run.epoch}: {step}/{total or "?"} batches, '
                  f'{samples / seconds:.0f} images/s{left}')
+
+
+class Live(Hook):
+    """A progress display that ``train`` adds: in a Jupyter notebook it updates in place.
+
+    Elsewhere it shows nothing (the scripts print their own lines).
+    """
+
+    shows_progress = True

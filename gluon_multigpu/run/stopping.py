@@ -24,7 +24,7 @@ import time
 
 from ..core.training import Hook
 
-__all__ = ['StopRequest', 'StallGuard']
+__all__ = ['StopRequest', 'StallGuard', 'Interruptible']
 
 
 class StopRequest(Hook):
@@ -50,6 +50,7 @@ class StopRequest(Hook):
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    handles_signals = True
 
     def __init__(self, on_signal=None, on_second=None):
         self.signum, self.on_signal, self.on_second = None, on_signal, on_second
@@ -179,3 +180,43 @@ class StallGuard(Hook):
 
     steps_done = stopped = epoch_end = diverged = _rest
 
+
+
+class Interruptible(Hook):
+    """Ctrl-C (SIGINT) stops ``train`` after the current step, and never kills the process.
+
+    What ``train`` adds in a notebook or a Python session (the scripts bring
+    ``StopRequest``): during each ``fit`` a first SIGINT asks the loop to stop
+    after the step in progress (it then raises ``Interrupted``, and the run
+    can go on with ``fit()``); a further SIGINT only says it is stopping.
+    Outside the main thread nothing is installed (signals reach only it).
+    """
+
+    handles_signals = True
+
+    def __init__(self, say=print):
+        self.say, self.signum, self._previous = say, None, None
+
+    def _handle(self, signum, frame):  # pylint: disable=unused-argument
+        if self.signum is None:
+            self.signum = signum
+            _quietly(lambda s: self.say('Ctrl-C: stopping after the current step'), signum)
+        else:
+            _quietly(lambda s: self.say('still stopping after the current step (the run is '
+                                        'kept)'), signum)
+
+    def enter(self, run):
+        self.signum = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def leave(self, run):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def step_end(self, run, step, samples, timer):
+        return self.signum is not None
+
+    def epoch_end(self, run, record):
+        return self.signum is not None
