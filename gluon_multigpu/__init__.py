@@ -30,12 +30,17 @@ The modules are grouped by what they are for:
 Importing the package loads neither MXNet nor matplotlib: each loads when
 a name that needs it is first used (``gm.cpu_devices`` configures the
 engine for the devices first: MXNet reads ``OMP_NUM_THREADS`` once, when it
-loads). Every short module name (``gm.balance``, ``gm.checkpoint``, ...)
-and every name below is available as an attribute.
+loads; ``gm.engine.settings()`` says what it loaded with). Every group
+(``gm.core``, ...), every short module name (``gm.balance``,
+``gm.checkpoint``, ...) and every name below is available as an attribute
+and to ``from gluon_multigpu import ...``.
 """
-import importlib
+import importlib as _importlib
 
 __version__ = '0.1.0'
+
+#: The groups of modules, each a subpackage.
+GROUPS = ('core', 'features', 'run', 'study')
 
 #: Where each module lives: short name -> group.
 MODULES = {
@@ -75,18 +80,18 @@ NAMES = {
 }
 _WHERE = {name: module for module, names in NAMES.items() for name in names}
 
-__all__ = ['errors', *MODULES, *_WHERE]
+__all__ = [*GROUPS, 'errors', *MODULES, *_WHERE]
 
 
 def _module(short):
-    if short == 'errors':
-        return importlib.import_module(f'{__name__}.errors')
-    return importlib.import_module(f'{__name__}.{MODULES[short]}.{short}')
+    if short in GROUPS or short == 'errors':
+        return _importlib.import_module(f'{__name__}.{short}')
+    return _importlib.import_module(f'{__name__}.{MODULES[short]}.{short}')
 
 
 def __getattr__(name):
-    """Load a module, or the module that defines a name, when it is first used (PEP 562)."""
-    if name in MODULES or name == 'errors':
+    """Load a group, a module, or the module that defines a name, when first used (PEP 562)."""
+    if name in GROUPS or name in MODULES or name == 'errors':
         value = _module(name)
     elif name in _WHERE:
         value = getattr(_module(_WHERE[name]), name)
@@ -97,4 +102,5 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    return sorted({*__all__, *(name for name in globals() if not name.startswith('_')),
+                   '__version__'})

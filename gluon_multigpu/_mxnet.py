@@ -2,12 +2,17 @@
 
 Every module of the package that uses MXNet imports this one first, so that
 whichever of them a program reaches first turns the semantics on, as the
-book does at the top of each section. Before it loads, ``run.engine`` records
-the engine variables MXNet loads with (it reads ``OMP_NUM_THREADS`` once).
+book does at the top of each section. Before MXNet loads, ``run.engine``
+checks the engine variables (a value MXNet cannot take, such as
+``OMP_NUM_THREADS=abc``, is an ``EngineError`` here instead of an abort of
+the process) and records the ones MXNet loads with (``engine.settings()``).
+If other code loaded MXNet first, only the semantics are turned on.
 """
 from .run import engine as _engine
 
-_engine.note_loading()
+if not _engine.loaded():
+    _engine.check_environment()
+    _engine.note_loading()
 
 # pylint: disable=wrong-import-position
 import mxnet  # noqa: E402,F401

@@ -1,6 +1,7 @@
 """The fast path computes what the text's loop computes: same model, parameters and update."""
 import os
 import sys
+import textwrap
 
 import mxnet as mx
 import numpy as onp
@@ -10,7 +11,6 @@ from mxnet import gluon, init, np
 import gluon_multigpu as gm
 from gluon_multigpu import kvstores, training
 from conftest import REPO, run_bounded
-import _cli
 
 
 def real_batches(fashion_test, n, batch):
@@ -104,42 +104,41 @@ def test_count_flops_matches_the_layer_arithmetic():
         assert gm.count_flops(net, (2, 1, 28, 28)) == 3 * 2 * macs
 
 
-def test_engine_env_divides_the_cores_among_contexts_and_widens_the_scratch_pool():
-    assert gm.engine.recommended(2, num_cores=8) == {'OMP_NUM_THREADS': '4',
-                                               'MXNET_CPU_TEMP_COPY': '64'}
-    assert gm.engine.recommended(3, num_cores=2) == {'OMP_NUM_THREADS': '1',
-                                               'MXNET_CPU_TEMP_COPY': '64'}
-    assert gm.engine.recommended(8, num_cores=8)['MXNET_CPU_TEMP_COPY'] == '128'
-    assert gm.engine.recommended(num_cores=2) == {'MXNET_CPU_TEMP_COPY': '64'}  # count unknown
-    assert gm.engine.recommended(0) == {'MXNET_CPU_TEMP_COPY': '64'}        # GPUs: threads untouched
-
-
-def test_apply_engine_settings_never_overrides_the_user():
-    environ = {'OMP_NUM_THREADS': '3'}
-    applied = _cli.apply_engine_settings(1, environ)
-    assert applied == {'MXNET_CPU_TEMP_COPY': '64'}
-    assert environ == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '64'}
-
-
-def test_apply_engine_settings_can_be_turned_off():
-    environ = {'GLUON_MULTIGPU_ENGINE_ENV': '0'}
-    assert _cli.apply_engine_settings(2, environ) == {}
-    assert environ == {'GLUON_MULTIGPU_ENGINE_ENV': '0'}
-
-
 @pytest.mark.slow
-def test_a_script_sets_the_engine_from_its_device_flags_before_mxnet_loads(tmp_path):
-    # a script that stops right after the package import shows what MXNet loaded with
+@pytest.mark.parametrize('contexts', [1, 2])
+def test_a_script_sets_the_engine_from_its_device_flags_before_mxnet_loads(tmp_path, contexts):
+    # scripts/train.py started as a command, its program's main replaced by a probe of what
+    # MXNet then loads with: the variables recorded as it loaded, the OpenMP team a CPU
+    # operator runs on (the threads a parallel reduction adds, plus its own), NumPy semantics
     probe = tmp_path / 'probe.py'
-    text = (REPO / 'scripts' / 'train.py').read_text()
-    head = text[:text.index('import gluon_multigpu as gm')]
-    probe.write_text(head.replace('os.path.dirname(os.path.abspath(__file__))',
-                                  repr(str(REPO / 'scripts')))
-                     + 'import gluon_multigpu as gm\nfrom mxnet import util\n'
-                     'print(os.environ["OMP_NUM_THREADS"], os.environ["MXNET_CPU_TEMP_COPY"], '
-                     'util.is_np_array())\n')
+    probe.write_text(textwrap.dedent(f'''
+        import os, runpy, sys
+        from gluon_multigpu.cli import train
+        imported = 'mxnet' in sys.modules
+
+        def probe_main():
+            import gluon_multigpu as gm
+            before = 'mxnet' in sys.modules
+            gm.simple_cnn()                   # loads MXNet, as the program's run does
+            import mxnet as mx
+            from mxnet import util
+            x = mx.np.ones((1 << 22,), ctx=mx.cpu(0))
+            (x[:2] + 1).wait_to_read()
+            threads = len(os.listdir('/proc/self/task'))
+            x.sum().wait_to_read()
+            team = len(os.listdir('/proc/self/task')) - threads + 1
+            settings = gm.engine.settings()
+            print(imported, before, settings['OMP_NUM_THREADS'], settings['MXNET_CPU_TEMP_COPY'],
+                  team, util.is_np_array())
+            return 0
+
+        train.main = probe_main
+        sys.argv = [{str(REPO / 'scripts' / 'train.py')!r}, '--cpu-devices', '{contexts}']
+        runpy.run_path(sys.argv[0], run_name='__main__')
+        '''))
     env = {k: v for k, v in os.environ.items()
            if k not in ('MXNET_CPU_TEMP_COPY', 'OMP_NUM_THREADS', 'GLUON_MULTIGPU_ENGINE_ENV')}
-    proc = run_bounded([sys.executable, str(probe), '--cpu-devices', '2'], env=env)
-    cores = _cli.cores()
-    assert proc.stdout.split() == [str(max(1, cores // 2)), '64', 'True'], proc.stderr
+    proc = run_bounded([sys.executable, str(probe)], env=env)
+    threads = str(max(1, gm.engine.cores() // contexts))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ['False', 'False', threads, '64', threads, 'True'], proc.stderr

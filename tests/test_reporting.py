@@ -90,3 +90,36 @@ def test_epoch_line():
     record = EpochRecord(2, 0.41234, 0.85, 0.8712, 12.34, 1.0, 60000)
     assert gm.epoch_line(record, 10) == ('epoch 2/10: loss 0.4123, train acc 0.850, '
                                          'test acc 0.871, 12.3 s, 4862 samples/s')
+
+
+def kvstore_report_text(directory, stats_spread, sync_bn):
+    """``report.md`` of two runs whose tracker recorded ``stats_spread`` per epoch."""
+    results = [make_result('local', [10.0, 10.5]), make_result('device', [8.0, 8.2])]
+    tracker = gm.ParamTracker()
+    for r in results:
+        for epoch, spread in enumerate(stats_spread, start=1):
+            tracker.reference = tracker.reference or r.kvstore
+            tracker.diff.setdefault(r.kvstore, []).append(0.0)
+            tracker.spread.setdefault(r.kvstore, []).append(0.0)
+            tracker.stats_spread.setdefault(r.kvstore, []).append(spread)
+    config = {'model': 'resnet18', 'dataset': 'fashion-mnist', 'num_train': 60000,
+              'num_test': 10000, 'batch_size': 128, 'lr': 0.1, 'seed': 0, 'sync_bn': sync_bn}
+    gm.write_kvstore_report(str(directory), results, tracker, config, 'device is fastest.')
+    return (directory / 'report.md').read_text()
+
+
+def test_the_kvstore_report_says_whether_batchnorm_statistics_were_synchronised(tmp_path):
+    plain = kvstore_report_text(tmp_path / 'plain', [2e-3, 3e-3], sync_bn=False)
+    assert "BatchNorm's running mean and variance are not synchronised" in plain
+    synced = kvstore_report_text(tmp_path / 'synced', [0.0, 0.0], sync_bn=True)
+    assert 'not synchronised' not in synced
+    assert ("BatchNorm is synchronised: each layer's batch mean and variance are computed over "
+            "all devices' shards together, so the running mean and variance are the same on "
+            'every device') in synced
+
+
+@pytest.mark.parametrize('sync_bn', [False, True])
+def test_the_kvstore_report_of_a_network_without_batchnorm_says_nothing_of_it(tmp_path, sync_bn):
+    text = kvstore_report_text(tmp_path / 'cnn', [None, None], sync_bn=sync_bn)
+    assert 'BatchNorm' not in text and 'synchronised' not in text
+    assert 'holds the same parameters.\n' in text  # the paragraph ends where it did

@@ -310,9 +310,10 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
     first_step : int
         Number of the first step, for messages (a resumed epoch starts later).
     max_in_flight : int, optional
-        After queuing step ``i``, wait until step ``i - max_in_flight + 1`` has
-        started, so the engine never runs more than that many steps behind
-        Python (None: as far as it likes, the book's way).
+        After queuing step ``i``, wait until the first device has computed the
+        loss of step ``i - max_in_flight + 1`` (which needs the update of the
+        step before it), so the engine never runs more than that many steps
+        behind Python (None or 0: as far as it likes, the book's way).
     step_scale : int
         ``trainer.step`` normalises by a batch's samples times this: the
         workers of a synchronous parameter server (``distributed.step_scale``).
@@ -450,6 +451,7 @@ class Training:
     def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore='device', *,
                  seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(),
                  on_epoch=None):
+        npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
         devices = list(devices) if devices is not None else []
         check_train_args(devices, None, kvstore, lr)
         self.recipe = recipe_of(net)
@@ -507,6 +509,7 @@ class Training:
         else:
             check_train_args(self.devices, num_epochs, self.result.kvstore, self.result.lr)
             self._target = self.epoch + num_epochs  # an interrupted epoch is the first of them
+        npx.set_np()  # for the thread that calls fit (MXNet keeps the semantics per thread)
         run = self.run
         run.num_epochs = self._target
         run.call('enter')

@@ -1,30 +1,43 @@
 """The engine settings: what MXNet reads once, chosen for the devices a program trains on.
 
-MXNet reads ``OMP_NUM_THREADS`` when its library loads, and
-``MXNET_CPU_TEMP_COPY`` when its engine first needs scratch space. So the
-settings must be in the environment before MXNet is imported. This module
-imports neither MXNet nor anything that does: ``configure`` is the one place
-the settings are computed, and scripts, tests and notebooks call it (or
-``gm.cpu_devices(n)``, which calls it) before MXNet loads::
+When MXNet reads them (MXNet 1.9.1, measured: ``tests/test_engine.py``):
+
+- ``OMP_NUM_THREADS`` as its library loads (``import mxnet``): the OpenMP
+  threads of every CPU operator are fixed then.
+- ``MXNET_CPU_TEMP_COPY`` once per Python thread, when that thread first
+  runs an operator that needs scratch space or random numbers, or seeds
+  them (``a + 1``, ``a.sum()`` and ``mx.random.seed`` do; ``import mxnet``,
+  ``npx.set_np()``, ``np.ones`` and ``npx.relu`` do not). A value set after
+  that is used only by threads that have run no such operator yet.
+
+So the settings must be in the environment before MXNet is imported. This
+module imports neither MXNet nor anything that does: ``configure`` is the
+one place the settings are computed, and scripts, tests and notebooks call
+it (or ``gm.cpu_devices(n)``, which calls it) before MXNet loads::
 
     import gluon_multigpu as gm
     devices = gm.cpu_devices(2)      # configures the engine for 2 contexts, then loads MXNet
 
-Called once MXNet is loaded with other settings, ``configure`` changes
-nothing and says in one warning (``EngineWarning``) what cannot take effect
-and how to get it: a new process (restart the kernel) that configures first.
+Called once MXNet is loaded, ``configure`` changes nothing in the
+environment (whether this thread has run an operator, which would make a
+new ``MXNET_CPU_TEMP_COPY`` a false record of what MXNet uses, cannot be
+told). If the settings MXNet loaded with differ from the plan's, one
+``EngineWarning`` (per plan, pointing at the caller's line) says which are
+not applied, why, and how to get them: a new process (restart the kernel)
+that configures first.
 
 What the settings are, and why (measured on ResNet-18 and the simple CNN,
 docs/results.md):
 
 ``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space, 64 (16 per
-context beyond 4 contexts). All CPU contexts share one pool of them (4 by
-default), and an operator holding a copy blocks every other operator that
-drew the same copy: with 4, the backward passes of two contexts ran one
-after the other; 64 measured faster than 32. With synchronised BatchNorm,
-128 copies per context, at least 256: a layer waiting for the other
-contexts holds a copy, and with 32 per context ResNet-18's contexts waited
-for each other forever (``features.sync_bn``).
+context beyond 4 contexts). All the operators a thread runs, on every CPU
+context, share one pool of them (4 by default), and an operator holding a
+copy blocks every other operator that drew the same copy: with 4, the
+backward passes of two contexts ran one after the other; 64 measured faster
+than 32. With synchronised BatchNorm, 128 copies per context, at least 256:
+a layer waiting for the other contexts holds a copy, and with 32 per
+context ResNet-18's contexts waited for each other forever
+(``features.sync_bn``).
 
 ``OMP_NUM_THREADS`` (CPU contexts only): the cores divided among the
 contexts. MXNet's own default is half the cores, which leaves one of two
@@ -33,7 +46,8 @@ measured about 15% faster on ResNet-18 with two contexts, but MXNet's
 OpenMP-threaded OpenBLAS then hung in ``np.dot`` on two contexts at once.
 
 A variable set in the environment by the user always wins, and
-``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults.
+``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults. (Where else the
+library reads the environment: docs/design.md, "Layers".)
 """
 import os
 import re
@@ -43,7 +57,7 @@ import warnings
 from ..errors import GluonMultiGPUError
 
 __all__ = ['EngineError', 'EngineWarning', 'configure', 'recommended', 'check_environment',
-           'cores', 'loaded', 'settings']
+           'cores', 'loaded', 'note_loading', 'settings']
 
 #: Engine variables checked before MXNet loads: name -> (smallest, largest) whole value.
 #: MXNet aborts (OMP_NUM_THREADS=abc: status 134) or dies silently
@@ -87,8 +101,18 @@ class EngineWarning(UserWarning):
     """MXNet is already loaded with other engine settings than the ones asked for."""
 
 
-# What this process knows: the variables this module set, and those MXNet loaded with.
-_STATE = {'applied': {}, 'loaded_with': None, 'plan': None}
+#: Why a setting is not applied once MXNet is loaded (see the module's text).
+TOO_LATE = {
+    'OMP_NUM_THREADS': 'MXNet fixed its OpenMP threads as it loaded',
+    'MXNET_CPU_TEMP_COPY': "MXNet reads it once per thread, at the thread's first operator, which "
+                           'this thread may have run',
+}
+#: This package's directory: a warning points at the first caller outside it.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# What this process knows: the variables ``configure`` set (and that still hold them), those
+# MXNet loaded with, and the warnings already given.
+_STATE = {'applied': {}, 'loaded_with': None, 'warned': set()}
 
 
 def cores():
@@ -118,7 +142,8 @@ def check_environment(environ=None):
 
     Whole numbers are ASCII digits in their range (spaces around them are
     allowed, as MXNet allows them), booleans 0, 1, true or false, the engine
-    type one of MXNet's three, ``GLUON_MULTIGPU_ENGINE_ENV`` 0 or 1.
+    type one of MXNet's three, ``GLUON_MULTIGPU_ENGINE_ENV`` 0 or 1. The
+    message is one line (the value is quoted as Python writes it).
     """
     environ = os.environ if environ is None else environ
     for name, (low, high) in LIMITS.items():
@@ -148,36 +173,62 @@ def loaded():
 
 
 def note_loading(environ=None):
-    """Record the engine variables MXNet loads with (called just before the package loads it)."""
+    """Record the engine variables MXNet loads with (the package calls it just before it loads
+    MXNet; if other code loaded MXNet first, the first call records the environment then)."""
     if _STATE['loaded_with'] is None:
         environ = os.environ if environ is None else environ
         _STATE['loaded_with'] = {k: environ.get(k) for k in CHOSEN}
 
 
 def settings():
-    """The engine variables MXNet loaded with (None before it loads), as a dict."""
-    return dict(_STATE['loaded_with']) if loaded() and _STATE['loaded_with'] is not None else None
+    """The engine variables MXNet loaded with, as a dict (None before MXNet loads).
+
+    ``{'OMP_NUM_THREADS': ..., 'MXNET_CPU_TEMP_COPY': ...}``, None for a
+    variable that was not set (MXNet's default). Recorded as the package
+    loaded MXNet; if other code loaded it first, as the environment held
+    them when the package first looked (``configure`` changes nothing once
+    MXNet is loaded).
+    """
+    if not loaded():
+        return None
+    note_loading()
+    return dict(_STATE['loaded_with'])
 
 
-def _plan_text(cpu_devices):
+def _plan_text(cpu_devices, sync_bn):
     if cpu_devices:
-        return f'{cpu_devices} CPU context{"s" if cpu_devices > 1 else ""}'
-    return 'GPUs'
+        plan = f'{cpu_devices} CPU context{"s" if cpu_devices > 1 else ""}'
+    else:
+        plan = 'GPUs' if cpu_devices == 0 else 'GPUs (or devices not counted)'
+    return plan + (' with synchronised BatchNorm' if sync_bn else '')
+
+
+def _call_text(cpu_devices, sync_bn):
+    if cpu_devices and not sync_bn:
+        return f'gm.cpu_devices({cpu_devices})'
+    args = ([f'cpu_devices={cpu_devices}'] if cpu_devices is not None else []) + \
+        (['sync_bn=True'] if sync_bn else [])
+    return f'gm.engine.configure({", ".join(args)})'
 
 
 def configure(cpu_devices=None, sync_bn=False, environ=None):
     """Set the engine variables for training on ``cpu_devices`` CPU contexts; return those set.
 
     Call before MXNet loads (``gm.cpu_devices(n)`` calls it for you). A
-    variable already in the environment (set by the user) is kept; one this
-    function set for an earlier plan is replaced. Raises ``EngineError`` for
-    an engine variable MXNet cannot load with, and for synchronised
-    BatchNorm on several devices under MXNet's naive engine (one operation
-    at a time: its devices would wait for each other forever).
+    variable already in the environment (set by the user) is kept. Called
+    again before MXNet loads, with another plan, it replaces only what it
+    set itself and still holds (a value changed since is the user's):
+    a variable of the earlier plan that the new one does not want is
+    removed. Raises ``EngineError`` for an engine variable MXNet cannot load
+    with, and for synchronised BatchNorm on several devices under MXNet's
+    naive engine (one operation at a time: its devices would wait for each
+    other forever).
 
-    Once MXNet is loaded nothing changes: if its settings differ from this
-    plan's, one ``EngineWarning`` says which cannot take effect and how to
-    get them. ``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults.
+    Once MXNet is loaded the environment is left as it is: if the settings
+    MXNet loaded with differ from this plan's (a variable the user set
+    counts as wanted), one ``EngineWarning`` per plan says which are not
+    applied, why, and how to get them. ``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps
+    MXNet's own defaults (and removes what an earlier call set).
 
     Parameters
     ----------
@@ -186,9 +237,12 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
     sync_bn : bool
         Synchronised BatchNorm: more scratch copies.
     environ : dict, optional
-        The environment to check and change (``os.environ``).
+        The environment to check and change (``os.environ``). Another
+        mapping is treated as a process's environment before MXNet loads,
+        every variable in it the user's.
     """
-    environ = os.environ if environ is None else environ
+    process = environ is None or environ is os.environ
+    environ = os.environ if process else environ
     check_environment(environ)
     if sync_bn and environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine' and cpu_devices != 1:
         # Each layer waits for every device's statistics, and the naive engine runs one
@@ -196,37 +250,56 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
         raise EngineError('`sync_bn` makes the devices wait for each other, which '
                           'MXNET_ENGINE_TYPE=NaiveEngine (one operation at a time) never lets '
                           'finish; unset MXNET_ENGINE_TYPE or drop `sync_bn`')
-    if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0':
+    wanted = ({} if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0'
+              else recommended(cpu_devices, sync_bn=sync_bn))
+    if process and loaded():
+        _warn_if_different(wanted, cpu_devices, sync_bn)
         return {}
-    wanted = recommended(cpu_devices, sync_bn=sync_bn)
-    if environ is os.environ and loaded():
-        _warn_if_different(wanted, cpu_devices)
-        return {}
-    applied = {}
-    for name, value in wanted.items():
-        if name not in environ or _STATE['applied'].get(name) == environ.get(name):
-            applied[name] = value
-    for name, value in _STATE['applied'].items():  # an earlier plan's, not wanted now
+    mine = _STATE['applied'] if process else {}
+    applied = {name: value for name, value in wanted.items()
+               if name not in environ or mine.get(name) == environ[name]}
+    for name, value in mine.items():  # an earlier plan's, unchanged since, not wanted now
         if name not in wanted and environ.get(name) == value:
             del environ[name]
     environ.update(applied)
-    if environ is os.environ:
-        _STATE['applied'], _STATE['plan'] = dict(applied), (cpu_devices, sync_bn)
+    if process:
+        _STATE['applied'] = dict(applied)
     return applied
 
 
-def _warn_if_different(wanted, cpu_devices):
-    """Warn once per plan when MXNet loaded with settings other than ``wanted``."""
-    loaded_with = _STATE['loaded_with'] or {k: os.environ.get(k) for k in CHOSEN}
-    mine = _STATE['applied']
-    differ = [f'{k}={v}' for k, v in wanted.items()
-              if loaded_with.get(k) != v and (loaded_with.get(k) is None or k in mine)]
-    if not differ:
+def _stacklevel():
+    """``stacklevel`` for ``warnings.warn`` called by our caller: the first frame outside the
+    package (the user's line, however deep in the package the warning is given)."""
+    frame, level = sys._getframe(1), 1  # pylint: disable=protected-access
+    while frame.f_back is not None and \
+            os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn_if_different(wanted, cpu_devices, sync_bn):
+    """Warn, once per plan, when MXNet loaded with settings other than ``wanted``.
+
+    A variable the user set before MXNet loaded wins and is not reported;
+    one that was unset (MXNet's default) or set by ``configure`` for
+    another plan is.
+    """
+    loaded_with, mine = settings() or {}, _STATE['applied']
+    differ = {k: wanted[k] for k in CHOSEN if k in wanted
+              and loaded_with.get(k) != wanted[k]
+              and (loaded_with.get(k) is None or mine.get(k) == loaded_with.get(k))}
+    key = (cpu_devices, sync_bn, tuple(differ.items()))
+    if not differ or key in _STATE['warned']:
         return
-    had = ', '.join(f'{k}={loaded_with.get(k) or "unset"}' for k in wanted)
+    _STATE['warned'].add(key)
+    had = ', '.join(f'{k}={loaded_with[k]}' if loaded_with.get(k) is not None else f'{k} unset'
+                    for k in CHOSEN if k in wanted)
+    why = ', '.join(f'{k}={v} ({TOO_LATE[k]})' for k, v in differ.items())
+    effect = ('Synchronised BatchNorm on several CPU contexts refuses to start with fewer scratch '
+              'copies' if sync_bn and 'MXNET_CPU_TEMP_COPY' in differ
+              else 'Training works, but may run slower')
     warnings.warn(
-        f'MXNet is already loaded ({had}), so the engine settings for {_plan_text(cpu_devices)} '
-        f'({", ".join(differ)}) cannot take effect: training works, but may run slower; for them, '
-        'restart the kernel (or Python) and create the devices first (gm.cpu_devices(n), or '
-        'gm.engine.configure(cpu_devices=n)) before anything that loads MXNet',
-        EngineWarning, stacklevel=3)
+        f'MXNet is already loaded ({had}), so the engine settings for '
+        f'{_plan_text(cpu_devices, sync_bn)} are not applied: {why}. {effect}; for them, restart '
+        f'the kernel (or Python) and call {_call_text(cpu_devices, sync_bn)} before anything loads '
+        'MXNet', EngineWarning, stacklevel=_stacklevel())

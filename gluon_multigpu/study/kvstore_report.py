@@ -2,7 +2,7 @@
 from ..run.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, bar_chart
 
-__all__ = ['markdown_table', 'comparison_table', 'write_kvstore_report']
+__all__ = ['markdown_table', 'comparison_table', 'batch_norm_sentence', 'write_kvstore_report']
 
 
 def markdown_table(header, rows, align):
@@ -48,6 +48,26 @@ def comparison_table(results, tracker=None):
     return '\n'.join(rows)
 
 
+def batch_norm_sentence(tracker, config):
+    """What the report says of BatchNorm's statistics: '' for a network without BatchNorm.
+
+    Whether the network has BatchNorm is what ``tracker`` recorded (running
+    statistics, or None for none); ``config['sync_bn']`` says whether they
+    were synchronised. Nothing recorded: nothing said.
+    """
+    recorded = [s for spreads in tracker.stats_spread.values() for s in spreads or ()]
+    if not any(s is not None for s in recorded):
+        return ''
+    if config.get('sync_bn'):
+        return (' BatchNorm is synchronised: each layer\'s batch mean and variance are computed '
+                'over all devices\' shards together, so the running mean and variance are the '
+                'same on every device (the last column measures it), and every device evaluates '
+                'its shard of a test batch with them.')
+    return (' BatchNorm\'s running mean and variance are not synchronised: MXNet keeps them per '
+            'device, each updated from that device\'s shards only (so does the book\'s code), '
+            'and each device evaluates its shard of a test batch with its own.')
+
+
 def write_kvstore_report(directory, results, tracker, config, answer):
     """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
 
@@ -62,7 +82,8 @@ def write_kvstore_report(directory, results, tracker, config, answer):
     tracker : ParamTracker
         The parameter differences recorded after each epoch.
     config : dict
-        The run's settings (``model``, ``dataset``, ``batch_size``, ``lr``, ...).
+        The run's settings (``model``, ``dataset``, ``batch_size``, ``lr``, ...;
+        ``sync_bn`` true when BatchNorm was synchronised).
     answer : str
         The recommendation sentence (``compare.recommend``).
     """
@@ -80,10 +101,8 @@ def write_kvstore_report(directory, results, tracker, config, answer):
         'epochs. The parameter differences are the largest absolute difference of any weight '
         f'to the {tracker.reference} run after each epoch (float rounding when the back ends '
         'agree), and the largest difference between the copies on the devices of one run: '
-        '0 for the weights when every device holds the same parameters. BatchNorm\'s running '
-        'mean and variance are not synchronised: MXNet keeps them per device, each updated '
-        'from that device\'s shards only (so does the book\'s code), and each device '
-        'evaluates its shard of a test batch with its own.', '',
+        '0 for the weights when every device holds the same parameters.'
+        + batch_norm_sentence(tracker, config), '',
         '![test accuracy per epoch](accuracy.png)', '',
         '![training seconds per epoch](seconds.png)', '',
         'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '

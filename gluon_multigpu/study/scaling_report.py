@@ -2,7 +2,8 @@
 
 The figures come from ``scaling`` (the arithmetic) and ``measure`` (the
 measurements); this module turns them into Markdown, sentences, charts (PNG,
-SVG or PDF by the extension) and the output directory of a sweep.
+SVG or PDF by the extension) and the output directory of a sweep. Like
+``scaling``, it does not import MXNet (it draws with matplotlib).
 """
 import statistics
 
