@@ -71,3 +71,7 @@ class Interrupted(Exception):
         super().__init__(f'interrupted {where}{more}')
         self.epoch, self.batches, self.epoch_done = epoch, batches, epoch_done
         self.training = training
+
+    def _render_traceback_(self):
+        """What IPython shows for it in a notebook: the one line, not a traceback."""
+        return [f'Interrupted: {self}']

@@ -149,6 +149,7 @@ class Run:
     scaler: object = None
     step_scale: int = 1
     trainer_options: dict = field(default_factory=dict)
+    error: object = None  # what ended the last fit, for the hooks' ``leave`` (None: it returned)
 
     def batches(self, skip=0):
         """The epoch's batches, without the first ``skip`` (done before a resumed stop)."""
@@ -511,12 +512,18 @@ class Training:
             self._target = self.epoch + num_epochs  # an interrupted epoch is the first of them
         npx.set_np()  # for the thread that calls fit (MXNet keeps the semantics per thread)
         run = self.run
-        run.num_epochs = self._target
-        run.call('enter')
+        run.num_epochs, run.error = self._target, None
+        entered = []
         try:
+            for hook in run.hooks:
+                hook.enter(run)
+                entered.append(hook)
             self._fit(run)
+        except BaseException as e:
+            run.error = e  # how the fit ended, for the hooks' leave
+            raise
         finally:
-            run.call('leave')
+            _leave_all(run, entered)
         return self.result
 
     def _fit(self, run):
@@ -624,6 +631,21 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
                     hooks=hooks, on_epoch=on_epoch).fit(num_epochs)
+
+
+def _leave_all(run, entered):
+    """Call ``leave`` of every hook in ``entered``, last first, even when one raises.
+
+    The first error is raised once all have left (unless the fit itself raised).
+    """
+    first = None
+    for hook in reversed(entered):
+        try:
+            hook.leave(run)
+        except Exception as e:  # pylint: disable=broad-except
+            first = first or e
+    if first is not None and run.error is None:
+        raise first
 
 
 def _whole_epoch(run, totals):
