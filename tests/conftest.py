@@ -1,25 +1,22 @@
-"""Shared fixtures: the real data sets beside the checkout, the scripts as modules, subprocesses."""
-import importlib.util
+"""Shared fixtures: the real data sets beside the checkout, the programs as modules, processes."""
+import importlib
 import os
 import pathlib
 import re
 import subprocess
-import sys
 import threading
 import time
 
 import numpy as onp
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / 'scripts'))
-import _cli  # noqa: E402  (imports no MXNet)
+import gluon_multigpu as gm  # loads no MXNet
 
-# The tests run several CPU contexts in one process, as the scripts do: the
+# The tests run several CPU contexts in one process, as the programs do: the
 # same engine settings, in place before MXNet loads.
-_cli.apply_engine_settings()
+gm.engine.configure()
 
-import gluon_multigpu as gm  # noqa: E402
+REPO = pathlib.Path(__file__).resolve().parents[1]
 # The data sets live in ../shared/data beside the checkout (CI puts them there);
 # GLUON_MULTIGPU_DATA points elsewhere.
 DATA = pathlib.Path(os.environ.get('GLUON_MULTIGPU_DATA', REPO.parent / 'shared' / 'data'))
@@ -57,11 +54,10 @@ def fashion_test(fashion_dir):
 
 
 def load_script(name):
-    """Import ``scripts/<name>.py`` as a module, so tests can call its ``main(argv)``."""
-    spec = importlib.util.spec_from_file_location(f'script_{name}', REPO / 'scripts' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The program ``scripts/<name>.py`` starts, as a module (``gluon_multigpu.cli.<name>``), so
+    tests can call its ``main(argv)`` and its functions, and patch them."""
+    assert (REPO / 'scripts' / f'{name}.py').is_file(), f'scripts/{name}.py is missing'
+    return importlib.import_module(f'gluon_multigpu.cli.{name}')
 
 
 @pytest.fixture

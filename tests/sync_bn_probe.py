@@ -16,15 +16,12 @@ import tempfile
 
 import numpy as onp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'scripts'))
-import _cli  # noqa: E402
+import gluon_multigpu as gm  # loads no MXNet
 
-_cli.apply_engine_settings(2, sync_bn=True)
+gm.engine.configure(2, sync_bn=True)  # before MXNet loads
 
 import mxnet as mx  # noqa: E402
 from mxnet import gluon, init, np  # noqa: E402
-
-import gluon_multigpu as gm  # noqa: E402
 
 
 def values(net, devices):

@@ -21,7 +21,7 @@ import time
 import numpy as onp
 import pytest
 
-import _cli
+from gluon_multigpu.cli import common
 import gluon_multigpu as gm
 from conftest import REPO, load_script, run_bounded, wait_bounded
 
@@ -245,10 +245,10 @@ def test_a_quiet_console_survives_a_closed_terminal():
 
         def fileno(self):
             raise ValueError('no descriptor')
-    stream = _cli._QuietStream(Gone())  # pylint: disable=protected-access
+    stream = common._QuietStream(Gone())  # pylint: disable=protected-access
     assert stream.write('epoch 1/2: ...\n') == 15 and stream.lost
     stream.flush()
-    _cli.say_quietly('a line', Gone())
+    common.say_quietly('a line', Gone())
 
 
 # -- 3. a signal in an evaluation ------------------------------------------------------------
@@ -541,12 +541,12 @@ def test_flags_must_be_written_in_full(train_script, argv, capsys):
 
 
 def test_the_engine_set_up_reads_only_full_flags():
-    assert _cli.engine_devices(['--cpu', '3']) != 3
-    assert _cli.engine_devices(['--cpu-devices', '3']) == 3
-    assert _cli.engine_devices(['--cpu-devices=3']) == 3
+    assert common.engine_devices(['--cpu', '3']) != 3
+    assert common.engine_devices(['--cpu-devices', '3']) == 3
+    assert common.engine_devices(['--cpu-devices=3']) == 3
 
 
 def test_sync_bn_on_the_naive_engine_is_refused_before_mxnet_loads():
-    with pytest.raises(_cli.UsageError, match='unset MXNET_ENGINE_TYPE or drop --sync-bn'):
-        _cli.apply_engine_settings(2, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
-    assert _cli.apply_engine_settings(1, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
+    with pytest.raises(common.UsageError, match='unset MXNET_ENGINE_TYPE or drop --sync-bn'):
+        common.apply_engine_settings(2, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
+    assert common.apply_engine_settings(1, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)

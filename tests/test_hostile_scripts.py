@@ -65,19 +65,24 @@ def output_cases(tmp_path, unwritable_dir):
             (os.path.join(unwritable_dir, 'x.json'), str(unwritable_dir))]
 
 
+def patched(module, path):
+    """What ``path`` (``name``, ``gm.module.name``) patches: the program, or a library module."""
+    owner = path.rpartition('.')[0]
+    return getattr(gm, owner[len('gm.'):]) if owner else module
+
+
 @pytest.mark.parametrize('script, argv, patch', [
     ('inflight', ['--models', 'simple-cnn', '--values', '1', '--rounds', '1', '--json'],
      'measure'),
     ('benchmark', ['--quick', '--repeats', '1', '--only', 'gemm/1', '--data-dir', '{data}',
                    '--json'], 'run_task'),
     ('bandwidth', ['--cpu-devices', '2', '--quick', '--models', 'simple-cnn', '--data-dir',
-                   '{data}', '--csv'], 'measure.measure_bandwidth'),
+                   '{data}', '--csv'], 'gm.measure.measure_bandwidth'),
 ])
 def test_a_file_output_that_cannot_be_written_stops_before_measuring(
         script, argv, patch, tmp_path, unwritable_dir, fashion_dir, monkeypatch, capsys):
     module = load_script(script)
-    owner, _, name = patch.rpartition('.')
-    monkeypatch.setattr(getattr(module, owner) if owner else module, name, not_measured)
+    monkeypatch.setattr(patched(module, patch), patch.rpartition('.')[2], not_measured)
     cases = output_cases(tmp_path, unwritable_dir)
     before = sorted(os.listdir(tmp_path))
     argv = [a.format(data=fashion_dir) for a in argv]
@@ -91,14 +96,13 @@ def test_a_file_output_that_cannot_be_written_stops_before_measuring(
 
 
 @pytest.mark.parametrize('script, argv, patch', [
-    ('scaling', ['--cpu-devices', '2', '--model', 'simple-cnn', '--out'], 'measure.run_sweep'),
+    ('scaling', ['--cpu-devices', '2', '--model', 'simple-cnn', '--out'], 'gm.measure.run_sweep'),
     ('balance', ['--cpu-devices', '2', '--out'], 'measure_all'),
 ])
 def test_a_folder_output_that_cannot_be_written_stops_before_measuring(
         script, argv, patch, tmp_path, unwritable_dir, monkeypatch, capsys):
     module = load_script(script)
-    owner, _, name = patch.rpartition('.')
-    monkeypatch.setattr(getattr(module, owner) if owner else module, name, not_measured)
+    monkeypatch.setattr(patched(module, patch), patch.rpartition('.')[2], not_measured)
     (tmp_path / 'a-file').write_text('mine')
     for path, message in [(tmp_path / 'a-file', 'is a file; give a directory'),
                           (tmp_path / 'no' / 'such', 'does not exist; create it first'),
@@ -112,7 +116,7 @@ def test_a_folder_output_that_cannot_be_written_stops_before_measuring(
 
 def test_csv_and_json_naming_the_same_file_is_refused(tmp_path, monkeypatch, capsys):
     bandwidth = load_script('bandwidth')
-    monkeypatch.setattr(bandwidth.measure, 'measure_bandwidth', not_measured)
+    monkeypatch.setattr(gm.measure, 'measure_bandwidth', not_measured)
     same = str(tmp_path / 'bw')
     assert bandwidth.main(['--cpu-devices', '2', '--csv', same, '--json', f'{tmp_path}/./bw']) == 2
     err = capsys.readouterr().err
@@ -266,8 +270,8 @@ def test_a_signal_while_writing_the_report_leaves_no_folder(signum, tmp_path, si
                status='ok')
     monkeypatch.setattr(gm, 'load_data', lambda *a, **k: gm.data.synthetic_data(
         'fashion-mnist', 1, num_train=8, num_test=8))
-    monkeypatch.setattr(scaling.measure, 'run_sweep', lambda *a, **k: [dict(row)])
-    monkeypatch.setattr(scaling.measure, 'measure_projection', lambda *a, **k: ([], []))
+    monkeypatch.setattr(gm.measure, 'run_sweep', lambda *a, **k: [dict(row)])
+    monkeypatch.setattr(gm.measure, 'measure_projection', lambda *a, **k: ([], []))
     monkeypatch.setattr(gm.scaling_report, 'accuracy_batch_chart',
                         lambda *a, **k: send_self(signum))
     out = tmp_path / 'sweep'

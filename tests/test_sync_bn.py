@@ -75,8 +75,7 @@ def test_the_layer_refuses_too_few_scratch_spaces_instead_of_waiting_forever():
 
 
 def test_the_scripts_give_synchronised_batchnorm_the_scratch_spaces_it_asks_for():
-    """_cli sets them before MXNet loads, so it cannot call sync_bn: the two must agree."""
-    import _cli
+    """The engine sets them before MXNet loads, so it cannot call sync_bn: the two must agree."""
     for n in (2, 3, 4, 8):
         copies = int(gm.engine.recommended(n, sync_bn=True)['MXNET_CPU_TEMP_COPY'])
         assert copies == gm.sync_bn.cpu_scratch_needed(n)

@@ -3,12 +3,13 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import autograd, init, np, npx
 from mxnet.gluon import nn
 
+from . import devices as _devices
 from ..errors import DeviceError, GluonMultiGPUError
 from .recipes import RECIPES
 
 __all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cnn',
            'get_model', 'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',
-           'memory_needed', 'largest_batch', 'check_memory']
+           'memory_needed', 'largest_batch', 'check_memory', 'fit_batch']
 
 
 def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
@@ -286,3 +287,34 @@ def check_memory(name, batch_size, num_devices, available, multiple=1, sync_bn=F
         raise DeviceError(f'{what}; use a `batch_size` of {fits} or less')
     raise DeviceError(f'{what}, too little even for the smallest batch; free memory or use a '
                       'machine with more')
+
+
+def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False):
+    """Return ``(batch_size, note)``: the batch of a run of model ``name``, checked before any work.
+
+    ``batch_size`` None takes the model's recipe: its samples per device
+    times the devices. A batch smaller than the devices cannot be split:
+    ``DeviceError``. A batch larger than the ``num_train`` training images is
+    one batch of all of them: it is cut to them (to a multiple of the devices
+    with ``sync_bn``, for equal shards), and ``note`` says so (None
+    otherwise). On CPU contexts the batch's estimated peak memory
+    (``MEMORY``) must fit in the memory available (``check_memory``): past
+    it the system swaps or kills the run.
+    """
+    count = len(devices)
+    default = batch_size is None
+    if default:
+        batch_size = RECIPES[name].batch_size(count)
+    if batch_size < count:
+        raise DeviceError(f'a batch of {batch_size} cannot be split across {count} devices; '
+                          f'use `batch_size` {count} or more')
+    multiple = count if sync_bn else 1
+    note = None
+    if batch_size > num_train >= count:
+        given = f'the default batch of {batch_size}' if default else f'`batch_size` {batch_size}'
+        batch_size = num_train - num_train % multiple
+        note = (f'{given} is more than the {num_train} training images: using a batch of '
+                f'{batch_size}')
+    if devices[0].device_type == 'cpu':
+        check_memory(name, batch_size, count, _devices.available_memory(), multiple, sync_bn)
+    return batch_size, note

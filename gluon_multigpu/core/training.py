@@ -364,12 +364,16 @@ def check_train_args(devices, num_epochs, kvstore, lr):
     """
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')
-    if num_epochs is not None and (not isinstance(num_epochs, int) or isinstance(num_epochs, bool)
-                                   or num_epochs < 1):
-        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
+    if num_epochs is not None:
+        _check_epochs(num_epochs)
     check_kvstore(kvstore, devices)
     if lr is not None:
         check_lr(lr)
+
+
+def _check_epochs(num_epochs):
+    if not isinstance(num_epochs, int) or isinstance(num_epochs, bool) or num_epochs < 1:
+        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
 
 
 class _EpochCallback(Hook):
@@ -508,7 +512,7 @@ class Training:
                 raise GluonMultiGPUError('nothing left to continue; give `num_epochs`, the '
                                          'epochs to train')
         else:
-            check_train_args(self.devices, num_epochs, self.result.kvstore, self.result.lr)
+            _check_epochs(num_epochs)
             self._target = self.epoch + num_epochs  # an interrupted epoch is the first of them
         npx.set_np()  # for the thread that calls fit (MXNet keeps the semantics per thread)
         run = self.run

@@ -10,6 +10,9 @@ together are exactly the batch a single process would draw with the same
 seed, so a synchronous run on W workers equals one process on all their
 devices.
 """
+import os
+from typing import NamedTuple
+
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
@@ -18,8 +21,69 @@ from ..errors import GluonMultiGPUError
 from ..core.kvstores import DIST_KVSTORES
 from ..core.training import Hook
 
-__all__ = ['DIST_KVSTORES', 'connect', 'WorkerShard', 'step_scale']
+__all__ = ['DIST_KVSTORES', 'DMLC_VARIABLES', 'Worker', 'join', 'connect', 'WorkerShard',
+           'StepScale', 'step_scale']
 
+#: The variables a parameter-server worker needs (``scripts/launch.py`` sets them).
+DMLC_VARIABLES = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
+                  'DMLC_NUM_WORKER')
+
+
+class Worker(NamedTuple):
+    """This process's place in a parameter-server run (rank 0 of 1 on one machine).
+
+    ``kvstore`` is the parameter server's kvstore (None on one machine).
+    """
+    kvstore: object = None
+    rank: int = 0
+    count: int = 1
+
+    def describe(self, batch_size):
+        """The batch as a run's header line states it: per worker and global, with workers."""
+        if self.count == 1:
+            return ''
+        return (f' per worker x {self.count} workers = global batch {batch_size * self.count}, '
+                f'kvstore {self.kvstore.type}, worker rank {self.rank}')
+
+    def shard(self, train_iter, test_iter, seed=0):
+        """This worker's ``(train_iter, test_iter)`` from the whole data set's loaders.
+
+        It trains on its share of every global batch (``WorkerShard`` of
+        ``train_iter``'s samples and batch size) and, unless it is the first,
+        does not evaluate (``test_iter`` None). On one machine: as given.
+        """
+        if self.count == 1:
+            return train_iter, test_iter
+        return (WorkerShard(train_iter.images, train_iter.labels, train_iter.batch_size,
+                            self.rank, self.count, seed),
+                None if self.rank else test_iter)
+
+
+def join(kvstores, start=None, environ=None):
+    """Join the parameter server if one of ``kvstores`` (names) is one; return this ``Worker``.
+
+    Without a parameter-server kvstore: ``Worker()``, rank 0 of 1. With one,
+    it must be the only kvstore, and the process must have been started as a
+    worker by the launcher (the ``DMLC_VARIABLES`` set, ``DMLC_ROLE=worker``);
+    ``start`` says in the message how to start it so. Blocks until every
+    worker has joined.
+    """
+    dist = [k for k in kvstores if k in DIST_KVSTORES]
+    if not dist:
+        return Worker()
+    if len(kvstores) > 1:
+        raise GluonMultiGPUError(f'`kvstore` {dist[0]} trains across machines; give it alone, '
+                                 'not with other kvstores')
+    environ = os.environ if environ is None else environ
+    missing = [v for v in DMLC_VARIABLES if not environ.get(v)]
+    if missing or environ.get('DMLC_ROLE') != 'worker':
+        start = start or ('python scripts/launch.py -n WORKERS -s SERVERS -- python '
+                          'YOUR_PROGRAM.py')
+        raise GluonMultiGPUError(
+            f'`kvstore` {dist[0]} runs as a worker of a parameter server, and '
+            f'{", ".join(missing) or "DMLC_ROLE=worker"} is not set; start it with: {start}')
+    kv = connect(dist[0])
+    return Worker(kv, kv.rank, kv.num_workers)
 
 
 def connect(name):

@@ -33,10 +33,11 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet.gluon import nn
 from mxnet.util import is_np_array
 
-from ..errors import DeviceError
+from ..core.model import NORMALISED
+from ..errors import DeviceError, GluonMultiGPUError
 
-__all__ = ['SyncBatchNorm', 'sync_batch_norm', 'check_cpu_scratch', 'cpu_scratch_needed',
-           'SCRATCH_PER_CPU_CONTEXT']
+__all__ = ['SyncBatchNorm', 'sync_batch_norm', 'check_training', 'check_cpu_scratch',
+           'cpu_scratch_needed', 'SCRATCH_PER_CPU_CONTEXT']
 
 #: Scratch spaces (``MXNET_CPU_TEMP_COPY``) per CPU context asked for: twice what ran.
 SCRATCH_PER_CPU_CONTEXT = 128
@@ -57,6 +58,34 @@ def check_cpu_scratch(num_devices, temp_copy):
                           f'MXNET_CPU_TEMP_COPY={temp_copy} can wait forever (the contexts share '
                           f'those scratch spaces); set MXNET_CPU_TEMP_COPY={needed} or more '
                           'before MXNet loads, or unset it')
+
+
+def check_training(model, devices, batch_size, split=None, book_literal=False):
+    """Raise ``GluonMultiGPUError`` unless synchronised BatchNorm can train as asked (before any
+    work).
+
+    MXNet's operator averages the devices' statistics with equal weights and
+    waits for every device in each step: the network must have BatchNorm
+    (``model``, a name of ``model.MODELS``), the text's loop (``book_literal``)
+    keeps its own ``nn.BatchNorm``, the split must be even (``split`` None or
+    ``'even'``), ``batch_size`` must divide among the ``devices``, and on CPU
+    contexts the scratch spaces must be enough (``check_cpu_scratch``).
+    """
+    if model not in NORMALISED:
+        raise GluonMultiGPUError(f'`sync_bn` synchronises BatchNorm, and `model` {model} has none; '
+                                 f'use `model` {", ".join(NORMALISED)} or drop `sync_bn`')
+    if book_literal:
+        raise GluonMultiGPUError("`book_literal` runs the text's nn.BatchNorm; drop `sync_bn`")
+    if split is not None and not (isinstance(split, str) and split == 'even'):
+        raise GluonMultiGPUError("`sync_bn` averages the devices' statistics with equal weights, "
+                                 'so it needs equal shards; drop `split`')
+    if batch_size % len(devices):
+        raise DeviceError(f'`sync_bn` needs equal shards, and a batch of {batch_size} does not '
+                          f'divide among {len(devices)} devices; use a `batch_size` divisible by '
+                          f'{len(devices)}')
+    if devices[0].device_type == 'cpu':
+        # MXNet read this variable when it loaded; 4 is its default.
+        check_cpu_scratch(len(devices), int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')))
 
 
 class SyncBatchNorm(nn.BatchNorm):

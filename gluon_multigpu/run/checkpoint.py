@@ -43,14 +43,16 @@ import tempfile
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, GluonMultiGPUError
 from .files import CHECKPOINT_FILE, atomic_write, check_output_dir
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
+from ..core.data import DATASETS, ArrayLoader
 from ..core.results import EpochRecord, EpochTotals
 from ..core.training import Hook
 
-__all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT']
+__all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT',
+           'run_config', 'for_run', 'check_resumable']
 
 MANIFEST = 'manifest.json'
 LOCK = '.lock'
@@ -164,8 +166,80 @@ def _damaged(directory, why):
                            'choose another `checkpoint_dir`')
 
 
+def run_config(model, dataset, batch_size, lr, seed=0, num_train=None, num_test=None, *,
+               book_literal=False, workers=1, dtype='float32', sync_bn=False):
+    """The settings of a run that its checkpoint records and a resumed run must match.
+
+    ``num_train``/``num_test`` None: the whole data set. ``workers``,
+    ``dtype`` and ``sync_bn`` are recorded only when they differ from a
+    plain run (1, float32, off), so that checkpoints of plain runs stay as
+    they were; absent, they still count (``Checkpointer.load``).
+    """
+    config = {'model': model, 'dataset': dataset, 'batch_size': batch_size, 'lr': lr,
+              'seed': seed, 'num_train': num_train or DATASETS[dataset]['train'],
+              'num_test': num_test or DATASETS[dataset]['test'], 'book_literal': book_literal}
+    if workers > 1:
+        config['workers'] = workers  # a resumed run needs as many
+    if dtype != 'float32':
+        config['dtype'] = dtype
+    if sync_bn:
+        config['sync_bn'] = True
+    return config
+
+
+def for_run(checkpoint_dir, config, resume=False, kvstores=('device',), rank=0):
+    """The checkpoint hook of a run with settings ``config`` (``run_config``), or None without
+    ``checkpoint_dir``.
+
+    Refuses (``GluonMultiGPUError``) what a checkpoint cannot follow: several
+    kvstores compared in turn, the text's loop (``config['book_literal']``),
+    ``dist_async`` (the optimizer lives on the servers); and ``resume``
+    without a directory. On a parameter server the first worker (``rank``
+    0) saves; the others get a ``CheckpointReader``, which only resumes.
+    """
+    if resume and not checkpoint_dir:
+        raise GluonMultiGPUError('`resume=True` needs `checkpoint_dir` DIR, the directory to '
+                                 'resume from')
+    if not checkpoint_dir:
+        return None
+    if len(set(kvstores)) > 1:
+        raise GluonMultiGPUError('`checkpoint_dir` follows one run; give a single `kvstore`')
+    if config.get('book_literal'):
+        raise GluonMultiGPUError("`book_literal` runs the text's loop, which keeps no "
+                                 'checkpoints; drop `checkpoint_dir` or `book_literal`')
+    if 'dist_async' in kvstores:
+        raise GluonMultiGPUError('`kvstore` dist_async keeps the optimizer on the servers, which '
+                                 'a checkpoint cannot save; drop `checkpoint_dir` or use dist_sync')
+    return (CheckpointReader if rank else Checkpointer)(checkpoint_dir, config, resume=resume)
+
+
+def check_resumable(data):
+    """Raise ``CheckpointError`` unless a checkpoint can replay the order of ``data``'s batches.
+
+    A resumed run must see the batches the interrupted one would have seen:
+    the package's loaders (``data.ArrayLoader``, from ``load_data`` or
+    ``synthetic_data``) draw each epoch's order from their seed and the
+    epoch alone, and ``epoch = e`` replays epoch ``e``. So does any iterable
+    with an integer ``epoch`` that means the same. Another iterable (a list,
+    a generator, a Gluon ``DataLoader``) cannot say where its order stood, and
+    resuming it would go on with other batches than the run's.
+    """
+    epoch = getattr(data, 'epoch', None)
+    if isinstance(data, ArrayLoader) or (isinstance(epoch, int) and not isinstance(epoch, bool)):
+        return
+    raise CheckpointError(f'a checkpoint resumes the order of the training batches, which this '
+                          f'{type(data).__name__} cannot replay; load the data with '
+                          'gm.load_data (or wrap arrays in gm.data.ArrayLoader), or train '
+                          'without a Checkpointer')
+
+
 class Checkpointer(Hook):
     """Save a run after every epoch and when it is stopped; resume it (a ``train`` hook).
+
+    A resumed run replays the order of the training batches, so the data
+    must be the package's loaders (``load_data``, ``data.ArrayLoader``; see
+    ``check_resumable``): other data is refused before the first step.
+    ``for_run`` makes the Checkpointer of a run from its settings (``run_config``).
 
     Parameters
     ----------
@@ -489,7 +563,9 @@ class Checkpointer(Hook):
     # -- as a hook of train ----------------------------------------------------------------
 
     def begin(self, run):
-        """With ``resume``: restore the parameters, the Trainer and the history; say where to go on."""
+        """Refuse data whose order cannot be resumed (``check_resumable``), before any step; with
+        ``resume``: restore the parameters, the Trainer and the history; say where to go on."""
+        check_resumable(run.train_iter)
         state = self.load() if self.resume else None
         if state is None:
             return None

@@ -16,8 +16,8 @@ import tempfile
 from ..errors import GluonMultiGPUError
 
 __all__ = ['atomic_write', 'write_json', 'write_csv', 'read_csv', 'check_writable',
-           'check_output_dir', 'check_output_path', 'check_outputs', 'resolve_output',
-           'is_checkpoint_folder']
+           'check_output_dir', 'check_output_path', 'check_outputs', 'input_files',
+           'resolve_output', 'is_checkpoint_folder']
 
 
 class atomic_write:  # pylint: disable=invalid-name
@@ -284,6 +284,14 @@ def check_output_path(path, what, inputs=()):
         raise GluonMultiGPUError(f'{what} {path} is in the checkpoint folder {directory}; give a '
                                  'path outside it')
     return target
+
+
+def input_files(dataset, data_dir=None):
+    """The files a run on data set ``dataset`` reads from ``data_dir`` (None: the data set's
+    default folder): the ``inputs`` no output of the run may replace (``check_outputs``)."""
+    from ..core.data import IDX_FILES, default_root  # pylint: disable=import-outside-toplevel
+    root = data_dir or default_root(dataset)
+    return [os.path.join(root, name) for name in IDX_FILES.values()]
 
 
 def check_outputs(files=(), directories=(), checkpoint_dir=None, inputs=()):

@@ -1,18 +1,22 @@
-"""What the scripts share: the argument parser and types, the engine set-up, the error handling.
+"""What the programs share: the argument parser and types, the engine set-up, the error handling.
 
 MXNet reads some of its settings once, when its library loads (``OMP_NUM_THREADS``)
 or when its engine first needs scratch space (``MXNET_CPU_TEMP_COPY``). So a
-script first reads its device flags and calls ``prepare_engine``, which has
+program first reads its device flags and calls ``prepare_engine``, which has
 ``gluon_multigpu.run.engine`` compute and set them, and only then uses
 anything of the package that loads MXNet. Nothing in this module loads MXNet.
+
+The library names its arguments in backquotes (`checkpoint_dir`); ``FLAGS``
+spells them as this command line does (``error_line``).
 """
 import argparse
 import math
 import os
+import shlex
 import signal
 import sys
 
-from gluon_multigpu.run import engine
+from ..run import engine
 
 #: Most CPU contexts a script accepts: MXNet starts a worker thread per
 #: context, and past this many the contexts only share the same cores.
@@ -335,7 +339,7 @@ FLAGS = {'cpu_devices': '--cpu-devices', 'num_gpus': '--num-gpus',
          'dataset': '--dataset', 'batch_size': '--batch-size', 'num_train': '--num-train',
          'lr': '--lr', 'counts': '--counts', 'kvstore': '--kvstore',
          'global_batch': '--global-batch', 'dtype': '--dtype', 'split': '--split',
-         'sync_bn': '--sync-bn'}
+         'sync_bn': '--sync-bn', 'model': '--model', 'book_literal': '--book-literal'}
 
 
 def error_line(error):
@@ -344,7 +348,7 @@ def error_line(error):
 
 
 def run_main(argv, build_parser, run):
-    """The ``main`` of a measuring script; return its exit status.
+    """The ``main`` of a measuring program; return its exit status.
 
     Parses ``argv`` and calls ``run(args)``: 0 when done, 2 with one line for
     bad input, 130 when interrupted.
@@ -360,3 +364,85 @@ def run_main(argv, build_parser, run):
         print('interrupted', file=sys.stderr)
         return 130
     return 0
+
+
+def stopping_main(argv, make_parser, run_script):
+    """``run_main`` that also ends cleanly on a signal and on a failed write; the status.
+
+    The main of every program but train and launch. SIGINT and SIGTERM
+    unwind the run (``measure.stop_on_signals``: temporary files, threads,
+    child processes and report folders are cleaned up on the way) and end it
+    with one line and 128 + the signal; an ``OSError`` (a disk that fills, a
+    file-size limit) with one line naming the file, and 1. Bad input is
+    ``run_main``'s: one line and 2.
+    """
+    from ..study import measure  # pylint: disable=import-outside-toplevel  (loads MXNet)
+    # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    with measure.stop_on_signals():
+        try:
+            return run_main(argv, make_parser, run_script)
+        except measure.Stopped as e:
+            print(f'{e}: nothing was written', file=sys.stderr)
+            return 128 + e.signum
+        except OSError as e:
+            where = f' {e.filename}' if e.filename else ''
+            print(f'error: could not write{where}: {e.strerror or e}; free space or choose '
+                  'another place (nothing was written)', file=sys.stderr)
+            return 1
+
+
+# -- how the program was started, to say how to start it (or another) again ------------------
+
+#: The checkout's scripts/ folder, beside the package (an installed package has none).
+CHECKOUT_SCRIPTS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'scripts')
+_CONSOLE = 'console'
+#: The scripts/NAME.py that started the program, _CONSOLE (its console script), or None
+#: (not told: called from Python, e.g. a test; the checkout's scripts if there are any).
+_STARTED = {'launcher': None}
+
+
+def started(launcher=None):
+    """Record how the program was started: from ``launcher`` (the path of ``scripts/NAME.py``),
+    or, without it, as its console script ``gluon-multigpu-NAME``."""
+    _STARTED['launcher'] = os.path.abspath(launcher) if launcher else _CONSOLE
+
+
+def _scripts_folder():
+    launcher = _STARTED['launcher']
+    if launcher == _CONSOLE:
+        return None
+    if launcher:
+        return os.path.dirname(launcher)
+    return CHECKOUT_SCRIPTS if os.path.isdir(CHECKOUT_SCRIPTS) else None
+
+
+def program(name):
+    """How messages name program ``name`` (``train``, ``launch``, ...): as this one was started,
+    ``python scripts/NAME.py`` or the console script ``gluon-multigpu-NAME``."""
+    return f'python scripts/{name}.py' if _scripts_folder() else f'gluon-multigpu-{name}'
+
+
+def command_line(name, argv):
+    """The command that runs program ``name`` with ``argv`` from the current directory."""
+    folder = _scripts_folder()
+    if folder is None:
+        return shlex.join([f'gluon-multigpu-{name}', *argv])
+    script = os.path.abspath(os.path.join(folder, f'{name}.py'))
+    relative = os.path.relpath(script)
+    return shlex.join(['python', script if relative.startswith('..') else relative, *argv])
+
+
+def start(main, launcher=None, engine=True, engine_argv=None):
+    """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
+
+    ``launcher``: the path of the ``scripts/NAME.py`` that started it (None:
+    its console script). ``engine``: set the engine for the device flags of
+    ``engine_argv`` (None: the command line's) before MXNet loads; False for
+    a program that loads no MXNet.
+    """
+    started(launcher)
+    if engine:
+        prepare_engine(engine_argv)
+    sys.exit(main())

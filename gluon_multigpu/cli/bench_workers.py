@@ -1,4 +1,4 @@
-"""The measurements of scripts/benchmark.py; each runs in a fresh process and returns a dict.
+"""The measurements of the benchmark program; each runs in a fresh process and returns a dict.
 
 MXNet's engine settings are in the environment before this module imports
 MXNet (the parent process sets them per variant), so nothing here imports

@@ -1,0 +1,316 @@
+"""Measure the package's training path against the text's loop, side by side, in one run.
+
+Each measurement runs in a fresh process, because MXNet reads its threading
+settings when it is imported: the "book" variant (the text's loop: ``resnet18``
+of ``nn.Block`` residuals, no hybridization, no read-back within an epoch)
+with MXNet's defaults, "ours" with the engine settings ``train.py`` applies.
+Variants alternate and the whole list repeats (the end-to-end runs, two
+whole epochs each, run once); the table gives medians, the
+ratios the targets ask for, and whether each holds. Timings are wall-clock
+seconds ended by ``npx.waitall()``.
+
+Bad input (a data folder without the files, a --json path that cannot be
+written) stops before measuring with one line and status 2. Ctrl-C or SIGTERM
+stops the measurement in progress and ends with one line and status 130 or
+143, writing nothing.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import gluon_multigpu as gm  # loads MXNet only when a name needs it
+from . import bench_workers, common
+
+FULL = {'steps': 3, 'warmup': 1, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
+        'eval_images': 512, 'memory_train': 7680, 'e2e_train': None, 'e2e_test': None,
+        'batches': {'small': 32, 'target': 128, 'book': (256, 512)}}
+QUICK = {'steps': 1, 'warmup': 1, 'gemm_n': 256, 'gemm_reps': 2, 'pipeline_images': 2048,
+         'eval_images': 64, 'memory_train': 1024, 'e2e_train': 1024, 'e2e_test': 256,
+         'batches': {'small': 8, 'target': 16, 'book': (12, 24)}}
+
+TARGETS = [  # key, what, comparison, threshold
+    ('resnet_speedup', 'ResNet-18 training images/s, ours / book (2 contexts, batch 128)',
+     '>=', 1.8),
+    ('vs_pytorch', 'ResNet-18 training images/s, ours (2 contexts) / PyTorch CPU (batch 128)',
+     '>=', 1.0),
+    ('flop_efficiency', 'ResNet-18 achieved GFLOP/s / measured matrix-multiply GFLOP/s',
+     '>=', 0.85),
+    ('two_vs_one', 'ours: 2 contexts / 1 context, images/s at the same global batch 128',
+     '>=', 0.95),
+    ('pipeline', 'data pipeline images/s, ours / book-style DataLoader', '>=', 20.0),
+    ('e2e_time', 'end to end (simple CNN, 2 epochs, real data): epoch wall time, ours / book',
+     '<=', 0.5),
+    ('e2e_accuracy', 'end to end: |test acc ours - book| (points)', '<=', 1.0),
+    ('memory_growth', 'ours: resident memory growth, epoch 1 to epoch 3', '<=', 0.05),
+]
+
+
+def build_parser():
+    """Return the argument parser of this script."""
+    p = common.OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument('--data-dir', metavar='DIR',
+                   default=os.path.expanduser('~/.mxnet/datasets/fashion-mnist'),
+                   help='folder of the four Fashion-MNIST IDX .gz files '
+                   '(default: ~/.mxnet/datasets/fashion-mnist)')
+    p.add_argument('--repeats', type=common.int_in(1, 100), default=2, metavar='N',
+                   help='rounds over all measurements; medians are reported (default: 2)')
+    p.add_argument('--json', metavar='PATH', default='benchmark.json',
+                   help='where to write every measurement (default: benchmark.json)')
+    p.add_argument('--quick', action='store_true',
+                   help='tiny sizes, to check that the benchmark runs (figures meaningless)')
+    p.add_argument('--only', nargs='+', metavar='PREFIX',
+                   help='run only the measurements whose key starts with a PREFIX '
+                   '(e.g. train/resnet18 e2e); targets lacking a figure show n/a')
+    p.add_argument('--worker', metavar='SPEC', help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
+    return build_parser().parse_args(argv)
+
+
+def variant_env():
+    """The environment of a measurement process: without this one's engine settings.
+
+    The process applies ours itself for an "ours" variant (``worker``); "book" runs on MXNet's.
+    """
+    env = dict(os.environ)
+    for name in ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY', 'OPENBLAS_NUM_THREADS'):
+        env.pop(name, None)  # the package decides, or MXNet does
+    env.pop('GLUON_MULTIGPU_ENGINE_ENV', None)
+    return env
+
+
+def plan(size, data_dir):
+    """Return the list of measurements: (key, spec) pairs, book and ours side by side."""
+    tasks = []
+
+    def add(key, kind, variant, **spec):
+        tasks.append((key, dict(spec, kind=kind, variant=variant, data_dir=data_dir)))
+    steps = {'steps': size['steps'], 'warmup': size['warmup']}
+    target, small = size['batches']['target'], size['batches']['small']
+    for model in ('resnet18', 'simple-cnn'):
+        for batch in (target, small):
+            for variant in ('book', 'ours'):
+                add(f'train/{model}/2/device/{batch}/{variant}', 'throughput', variant,
+                    model=model, devices=2, kvstore='device', batch=batch, **steps)
+        add(f'train/{model}/2/local/{target}/ours', 'throughput', 'ours', model=model, devices=2,
+            kvstore='local', batch=target, **steps)
+        add(f'train/{model}/1/device/{target}/ours', 'throughput', 'ours', model=model,
+            devices=1, kvstore='device', batch=target, **steps)
+    # the book's own batch sizes: 256 on one device, 512 on two (the simple CNN: cheap)
+    for devices, batch in zip((1, 2), size['batches']['book']):
+        for variant in ('book', 'ours'):
+            add(f'train/simple-cnn/{devices}/device/{batch}/{variant}', 'throughput', variant,
+                model='simple-cnn', devices=devices, kvstore='device', batch=batch, **steps)
+    add('pytorch/resnet18/128', 'torch_throughput', 'pytorch', batch=target, **steps)
+    for devices in (1, 2):
+        add(f'gemm/{devices}', 'gemm', 'ours', devices=devices, n=size['gemm_n'],
+            reps=size['gemm_reps'])
+    for variant in ('book', 'ours'):
+        add(f'pipeline/{variant}', 'pipeline', variant, images=size['pipeline_images'],
+            batch=256)
+        add(f'eval/resnet18/2/{variant}', 'evaluation', variant, devices=2,
+            images=size['eval_images'], batch=target)
+        add(f'memory/{variant}', 'memory', variant, devices=2, batch=256, epochs=3,
+            num_train=size['memory_train'], num_test=256)
+        add(f'e2e/{variant}', 'end_to_end', variant, devices=2, batch=512, epochs=2,
+            num_train=size['e2e_train'], num_test=size['e2e_test'])
+    return tasks
+
+
+def run_task(spec):
+    """Run one measurement in a fresh process; return its result dict."""
+    env = variant_env()
+    try:
+        proc = subprocess.run([sys.executable, '-m', 'gluon_multigpu.cli.benchmark', '--worker',
+                               json.dumps(spec)], capture_output=True, text=True, env=env,
+                              timeout=900)
+    except subprocess.TimeoutExpired:
+        return {'error': 'took more than 900 s'}
+    for line in proc.stdout.splitlines():
+        if line.startswith('RESULT '):
+            return json.loads(line[len('RESULT '):])
+    tail = (proc.stderr.strip().splitlines() or ['no output'])[-1]
+    return {'error': f'exit {proc.returncode}: {tail}'}
+
+
+def median_of(runs, field):
+    values = [r[field] for r in runs if field in r]
+    return statistics.median(values) if values else None
+
+
+def summarize(results, flops_per_image):
+    """Compute the target figures from the medians; return a list of row dicts."""
+    def med(key, field='images_per_sec'):
+        return median_of(results.get(key, []), field)
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+    target_batch = max((int(k.split('/')[4]) for k in results
+                        if k.startswith('train/resnet18/2')), default=128)
+    ours = med(f'train/resnet18/2/device/{target_batch}/ours')
+    book = med(f'train/resnet18/2/device/{target_batch}/book')
+    gemm = max(filter(None, (med('gemm/1', 'gflops'), med('gemm/2', 'gflops'))), default=None)
+    achieved = ours * flops_per_image / 1e9 if ours else None
+    e2e_ours = [r for r in results.get('e2e/ours', []) if 'epoch_seconds' in r]
+    e2e_book = [r for r in results.get('e2e/book', []) if 'epoch_seconds' in r]
+
+    def e2e_time(rs):
+        return statistics.median(statistics.mean(r['epoch_seconds']) for r in rs) if rs else None
+    acc_gap = (abs(statistics.median(r['test_acc'] for r in e2e_ours)
+                   - statistics.median(r['test_acc'] for r in e2e_book)) * 100
+               if e2e_ours and e2e_book else None)
+    figures = {
+        'resnet_speedup': (book, ours, ratio(ours, book)),
+        'vs_pytorch': (med(f'pytorch/resnet18/{128}') or med('pytorch/resnet18/128'), ours,
+                       ratio(ours, med('pytorch/resnet18/128'))),
+        'flop_efficiency': (gemm, achieved, ratio(achieved, gemm)),
+        'two_vs_one': (med(f'train/resnet18/1/device/{target_batch}/ours'), ours,
+                       ratio(ours, med(f'train/resnet18/1/device/{target_batch}/ours'))),
+        'pipeline': (med('pipeline/book'), med('pipeline/ours'),
+                     ratio(med('pipeline/ours'), med('pipeline/book'))),
+        'e2e_time': (e2e_time(e2e_book), e2e_time(e2e_ours),
+                     ratio(e2e_time(e2e_ours), e2e_time(e2e_book))),
+        'e2e_accuracy': (median_of(e2e_book, 'test_acc'), median_of(e2e_ours, 'test_acc'),
+                         acc_gap),
+        'memory_growth': (med('memory/book', 'growth'), med('memory/ours', 'growth'),
+                          med('memory/ours', 'growth')),
+    }
+    rows = []
+    for key, what, op, threshold in TARGETS:
+        base, value, measured = figures[key]
+        met = None if measured is None else (measured >= threshold if op == '>=' else
+                                             measured <= threshold)
+        rows.append({'key': key, 'what': what, 'reference': base, 'ours': value,
+                     'measured': measured, 'target': f'{op} {threshold:g}', 'met': met})
+    return rows
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return 'n/a'
+    return f'{x:.{digits}g}' if abs(x) < 1000 else f'{x:,.0f}'
+
+
+def table(rows):
+    """Return the Markdown table of the targets."""
+    lines = ['| target | reference | ours | measured | target | met |',
+             '| --- | ---: | ---: | ---: | :---: | :---: |']
+    for r in rows:
+        met = 'n/a' if r['met'] is None else ('yes' if r['met'] else 'NO')
+        lines.append(f"| {r['what']} | {fmt(r['reference'])} | {fmt(r['ours'])} | "
+                     f"{fmt(r['measured'])} | {r['target']} | {met} |")
+    return '\n'.join(lines)
+
+
+def detail_table(results):
+    """Return the Markdown table of every measurement's median."""
+    lines = ['| measurement | median | runs |', '| --- | ---: | ---: |']
+    for key, runs in results.items():
+        fields = [f for f in ('images_per_sec', 'gflops', 'growth', 'peak_mb', 'test_acc')
+                  if median_of(runs, f) is not None]
+        if key.startswith('e2e/'):
+            value = ', '.join(f"{statistics.mean(r['epoch_seconds']):.1f} s/epoch, acc "
+                              f"{r['test_acc']:.3f}" for r in runs if 'epoch_seconds' in r)
+        else:
+            value = ', '.join(f'{f} {fmt(median_of(runs, f))}' for f in fields)
+        errors = [r['error'] for r in runs if 'error' in r]
+        lines.append(f"| {key} | {value or errors[0] if errors else value} | {len(runs)} |")
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    """Run every measurement, print the tables, write the JSON; return the exit status.
+
+    0 when done; 1 when the JSON cannot be written; 2 for bad input; 130 or
+    143 when stopped by SIGINT or SIGTERM.
+    """
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args.worker)
+    return common.stopping_main(argv, build_parser, run)
+
+
+def worker(text):
+    """A measurement process: run the measurement ``text`` (JSON) describes, print its result."""
+    try:
+        spec = json.loads(text)
+        kind, ours = bench_workers.WORKERS[spec['kind']], spec['variant'] == 'ours'
+    except (ValueError, KeyError, TypeError):
+        print('error: --worker is how benchmark.py starts its measurement processes; leave it '
+              'out', file=sys.stderr)
+        return 2
+    if ours:  # the settings train.py applies for this device count
+        common.apply_engine_settings(spec.get('devices'))
+    print('RESULT ' + json.dumps(kind(spec)), flush=True)
+    return 0
+
+
+def run(args, out=None):
+    """Check the input, run every measurement, print the tables, write the JSON."""
+    out = out or sys.stdout
+    missing = [f for f in ('train-images-idx3-ubyte.gz', 't10k-images-idx3-ubyte.gz')
+               if not os.path.isfile(os.path.join(args.data_dir, f))]
+    if missing:
+        raise gm.DataError(f'{args.data_dir} lacks {", ".join(missing)}; point `data_dir` at '
+                           'the Fashion-MNIST files')
+    gm.files.check_outputs(files=[('--json', args.json)], inputs=[
+        os.path.join(args.data_dir, n) for n in gm.data.IDX_FILES.values()])
+    size = QUICK if args.quick else FULL
+    tasks = plan(size, os.path.abspath(args.data_dir))
+    if args.only:
+        tasks = [(k, s) for k, s in tasks if any(k.startswith(p) for p in args.only)]
+        if not tasks:
+            raise gm.GluonMultiGPUError(f'no measurement matches --only {" ".join(args.only)}')
+    results = {key: [] for key, _ in tasks}
+    start = time.perf_counter()
+    for round_ in range(args.repeats):
+        for i, (key, spec) in enumerate(tasks, 1):
+            if round_ and key.startswith('e2e/'):
+                continue  # two whole epochs each: measured once, to stay within 10 minutes
+            tic = time.perf_counter()
+            result = run_task(spec)
+            results[key].append(result)
+            shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()
+                     if not isinstance(v, list)}
+            print(f'[round {round_ + 1}/{args.repeats}, {i}/{len(tasks)}] {key}: {shown} '
+                  f'({time.perf_counter() - tic:.0f} s)', file=sys.stderr, flush=True)
+    flops = flops_per_image()
+    rows = summarize(results, flops)
+    print(table(rows), file=out)
+    print(file=out)
+    print(detail_table(results), file=out)
+    print(f'\nResNet-18: {flops / 1e9:.2f} GFLOP per training image (forward + backward, '
+          f'from layer shapes); {time.perf_counter() - start:.0f} s in all; '
+          f'{os.cpu_count()} CPUs', file=out)
+    gm.write_json(args.json, {'targets': rows, 'measurements': results,
+                              'flops_per_image': flops, 'quick': args.quick,
+                              'repeats': args.repeats, 'cpus': os.cpu_count()})
+    return rows
+
+
+def flops_per_image():
+    """ResNet-18's training FLOPs per 28x28 image (imports MXNet in this process: done last)."""
+    net = gm.book.resnet18(10)
+    net.initialize()
+    return gm.count_flops(net)
+
+
+def start(launcher=None):
+    """The program: ``gluon-multigpu-benchmark``, or ``scripts/benchmark.py`` (``launcher``).
+
+    The parent loads MXNet too (for its checks): Ctrl-C or SIGTERM meanwhile
+    is one line. A measurement process (``--worker``) starts from
+    ``variant_env``, without these settings.
+    """
+    common.start(main, launcher, engine='--worker' not in sys.argv[1:], engine_argv=[])
+
+
+if __name__ == '__main__':
+    start()

@@ -1,0 +1,175 @@
+"""Measure training in bfloat16 against float32 on one CPU context: the evidence behind --dtype.
+
+MXNet 1.9.1 can train the package's networks in bfloat16 in NumPy mode only
+one way: compile the network, convert its graph with ``amp.convert_symbol``
+(casts to bfloat16 before the convolutions and dense layers, float32 master
+weights and gradients) and wrap the result as a NumPy-mode ``SymbolBlock``
+that shares the float32 parameters. (``amp.init`` leaves ``mxnet.np``
+operators alone, ``amp.convert_hybrid_block`` returns a block whose outputs
+NumPy mode refuses, and ``net.cast('bfloat16')`` fails.) This script trains
+the same steps three ways, taken in turn, round after round, and prints the
+images/s of each and the ratio to float32: float32; bfloat16 with AMP's own
+operator lists (BatchNorm, ReLU and additions on bfloat16 data too); and
+bfloat16 in the convolutions and dense layers only.
+"""
+import statistics
+import sys
+import time
+import warnings
+
+import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
+from . import common
+from .common import int_in, stopping_main
+
+#: model -> (batch, steps per round): about a second per round on two cores.
+SETTINGS = {'simple-cnn': (128, 10), 'resnet18': (64, 2)}
+#: The NumPy-mode operators kept in float32 by the conv-only variant (absent from AMP's lists).
+CONV_ONLY_FP32 = ['BatchNorm', 'Pooling', '_npx_relu', '_npi_add']
+VARIANTS = ('float32', 'bfloat16', 'bfloat16 conv/dense only')
+
+
+def build_parser():
+    """Return the argument parser of this script."""
+    p = common.OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument('--models', nargs='+', choices=list(SETTINGS), default=list(SETTINGS),
+                   help='networks to measure (default: both)')
+    p.add_argument('--rounds', type=int_in(1, 100), default=5, metavar='N',
+                   help='rounds; medians are reported (default: 5)')
+    p.add_argument('--steps', type=int_in(1, 1000), metavar='N',
+                   help='training steps per variant and round (default: 10 simple-cnn, '
+                   '2 resnet18)')
+    p.add_argument('--data-dir', metavar='DIR', help='Fashion-MNIST folder (default: random '
+                   'images of its shape)')
+    return p
+
+
+def to_hybrid(block):
+    """The same blocks (and parameters) under ``HybridSequential`` containers: a graph to convert."""
+    from mxnet.gluon import nn  # pylint: disable=import-outside-toplevel
+    if isinstance(block, nn.Sequential):
+        hybrid = nn.HybridSequential(prefix=block.prefix)
+        for child in block._children.values():  # pylint: disable=protected-access
+            hybrid.add(to_hybrid(child))
+        return hybrid
+    return block
+
+
+def bfloat16_block(net, X, conv_only):
+    """``net`` (initialised, a HybridBlock) as a block that computes in bfloat16; same parameters."""
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
+    from mxnet.contrib.amp.lists import symbol_bf16  # pylint: disable=import-outside-toplevel
+    net.hybridize()
+    net(X)  # compiles the graph
+    inputs, graph = net._cached_graph  # pylint: disable=protected-access
+    fp32_ops = conditional = None
+    known = list(symbol_bf16.FP32_FUNCS)
+    if conv_only:
+        fp32_ops = known + [op for op in CONV_ONLY_FP32 if op not in known]
+        conditional = [('Activation', 'act_type', ['softrelu', 'relu'])]
+        # convert_symbol takes only operators of its own lists: the NumPy ones join for now
+        symbol_bf16.FP32_FUNCS[:] = fp32_ops
+    try:
+        converted = amp.convert_symbol(graph, target_dtype='bfloat16',
+                                       data_names=[i.name for i in inputs], fp32_ops=fp32_ops,
+                                       conditional_fp32_ops=conditional)
+    finally:
+        symbol_bf16.FP32_FUNCS[:] = known
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        block = gluon.SymbolBlock(converted.as_np_ndarray(), [i.as_np_ndarray() for i in inputs],
+                                  params=net.collect_params())
+    block.hybridize(static_alloc=True)
+    return block
+
+
+def batch_of(args, batch):
+    """One batch of Fashion-MNIST (or random images of its shape) on the CPU."""
+    from mxnet import np  # pylint: disable=import-outside-toplevel
+    if args.data_dir:
+        images, labels = gm.read_split(args.data_dir, 'test', 'fashion-mnist')
+        return (np.array(images[:batch, None] / 255.0, dtype='float32'),
+                np.array(labels[:batch], dtype='int32'))
+    data, _ = gm.data.synthetic_data('fashion-mnist', batch, num_train=batch, num_test=batch)
+    return next(iter(data))
+
+
+def steps_of(model, variant, X, y):
+    """A function that runs one SGD step of ``model`` in ``variant``; fresh weights, seed 0."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon  # pylint: disable=import-outside-toplevel
+    mx.random.seed(0)
+    net = to_hybrid(gm.get_model(model))
+    net.initialize(gm.default_initializer(model), ctx=mx.cpu())
+    if variant == 'float32':
+        net.hybridize(static_alloc=True)
+        block = net
+    else:
+        block = bfloat16_block(net, X, conv_only=variant != 'bfloat16')
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.01})
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step():
+        with autograd.record():
+            l = loss(block(X), y)
+        l.backward()
+        trainer.step(X.shape[0])
+        return l
+    return step
+
+
+def measure(args, model, say):
+    """Images/s of each variant: medians over rounds, after 3 warm-up steps each."""
+    from mxnet import npx  # pylint: disable=import-outside-toplevel
+    batch, steps = SETTINGS[model]
+    steps = args.steps or steps
+    X, y = batch_of(args, batch)
+    runs = {v: steps_of(model, v, X, y) for v in VARIANTS}
+    for step in runs.values():
+        for _ in range(3):
+            step()
+    npx.waitall()
+    speeds = {v: [] for v in VARIANTS}
+    for r in range(args.rounds):
+        for variant, step in runs.items():
+            tic = time.perf_counter()
+            for _ in range(steps):
+                step()
+            npx.waitall()  # Sync point: the devices' time, not Python's
+            speeds[variant].append(batch * steps / (time.perf_counter() - tic))
+        say(f'{model}, round {r + 1}/{args.rounds}: ' +
+            ', '.join(f'{v} {s[-1]:.1f}' for v, s in speeds.items()) + ' images/s')
+    return {v: statistics.median(s) for v, s in speeds.items()}, batch
+
+
+def run(args, out=None):
+    """Measure every model; print one table."""
+    gm.precision.check_bfloat16()  # a CPU without bfloat16 kernels: one line, status 2
+    out = out or sys.stdout
+    rows = []
+    for model in args.models:
+        medians, batch = measure(args, model, lambda line: print(line, file=sys.stderr,
+                                                                 flush=True))
+        for variant in VARIANTS:
+            rows.append([model, batch, variant, f'{medians[variant]:.1f}',
+                         f'{medians[variant] / medians["float32"]:.2f}'])
+    print(gm.kvstore_report.markdown_table(['model', 'batch', 'compute', 'images/s', 'vs float32'], rows,
+                         'lrlrr'), file=out)
+    return rows
+
+
+def main(argv=None):
+    """Run the script; return the exit status.
+
+    0 when done; 2 for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    """
+    return stopping_main(argv, build_parser, run)
+
+
+def start(launcher=None):
+    """The program: ``gluon-multigpu-bfloat16``, or ``scripts/bfloat16.py`` (``launcher``)."""
+    common.start(main, launcher, engine_argv=['--cpu-devices', '1'])  # one context, every core
+
+
+if __name__ == '__main__':
+    start()

@@ -1,0 +1,103 @@
+"""Walk through d2l 13.6 on two devices, printing what the text prints.
+
+1. The forward of 4 random observations split over two devices.
+2. The first-layer weights, identical on both devices.
+3. The "not initialized on cpu" check: the parameters exist only where they
+   were initialised.
+
+With two GPUs it uses gpu(0) and gpu(1), as the text. Otherwise it uses the
+CPU contexts cpu(1) and cpu(2), so that cpu(0), MXNet's default context,
+plays the part of "the CPU" on which nothing was initialised.
+"""
+import sys
+
+import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
+from . import common
+
+
+def build_parser():
+    """Return the argument parser of this script."""
+    p = common.OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument('--cpu', action='store_true',
+                   help='use the CPU contexts cpu(1), cpu(2) even when two GPUs exist')
+    p.add_argument('--seed', type=common.seed,
+                   help="seed MXNet's generators first (default: MXNet's start-up state, "
+                   "which reproduces the weights printed in the text)")
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
+    return build_parser().parse_args(argv)
+
+
+def demo_devices(force_cpu=False):
+    """Return two devices for the walk-through: two GPUs, or cpu(1) and cpu(2)."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)
+    if not force_cpu and gm.num_gpus() >= 2:
+        return [mx.gpu(0), mx.gpu(1)]
+    return [mx.cpu(1), mx.cpu(2)]
+
+
+def show(arr):
+    """Return the text's repr of an array: the values and, always, its device."""
+    text = repr(arr)
+    return text if 'ctx=' in text else f'{text[:-1]}, ctx={arr.ctx})'
+
+
+def walk_through(devices, out=None):
+    """Run the three steps of the text on ``devices``; return the network."""
+    from mxnet import gluon, init, np  # pylint: disable=import-outside-toplevel
+    out = out or sys.stdout
+    net = gm.book.resnet18(10)
+    net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
+    print(f'devices = {devices}', file=out)
+
+    print('\n>>> x = np.random.uniform(size=(4, 1, 28, 28))', file=out)
+    print('>>> x_shards = gluon.utils.split_and_load(x, devices)', file=out)
+    print('>>> net(x_shards[0]), net(x_shards[1])', file=out)
+    x = np.random.uniform(size=(4, 1, 28, 28))
+    x_shards = gluon.utils.split_and_load(x, devices)
+    outputs = [net(x_shard) for x_shard in x_shards]
+    print(f'({show(outputs[0])},\n {show(outputs[1])})', file=out)
+
+    print("\n>>> weight = net[0].params.get('weight')", file=out)
+    print('>>> try: weight.data()  # on the default context, where nothing was initialised',
+          file=out)
+    print(">>> except RuntimeError: print('not initialized on cpu')", file=out)
+    weight = net[0].params.get('weight')
+    try:
+        weight.data()
+    except RuntimeError:
+        print('not initialized on cpu', file=out)
+    print('>>> weight.data(devices[0])[0], weight.data(devices[1])[0]', file=out)
+    print(f'({show(weight.data(devices[0])[0])},\n {show(weight.data(devices[1])[0])})', file=out)
+    return net
+
+
+def run(args, out=None):
+    """Run the walk-through on the devices ``args`` ask for; return the network."""
+    out = out or sys.stdout
+    if args.seed is not None:
+        import mxnet as mx  # pylint: disable=import-outside-toplevel
+        mx.random.seed(args.seed)
+    devices = demo_devices(args.cpu)
+    if devices[0].device_type == 'cpu':
+        print('fewer than two GPUs (or --cpu): using CPU contexts cpu(1) and cpu(2); '
+              'cpu(0), the default context, plays the CPU of the text', file=out)
+    return walk_through(devices, out)
+
+
+def main(argv=None):
+    """Run the walk-through; return the exit status (0, 2 for bad input, 130 or 143 when
+    stopped by SIGINT or SIGTERM)."""
+    return common.stopping_main(argv, build_parser, run)
+
+
+def start(launcher=None):
+    """The program: ``gluon-multigpu-demo``, or ``scripts/demo.py`` (``launcher``)."""
+    common.start(main, launcher)
+
+
+if __name__ == '__main__':
+    start()

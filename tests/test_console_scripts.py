@@ -1,0 +1,159 @@
+"""The programs as an installed package has them: console scripts, the programs of scripts/.
+
+``pip install -e .`` puts ``gluon-multigpu-NAME`` beside the Python it installs
+into; ``scripts/NAME.py`` starts the same ``gluon_multigpu.cli.NAME`` from a
+checkout. Each sets MXNet's engine variables for its device flags before
+MXNet loads, and exits with its program's status.
+"""
+import importlib
+import os
+import pathlib
+import re
+import sys
+
+import pytest
+
+from gluon_multigpu.cli import common
+from conftest import REPO, run_bounded
+
+PROGRAMS = ['train', 'demo', 'inflight', 'scaling', 'bandwidth', 'bfloat16', 'balance',
+            'benchmark', 'launch']
+BIN = pathlib.Path(sys.executable).parent
+#: The environment of a program run as a user runs it: without this process's engine settings.
+ENV = {k: v for k, v in os.environ.items()
+       if k not in ('MXNET_CPU_TEMP_COPY', 'OMP_NUM_THREADS', 'GLUON_MULTIGPU_ENGINE_ENV')}
+
+#: Prints, when MXNet is first imported, the engine variables it loads with.
+PROBE = '''import os, sys
+
+class _Probe:
+    def find_spec(self, name, path=None, target=None):
+        if name == 'mxnet':
+            sys.meta_path.remove(self)
+            print('mxnet loads with', os.environ.get('OMP_NUM_THREADS'),
+                  os.environ.get('MXNET_CPU_TEMP_COPY'), file=sys.stderr, flush=True)
+        return None
+
+sys.meta_path.insert(0, _Probe())
+'''
+
+
+def console_script(name):
+    path = BIN / f'gluon-multigpu-{name}'
+    if not path.is_file():
+        pytest.fail(f'{path} is missing: install the package with its entry points '
+                    "(pip install -e '.[test]')")
+    return str(path)
+
+
+def test_setup_cfg_installs_every_program_and_each_launcher_starts_its_own():
+    text = (REPO / 'setup.cfg').read_text()
+    assert re.findall(r'gluon-multigpu-(\w+) = gluon_multigpu\.cli\.(\w+):start', text) == \
+        [(name, name) for name in PROGRAMS]
+    assert sorted(p.stem for p in (REPO / 'scripts').glob('[a-z]*.py')) == sorted(PROGRAMS)
+    for name in PROGRAMS:
+        launcher = (REPO / 'scripts' / f'{name}.py').read_text()
+        assert f'from gluon_multigpu.cli import {name}\n' in launcher
+        assert launcher.rstrip().endswith(f'{name}.start(__file__)')
+        assert callable(importlib.import_module(f'gluon_multigpu.cli.{name}').start)
+
+
+@pytest.mark.parametrize('name', PROGRAMS + ['common', 'bench_workers'])
+def test_no_program_loads_mxnet_when_imported(name):
+    # it must set the engine first, from its flags: the package loads MXNet when a name needs it
+    proc = run_bounded([sys.executable, '-c', f'import sys, gluon_multigpu.cli.{name}; '
+                        "print(sorted(m for m in ('mxnet', 'matplotlib') if m in sys.modules))"],
+                       timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ['[]'], proc.stderr
+
+
+@pytest.mark.parametrize('name', PROGRAMS)
+def test_no_parser_takes_abbreviations(name):
+    program = importlib.import_module(f'gluon_multigpu.cli.{name}')
+    assert program.build_parser().allow_abbrev is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('how', ['console script', 'scripts/train.py'])
+@pytest.mark.parametrize('flags, threads, copies', [
+    (['--cpu-devices', '2'], None, '64'), (['--cpu-devices', '1', '--sync-bn'], 'all', '256')])
+def test_the_engine_is_set_from_the_device_flags_before_mxnet_loads(tmp_path, how, flags,
+                                                                    threads, copies):
+    (tmp_path / 'sitecustomize.py').write_text(PROBE)
+    program = ([console_script('train')] if how == 'console script' else
+               [sys.executable, str(REPO / 'scripts' / 'train.py')])
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get('PYTHONPATH', '')]))
+    proc = run_bounded([*program, *flags, '--help'], env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cores = common.cores()
+    per_context = str(cores if threads == 'all' else max(1, cores // 2))
+    assert proc.stderr.splitlines() == [f'mxnet loads with {per_context} {copies}']
+    assert proc.stdout.startswith('usage: ' + ('gluon-multigpu-train' if how == 'console script'
+                                               else 'train.py'))
+
+
+@pytest.mark.slow
+def test_the_console_script_trains_as_scripts_train_does(fashion_dir, tmp_path):
+    argv = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train',
+            '256', '--num-test', '64', '--batch-size', '64', '--data-dir', str(fashion_dir),
+            '--progress-interval', '0']
+    runs = [run_bounded([*program, *argv], env=ENV, cwd=tmp_path, timeout=300)
+            for program in ([console_script('train')],
+                            [sys.executable, str(REPO / 'scripts' / 'train.py')])]
+    for proc in runs:
+        assert proc.returncode == 0 and proc.stderr == '', proc.stderr
+    lines = [re.sub(r'\d+\.\d s|\d+ samples/s|\d+\.\d sec/epoch', 'T', p.stdout) for p in runs]
+    assert lines[0] == lines[1] and lines[0].startswith('training simple-cnn on fashion-mnist')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('argv, status, line', [
+    (['--cpu-devices', '2', '--num-epochs', '0'], 2, 'gluon-multigpu-train: error: argument '
+     '--num-epochs: 0 is not positive; give a whole number from 1 to 100000 (see --help)'),
+    (['--cpu-devices', '3', '--batch-size', '2'], 2, 'error: a batch of 2 cannot be split across '
+     '3 devices; use --batch-size 3 or more'),
+    (['--cpu-devices', '1', '--kvstore', 'dist_sync'], 2, 'error: --kvstore dist_sync runs as a '
+     'worker of a parameter server, and DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, '
+     'DMLC_NUM_SERVER, DMLC_NUM_WORKER is not set; start it with: gluon-multigpu-launch -n '
+     'WORKERS -s SERVERS -- gluon-multigpu-train --kvstore dist_sync ...'),
+])
+def test_the_console_script_exits_with_the_programs_status_and_names_itself(argv, status, line,
+                                                                            tmp_path):
+    env = {k: v for k, v in ENV.items() if not k.startswith('DMLC_')}
+    proc = run_bounded([console_script('train'), *argv], env=env, cwd=tmp_path, timeout=120)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (status, line + '\n', '')
+
+
+@pytest.mark.slow
+def test_the_launchers_console_script_names_the_console_programs(tmp_path):
+    proc = run_bounded([console_script('launch'), '-n', '1', '--'], env=ENV, timeout=60)
+    assert proc.returncode == 2 and proc.stderr == (
+        'error: no command to run: give it after --, e.g. -- gluon-multigpu-train --kvstore '
+        'dist_sync ...\n')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', PROGRAMS)
+def test_each_console_script_is_its_scripts_program(name):
+    scripted = run_bounded([sys.executable, str(REPO / 'scripts' / f'{name}.py'), '--help'],
+                           env=ENV, timeout=120)
+    installed = run_bounded([console_script(name), '--help'], env=ENV, timeout=120)
+    assert scripted.returncode == installed.returncode == 0, (scripted.stderr, installed.stderr)
+    # past the usage block, which argparse wraps by the length of the program's name
+    scripted, installed = (p.stdout.split('\n\n', 1)[1] for p in (scripted, installed))
+    assert scripted.replace(f'{name}.py', f'gluon-multigpu-{name}') == installed
+
+
+def test_a_resumed_run_is_started_as_the_interrupted_one_was(monkeypatch, tmp_path):
+    train = importlib.import_module('gluon_multigpu.cli.train')
+    monkeypatch.setitem(common._STARTED, 'launcher', None)  # pylint: disable=protected-access
+    common.started()  # the console script
+    assert train.resume_command(['--cpu-devices', '2']) == \
+        'gluon-multigpu-train --cpu-devices 2 --resume'
+    assert common.program('launch') == 'gluon-multigpu-launch'
+    common.started(str(REPO / 'scripts' / 'train.py'))
+    monkeypatch.chdir(REPO)
+    assert train.resume_command(['--resume', 'a b']) == "python scripts/train.py --resume 'a b'"
+    assert common.program('launch') == 'python scripts/launch.py'
+    monkeypatch.chdir(tmp_path)  # outside the checkout: the script's whole path
+    assert train.resume_command([]) == f"python {REPO / 'scripts' / 'train.py'} --resume"
