@@ -2,7 +2,7 @@
 import mxnet as mx
 import numpy as onp
 import pytest
-from mxnet import gluon, np, npx
+from mxnet import gluon, npx
 
 import gluon_multigpu as gm
 from gluon_multigpu.features.precision import LossScaler, MixedPrecision, check_dtype, make_precision

@@ -1,6 +1,6 @@
 """The networks: the book's modified ResNet-18 and the Gluon multi-GPU lab's small CNN."""
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
-from mxnet import autograd, init, np, npx
+from mxnet import autograd, np, npx
 from mxnet.gluon import nn
 
 from . import devices as _devices
