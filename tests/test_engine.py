@@ -233,6 +233,20 @@ def test_a_second_plan_replaces_only_what_configure_set(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.path.exists('/dev/nvidiactl'), reason='a machine with GPUs')
+def test_try_all_gpus_without_gpus_gives_one_context_every_core(tmp_path):
+    got = probe(tmp_path, '''
+        import gluon_multigpu as gm
+        devices = gm.try_all_gpus()
+        report(devices=[str(d) for d in devices], settings=gm.engine.settings(),
+               team=omp_team(devices[0]))
+        ''')
+    assert got['devices'] == ['cpu(0)']
+    assert got['settings'] == {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '64'}
+    assert got['team'] == CORES  # MXNet's own default is half the cores
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('contexts', [1, 2])
 def test_cpu_devices_configures_the_engine_before_mxnet_loads(tmp_path, contexts):
     got = probe(tmp_path, f'''

@@ -36,14 +36,32 @@ def num_gpus():
         return 0
 
 
+def _configure_for_gpus_or_cpu():
+    """Before MXNet loads: the engine for GPUs, or for one CPU context on a machine without any.
+
+    Without an NVIDIA device node MXNet finds no GPU either (the scripts decide the same way).
+    """
+    if not engine.loaded():
+        engine.configure(cpu_devices=None if os.path.exists('/dev/nvidiactl') else 1)
+
+
 def try_gpu(i=0):
-    """Return ``gpu(i)`` if it exists, otherwise ``cpu()``."""
+    """Return ``gpu(i)`` if it exists, otherwise ``cpu()``.
+
+    Before MXNet loads, the engine is configured for the GPUs, or for one CPU
+    context (all its cores) on a machine without any.
+    """
+    _configure_for_gpus_or_cpu()
     mx = _mx()
     return mx.gpu(i) if num_gpus() >= i + 1 else mx.cpu()
 
 
 def try_all_gpus():
-    """Return all available GPUs, or ``[cpu()]`` if there is no GPU."""
+    """Return all available GPUs, or ``[cpu()]`` if there is no GPU.
+
+    Before MXNet loads, the engine is configured as for ``try_gpu``.
+    """
+    _configure_for_gpus_or_cpu()
     mx = _mx()
     devices = [mx.gpu(i) for i in range(num_gpus())]
     return devices if devices else [mx.cpu()]
