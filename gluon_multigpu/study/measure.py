@@ -291,6 +291,9 @@ class OtherWork:
     (a load that drifts); ``device`` None is no work at all.
     """
 
+    #: Seconds between two products, with nothing of this work queued (see ``_work``).
+    PAUSE = 0.002
+
     def __init__(self, device, size=512):
         self.device, self.size = device, size
         self._stop = threading.Event()
@@ -310,6 +313,10 @@ class OtherWork:
             if device not in matrices:
                 matrices[device] = np.ones((self.size, self.size), ctx=device)
             np.dot(matrices[device], matrices[device]).wait_to_read()
+            # A pause with nothing queued: ``npx.waitall()`` in the training thread returns
+            # only when it sees the engine empty, and a product queued at once after the last
+            # kept it waiting (a minute and more on a loaded machine, however a signal asked).
+            self._stop.wait(self.PAUSE)
 
     def __enter__(self):
         self._thread = threading.Thread(target=self._work, daemon=True)
