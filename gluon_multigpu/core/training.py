@@ -631,7 +631,7 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
         trains two more epochs. An interrupt raises ``Interrupted``, whose
         ``training.fit()`` goes on.
     """
-    check_train_args(list(devices or []), num_epochs, kvstore, lr)
+    _check_epochs(num_epochs)  # before any work; Training checks the rest
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
                     hooks=hooks, on_epoch=on_epoch).fit(num_epochs)
