@@ -150,6 +150,16 @@ def children(pid):
     return found
 
 
+def descendants(pid):
+    """Every process below ``pid``: its children, theirs, and so on (from /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
 def alive(pid):
     """Whether process ``pid`` exists and is not a zombie."""
     try:

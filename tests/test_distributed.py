@@ -13,7 +13,8 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
-from conftest import (REPO, Lines, alive, assert_one_step_close, children, load_script,
+from conftest import (REPO, Lines, alive, assert_one_step_close, children, descendants,
+                      load_script,
                       run_bounded, simple_cnn_terms, wait_bounded)
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
@@ -64,7 +65,8 @@ def initial_params(seed=0):
 
 def worker_hashes(stdout):
     """(epoch, parameter hash) of every epoch line of every worker."""
-    return re.findall(r'^\[worker \d\] (?:rank 1: )?epoch (\d)/\d: .*, parameters (\w+)$',
+    return re.findall(r'^\[worker \d@127\.0\.0\.1 rank \d\] (?:rank 1: )?epoch (\d)/\d: .*, '
+                      r'parameters (\w+)$',
                       stdout, re.M)
 
 
@@ -128,16 +130,18 @@ def gone(pids, timeout=30):
 
 @pytest.mark.slow
 def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path):
-    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--grace', '3', '--',
+    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--',
                              sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
                              *train_args(fashion_dir)[:-6], '--num-epochs', '50',
                              '--data-dir', str(fashion_dir), '--progress-interval', '1'],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         Lines(proc.stdout).wait_for(r'epoch 1: \d+/\d+ batches', timeout=300)  # they train
-        kids = children(proc.pid)
-        assert len(kids) == 4  # scheduler, server, two workers
-        worker = kids[-1]
+        agents = children(proc.pid)
+        assert len(agents) == 4  # scheduler, server, two workers, each under its agent
+        everything = descendants(proc.pid)
+        assert len(everything) == 8
+        worker = children(agents[-1])[0]
         killed = time.monotonic()
         os.kill(worker, signal.SIGKILL)
         status = wait_bounded(proc, 60)
@@ -145,13 +149,13 @@ def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path
     finally:
         proc.kill()
     err = proc.stderr.read()
-    assert status == 1 and re.search(r'^launch: worker 1 failed \(signal SIGKILL\); stopped the '
-                                     r'other processes$', err, re.M), err
-    # The other worker waits forever for the dead one's gradients: SIGKILL after the grace (3 s)
-    # ends it. Then the launcher's polling (every 0.1 s) and its exit: the 2 s beyond the grace
-    # are room for a loaded machine, and less than a second grace would need.
-    assert took < 3 + 2, took
-    assert gone(kids)
+    assert status == 1 and re.search(r'^launch: worker 1@127\.0\.0\.1 rank \d failed \(signal '
+                                     r'SIGKILL\); stopping the job$', err, re.M), err
+    # The other worker waits forever for the dead one's gradients: SIGKILL 3 s after SIGTERM
+    # (launch.TERM_WAIT) ends it; the servers end at SIGTERM. Then the launcher's polling
+    # (every 0.1 s) and its exit: the 3 s beyond are room for a loaded machine.
+    assert took < load_script('launch').TERM_WAIT + 3, took
+    assert gone(everything)
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -240,7 +244,7 @@ def watch_children(proc, lines, pattern=None, timeout=300):
     (None: until ``proc`` ends), within ``timeout`` s."""
     seen, deadline = set(), time.monotonic() + timeout
     while True:
-        seen |= set(children(proc.pid))
+        seen |= set(descendants(proc.pid))
         if pattern is None and proc.poll() is not None:
             return seen
         if pattern is not None and any(re.search(pattern, l) for l in lines.text()):
@@ -264,8 +268,8 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
         assert wait_bounded(proc, 60) == 130
     finally:
         proc.kill()
-    assert 'launch: interrupted: stopped every process' in proc.stderr.read()
-    assert len(seen) == 4 and gone(seen)
+    assert 'launch: stopped by SIGINT: every process has ended' in proc.stderr.read()
+    assert len(seen) == 8 and gone(seen)  # 4 agents, their 4 processes
     # a run to its end
     proc = subprocess.Popen(command + ['--num-epochs', '1'], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -274,4 +278,4 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
         assert wait_bounded(proc, 120) == 0
     finally:
         proc.kill()
-    assert len(seen) == 4 and gone(seen)
+    assert len(seen) == 8 and gone(seen)

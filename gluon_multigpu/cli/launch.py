@@ -4,18 +4,28 @@ The roles take their part and addresses from the documented DMLC_* variables
 (DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER,
 DMLC_NUM_WORKER). The scheduler and the servers are MXNet itself (importing
 mxnet with DMLC_ROLE=server runs a server until the workers are done); every
-worker runs the command given after ``--``. Every line a process prints comes
-out with its role and number in front. If any process fails, the others are
-stopped and the launcher exits with status 1 within --grace seconds, naming
-the failed role; Ctrl-C or SIGTERM stops everything (status 130 or 143), with
-one line. No process is left behind: the children die with the launcher even
-if it is killed. Bad input (a command that does not exist, a host file without
-hosts, a port in use) stops before any process starts, with one line and
-status 2.
+worker runs the command given after ``--``. Each process runs under an agent
+on its host (``gluon_multigpu.run.agent``, over ssh with ``--launcher ssh``)
+that relays its lines, reports it, and ends it when the launcher says so or
+is gone: no process of the job outlives the launcher on any host, however the
+launcher ends. Every line comes out behind its role, host and, once the
+worker has joined, its rank: ``[worker 1@198.18.0.3 rank 0]``.
+
+A process that fails, a host that is not heard for --timeout seconds (its
+link down, the host gone) or a process stopped (SIGSTOP) that long stops the
+job: exit status 1 naming it, or, with --max-restarts, a restart from the
+workers' checkpoint. Ctrl-C, SIGTERM or SIGHUP stop the job in order: the
+workers stop after one step, the same for all, and the first worker writes
+its checkpoint; then the servers and the scheduler. A second Ctrl-C stops
+every process at once. Bad input (a command that is not there, a host that
+cannot be reached, a port in use) stops before any process starts, with one
+line and status 2.
 """
 import argparse
 import ctypes
+import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -26,31 +36,43 @@ import threading
 import time
 
 from . import common
+from ..run.agent import CONTROL
 
 EPILOG = """\
 examples:
   %(prog)s -n 2 -s 1 -- python scripts/train.py --kvstore dist_sync --cpu-devices 1 \\
       --model simple-cnn --num-epochs 1 --data-dir ../shared/data/fashion-mnist
-  %(prog)s -n 4 -s 2 --launcher ssh -H hosts.txt -- python scripts/train.py --kvstore dist_sync ...
+  %(prog)s -n 4 -s 2 --launcher ssh -H hosts.txt --max-restarts 3 -- \\
+      python scripts/train.py --kvstore dist_sync --checkpoint-dir /nfs/run1 ...
 
-The host file lists one host name or address per line (# starts a comment);
-with ssh the scheduler runs on the first host, and servers and workers are
-spread over the hosts in turn. Each host must reach the others and have the
-same checkout at the same path (the current directory) with its virtual
-environment.
+The host file lists one host name or address per line, optionally user@host
+(# starts a comment); with ssh the scheduler runs on the first host, and
+servers and workers on the hosts in turn. Each host must reach the others and
+have the same checkout at the same path (the current directory) with the same
+Python (this one's path), and be reachable with ssh without a prompt (ssh's
+own configuration applies; --ssh-port, --ssh-identity and --ssh-config add
+to it). With --max-restarts the checkpoint folder must be storage that every
+host reads (the first worker writes it, and after a restart the first worker
+may be on another host).
 """
-#: Seconds a process may take to end after SIGTERM before it is killed.
-GRACE = 5.0
+#: Seconds the workers get to finish their step and checkpoint when the job is stopped.
+GRACE = 60.0
+#: Seconds a process gets after SIGTERM before SIGKILL (workers, once past the grace; servers).
+TERM_WAIT = 3.0
+#: Seconds between heartbeats, and seconds of silence after which a host is taken as lost.
+HEARTBEAT, TIMEOUT = 2.0, 15.0
+#: A host as a host file may give it: [user@]name-or-address, never beginning with '-'.
+HOST = re.compile(r'^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9.:_-]*$')
 
 
 class LaunchError(Exception):
-    """A bad command line: one line, exit status 2."""
+    """A bad command line, or a host that cannot run the job: one line, exit status 2."""
 
 
 def build_parser():
     """Return the argument parser of this script."""
     p = common.OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('-n', '--num-workers', type=common.int_in(1, 256), required=True, metavar='N',
                    help='worker processes, each running the command')
     p.add_argument('-s', '--num-servers', type=common.int_in(1, 256), default=1, metavar='N',
@@ -60,87 +82,168 @@ def build_parser():
                    'of --hostfile (default: local)')
     p.add_argument('-H', '--hostfile', metavar='FILE', help='hosts for --launcher ssh')
     p.add_argument('--port', type=common.int_in(1024, 65535), metavar='PORT',
-                   help="the scheduler's port (default: a free one)")
+                   help="the scheduler's port, checked free on its host (default: a free one)")
+    p.add_argument('--max-restarts', type=common.int_in(0, 1000), default=0, metavar='N',
+                   help='when a process fails or a host is lost, stop the job and start it again '
+                   'with --resume, up to N times, without the hosts that were lost; the command '
+                   'must give --checkpoint-dir (default: 0)')
     p.add_argument('--grace', type=common.positive_float, default=GRACE, metavar='SECONDS',
-                   help='seconds a process gets to end after SIGTERM before SIGKILL '
-                   f'(default: {GRACE:g})')
+                   help='when the job is stopped, seconds the workers get to finish their step '
+                   f'and write their checkpoint before SIGTERM and SIGKILL (default: {GRACE:g})')
+    p.add_argument('--timeout', type=common.positive_float, default=TIMEOUT, metavar='SECONDS',
+                   help='a host not heard from (heartbeats every 2 s), or a process stopped, for '
+                   'this long is lost, and stops the job; an agent that does not hear the '
+                   f'launcher for this long ends its process (default: {TIMEOUT:g})')
+    p.add_argument('--ssh-port', type=common.int_in(1, 65535), metavar='PORT',
+                   help="the hosts' ssh port (default: ssh's configuration, else 22)")
+    p.add_argument('--ssh-identity', metavar='FILE', help='the private key ssh logs in with')
+    p.add_argument('--ssh-config', metavar='FILE',
+                   help="an ssh configuration file instead of the user's")
     p.add_argument('command', nargs=argparse.REMAINDER,
                    help='after --: the command every worker runs')
     return p
 
 
+# -- the plan: hosts, roles, commands -----------------------------------------------------------
+
 def read_hosts(path):
-    """The hosts of a host file, one per line; raise ``LaunchError`` if there are none."""
+    """The hosts of a host file, one per line; raise ``LaunchError`` if there are none or one
+    is not a host name (nothing that ssh could take for an option)."""
     try:
         with open(path) as f:
-            hosts = [line.split('#')[0].strip() for line in f]
-    except OSError as e:
-        raise LaunchError(f'--hostfile {path}: {e.strerror}; give a file with one host per '
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, 'strerror', None) or 'not a text file'
+        raise LaunchError(f'--hostfile {path}: {why}; give a file with one host per '
                           'line') from None
-    hosts = [h for h in hosts if h]
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        host = line.split('#')[0].strip()
+        if not host:
+            continue
+        if not HOST.match(host):
+            raise LaunchError(f'--hostfile {path} line {number}: {host!r} is not a host name or '
+                              "address (letters, digits, '.', '-', ':', '_', an optional user@, "
+                              "not beginning with '-'); fix the line")
+        hosts.append(host)
     if not hosts:
         raise LaunchError(f'--hostfile {path} lists no host; give one host per line')
     return hosts
 
 
-def free_port(host='127.0.0.1'):
-    """A TCP port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def check_port(port, host='127.0.0.1'):
-    """Raise ``LaunchError`` if ``port`` is taken on ``host``."""
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise LaunchError(f'--port {port} is in use ({e.strerror}); give another port or '
-                              'leave --port out') from None
-
-
-def plan(args):
-    """Return ``[(label, host, env, argv)]``: scheduler, servers, workers, in start order."""
+def worker_command(args):
+    """The command every worker runs (after ``--``); raise ``LaunchError`` if there is none."""
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
     if not command:
         raise LaunchError('no command to run: give it after --, e.g. -- '
                           f'{common.program("train")} --kvstore dist_sync ...')
-    if args.launcher == 'local' and shutil.which(command[0]) is None:
-        raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
-                          'give an executable or one on the PATH, e.g. -- '
-                          f'{common.program("train")} ...')
+    if args.max_restarts and not any(a == '--checkpoint-dir' or a.startswith('--checkpoint-dir=')
+                                     for a in command):
+        raise LaunchError('--max-restarts resumes the workers from their checkpoint: give the '
+                          'command --checkpoint-dir DIR (on storage every host reads)')
+    return command
+
+
+def check_args(args):
+    """Check the command line; return ``(hosts, command)``."""
+    command = worker_command(args)
     if args.launcher == 'ssh':
         if not args.hostfile:
             raise LaunchError('--launcher ssh needs --hostfile FILE with the hosts')
-        hosts = read_hosts(args.hostfile)
-    else:
-        if args.hostfile:
-            raise LaunchError('--hostfile goes with --launcher ssh')
-        hosts = ['127.0.0.1']
-    if args.port is not None:
-        if args.launcher == 'local':
-            check_port(args.port)
-        port = args.port
-    else:
-        port = free_port() if args.launcher == 'local' else 9091
-    shared = {'DMLC_PS_ROOT_URI': hosts[0], 'DMLC_PS_ROOT_PORT': str(port),
-              'DMLC_NUM_SERVER': str(args.num_servers), 'DMLC_NUM_WORKER': str(args.num_workers)}
-    if args.launcher == 'local':
-        shared['DMLC_NODE_HOST'] = '127.0.0.1'
-    server = [sys.executable, '-c', 'import mxnet']  # MXNet runs the role, then exits
-    procs = [('scheduler', hosts[0], dict(shared, DMLC_ROLE='scheduler'), server)]
-    for i in range(args.num_servers):
-        procs.append((f'server {i}', hosts[(i + 1) % len(hosts)],
-                      dict(shared, DMLC_ROLE='server'), server))
-    for i in range(args.num_workers):
-        procs.append((f'worker {i}', hosts[(i + args.num_servers + 1) % len(hosts)],
-                      dict(shared, DMLC_ROLE='worker', GLUON_MULTIGPU_WORKER=str(i)), command))
-    return procs
+        for flag, path in (('--ssh-identity', args.ssh_identity),
+                           ('--ssh-config', args.ssh_config)):
+            if path is not None and not os.path.isfile(path):
+                raise LaunchError(f'{flag} {path}: no such file; give an existing file')
+        return read_hosts(args.hostfile), command
+    for flag in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
+        if getattr(args, flag) is not None:
+            raise LaunchError(f'--{flag.replace("_", "-")} goes with --launcher ssh')
+    return ['127.0.0.1'], command
 
+
+class Role:
+    """One process of the job: its place, its command, and what its agent has said."""
+
+    def __init__(self, kind, index, host, env, argv):
+        self.kind, self.index, self.host, self.env, self.argv = kind, index, host, env, argv
+        self.proc = None
+        self.rank = None
+        self.steps = 0
+        self.status = None      # the exit status its agent reported
+        self.heard = time.monotonic()
+        self.stopped_since = None
+        self.lost = None        # why the launcher gave up on it (silent, stopped)
+
+    @property
+    def label(self):
+        name = self.kind if self.kind == 'scheduler' else f'{self.kind} {self.index}'
+        rank = f' rank {self.rank}' if self.rank is not None else ''
+        return f'{name}@{self.host}{rank}'
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def ended(self):
+        """Whether its agent (or ssh) has ended."""
+        return self.proc is not None and self.proc.poll() is not None
+
+    def failure(self):
+        """What went wrong with this process, as words, or None."""
+        if self.lost:
+            return self.lost
+        if not self.ended():
+            return None
+        if self.status is None:  # no exit line: the agent or its connection died
+            code = self.proc.returncode
+            return (f'its connection to {self.host} ended (ssh status {code})'
+                    if code == 255 else f'its agent ended ({_status_words(code)})')
+        return None if self.status == 0 else f'failed ({_status_words(self.status)})'
+
+    def send(self, line):
+        """Send one line to its agent (quietly nothing if it cannot be)."""
+        if self.running():
+            try:
+                self.proc.stdin.write((line + '\n').encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _status_words(code):
+    if code < 0:
+        code = 128 - code
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:  # pylint: disable=protected-access
+        return f'signal {signal.Signals(code - 128).name}'
+    return f'status {code}'
+
+
+def plan(args, hosts, command, port):
+    """Return the roles: scheduler, servers, workers, in start order."""
+    shared = {'DMLC_PS_ROOT_URI': _address(hosts[0]), 'DMLC_PS_ROOT_PORT': str(port),
+              'DMLC_NUM_SERVER': str(args.num_servers), 'DMLC_NUM_WORKER': str(args.num_workers)}
+    server = [sys.executable, '-c', 'import mxnet']  # MXNet runs the role, then exits
+
+    def role(kind, index, host, extra, argv):
+        env = dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host), **extra)
+        return Role(kind, index, host, env, argv)
+    roles = [role('scheduler', 0, hosts[0], {}, server)]
+    for i in range(args.num_servers):
+        roles.append(role('server', i, hosts[(i + 1) % len(hosts)], {}, server))
+    for i in range(args.num_workers):
+        roles.append(role('worker', i, hosts[(i + args.num_servers + 1) % len(hosts)],
+                          {'GLUON_MULTIGPU_WORKER': str(i)}, command))
+    return roles
+
+
+def _address(host):
+    """The host part of ``[user@]host``."""
+    return host.rsplit('@', 1)[-1]
+
+
+# -- starting processes, here or over ssh -------------------------------------------------------
 
 def _die_with_parent():
-    """In the child: get SIGKILL when the launcher dies, however it dies (Linux)."""
+    """In the child: its own process group, and SIGKILL when the launcher dies (Linux)."""
     os.setpgrp()
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -148,129 +251,361 @@ def _die_with_parent():
         pass
 
 
-def spawn(label, host, env, argv, launcher):
-    """Start one process; return it. With ssh the variables travel in the remote command."""
-    if launcher == 'ssh':
-        exports = ' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())
-        remote = f'cd {shlex.quote(os.getcwd())} && env {exports} {shlex.join(argv)}'
-        argv, env = ['ssh', '-o', 'BatchMode=yes', host, remote], {}
-    proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
-    proc.label = label
-    return proc
+def agent_argv(args, extra, command):
+    """The command that runs ``command`` under an agent on a host."""
+    return [sys.executable, '-m', 'gluon_multigpu.run.agent', *extra, '--', *command]
 
 
-def forward(proc, out, lock):
-    """Copy ``proc``'s output to ``out``, each line behind the process's label."""
-    for raw in iter(proc.stdout.readline, b''):
+def ssh_argv(args, host, remote):
+    """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
+    argv = ['ssh', '-T', '-o', 'BatchMode=yes']
+    if args.ssh_port is not None:
+        argv += ['-p', str(args.ssh_port)]
+    if args.ssh_identity is not None:
+        argv += ['-i', args.ssh_identity]
+    if args.ssh_config is not None:
+        argv += ['-F', args.ssh_config]
+    return argv + ['--', host, remote]
+
+
+def remote_command(env, argv):
+    """The shell command that runs ``argv`` with the variables ``env`` in this folder."""
+    exports = ' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())
+    return f'cd {shlex.quote(os.getcwd())} && exec env {exports} {shlex.join(argv)}'
+
+
+def spawn(args, role):
+    """Start ``role`` under its agent; set ``role.proc``."""
+    agent = agent_argv(args, ['--heartbeat', str(HEARTBEAT), '--timeout', str(args.timeout),
+                              '--grace', str(TERM_WAIT)], role.argv)
+    if args.launcher == 'ssh':
+        argv, env = ssh_argv(args, role.host, remote_command(role.env, agent)), {}
+    else:
+        argv, env = agent, role.env
+    role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                 preexec_fn=_die_with_parent)
+    role.heard = time.monotonic()
+
+
+def relay(role, out, lock):
+    """Copy ``role``'s output to ``out`` behind its label; take in its agent's control lines."""
+    for raw in iter(role.proc.stdout.readline, b''):
+        line = raw.decode(errors='replace')
+        role.heard = time.monotonic()
+        if line.startswith(CONTROL):
+            words = line[len(CONTROL):].split()
+            if words[:1] == ['beat']:
+                if words[1:] == ['stopped']:
+                    role.stopped_since = role.stopped_since or time.monotonic()
+                else:
+                    role.stopped_since = None
+            elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
+                role.steps = int(words[1])
+            elif words[:1] == ['rank'] and words[1:2] and words[1].isdigit():
+                role.rank = int(words[1])
+            elif words[:1] == ['exit'] and words[1:2] and words[1].isdigit():
+                role.status = int(words[1])
+            continue
         with lock:
-            out.write(f'[{proc.label}] {raw.decode(errors="replace")}')
-            out.flush()
-
-
-def stop_all(procs, grace):
-    """SIGTERM every running process group, then SIGKILL what is left after ``grace`` s."""
-    for p in procs:
-        if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
+                out.write(f'[{role.label}] {line if line.endswith(chr(10)) else line + chr(10)}')
+                out.flush()
+            except (OSError, ValueError):
                 pass
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
 
 
-def supervise(procs, grace, out=sys.stdout):
-    """Wait for the workers; return the exit status and a line on what ended the run.
+def preflight(args, roles, port):
+    """Check every host before anything starts; return the scheduler's port.
 
-    0 when every worker ended with 0 (the scheduler and servers then end by
-    themselves, or are stopped after ``grace`` s); 1 as soon as any process
-    fails, after stopping the others.
+    Here: the worker's program exists, and the port is free (or a free one).
+    With ssh, on every host in parallel: ssh reaches it, this folder and this
+    Python are there with the package, the worker's program is there (hosts of
+    workers), and the port is free on the first host. Raises ``LaunchError``.
     """
-    workers = [p for p in procs if p.label.startswith('worker')]
-    while True:
-        for p in procs:
-            code = p.poll()
-            if code not in (None, 0):
-                stop_all(procs, grace)
-                how = f'signal {signal.Signals(-code).name}' if code < 0 else f'status {code}'
-                return 1, f'{p.label} failed ({how}); stopped the other processes'
-        if all(p.poll() == 0 for p in workers):
-            for p in procs:
+    command = next(r.argv for r in roles if r.kind == 'worker')
+    if args.launcher == 'local':
+        from ..run import agent  # pylint: disable=import-outside-toplevel
+        if agent.find_program(command[0]) is None:
+            raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
+                              'give an executable or one on the PATH, e.g. -- '
+                              f'{common.program("train")} ...')
+        answer = agent.check([], port or 0)
+        if 'error' in answer:
+            raise LaunchError(f'--{answer["error"]}; give another port or leave --port out')
+        return answer['port']
+    checks = {}
+    for r in roles:
+        extra = checks.setdefault(r.host, {'command': [], 'port': None})
+        if r.kind == 'worker':
+            extra['command'] = command[:1]
+        if r.kind == 'scheduler':
+            extra['port'] = port or 0
+    procs = {}
+    for host, c in checks.items():
+        flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
+        remote = remote_command({}, agent_argv(args, flags, c['command']))
+        procs[host] = subprocess.Popen(ssh_argv(args, host, remote), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                       preexec_fn=_die_with_parent)
+    found = None
+    for host, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            for p in procs.values():
+                p.kill()
+            raise LaunchError(f'host {host}: no answer over ssh in 30 s; check that `ssh {host}` '
+                              'works without a prompt') from None
+        answer = _last_json(out)
+        if answer is None or 'error' in answer:
+            why = (answer or {}).get('error') or _last_line(err) or f'ssh status {proc.returncode}'
+            for p in procs.values():
+                p.kill()
+            raise LaunchError(f'host {host}: {why}; each host needs ssh without a prompt, this '
+                              f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
+                              'the package, and the worker\'s program')
+        if 'port' in answer:
+            found = answer['port']
+    return found
+
+
+def _last_json(out):
+    for line in reversed(out.decode(errors='replace').splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _last_line(err):
+    lines = [l.strip() for l in err.decode(errors='replace').splitlines() if l.strip()]
+    return lines[-1] if lines else ''
+
+
+# -- a job: start, watch, stop ------------------------------------------------------------------
+
+class Job:
+    """The roles of one attempt, started, watched and stopped in order."""
+
+    def __init__(self, args, roles, signals, out=None):
+        self.args, self.roles, self.signals = args, roles, signals
+        self.out = out or sys.stdout
+        self.lock = threading.Lock()
+        self.threads = []
+        self.seen_signals = 0
+        self.killed = False  # a second signal killed every process at once
+        self._next_ping = 0.0
+
+    @property
+    def workers(self):
+        return [r for r in self.roles if r.kind == 'worker']
+
+    @property
+    def others(self):
+        return [r for r in self.roles if r.kind != 'worker']
+
+    def say(self, line):
+        with self.lock:
+            print(f'launch: {line}', file=sys.stderr, flush=True)
+
+    def start(self):
+        for role in self.roles:
+            spawn(self.args, role)
+            t = threading.Thread(target=relay, args=(role, self.out, self.lock), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def tick(self):
+        """Ping the agents when due, mark silent or stopped roles lost; return a new signal."""
+        now = time.monotonic()
+        if now >= self._next_ping:
+            for r in self.roles:
+                r.send('ping')
+            self._next_ping = now + HEARTBEAT
+        for r in self.roles:
+            if r.running() and not r.lost:
+                if now - r.heard > self.args.timeout:
+                    r.lost = f'not heard from {r.host} for {self.args.timeout:g} s (host or link down)'
+                elif r.stopped_since and now - r.stopped_since > self.args.timeout:
+                    r.lost = f'stopped (SIGSTOP) for {self.args.timeout:g} s'
+        if len(self.signals) > self.seen_signals:
+            self.seen_signals = len(self.signals)
+            return self.signals[-1]
+        return None
+
+    def run(self):
+        """Start the job and watch it; return ``(status, failed_role)``.
+
+        ``status``: 0 when every worker ended with 0; 1 when a process failed
+        or a host was lost (``failed_role`` says which); 128 + the signal
+        number when stopped by a signal.
+        """
+        try:
+            self.start()
+        except OSError as e:
+            self.say(f'could not start a process: {e.strerror or e}')
+            self.kill_all()
+            return 1, None
+        while True:
+            signum = self.tick()
+            if signum is not None:
+                return self.stop_on_signal(signum), None
+            failed = next((r for r in self.roles if r.failure()), None)
+            if failed is not None:
+                self.say(f'{failed.label} {failed.failure()}; stopping the job')
+                self.stop(coordinated=False)
+                return 1, failed
+            if all(r.ended() for r in self.workers):
+                return self.finish(), None
+            time.sleep(0.1)
+
+    def finish(self):
+        """Every worker ended with 0: the scheduler and servers end by themselves, or never
+        saw the workers join."""
+        if self.wait(self.others, min(self.args.grace, 10.0)):
+            return 0
+        self.stop(coordinated=False)
+        self.say('every worker ended, but the scheduler and servers still waited for them: the '
+                 'command never joined the parameter server (train.py joins it with --kvstore '
+                 'dist_sync, dist_device_sync or dist_async)')
+        return 1
+
+    def stop_on_signal(self, signum):
+        name = signal.Signals(signum).name
+        self.say(f'{name}: stopping the job: the workers finish a step (the same for all) and '
+                 f'write their checkpoint (up to {self.args.grace:g} s); Ctrl-C again to stop '
+                 'every process at once')
+        if self.stop(coordinated=True):
+            self.say(f'stopped by {name}: every process has ended')
+        return 128 + signum
+
+    def wait(self, roles, seconds):
+        """Wait until every role of ``roles`` has ended, at most ``seconds``; True if they have.
+
+        A further signal meanwhile kills every process at once (``killed``) and returns False.
+        """
+        deadline = time.monotonic() + seconds
+        while any(r.running() for r in roles):
+            signum = self.tick()
+            if signum is not None and not self.killed:
+                self.say(f'{signal.Signals(signum).name} again: killing every process now')
+                self.kill_all()
+                self.killed = True
+            if self.killed or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def stop(self, coordinated):
+        """Stop the job in order: workers (after a common step if ``coordinated``), then servers
+        and scheduler; SIGTERM, then SIGKILL, through the agents. Return False if a second
+        signal made it kill everything at once."""
+        if coordinated:
+            workers = [r for r in self.workers if r.running() and not r.lost]
+            step = max(r.steps for r in self.workers) + 2
+            for r in workers:
+                r.send(f'stop-at {step}')
+            self.wait(workers, self.args.grace)
+        for group in (self.workers, self.others):
+            if group is self.others and coordinated:  # after the workers, they end by themselves
+                self.wait(group, 2.0)
+            alive = [r for r in group if r.running() and not r.lost]
+            for r in alive:
+                r.send('term')
+            if not self.wait(alive, TERM_WAIT):
+                for r in alive:
+                    r.send('kill')
+                self.wait(alive, TERM_WAIT)
+            if self.killed:
+                return False
+        self.kill_all()
+        return True
+
+    def kill_all(self):
+        """Kill every agent (and ssh client) still running here; the agents end their processes
+        (on a lost host, the agent does so itself after --timeout)."""
+        for r in self.roles:
+            if r.running() and not r.lost:
+                r.send('kill')
+        deadline = time.monotonic() + 1.0
+        for r in self.roles:
+            if r.proc is None:
+                continue
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            if r.proc.poll() is None:
                 try:
-                    p.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
+                    os.killpg(r.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
                     pass
-            stop_all(procs, grace)
-            return 0, None
-        time.sleep(0.1)
+                r.proc.wait()
+        for t in self.threads:
+            t.join(timeout=1)
+
+
+def with_resume(command):
+    """``command`` continuing from its checkpoint."""
+    return command if '--resume' in command else [*command, '--resume']
 
 
 def main(argv=None):
-    """Run the script; return the exit status (0; 1 if a process failed; 2 for bad input;
-    130 or 143 when stopped by SIGINT or SIGTERM)."""
-    signals = []  # the signal that interrupted the launcher; None once the processes ended
+    """Run the script; return the exit status (0; 1 if a process failed or a host was lost; 2
+    for bad input; 128 + the signal number when stopped by SIGINT, SIGTERM or SIGHUP)."""
+    signals = []
 
     def on_signal(signum, frame):  # pylint: disable=unused-argument
-        # Only the first: a second would break into the stopping of the processes.
-        if not signals:
-            signals.append(signum)
-            raise KeyboardInterrupt
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        signals.append(signum)
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in watched}
     try:
         try:
             args = build_parser().parse_args(argv)
-            processes = plan(args)
+            hosts, command = check_args(args)
         except LaunchError as e:
             print(f'error: {e}', file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            print('launch: interrupted: no process was started', file=sys.stderr)
-            return 128 + signals[0]
-        return launch(args, processes, signals)
+        return launch(args, hosts, command, signals)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def launch(args, processes, signals):
-    """Start ``processes`` (``plan``), supervise them; return the exit status.
-
-    ``signals`` holds the signal that raised ``KeyboardInterrupt``, once one did.
-    """
-    procs, lock, threads = [], threading.Lock(), []
-    try:
-        for label, host, env, command in processes:
-            try:
-                procs.append(spawn(label, host, env, command, args.launcher))
-            except OSError as e:  # the program vanished, no more processes allowed, ...
-                stop_all(procs, args.grace)
-                signals.append(None)
-                print(f'launch: could not start {label} ({shlex.join(command)}): '
-                      f'{e.strerror or e}; stopped the other processes', file=sys.stderr)
-                return 1
-            threads.append(threading.Thread(target=forward, args=(procs[-1], sys.stdout, lock),
-                                            daemon=True))
-            threads[-1].start()
-        status, why = supervise(procs, args.grace)
-        signals.append(None)  # every process has ended: a signal from now on changes nothing
-    except KeyboardInterrupt:
-        stop_all(procs, args.grace)
-        status, why = 128 + signals[0], 'interrupted: stopped every process'
-    for t in threads:
-        t.join(timeout=1)
-    if why:
-        print(f'launch: {why}', file=sys.stderr)
-    return status
+def launch(args, hosts, command, signals):
+    """Run the job, restarting it up to ``args.max_restarts`` times; return the exit status."""
+    restarts = 0
+    while True:
+        roles = plan(args, hosts, command, 0)
+        try:
+            port = preflight(args, roles, args.port)
+        except LaunchError as e:
+            if restarts == 0:
+                print(f'error: {e}', file=sys.stderr)
+                return 2
+            print(f'launch: cannot restart: {e}', file=sys.stderr)
+            return 1
+        if signals:
+            print('launch: interrupted: no process was started', file=sys.stderr)
+            return 128 + signals[0]
+        roles = plan(args, hosts, command, port)
+        job = Job(args, roles, signals)
+        status, failed = job.run()
+        if status != 1 or restarts >= args.max_restarts or signals:
+            if status == 1 and args.max_restarts:
+                job.say(f'gave up after {restarts} restart(s) (--max-restarts {args.max_restarts})')
+            return status
+        restarts += 1
+        lost = {r.host for r in roles if r.lost or (r.failure() or '').startswith('its connection')}
+        if lost and len(lost) < len(hosts):
+            hosts = [h for h in hosts if h not in lost]
+        command = with_resume(command)
+        job.say(f'restart {restarts} of {args.max_restarts}: starting the job again from its '
+                f'checkpoint on {len(hosts)} host(s) ({", ".join(hosts)})')
 
 
 def start(launcher=None):

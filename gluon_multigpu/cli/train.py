@@ -318,12 +318,14 @@ def run(args, out=None, stop=None):
         if kvstore not in gm.kvstores.DIST_KVSTORES:
             gm.kvstores.check_kvstore(kvstore, devices)
     check_outputs(args)
-    worker = join_parameter_server(kvstores)  # blocks until every worker has joined
+    worker = join_parameter_server(kvstores, stop)  # blocks until every worker has joined
     if worker.rank:
         out = RankPrefixed(out, worker.rank)
     lr = args.lr or RECIPES[args.model].lr(batch_size * worker.count)
     checkpoint = make_checkpointer(args, batch_size, lr, kvstores, worker)
     guard = stall_guard(args, devices)
+    # Under the launcher: report the steps, stop on the step it names (the same for all workers).
+    control = gm.distributed.Control.from_environment(stop=stop, on_stop=stopped_by_launcher)
     # Copies of the parameters only to compare several kvstores (45 MB an epoch for ResNet-18).
     tracker = gm.ParamTracker(compare=len(kvstores) > 1)
     with checkpoint or contextlib.nullcontext(), tracker, guard or contextlib.nullcontext():
@@ -349,7 +351,8 @@ def run(args, out=None, stop=None):
                 print(f'-- kvstore {kvstore}', file=out, flush=True)
             result = train_one(args, worker.kvstore or kvstore, devices, lr, train_iter,
                                test_iter, out, tracker,
-                               [h for h in (checkpoint, stop, guard) if h is not None], worker)
+                               [h for h in (checkpoint, stop, control, guard) if h is not None],
+                               worker)
             if not worker.rank:
                 print(result.final_line(), file=out, flush=True)
             results.append(result)
@@ -372,11 +375,28 @@ class StoppedBetweenRuns(gm.Interrupted):
         self.done, self.left = done, left
 
 
-def join_parameter_server(kvstores):
-    """Join the parameter server if a dist kvstore was asked for; return this ``Worker``."""
+def join_parameter_server(kvstores, stop=None):
+    """Join the parameter server if a dist kvstore was asked for; return this ``Worker``.
+
+    A signal (``stop``) or the join's time-out raises ``distributed.JoinError``.
+    """
     dist = next((k for k in kvstores if k in gm.kvstores.DIST_KVSTORES), None)
-    return gm.distributed.join(kvstores, start=f'{common.program("launch")} -n WORKERS -s SERVERS '
-                               f'-- {common.program("train")} --kvstore {dist} ...')
+    _PHASE['joining'] = dist is not None
+    try:
+        return gm.distributed.join(kvstores, start=f'{common.program("launch")} -n WORKERS -s '
+                                   f'SERVERS -- {common.program("train")} --kvstore {dist} ...',
+                                   stop=stop)
+    finally:
+        _PHASE['joining'] = False
+
+
+#: Whether the process waits to join the parameter server (a signal then ends it, not a step).
+_PHASE = {'joining': False}
+
+
+def stopped_by_launcher(step):
+    """Say that the launcher stops the job, on a step every worker stops on."""
+    say_quietly(f'the launcher stops the job: stopping after step {step}, as every worker does')
 
 
 class RankPrefixed:
@@ -429,6 +449,9 @@ def acknowledge(signum, book=False):
     """
     name = {signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
         signum, signal.Signals(signum).name)
+    if _PHASE['joining']:
+        say_quietly(f'{name}: stopping while joining the parameter server')
+        return
     when = ("once the steps already queued have run (the text's loop queues them ahead of the "
             "devices, up to the epoch's end)" if book else 'after the current step')
     say_quietly(f'{name}: stopping {when}; Ctrl-C again to stop now')
@@ -473,6 +496,11 @@ def _main(args, argv):
                             stop_now) as stop:
             common.run_began()  # from its end on, a signal finds the run over, not starting
             run(args, stop=stop)
+    except gm.distributed.JoinError as e:
+        # MXNet's join cannot be called off: end the process, whose thread waits there for good.
+        print(error_line(e), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(128 + e.signum if e.signum else 1)  # pylint: disable=protected-access
     except gm.GluonMultiGPUError as e:
         print(error_line(e), file=sys.stderr)
         return 2

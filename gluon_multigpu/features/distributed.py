@@ -11,6 +11,9 @@ seed, so a synchronous run on W workers equals one process on all their
 devices.
 """
 import os
+import signal
+import threading
+import time
 from typing import NamedTuple
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -21,12 +24,27 @@ from ..errors import GluonMultiGPUError
 from ..core.kvstores import DIST_KVSTORES
 from ..core.training import Hook
 
-__all__ = ['DIST_KVSTORES', 'DMLC_VARIABLES', 'Worker', 'join', 'connect', 'WorkerShard',
-           'StepScale', 'step_scale']
+__all__ = ['DIST_KVSTORES', 'DMLC_VARIABLES', 'Worker', 'join', 'connect', 'JoinError',
+           'JOIN_TIMEOUT', 'Control', 'WorkerShard', 'StepScale', 'step_scale']
 
 #: The variables a parameter-server worker needs (``scripts/launch.py`` sets them).
 DMLC_VARIABLES = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
                   'DMLC_NUM_WORKER')
+#: Seconds a worker waits to join the parameter server (``GLUON_MULTIGPU_JOIN_TIMEOUT`` sets it).
+JOIN_TIMEOUT = 120.0
+
+
+class JoinError(GluonMultiGPUError):
+    """The parameter server could not be joined (in time), or the wait was interrupted.
+
+    MXNet's join cannot be called off: the thread that waits in it stays
+    blocked, so a program should end its process (``os._exit``) after saying so.
+    ``signum`` is the signal that interrupted the wait, or None for a time-out.
+    """
+
+    def __init__(self, message, signum=None):
+        super().__init__(message)
+        self.signum = signum
 
 
 class Worker(NamedTuple):
@@ -59,14 +77,15 @@ class Worker(NamedTuple):
                 None if self.rank else test_iter)
 
 
-def join(kvstores, start=None, environ=None):
+def join(kvstores, start=None, environ=None, stop=None, timeout=None):
     """Join the parameter server if one of ``kvstores`` (names) is one; return this ``Worker``.
 
     Without a parameter-server kvstore: ``Worker()``, rank 0 of 1. With one,
     it must be the only kvstore, and the process must have been started as a
     worker by the launcher (the ``DMLC_VARIABLES`` set, ``DMLC_ROLE=worker``);
     ``start`` says in the message how to start it so. Blocks until every
-    worker has joined.
+    worker has joined (see ``connect`` for ``stop`` and ``timeout``). Under
+    ``launch`` the worker then reports its rank to the launcher.
     """
     dist = [k for k in kvstores if k in DIST_KVSTORES]
     if not dist:
@@ -82,20 +101,142 @@ def join(kvstores, start=None, environ=None):
         raise GluonMultiGPUError(
             f'`kvstore` {dist[0]} runs as a worker of a parameter server, and '
             f'{", ".join(missing) or "DMLC_ROLE=worker"} is not set; start it with: {start}')
-    kv = connect(dist[0])
+    kv = connect(dist[0], stop=stop, timeout=timeout, environ=environ)
+    control = Control.from_environment(environ)
+    if control is not None:
+        control.report(f'rank {kv.rank} {kv.num_workers}')
     return Worker(kv, kv.rank, kv.num_workers)
 
 
-def connect(name):
+def connect(name, stop=None, timeout=None, environ=None):
     """Join the parameter server as a worker; return the kvstore (``.rank``, ``.num_workers``).
 
     The process must have been started with the DMLC_* variables of a worker
-    (``scripts/launch.py`` sets them); MXNet reads them here.
+    (``scripts/launch.py`` sets them); MXNet reads them here. MXNet waits for
+    the scheduler and every other process without a bound and cannot be
+    interrupted there, so the wait runs in a thread: ``JoinError`` when
+    ``stop()`` (a ``StopRequest``) turns true or after ``timeout`` seconds
+    (default ``GLUON_MULTIGPU_JOIN_TIMEOUT``, else ``JOIN_TIMEOUT``).
     """
     if name not in DIST_KVSTORES:
         raise GluonMultiGPUError(f'{name!r} is not a parameter-server kvstore; choose one of '
                                  f'{", ".join(DIST_KVSTORES)}')
-    return mx.kv.create(name)
+    environ = os.environ if environ is None else environ
+    if timeout is None:
+        timeout = float(environ.get('GLUON_MULTIGPU_JOIN_TIMEOUT') or JOIN_TIMEOUT)
+    where = f"{environ.get('DMLC_PS_ROOT_URI')}:{environ.get('DMLC_PS_ROOT_PORT')}"
+    box = {}
+
+    def create():
+        try:
+            box['kv'] = mx.kv.create(name)
+        except Exception as e:  # pylint: disable=broad-except
+            box['error'] = e
+    thread = threading.Thread(target=create, name='join-parameter-server', daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while thread.is_alive():
+        thread.join(0.1)
+        if stop is not None and stop() and thread.is_alive():
+            signum = getattr(stop, 'signum', None) or signal.SIGINT
+            raise JoinError(f'interrupted by {signal.Signals(signum).name} while joining the '
+                            f'parameter server at {where}: nothing was trained', signum)
+        if time.monotonic() > deadline and thread.is_alive():
+            raise JoinError(f'could not join the parameter server at {where} within {timeout:g} '
+                            's: the scheduler is not reachable from this host, or not every '
+                            'worker and server started; check the launcher\'s other lines (set '
+                            'GLUON_MULTIGPU_JOIN_TIMEOUT to wait longer)')
+    if 'error' in box:
+        raise box['error']
+    return box['kv']
+
+
+class Control(Hook):
+    """The launcher's line to one of its workers (``launch``, through ``run.agent``).
+
+    The worker reports its rank once joined and every step it has queued; the
+    launcher may ask it to stop after step S (``stop-at S``), the same S for
+    every worker, so that a stopped synchronous run ends on one step
+    everywhere (a worker stopping a step earlier than another would leave that
+    one waiting for its gradients forever) and its first worker writes the
+    checkpoint of that step. ``stop`` (a ``StopRequest``) is then marked
+    as stopped by SIGTERM, the launcher's request, and ``on_stop`` says so.
+
+    Made from the ``CONTROL_VARIABLE`` the agent sets (``from_environment``);
+    nothing outside a launched job.
+    """
+
+    def __init__(self, read_fd, write_fd, stop=None, on_stop=None):
+        self.steps, self.stop_at, self.stop, self.on_stop = 0, None, stop, on_stop
+        self._read_fd, self._write_fd = read_fd, write_fd
+        self._said, self._pending = False, b''
+        # Read between steps, never by a thread: a thread blocked in a read when the process
+        # exits makes MXNet's parameter server end it with "terminate called" (SIGABRT).
+        os.set_blocking(read_fd, False)
+
+    @classmethod
+    def from_environment(cls, environ=None, **kw):
+        """The ``Control`` of this process if a launcher's agent started it, else None."""
+        from ..run.agent import CONTROL_VARIABLE  # pylint: disable=import-outside-toplevel
+        environ = os.environ if environ is None else environ
+        global _CONTROL  # pylint: disable=global-statement
+        if _CONTROL is None and environ.get(CONTROL_VARIABLE):
+            try:
+                read_fd, write_fd = (int(x) for x in environ[CONTROL_VARIABLE].split(','))
+                os.fstat(read_fd), os.fstat(write_fd)
+            except (ValueError, OSError):
+                return None
+            _CONTROL = cls(read_fd, write_fd)
+        if _CONTROL is not None:
+            for k, v in kw.items():
+                setattr(_CONTROL, k, v)
+        return _CONTROL
+
+    def _listen(self):
+        """Take in the launcher's lines that have come (``stop-at S``)."""
+        while True:
+            try:
+                data = os.read(self._read_fd, 4096)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            self._pending += data
+            *lines, self._pending = self._pending.split(b'\n')
+            for line in lines:
+                words = line.split()
+                if len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
+                    self.stop_at = int(words[1])
+
+    def report(self, message):
+        """Send one line to the launcher (quietly nothing if it cannot be)."""
+        try:
+            os.write(self._write_fd, (message + '\n').encode())
+        except OSError:
+            pass
+
+    def _reached(self):
+        self._listen()
+        if self.stop_at is None or self.steps < self.stop_at:
+            return False
+        if not self._said:
+            self._said = True
+            if self.stop is not None and getattr(self.stop, 'signum', 1) is None:
+                self.stop.signum = signal.SIGTERM
+            if self.on_stop is not None:
+                self.on_stop(self.stop_at)
+        return True
+
+    def step_end(self, run, step, samples, timer):
+        self.steps += 1
+        self.report(f'step {self.steps}')
+        return self._reached()
+
+    def epoch_end(self, run, record):
+        return self._reached()
+
+
+_CONTROL = None
 
 
 def step_scale(kvstore, num_workers):

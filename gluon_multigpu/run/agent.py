@@ -1,0 +1,240 @@
+"""One process of a launched job, on its host: it runs the command, relays it, and ends it.
+
+``launch`` starts every role of a parameter-server job (scheduler, servers,
+workers) through an agent, on this machine or over ssh, as
+``python -m gluon_multigpu.run.agent [options] -- COMMAND``. The agent
+
+- runs COMMAND in a session of its own (``setsid``), set to die with the agent;
+- copies the command's output to its own standard output, and adds control
+  lines that begin with ``CONTROL`` (``beat``, ``step N``, ``rank R W``,
+  ``exit STATUS``) for the launcher;
+- reads the launcher's lines on its standard input: ``ping`` (the launcher is
+  alive), ``stop-at S`` (passed to a worker: stop after step S, see
+  ``distributed.Control``), ``term`` (SIGTERM to the command's session),
+  ``kill`` (SIGKILL);
+- ends the command (SIGTERM, then SIGKILL after ``--grace`` seconds) when its
+  standard input closes (the launcher, or its ssh connection, is gone) or
+  when the launcher has not been heard for ``--timeout`` seconds (a link
+  down): so no process of a job outlives its launcher on any host;
+- sends ``beat`` every ``--heartbeat`` seconds, ``beat stopped`` while the
+  command is stopped (SIGSTOP), so the launcher can tell a silent host or a
+  stopped process within its own timeout.
+
+With ``--check`` it runs nothing: it says in one JSON line whether COMMAND's
+program can be found here (and, with ``--port``, a free TCP port, or whether
+the one given is free), for the launcher's checks before any process starts.
+
+Its exit status is the command's (128 + the signal number if a signal ended
+it), 124 when it ended the command because the launcher was gone.
+"""
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+#: What begins a control line on the agent's output (ASCII record separator).
+CONTROL = '\x1egm '
+#: The variable through which a worker finds its control pipes: ``"READ_FD,WRITE_FD"``.
+CONTROL_VARIABLE = 'GLUON_MULTIGPU_CONTROL'
+#: Exit status when the launcher was gone and the agent ended the command.
+LAUNCHER_GONE = 124
+
+
+def _die_with_parent():
+    """In the child: a session of its own, and SIGKILL when the agent dies (Linux)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def find_program(name):
+    """The path ``name`` runs as here (on the PATH, or a path from the current folder), or None."""
+    if os.sep in name:
+        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
+    return shutil.which(name)
+
+
+def check(command, port=None):
+    """The ``--check`` answer as a dict: ``error`` (a line) or ``ok``, and ``port``."""
+    if command and find_program(command[0]) is None:
+        return {'error': f'the command {command[0]} is not a program on this host '
+                f'({socket.gethostname()}, in {os.getcwd()})'}
+    answer = {'ok': True}
+    if port is not None:
+        with socket.socket() as s:
+            try:
+                s.bind(('', port))
+            except OSError as e:
+                return {'error': f'port {port} is in use ({e.strerror})'}
+            answer['port'] = s.getsockname()[1]
+    return answer
+
+
+def _state(pid):
+    """The one-letter state of process ``pid`` (``/proc``), or None once it is gone."""
+    try:
+        with open(f'/proc/{pid}/stat', 'rb') as f:
+            return f.read().rsplit(b')', 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+class Agent:
+    """Runs ``command`` and relays it to the launcher (see the module's text)."""
+
+    def __init__(self, command, heartbeat=2.0, timeout=15.0, grace=5.0, out=None, inp=None):
+        self.command, self.heartbeat, self.timeout, self.grace = command, heartbeat, timeout, grace
+        self.out = out or sys.stdout.buffer
+        self.inp = inp or sys.stdin.buffer
+        self.lock = threading.Lock()
+        self.heard = time.monotonic()
+        self.launcher_gone = False
+        self.proc = None
+        self._to_job = None
+
+    def say(self, message):
+        """Write one control line (quietly nothing once the launcher's end is closed)."""
+        self.write((CONTROL + message + '\n').encode())
+
+    def write(self, data):
+        with self.lock:
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError):
+                pass
+
+    def start(self):
+        """Start the command with its control pipes; return False (and say why) if it cannot."""
+        to_job_r, to_job_w = os.pipe()
+        from_job_r, from_job_w = os.pipe()
+        env = dict(os.environ, PYTHONUNBUFFERED=os.environ.get('PYTHONUNBUFFERED', '1'))
+        env[CONTROL_VARIABLE] = f'{to_job_r},{from_job_w}'
+        try:
+            self.proc = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                pass_fds=(to_job_r, from_job_w), preexec_fn=_die_with_parent)
+        except OSError as e:
+            self.write(f'could not start {self.command[0]}: {e.strerror or e}\n'.encode())
+            return False
+        finally:
+            os.close(to_job_r)
+            os.close(from_job_w)
+        self._to_job = os.fdopen(to_job_w, 'w', buffering=1)
+        self.say(f'started {self.proc.pid}')
+        self._output = threading.Thread(target=self._relay_output, daemon=True)
+        self._output.start()
+        threading.Thread(target=self._relay_control, args=(from_job_r,), daemon=True).start()
+        threading.Thread(target=self._listen, daemon=True).start()
+        return True
+
+    def _relay_output(self):
+        for line in iter(self.proc.stdout.readline, b''):
+            self.write(line if line.endswith(b'\n') else line + b'\n')
+
+    def _relay_control(self, fd):
+        with os.fdopen(fd, 'rb') as f:
+            for line in f:
+                self.say(line.decode(errors='replace').strip())
+
+    def _listen(self):
+        for raw in iter(self.inp.readline, b''):
+            self.heard = time.monotonic()
+            words = raw.decode(errors='replace').split()
+            if not words:
+                continue
+            if words[0] == 'stop-at' and self._to_job is not None:
+                try:
+                    self._to_job.write(' '.join(words) + '\n')
+                except (OSError, ValueError):
+                    pass
+            elif words[0] in ('term', 'kill'):
+                self.signal(signal.SIGTERM if words[0] == 'term' else signal.SIGKILL)
+        self.launcher_gone = True
+
+    def signal(self, signum):
+        """Send ``signum`` to every process of the command's session."""
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def end(self):
+        """SIGTERM the command's session, SIGKILL what is left after the grace period."""
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            pass
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def run(self):
+        """Supervise the command until it ends or the launcher is gone; return the exit status."""
+        if not self.start():
+            self.say('exit 127')
+            return 127
+        next_beat = 0.0
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self.signal(signal.SIGKILL)  # whatever the command left in its session
+                self._output.join(timeout=2)  # its last lines before the exit line
+                status = 128 - code if code < 0 else code
+                self.say(f'exit {status}')
+                return status
+            now = time.monotonic()
+            if self.launcher_gone or now - self.heard > self.timeout:
+                self.end()
+                return LAUNCHER_GONE
+            if now >= next_beat:
+                self.say('beat stopped' if _state(self.proc.pid) in ('T', 't') else 'beat')
+                next_beat = now + self.heartbeat
+            time.sleep(0.1)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog='python -m gluon_multigpu.run.agent',
+                                description=__doc__.splitlines()[0])
+    p.add_argument('--heartbeat', type=float, default=2.0)
+    p.add_argument('--timeout', type=float, default=15.0)
+    p.add_argument('--grace', type=float, default=5.0)
+    p.add_argument('--check', action='store_true')
+    p.add_argument('--port', type=int)
+    p.add_argument('command', nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ['--'] else args.command
+    if args.check:
+        answer = check(command, args.port)
+        print(json.dumps(answer), flush=True)
+        return 0 if 'ok' in answer else 2
+    # The launcher stops the job through the agent's input; a signal to the agent itself
+    # (its ssh session closing, a kill) ends the job as the launcher's going would.
+    agent = Agent(command, args.heartbeat, args.timeout, args.grace)
+
+    def gone(signum, frame):  # pylint: disable=unused-argument
+        agent.launcher_gone = True
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, gone)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    return agent.run()
+
+
+if __name__ == '__main__':
+    # os._exit: a thread still reads the launcher's lines, and Python's shutdown would wait on it.
+    status = main()
+    sys.stdout.flush()
+    os._exit(status)  # pylint: disable=protected-access
