@@ -570,14 +570,20 @@ def main(argv=None):
         except LaunchError as e:
             print(f'error: {e}', file=sys.stderr)
             return 2
-        return launch(args, hosts, command, signals)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        resume = common.command_line('launch', argv + ([] if '--resume' in command
+                                                       else ['--resume']))
+        return launch(args, hosts, command, signals, resume)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def launch(args, hosts, command, signals):
-    """Run the job, restarting it up to ``args.max_restarts`` times; return the exit status."""
+def launch(args, hosts, command, signals, resume=None):
+    """Run the job, restarting it up to ``args.max_restarts`` times; return the exit status.
+
+    ``resume``: the command line that continues the job, said after a stop by a signal when
+    the workers keep checkpoints."""
     restarts = 0
     while True:
         roles = plan(args, hosts, command, 0)
@@ -595,6 +601,9 @@ def launch(args, hosts, command, signals):
         roles = plan(args, hosts, command, port)
         job = Job(args, roles, signals)
         status, failed = job.run()
+        if status > 128 and resume and any(a == '--checkpoint-dir' or
+                                           a.startswith('--checkpoint-dir=') for a in command):
+            job.say(f'resume with: {resume}')
         if status != 1 or restarts >= args.max_restarts or signals:
             if status == 1 and args.max_restarts:
                 job.say(f'gave up after {restarts} restart(s) (--max-restarts {args.max_restarts})')
