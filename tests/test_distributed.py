@@ -279,3 +279,41 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
     finally:
         proc.kill()
     assert len(seen) == 8 and gone(seen)
+
+
+def test_a_worker_that_cannot_join_says_so_within_its_timeout_and_ctrl_c_ends_the_wait(
+        fashion_dir, tmp_path):
+    # A "scheduler" that takes connections and never answers: MXNet waits there for good.
+    with socket.socket() as silent:
+        silent.bind(('127.0.0.1', 0))
+        silent.listen()
+        silent.settimeout(120)
+        port = silent.getsockname()[1]
+        env = dict(os.environ, DMLC_ROLE='worker', DMLC_PS_ROOT_URI='127.0.0.1',
+                   DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_SERVER='1', DMLC_NUM_WORKER='2',
+                   GLUON_MULTIGPU_JOIN_TIMEOUT='3')
+        argv = [sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
+                *train_args(fashion_dir)]
+        proc = run_bounded(argv, env=env, cwd=tmp_path, timeout=120)
+        assert proc.returncode == 1 and proc.stderr == (
+            f'error: could not join the parameter server at 127.0.0.1:{port} within 3 s: the '
+            'scheduler is not reachable from this host, or not every worker and server '
+            "started; check the launcher's other lines (set GLUON_MULTIGPU_JOIN_TIMEOUT to "
+            'wait longer)\n'), proc.stderr
+        silent.accept()[0].close()  # the first worker did try
+        # Ctrl-C while MXNet waits to join: acknowledged, and the process ends with one line
+        env['GLUON_MULTIGPU_JOIN_TIMEOUT'] = '600'
+        proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            err = Lines(proc.stderr)
+            Lines(proc.stdout)
+            silent.accept()[0].close()  # it is in MXNet's join
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            assert wait_bounded(proc, 30) == 130
+        finally:
+            proc.kill()
+    assert err.text() == ['Ctrl-C: stopping while joining the parameter server',
+                          f'interrupted by SIGINT while joining the parameter server at '
+                          f'127.0.0.1:{port}: nothing was trained']

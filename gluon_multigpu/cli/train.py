@@ -498,7 +498,7 @@ def _main(args, argv):
             run(args, stop=stop)
     except gm.distributed.JoinError as e:
         # MXNet's join cannot be called off: end the process, whose thread waits there for good.
-        print(error_line(e), file=sys.stderr, flush=True)
+        print(e.describe(FLAGS) if e.signum else error_line(e), file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(128 + e.signum if e.signum else 1)  # pylint: disable=protected-access
     except gm.GluonMultiGPUError as e:
