@@ -317,3 +317,24 @@ def test_a_worker_that_cannot_join_says_so_within_its_timeout_and_ctrl_c_ends_th
     assert err.text() == ['Ctrl-C: stopping while joining the parameter server',
                           f'interrupted by SIGINT while joining the parameter server at '
                           f'127.0.0.1:{port}: nothing was trained']
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('how', [signal.SIGHUP, signal.SIGKILL])
+def test_the_launcher_hung_up_or_killed_leaves_no_process(how, fashion_dir, tmp_path):
+    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--', sys.executable,
+                             TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
+                             *train_args(fashion_dir)[:-6], '--num-epochs', '50',
+                             '--data-dir', str(fashion_dir), '--progress-interval', '0.5'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        seen = watch_children(proc, Lines(proc.stdout), r'epoch 1: \d+/\d+ batches')
+        assert len(seen) == 8  # 4 agents, their 4 processes
+        proc.send_signal(how)
+        status = wait_bounded(proc, 90)
+    finally:
+        proc.kill()
+    if how == signal.SIGHUP:  # an ordered stop: the workers on one step, then the others
+        assert status == 129
+        assert 'launch: stopped by SIGHUP: every process has ended' in proc.stderr.read()
+    assert gone(seen, timeout=10)
