@@ -94,6 +94,12 @@ def build_parser():
                    help='a host not heard from (heartbeats every 2 s), or a process stopped, for '
                    'this long is lost, and stops the job; an agent that does not hear the '
                    f'launcher for this long ends its process (default: {TIMEOUT:g})')
+    p.add_argument('--step-timeout', type=common.non_negative_float, default=0.0,
+                   metavar='SECONDS',
+                   help='a worker that has trained but queued no step for this long is hung '
+                   '(deadlocked, or waiting for a process that cannot answer), and stops the '
+                   'job; leave room for the first worker\'s evaluation at each epoch\'s end, '
+                   'during which the others wait (default: 0, not watched)')
     p.add_argument('--ssh-port', type=common.int_in(1, 65535), metavar='PORT',
                    help="the hosts' ssh port (default: ssh's configuration, else 22)")
     p.add_argument('--ssh-identity', metavar='FILE', help='the private key ssh logs in with')
@@ -169,10 +175,12 @@ class Role:
         self.proc = None
         self.rank = None
         self.steps = 0
+        self.stepped = None     # when its step count last changed (None: no step yet)
         self.status = None      # the exit status its agent reported
         self.heard = time.monotonic()
         self.stopped_since = None
-        self.lost = None        # why the launcher gave up on it (silent, stopped)
+        self.lost = None        # why the launcher gave up reaching it (silent)
+        self.hung = None        # why it is taken as hung (stopped, no step), though reachable
 
     @property
     def label(self):
@@ -189,8 +197,8 @@ class Role:
 
     def failure(self):
         """What went wrong with this process, as words, or None."""
-        if self.lost:
-            return self.lost
+        if self.lost or self.hung:
+            return self.lost or self.hung
         if not self.ended():
             return None
         if self.status is None:  # no exit line: the agent or its connection died
@@ -301,7 +309,7 @@ def relay(role, out, lock):
                 else:
                     role.stopped_since = None
             elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
-                role.steps = int(words[1])
+                role.steps, role.stepped = int(words[1]), time.monotonic()
             elif words[:1] == ['rank'] and words[1:2] and words[1].isdigit():
                 role.rank = int(words[1])
             elif words[:1] == ['exit'] and words[1:2] and words[1].isdigit():
@@ -430,8 +438,14 @@ class Job:
             if r.running() and not r.lost:
                 if now - r.heard > self.args.timeout:
                     r.lost = f'not heard from {r.host} for {self.args.timeout:g} s (host or link down)'
+                elif r.hung:
+                    pass
                 elif r.stopped_since and now - r.stopped_since > self.args.timeout:
-                    r.lost = f'stopped (SIGSTOP) for {self.args.timeout:g} s'
+                    r.hung = f'stopped (SIGSTOP) for {self.args.timeout:g} s'
+                elif self.args.step_timeout and r.stepped and \
+                        now - r.stepped > self.args.step_timeout:
+                    r.hung = (f'queued no step for {self.args.step_timeout:g} s after step '
+                              f'{r.steps} (hung)')
         if len(self.signals) > self.seen_signals:
             self.seen_signals = len(self.signals)
             return self.signals[-1]
