@@ -214,12 +214,21 @@ def test_a_worker_shard_is_its_part_of_each_global_batch():
 
 def test_the_worker_projection_follows_its_formula():
     rows = gm.scaling.worker_projection(0.05, 40e6, [1, 2, 4, 8], servers=2, gbps=1.0)
-    for r in rows:  # recomputed by hand: push and pull of 40 MB per worker, shared by 2 servers
+    for r in rows:  # recomputed by hand: push, then pull, of 40 MB as one key, 2 servers
         t_net = 2 * 40e6 * max(1, r['workers'] / 2) / 1e9
         assert r['t_net_s'] == pytest.approx(t_net)
         assert r['speedup'] == pytest.approx(r['workers'] * 0.05 / (0.05 + t_net))
         assert r['efficiency'] == pytest.approx(r['speedup'] / r['workers'])
     assert rows[2]['t_net_s'] == rows[1]['t_net_s'] * 2  # past the servers, links fill up
+    # many keys: the pulls overlap the pushes but for the largest key (10 MB of the 40)
+    keyed = gm.scaling.worker_projection(0.05, 40e6, [1, 2, 4, 8], servers=2, gbps=1.0,
+                                         largest_bytes=10e6)
+    for r, one_key in zip(keyed, rows):
+        t_net = (40e6 + 10e6) * max(1, r['workers'] / 2) / 1e9
+        assert r['t_net_s'] == pytest.approx(t_net) == one_key['t_net_s'] * 50 / 80
+        assert r['t_step_s'] == pytest.approx(0.05 + t_net)
+        assert r['speedup'] == pytest.approx(r['workers'] * 0.05 / (0.05 + t_net))
+        assert r['efficiency'] == pytest.approx(r['speedup'] / r['workers'])
 
 
 @pytest.mark.slow
@@ -354,3 +363,14 @@ def test_a_worker_that_queues_no_step_for_the_step_timeout_is_hung(tmp_path):
                      r'\(hung\); stopping the job$', proc.stderr, re.M), proc.stderr
     assert '[worker 0@127.0.0.1] stepped' in proc.stdout
     assert took < 2 + load_script('launch').TERM_WAIT + 10, took
+
+
+def test_a_command_with_bad_input_is_status_2_and_not_restarted(tmp_path):
+    proc = run_bounded([sys.executable, LAUNCH, '-n', '2', '--max-restarts', '3', '--',
+                        sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
+                        '--model', 'simple-cnn', '--data-dir', str(tmp_path / 'nothing'),
+                        '--checkpoint-dir', str(tmp_path / 'ck')], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert 'stopped on bad input (status 2), which a restart would meet again' in proc.stderr
+    assert 'restart 1' not in proc.stderr and 'Traceback' not in proc.stdout + proc.stderr
+    assert not (tmp_path / 'ck').exists()

@@ -570,7 +570,8 @@ def with_resume(command):
 
 def main(argv=None):
     """Run the script; return the exit status (0; 1 if a process failed or a host was lost; 2
-    for bad input; 128 + the signal number when stopped by SIGINT, SIGTERM or SIGHUP)."""
+    for bad input, the launcher's or, as a worker said with status 2, the command's; 128 + the
+    signal number when stopped by SIGINT, SIGTERM or SIGHUP)."""
     signals = []
 
     def on_signal(signum, frame):  # pylint: disable=unused-argument
@@ -618,6 +619,11 @@ def launch(args, hosts, command, signals, resume=None):
         if status > 128 and resume and any(a == '--checkpoint-dir' or
                                            a.startswith('--checkpoint-dir=') for a in command):
             job.say(f'resume with: {resume}')
+        if failed is not None and failed.kind == 'worker' and failed.status == 2:
+            if args.max_restarts:
+                job.say(f'{failed.label} stopped on bad input (status 2), which a restart would '
+                        'meet again: not restarting')
+            return 2  # the command's input is bad: its status
         if status != 1 or restarts >= args.max_restarts or signals:
             if status == 1 and args.max_restarts:
                 job.say(f'gave up after {restarts} restart(s) (--max-restarts {args.max_restarts})')
