@@ -300,31 +300,53 @@ def projection_rows(model, device_type, kvstore, batch_mode, batch, compute_s, s
     return rows
 
 
-def worker_projection(t_step_s, grad_bytes, workers, servers, gbps):
+def worker_projection(t_step_s, grad_bytes, workers, servers, gbps, largest_bytes=None):
     """Project a parameter-server run to ``workers`` machines (a model, not a measurement).
 
-    Every step, each worker pushes its summed gradient (``grad_bytes``) and
-    pulls the total back; the servers share the keys, so each server's link
-    carries ``2 grad_bytes workers / servers`` and each worker's ``2
-    grad_bytes``. With every link at ``gbps`` GB/s and no overlap of
+    Every step, each worker pushes its summed gradient (``grad_bytes``, one
+    key per parameter) and pulls the updated weights back; the servers share
+    the keys, so each server's link carries ``grad_bytes workers / servers``
+    in and as much out, and each worker's ``grad_bytes`` each way. Links
+    send and receive at once, at ``gbps`` GB/s each way. With ``dist_sync``
+    the server answers a key's push with its updated weights once every
+    worker's push of the key has arrived, while the next keys are still
+    being pushed: the pushes and the pulls are the two stages of a pipeline
+    over the keys, which ends all the pushes plus the pull of the largest
+    key (``largest_bytes``) after it begins (a two-stage flow shop whose
+    stages take the same time for each key). With no overlap of
     communication with computation::
 
-        t_net(W) = 2 grad_bytes max(1, W / S) / bandwidth
+        t_net(W) = (grad_bytes + largest_bytes) max(1, W / S) / bandwidth
         speedup(W) = W t_step / (t_step + t_net(W))
 
     against one machine without a parameter server, where ``t_step_s`` is one
     worker's step (its devices' compute and their local synchronisation).
+    ``largest_bytes`` defaults to ``grad_bytes``, all the gradients as one
+    key: the push, then the pull, ``2 grad_bytes max(1, W / S) / bandwidth``.
+    ``bandwidth`` is what the links carry of the gradients: TCP's payload,
+    1448 bytes of every 1514-byte Ethernet frame (95.6% of the link's rate).
+
+    The model assumes that the workers' pushes share a server's link
+    equally; where one worker's get ahead, each key waits for the slowest
+    worker's push of it (at worst ``(2 W - 1) grad_bytes / bandwidth`` with
+    one server). It leaves out that MXNet pushes a gradient as soon as the
+    backward pass has computed it, so that part of the network time hides
+    behind the rest of the backward pass: ``t_step_min_s``, ``max(t_step,
+    t_net(W))``, is the step if either hid entirely behind the other.
 
     Returns
     -------
     list of dict
-        Per worker count: ``workers``, ``t_net_s``, ``t_step_s``, ``speedup``, ``efficiency``.
+        Per worker count: ``workers``, ``servers``, ``gbps``, ``t_net_s``,
+        ``t_step_s`` (``t_step_s + t_net``), ``t_step_min_s``, ``speedup``,
+        ``efficiency``.
     """
+    largest = grad_bytes if largest_bytes is None else largest_bytes
     rows = []
     for w in workers:
-        t_net = 2 * grad_bytes * max(1.0, w / servers) / (gbps * 1e9)
+        t_net = (grad_bytes + largest) * max(1.0, w / servers) / (gbps * 1e9)
         speedup = w * t_step_s / (t_step_s + t_net)
         rows.append({'workers': w, 'servers': servers, 'gbps': gbps, 't_net_s': t_net,
-                     't_step_s': t_step_s + t_net, 'speedup': speedup,
-                     'efficiency': speedup / w})
+                     't_step_s': t_step_s + t_net, 't_step_min_s': max(t_step_s, t_net),
+                     'speedup': speedup, 'efficiency': speedup / w})
     return rows
