@@ -1,0 +1,224 @@
+"""Measure what each fault costs a training job on a cluster: detection, recovery, what is left.
+
+The table of the issue "Faults, measured". On a cluster of four hosts made on
+this machine (``gluon_multigpu.study.cluster``: network namespaces on a bridge,
+an sshd in each), ``scripts/launch.py --launcher ssh`` runs a small dist_sync
+job of ``scripts/train.py`` (the simple CNN, two workers of one CPU context,
+one server, three epochs of 20 steps, a checkpoint every epoch, --max-restarts
+2, --timeout 5): the scheduler, the server and each worker alone on a host.
+One run goes uninterrupted; then each fault is injected in the middle of epoch
+2, each on a fresh cluster: a worker, the server or the scheduler killed
+(SIGKILL), a worker host's link cut, a worker host gone, and a worker killed
+with --max-restarts 0. Each row says how long the launcher took to detect the
+fault and to recover, the exit status, whether the final parameters equal the
+uninterrupted run's, and whether any process of the job was left on a host
+(``gluon_multigpu.study.failover`` defines every figure).
+"""
+import argparse
+import os
+import shlex
+import signal
+import sys
+import tempfile
+
+from . import common
+from .common import positive_float
+from ..errors import GluonMultiGPUError
+from ..run import files
+from ..study import cluster, failover
+
+EPILOG = """\
+figures (seconds from the fault, as this program reads the launcher's lines):
+  detect      until the launcher's "launch: ...; stopping the job" line
+  restart     until its "launch: restart 1 of 2" line: the stopped job has ended
+  recover     until the first progress or epoch line of a worker after that line: the
+              restarted job has completed a step (late by at most 0.1 s and a step)
+  lost        the job's duration minus the uninterrupted run's (varies with the load)
+  final parameters     rank 0's parameter fingerprint after the last epoch, against the
+              uninterrupted run's
+  fault's host empty   until the host the fault hit has no process of the job left
+  left on the hosts    processes of the job on any host after the launcher has exited and
+              --timeout + 8 s more have passed (sshd's session processes, which stay
+              across a cut link until TCP gives up, are the ssh server's: counted apart)
+  load        the 1-minute load average before and after the run
+
+faults (--faults): worker-killed, server-killed, scheduler-killed (SIGKILL to the
+process), link-down (a worker host's link cut and left down), host-gone (every
+process of a worker host killed, its link cut), worker-killed-no-restart
+(--max-restarts 0)
+
+examples:
+  %(prog)s --data-dir ../shared/data/fashion-mnist --out faults
+  %(prog)s --faults worker-killed link-down --out faults
+
+Needs root, iproute2 and OpenSSH (the cluster); without them, as for other bad
+input (no data, an output folder that cannot be written), one line on stderr and
+exit status 2. DIR/results.json and DIR/table.md are rewritten as each row is
+measured (DIR/logs/ has each run's output); Ctrl-C or SIGTERM stops the run in
+progress, keeps the rows measured before it, and exits with 130 or 143. Exit
+status 1 when a row shows a problem (a fault not detected or not recovered, other
+final parameters, a process left, a run that hung); 0 otherwise.
+"""
+
+#: The data set's four files (``gluon_multigpu.data.IDX_FILES``, without loading MXNet).
+IDX_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
+             't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz')
+
+
+class Stopped(BaseException):
+    """A stop signal arrived (``signum``); raised in the main thread by the handler."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def default_data_dir():
+    """MXNet's usual folder of Fashion-MNIST, ``$MXNET_HOME/datasets/fashion-mnist`` (default
+    ``~/.mxnet``), found without loading MXNet."""
+    return os.path.join(os.path.expanduser(os.environ.get('MXNET_HOME', '~/.mxnet')),
+                        'datasets', 'fashion-mnist')
+
+
+def build_parser():
+    """Return the argument parser of this script."""
+    p = common.OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--faults', nargs='+', choices=list(failover.FAULTS), metavar='FAULT',
+                   help='the faults to inject, in this order, after the uninterrupted run '
+                   '(default: all six; see below)')
+    p.add_argument('--out', metavar='DIR', type=common.path_of('a directory'),
+                   default='failover-report',
+                   help='folder for results.json, table.md and logs/, made if missing; its '
+                   'parent must exist (default: failover-report)')
+    p.add_argument('--data-dir', metavar='DIR', type=common.path_of('a directory'),
+                   help='Fashion-MNIST folder with the four IDX .gz files '
+                   '(default: ~/.mxnet/datasets/fashion-mnist)')
+    p.add_argument('--timeout', type=positive_float, default=failover.TIMEOUT, metavar='SECONDS',
+                   help="the launcher's --timeout: a host not heard for this long is lost "
+                   f'(default: {failover.TIMEOUT:g})')
+    return p
+
+
+def machine():
+    """This machine's CPU model (``lscpu``'s Model name) and cores."""
+    model = None
+    try:
+        with open('/proc/cpuinfo') as f:
+            model = next((line.split(':', 1)[1].strip() for line in f
+                          if line.lower().startswith('model name')), None)
+    except OSError:
+        pass
+    return {'cpu': model or 'unknown', 'cores': os.cpu_count()}
+
+
+def check(args):
+    """Check the input before anything runs; return the data folder. Raises ``UsageError``."""
+    ok, why = cluster.available()
+    if not ok:
+        raise common.UsageError(f'no cluster can be made here: {why}')
+    root = os.path.abspath(os.path.expanduser(args.data_dir or default_data_dir()))
+    missing = [n for n in IDX_FILES if not os.path.isfile(os.path.join(root, n))]
+    if missing:
+        raise common.UsageError(f'--data-dir {root} lacks {", ".join(missing)}; give the folder '
+                                'with the four Fashion-MNIST IDX .gz files')
+    try:
+        files.check_output_dir(args.out, '--out')
+    except GluonMultiGPUError as e:
+        raise common.UsageError(e.describe(common.FLAGS)) from None
+    return root
+
+
+def run(args, argv, say, rows=None):
+    """Check, run the study, write the rows as they come; return the rows (reference first).
+
+    ``rows`` (a list) receives each row as it is measured, also when the study is stopped.
+    """
+    data_dir = check(args)
+    out = os.path.abspath(args.out)
+    logs = os.path.join(out, 'logs')
+    try:
+        os.makedirs(logs, exist_ok=True)
+    except OSError as e:
+        raise common.UsageError(f'--out {out}: {e.strerror or e}; give a folder that can be '
+                                'written') from None
+    faults = list(dict.fromkeys(args.faults or failover.FAULTS))
+    command = common.command_line('failover', argv)
+    report = {'command': command, 'machine': machine(),
+              'settings': {'hosts': failover.HOSTS, 'workers': failover.WORKERS,
+                           'servers': failover.SERVERS, 'epochs': failover.EPOCHS,
+                           'steps': failover.STEPS, 'batch': failover.BATCH,
+                           'timeout': args.timeout, 'max_restarts': failover.MAX_RESTARTS,
+                           'fault_epoch': failover.FAULT_EPOCH, 'mid_step': failover.MID_STEP,
+                           'progress_interval': failover.PROGRESS_INTERVAL,
+                           'data_dir': data_dir},
+              'rows': [] if rows is None else rows}
+    table = os.path.join(out, 'table.md')
+    head = (f'Measured with `{command}` on {report["machine"]["cpu"]} '
+            f'({report["machine"]["cores"]} cores).\n\n{failover.markdown_header()}')
+    files.write_json(os.path.join(out, 'results.json'), report)
+    with open(table, 'w') as f:
+        f.write(head)
+    print(failover.markdown_header(), end='', flush=True)
+    say(f'{len(faults)} fault(s) after an uninterrupted run, each on a fresh cluster of '
+        f'{failover.HOSTS} hosts; writing {table}')
+    with tempfile.TemporaryDirectory(prefix='gluon-multigpu-failover-') as work:
+        for row in failover.study(faults, data_dir, work, args.timeout, say, logs):
+            report['rows'].append(row)
+            files.write_json(os.path.join(out, 'results.json'), report)
+            line = failover.markdown_row(row)
+            with open(table, 'a') as f:
+                f.write(line)
+            print(line, end='', flush=True)
+    return report['rows']
+
+
+def main(argv=None):
+    """Run the script; return the exit status.
+
+    0 when every row is as a fault handled well ends; 1 when a row shows a
+    problem; 2 for bad input (no cluster here, no data, an output folder that
+    cannot be written) or a study that cannot run; 128 + the signal number
+    when stopped by SIGINT, SIGTERM or SIGHUP (the rows measured are kept).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+
+    def say(line):
+        common.say_quietly(line)
+
+    def stop(signum, frame):  # pylint: disable=unused-argument
+        raise Stopped(signum)
+    previous = {s: signal.signal(s, stop) for s in common.STOP_SIGNALS}
+    done = []
+    try:
+        done = run(args, argv, say, done)
+    except common.UsageError as e:
+        say(f'error: {e}')
+        return 2
+    except failover.StudyError as e:
+        say(f'error: {e}')
+        return 2
+    except (Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        say(f'{signal.Signals(signum).name}: stopped the run in progress; the {len(done)} row(s) '
+            f'measured before it are in {os.path.abspath(args.out)}')
+        return 128 + signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    problems = [r for r in done if r['problems']]
+    for r in problems:
+        say(f"problem: {r['fault']}: {', '.join(r['problems'])} (see "
+            f"{shlex.quote(os.path.join(args.out, 'logs', r['fault'] + '.log'))})")
+    return 1 if problems else 0
+
+
+def start(launcher=None):
+    """The program: ``gluon-multigpu-failover``, or ``scripts/failover.py`` (``launcher``); it
+    loads no MXNet, so it sets no engine."""
+    common.start(main, launcher, engine=False)
+
+
+if __name__ == '__main__':
+    start()
