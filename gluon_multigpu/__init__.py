@@ -49,9 +49,10 @@ MODULES = {
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
     'engine': 'run', 'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
-    'progress': 'run', 'files': 'run',
+    'progress': 'run', 'files': 'run', 'agent': 'run',
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
-    'charts': 'study', 'kvstore_report': 'study',
+    'charts': 'study', 'kvstore_report': 'study', 'cluster': 'study', 'network': 'study',
+    'failover': 'study',
 }
 
 #: The package's names, by the short name of the module that defines them.

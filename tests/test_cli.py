@@ -263,10 +263,17 @@ def test_book_literal_keeps_no_checkpoints(train_script, tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
+#: Studies of the programs themselves: they run scripts/launch.py and scripts/train.py with
+#: their flags across a cluster, and their tables name the flags each run was given.
+PROGRAM_STUDIES = ('study/network.py', 'study/failover.py')
+
+
 def library_files():
-    """The library's source files: the package but its command line (gluon_multigpu/cli)."""
+    """The library's source files: the package but its command line (gluon_multigpu/cli) and
+    the studies that drive the command line (``PROGRAM_STUDIES``)."""
     package = REPO / 'gluon_multigpu'
-    return [p for p in package.rglob('*.py') if p.relative_to(package).parts[0] != 'cli']
+    return [p for p in package.rglob('*.py') if p.relative_to(package).parts[0] != 'cli'
+            and p.relative_to(package).as_posix() not in PROGRAM_STUDIES]
 
 
 def library_message_arguments():
