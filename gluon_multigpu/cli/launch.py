@@ -179,6 +179,8 @@ class Role:
         self.status = None      # the exit status its agent reported
         self.heard = time.monotonic()
         self.stopped_since = None
+        self.relayed = threading.Event()  # its output is read to the end
+        self.exited = None      # when its agent was first seen ended
         self.lost = None        # why the launcher gave up reaching it (silent)
         self.hung = None        # why it is taken as hung (stopped, no step), though reachable
 
@@ -192,8 +194,13 @@ class Role:
         return self.proc is not None and self.proc.poll() is None
 
     def ended(self):
-        """Whether its agent (or ssh) has ended."""
-        return self.proc is not None and self.proc.poll() is not None
+        """Whether its agent (or ssh) has ended and its last lines are read (its exit line
+        among them; at most 2 s after it ended, should something else hold its output open)."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        if self.exited is None:
+            self.exited = time.monotonic()
+        return self.relayed.is_set() or time.monotonic() - self.exited > 2.0
 
     def failure(self):
         """What went wrong with this process, as words, or None."""
@@ -298,6 +305,13 @@ def spawn(args, role):
 
 def relay(role, out, lock):
     """Copy ``role``'s output to ``out`` behind its label; take in its agent's control lines."""
+    try:
+        _relay(role, out, lock)
+    finally:
+        role.relayed.set()
+
+
+def _relay(role, out, lock):
     for raw in iter(role.proc.stdout.readline, b''):
         line = raw.decode(errors='replace')
         role.heard = time.monotonic()
