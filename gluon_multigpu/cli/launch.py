@@ -27,16 +27,14 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 from . import common
-from ..run.agent import CONTROL
+from ..run import agent
 
 EPILOG = """\
 examples:
@@ -143,11 +141,15 @@ def worker_command(args):
     if not command:
         raise LaunchError('no command to run: give it after --, e.g. -- '
                           f'{common.program("train")} --kvstore dist_sync ...')
-    if args.max_restarts and not any(a == '--checkpoint-dir' or a.startswith('--checkpoint-dir=')
-                                     for a in command):
+    if args.max_restarts and not keeps_checkpoints(command):
         raise LaunchError('--max-restarts resumes the workers from their checkpoint: give the '
                           'command --checkpoint-dir DIR (on storage every host reads)')
     return command
+
+
+def keeps_checkpoints(command):
+    """Whether a worker command writes checkpoints (gives ``--checkpoint-dir``)."""
+    return any(a == '--checkpoint-dir' or a.startswith('--checkpoint-dir=') for a in command)
 
 
 def check_args(args):
@@ -227,14 +229,18 @@ class Role:
 def _status_words(code):
     if code < 0:
         code = 128 - code
-    if code > 128 and code - 128 in signal.Signals._value2member_map_:  # pylint: disable=protected-access
-        return f'signal {signal.Signals(code - 128).name}'
-    return f'status {code}'
+    try:
+        return f'signal {signal.Signals(code - 128).name}' if code > 128 else f'status {code}'
+    except ValueError:
+        return f'status {code}'
 
 
-def plan(args, hosts, command, port):
-    """Return the roles: scheduler, servers, workers, in start order."""
-    shared = {'DMLC_PS_ROOT_URI': _address(hosts[0]), 'DMLC_PS_ROOT_PORT': str(port),
+def plan(args, hosts, command):
+    """Return the roles: scheduler, servers, workers, in start order.
+
+    Their variables lack the scheduler's port (``DMLC_PS_ROOT_PORT``): ``launch`` sets it
+    once ``preflight`` has found it on the first host."""
+    shared = {'DMLC_PS_ROOT_URI': _address(hosts[0]),
               'DMLC_NUM_SERVER': str(args.num_servers), 'DMLC_NUM_WORKER': str(args.num_workers)}
     server = [sys.executable, '-c', 'import mxnet']  # MXNet runs the role, then exits
 
@@ -266,7 +272,7 @@ def _die_with_parent():
         pass
 
 
-def agent_argv(args, extra, command):
+def agent_argv(extra, command):
     """The command that runs ``command`` under an agent on a host."""
     return [sys.executable, '-m', 'gluon_multigpu.run.agent', *extra, '--', *command]
 
@@ -291,7 +297,7 @@ def remote_command(env, argv):
 
 def spawn(args, role):
     """Start ``role`` under its agent; set ``role.proc``."""
-    agent = agent_argv(args, ['--heartbeat', str(HEARTBEAT), '--timeout', str(args.timeout),
+    agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(args.timeout),
                               '--grace', str(TERM_WAIT)], role.argv)
     if args.launcher == 'ssh':
         argv, env = ssh_argv(args, role.host, remote_command(role.env, agent)), {}
@@ -315,8 +321,8 @@ def _relay(role, out, lock):
     for raw in iter(role.proc.stdout.readline, b''):
         line = raw.decode(errors='replace')
         role.heard = time.monotonic()
-        if line.startswith(CONTROL):
-            words = line[len(CONTROL):].split()
+        if line.startswith(agent.CONTROL):
+            words = line[len(agent.CONTROL):].split()
             if words[:1] == ['beat']:
                 if words[1:] == ['stopped']:
                     role.stopped_since = role.stopped_since or time.monotonic()
@@ -347,7 +353,6 @@ def preflight(args, roles, port):
     """
     command = next(r.argv for r in roles if r.kind == 'worker')
     if args.launcher == 'local':
-        from ..run import agent  # pylint: disable=import-outside-toplevel
         if agent.find_program(command[0]) is None:
             raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
                               'give an executable or one on the PATH, e.g. -- '
@@ -366,7 +371,7 @@ def preflight(args, roles, port):
     procs = {}
     for host, c in checks.items():
         flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
-        remote = remote_command({}, agent_argv(args, flags, c['command']))
+        remote = remote_command({}, agent_argv(flags, c['command']))
         procs[host] = subprocess.Popen(ssh_argv(args, host, remote), stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                        preexec_fn=_die_with_parent)
@@ -452,8 +457,8 @@ class Job:
             if r.running() and not r.lost:
                 if now - r.heard > self.args.timeout:
                     r.lost = f'not heard from {r.host} for {self.args.timeout:g} s (host or link down)'
-                elif r.hung:
-                    pass
+                elif r.hung:  # already taken as hung: keep the first reason
+                    continue
                 elif r.stopped_since and now - r.stopped_since > self.args.timeout:
                     r.hung = f'stopped (SIGSTOP) for {self.args.timeout:g} s'
                 elif self.args.step_timeout and r.stepped and \
@@ -615,7 +620,7 @@ def launch(args, hosts, command, signals, resume=None):
     the workers keep checkpoints."""
     restarts = 0
     while True:
-        roles = plan(args, hosts, command, 0)
+        roles = plan(args, hosts, command)
         try:
             port = preflight(args, roles, args.port)
         except LaunchError as e:
@@ -627,11 +632,11 @@ def launch(args, hosts, command, signals, resume=None):
         if signals:
             print('launch: interrupted: no process was started', file=sys.stderr)
             return 128 + signals[0]
-        roles = plan(args, hosts, command, port)
+        for role in roles:
+            role.env['DMLC_PS_ROOT_PORT'] = str(port)
         job = Job(args, roles, signals)
         status, failed = job.run()
-        if status > 128 and resume and any(a == '--checkpoint-dir' or
-                                           a.startswith('--checkpoint-dir=') for a in command):
+        if status > 128 and resume and keeps_checkpoints(command):
             job.say(f'resume with: {resume}')
         if failed is not None and failed.kind == 'worker' and failed.status == 2:
             if args.max_restarts:

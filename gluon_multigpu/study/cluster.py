@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes']
+__all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program']
 
 SSHD = '/usr/sbin/sshd'
 #: The range every cluster's addresses come from: 198.18.K.0/24, K in 1..254.
@@ -83,6 +83,21 @@ _CMD_TIMEOUT = 30  # seconds any one ip/tc/ssh-keygen command may take
 
 class ClusterError(Exception):
     """A cluster could not be set up or changed; the message is one line."""
+
+
+def checkout():
+    """The checkout beside the package (its ``scripts/``), or None for an installed package."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return root if os.path.isfile(os.path.join(root, 'scripts', 'launch.py')) else None
+
+
+def program(name):
+    """How a host starts program ``name`` (``train``, ``launch``, ...) with this Python, which
+    every host shares: the checkout's script, or the package's module."""
+    root = checkout()
+    if root:
+        return [sys.executable, os.path.join(root, 'scripts', f'{name}.py')]
+    return [sys.executable, '-m', f'gluon_multigpu.cli.{name}']
 
 
 def available():

@@ -48,7 +48,6 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -123,27 +122,13 @@ FAULTS = {f.name: f for f in [
 
 # -- the commands ----------------------------------------------------------------------------------
 
-def _checkout():
-    """The checkout beside the package (its ``scripts/``), or None for an installed package."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return root if os.path.isfile(os.path.join(root, 'scripts', 'launch.py')) else None
-
-
-def _program(name):
-    """How to start program ``name`` with this Python: the checkout's script, or its module."""
-    root = _checkout()
-    if root:
-        return [sys.executable, os.path.join(root, 'scripts', f'{name}.py')]
-    return [sys.executable, '-m', f'gluon_multigpu.cli.{name}']
-
-
 def train_argv(data_dir, checkpoint_dir, epochs=EPOCHS):
     """What every worker runs: ``train.py --kvstore dist_sync``, the simple CNN, one CPU context.
 
     ``epochs`` epochs of ``STEPS`` steps, a checkpoint after each in
     ``checkpoint_dir``, a progress line every ``PROGRESS_INTERVAL`` s.
     """
-    return [*_program('train'), '--kvstore', 'dist_sync', '--cpu-devices', '1',
+    return [*_cluster.program('train'), '--kvstore', 'dist_sync', '--cpu-devices', '1',
             '--model', 'simple-cnn', '--batch-size', str(BATCH), '--num-train', str(NUM_TRAIN),
             '--num-test', str(NUM_TEST), '--num-epochs', str(epochs), '--data-dir',
             os.fspath(data_dir), '--progress-interval', str(PROGRESS_INTERVAL),
@@ -153,8 +138,8 @@ def train_argv(data_dir, checkpoint_dir, epochs=EPOCHS):
 def launch_argv(hostfile, data_dir, checkpoint_dir, max_restarts=MAX_RESTARTS, timeout=TIMEOUT,
                 epochs=EPOCHS):
     """The launcher's command: 2 workers and 1 server over ssh on the hosts of ``hostfile``."""
-    return [*_program('launch'), '-n', str(WORKERS), '-s', str(SERVERS), '--launcher', 'ssh',
-            '-H', os.fspath(hostfile), '--max-restarts', str(max_restarts), '--timeout',
+    return [*_cluster.program('launch'), '-n', str(WORKERS), '-s', str(SERVERS), '--launcher',
+            'ssh', '-H', os.fspath(hostfile), '--max-restarts', str(max_restarts), '--timeout',
             f'{timeout:g}', '--', *train_argv(data_dir, checkpoint_dir, epochs)]
 
 
@@ -435,7 +420,7 @@ def run_job(cl, fault, data_dir, workdir, reference=None, timeout=TIMEOUT, epoch
            'timeout': timeout, 'injected_at': None, 'hung': False, 'error': None,
            'load': [round(os.getloadavg()[0], 2)]}
     started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=_checkout() or os.getcwd(), env=cl.env(),
+    proc = subprocess.Popen(argv, cwd=_cluster.checkout() or os.getcwd(), env=cl.env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
     out = _Output(proc)

@@ -49,7 +49,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -186,20 +185,6 @@ def steps_for(config, unshaped_s=None, cores=None):
 
 # -- one run ---------------------------------------------------------------------------------------
 
-def _checkout():
-    """The checkout beside the package (its ``scripts/``), or None for an installed package."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return root if os.path.isfile(os.path.join(root, 'scripts', 'launch.py')) else None
-
-
-def _program(name):
-    """How to start program ``name`` with this Python: the checkout's script, or its module."""
-    root = _checkout()
-    if root:
-        return [sys.executable, os.path.join(root, 'scripts', f'{name}.py')]
-    return [sys.executable, '-m', f'gluon_multigpu.cli.{name}']
-
-
 def train_argv(config, json_path):
     """What every worker runs: ``train.py --kvstore dist_sync`` on one CPU context, random data.
 
@@ -207,7 +192,7 @@ def train_argv(config, json_path):
     ``json_path``. With ``config.threads``, under ``env OMP_NUM_THREADS=N``.
     """
     env = [shutil.which('env') or '/usr/bin/env', f'OMP_NUM_THREADS={config.threads}']
-    return [*(env if config.threads else []), *_program('train'),
+    return [*(env if config.threads else []), *_cluster.program('train'),
             '--kvstore', 'dist_sync', '--cpu-devices', '1',
             '--model', config.model, '--synthetic', '--batch-size', str(config.batch),
             '--num-train', str(config.num_train), '--num-test', str(NUM_TEST),
@@ -216,7 +201,7 @@ def train_argv(config, json_path):
 
 def launch_argv(config, hostfile, json_path):
     """The launcher's command: ``config.workers`` workers, one server, over ssh to ``hostfile``."""
-    return [*_program('launch'), '-n', str(config.workers), '-s', str(SERVERS),
+    return [*_cluster.program('launch'), '-n', str(config.workers), '-s', str(SERVERS),
             '--launcher', 'ssh', '-H', hostfile, '--', *train_argv(config, json_path)]
 
 
@@ -543,7 +528,7 @@ def measure(cl, config, workdir, timeout=None, log=None):
     load = os.getloadavg()[0]
     status = 'ok'
     with OthersCPU(cl.namespaces) as watch:
-        proc = subprocess.Popen(argv, cwd=_checkout() or os.getcwd(), env=cl.env(),
+        proc = subprocess.Popen(argv, cwd=_cluster.checkout() or os.getcwd(), env=cl.env(),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
