@@ -136,7 +136,7 @@ def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path
                              '--data-dir', str(fashion_dir), '--progress-interval', '1'],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        Lines(proc.stdout).wait_for(r'epoch 1: \d+/\d+ batches', timeout=300)  # they train
+        Lines(proc.stdout).wait_for(r'epoch (1/50: |\d+: \d+/\d+ batches)', timeout=300)  # they train
         agents = children(proc.pid)
         assert len(agents) == 4  # scheduler, server, two workers, each under its agent
         everything = descendants(proc.pid)
@@ -272,7 +272,7 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
     proc = subprocess.Popen(command + ['--num-epochs', '50'], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        seen = watch_children(proc, Lines(proc.stdout), r'epoch 1: \d+/\d+ batches')
+        seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
         proc.send_signal(signal.SIGINT)
         assert wait_bounded(proc, 60) == 130
     finally:
@@ -337,7 +337,7 @@ def test_the_launcher_hung_up_or_killed_leaves_no_process(how, fashion_dir, tmp_
                              '--data-dir', str(fashion_dir), '--progress-interval', '0.5'],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        seen = watch_children(proc, Lines(proc.stdout), r'epoch 1: \d+/\d+ batches')
+        seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
         assert len(seen) == 8  # 4 agents, their 4 processes
         proc.send_signal(how)
         status = wait_bounded(proc, 90)
