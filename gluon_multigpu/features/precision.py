@@ -93,8 +93,25 @@ def _bfloat16_failure():
         for array in [y] + [p.grad() for p in block.collect_params().values()]:
             array.wait_to_read()  # Sync point: oneDNN refuses only when the operator runs
     except mx.MXNetError as e:
+        _drain_engine_errors()
         return str(e).splitlines()[0].replace('MXNetError: ', '') or type(e).__name__
     return ''
+
+
+def _drain_engine_errors(limit=64):
+    """Wait for every queued operator and take each error it left in the engine.
+
+    The other operators of a failed graph (the dense layer, the backward
+    pass) may fail too, later, on the engine's threads; the engine keeps
+    those errors and raises one per wait, the last at interpreter exit
+    ("Exception ignored in atexit callback"). Sync point, once per failure.
+    """
+    for _ in range(limit):
+        try:
+            mx.npx.waitall()
+            return
+        except mx.MXNetError:
+            continue
 
 
 def all_finite(params, devices):
