@@ -154,10 +154,13 @@ def test_an_unknown_name_is_an_ordinary_attribute_error():
 
 def test_recommended_divides_the_cores_among_contexts_and_widens_the_scratch_pool():
     assert gm.engine.recommended(2, num_cores=8) == {'OMP_NUM_THREADS': '4',
-                                                     'MXNET_CPU_TEMP_COPY': '64'}
+                                                     'MXNET_CPU_TEMP_COPY': '128'}
     assert gm.engine.recommended(3, num_cores=2) == {'OMP_NUM_THREADS': '1',
-                                                     'MXNET_CPU_TEMP_COPY': '64'}
-    assert gm.engine.recommended(8, num_cores=8)['MXNET_CPU_TEMP_COPY'] == '128'
+                                                     'MXNET_CPU_TEMP_COPY': '128'}
+    assert gm.engine.recommended(16, num_cores=8)['MXNET_CPU_TEMP_COPY'] == '256'
+    # one context: one engine thread, one operator at a time: MXNet's own 4 copies
+    assert gm.engine.recommended(1, num_cores=2) == {'OMP_NUM_THREADS': '2',
+                                                     'MXNET_CPU_TEMP_COPY': '4'}
     assert gm.engine.recommended(num_cores=2) == {'MXNET_CPU_TEMP_COPY': '64'}  # count unknown
     assert gm.engine.recommended(0) == {'MXNET_CPU_TEMP_COPY': '64'}  # GPUs: threads untouched
     assert gm.engine.recommended(2, sync_bn=True, num_cores=2) == {'OMP_NUM_THREADS': '1',
@@ -167,8 +170,8 @@ def test_recommended_divides_the_cores_among_contexts_and_widens_the_scratch_poo
 
 def test_configure_never_overrides_the_users_variables():
     environ = {'OMP_NUM_THREADS': '3'}
-    assert gm.engine.configure(1, environ=environ) == {'MXNET_CPU_TEMP_COPY': '64'}
-    assert environ == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '64'}
+    assert gm.engine.configure(1, environ=environ) == {'MXNET_CPU_TEMP_COPY': '4'}
+    assert environ == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '4'}
     environ = {'MXNET_CPU_TEMP_COPY': '8'}  # fewer than wanted: still the user's
     assert gm.engine.configure(2, environ=environ, sync_bn=True) == {
         'OMP_NUM_THREADS': str(max(1, CORES // 2))}
@@ -224,7 +227,7 @@ def test_a_second_plan_replaces_only_what_configure_set(tmp_path):
                off={k: os.environ.get(k) for k in engine.CHOSEN}, mxnet='mxnet' in sys.modules)
         ''')
     half, every = str(max(1, CORES // 2)), str(CORES)
-    assert got['steps'] == [{'MXNET_CPU_TEMP_COPY': '64', 'OMP_NUM_THREADS': half},
+    assert got['steps'] == [{'MXNET_CPU_TEMP_COPY': '128', 'OMP_NUM_THREADS': half},
                             {'OMP_NUM_THREADS': every}, {}]
     assert got['first'] == {'OMP_NUM_THREADS': every, 'MXNET_CPU_TEMP_COPY': '100'}
     assert got['second'] == {'OMP_NUM_THREADS': None, 'MXNET_CPU_TEMP_COPY': '100'}
@@ -242,7 +245,7 @@ def test_try_all_gpus_without_gpus_gives_one_context_every_core(tmp_path):
                team=omp_team(devices[0]))
         ''')
     assert got['devices'] == ['cpu(0)']
-    assert got['settings'] == {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '64'}
+    assert got['settings'] == {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '4'}
     assert got['team'] == CORES  # MXNet's own default is half the cores
 
 
@@ -258,7 +261,8 @@ def test_cpu_devices_configures_the_engine_before_mxnet_loads(tmp_path, contexts
                env={{k: os.environ.get(k) for k in gm.engine.CHOSEN}}, team=omp_team(devices[0]))
         ''')
     threads = max(1, CORES // contexts)
-    wanted = {'OMP_NUM_THREADS': str(threads), 'MXNET_CPU_TEMP_COPY': '64'}
+    wanted = {'OMP_NUM_THREADS': str(threads),
+              'MXNET_CPU_TEMP_COPY': '4' if contexts == 1 else '128'}
     assert got['before'] is False and got['np'] is True
     assert got['settings'] == wanted and got['env'] == wanted
     assert got['team'] == threads  # what a CPU operator runs on (MXNet's own: half the cores)
@@ -274,8 +278,8 @@ def test_a_users_omp_num_threads_wins(tmp_path):
         devices = gm.cpu_devices(2)
         report(applied=applied, settings=gm.engine.settings(), team=omp_team(devices[0]))
         ''', env=fresh_env(OMP_NUM_THREADS=str(mine)))
-    assert got['applied'] == {'MXNET_CPU_TEMP_COPY': '64'}
-    assert got['settings'] == {'OMP_NUM_THREADS': str(mine), 'MXNET_CPU_TEMP_COPY': '64'}
+    assert got['applied'] == {'MXNET_CPU_TEMP_COPY': '128'}
+    assert got['settings'] == {'OMP_NUM_THREADS': str(mine), 'MXNET_CPU_TEMP_COPY': '128'}
     assert got['team'] == mine
 
 
@@ -338,7 +342,7 @@ def test_after_mxnet_loaded_with_other_settings_one_warning_says_restart(tmp_pat
     assert text.startswith('MXNet is already loaded (OMP_NUM_THREADS unset, MXNET_CPU_TEMP_COPY '
                            'unset), so the engine settings for 2 CPU contexts are not applied: '
                            f'OMP_NUM_THREADS={max(1, CORES // 2)} (MXNet fixed its OpenMP '
-                           'threads as it loaded), MXNET_CPU_TEMP_COPY=64 (')
+                           'threads as it loaded), MXNET_CPU_TEMP_COPY=128 (')
     assert 'restart the kernel (or Python) and call gm.cpu_devices(2) before' in text
     assert '\n' not in text
     assert got['unchanged'] is True and got['applied'] == {}
@@ -353,10 +357,10 @@ def test_after_mxnet_loaded_with_the_same_settings_nothing_is_said(tmp_path):
         gm.cpu_devices(2)                              # configures, then loads MXNet
         gm.cpu_devices(2)
         gm.engine.configure(2)
-        gm.engine.configure(None)                      # wants a subset: the scratch copies
+        gm.engine.configure(None)                      # wants fewer scratch copies: enough
         report(settings=gm.engine.settings())
         ''')
-    assert got['settings']['MXNET_CPU_TEMP_COPY'] == '64'
+    assert got['settings']['MXNET_CPU_TEMP_COPY'] == '128'
     # The user's own variables, in place before MXNet loaded, are what they wanted.
     got = probe(tmp_path, '''
         import mxnet

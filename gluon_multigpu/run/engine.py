@@ -29,23 +29,30 @@ that configures first.
 What the settings are, and why (measured on ResNet-18 and the simple CNN,
 docs/results.md):
 
-``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space, 64 (16 per
-context beyond 4 contexts). All the operators a thread runs, on every CPU
-context, share one pool of them (4 by default), and an operator holding a
-copy blocks every other operator that drew the same copy: with 4, the
-backward passes of two contexts ran one after the other; 64 measured faster
-than 32. With synchronised BatchNorm, 128 copies per context, at least 256:
-a layer waiting for the other contexts holds a copy, and with 32 per
-context ResNet-18's contexts waited for each other forever
+``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space: 128 on two or
+more CPU contexts (16 per context beyond 8), MXNet's own 4 on one context,
+64 for GPUs. All the operators a thread runs, on every CPU context, share
+one pool of them (4 by default), and every operator that asks for one
+holds the copy it drew for as long as it runs: two operators that drew the same copy run one after the
+other. With 4, the backward passes of two contexts ran one after the other;
+on ResNet-18 at batch 128 on two contexts, 128 copies gave 1.2 times the
+images/s of 64, and as many as one context with both cores (docs/results.md).
+One context runs one operator at a time, so there more copies only cost
+memory: 4 copies gave 1.1 times the images/s of 64 there, and 1.45 GB peak
+instead of 2.5. With synchronised BatchNorm, 128 copies per context, at
+least 256: a layer waiting for the other contexts holds a copy, and with 32
+per context ResNet-18's contexts waited for each other forever
 (``features.sync_bn``). Each copy costs memory once drawn: MXNet grows it to
 the largest scratch size an operator has asked for, and it becomes resident
 as the operators that draw it in turn write it. So resident memory rises
-over the first 30 to 60 steps (with epochs of 2 steps, by 18 MiB an epoch up
-to epoch 16) and then stays flat, about 1.1 GB above MXNet's 4 copies for
-ResNet-18 on two contexts (18 to 40 MiB a copy): a cache that fills, not a
-leak (``tests/test_memory.py``). In MXNet's profiler the two contexts'
-operators ran at the same time for 4 to 7% of the time with 4 to 16 copies,
-30% with 32, 56 to 62% with 64 and 90% with 128.
+over the first steps (with 64 copies, 30 to 60 steps; epochs of 2 steps
+rose by 18 MiB an epoch up to epoch 16) and then stays flat: a cache that
+fills, not a leak (``tests/test_memory.py``). ResNet-18 at batch 128 on two
+contexts peaked at 2.5 GB with 64 copies and 3.35 GB with 128. In MXNet's
+profiler the two contexts' operators ran at the same time for 4 to 7% of
+the time with 4 to 16 copies, 30% with 32, 56 to 62% with 64 and 90% with
+128. A plan that wants fewer copies than MXNet loaded with (a GPU run, or
+one context, after a plan for two) is served by them, without a warning.
 
 ``OMP_NUM_THREADS`` (CPU contexts only): the cores divided among the
 contexts. MXNet's own default is half the cores, which leaves one of two
@@ -136,7 +143,10 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None):
     See the module's text for what they are and why.
     """
     num_cores = num_cores or cores()
-    copies = max(64, 16 * (cpu_devices or 0))
+    if cpu_devices == 1:
+        copies = 4  # MXNet's own: one engine thread runs one operator at a time
+    else:
+        copies = max(128 if cpu_devices else 64, 16 * (cpu_devices or 0))
     if sync_bn:
         copies = max(256, 128 * (cpu_devices or 2))  # as sync_bn.cpu_scratch_needed
     env = {'MXNET_CPU_TEMP_COPY': str(copies)}
@@ -285,6 +295,14 @@ def _stacklevel():
     return level
 
 
+def _enough(name, loaded_with, wanted):
+    """Whether MXNet loaded with ``loaded_with`` serves a plan that wants ``wanted``: more
+    scratch copies than wanted only cost memory (a GPU run after a CPU plan, one context
+    after two), so they are not worth a restart."""
+    return (name == 'MXNET_CPU_TEMP_COPY' and loaded_with is not None
+            and int(loaded_with) >= int(wanted))
+
+
 def _warn_if_different(wanted, cpu_devices, sync_bn):
     """Warn, once per plan, when MXNet loaded with settings other than ``wanted``.
 
@@ -294,7 +312,7 @@ def _warn_if_different(wanted, cpu_devices, sync_bn):
     """
     loaded_with, mine = settings() or {}, _STATE['applied']
     differ = {k: wanted[k] for k in CHOSEN if k in wanted
-              and loaded_with.get(k) != wanted[k]
+              and loaded_with.get(k) != wanted[k] and not _enough(k, loaded_with.get(k), wanted[k])
               and (loaded_with.get(k) is None or mine.get(k) == loaded_with.get(k))}
     key = (cpu_devices, sync_bn, tuple(differ.items()))
     if not differ or key in _STATE['warned']:
