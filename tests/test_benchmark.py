@@ -1,4 +1,5 @@
-"""scripts/benchmark.py: the bookkeeping of its table, and a quick run end to end (no timings)."""
+"""scripts/benchmark.py: the bookkeeping of its table, and quick runs end to end (no timings)."""
+import importlib
 import json
 import sys
 
@@ -8,20 +9,34 @@ from conftest import REPO, load_script, run_bounded
 
 pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
 
+BATCH = 128  # the target batch of the synthetic results
+
 
 @pytest.fixture(scope='module')
 def bench():
     return load_script('benchmark')
 
 
+def train(model, devices, variant, **figures):
+    return {f'train/{model}/{devices}/device/{BATCH}/{variant}': [figures]}
+
+
 def fake_results():
     def ips(*values):
         return [{'images_per_sec': v} for v in values]
+
+    def speed(steady, short, peak, count):
+        return {'images_per_sec': steady, 'short_images_per_sec': short, 'peak_mb': peak,
+                'param_count': count}
     return {
         'train/resnet18/2/device/128/book': ips(20.0, 30.0, 25.0),
-        'train/resnet18/2/device/128/ours': ips(50.0, 40.0, 45.0),
+        'train/resnet18/2/device/128/ours': [speed(50.0, 30.0, 900.0, 2**20),
+                                             speed(40.0, 20.0, 1000.0, 2**20),
+                                             speed(45.0, 25.0, 950.0, 2**20)],
         'train/resnet18/1/device/128/ours': ips(50.0),
-        'pytorch/resnet18/128': ips(45.0),
+        'pytorch/resnet18/128': [speed(45.0, 20.0, 500.0, 2**20 - 10)],
+        'train/simple-cnn/2/device/128/ours': [speed(3000.0, 1000.0, 200.0, 2**18)],
+        'pytorch/simple-cnn/128': [speed(4000.0, 500.0, 300.0, 2**18)],
         'gemm/1': [{'gflops': 100.0}], 'gemm/2': [{'gflops': 200.0}],
         'pipeline/book': ips(1000.0), 'pipeline/ours': ips(30000.0),
         'e2e/book': [{'epoch_seconds': [10.0, 12.0], 'test_acc': 0.80}],
@@ -31,26 +46,192 @@ def fake_results():
     }
 
 
-def test_summary_takes_medians_and_judges_each_target(bench):
+def test_every_row_is_computed_from_its_figures(bench):
     rows = {r['key']: r for r in bench.summarize(fake_results(), flops_per_image=2e9)}
-    assert rows['resnet_speedup']['measured'] == pytest.approx(45.0 / 25.0)
-    assert rows['resnet_speedup']['met'] is True           # 1.8 >= 1.8
-    assert rows['vs_pytorch']['measured'] == pytest.approx(1.0) and rows['vs_pytorch']['met']
-    assert rows['flop_efficiency']['measured'] == pytest.approx(45.0 * 2 / 200.0)
-    assert rows['flop_efficiency']['met'] is False
-    assert rows['two_vs_one']['measured'] == pytest.approx(0.9) and not rows['two_vs_one']['met']
-    assert rows['pipeline']['measured'] == pytest.approx(30.0) and rows['pipeline']['met']
-    assert rows['e2e_time']['measured'] == pytest.approx(5.0 / 11.0) and rows['e2e_time']['met']
-    assert rows['e2e_accuracy']['measured'] == pytest.approx(0.5) and rows['e2e_accuracy']['met']
-    assert rows['memory_growth']['measured'] == pytest.approx(0.08)
-    assert rows['memory_growth']['met'] is False
+    assert list(rows) == [t[0] for t in bench.TARGETS]
+
+    def row(key):
+        r = rows[key]
+        return r['reference'], r['ours'], r['measured'], r['met']
+    assert row('resnet_vs_pytorch_short') == pytest.approx((20.0, 25.0, 1.25, True))
+    assert row('resnet_vs_pytorch') == pytest.approx((45.0, 45.0, 1.0, True))
+    assert row('resnet_speedup') == pytest.approx((25.0, 45.0, 1.8, True))  # medians; 1.8 >= 1.8
+    assert row('two_vs_one') == pytest.approx((50.0, 45.0, 0.9, False))
+    assert row('flop_efficiency') == pytest.approx((200.0, 90.0, 0.45, False))
+    assert row('cnn_vs_pytorch_short') == pytest.approx((500.0, 1000.0, 2.0, True))
+    assert row('cnn_vs_pytorch') == pytest.approx((4000.0, 3000.0, 0.75, False))
+    # PyTorch's peak plus one copy of the parameters (ours' count, 4 bytes each), in MiB
+    assert row('resnet_memory') == pytest.approx((504.0, 950.0, 950.0 / 504.0, False))
+    assert row('cnn_memory') == pytest.approx((301.0, 200.0, 200.0 / 301.0, True))
+    assert row('pipeline') == pytest.approx((1000.0, 30000.0, 30.0, True))
+    assert row('e2e_time') == pytest.approx((11.0, 5.0, 5.0 / 11.0, True))
+    assert row('e2e_accuracy') == pytest.approx((0.80, 0.795, 0.5, True))
+    assert row('memory_growth') == pytest.approx((0.01, 0.08, 0.08, False))
     table = bench.table(list(rows.values()))
-    assert table.count('\n') == len(rows) + 1 and '| NO |' in table
+    assert table.count('\n') == len(rows) + 1 and '| NO |' in table and '| yes |' in table
+    assert table.splitlines()[0] == '| aim | reference | ours | measured | aim | met |'
+    assert ('| ResNet-18 steady-state images/s, ours / book (2 contexts) | 25 | 45 | 1.8 | '
+            '>= 1.8 | yes |') in table
+
+
+def test_the_memory_aim_counts_pytorchs_parameters_when_ours_has_no_count(bench):
+    results = {**train('simple-cnn', 2, 'ours', peak_mb=101.0),
+               f'pytorch/simple-cnn/{BATCH}': [{'peak_mb': 100.0, 'param_count': 2**18}]}
+    row = {r['key']: r for r in bench.summarize(results, 1e9)}['cnn_memory']
+    assert (row['reference'], row['measured'], row['met']) == (101.0, 1.0, True)
+
+
+def results_giving(key, value):
+    """Synthetic results whose row ``key`` measures ``value``: every figure a row reads."""
+    base = 100.0
+    if key in ('resnet_vs_pytorch', 'resnet_vs_pytorch_short', 'cnn_vs_pytorch',
+               'cnn_vs_pytorch_short'):
+        model = 'resnet18' if key.startswith('resnet') else 'simple-cnn'
+        field = 'short_images_per_sec' if key.endswith('short') else 'images_per_sec'
+        return {**train(model, 2, 'ours', **{field: value * base}),
+                f'pytorch/{model}/{BATCH}': [{field: base}]}
+    if key == 'resnet_speedup':
+        return {**train('resnet18', 2, 'ours', images_per_sec=value * base),
+                **train('resnet18', 2, 'book', images_per_sec=base)}
+    if key == 'two_vs_one':
+        return {**train('resnet18', 2, 'ours', images_per_sec=value * base),
+                **train('resnet18', 1, 'ours', images_per_sec=base)}
+    if key == 'flop_efficiency':  # 1 GFLOP an image: GFLOP/s = images/s
+        return {**train('resnet18', 2, 'ours', images_per_sec=value * base),
+                'gemm/1': [{'gflops': base / 2}], 'gemm/2': [{'gflops': base}]}
+    if key in ('resnet_memory', 'cnn_memory'):  # 2**18 float32 parameters: 1 MiB
+        model = 'resnet18' if key.startswith('resnet') else 'simple-cnn'
+        return {**train(model, 2, 'ours', peak_mb=value * (base + 1), param_count=2**18),
+                f'pytorch/{model}/{BATCH}': [{'peak_mb': base}]}
+    if key == 'pipeline':
+        return {'pipeline/ours': [{'images_per_sec': value * base}],
+                'pipeline/book': [{'images_per_sec': base}]}
+    if key == 'e2e_time':
+        return {'e2e/ours': [{'epoch_seconds': [value * base], 'test_acc': 0.5}],
+                'e2e/book': [{'epoch_seconds': [base], 'test_acc': 0.5}]}
+    if key == 'e2e_accuracy':
+        return {'e2e/ours': [{'epoch_seconds': [1.0], 'test_acc': 0.5 + value / 100}],
+                'e2e/book': [{'epoch_seconds': [1.0], 'test_acc': 0.5}]}
+    assert key == 'memory_growth', key
+    return {'memory/ours': [{'growth': value}]}
+
+
+@pytest.mark.parametrize('key, op, threshold', [(k, op, t) for k, _, op, t in
+                                                 load_script('benchmark').TARGETS])
+def test_each_aim_is_judged_on_both_sides_of_its_threshold(bench, key, op, threshold):
+    better, worse = (1.01, 0.99) if op == '>=' else (0.99, 1.01)
+    for value, met in ((threshold * better, True), (threshold * worse, False)):
+        rows = {r['key']: r for r in bench.summarize(results_giving(key, value), 1e9)}
+        assert rows[key]['measured'] == pytest.approx(value)
+        assert rows[key]['met'] is met, (key, value)
+        assert rows[key]['target'] == f'{op} {threshold:g}'
+        # every other row lacks its figures (the two end-to-end rows share theirs)
+        assert all(r['met'] is None for k, r in rows.items()
+                   if k != key and not (k + key).count('e2e') == 2), key
 
 
 def test_missing_figures_are_not_applicable_rather_than_met(bench):
-    rows = bench.summarize({'pipeline/ours': [{'images_per_sec': 5.0}]}, 1e9)
+    rows = bench.summarize({'pipeline/ours': [{'images_per_sec': 5.0}],
+                            f'pytorch/resnet18/{BATCH}': [{'error': 'no PyTorch',
+                                                           'torch_missing': True}]}, 1e9)
     assert all(r['met'] is None for r in rows)
+    lines = bench.table(rows, no_torch=True).splitlines()
+    assert lines[-1] == ("PyTorch is not installed, so the rows against it are n/a: install it "
+                         "with pip install -e '.[bench]'")
+    assert '| n/a | n/a | n/a |' in lines[2]
+    assert 'PyTorch is not installed' not in bench.table(rows)
+
+
+def test_the_pytorch_process_says_when_pytorch_is_missing(monkeypatch):
+    workers = importlib.import_module('gluon_multigpu.cli.bench_workers')
+    monkeypatch.setitem(sys.modules, 'torch', None)  # ``import torch`` fails
+    result = workers.torch_throughput({'model': 'simple-cnn', 'batch': 8, 'warmup': 1,
+                                       'steps': 1, 'data_dir': '/nowhere'})
+    assert result['torch_missing'] and ".[bench]" in result['error']
+
+
+def test_a_run_without_pytorch_shows_its_rows_as_not_applicable(bench, fashion_dir, tmp_path,
+                                                                monkeypatch, capsys):
+    def no_torch(spec):
+        if spec['kind'] == 'torch_throughput':
+            return {'error': 'PyTorch is not installed', 'torch_missing': True}
+        return {'images_per_sec': 10.0, 'short_images_per_sec': 5.0, 'peak_mb': 100.0,
+                'param_count': 1000}
+    monkeypatch.setattr(bench, 'run_task', no_torch)
+    monkeypatch.setattr(bench, 'flops_per_image', lambda: 1e9)
+    bench.main(['--quick', '--repeats', '1', '--only', 'train/simple-cnn', 'pytorch/simple-cnn',
+                '--data-dir', str(fashion_dir), '--json', str(tmp_path / 'b.json')])
+    out = capsys.readouterr().out
+    assert ("| small CNN steady-state images/s, ours (2 contexts) / PyTorch CPU | n/a | 10 | "
+            "n/a | >= 1 | n/a |") in out
+    assert "install it with pip install -e '.[bench]'" in out
+    assert json.loads((tmp_path / 'b.json').read_text())['pytorch_missing'] is True
+
+
+def test_the_plan_alternates_the_four_at_the_target_batch_in_every_round(bench):
+    assert (bench.FULL['warmup'], bench.FULL['steps']) == (2, 10)  # 2 epochs of 6 batches
+    keys = [k for k, _ in bench.plan(bench.FULL, '/data')]
+    for model in ('resnet18', 'simple-cnn'):
+        four = [f'train/{model}/2/device/128/book', f'train/{model}/2/device/128/ours',
+                f'pytorch/{model}/128', f'train/{model}/1/device/128/ours']
+        start = keys.index(four[0])
+        assert keys[start:start + 4] == four
+    specs = dict(bench.plan(bench.FULL, '/data'))
+    assert specs['pytorch/simple-cnn/128'] == {
+        'kind': 'torch_throughput', 'variant': 'pytorch', 'model': 'simple-cnn', 'batch': 128,
+        'steps': 10, 'warmup': 2, 'data_dir': '/data'}
+    for kept in ('train/resnet18/2/device/32/ours', 'train/resnet18/2/local/128/ours',
+                 'train/simple-cnn/2/device/512/book', 'gemm/2', 'pipeline/ours',
+                 'eval/resnet18/2/book', 'memory/ours', 'e2e/book'):
+        assert kept in specs
+
+
+def test_the_pytorch_networks_have_the_packages_parameters():
+    import gluon_multigpu as gm
+    from mxnet import np
+    from torch import nn
+    workers = importlib.import_module('gluon_multigpu.cli.bench_workers')
+    for model, gluon_net in (('simple-cnn', gm.simple_cnn(10)), ('resnet18', gm.resnet18(10))):
+        gluon_net.initialize()
+        gluon_net(np.zeros((1, 1, 28, 28)))  # the shapes are known after a first batch
+        ours = [p.data().shape for p in gluon_net.collect_params().values()]
+        torch_net = workers.TORCH_MODELS[model](nn)
+        weights = [tuple(p.shape) for p in torch_net.parameters()]
+        # MXNet counts BatchNorm's running mean and variance among the parameters
+        running = [tuple(b.shape) for n, b in torch_net.named_buffers()
+                   if not n.endswith('num_batches_tracked')]
+        assert sum(map(int, map(onp_prod, ours))) == sum(map(onp_prod, weights + running))
+        if model == 'simple-cnn':  # layer by layer, the same shapes
+            assert ours == weights and not running
+            assert sum(p.numel() for p in torch_net.parameters()) == 129068
+
+
+def onp_prod(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def test_quick_run_with_pytorch_prints_its_rows(fashion_dir, tmp_path):
+    out = tmp_path / 'bench.json'
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'benchmark.py'), '--quick',
+                        '--repeats', '1', '--only', 'pytorch/simple-cnn',
+                        'train/simple-cnn/2/device/16/ours', '--data-dir', str(fashion_dir),
+                        '--json', str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    torch_run, = report['measurements']['pytorch/simple-cnn/16']
+    ours_run, = report['measurements']['train/simple-cnn/2/device/16/ours']
+    for run in (torch_run, ours_run):
+        assert run['images_per_sec'] > 0 and run['short_images_per_sec'] > 0
+        assert run['startup_s'] > 0 and run['peak_mb'] > 0 and run['param_count'] == 129068
+    rows = {r['key']: r for r in report['targets']}
+    for key in ('cnn_vs_pytorch', 'cnn_vs_pytorch_short', 'cnn_memory'):
+        assert rows[key]['measured'] > 0 and rows[key]['met'] in (True, False)
+        assert f"| {rows[key]['what']} | " in proc.stdout
+    assert rows['resnet_vs_pytorch']['met'] is None and report['pytorch_missing'] is False
+    assert '| pytorch/simple-cnn/16 | images_per_sec ' in proc.stdout
 
 
 def test_quick_run_end_to_end_writes_every_target(fashion_dir, tmp_path):

@@ -4,9 +4,14 @@ MXNet's engine settings are in the environment before this module imports
 MXNet (the parent process sets them per variant), so nothing here imports
 MXNet or the package at module level.
 """
+import gzip
 import os
 import resource
+import struct
 import time
+
+#: The SGD learning rate of every training-speed measurement: ours, the book's and PyTorch's.
+LR = 0.01
 
 
 def _rss_mb():
@@ -20,12 +25,29 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _read_idx(path):
+    """One gzip-compressed IDX file as a NumPy array, read without MXNet.
+
+    The PyTorch process reads the images this way, so its peak memory holds
+    no MXNet; the MXNet processes read them the same way, to hold the same.
+    """
+    import numpy as onp
+    with gzip.open(path, 'rb') as f:
+        zero, kind, ndim = struct.unpack('>HBB', f.read(4))
+        if zero != 0 or kind != 0x08:
+            raise ValueError(f'{path} is not an IDX file of bytes')
+        shape = struct.unpack(f'>{ndim}I', f.read(4 * ndim))
+        return onp.frombuffer(f.read(), dtype=onp.uint8).reshape(shape)
+
+
 def _test_images(spec, n):
-    import gluon_multigpu as gm
-    images, labels = gm.read_split(spec['data_dir'], 'test', 'fashion-mnist')
+    """The first ``n`` test images (uint8) and labels (int32), repeated if there are fewer."""
+    import numpy as onp
+    images = _read_idx(os.path.join(spec['data_dir'], 't10k-images-idx3-ubyte.gz'))
+    labels = _read_idx(os.path.join(spec['data_dir'], 't10k-labels-idx1-ubyte.gz'))
+    labels = labels.astype(onp.int32)
     reps = -(-n // len(labels))
     if reps > 1:
-        import numpy as onp
         images, labels = onp.concatenate([images] * reps), onp.concatenate([labels] * reps)
     return images[:n], labels[:n]
 
@@ -37,8 +59,36 @@ def _net(variant, model):
     return gm.simple_cnn(10)
 
 
+def _clocked(first_step, warmup_rest, measured, sync, images, start):
+    """Run the three parts of a training-speed measurement; return its figures.
+
+    ``start``: the clock just before the network was built. ``first_step``,
+    ``warmup_rest`` and ``measured`` run the first warm-up step, the other
+    warm-up steps and the measured steps, each returning its images; ``sync``
+    waits for every queued step. ``images``: those of all the steps.
+    """
+    first_step()
+    sync()
+    first = time.perf_counter()
+    warmup_rest()
+    sync()  # the end of the warm-up: the steady-state clock starts here
+    tic = time.perf_counter()
+    steady = measured()
+    sync()  # the final sync point: both clocks stop here
+    end = time.perf_counter()
+    return {'images_per_sec': steady / (end - tic), 'short_images_per_sec': images / (end - start),
+            'startup_s': first - start, 'peak_mb': _peak_rss_mb()}
+
+
 def throughput(spec):
-    """Training images/s of one variant: the library's own epoch functions on real images."""
+    """Training images/s of one variant, the library's own epoch functions on real images.
+
+    Steady state (``images_per_sec``): the steps after the warm-up. The short
+    run (``short_images_per_sec``): every step's images over the time from
+    just before the network is built (building, initialising, compiling
+    included). ``startup_s``: building and the first step; ``peak_mb``: the
+    process's peak resident memory.
+    """
     import gluon_multigpu as gm
     from mxnet import gluon, npx
     from gluon_multigpu import book, training
@@ -46,26 +96,28 @@ def throughput(spec):
     batch, warmup, steps = spec['batch'], spec['warmup'], spec['steps']
     images, labels = _test_images(spec, batch * (warmup + steps))
     batches = list(gm.ArrayLoader(images, labels, batch))
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    ours = spec['variant'] == 'ours'
+    for name in ('book', 'resnet18', 'simple_cnn', 'default_initializer', 'kvstores'):
+        getattr(gm, name)  # the package loads a module when a name is first used: not timed
+    npx.waitall()
+    start = time.perf_counter()  # the short run's clock: the network is built from here
     net = _net(spec['variant'], spec['model'])
     net.initialize(gm.default_initializer(spec['model']), ctx=devices)
-    if spec['variant'] == 'ours':
+    if ours:
         training.hybridize(net)
-    trainer = gm.kvstores.make_trainer(net, 0.01, spec['kvstore'])
-    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    trainer = gm.kvstores.make_trainer(net, LR, spec['kvstore'])
 
-    def epoch(data):  # the images of ``data`` per second, ended by npx.waitall()
-        tic = time.perf_counter()
-        if spec['variant'] == 'ours':
-            steps = training.train_epoch(net, data, loss, trainer, devices,
-                                         max_in_flight=spec.get('max_in_flight', 1))
-            npx.waitall()  # sync point: as train ends its epoch timing
-            seconds = time.perf_counter() - tic
-            return steps.totals(seconds).samples / seconds
-        samples = book.train_epoch_book(net, data, loss, trainer, devices, batch)
-        npx.waitall()  # sync point: the text's loop ends its epoch timing here
-        return samples / (time.perf_counter() - tic)
-    epoch(batches[:warmup])
-    return {'images_per_sec': epoch(batches[warmup:])}
+    def run(data):  # queue the steps of ``data``; return their images
+        if ours:
+            return training.train_epoch(net, data, loss, trainer, devices,
+                                        max_in_flight=spec.get('max_in_flight', 1)).samples
+        return book.train_epoch_book(net, data, loss, trainer, devices, batch)
+    figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),
+                       lambda: run(batches[warmup:]), npx.waitall, len(labels), start)
+    figures['param_count'] = sum(int(p.data(devices[0]).size)
+                                 for p in net.collect_params().values())
+    return figures
 
 
 def gemm(spec):
@@ -89,7 +141,7 @@ def gemm(spec):
     return {'gflops': max(rates.values()), **{f'gflops_{k}': v for k, v in rates.items()}}
 
 
-def _torch_resnet18(torch, nn):
+def _torch_resnet18(nn):
     """The PyTorch edition's ResNet-18 (seed 000), the same layers as the book's MXNet one."""
     F = nn.functional
 
@@ -113,33 +165,59 @@ def _torch_resnet18(torch, nn):
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
 
 
+def _torch_simple_cnn(nn, num_classes=10):
+    """The PyTorch edition of ``gm.simple_cnn``: the same layers, shapes and parameters.
+
+    conv 20 3x3 relu, max-pool 2 stride 2, conv 50 5x5 relu, max-pool 2,
+    flatten, dense 128 relu, dense ``num_classes`` (28x28 inputs: 50 x 4 x 4
+    features reach the first dense layer).
+    """
+    return nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.MaxPool2d(2, 2),
+                         nn.Conv2d(20, 50, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
+                         nn.Linear(50 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+
+#: The PyTorch networks by the package's model names; each takes ``torch.nn``.
+TORCH_MODELS = {'resnet18': _torch_resnet18, 'simple-cnn': _torch_simple_cnn}
+
+
 def torch_throughput(spec):
-    """PyTorch CPU training images/s for the same model and batch, or why it could not run."""
+    """PyTorch CPU (eager) training figures for the same model, batch, steps and learning rate.
+
+    The same figures as ``throughput``, on every core this process may use;
+    or why it could not run (``torch_missing``: PyTorch is not installed).
+    """
     try:
         import torch
         from torch import nn
     except ImportError:
-        return {'error': 'PyTorch is not installed (pip install -e ".[bench]")'}
+        return {'error': "PyTorch is not installed (pip install -e '.[bench]')",
+                'torch_missing': True}
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # PyTorch's own default: every core
     torch.manual_seed(0)
-    net = _torch_resnet18(torch, nn)
-    images, labels = _test_images(spec, spec['batch'])
+    batch, warmup, steps = spec['batch'], spec['warmup'], spec['steps']
+    images, labels = _test_images(spec, batch * (warmup + steps))
     X = torch.tensor(images[:, None] / 255.0, dtype=torch.float32)
     y = torch.tensor(labels, dtype=torch.long)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    batches = list(zip(X.split(batch), y.split(batch)))
     loss = nn.CrossEntropyLoss()
+    # PyTorch loads its compiler's modules when the first optimizer is made (a second or so):
+    # that is importing, not building the network, so it is done before the clock as well
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=LR)
+    start = time.perf_counter()  # the short run's clock: the network is built from here
+    net = TORCH_MODELS[spec.get('model', 'resnet18')](nn)
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
 
-    def step():
-        opt.zero_grad()
-        loss(net(X), y).backward()
-        opt.step()
-    for _ in range(spec['warmup']):
-        step()
-    tic = time.perf_counter()
-    for _ in range(spec['steps']):
-        step()
-    return {'images_per_sec': spec['batch'] * spec['steps'] / (time.perf_counter() - tic),
-            'threads': torch.get_num_threads(), 'version': torch.__version__}
+    def run(data):  # eager: each step is done when it returns
+        for Xb, yb in data:
+            opt.zero_grad()
+            loss(net(Xb), yb).backward()
+            opt.step()
+        return sum(len(yb) for _, yb in data)
+    figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),
+                       lambda: run(batches[warmup:]), lambda: None, len(labels), start)
+    return dict(figures, param_count=sum(p.numel() for p in net.parameters()),
+                threads=torch.get_num_threads(), version=torch.__version__)
 
 
 def book_loaders(images, labels, test_images, test_labels, batch, workers=4):
