@@ -49,7 +49,7 @@ MODULES = {
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
     'engine': 'run', 'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
-    'progress': 'run', 'files': 'run', 'agent': 'run',
+    'progress': 'run', 'files': 'run', 'agent': 'run', 'sweep': 'run',
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
     'charts': 'study', 'kvstore_report': 'study', 'cluster': 'study', 'network': 'study',
     'failover': 'study',

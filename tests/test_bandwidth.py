@@ -35,7 +35,7 @@ def quick(bandwidth, fashion_dir, tmp_path_factory):
     args = bandwidth.build_parser().parse_args([
         '--cpu-devices', '3', '--counts', *map(str, COUNTS), '--quick', '--batch-per-device', '1',
         '--data-dir', str(fashion_dir), '--csv', str(out / 'bw.csv'), '--json',
-        str(out / 'bw.json')])
+        str(out / 'bw.json'), '--results', str(out / 'kept.json')])
     printed = io.StringIO()
     bandwidth.run(args, out=printed)
     return {'json': json.loads((out / 'bw.json').read_text()),
@@ -56,7 +56,7 @@ def test_every_requested_configuration_is_measured_once(quick):
     assert sorted((r['model'], r['kvstore'], r['devices']) for r in rows) == sorted(wanted)
     assert [(r['model'], r['kvstore'], r['devices']) for r in quick['csv']] == \
         [(r['model'], r['kvstore'], r['devices']) for r in rows]
-    assert sorted(os.listdir(quick['dir'])) == ['bw.csv', 'bw.json']  # no temporary files
+    assert sorted(os.listdir(quick['dir'])) == ['bw.csv', 'bw.json', 'kept.json']  # no temporary files
     config = quick['json']['config']
     assert config['counts'] == COUNTS and config['kvstores'] == KVSTORES
     assert config['batch_per_device'] == 1 and config['repeats'] == 2
@@ -187,7 +187,7 @@ def test_help_states_units_and_defaults(bandwidth, capsys):
     with pytest.raises(SystemExit):
         bandwidth.main(['--help'])
     text = ' '.join(capsys.readouterr().out.split())
-    for phrase in ('GB = 1e9 bytes', '2 (N - 1) / N x alg GB/s', '(default: 256',
+    for phrase in ('GB = 1e9 bytes', '2 (N - 1) / N x alg GB/s', '(default: 32',
                    'default without GPUs: counts 2 and 4', 'npx.waitall()', 'exit status 2',
                    '(default: 5; 2 with --quick)'):
         assert phrase in text

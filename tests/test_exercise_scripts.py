@@ -42,13 +42,14 @@ def test_balance_refuses_what_it_cannot_measure(capsys):
 
 
 @pytest.mark.slow
-def test_bfloat16_trains_and_is_measured_against_float32(capsys):
+def test_bfloat16_trains_and_is_measured_against_float32(capsys, tmp_path):
     try:  # where the CPU has no bfloat16 kernels, the test below checks the script's answer
         gm.precision.check_bfloat16()
     except gm.DeviceError as e:
         pytest.skip(str(e))
     script = load_script('bfloat16')
-    assert script.main(['--models', 'simple-cnn', '--rounds', '1', '--steps', '1']) == 0
+    assert script.main(['--models', 'simple-cnn', '--rounds', '1', '--steps', '1', '--results',
+                        str(tmp_path / 'kept.json')]) == 0
     table = [l for l in capsys.readouterr().out.splitlines() if l.startswith('| simple-cnn')]
     assert [l.split('|')[3].strip() for l in table] == list(script.VARIANTS)
     speeds = [float(l.split('|')[4]) for l in table]

@@ -188,6 +188,104 @@ def stop_after(command, signum, cwd, ready=first_line, timeout=240):
     return status, lines['out'], lines['err'], seen
 
 
+def every_file(folder):
+    """Every file and folder under ``folder`` (hidden ones too), as paths relative to it."""
+    found = []
+    for root, dirs, names in os.walk(folder):
+        found += [os.path.relpath(os.path.join(root, n), folder) for n in dirs + names]
+    return sorted(found)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def kept_a_measurement(path):
+    """A ``ready`` for ``stop_after``: the results file ``path`` holds a measurement."""
+    def ready(lines, kids):  # pylint: disable=unused-argument
+        return os.path.exists(path) and bool(read_json(path)['done'])  # replaced atomically
+    return ready
+
+
+def acknowledged(err, signum):
+    """The lines acknowledging ``signum`` (said at once, before the current step ends)."""
+    name = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
+    return [l for l in err if l.startswith(f'{name}: stopping after the current step')]
+
+
+#: (script, its arguments, the results file they keep, the signal): each measurement takes a
+#: second or two, and there are many.
+SWEEPS = [
+    ('bandwidth', ['--cpu-devices', '3', '--counts', '2', '3', '--models', 'simple-cnn',
+                   'resnet18', '--kvstores', 'local', 'device', '--batch-per-device', '1',
+                   '--repeats', '20', '--csv', 'bw.csv', '--json', 'bw.json'],
+     'bandwidth-results.json', signal.SIGTERM),
+    ('scaling', ['--cpu-devices', '2', '--counts', '1', '2', '--model', 'simple-cnn',
+                 '--lr-rule', 'linear', 'sqrt', 'fixed', '--num-epochs', '3', '--num-train',
+                 '256', '--num-test', '64', '--batch-per-device', '32', '--progress-interval',
+                 '0', '--out', 'sweep'], os.path.join('sweep', 'results.json'), signal.SIGINT),
+    ('balance', ['--cpu-devices', '2', '--steps', '40', '--batch-size', '32', '--rounds', '20',
+                 '--out', 'bal'], os.path.join('bal', 'results.json'), signal.SIGTERM),
+    ('bfloat16', ['--models', 'simple-cnn', '--rounds', '100', '--steps', '5'],
+     'bfloat16-results.json', signal.SIGINT),
+]
+
+
+def skip_without_bfloat16(script):
+    if script == 'bfloat16':
+        try:
+            gm.precision.check_bfloat16()
+        except gm.DeviceError as e:  # the script refuses such a CPU at once: nothing to stop
+            pytest.skip(f'this CPU trains no bfloat16: {e}')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('script, argv, results, signum', SWEEPS)
+def test_a_signal_after_a_measurement_is_acknowledged_and_keeps_only_the_results_file(
+        script, argv, results, signum, fashion_dir, tmp_path):
+    skip_without_bfloat16(script)
+    extra = [] if script in ('balance', 'bfloat16') else ['--data-dir', str(fashion_dir)]
+    status, out, err, _ = stop_after([sys.executable, str(SCRIPTS / f'{script}.py'), *argv,
+                                      *extra], signum, tmp_path,
+                                     ready=kept_a_measurement(tmp_path / results))
+    name = signal.Signals(signum).name
+    assert status == 128 + signum, (status, err)
+    assert len(acknowledged(err, signum)) == 1, err
+    assert not any('Traceback' in line or 'while starting' in line for line in err), err
+    kept = read_json(tmp_path / results)
+    assert kept['status'] == 'partial' and 0 < len(kept['done']) < kept['total'], kept
+    assert err[-1].startswith(f'interrupted by {name}: {len(kept["done"])} of {kept["total"]} '
+                              f'measurements in {results} (marked partial); continue with: '), err
+    assert err[-1].endswith(' --resume'), err
+    assert out[0].startswith('partial results (interrupted): '), out
+    # Nothing else: no report, no --csv or --json, no temporary or lock file, no empty folder.
+    assert every_file(tmp_path) == sorted({results, os.path.dirname(results)} - {''})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('script, argv, signum', [
+    # The first line names the first measurement, a long one: the signal comes in the middle.
+    ('scaling', ['--cpu-devices', '2', '--counts', '2', '--model', 'simple-cnn', '--num-epochs',
+                 '1000', '--num-train', '256', '--num-test', '64', '--batch-per-device', '32',
+                 '--progress-interval', '0', '--out', 'sweep'], signal.SIGINT),
+    ('bfloat16', ['--models', 'resnet18', '--rounds', '3', '--steps', '50'], signal.SIGTERM),
+])
+def test_a_signal_before_the_first_measurement_ends_leaves_nothing(script, argv, signum,
+                                                                   fashion_dir, tmp_path):
+    skip_without_bfloat16(script)
+    extra = [] if script == 'bfloat16' else ['--data-dir', str(fashion_dir)]
+    status, _, err, _ = stop_after([sys.executable, str(SCRIPTS / f'{script}.py'), *argv,
+                                    *extra], signum, tmp_path,
+                                   ready=lambda lines, kids: lines['err'])
+    assert status == 128 + signum, (status, err)
+    assert len(acknowledged(err, signum)) == 1, err
+    assert err[-1] == (f'interrupted by {signal.Signals(signum).name}: nothing had been measured '
+                       'yet, nothing was written'), err
+    # Not even the --out folder the run made at its start, nor the results file's lock file.
+    assert os.listdir(tmp_path) == []
+
+
 def assert_stopped(status, err, signum, seen=()):
     name = signal.Signals(signum).name
     assert status == 128 + signum, (status, err)
@@ -197,33 +295,6 @@ def assert_stopped(status, err, signum, seen=()):
     while any(alive(pid) for pid in seen) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in seen if alive(pid)], 'child processes outlived the script'
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('script, argv, signum', [
-    # The first line comes after the simple CNN's first timing; ResNet-18's are still to come.
-    ('bandwidth', ['--cpu-devices', '3', '--counts', '2', '3', '--models', 'simple-cnn',
-                   'resnet18', '--kvstores', 'local', 'device', '--batch-per-device', '1',
-                   '--repeats', '20', '--csv', 'bw.csv', '--json', 'bw.json'], signal.SIGTERM),
-    ('scaling', ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1000',
-                 '--num-train', '256', '--num-test', '64', '--batch-per-device', '32',
-                 '--progress-interval', '0', '--out', 'sweep'], signal.SIGINT),
-    ('balance', ['--cpu-devices', '2', '--steps', '40', '--batch-size', '32', '--rounds', '20',
-                 '--out', 'bal'], signal.SIGTERM),
-    ('bfloat16', ['--models', 'simple-cnn', '--rounds', '100', '--steps', '5'], signal.SIGINT),
-])
-def test_a_signal_after_the_first_line_is_one_line_and_writes_nothing(
-        script, argv, signum, fashion_dir, tmp_path):
-    if script == 'bfloat16':
-        try:
-            gm.precision.check_bfloat16()
-        except gm.DeviceError as e:  # the script refuses such a CPU at once: nothing to stop
-            pytest.skip(f'this CPU trains no bfloat16: {e}')
-    extra = [] if script in ('balance', 'bfloat16') else ['--data-dir', str(fashion_dir)]
-    status, _, err, _ = stop_after([sys.executable, str(SCRIPTS / f'{script}.py'), *argv,
-                                    *extra], signum, tmp_path)
-    assert_stopped(status, err, signum)
-    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -258,11 +329,8 @@ def test_a_signal_while_the_demo_runs_is_one_line(signal_guard, monkeypatch, cap
         send_self(signal.SIGTERM)
 
 
-@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_while_writing_the_report_leaves_no_folder(signum, tmp_path, signal_guard,
-                                                            monkeypatch, capsys):
-    scaling = load_script('scaling')
-    # The sweep itself is not the point: one made-up run, then the signal while a chart is drawn.
+def made_up_scaling_run(monkeypatch):
+    """Patch scaling's training to one made-up run on 8 synthetic images: nothing is trained."""
     row = dict.fromkeys(gm.scaling.MEASURED_COLUMNS)
     row.update(kind='measured', model='simple-cnn', device_type='cpu', devices=1,
                kvstore='device', batch_mode='per-device', batch_size=32, per_device_batch=32,
@@ -270,17 +338,241 @@ def test_a_signal_while_writing_the_report_leaves_no_folder(signum, tmp_path, si
                status='ok')
     monkeypatch.setattr(gm, 'load_data', lambda *a, **k: gm.data.synthetic_data(
         'fashion-mnist', 1, num_train=8, num_test=8))
-    monkeypatch.setattr(gm.measure, 'run_sweep', lambda *a, **k: [dict(row)])
+    monkeypatch.setattr(gm.measure, 'train_config', lambda *a, **k: dict(row))
     monkeypatch.setattr(gm.measure, 'measure_projection', lambda *a, **k: ([], []))
-    monkeypatch.setattr(gm.scaling_report, 'accuracy_batch_chart',
-                        lambda *a, **k: send_self(signum))
+
+
+SCALING_REPORT = ['accuracy.png', 'efficiency.png', 'projection.csv', 'report.md',
+                  'results.json', 'scaling.csv', 'speedup.png', 'sync.csv']
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_writing_the_report_lets_it_finish(signum, tmp_path, signal_guard,
+                                                          monkeypatch, capsys):
+    scaling = load_script('scaling')
+    made_up_scaling_run(monkeypatch)
+    chart = gm.scaling_report.accuracy_batch_chart
+
+    def signalled(*args, **kwargs):  # the signal comes while a chart of the report is drawn
+        signal.pthread_kill(threading.main_thread().ident, signum)
+        time.sleep(0.3)  # its handler runs at once; its acknowledgement comes from a thread
+        return chart(*args, **kwargs)
+    monkeypatch.setattr(gm.scaling_report, 'accuracy_batch_chart', signalled)
     out = tmp_path / 'sweep'
     assert scaling.main(['--cpu-devices', '1', '--model', 'simple-cnn', '--out', str(out)]) == \
         128 + signum
-    err = capsys.readouterr().err
-    assert err.splitlines()[-1] == (f'interrupted by {signal.Signals(signum).name}: nothing '
-                                    'was written')
+    err = capsys.readouterr().err.splitlines()
+    name = signal.Signals(signum).name
+    assert len(acknowledged(err, signum)) == 1, err
+    assert err[-1] == (f'{name} came after the last measurement: the run is complete and '
+                       f'written; exit status {128 + signum}'), err
+    # The report is whole (no staging folder, no temporary file, no lock file left).
+    assert every_file(tmp_path) == ['sweep'] + [f'sweep{os.sep}{n}' for n in SCALING_REPORT]
+    assert read_json(out / 'results.json')['status'] == 'complete'
+    assert (out / 'accuracy.png').read_bytes().startswith(PNG)  # the chart drawn at the signal
+    assert (out / 'report.md').read_text().startswith('#')  # written after it
+    # Afterwards the handlers are the caller's again.
+    with pytest.raises(SignalLeaked):
+        send_self(signum)
+
+
+# --- 1. the results file of a measuring run, as a hostile user meets it --------------------
+
+BALANCE = ['--cpu-devices', '2', '--steps', '8', '--batch-size', '32', '--rounds', '20',
+           '--scenarios', 'equal', 'busy', '--every', '2']
+
+
+def one_line(capsys, *wanted):
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in wanted), err
+    assert 'Traceback' not in err[0]
+    return err[0]
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_results_file_is_refused_and_sigkill_leaves_it_whole(
+        tmp_path, monkeypatch, capsys):
+    balance = load_script('balance')
+    results = tmp_path / 'r.json'
+    argv = [*BALANCE, '--results', str(results)]
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / 'balance.py'), *argv], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (results.exists() and read_json(results)['done']):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+            time.sleep(0.05)
+        # A second run, while the first measures: one line, 2, before it measures anything.
+        monkeypatch.setattr(balance, 'run_once', not_measured)
+        for again in ([], ['--resume']):
+            assert balance.main([*argv, *again]) == 2
+            one_line(capsys, f'another run (process {proc.pid}) is writing {results}; wait')
+        assert proc.poll() is None, 'the first run ended: the test proves nothing'
+        proc.send_signal(signal.SIGKILL)  # in the middle: no handler, no cleanup
+        assert wait_bounded(proc, 30) == -signal.SIGKILL
+    finally:
+        proc.kill()
+    kept = read_json(results)  # whole: every write replaced it atomically
+    assert kept['status'] == 'partial' and 0 < len(kept['done']) < kept['total']
+    # The lock the killed run held went with it: the next run takes its lock file over.
+    assert (tmp_path / '.r.json.lock').exists()
+    units = [gm.sweep.Unit(d['key'], d['label']) for d in kept['done']] + [gm.sweep.Unit('x', 'x')]
+    with gm.sweep.Sweep(str(results), 'balance', kept['config'], units, lambda line: None,
+                        resume=True, interval=0) as again:
+        assert again.resumed == len(kept['done'])
+    assert every_file(tmp_path) == ['r.json']
+
+
+def test_a_results_file_that_is_a_link_is_written_through_or_refused(tmp_path, monkeypatch,
+                                                                    capsys):
+    balance = load_script('balance')
+    monkeypatch.setattr(balance, 'run_once', not_measured)
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    (elsewhere / 'notes.txt').write_text('mine')
+    link = tmp_path / 'r.json'
+    # To a file that is not a results file: never replaced.
+    link.symlink_to(elsewhere / 'notes.txt')
+    assert balance.main([*BALANCE, '--results', str(link)]) == 2
+    one_line(capsys, f'{link} is not a results file of balance')
+    # Into the kernel's files (standard output): refused.
+    link.unlink()
+    link.symlink_to('/proc/self/fd/1')
+    assert balance.main([*BALANCE, '--results', str(link)]) == 2
+    one_line(capsys, '--results', 'is in proc')
+    assert (elsewhere / 'notes.txt').read_text() == 'mine' and link.is_symlink()
+    assert sorted(os.listdir(elsewhere)) == ['notes.txt']
+    # To a new file elsewhere: that file is written (and locked), the link stays.
+    link.unlink()
+    link.symlink_to(elsewhere / 'kept.json')
+    unit = gm.sweep.Unit('a', 'a')
+    with gm.sweep.Sweep(str(link), 'balance', {}, [unit, gm.sweep.Unit('b', 'b')],
+                        lambda line: None, interval=0) as kept:
+        assert sorted(os.listdir(elsewhere)) == ['.kept.json.lock', 'notes.txt']
+        with pytest.raises(gm.sweep.SweepError, match='another run'):
+            gm.sweep.Sweep(str(elsewhere / 'kept.json'), 'balance', {}, [unit], print)
+        kept.begin(unit)
+        kept.keep(unit, 1)
+    assert link.is_symlink() and read_json(elsewhere / 'kept.json')['done'][0]['result'] == 1
+    assert sorted(os.listdir(elsewhere)) == ['kept.json', 'notes.txt']
+
+
+def test_a_default_results_file_that_cannot_be_written_stops_before_measuring(
+        tmp_path, unwritable_dir, monkeypatch, capsys):
+    balance = load_script('balance')
+    monkeypatch.setattr(balance, 'run_once', not_measured)
+    # balance-results.json in the current folder, which is not writable
+    monkeypatch.chdir(unwritable_dir)
+    assert balance.main(BALANCE) == 2
+    one_line(capsys, '--results', 'balance-results.json', 'cannot create files in')
+    # a pipe in its place (reading it would wait for a writer forever)
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo('balance-results.json')
+    assert balance.main(BALANCE) == 2
+    one_line(capsys, 'exists and is not a regular file')
+    # --out's folder is made for it, and removed again when nothing was measured
+    os.remove('balance-results.json')
+    assert balance.main([*BALANCE, '--out', 'no/such']) == 2
+    one_line(capsys, '--out', 'does not exist; create it first')
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('content', [
+    b'', b'{"format": "gluon-multigpu sweep results 1", "program": "bal',
+    b'\x89PNG\r\n\x1a\n\x00\xff', b'[1, 2, 3]', b'[' * 100000,
+    b'{"format": "gluon-multigpu sweep results 1", "program": "balance", "status": "partial", '
+    b'"total": 120, "config": {}, "done": [{"key": 3, "result": 1}]}',
+    b'{"format": "gluon-multigpu sweep results 1", "program": "balance", "status": "partial", '
+    b'"total": 120, "config": {}, "done": ["1/equal/even"]}',
+])
+def test_a_corrupt_results_file_with_resume_is_one_line_and_left_as_it_was(
+        content, tmp_path, monkeypatch, capsys):
+    balance = load_script('balance')
+    monkeypatch.setattr(balance, 'run_once', not_measured)
+    results = tmp_path / 'r.json'
+    results.write_bytes(content)
+    for again in (['--resume'], []):
+        assert balance.main([*BALANCE, '--results', str(results), *again]) == 2
+        one_line(capsys, f'{results} is not a results file of balance')
+    assert results.read_bytes() == content and os.listdir(tmp_path) == ['r.json']
+
+
+def test_a_results_file_in_the_out_folder_may_take_any_name_but_a_reports(
+        tmp_path, signal_guard, monkeypatch, capsys):
+    scaling = load_script('scaling')
+    made_up_scaling_run(monkeypatch)
+    out = tmp_path / 'sweep'
+    argv = ['--cpu-devices', '1', '--model', 'simple-cnn', '--out', str(out)]
+    assert scaling.main([*argv, '--results', str(out / 'report.md')]) == 2
+    one_line(capsys, f'--results {out / "report.md"} takes the name of a file of the report')
+    assert os.listdir(tmp_path) == []
+    # The default, given: as without it.
+    assert scaling.main([*argv, '--results', str(out / 'results.json')]) == 0
+    assert sorted(os.listdir(out)) == SCALING_REPORT
+
+
+#: A measuring program whose second measurement is a single step of 3 s: a second Ctrl-C
+#: comes while it runs.
+SLOW_STEP = """\
+import sys, time
+import gluon_multigpu as gm
+from gluon_multigpu.cli import common
+
+def build():
+    p = common.OneLineParser()
+    common.add_sweep_flags(p, 'r.json')
+    return p
+
+def run(args, stop=None):
+    sweep = gm.sweep.Sweep(args.results, 'slow', {}, [gm.sweep.Unit(str(i), f'unit {i}')
+                                                     for i in range(4)], common.say_quietly)
+    def measure(unit):
+        time.sleep(0 if unit.key == '0' else 3)
+        return int(unit.key)
+    common.measure_sweep(sweep, measure, stop, lambda results: print('partial:', results))
+
+sys.exit(common.sweep_main(sys.argv[1:], build, run, 'slow'))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gap, second", [(0, False), (1.0, True)])
+def test_ctrl_c_twice(gap, second, tmp_path):
+    # Within half a second: the same Ctrl-C (delivered twice); after: stop now.
+    program = tmp_path / 'slow.py'
+    program.write_text(SLOW_STEP)
+    results = tmp_path / 'r.json'
+    proc = subprocess.Popen([sys.executable, str(program), '--results', str(results)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        deadline = time.monotonic() + 60
+        while not (results.exists() and read_json(results)['done']):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        time.sleep(0.2)  # into the second measurement's step
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    err = err.splitlines()
+    assert proc.returncode == 130 and 'Traceback' not in '\n'.join(err), err
+    assert len(acknowledged(err, signal.SIGINT)) == 1, err
+    if second:
+        assert err[-1] == ('stopped at once (a second signal): 1 of 4 measurements in '
+                           f'{results} (marked partial)'), err
+        assert out == ''
+    else:
+        # The step in progress ends, and its measurement is kept.
+        assert err[-1].startswith(f'interrupted by SIGINT: 2 of 4 measurements in {results} '
+                                  '(marked partial); continue with: '), err
+        assert out.startswith('partial:')  # the program's partial table
+    kept = read_json(results)
+    assert kept['status'] == 'partial'
+    assert [d['result'] for d in kept['done']] == ([0] if second else [0, 1])
+    assert every_file(tmp_path) == ['r.json', 'slow.py']  # no lock file, no temporary file
 
 
 # --- 2. report folders all or nothing, a full disk named ------------------------------------

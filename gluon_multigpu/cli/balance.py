@@ -16,12 +16,17 @@ import sys
 
 import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
 from . import common
-from .common import batch_size, int_in, seed, stopping_main
+from .common import batch_size, int_in, seed
+from ..run import sweep as sweep_module
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
 SETTINGS = {'simple-cnn': (256, 80), 'resnet18': (64, 16)}
 SCENARIOS = ('equal', 'busy', 'shift')
 SPLITS = ('even', 'weights', 'auto')
+#: The files of the report in --out: --results may not take their names.
+REPORT_FILES = ('balance.csv', 'images.png', 'report.md')
+#: Where the runs are kept as they end, without --out or --results.
+RESULTS = 'balance-results.json'
 
 EPILOG = """\
 figures:
@@ -38,11 +43,15 @@ examples:
   %(prog)s --num-gpus 2 --weights 3,1
 
 Bad input (devices that do not exist, weights that do not match the devices, an
-output directory that cannot be written) stops before any run with one line on
-stderr and exit status 2. The output directory is written at the end, all or
-nothing: Ctrl-C or SIGTERM stops with one line and status 130 or 143, a disk
-that fills with one line naming the file and status 1, and either leaves it
-as it was.
+output directory that cannot be written, missing data with --data-dir) stops
+before any run with one line on stderr and exit status 2. After the first run a
+line gives the estimate for all of them and faster alternatives; a line every
+10 s names the run in progress. Each run is kept in --results as it ends
+(marked partial until all are done): Ctrl-C, SIGTERM or SIGHUP is acknowledged
+at once, stops after the current step, prints the partial table and says how to
+continue (--resume), status 130, 143 or 129. The report folder is written at
+the end, all or nothing; a disk that fills stops with one line naming the file
+and status 1.
 """
 
 
@@ -70,6 +79,9 @@ def build_parser():
     p.add_argument('--seed', type=seed, default=0, help='seed of weights and data (default: 0)')
     p.add_argument('--out', metavar='DIR',
                    help='write report.md, balance.csv and images.png into DIR, created if missing')
+    common.add_data_flags(p, 'its training images feed the steps (default without '
+                          '--data-dir or --download: random images of its shape)')
+    common.add_sweep_flags(p, f'DIR/results.json with --out DIR, else {RESULTS}')
     return p
 
 
@@ -89,53 +101,127 @@ def make_split(name, weights, every):
     return gm.balance.TimedSplit(weights if name == 'weights' else None, every=every)
 
 
-def run_once(args, scenario, split, devices, data):
-    """Train one epoch of ``data`` with ``split`` in ``scenario``; return images/s."""
+def run_once(args, scenario, split, devices, data, stop=None):
+    """Train one epoch of ``data`` with ``split`` in ``scenario``; return images/s.
+
+    ``stop`` (a ``StopRequest``) stops it after a step (``Interrupted``).
+    """
     busy = devices[-1] if scenario in ('busy', 'shift') else None
     with gm.measure.OtherWork(busy, args.work_size) as work:
         hooks = [_shift_work(work, devices[0], len(data) // 2)] if scenario == 'shift' else []
         data.epoch = 0
         result = gm.train(gm.get_model(args.model), data, None, devices, num_epochs=1,
                           lr=0.05, seed=args.seed, initializer=gm.default_initializer(args.model),
-                          max_in_flight=1, hooks=[gm.balance.make_split(split), *hooks])
+                          max_in_flight=1, hooks=[gm.balance.make_split(split), *hooks,
+                                                  *([stop] if stop is not None else [])])
     return result.samples_per_sec
 
 
-def measure_all(args, devices, weights, say):
-    """Every scenario and split, ``args.rounds`` times in turn; return one row per pair."""
+def sizes(args):
+    """``(batch, steps)`` of every run: the flags, or the model's ``SETTINGS``."""
     batch, steps = SETTINGS[args.model]
-    batch, steps = args.batch_size or batch, args.steps or steps
+    return args.batch_size or batch, args.steps or steps
+
+
+def make_data(args, devices):
+    """The steps' data: Fashion-MNIST with --data-dir or --download, else random images."""
+    batch, steps = sizes(args)
+    if args.data_dir or args.download:
+        common.data_root(args)
+        data, _ = gm.load_data('fashion-mnist', batch, root=args.data_dir,
+                               num_train=min(batch * steps, 60000), num_test=batch,
+                               seed=args.seed, num_devices=len(devices))
+        return data
     data, _ = gm.data.synthetic_data('fashion-mnist', batch, num_train=batch * steps,
                                      num_test=batch, seed=args.seed, num_devices=len(devices))
-    runs = {(s, n): [] for s in args.scenarios for n in SPLITS}
-    for r in range(args.rounds):
-        for scenario in args.scenarios:
-            for name in SPLITS:
-                split = make_split(name, weights, args.every)
-                speed = run_once(args, scenario, split, devices, data)
-                runs[scenario, name].append((speed, split))
-                say(f'round {r + 1}/{args.rounds}, {scenario}, {name}: {speed:.0f} images/s, '
-                    f'{split.summary()}')
+    return data
+
+
+def make_sweep(args, devices, say):
+    """The units: every split in every scenario, ``args.rounds`` times in turn."""
+    batch, steps = sizes(args)
+    units = [sweep_module.Unit(f'{r + 1}/{scenario}/{name}',
+                               f'round {r + 1}/{args.rounds}, {scenario}, split {name}: '
+                               f'{steps} steps of {batch}', steps * batch)
+             for r in range(args.rounds) for scenario in args.scenarios for name in SPLITS]
+    config = {'model': args.model, 'batch': batch, 'steps': steps, 'devices': len(devices),
+              'device_type': devices[0].device_type, 'weights': args.weights,
+              'scenarios': args.scenarios, 'work_size': args.work_size, 'every': args.every,
+              'seed': args.seed, 'data': 'fashion-mnist' if args.data_dir or args.download
+              else 'synthetic'}
+    options = []
+    if args.rounds > 1:
+        options.append('--rounds 1')
+    if len(args.scenarios) > 1:
+        options.append('--scenarios busy')
+    if steps > 20:
+        options.append(f'--steps {max(20, args.every * 4)}')
+    return sweep_module.Sweep(args.results or results_path(args), 'balance', config, units, say,
+                              resume=args.resume, advice=', '.join(options),
+                              make_folder=args.out is not None and (
+                                  args.results is None or
+                                  common.in_out_folder(args.results, args.out)))
+
+
+def results_path(args):
+    """The default results file: in --out, else balance-results.json."""
+    return os.path.join(args.out, 'results.json') if args.out else RESULTS
+
+
+def measure_all(args, devices, weights, say, stop=None, out=None):
+    """Every scenario and split, ``args.rounds`` times in turn; return one row per pair.
+
+    Each run is kept in the results file as it ends; a stop prints the rows measured so far.
+    """
+    batch, _ = sizes(args)
+    data = make_data(args, devices)
+    sweep = make_sweep(args, devices, say)
+
+    def measure(unit):
+        _, scenario, name = unit.key.split('/')
+        split = make_split(name, weights, args.every)
+        speed = run_once(args, scenario, split, devices, data, stop)
+        say(f'  {unit.label}: {speed:.0f} images/s, {split.summary()}')
+        return {'speed': speed, 'idle': list(split.idle()),
+                'shares': list(split.shares(batch, len(devices))),
+                'changes': getattr(split, 'changes', 0), 'undone': getattr(split, 'undone', 0)}
+
+    def partial(results):
+        print(common.partial_heading(sweep), file=out or sys.stdout)
+        print(table(summarise(results, len(devices)), [str(d) for d in devices]),
+              file=out or sys.stdout, flush=True)
+    return summarise(common.measure_sweep(sweep, measure, stop, partial), len(devices)), batch
+
+
+def summarise(results, num_devices):
+    """One row per (scenario, split) measured: medians over its rounds, the ratio to even."""
+    runs = {}
+    for unit, result in results:
+        _, scenario, name = unit.key.split('/')
+        runs.setdefault((scenario, name), []).append(result)
     rows = []
     for (scenario, name), measured in runs.items():
-        speeds = [m[0] for m in measured]
-        idle = [statistics.median(m[1].idle()[i] for m in measured) for i in range(len(devices))]
-        last = measured[-1][1]
-        rows.append({'scenario': scenario, 'split': name, 'images_per_sec': statistics.median(speeds),
-                     'idle': idle, 'shares': last.shares(batch, len(devices)),
-                     'changes': getattr(last, 'changes', 0), 'undone': getattr(last, 'undone', 0),
-                     'rounds': speeds})
+        speeds = [m['speed'] for m in measured]
+        idle = [statistics.median(m['idle'][i] for m in measured) for i in range(num_devices)]
+        last = measured[-1]
+        rows.append({'scenario': scenario, 'split': name,
+                     'images_per_sec': statistics.median(speeds), 'idle': idle,
+                     'shares': last['shares'], 'changes': last['changes'],
+                     'undone': last['undone'], 'rounds': speeds})
     for row in rows:
-        even = next(r for r in rows if r['scenario'] == row['scenario'] and r['split'] == 'even')
-        row['vs_even'] = row['images_per_sec'] / even['images_per_sec']
-    return rows, batch
+        even = next((r for r in rows if r['scenario'] == row['scenario'] and
+                     r['split'] == 'even'), None)
+        row['vs_even'] = row['images_per_sec'] / even['images_per_sec'] if even else None
+    order = {(s, n): i for i, (s, n) in enumerate((s, n) for s in SCENARIOS for n in SPLITS)}
+    return sorted(rows, key=lambda r: order[r['scenario'], r['split']])
 
 
 def table(rows, devices):
     """The Markdown table of ``rows``."""
     header = ['scenario', 'split', 'images/s', 'vs even'] + [f'idle {d}' for d in devices] + \
         ['shares (end)', 'auto changes (undone)']
-    body = [[r['scenario'], r['split'], f"{r['images_per_sec']:.0f}", f"{r['vs_even']:.2f}",
+    body = [[r['scenario'], r['split'], f"{r['images_per_sec']:.0f}",
+             '-' if r['vs_even'] is None else f"{r['vs_even']:.2f}",
              *(f'{100 * i:.0f}%' for i in r['idle']), '/'.join(map(str, r['shares'])),
              f"{r['changes']} ({r['undone']})" if r['split'] == 'auto' else '-'] for r in rows]
     return gm.kvstore_report.markdown_table(header, body, 'llrr' + 'r' * len(devices) + 'rr')
@@ -174,8 +260,9 @@ def write_outputs(directory, rows, devices, config):
                     + '\n\n![images/s](images.png)\n')
 
 
-def run(args, out=None):
-    """Check the input, measure, print the table and answers, write the outputs."""
+def run(args, out=None, stop=None):
+    """Check the input, measure (each run kept in --results), print the table and answers,
+    write the outputs. ``stop``: a ``StopRequest``."""
     out = out or sys.stdout
     cpu_devices = args.cpu_devices
     if cpu_devices is None and args.num_gpus is None and not gm.num_gpus():
@@ -187,14 +274,19 @@ def run(args, out=None):
     if len(weights) != len(devices):
         raise gm.DeviceError(f'--weights gives {len(weights)} weights for {len(devices)} devices; '
                              'give one weight per device')
-    steps = args.steps or SETTINGS[args.model][1]
+    batch, steps = sizes(args)
     if args.every > steps:  # no step of the even split would be timed: no idle shares
         raise gm.GluonMultiGPUError(f'--every {args.every} times one step in {args.every}, and a '
                                     f'run has {steps} steps; give --every {steps} or less, or '
                                     'more --steps')
-    gm.files.check_outputs(directories=[('--out', args.out)])
-    rows, batch = measure_all(args, devices, weights,
-                              lambda line: print(line, file=sys.stderr, flush=True))
+    if devices[0].device_type == 'cpu':
+        sweep_module.check_memory(
+            gm.model.memory_needed(args.model, batch, len(devices)), common.available_memory(),
+            f'{args.model} with a batch of {batch} on {len(devices)} CPU contexts',
+            'use a smaller --batch-size')
+    gm.files.check_outputs(files=common.results_output(args.results, args.out, REPORT_FILES),
+                           directories=[('--out', args.out)])
+    rows, batch = measure_all(args, devices, weights, common.say_quietly, stop, out)
     print(table(rows, devices), file=out)
     print('', *answers(rows), file=out, sep='\n')
     if args.out:
@@ -209,9 +301,9 @@ def main(argv=None):
     """Run the script; return the exit status.
 
     0 when done; 1 when the report cannot be written (a disk that fills); 2
-    for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    for bad input; 128 + the signal (130 for Ctrl-C) when stopped by a signal.
     """
-    return stopping_main(argv, build_parser, run)
+    return common.sweep_main(argv, build_parser, run, 'balance')
 
 
 def start(launcher=None):

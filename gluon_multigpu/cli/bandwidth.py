@@ -13,7 +13,8 @@ import sys
 
 import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
 from . import common
-from .common import int_in, seed, stopping_main
+from ..run import sweep as _sweep
+from .common import int_in, seed
 
 EPILOG = """\
 figures (GB = 1e9 bytes):
@@ -32,10 +33,18 @@ examples:
 
 Bad input (a count of devices that do not exist, nccl without NCCL or GPUs,
 missing or corrupt data, an output path that cannot be written, --csv and --json
-naming the same file) stops before measuring with one line on stderr and exit
-status 2. Ctrl-C or SIGTERM stops with one line and status 130 or 143, a disk
-that fills while writing with one line naming the file and status 1; either
-way no file is written (both or neither).
+naming the same file, a --batch-per-device whose estimated memory exceeds what
+is available) stops before measuring with one line on stderr and exit status 2.
+After the first measurement a line gives the estimate for the whole run and
+faster alternatives; a line every 10 s names what is being measured. Every
+measurement is kept in --results as soon as it is made (default:
+bandwidth-results.json, marked partial until the run is complete). Ctrl-C,
+SIGTERM or SIGHUP is acknowledged at once, stops after the current step,
+prints the partial table and says how to continue (--resume: what was measured
+is not measured again), status 130, 143 or 129; a second Ctrl-C stops at once.
+A disk that fills stops with one line naming the file and status 1. --csv and
+--json are written at the end, both or neither. GLUON_MULTIGPU_MEMORY_AVAILABLE
+(bytes) replaces the system's available memory in the memory check.
 """
 
 
@@ -52,6 +61,11 @@ def engine_description(device_type):
             'than cores share them')
 
 
+#: Samples per device of the compute step: 32 fits an 8 GB machine for ResNet-18 on 4 CPU
+#: contexts (3.7 GB peak measured; 64: 5.6 GB; the book's 256: 17 GB); 8 with --quick.
+BATCH_PER_DEVICE, QUICK_BATCH = 32, 8
+
+
 def build_parser():
     """Return the argument parser of this script."""
     p = common.sweep_parser(__doc__, EPILOG, 2, 'counts 2 and 4', 'measure, each at least 2')
@@ -64,53 +78,134 @@ def build_parser():
                    'MXNet build with NCCL) or none (the Trainer sums itself) (default: every one '
                    'this machine can use)')
     p.add_argument('--batch-per-device', type=int_in(1, 100_000), metavar='N',
-                   help="samples per device in the compute step (default: 256, the book's; "
-                   '8 with --quick)')
+                   help=f'samples per device in the compute step (default: {BATCH_PER_DEVICE}, '
+                   f'less where the memory available holds less; {QUICK_BATCH} with --quick); '
+                   'on CPU contexts a batch whose estimated memory exceeds what is available is '
+                   'refused')
     p.add_argument('--repeats', type=int_in(1, 1000), metavar='N',
                    help='timed repeats of each measurement; medians are reported '
                    '(default: 5; 2 with --quick)')
     p.add_argument('--quick', action='store_true',
                    help='small batch and 2 repeats: checks that everything runs (timings rough)')
-    p.add_argument('--data-dir', metavar='DIR',
-                   help='Fashion-MNIST folder with the four IDX .gz files; its test images feed '
-                   'the forward and backward pass (default: ~/.mxnet/datasets/fashion-mnist)')
+    common.add_data_flags(p, 'its test images feed the forward and backward pass')
     p.add_argument('--seed', type=seed, default=0,
                    help='seed of the initial weights (default: 0)')
     p.add_argument('--csv', metavar='PATH', help='write one row per configuration as CSV')
     p.add_argument('--json', metavar='PATH',
                    help='write every figure, with the time of each repeat, as JSON')
+    common.add_sweep_flags(p, RESULTS)
     return p
 
 
-def run(args, out=None):
-    """Check the input, measure, print the table, write the files; return the rows."""
+#: Where the measurements are kept as they are made, unless --results says otherwise.
+RESULTS = 'bandwidth-results.json'
+
+
+def fit_batch(models, device_type, counts, batch, given, available, say):
+    """The batch per device to measure with: ``batch`` if its memory fits on CPU contexts.
+
+    A default (``given`` False) that does not fit is halved until it fits,
+    with a line; one given that does not fit is refused (``DeviceError``).
+    """
+    if device_type != 'cpu' or available is None:
+        return batch
+    largest = max(counts)
+
+    def need(b):
+        return max(gm.measure.bandwidth_memory(m, largest, b) for m in models)
+    if need(batch) <= available:
+        return batch
+    fits = batch
+    while fits > 1 and need(fits) > available:
+        fits //= 2
+    model = max(models, key=lambda m: gm.measure.bandwidth_memory(m, largest, batch))
+    what = f'{model} on {largest} CPU contexts with a batch of {batch} per device'
+    if given or need(fits) > available:
+        _sweep.check_memory(need(batch), available, what,
+                              f'use --batch-per-device {fits} or less' if need(fits) <= available
+                              else 'free memory, or measure fewer --counts or --models')
+    say(f'note: {what} would need about {_sweep.size(need(batch))} of memory and '
+        f'{_sweep.size(available)} is available: measuring {fits} per device instead')
+    return fits
+
+
+def faster_advice(args, models, counts, batch, repeats):
+    """The faster alternatives to a run: --quick, fewer models, counts, repeats."""
+    options = []
+    if not args.quick:
+        options.append(f'--quick ({QUICK_BATCH} per device, 2 repeats)')
+    if 'resnet18' in models and len(models) > 1:
+        options.append('--models simple-cnn')
+    if len(counts) > 1:
+        options.append(f'--counts {counts[0]}')
+    if repeats > 2:
+        options.append('--repeats 2')
+    if batch > QUICK_BATCH:
+        options.append(f'--batch-per-device {max(QUICK_BATCH, batch // 4)}')
+    return ', '.join(options)
+
+
+def make_sweep(args, device_type, counts, kvstores, batch, repeats, say):
+    """The run's units, one per (model, count), kept in --results."""
+    units = [_sweep.Unit(f'{model}/{n}', f'{model} on {n} {device_type} devices: compute of '
+                           f'{batch} per device, then one synchronisation per kvstore '
+                           f'({", ".join(kvstores)}), {repeats} repeats each',
+                           gm.measure.MODEL_COST[model] * n * batch * (repeats + 1))
+             for model in args.models for n in counts]
+    config = {'device_type': device_type, 'counts': counts, 'kvstores': kvstores,
+              'models': args.models, 'batch_per_device': batch, 'repeats': repeats,
+              'seed': args.seed}
+    return _sweep.Sweep(args.results or RESULTS, 'bandwidth', config, units, say,
+                          resume=args.resume,
+                          advice=faster_advice(args, args.models, counts, batch, repeats))
+
+
+def say(line):
+    """Print a progress line on stderr at once (nothing, quietly, if the terminal is gone)."""
+    common.say_quietly(line)
+
+
+def print_table(rows, out):
+    """The table and the summary of ``rows``."""
+    print(gm.scaling_report.bandwidth_table(rows), file=out)
+    print('', *gm.scaling_report.bandwidth_summary(rows), sep='\n', file=out, flush=True)
+
+
+def run(args, out=None, stop=None):
+    """Check the input, measure (each measurement kept in --results), print the table, write
+    the files; return the rows. ``stop`` (a ``StopRequest``) is asked between repeats."""
     out = out or sys.stdout
-    root = os.path.expanduser(args.data_dir or gm.data.default_root('fashion-mnist'))
-    gm.files.check_outputs(files=[('--csv', args.csv), ('--json', args.json)],
-                           inputs=[os.path.join(root, n) for n in gm.data.IDX_FILES.values()])
+    results = args.results or RESULTS
+    gm.files.check_outputs(files=[('--csv', args.csv), ('--json', args.json),
+                                  ('--results', results)],
+                           inputs=gm.files.input_files('fashion-mnist', args.data_dir))
     device_type, counts, note = gm.devices.resolve_counts(
         args.num_gpus, args.cpu_devices, args.counts, minimum=2, cpu_default=(2, 4))
     kvstores = list(dict.fromkeys(args.kvstores or gm.measure.usable_kvstores(device_type)))
     for kvstore in kvstores:
         gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
-    batch = args.batch_per_device or (8 if args.quick else 256)
     repeats = args.repeats or (2 if args.quick else 5)
-    gm.data.check_data_dir(root)
+    batch = fit_batch(args.models, device_type, counts,
+                      args.batch_per_device or (QUICK_BATCH if args.quick else BATCH_PER_DEVICE),
+                      args.batch_per_device is not None, common.available_memory(), say)
+    root = common.data_root(args)
     images, labels = gm.read_split(root, 'test', 'fashion-mnist')
+    sweep = make_sweep(args, device_type, counts, kvstores, batch, repeats, say)  # locks --results
     if note:
-        print(note, file=sys.stderr)
+        say(gm.GluonMultiGPUError(note).describe(common.FLAGS))
 
-    def progress(line):
-        print(line, file=sys.stderr, flush=True)
-    rows = []
-    for model in args.models:
-        rows += gm.measure.measure_bandwidth(model, device_type, counts, kvstores, batch, images,
-                                          labels, repeats, seed=args.seed, progress=progress)
-    print(gm.scaling_report.bandwidth_table(rows), file=out)
-    print('', *gm.scaling_report.bandwidth_summary(rows), sep='\n', file=out)
-    config = {'device_type': device_type, 'counts': counts, 'kvstores': kvstores,
-              'models': args.models, 'batch_per_device': batch, 'repeats': repeats,
-              'seed': args.seed, 'engine': engine_description(device_type)}
+    def measure(unit):
+        model, n = unit.key.split('/')
+        return gm.measure.measure_count(model, device_type, int(n), kvstores, batch, images,
+                                        labels, repeats, seed=args.seed, progress=say, stop=stop)
+
+    def partial(results):
+        print(common.partial_heading(sweep), file=out)
+        print_table([r for _, rows in results for r in rows], out)
+    rows = [r for _, unit_rows in common.measure_sweep(sweep, measure, stop, partial)
+            for r in unit_rows]
+    print_table(rows, out)
+    config = dict(sweep.config, engine=engine_description(device_type))
     written = []
     try:  # both files or neither
         if args.csv:
@@ -129,9 +224,9 @@ def main(argv=None):
     """Run the script; return the exit status.
 
     0 when done; 1 when an output cannot be written (a disk that fills); 2
-    for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    for bad input; 128 + the signal (130 for Ctrl-C) when stopped by a signal.
     """
-    return stopping_main(argv, build_parser, run)
+    return common.sweep_main(argv, build_parser, run, 'bandwidth')
 
 
 def start(launcher=None):

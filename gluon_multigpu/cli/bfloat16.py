@@ -12,6 +12,7 @@ images/s of each and the ratio to float32: float32; bfloat16 with AMP's own
 operator lists (BatchNorm, ReLU and additions on bfloat16 data too); and
 bfloat16 in the convolutions and dense layers only.
 """
+import os
 import statistics
 import sys
 import time
@@ -19,7 +20,8 @@ import warnings
 
 import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
 from . import common
-from .common import int_in, stopping_main
+from .common import int_in
+from ..run import sweep as sweep_module
 
 #: model -> (batch, steps per round): about a second per round on two cores.
 SETTINGS = {'simple-cnn': (128, 10), 'resnet18': (64, 2)}
@@ -38,9 +40,49 @@ def build_parser():
     p.add_argument('--steps', type=int_in(1, 1000), metavar='N',
                    help='training steps per variant and round (default: 10 simple-cnn, '
                    '2 resnet18)')
-    p.add_argument('--data-dir', metavar='DIR', help='Fashion-MNIST folder (default: random '
-                   'images of its shape)')
+    common.add_data_flags(p, 'its test images feed the steps (default without --data-dir '
+                          'or --download: random images of its shape)')
+    common.add_sweep_flags(p, RESULTS)
     return p
+
+
+#: Where the rounds are kept as they are measured, unless --results says otherwise.
+RESULTS = 'bfloat16-results.json'
+
+
+def cpu_flags(path='/proc/cpuinfo'):
+    """The feature flags of this machine's first CPU (an empty set where the system does not say)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith('flags'):
+                    return set(line.partition(':')[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def missing_feature(flags, environ=None):
+    """Why oneDNN has no bfloat16 kernel here, naming the CPU feature it lacks (one phrase)."""
+    environ = os.environ if environ is None else environ
+    if not flags:
+        return 'the system does not list the CPU\'s features'
+    if 'avx512f' not in flags:
+        return 'the CPU lacks AVX-512 (no avx512f among its /proc/cpuinfo flags)'
+    limit = environ.get('ONEDNN_MAX_CPU_ISA') or environ.get('DNNL_MAX_CPU_ISA')
+    if limit:
+        return f'the CPU has AVX-512, but ONEDNN_MAX_CPU_ISA/DNNL_MAX_CPU_ISA={limit} forbids it'
+    if 'avx512_bf16' not in flags:
+        return 'the CPU lacks avx512_bf16'
+    return 'the CPU lists avx512f and avx512_bf16'
+
+
+def check_bfloat16():
+    """``precision.check_bfloat16``, its line naming the CPU feature that is missing."""
+    try:
+        gm.precision.check_bfloat16()
+    except gm.DeviceError as e:
+        raise gm.DeviceError(f'{e} ({missing_feature(cpu_flags())})') from None
 
 
 def to_hybrid(block):
@@ -86,8 +128,8 @@ def bfloat16_block(net, X, conv_only):
 def batch_of(args, batch):
     """One batch of Fashion-MNIST (or random images of its shape) on the CPU."""
     from mxnet import np  # pylint: disable=import-outside-toplevel
-    if args.data_dir:
-        images, labels = gm.read_split(args.data_dir, 'test', 'fashion-mnist')
+    if args.data_dir or args.download:
+        images, labels = gm.read_split(common.data_root(args), 'test', 'fashion-mnist')
         return (np.array(images[:batch, None] / 255.0, dtype='float32'),
                 np.array(labels[:batch], dtype='int32'))
     data, _ = gm.data.synthetic_data('fashion-mnist', batch, num_train=batch, num_test=batch)
@@ -118,52 +160,103 @@ def steps_of(model, variant, X, y):
     return step
 
 
-def measure(args, model, say):
-    """Images/s of each variant: medians over rounds, after 3 warm-up steps each."""
+def warm_steps(args, model, stop):
+    """The three variants' step functions for ``model``, each warmed up by 3 steps."""
     from mxnet import npx  # pylint: disable=import-outside-toplevel
-    batch, steps = SETTINGS[model]
-    steps = args.steps or steps
+    batch, _ = SETTINGS[model]
     X, y = batch_of(args, batch)
     runs = {v: steps_of(model, v, X, y) for v in VARIANTS}
     for step in runs.values():
         for _ in range(3):
+            gm.measure.check_stop(stop)
             step()
     npx.waitall()
-    speeds = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
-        for variant, step in runs.items():
-            tic = time.perf_counter()
-            for _ in range(steps):
-                step()
-            npx.waitall()  # Sync point: the devices' time, not Python's
-            speeds[variant].append(batch * steps / (time.perf_counter() - tic))
-        say(f'{model}, round {r + 1}/{args.rounds}: ' +
-            ', '.join(f'{v} {s[-1]:.1f}' for v, s in speeds.items()) + ' images/s')
-    return {v: statistics.median(s) for v, s in speeds.items()}, batch
+    return runs
 
 
-def run(args, out=None):
-    """Measure every model; print one table."""
-    gm.precision.check_bfloat16()  # a CPU without bfloat16 kernels: one line, status 2
-    out = out or sys.stdout
-    rows = []
+def measure_round(runs, batch, steps, stop=None):
+    """Images/s of each variant in one round of ``steps`` steps, taken in turn."""
+    from mxnet import npx  # pylint: disable=import-outside-toplevel
+    speeds = {}
+    for variant, step in runs.items():
+        tic = time.perf_counter()
+        for _ in range(steps):
+            gm.measure.check_stop(stop)
+            step()
+        npx.waitall()  # Sync point: the devices' time, not Python's
+        speeds[variant] = batch * steps / (time.perf_counter() - tic)
+    return speeds
+
+
+def make_sweep(args, say):
+    """One unit per (model, round), kept in --results."""
+    units = []
     for model in args.models:
-        medians, batch = measure(args, model, lambda line: print(line, file=sys.stderr,
-                                                                 flush=True))
+        batch, steps = SETTINGS[model]
+        steps = args.steps or steps
+        units += [sweep_module.Unit(f'{model}/{r + 1}', f'{model}, round {r + 1}/{args.rounds}: '
+                                    f'{steps} steps of {batch} in each of {len(VARIANTS)} '
+                                    'variants', gm.measure.MODEL_COST[model] * batch * steps)
+                  for r in range(args.rounds)]
+    config = {'models': args.models, 'rounds': args.rounds, 'steps': args.steps,
+              'data': 'fashion-mnist' if args.data_dir or args.download else 'synthetic'}
+    options = [o for o, wanted in (('--rounds 1', args.rounds > 1),
+                                   ('--models simple-cnn', 'resnet18' in args.models))
+               if wanted]
+    return sweep_module.Sweep(args.results or RESULTS, 'bfloat16', config, units, say,
+                              resume=args.resume, advice=', '.join(options))
+
+
+def table(results):
+    """The Markdown table of the rounds measured: medians, and the ratio to float32."""
+    rows = []
+    for model in dict.fromkeys(u.key.split('/')[0] for u, _ in results):
+        rounds = [r for u, r in results if u.key.split('/')[0] == model]
+        medians = {v: statistics.median(r[v] for r in rounds) for v in VARIANTS}
         for variant in VARIANTS:
-            rows.append([model, batch, variant, f'{medians[variant]:.1f}',
+            rows.append([model, SETTINGS[model][0], variant, f'{medians[variant]:.1f}',
                          f'{medians[variant] / medians["float32"]:.2f}'])
-    print(gm.kvstore_report.markdown_table(['model', 'batch', 'compute', 'images/s', 'vs float32'], rows,
-                         'lrlrr'), file=out)
+    return rows, gm.kvstore_report.markdown_table(
+        ['model', 'batch', 'compute', 'images/s', 'vs float32'], rows, 'lrlrr')
+
+
+def run(args, out=None, stop=None):
+    """Measure every model, each round kept in --results; print one table."""
+    check_bfloat16()  # a CPU without bfloat16 kernels: one line naming what it lacks, status 2
+    out = out or sys.stdout
+    gm.files.check_outputs(files=[('--results', args.results or RESULTS)])
+    if args.data_dir or args.download:
+        common.data_root(args)
+    sweep = make_sweep(args, common.say_quietly)
+    runs = {}
+
+    def measure(unit):
+        model, _ = unit.key.split('/')
+        batch, steps = SETTINGS[model]
+        if model not in runs:
+            runs.clear()  # one model's compiled graphs at a time
+            runs[model] = warm_steps(args, model, stop)
+        speeds = measure_round(runs[model], batch, args.steps or steps, stop)
+        common.say_quietly(f'  {unit.label}: ' + ', '.join(f'{v} {s:.1f}'
+                                                          for v, s in speeds.items())
+                           + ' images/s')
+        return speeds
+
+    def partial(results):
+        print(common.partial_heading(sweep), file=out)
+        print(table(results)[1], file=out, flush=True)
+    rows, text = table(common.measure_sweep(sweep, measure, stop, partial))
+    print(text, file=out)
     return rows
 
 
 def main(argv=None):
     """Run the script; return the exit status.
 
-    0 when done; 2 for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    0 when done; 2 for bad input (a CPU without bfloat16 kernels); 128 + the
+    signal (130 for Ctrl-C) when stopped by a signal.
     """
-    return stopping_main(argv, build_parser, run)
+    return common.sweep_main(argv, build_parser, run, 'bfloat16')
 
 
 def start(launcher=None):

@@ -339,7 +339,10 @@ FLAGS = {'cpu_devices': '--cpu-devices', 'num_gpus': '--num-gpus',
          'dataset': '--dataset', 'batch_size': '--batch-size', 'num_train': '--num-train',
          'lr': '--lr', 'counts': '--counts', 'kvstore': '--kvstore',
          'global_batch': '--global-batch', 'dtype': '--dtype', 'split': '--split',
-         'sync_bn': '--sync-bn', 'model': '--model', 'book_literal': '--book-literal'}
+         'sync_bn': '--sync-bn', 'model': '--model', 'book_literal': '--book-literal',
+         'batch_per_device': '--batch-per-device', 'results': '--results', 'quick': '--quick',
+         'models': '--models', 'steps': '--steps', 'rounds': '--rounds',
+         'num_test': '--num-test', 'project_to': '--project-to'}
 
 
 def error_line(error):
@@ -390,6 +393,212 @@ def stopping_main(argv, make_parser, run_script):
             print(f'error: could not write{where}: {e.strerror or e}; free space or choose '
                   'another place (nothing was written)', file=sys.stderr)
             return 1
+
+
+# -- the measuring programs: results kept as measured, resume, memory, Ctrl-C -----------------
+
+#: An environment variable the measuring programs read instead of the system's MemAvailable,
+#: in bytes (e.g. ``2e9``): to try, or test, how they answer on a machine with less memory.
+MEMORY_VARIABLE = 'GLUON_MULTIGPU_MEMORY_AVAILABLE'
+
+
+def available_memory(environ=None):
+    """Bytes of memory a measuring program may use: ``MEMORY_VARIABLE`` if set, else the
+    system's (``devices.available_memory``: MemAvailable plus what this process holds);
+    None where the system does not say."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(MEMORY_VARIABLE)
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f'{MEMORY_VARIABLE}={text!r} is not a positive number of bytes')
+        return value
+    from ..core import devices  # pylint: disable=import-outside-toplevel
+    return devices.available_memory()
+
+
+def add_data_flags(p, what='its images'):
+    """Add --data-dir and --download, as every program that reads Fashion-MNIST takes them."""
+    p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'),
+                   help=f'Fashion-MNIST folder with the four IDX .gz files; {what} '
+                   '(default: ~/.mxnet/datasets/fashion-mnist)')
+    p.add_argument('--download', action='store_true',
+                   help="download missing files into that folder from MXNet's mirror (needs "
+                   'internet)')
+
+
+def data_root(args, dataset='fashion-mnist'):
+    """The data folder of ``args`` (--data-dir, or the data set's default), its files downloaded
+    first with --download and checked (``DataError``: one line naming what to do)."""
+    import gluon_multigpu as gm  # pylint: disable=import-outside-toplevel
+    root = os.path.expanduser(args.data_dir or gm.data.default_root(dataset))
+    if args.download:
+        gm.data.download_dataset(dataset, root)
+    gm.data.check_data_dir(root)
+    return root
+
+
+def add_sweep_flags(p, default):
+    """Add --results and --resume: the file every measurement is kept in as it is made."""
+    p.add_argument('--results', metavar='PATH', type=path_of('a file name'),
+                   help='JSON file that keeps every measurement as soon as it is made (replaced '
+                   'atomically, marked partial until the run is complete), so that Ctrl-C or a '
+                   f'crash loses only the measurement in progress (default: {default})')
+    p.add_argument('--resume', action='store_true',
+                   help='continue the run kept in --results: what it measured is not measured '
+                   'again (the settings must be the same)')
+
+
+def in_out_folder(results, out):
+    """Whether the results file ``results`` is in the folder ``out`` itself (None: no)."""
+    return results is not None and out is not None and \
+        os.path.realpath(os.path.dirname(os.path.abspath(results))) == os.path.realpath(out)
+
+
+def results_output(results, out, report_files):
+    """What ``files.check_outputs`` checks of --results beside --out: ``[('--results', path)]``.
+
+    --results in the --out folder itself is where the run keeps it by
+    default (``DIR/results.json``): allowed, unless it takes the name of one
+    of ``report_files`` (the report would replace it); the folder's own
+    check covers it then. Anywhere else, --results is checked as a file of its
+    own. None: nothing to check.
+    """
+    if results is None:
+        return []
+    if in_out_folder(results, out):
+        if os.path.basename(results) in report_files:
+            from ..errors import GluonMultiGPUError  # pylint: disable=import-outside-toplevel
+            raise GluonMultiGPUError(f'`results` {results} takes the name of a file of the report '
+                                     f'written into --out {out}; give it another name, e.g. '
+                                     f'{os.path.join(out, "results.json")}')
+        return []
+    return [('--results', results)]
+
+
+class SweepStopped(Exception):
+    """A measuring run stopped by a signal; ``sweep`` says what it kept (raised by the programs)."""
+
+    def __init__(self, sweep, signum):
+        super().__init__('stopped')
+        self.sweep, self.signum = sweep, signum
+
+
+def _acknowledge(signum):
+    name = {signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
+        signum, signal.Signals(signum).name)
+    say_quietly(f'{name}: stopping after the current step; every measurement finished is kept '
+                '(Ctrl-C again to stop now)')
+
+
+#: The sweep being measured (``measure_sweep``): a second signal lets go of its results file.
+_ACTIVE = {'sweep': None}
+
+
+def _stop_now(signum):  # pylint: disable=unused-argument
+    """Before a second signal ends the process (``StopRequest``, from its thread)."""
+    sweep = _ACTIVE['sweep']
+    if sweep is None:
+        say_quietly('stopped at once (a second signal): the measurements finished before are '
+                    'kept in the results file')
+        return
+    whole = sweep.abandon()  # waits for a write of the results file in progress
+    if not sweep.done:
+        say_quietly('stopped at once (a second signal): nothing had been measured yet, nothing '
+                    'was written')
+        return
+    kept = 'complete' if sweep.complete else 'marked partial'
+    say_quietly(f'stopped at once (a second signal): {sweep.describe()} ({kept})'
+                + ('' if whole else '; a write of it was still in progress: it holds the '
+                   'measurements before the last'))
+
+
+def measure_sweep(sweep, measure, stop, show_partial):
+    """Measure the pending units of ``sweep`` with ``measure(unit)``; return its results.
+
+    ``stop`` is asked before every unit; when it stops the run (``measure.Stopped``,
+    or ``Interrupted`` from training), ``show_partial(results)`` prints what was
+    measured, and ``SweepStopped`` is raised.
+    """
+    import gluon_multigpu as gm  # pylint: disable=import-outside-toplevel  (loads MXNet)
+
+    _ACTIVE['sweep'] = sweep
+    try:
+        with sweep:
+            for unit in sweep.pending():
+                gm.measure.check_stop(stop)  # before its first line: nothing begins after a stop
+                sweep.begin(unit)
+                sweep.keep(unit, measure(unit))
+            return sweep.results()
+    except (gm.measure.Stopped, gm.Interrupted) as e:
+        signum = stop.signum or getattr(e, 'signum', None) or signal.SIGINT
+        if sweep.done:
+            show_partial(sweep.results())
+        raise SweepStopped(sweep, signum) from None
+    finally:
+        sweep.close()  # also when ``with`` was never reached
+
+
+def partial_heading(sweep):
+    """The line above a partial table."""
+    return (f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} '
+            'measurements')
+
+
+def stopped_line(error, name, argv):
+    """The last line of a measuring run stopped by a signal: what it kept, how to go on."""
+    sweep = error.sweep
+    signame = signal.Signals(error.signum).name
+    if sweep is None or not sweep.done:
+        return f'interrupted by {signame}: nothing had been measured yet, nothing was written'
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if '--resume' not in argv:
+        argv.append('--resume')
+    return (f'interrupted by {signame}: {sweep.describe()} (marked partial); continue with: '
+            f'{command_line(name, argv)}')
+
+
+def sweep_main(argv, make_parser, run_script, name):
+    """The ``main`` of a measuring program that keeps its results as it goes; its exit status.
+
+    ``run_script(args, stop)`` measures, asking ``stop`` (a ``StopRequest``)
+    between steps, and raises ``SweepStopped`` when it stopped. Ctrl-C,
+    SIGTERM or SIGHUP: one line at once, the current step ends, the partial
+    table is printed (by ``run_script``), one line says what was kept and how
+    to continue, status 128 + the signal; a second signal ends the process at
+    once (the results file keeps what was finished). Bad input: one line, 2;
+    a write that fails: one line, 1.
+    """
+    import gluon_multigpu as gm  # pylint: disable=import-outside-toplevel  (loads MXNet)
+    args = make_parser().parse_args(argv)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    with quiet_console():
+        try:
+            with gm.StopRequest(_acknowledge, _stop_now) as stop:
+                run_began()
+                run_script(args, stop=stop)
+        except SweepStopped as e:
+            say_quietly(stopped_line(e, name, argv))
+            return 128 + e.signum
+        except gm.GluonMultiGPUError as e:
+            say_quietly(error_line(e))
+            return 2
+        except UsageError as e:
+            say_quietly(f'error: {e}')
+            return 2
+        except OSError as e:
+            where = f' {e.filename}' if e.filename else ''
+            say_quietly(f'error: could not write{where}: {e.strerror or e}; free space or choose '
+                        'another place (the results file keeps what was measured before)')
+            return 1
+        if stop.signum:  # after the last measurement: the run is complete
+            say_quietly(f'{signal.Signals(stop.signum).name} came after the last measurement: '
+                        f'the run is complete and written; exit status {128 + stop.signum}')
+            return 128 + stop.signum
+    return 0
 
 
 # -- how the program was started, to say how to start it (or another) again ------------------

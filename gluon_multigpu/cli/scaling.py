@@ -14,7 +14,8 @@ import sys
 import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
 from . import common
 from .bandwidth import engine_description
-from .common import int_in, non_negative_float, num_epochs, positive_float, stopping_main
+from .common import int_in, non_negative_float, num_epochs, positive_float
+from ..run import sweep as sweep_module
 
 EPILOG = """\
 definitions:
@@ -38,11 +39,27 @@ examples:
 
 Bad input (device counts that do not exist, a batch that cannot be split, missing
 or corrupt data, an output directory whose parent does not exist or is not
-writable) stops before training with one line on stderr and exit status 2. The
-output directory is written only when every run has finished, all or nothing:
-Ctrl-C or SIGTERM stops with one line and status 130 or 143, a disk that fills
-with one line naming the file and status 1, and either leaves it as it was.
+writable, a batch whose estimated memory exceeds what is available) stops before
+training with one line on stderr and exit status 2. Once the first run has
+trained a few seconds, a line gives the estimate for the whole sweep and faster
+alternatives; a line every --progress-interval seconds names the run. Each run
+is kept in --results (default DIR/results.json, marked partial until the sweep
+is complete) as soon as it ends: Ctrl-C, SIGTERM or SIGHUP is acknowledged at
+once, stops after the current step, prints the partial table and says how to
+continue (--resume: the runs kept are not trained again), status 130, 143 or
+129; a second Ctrl-C stops at once. The report files are written when every run
+has finished, all or nothing; a disk that fills stops with one line naming the
+file and status 1. GLUON_MULTIGPU_MEMORY_AVAILABLE (bytes) replaces the system's
+available memory in the memory check.
 """
+
+
+#: The files of the report in --out (written at the end): --results may not take their names.
+REPORT_FILES = ('scaling.csv', 'projection.csv', 'sync.csv', 'speedup.png', 'efficiency.png',
+                'accuracy.png', 'report.md')
+#: Samples per device per step by default: the book's 256 on GPUs; on CPU contexts 64, which
+#: keeps ResNet-18 on 2 contexts near 3 GB (256 would need about 9 GB).
+GPU_BATCH, CPU_BATCH = 256, 64
 
 
 def build_parser():
@@ -51,7 +68,10 @@ def build_parser():
     batch = p.add_mutually_exclusive_group()
     batch.add_argument('--batch-per-device', type=int_in(1, 100_000), nargs='+', metavar='B',
                        help='samples per device per step; the global batch is B x devices, as '
-                       "the book scales it (default: 256, the book's)")
+                       f"the book scales it (default: {GPU_BATCH}, the book's, on GPUs; "
+                       f'{CPU_BATCH} on CPU contexts, less where the memory available holds '
+                       'less); on CPU contexts a batch whose estimated memory exceeds what is '
+                       'available is refused')
     batch.add_argument('--global-batch', type=int_in(1, 1_000_000), nargs='+', metavar='B',
                        help='fixed global batches instead, split across the devices')
     p.add_argument('--lr-rule', nargs='+', choices=gm.scaling.LR_RULES, default=['linear'],
@@ -65,6 +85,9 @@ def build_parser():
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='epochs of every run (default: 10)')
     common.add_run_flags(p, gm.MODELS, gm.DATASETS)
+    p.add_argument('--download', action='store_true',
+                   help="download missing files into --data-dir from MXNet's mirror (needs "
+                   'internet)')
     p.add_argument('--project-to', type=int_in(1, 1024), default=16, metavar='N',
                    help='project to 1, 2, 4, ... N devices (default: 16, a p2.16xlarge)')
     p.add_argument('--compute-repeats', type=int_in(1, 1000), default=5, metavar='N',
@@ -74,54 +97,102 @@ def build_parser():
                    help='timed synchronisations per kvstore and count for the projection '
                    '(default: 5)')
     p.add_argument('--out', metavar='DIR', default='scaling-report',
-                   help='output directory, created at the end if missing; its parent must '
-                   'exist (default: scaling-report)')
+                   help='output directory (default: scaling-report), created at the first '
+                   'measurement if missing; its parent must exist')
     p.add_argument('--progress-interval', type=non_negative_float, default=10.0, metavar='SECONDS',
-                   help='seconds between progress lines within an epoch on stderr; 0 turns '
-                   'them off (default: 10)')
+                   help='seconds between progress lines on stderr; 0 turns them off '
+                   '(default: 10)')
+    common.add_sweep_flags(p, 'DIR/results.json, DIR the --out directory')
     return p
 
 
-def run(args, out=None):
-    """Check the input, run the sweep and the projection's measurements, write the report."""
-    out = out or sys.stdout
-    gm.files.check_outputs(directories=[('--out', args.out)])
-    cores = common.cores()
-    device_type, counts, note = gm.devices.resolve_counts(
-        args.num_gpus, args.cpu_devices, args.counts, cpu_default=gm.devices.device_counts(cores))
-    kvstores = list(dict.fromkeys(args.kvstores))
-    for kvstore in kvstores:
-        gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
-    batch_mode = 'global' if args.global_batch else 'per-device'
-    batches = list(dict.fromkeys(args.global_batch or args.batch_per_device or [256]))
-    grid = gm.scaling.build_grid(args.model, counts, kvstores, list(dict.fromkeys(args.lr_rule)),
-                              args.base_lr, args.num_epochs, batches, batch_mode)
-    train_iter, test_iter = gm.load_data(args.dataset, 1, root=args.data_dir,
-                                         num_train=args.num_train, num_test=args.num_test)
-    train_data = (train_iter.images, train_iter.labels)
-    if len(train_data[1]) < counts[-1]:
-        raise gm.GluonMultiGPUError(f'{len(train_data[1])} training images cannot be split '
-                                    f'across {counts[-1]} devices; raise --num-train')
+def fit_batches(args, device_type, counts, batches, given, available, say):
+    """The batches to sweep: each must fit in memory at the largest count on CPU contexts.
 
-    def say(line):
-        print(line, file=sys.stderr, flush=True)
-    notes = [note] if note else []
-    if note:
-        say(note)
-    rows = gm.measure.run_sweep(grid, device_type, train_data, (test_iter.images, test_iter.labels),
-                             seed=args.seed, progress=say, progress_interval=args.progress_interval)
-    gm.scaling.add_speedups(rows)
-    if 1 not in counts:
-        notes.append('No 1-device run in the sweep: speedup and efficiency are left empty.')
-    projection, sync_rows = gm.measure.measure_projection(
-        args.model, device_type, counts, kvstores, batch_mode, batches, *train_data,
-        project_to=args.project_to, compute_repeats=args.compute_repeats,
-        sync_repeats=args.sync_repeats, seed=args.seed, progress=say)
+    A default that does not fit is halved until it fits, with a line; a given
+    batch that does not fit is refused with one line (``DeviceError``).
+    """
+    if device_type != 'cpu' or available is None:
+        return batches
+    largest, per_device = max(counts), not args.global_batch
+
+    def need(b):
+        return gm.model.memory_needed(args.model, b * largest if per_device else b, largest)
+    fitted = []
+    for b in batches:
+        fits = b
+        while fits > 1 and need(fits) > available:
+            fits //= 2
+        if fits == b:
+            fitted.append(b)
+            continue
+        flag = '--batch-per-device' if per_device else '--global-batch'
+        what = (f'{args.model} on {largest} CPU contexts with a '
+                f'{"batch of " + str(b) + " per device" if per_device else "global batch of " + str(b)}')
+        if given or need(fits) > available:
+            sweep_module.check_memory(need(b), available, what,
+                                      f'use {flag} {fits} or less' if need(fits) <= available
+                                      else 'free memory, or sweep fewer --counts')
+        say(f'note: {what} would need about {sweep_module.size(need(b))} of memory and '
+            f'{sweep_module.size(available)} is available: sweeping {fits} instead')
+        fitted.append(fits)
+    return list(dict.fromkeys(fitted))
+
+
+def faster_advice(args, counts, num_train):
+    """The faster alternatives to a sweep."""
+    options = []
+    if args.model != 'simple-cnn':
+        options.append('--model simple-cnn (about 60 times faster)')
+    if num_train > 6000:
+        options.append('--num-train 6000 --num-test 1000')
+    if args.num_epochs > 2:
+        options.append('--num-epochs 2')
+    if len(counts) > 2:
+        options.append(f'--counts {counts[0]} {counts[1]}')
+    return ', '.join(options)
+
+
+def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data, num_test, say):
+    """The sweep's units: one training run per configuration, then the projection's inputs."""
+    cost = gm.measure.MODEL_COST[args.model]
+    work = cost * args.num_epochs * (len(train_data[1]) + num_test / 3)
+    units = [sweep_module.Unit(config_key(c), gm.measure.config_label(c), work) for c in grid]
+    if any(n >= 2 for n in counts):
+        targets = gm.devices.device_counts(args.project_to)
+        compute = sum(gm.scaling.projection_batches(batch_mode, batches, targets))
+        units.append(sweep_module.Unit(
+            'projection', 'projection inputs: synchronisations and one device\'s steps',
+            cost * (args.compute_repeats + 1) * compute
+            + cost * sum(4 * n for n in counts if n >= 2) * len(args.kvstores)))
     config = {'model': args.model, 'dataset': args.dataset, 'num_train': len(train_data[1]),
-              'num_test': len(test_iter.labels), 'epochs': args.num_epochs, 'seed': args.seed,
+              'num_test': num_test, 'epochs': args.num_epochs, 'seed': args.seed,
               'device_type': device_type, 'counts': counts, 'base_lr': args.base_lr,
-              'engine': engine_description(device_type), 'project_to': args.project_to,
-              'compute_repeats': args.compute_repeats, 'sync_repeats': args.sync_repeats}
+              'kvstores': list(dict.fromkeys(args.kvstores)), 'batch_mode': batch_mode,
+              'batches': batches, 'lr_rules': list(dict.fromkeys(args.lr_rule)),
+              'project_to': args.project_to, 'compute_repeats': args.compute_repeats,
+              'sync_repeats': args.sync_repeats}
+    return sweep_module.Sweep(
+        args.results or os.path.join(args.out, 'results.json'), 'scaling', config, units, say,
+        resume=args.resume, advice=faster_advice(args, counts, len(train_data[1])),
+        interval=args.progress_interval, first_estimate=30.0,  # past the first compilation
+        # --out, made at the start (removed if nothing was measured)
+        make_folder=args.results is None or common.in_out_folder(args.results, args.out))
+
+
+def config_key(config):
+    """A configuration's key in the results file."""
+    return (f'{config.kvstore}/{config.batch_mode}/{config.batch_size}/{config.lr_rule}/'
+            f'{config.devices}')
+
+
+def say(line):
+    """Print a progress line on stderr at once (nothing, quietly, if the terminal is gone)."""
+    common.say_quietly(line)
+
+
+def print_tables(rows, projection, out):
+    """The measured table, the answers, and the projection's table."""
     print(gm.scaling_report.scaling_table(rows), file=out)
     print('', *gm.scaling_report.how_many_devices(rows), file=out, sep='\n')
     kv_lines = gm.scaling_report.fastest_kvstores(rows)
@@ -130,6 +201,74 @@ def run(args, out=None):
     if projection:
         print('', 'Projection (a model, not a measurement; assumptions in report.md):',
               gm.scaling_report.projection_table(projection, rows), file=out, sep='\n')
+    out.flush()
+
+
+def run(args, out=None, stop=None):
+    """Check the input, run the sweep (each run kept in --results as it ends) and the
+    projection's measurements, write the report. ``stop``: a ``StopRequest``."""
+    out = out or sys.stdout
+    gm.files.check_outputs(files=common.results_output(args.results, args.out, REPORT_FILES),
+                           directories=[('--out', args.out)],
+                           inputs=gm.files.input_files(args.dataset, args.data_dir))
+    cores = common.cores()
+    device_type, counts, note = gm.devices.resolve_counts(
+        args.num_gpus, args.cpu_devices, args.counts, cpu_default=gm.devices.device_counts(cores))
+    kvstores = list(dict.fromkeys(args.kvstores))
+    for kvstore in kvstores:
+        gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
+    batch_mode = 'global' if args.global_batch else 'per-device'
+    given = args.global_batch or args.batch_per_device
+    batches = list(dict.fromkeys(given or [GPU_BATCH if device_type == 'gpu' else CPU_BATCH]))
+    batches = fit_batches(args, device_type, counts, batches, bool(given),
+                          common.available_memory(), say)
+    grid = gm.scaling.build_grid(args.model, counts, kvstores, list(dict.fromkeys(args.lr_rule)),
+                                 args.base_lr, args.num_epochs, batches, batch_mode)
+    train_iter, test_iter = gm.load_data(args.dataset, 1, root=args.data_dir,
+                                         download=args.download, num_train=args.num_train,
+                                         num_test=args.num_test)
+    train_data = (train_iter.images, train_iter.labels)
+    test_data = (test_iter.images, test_iter.labels)
+    if len(train_data[1]) < counts[-1]:
+        raise gm.GluonMultiGPUError(f'{len(train_data[1])} training images cannot be split '
+                                    f'across {counts[-1]} devices; raise --num-train')
+    sweep = make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data,
+                       len(test_data[1]), say)
+    notes = []
+    if note:
+        notes.append(note)
+        say(gm.GluonMultiGPUError(note).describe(common.FLAGS))
+    configs = {config_key(c): c for c in grid}
+
+    def measure(unit):
+        if unit.key == 'projection':
+            projection, sync_rows = gm.measure.measure_projection(
+                args.model, device_type, counts, kvstores, batch_mode, batches, *train_data,
+                project_to=args.project_to, compute_repeats=args.compute_repeats,
+                sync_repeats=args.sync_repeats, seed=args.seed, progress=say, stop=stop)
+            return {'projection': projection, 'sync': sync_rows}
+        config = configs[unit.key]
+        work = gm.measure.WorkDone(lambda done: sweep.advance(gm.measure.MODEL_COST[args.model]
+                                                              * done),
+                                   len(train_data[1]))
+        return gm.measure.train_config(config, device_type, train_data, test_data, args.seed,
+                                       say, args.progress_interval,
+                                       [h for h in (stop, work) if h is not None])
+
+    def measured(results):
+        return gm.scaling.add_speedups([dict(r) for u, r in results if u.key != 'projection'])
+
+    def partial(results):
+        print(common.partial_heading(sweep), file=out)
+        print_tables(measured(results), None, out)
+    results = common.measure_sweep(sweep, measure, stop, partial)
+    rows = measured(results)
+    kept = next((r for u, r in results if u.key == 'projection'), None)
+    projection, sync_rows = (kept['projection'], kept['sync']) if kept else ([], [])
+    if 1 not in counts:
+        notes.append('No 1-device run in the sweep: speedup and efficiency are left empty.')
+    config = dict(sweep.config, engine=engine_description(device_type))
+    print_tables(rows, projection, out)
     # Written last: the figures above are shown even when the disk is full.
     gm.scaling_report.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
     print(f'\nwrote {os.path.join(args.out, "report.md")} and its files', file=out)
@@ -140,9 +279,9 @@ def main(argv=None):
     """Run the script; return the exit status.
 
     0 when done; 1 when the report cannot be written (a disk that fills); 2
-    for bad input; 130 or 143 when stopped by SIGINT or SIGTERM.
+    for bad input; 128 + the signal (130 for Ctrl-C) when stopped by a signal.
     """
-    return stopping_main(argv, build_parser, run)
+    return common.sweep_main(argv, build_parser, run, 'scaling')
 
 
 def start(launcher=None):

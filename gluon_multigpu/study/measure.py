@@ -26,14 +26,31 @@ from . import scaling
 from ..core.data import ArrayLoader, train_loader
 from ..core.devices import device_counts, devices_for, split_batch
 from ..errors import TrainingDiverged
-from ..core.model import default_initializer, get_model
+from ..core.model import default_initializer, get_model, memory_needed
 from ..core.kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
 from ..run.progress import Progress
-from ..core.training import hybridize, train
+from ..core.training import Hook, hybridize, train
 
-__all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch', 'time_compute',
-           'sync_trainer', 'time_sync', 'measure_bandwidth', 'compute_seconds',
-           'measure_projection', 'run_sweep', 'OtherWork', 'Stopped', 'stop_on_signals']
+__all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch',
+           'time_compute', 'sync_trainer', 'time_sync', 'measure_bandwidth', 'measure_count',
+           'compute_seconds', 'config_label',
+           'measure_projection', 'run_sweep', 'train_config', 'OtherWork', 'Stopped',
+           'stop_on_signals', 'check_stop', 'WorkDone', 'bandwidth_memory', 'MODEL_COST']
+
+#: Relative cost of a sample's forward and backward pass, for estimates of a run's time: ResNet-18
+#: trains about 60 times slower than the simple CNN on CPU contexts (README, docs/results.md).
+MODEL_COST = {'resnet18': 60.0, 'simple-cnn': 1.0}
+
+
+def check_stop(stop):
+    """Raise ``Stopped`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop."""
+    if stop is not None and stop():
+        raise Stopped(stop.signum or signal.SIGINT)
+
+
+def bandwidth_memory(model, num_devices, batch_per_device):
+    """Estimated peak bytes of ``measure_count`` on CPU contexts (the training estimate)."""
+    return memory_needed(model, batch_per_device * num_devices, num_devices)
 
 
 def usable_kvstores(device_type):
@@ -67,13 +84,14 @@ def real_batch(images, labels, batch):
     return next(iter(ArrayLoader(images[idx], labels[idx], batch)))
 
 
-def time_compute(net, X, y, devices, repeats, trainer=None):
+def time_compute(net, X, y, devices, repeats, trainer=None, stop=None):
     """Time forward + backward of ``X, y`` split over ``devices``; return each repeat's seconds.
 
     The shards are put on the devices first (not timed); an untimed warm-up
     step compiles the graph. With ``trainer``, each timed step also calls
     ``trainer.step`` (on one device: the SGD update alone). Without it, every
-    device's gradients afterwards hold its shard's real gradient.
+    device's gradients afterwards hold its shard's real gradient. ``stop``
+    (a ``StopRequest``) is asked between steps (``check_stop``).
     """
     X_shards, y_shards = split_batch(X, y, devices)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -85,10 +103,12 @@ def time_compute(net, X, y, devices, repeats, trainer=None):
             l.backward()
         if trainer is not None:
             trainer.step(X.shape[0])
+    check_stop(stop)
     step()
     npx.waitall()
     times = []
     for _ in range(repeats):
+        check_stop(stop)
         tic = time.perf_counter()
         step()
         npx.waitall()  # sync point: every device has finished its backward pass
@@ -111,7 +131,7 @@ def sync_trainer(net, kvstore):
                          update_on_kvstore=False)
 
 
-def time_sync(net, kvstore, num_devices, repeats):
+def time_sync(net, kvstore, num_devices, repeats, stop=None):
     """Time ``trainer.allreduce_grads()`` through ``kvstore``; return the seconds of each repeat.
 
     The gradients must be filled (``time_compute``). After each timed call
@@ -129,6 +149,7 @@ def time_sync(net, kvstore, num_devices, repeats):
     back_to_mean()
     times = []
     for _ in range(repeats):
+        check_stop(stop)
         tic = time.perf_counter()
         trainer.allreduce_grads()
         npx.waitall()  # sync point: the sum is on every device
@@ -138,7 +159,7 @@ def time_sync(net, kvstore, num_devices, repeats):
 
 
 def measure_bandwidth(model, device_type, counts, kvstores, batch_per_device, images, labels,
-                      repeats, compute_repeats=None, seed=0, progress=None):
+                      repeats, compute_repeats=None, seed=0, progress=None, stop=None):
     """Measure one synchronisation per (count, kvstore), and the compute of one step per count.
 
     Parameters
@@ -159,36 +180,47 @@ def measure_bandwidth(model, device_type, counts, kvstores, batch_per_device, im
         Timed compute steps (default ``repeats``; 0 fills the gradients only).
     progress : callable, optional
         Called with a line of text after each measurement.
+    stop : StopRequest, optional
+        Asked between repeats: ``Stopped`` when it was asked to stop.
 
     Returns
     -------
     list of dict
         ``scaling.bandwidth_row`` per (count, kvstore).
     """
-    compute_repeats = repeats if compute_repeats is None else compute_repeats
     rows = []
     for n in counts:
-        devices = devices_for(device_type, n)
-        net = build_net(model, devices, seed)
-        X, y = real_batch(images, labels, batch_per_device * n)
-        compute = time_compute(net, X, y, devices, compute_repeats)
-        params, nbytes = gradient_bytes(net)
-        if progress and compute:
-            progress(f'{model} on {n} {device_type} devices: forward + backward of '
-                     f'{batch_per_device} per device {statistics.median(compute) * 1e3:.1f} ms')
-        for kvstore in kvstores:
-            sync = time_sync(net, kvstore, n, repeats)
-            rows.append(scaling.bandwidth_row(model, device_type, n, kvstore, params, nbytes,
-                                              sync, compute, batch_per_device))
-            if progress:
-                progress(f'{model} on {n} {device_type} devices, kvstore {kvstore}: one '
-                         f'synchronisation {rows[-1]["sync_s"] * 1e3:.2f} ms, '
-                         f'{rows[-1]["alg_gbps"]:.2f} GB/s')
-        del net
+        rows += measure_count(model, device_type, n, kvstores, batch_per_device, images, labels,
+                              repeats, compute_repeats, seed, progress, stop)
     return rows
 
 
-def compute_seconds(model, device_type, batches, images, labels, repeats, seed=0):
+def measure_count(model, device_type, n, kvstores, batch_per_device, images, labels, repeats,
+                  compute_repeats=None, seed=0, progress=None, stop=None):
+    """``measure_bandwidth`` at one device count ``n``: one row per kvstore."""
+    compute_repeats = repeats if compute_repeats is None else compute_repeats
+    devices = devices_for(device_type, n)
+    net = build_net(model, devices, seed)
+    X, y = real_batch(images, labels, batch_per_device * n)
+    compute = time_compute(net, X, y, devices, compute_repeats, stop=stop)
+    params, nbytes = gradient_bytes(net)
+    if progress and compute:
+        progress(f'  {model} on {n} {device_type} devices: forward + backward of '
+                 f'{batch_per_device} per device {statistics.median(compute) * 1e3:.1f} ms')
+    rows = []
+    for kvstore in kvstores:
+        sync = time_sync(net, kvstore, n, repeats, stop=stop)
+        rows.append(scaling.bandwidth_row(model, device_type, n, kvstore, params, nbytes,
+                                          sync, compute, batch_per_device))
+        if progress:
+            progress(f'  {model} on {n} {device_type} devices, kvstore {kvstore}: one '
+                     f'synchronisation {rows[-1]["sync_s"] * 1e3:.2f} ms, '
+                     f'{rows[-1]["alg_gbps"]:.2f} GB/s')
+    del net
+    return rows
+
+
+def compute_seconds(model, device_type, batches, images, labels, repeats, seed=0, stop=None):
     """Return ``{b: seconds}``: the median training step of ``b`` samples on one device.
 
     A step is forward, backward and the SGD update (one device: no
@@ -198,13 +230,13 @@ def compute_seconds(model, device_type, batches, images, labels, repeats, seed=0
     net = build_net(model, devices, seed)
     trainer = make_trainer(net, 1e-3, 'device')  # one device: MXNet creates no kvstore
     return {b: statistics.median(time_compute(net, *real_batch(images, labels, b), devices,
-                                              repeats, trainer))
+                                              repeats, trainer, stop))
             for b in sorted(set(batches))}
 
 
 def measure_projection(model, device_type, counts, kvstores, batch_mode, batches, images,
                        labels, project_to=16, compute_repeats=5, sync_repeats=5, seed=0,
-                       progress=None):
+                       progress=None, stop=None):
     """Measure the inputs of the projection model and project; return ``(projection, sync rows)``.
 
     One synchronisation per kvstore at every count >= 2 of ``counts`` (the
@@ -223,11 +255,12 @@ def measure_projection(model, device_type, counts, kvstores, batch_mode, batches
         progress(f'projection inputs: synchronisation on {", ".join(map(str, measured))} '
                  'devices, compute on one device')
     sync_rows = measure_bandwidth(model, device_type, measured, kvstores, 4, images, labels,
-                                  sync_repeats, compute_repeats=0, seed=seed, progress=progress)
+                                  sync_repeats, compute_repeats=0, seed=seed, progress=progress,
+                                  stop=stop)
     targets = device_counts(project_to)
     compute = compute_seconds(model, device_type,
                               scaling.projection_batches(batch_mode, batches, targets),
-                              images, labels, compute_repeats, seed)
+                              images, labels, compute_repeats, seed, stop)
     projection = []
     for kvstore in kvstores:
         slope = scaling.fit_sync_slope([(r['devices'], r['sync_s']) for r in sync_rows
@@ -239,7 +272,7 @@ def measure_projection(model, device_type, counts, kvstores, batch_mode, batches
 
 
 def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
-              progress_interval=10.0):
+              progress_interval=10.0, hooks=()):
     """Train once per configuration with ``training.train``; return ``scaling.measured_row`` dicts.
 
     Every run starts from the same seed (initial weights) and the same data
@@ -253,31 +286,66 @@ def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
         uint8 images and int32 labels.
     progress : callable, optional
         Called with lines of text: each run's start, its epochs, its progress within an epoch.
+    hooks : list of Hook
+        More hooks of every run (a ``StopRequest``).
     """
-    rows = []
     say = progress or (lambda line: None)
+    rows = []
     for i, config in enumerate(grid, 1):
-        devices = devices_for(device_type, config.devices)
-        train_iter = train_loader(*train_data, config.batch_size, config.devices, seed)
-        test_iter = ArrayLoader(*test_data, config.batch_size)
-        label = (f'[{i}/{len(grid)}] {config.devices} device(s), kvstore {config.kvstore}, batch '
-                 f'{config.batch_size} ({config.per_device_batch:g} per device), lr rule '
-                 f'{config.lr_rule} (lr {config.lr:g})')
-        say(f'{label}: training {config.epochs} epoch(s)')
-        try:
-            result = train(
-                get_model(config.model, 10), train_iter, test_iter, devices,
-                num_epochs=config.epochs, lr=config.lr, kvstore=config.kvstore, seed=seed,
-                initializer=default_initializer(config.model),
-                on_epoch=lambda r: say(f'  epoch {r.epoch}: loss {r.train_loss:.4f}, test acc '
-                                       f'{r.test_acc:.3f}, {r.samples_per_sec:.0f} samples/s'),
-                hooks=[Progress(say, progress_interval)] if progress and progress_interval > 0
-                else [])
-            rows.append(scaling.measured_row(config, device_type, result.epochs))
-        except TrainingDiverged as e:
-            say(f'{label}: {e}')
-            rows.append(scaling.measured_row(config, device_type, None, status='diverged'))
+        say(f'[{i}/{len(grid)}] {config_label(config)}: training {config.epochs} epoch(s)')
+        rows.append(train_config(config, device_type, train_data, test_data, seed, progress,
+                                 progress_interval, hooks))
     return rows
+
+
+def config_label(config):
+    """What a run of the sweep is, in words: its devices, kvstore, batch and learning rate."""
+    return (f'{config.model}, {config.devices} device(s), kvstore {config.kvstore}, batch '
+            f'{config.batch_size} ({config.per_device_batch:g} per device), lr rule '
+            f'{config.lr_rule} (lr {config.lr:g})')
+
+
+def train_config(config, device_type, train_data, test_data, seed=0, progress=None,
+                 progress_interval=10.0, hooks=()):
+    """Train one configuration of a sweep; return its ``scaling.measured_row``.
+
+    ``progress`` gets its epochs and, every ``progress_interval`` seconds, its
+    progress within an epoch, each line naming the run. A ``StopRequest`` in
+    ``hooks`` stops it after a step (``Interrupted``).
+    """
+    say = progress or (lambda line: None)
+    devices = devices_for(device_type, config.devices)
+    train_iter = train_loader(*train_data, config.batch_size, config.devices, seed)
+    test_iter = ArrayLoader(*test_data, config.batch_size)
+    label = config_label(config)
+    shown = [Progress(say, progress_interval, label, config.epochs)] \
+        if progress and progress_interval > 0 else []
+    try:
+        result = train(
+            get_model(config.model, 10), train_iter, test_iter, devices,
+            num_epochs=config.epochs, lr=config.lr, kvstore=config.kvstore, seed=seed,
+            initializer=default_initializer(config.model),
+            on_epoch=lambda r: say(f'  {label}: epoch {r.epoch}/{config.epochs}: loss '
+                                   f'{r.train_loss:.4f}, test acc {r.test_acc:.3f}, '
+                                   f'{r.samples_per_sec:.0f} samples/s'),
+            hooks=[*hooks, *shown])
+        return scaling.measured_row(config, device_type, result.epochs)
+    except TrainingDiverged as e:
+        say(f'{label}: {e}')
+        return scaling.measured_row(config, device_type, None, status='diverged')
+
+
+class WorkDone(Hook):
+    """A ``train`` hook that reports after each step the samples trained so far in the run.
+
+    ``report(samples)`` (a sweep's ``advance``); ``per_epoch``: samples of an epoch.
+    """
+
+    def __init__(self, report, per_epoch):
+        self.report, self.per_epoch = report, per_epoch
+
+    def step_end(self, run, step, samples, timer):
+        self.report((run.epoch - 1) * self.per_epoch + samples)
 
 
 class OtherWork:
