@@ -306,6 +306,31 @@ def test_a_signal_in_an_earlier_evaluation_stops_at_that_epochs_end(train_script
     assert state['epoch'] == 1 and state['partial'] is None  # the finished epoch, not a step more
 
 
+def test_a_worker_stopped_by_the_launcher_is_not_told_to_press_ctrl_c(train_script, fashion_dir,
+                                                                       monkeypatch, capsys):
+    """The launcher's agent sets the control pipes' variable; its SIGTERM is nobody's Ctrl-C."""
+    to_job, from_job = os.pipe(), os.pipe()
+    monkeypatch.setenv(gm.agent.CONTROL_VARIABLE, f'{to_job[0]},{from_job[1]}')
+    monkeypatch.setattr(gm.distributed, '_CONTROL', None)  # made anew from the variable
+    signal_in_evaluation(monkeypatch, signal.SIGTERM, {1})
+    try:
+        status = train_script.main(quick(fashion_dir, '--num-epochs', 2))
+    finally:
+        for fd in (*to_job, *from_job):
+            os.close(fd)
+    err = capsys.readouterr().err.splitlines()
+    assert status == 143
+    assert err[0] == 'SIGTERM from the launcher: stopping after the current step', err
+    assert 'Ctrl-C' not in '\n'.join(err)
+    # outside a launched job the same signal is acknowledged as before
+    monkeypatch.delenv(gm.agent.CONTROL_VARIABLE)
+    monkeypatch.setattr(gm.distributed, '_CONTROL', None)
+    signal_in_evaluation(monkeypatch, signal.SIGTERM, {1})
+    assert train_script.main(quick(fashion_dir, '--num-epochs', 2)) == 143
+    assert capsys.readouterr().err.splitlines()[0] == ('SIGTERM: stopping after the current '
+                                                       'step; Ctrl-C again to stop now')
+
+
 class StopAt(gm.training.Hook):
     """Asks to stop after step ``step`` of ``epoch``."""
 

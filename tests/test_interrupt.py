@@ -275,9 +275,28 @@ def test_in_a_jupyter_kernel_a_second_signal_does_not_end_the_process(monkeypatc
     heard, second = [], []
     with gm.StopRequest(on_signal=heard.append, on_second=second.append) as stop:
         os.kill(os.getpid(), signal.SIGINT)
+        wait_until(lambda: stop._seen == 1)
+        time.sleep(gm.StopRequest.SAME_REQUEST)  # a second request, not the first repeated
         os.kill(os.getpid(), signal.SIGINT)
         wait_until(lambda: stop._seen == 2)
     assert heard == [signal.SIGINT] and second == []  # and this process is still here
+
+
+def test_a_signal_repeated_within_the_window_is_the_same_request():
+    """One Ctrl-C delivered twice (the terminal's, and a wrapper's such as ``timeout``)."""
+    heard, second = [], []
+    with gm.StopRequest(on_signal=heard.append, on_second=second.append,
+                        exit_on_second=False) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_until(lambda: heard)
+        time.sleep(0.2)  # the watcher has had every byte
+        assert stop._seen == 1 and stop.signum == signal.SIGINT
+        time.sleep(gm.StopRequest.SAME_REQUEST)
+        os.kill(os.getpid(), signal.SIGINT)  # past the window: a second request
+        wait_until(lambda: stop._seen == 2)
+    assert heard == [signal.SIGINT] and second == []  # (exit_on_second=False: nothing ends)
 
 
 WATCHED = textwrap.dedent('''
@@ -334,6 +353,7 @@ def test_scripts_stop_request_ends_the_process_on_a_second_signal():
         lines.wait_for('^ready$')
         proc.send_signal(signal.SIGINT)
         lines.wait_for('^stopped$')
+        time.sleep(gm.StopRequest.SAME_REQUEST)  # sooner, it is the first one repeated
         proc.send_signal(signal.SIGINT)
         status = wait_bounded(proc, 60)
     finally:

@@ -2,6 +2,8 @@
 import json
 import os
 import re
+import signal
+import time
 
 import mxnet as mx
 import numpy as onp
@@ -235,3 +237,111 @@ def test_a_one_epoch_chart_has_integer_ticks_every_run_visible_and_no_warning(tm
     assert [l.get_fillstyle() for l in lines] == ['none'] * 3  # hollow: the ones below show
     assert len({l.get_markersize() for l in lines}) == 3 and len({l.get_marker() for l in lines}) == 3
     assert (tmp_path / 'a.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def comparison(fashion_dir, tmp_path, *extra):
+    return ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '2', '--num-train',
+            '256', '--num-test', '64', '--batch-size', '64', '--kvstore', 'local', 'device',
+            'none', '--data-dir', str(fashion_dir), '--report', str(tmp_path / 'report'),
+            '--json', str(tmp_path / 'runs.json'), *extra]
+
+
+def test_a_comparison_estimates_all_its_runs_and_names_the_one_measured(train_script, fashion_dir,
+                                                                        tmp_path, capsys):
+    argv = comparison(fashion_dir, tmp_path, '--progress-interval', '0.000001')
+    assert train_script.main(argv) == 0
+    captured = capsys.readouterr()
+    err, out = captured.err.splitlines(), captured.out.splitlines()
+    # said once, from the first run's first measured steps: all three runs, not the first alone
+    estimate = [l for l in err if not l.startswith('  ')]
+    assert len(estimate) == 1 and re.fullmatch(
+        r'the kvstore comparison of local, device and none takes about \d+ s from now \(3 runs, '
+        r'each expected to take as long as this one, estimated from its first 2 steps\)',
+        estimate[0]), estimate
+    for position, kvstore in enumerate(['local', 'device', 'none'], 1):
+        lines = [l for l in err if l.startswith(f'  kvstore {kvstore} on 2 CPUs ({position} of 3): ')]
+        assert len(lines) == 2 * 3, err  # steps 2 to 4 of each epoch
+        assert all(re.search(r', epoch ends in \d+ s, run in \d+ s, kvstore comparison in \d+ s$',
+                             l) for l in lines), lines
+    assert '-- kvstore local (1 of 3)' in out
+    assert [l for l in out if l.startswith('-- kvstore ') and 'comparison ends in about' in l] == \
+        [l for l in out if re.fullmatch(r'-- kvstore (device \(2|none \(3) of 3; the comparison '
+                                        r'ends in about \d+ s\)', l)]
+    data = json.loads((tmp_path / 'runs.json').read_text())
+    assert data['complete'] and data['partial'] is None and len(data['runs']) == 3
+    assert (tmp_path / 'report' / 'report.md').read_text().startswith('# kvstore comparison: ')
+
+
+def test_the_time_left_of_a_schedule_follows_the_runs_measured(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(gm.progress.time, 'monotonic', lambda: now[0])
+    schedule = gm.progress.Schedule(['local', 'device', 'none'])
+    assert schedule.left() is None  # nothing measured yet
+    schedule.begin()
+    now[0] += 10  # 10 s into the first run, 30 s left of it: 40 s each, 2 more to come
+    assert schedule.left(30) == 30 + 2 * 40 and schedule.position() == '1 of 3'
+    now[0] += 30
+    schedule.end()
+    assert schedule.left() == 2 * 40
+    schedule.begin()
+    now[0] += 5  # the finished run's 40 s stands for the one not begun
+    assert schedule.left(50) == 50 + 40 and schedule.name == 'device'
+
+
+def test_ctrl_c_in_a_comparison_keeps_the_finished_kvstores_marked_partial(
+        train_script, fashion_dir, tmp_path, monkeypatch, capsys):
+    """Results are written as each kvstore finishes; a stop rewrites them, marked partial."""
+    original = gm.training.evaluate_accuracy_gpus
+    calls, seen = [], {}
+
+    def evaluate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # kvstore device's first evaluation: local's results are out
+            seen['report'] = (tmp_path / 'report' / 'report.md').read_text()
+            seen['json'] = json.loads((tmp_path / 'runs.json').read_text())
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the handler runs
+        return original(*args, **kwargs)
+    monkeypatch.setattr(gm.training, 'evaluate_accuracy_gpus', evaluate)
+    status = train_script.main(comparison(fashion_dir, tmp_path, '--progress-interval', '0'))
+    captured = capsys.readouterr()
+    assert status == 130
+    assert seen['json']['complete'] is False and [r['kvstore'] for r in seen['json']['runs']] == \
+        ['local']
+    assert seen['json']['partial'] == ('written when kvstore local had finished, while the '
+                                       'comparison went on (a later version replaces this one); '
+                                       'not measured: kvstore device, none')
+    assert seen['report'].startswith('# kvstore comparison (partial): ')
+    err = captured.err.splitlines()
+    assert err[-1] == ('interrupted by SIGINT during the run with kvstore device (after epoch 1 '
+                       'had finished its steps, before epoch 2 began); the results of kvstore '
+                       f'local are kept, marked partial, in {tmp_path / "runs.json"} and '
+                       f'{tmp_path / "report"}/'), err
+    data = json.loads((tmp_path / 'runs.json').read_text())
+    assert data == json.loads((tmp_path / 'report' / 'runs.json').read_text())
+    assert [r['kvstore'] for r in data['runs']] == ['local'] and len(data['runs'][0]['epochs']) == 2
+    assert data['complete'] is False and data['partial'] == (
+        'interrupted by SIGINT before kvstore device had finished; not measured: kvstore '
+        'device, none')
+    text = (tmp_path / 'report' / 'report.md').read_text()
+    assert text.startswith('# kvstore comparison (partial): simple-cnn on fashion-mnist')
+    assert f'> **Partial:** {data["partial"]}' in text and '| local | cpu(0), cpu(1) |' in text
+    assert '| device |' not in text
+    assert '**Answer:** only kvstore local has finished (device, none not measured): nothing to ' \
+        'compare yet.' in text
+    assert sorted(os.listdir(tmp_path / 'report')) == ['accuracy.png', 'report.md', 'runs.json',
+                                                       'seconds.png']
+    assert '| local | cpu(0), cpu(1) |' in captured.out  # the table of what was measured
+
+
+def test_a_recommendation_names_the_kvstores_not_measured():
+    def result(kvstore, seconds):
+        r = TrainResult(devices=['cpu(0)', 'cpu(1)'], kvstore=kvstore, lr=0.1)
+        for epoch, s in enumerate(seconds, 1):
+            r.epochs.append(EpochRecord(epoch, 0.5, 0.8, 0.8, s, 0.1, 1000))
+        return r
+    results = [result('local', [1.0, 1.0, 1.0]), result('device', [2.0, 2.0, 2.0])]
+    assert gm.recommend(results, pending=['none']).endswith('; none not measured.')
+    assert gm.recommend(results[:1], pending=['device', 'none']) == (
+        'only kvstore local has finished (device, none not measured): nothing to compare yet.')
+    assert gm.recommend(results[:1]) == 'only kvstore local was run; give several to compare.'

@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,9 +29,9 @@ def start(fashion_dir, ckpt, *extra):
     return proc, Lines(proc.stderr)
 
 
-def seconds_a_step(line):
-    """A step's seconds as a progress line measured them (16 images a step)."""
-    return 16 / int(re.search(r', (\d+) images/s, ', line).group(1))
+def seconds_a_step(line, batch=16):
+    """A step's seconds as a progress line measured them (``batch`` images a step)."""
+    return batch / int(re.search(r', (\d+) images/s, ', line).group(1))
 
 
 @pytest.mark.slow
@@ -66,12 +67,16 @@ def test_ctrl_c_is_acknowledged_at_once_and_stops_within_a_step(fashion_dir, tmp
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(fashion_dir, tmp_path):
     ckpt = tmp_path / 'ckpt'
-    proc, lines = start(fashion_dir, ckpt, '--num-epochs', '3', '--num-train', '160')
+    # steps of about 2 s: the second Ctrl-C, sent past the window in which a signal repeats the
+    # first (StopRequest.SAME_REQUEST), comes while the step begun at the first is still running
+    proc, lines = start(fashion_dir, ckpt, '--num-epochs', '3', '--batch-size', '32',
+                        '--num-train', '320')
     try:
         _, line = lines.wait_for(r'epoch 2: \d+/10 batches')  # epoch 1 is checkpointed
-        step_seconds = seconds_a_step(line)
+        step_seconds = seconds_a_step(line, 32)
         proc.send_signal(signal.SIGINT)
         lines.wait_for('^Ctrl-C: stopping after the current step')
+        time.sleep(gm.StopRequest.SAME_REQUEST)  # sooner, it is the first one repeated
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         status = wait_bounded(proc, 120)
@@ -86,6 +91,40 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(fashion_dir
     assert ended - sent < max(1.0, step_seconds), (ended - sent, step_seconds)
     state = gm.Checkpointer(ckpt, {}).load(check_config=False)  # intact: hashes verified
     assert state.epoch >= 1
+
+
+@pytest.mark.slow
+def test_one_ctrl_c_through_a_wrapper_that_forwards_it_stops_after_the_step(fashion_dir, tmp_path):
+    """``timeout 600 python scripts/train.py ...`` and Ctrl-C in its terminal.
+
+    The terminal sends SIGINT to its whole foreground process group, the
+    wrapper and the run, and ``timeout`` forwards it to the run again: one
+    Ctrl-C arrives two or three times within milliseconds, and is one request.
+    """
+    wrapper = shutil.which('timeout')
+    if wrapper is None:
+        pytest.skip('no timeout program (coreutils) on this machine')
+    ckpt = tmp_path / 'ckpt'
+    args = ['--cpu-devices', '1', '--model', 'resnet18', '--batch-size', '16', '--num-train',
+            '1600', '--num-test', '50', '--num-epochs', '1', '--data-dir', str(fashion_dir),
+            '--checkpoint-dir', str(ckpt), '--progress-interval', '0.2']
+    # a process group of its own, as a shell's job has: the "terminal" signals that group
+    proc = subprocess.Popen([wrapper, '600', sys.executable, SCRIPT, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines = Lines(proc.stderr)
+    try:
+        lines.wait_for(PROGRESS.pattern)
+        os.killpg(proc.pid, signal.SIGINT)
+        status = wait_bounded(proc, 120)
+    finally:
+        proc.kill()
+    text = lines.text()
+    assert status == 130, text
+    assert not [l for l in text if l.startswith('stopped at once')], text
+    assert re.match(r'interrupted by SIGINT in epoch 1 after \d+ batch\(es\); checkpoint in ',
+                    text[-1]), text
+    assert json.loads((ckpt / 'manifest.json').read_text())['partial']['batches'] >= 1
 
 
 def test_help_shows_the_defaults_per_model(capsys):

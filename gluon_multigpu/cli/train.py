@@ -39,9 +39,14 @@ for resnet18, 0.32 MB for simple-cnn, plus the process) exceeds the memory
 available is refused, naming the largest that fits. Ctrl-C (SIGINT), SIGTERM
 or SIGHUP (the terminal closed) stops after the current step (during an
 evaluation: at that epoch's end), writes a checkpoint with --checkpoint-dir,
-says how to resume, and exits with 130, 143 or 129; a second Ctrl-C stops at
-once. A signal after the last step lets the run finish, says so, and exits
-with the same status.
+says how to resume, and exits with 130, 143 or 129; a second Ctrl-C (half a
+second or more after the first: a wrapper such as timeout repeats one Ctrl-C)
+stops at once. A signal after the last step lets the run finish, says so, and
+exits with the same status. Several kvstores are compared one after another:
+the first measured steps give the time the whole comparison takes, each
+progress line the time left for it; the outputs are written as each kvstore
+finishes, marked partial until all have, and a stop keeps the finished
+kvstores' results (printed, and written marked partial).
 """.format(defaults='\n'.join(f'  {name:<12} {r.describe}' for name, r in RECIPES.items()))
 
 
@@ -161,10 +166,12 @@ def make_loaders(args, batch_size, num_devices, worker):
 
 
 def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, hooks=(),
-              worker=None):
+              worker=None, schedule=None):
     """Train a fresh model (or resume one) with one kvstore; print each epoch; return the result.
 
-    After each epoch ``tracker`` records the parameters, for the comparison.
+    After each epoch ``tracker`` records the parameters, for the comparison;
+    ``schedule`` (a ``progress.Schedule``) holds the kvstores compared, for the
+    progress lines' time left.
     """
     train_iter.epoch = 0  # every kvstore sees the same sequence of batches
     classes = gm.DATASETS[args.dataset]['classes']
@@ -196,7 +203,7 @@ def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, h
              f'{devices[0].device_type.upper()}') + \
         ('s' if len(devices) > 1 else '')
     progress = gm.Progress(say, args.progress_interval, label, args.num_epochs,
-                           advice=faster_advice(args, devices))
+                           advice=faster_advice(args, devices), schedule=schedule)
     features = [split, gm.precision.make_precision(args.dtype, devices)]
     if worker and worker.count > 1:
         features.append(gm.distributed.StepScale(kvstore, worker.count))
@@ -246,18 +253,35 @@ def print_resumed(checkpoint, num_epochs, out):
         print(gm.epoch_line(record, num_epochs), file=out)
 
 
-def write_outputs(args, results, config, tracker):
-    """Write the ``--plot``, ``--json`` and ``--report`` files, each atomically."""
+def write_outputs(args, results, config, tracker, pending=(), partial=None):
+    """Write the ``--plot``, ``--json`` and ``--report`` files, each atomically; return their paths.
+
+    ``pending``: the kvstores compared whose runs have not finished; ``partial``
+    says why (the outputs are then marked partial).
+    """
+    written = []
     if args.plot:
         devices = ', '.join(results[0].devices)
         gm.charts.accuracy_chart(args.plot, results,
-                                 title=f'{args.model} on {args.dataset}, [{devices}]')
+                                 title=f'{args.model} on {args.dataset}, [{devices}]'
+                                 + (' (partial)' if partial else ''))
+        written.append(args.plot)
     if args.json:
-        gm.write_json(args.json, {'config': config, 'reference': tracker.reference,
-                                  'runs': [tracker.run_dict(r) for r in results]})
+        gm.write_json(args.json, gm.kvstore_report.runs_json(results, tracker, config, partial))
+        written.append(args.json)
     if args.report:
         gm.write_kvstore_report(args.report, results, tracker, config,
-                                gm.recommend(results))
+                                gm.recommend(results, pending=pending), partial)
+        written.append(args.report.rstrip('/') + '/')
+    return written
+
+
+def partial_note(pending, finished, why=None):
+    """Why the outputs of a comparison are partial: ``why`` it stopped, or that it still runs."""
+    if why is None:
+        why = (f'written when kvstore {finished[-1]} had finished, while the comparison went on '
+               '(a later version replaces this one)')
+    return f'{why}; not measured: kvstore {", ".join(pending)}'
 
 
 def check_outputs(args):
@@ -342,29 +366,65 @@ def run(args, out=None, stop=None):
               f'lr {lr:g}, {args.num_epochs} epoch(s), devices {devices}', file=out, flush=True)
         if args.resume:
             print_resumed(checkpoint, args.num_epochs, out)
+        config = None if worker.rank else dict(
+            vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
+            devices=[str(d) for d in devices], num_train=train_iter.num_samples,
+            num_test=len(test_iter.labels), workers=worker.count)
+        schedule = gm.progress.Schedule(kvstores, 'kvstore comparison') if len(kvstores) > 1 \
+            else None
         results = []
-        for kvstore in kvstores:
-            if results and stop is not None and stop():  # a signal in the last run's end
-                raise StoppedBetweenRuns(args.num_epochs, results[-1].kvstore,
-                                         kvstores[len(results):])
-            if len(kvstores) > 1:
-                print(f'-- kvstore {kvstore}', file=out, flush=True)
-            result = train_one(args, worker.kvstore or kvstore, devices, lr, train_iter,
-                               test_iter, out, tracker,
-                               [h for h in (checkpoint, stop, control, guard) if h is not None],
-                               worker)
-            if not worker.rank:
-                print(result.final_line(), file=out, flush=True)
-            results.append(result)
+        try:
+            for kvstore in kvstores:
+                if results and stop is not None and stop():  # a signal in the last run's end
+                    raise StoppedBetweenRuns(args.num_epochs, results[-1].kvstore,
+                                             kvstores[len(results):])
+                if schedule is not None:
+                    left = schedule.left()
+                    schedule.begin()
+                    print(f'-- kvstore {kvstore} ({schedule.position()}'
+                          + (f'; the comparison ends in about {gm.progress.duration(left)}'
+                             if left is not None else '') + ')', file=out, flush=True)
+                result = train_one(args, worker.kvstore or kvstore, devices, lr, train_iter,
+                                   test_iter, out, tracker,
+                                   [h for h in (checkpoint, stop, control, guard) if h is not None],
+                                   worker, schedule)
+                if schedule is not None:
+                    schedule.end()
+                if not worker.rank:
+                    print(result.final_line(), file=out, flush=True)
+                results.append(result)
+                pending = kvstores[len(results):]
+                if pending and config is not None:  # what is measured is kept as it comes
+                    write_outputs(args, results, config, tracker, pending,
+                                  partial_note(pending, kvstores[:len(results)]))
+        except gm.Interrupted as e:
+            if schedule is not None:
+                e.comparison = keep_measured(args, results, config, tracker, kvstores, stop, out)
+            raise
         if len(results) > 1:
             print(gm.comparison_table(results, tracker), file=out)
             print(gm.recommend(results), file=out)
-        if not worker.rank:  # the first worker writes for all
-            config = dict(vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
-                          devices=[str(d) for d in devices], num_train=train_iter.num_samples,
-                          num_test=len(test_iter.labels), workers=worker.count)
+        if config is not None:  # the first worker writes for all
             write_outputs(args, results, config, tracker)
     return results
+
+
+def keep_measured(args, results, config, tracker, kvstores, stop, out):
+    """On a stop in a comparison: print and write what the finished kvstores measured.
+
+    Returns ``(finished, pending, written)``: the kvstores whose runs
+    finished, those that did not, and the output paths written (marked partial).
+    """
+    finished = [r.kvstore for r in results]
+    pending = kvstores[len(results):]
+    if not results or config is None:
+        return finished, pending, []
+    name = signal.Signals(stop.signum).name if stop is not None and stop.signum else 'a stop'
+    print(gm.comparison_table(results, tracker), file=out)
+    print(gm.recommend(results, pending=pending), file=out, flush=True)
+    why = f'interrupted by {name} before kvstore {pending[0]} had finished'
+    return finished, pending, write_outputs(args, results, config, tracker, pending,
+                                            partial_note(pending, finished, why))
 
 
 class StoppedBetweenRuns(gm.Interrupted):
@@ -428,33 +488,56 @@ def resume_command(argv):
 def interrupted_message(stop, error, checkpoint_dir, argv):
     """One line on an ``Interrupted`` stop: where it stopped, where the checkpoint is, what next."""
     name = signal.Signals(stop.signum).name if stop.signum else 'a stop request'
+    comparison = getattr(error, 'comparison', None)
     if isinstance(error, StoppedBetweenRuns):
-        return (f'interrupted by {name} at the end of the run with kvstore {error.done}: the '
-                f'runs with {", ".join(error.left)} were not begun and no output was written')
-    where = f'interrupted by {name} in epoch {error.epoch} after {error.batches} batch(es)'
-    if error.epoch_done:
-        where = (f'interrupted by {name} after epoch {error.epoch} had finished its steps, before '
-                 f'epoch {error.epoch + 1} began')
+        where = (f'interrupted by {name} at the end of the run with kvstore {error.done}: the '
+                 f'runs with {", ".join(error.left)} were not begun')
+    else:
+        when = f'in epoch {error.epoch} after {error.batches} batch(es)'
+        if error.epoch_done:
+            when = (f'after epoch {error.epoch} had finished its steps, before epoch '
+                    f'{error.epoch + 1} began')
+        where = f'interrupted by {name} {when}'
+        if comparison is not None:
+            where = f'interrupted by {name} during the run with kvstore {comparison[1][0]} ({when})'
+    if comparison is not None:
+        return f'{where}; {kept_message(*comparison)}'
     if checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir, 'manifest.json')):
         return (f'{where}; checkpoint in {os.path.abspath(checkpoint_dir)}; resume with: '
                 f'{resume_command(argv)}')
     return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
 
 
-def acknowledge(signum, book=False):
+def kept_message(finished, pending, written):
+    """What a stopped comparison kept: the finished kvstores' results, and where."""
+    if not finished:
+        return 'no kvstore had finished: no output was written'
+    runs = f'kvstore {", ".join(finished)}'
+    if not written:
+        return f'the results of {runs} are printed above (no output was asked for)'
+    where = ', '.join(written[:-1]) + ' and ' + written[-1] if len(written) > 1 else written[0]
+    return f'the results of {runs} are kept, marked partial, in {where}'
+
+
+def acknowledge(signum, book=False, launched=False):
     """Say at once that a first signal was heard (quietly nothing if the terminal is gone).
 
     The text's loop (``book``) queues steps ahead of the devices without a
-    bound, up to an epoch's end: it stops after the steps already queued.
+    bound, up to an epoch's end: it stops after the steps already queued. A
+    worker of ``scripts/launch.py`` (``launched``) runs in a session of its
+    own, without a terminal: its signals come from the launcher, and nobody
+    can press Ctrl-C there.
     """
     name = {signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
         signum, signal.Signals(signum).name)
+    if launched:
+        name = f'{signal.Signals(signum).name} from the launcher'
     if _PHASE['joining']:
         say_quietly(f'{name}: stopping while joining the parameter server')
         return
     when = ("once the steps already queued have run (the text's loop queues them ahead of the "
             "devices, up to the epoch's end)" if book else 'after the current step')
-    say_quietly(f'{name}: stopping {when}; Ctrl-C again to stop now')
+    say_quietly(f'{name}: stopping {when}' + ('' if launched else '; Ctrl-C again to stop now'))
 
 
 def stop_now(signum):  # pylint: disable=unused-argument
@@ -491,8 +574,10 @@ def main(argv=None):
 
 
 def _main(args, argv):
+    # Started by the launcher's agent (its control pipes are set): signals come from the launcher.
+    launched = bool(os.environ.get(gm.agent.CONTROL_VARIABLE))
     try:
-        with gm.StopRequest(lambda signum: acknowledge(signum, args.book_literal),
+        with gm.StopRequest(lambda signum: acknowledge(signum, args.book_literal, launched),
                             stop_now) as stop:
             common.run_began()  # from its end on, a signal finds the run over, not starting
             run(args, stop=stop)

@@ -19,6 +19,13 @@ bytes of the signals ``StopRequest`` handles count. Inside a Jupyter kernel a
 second signal does not end the process (the kernel would die with the run):
 the run still stops after the current step.
 
+A signal within ``SAME_REQUEST`` seconds of the first is the same request,
+not a second one. One Ctrl-C can arrive several times within milliseconds: the
+terminal sends SIGINT to the whole foreground process group, so a wrapper in
+that group that forwards signals to its child (``timeout``, which forwards it
+to the child and again to its process group) delivers it again. Nobody
+presses Ctrl-C twice within half a second meaning "now" rather than "stop".
+
 SIGHUP (the terminal or the ssh session closed) stops like SIGTERM. A
 repeated SIGHUP is not a second request: a closing session may send it more
 than once, and nobody is there to ask twice. A SIGHUP that was ignored when
@@ -65,12 +72,14 @@ class StopRequest(Hook):
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     handles_signals = True
+    #: Seconds after the first signal within which another is the same request (see above).
+    SAME_REQUEST = 0.5
 
     def __init__(self, on_signal=None, on_second=None, exit_on_second=None):
         self.signum, self.on_signal, self.on_second = None, on_signal, on_second
         self.exit_on_second = exit_on_second
         self._previous, self._wakeup, self._sockets, self._thread = {}, None, None, None
-        self._seen, self._exit = 0, True
+        self._seen, self._exit, self._first_at = 0, True, None
 
     def __call__(self):
         return self.signum is not None
@@ -81,11 +90,19 @@ class StopRequest(Hook):
     def epoch_end(self, run, record):
         return self.signum is not None
 
+    def _repeated(self):
+        """Whether a signal arriving now repeats the first one (within ``SAME_REQUEST``)."""
+        return (self._first_at is not None and
+                time.monotonic() - self._first_at < self.SAME_REQUEST)
+
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         # Runs in the main thread once it is back in Python: the flag the loop reads.
         if self.signum is None:
             self.signum = signum
-        elif self._thread is None and signum != signal.SIGHUP and self._exit:  # no watcher
+            if self._thread is None:
+                self._first_at = time.monotonic()
+        elif (self._thread is None and signum != signal.SIGHUP and self._exit
+              and not self._repeated()):  # no watcher: a second request ends the run here
             raise KeyboardInterrupt
 
     def _watch(self):
@@ -102,8 +119,11 @@ class StopRequest(Hook):
                     # Python writes a byte for every signal with a Python handler (SIGCHLD,
                     # SIGWINCH, ... of another library): not a request to stop.
                     continue
+                if self._seen and self._repeated():
+                    continue  # one Ctrl-C delivered twice (a wrapper that forwards it)
                 self._seen += 1
                 if self._seen == 1:
+                    self._first_at = time.monotonic()
                     if self.on_signal is not None:
                         _quietly(self.on_signal, signum)
                 elif signum != signal.SIGHUP and self._exit:  # a closing session repeats SIGHUP

@@ -129,15 +129,21 @@ def epoch_noise(results):
     return max(spreads) if spreads else None
 
 
-def recommend(results, noise=NOISE):
+def recommend(results, noise=NOISE, pending=()):
     """Return a sentence naming the fastest kvstore of ``results`` (``TrainResult`` objects).
 
     A difference counts only when it exceeds both ``noise`` (relative) and
     the spread of epoch times measured within the runs (``epoch_noise``);
     with one epoch per run there is no spread to judge by, and the sentence
-    says so instead of naming a winner.
+    says so instead of naming a winner. ``pending`` names the kvstores of the
+    comparison whose runs have not finished (a comparison stopped, or still
+    running): the sentence says that they are not in it.
     """
+    missing = f'{", ".join(pending)} not measured' if pending else ''
     if len(results) < 2:
+        if pending:
+            return (f'only kvstore {results[0].kvstore} has finished ({missing}): nothing to '
+                    'compare yet.')
         return f'only kvstore {results[0].kvstore} was run; give several to compare.'
     ranked = sorted(results, key=lambda r: r.sec_per_epoch)
     best = ranked[0]
@@ -149,7 +155,7 @@ def recommend(results, noise=NOISE):
     if measured is None:
         return (f'{where}, kvstore {best.kvstore} was fastest by {slower(ranked[1]):.0%}, but '
                 'with one epoch per kvstore that cannot be told from run-to-run noise; train 3 '
-                'or more epochs to compare.')
+                'or more epochs to compare' + (f' ({missing}).' if missing else '.'))
     limit = max(noise, measured)
     close = [r.kvstore for r in ranked if slower(r) <= limit]
     rest = '; '.join(f'{r.kvstore} takes {slower(r):.0%} longer' for r in ranked
@@ -161,4 +167,4 @@ def recommend(results, noise=NOISE):
     else:
         answer = (f'{where}, kvstore {best.kvstore} is fastest (beyond the {limit:.0%} '
                   'run-to-run noise measured across epochs)')
-    return f'{answer}{"; " + rest if rest else ""}.'
+    return f'{answer}{"; " + rest if rest else ""}{"; " + missing if missing else ""}.'

@@ -2,7 +2,8 @@
 from ..run.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, bar_chart
 
-__all__ = ['markdown_table', 'comparison_table', 'batch_norm_sentence', 'write_kvstore_report']
+__all__ = ['markdown_table', 'comparison_table', 'batch_norm_sentence', 'runs_json',
+           'write_kvstore_report']
 
 
 def markdown_table(header, rows, align):
@@ -68,7 +69,17 @@ def batch_norm_sentence(tracker, config):
             'and each device evaluates its shard of a test batch with its own.')
 
 
-def write_kvstore_report(directory, results, tracker, config, answer):
+def runs_json(results, tracker, config, partial=None):
+    """Every figure of the runs, as ``runs.json`` and ``--json`` hold them.
+
+    ``partial`` (why the comparison is incomplete, or None) is kept as is:
+    ``complete`` says whether every kvstore of ``config['kvstore']`` finished.
+    """
+    return {'config': config, 'complete': partial is None, 'partial': partial,
+            'reference': tracker.reference, 'runs': [tracker.run_dict(r) for r in results]}
+
+
+def write_kvstore_report(directory, results, tracker, config, answer, partial=None):
     """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
 
     All or nothing (``ReportFolder``): the directory is created if missing,
@@ -86,11 +97,15 @@ def write_kvstore_report(directory, results, tracker, config, answer):
         ``sync_bn`` true when BatchNorm was synchronised).
     answer : str
         The recommendation sentence (``compare.recommend``).
+    partial : str, optional
+        Why the comparison is incomplete (stopped, or written while it ran):
+        the report is titled partial and says so first.
     """
     devices = ', '.join(results[0].devices)
     what = f"{config['model']} on {config['dataset']}, [{devices}]"
     lines = [
-        f'# kvstore comparison: {what}', '',
+        f'# kvstore comparison{" (partial)" if partial else ""}: {what}', '',
+        *([f'> **Partial:** {partial}', ''] if partial else []),
         f"{config['num_train']} training / {config['num_test']} test images, batch "
         f"{config['batch_size']} ({config['batch_size'] / len(results[0].devices):g} per device), "
         f"lr {config['lr']:g}, {len(results[0].epochs)} epoch(s), seed {config['seed']}; every "
@@ -109,11 +124,10 @@ def write_kvstore_report(directory, results, tracker, config, answer):
         'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
         'compute per step).', '']
     with ReportFolder(directory) as folder:
-        accuracy_chart(folder.path('accuracy.png'), results, title=what)
+        title = f'{what} (partial)' if partial else what
+        accuracy_chart(folder.path('accuracy.png'), results, title=title)
         bar_chart(folder.path('seconds.png'), [r.kvstore for r in results],
-                  [r.sec_per_epoch for r in results], 'training seconds per epoch', title=what)
-        write_json(folder.path('runs.json'), {
-            'config': config, 'reference': tracker.reference,
-            'runs': [tracker.run_dict(r) for r in results]})
+                  [r.sec_per_epoch for r in results], 'training seconds per epoch', title=title)
+        write_json(folder.path('runs.json'), runs_json(results, tracker, config, partial))
         with atomic_write(folder.path('report.md')) as f:
             f.write('\n'.join(lines))
