@@ -104,3 +104,11 @@ def test_the_cli_trains_as_well_with_a_1_3_split_as_with_the_even_one(fashion_di
         acc[split] = json.loads(out.read_text())['runs'][0]['epochs'][0]['test_acc']
     capsys.readouterr()
     assert acc['even'] > 0.25 and abs(acc['even'] - acc['1,3']) <= 2 / 512
+
+
+def test_the_first_line_gives_the_shards_of_an_uneven_split():
+    from gluon_multigpu.cli.train import per_device
+    assert per_device(None, 128, 2) == '64 per device'
+    assert per_device([1.0, 3.0], 128, 2) == '32 + 96 by --split 1,3'
+    assert per_device([1.0, 1.0, 2.0], 10, 3) == '3 + 2 + 5 by --split 1,1,2'  # ties: the first device
+    assert per_device('auto', 128, 2) == '64 per device at first, then --split auto'

@@ -317,6 +317,16 @@ def stall_guard(args, devices):
     return gm.StallGuard(on_stall)
 
 
+def per_device(split, batch_size, num_devices):
+    """How a batch is shared, for the first line: ``64 per device``, ``32 + 96 by --split 1,3``
+    or ``64 per device at first, then --split auto``."""
+    if isinstance(split, list):
+        sizes = gm.devices.split_sizes(batch_size, split)
+        return ' + '.join(str(n) for n in sizes) + ' by --split ' + ','.join(f'{w:g}' for w in split)
+    even = f'{batch_size / num_devices:g} per device'
+    return even + (f' at first, then --split {split}' if split else '')
+
+
 def run(args, out=None, stop=None):
     """Check the input, train once per kvstore, report; return the list of TrainResult.
 
@@ -362,7 +372,7 @@ def run(args, out=None, stop=None):
                 print(gm.GluonMultiGPUError(message).describe(FLAGS), file=out)
         print(f'training {args.model} on {args.dataset}: {train_iter.num_samples} train / '
               f'{len(test_iter.labels) if test_iter else 0} test images, batch {batch_size} '
-              f'({batch_size / len(devices):g} per device){worker.describe(batch_size)}, '
+              f'({per_device(args.split, batch_size, len(devices))}){worker.describe(batch_size)}, '
               f'lr {lr:g}, {args.num_epochs} epoch(s), devices {devices}', file=out, flush=True)
         if args.resume:
             print_resumed(checkpoint, args.num_epochs, out)
