@@ -189,7 +189,7 @@ def test_the_plan_alternates_the_four_at_the_target_batch_in_every_round(bench):
 def test_the_pytorch_networks_have_the_packages_parameters():
     import gluon_multigpu as gm
     from mxnet import np
-    from torch import nn
+    nn = pytest.importorskip('torch.nn', reason="PyTorch is the '.[bench]' extra")
     workers = importlib.import_module('gluon_multigpu.cli.bench_workers')
     for model, gluon_net in (('simple-cnn', gm.simple_cnn(10)), ('resnet18', gm.resnet18(10))):
         gluon_net.initialize()
@@ -214,6 +214,7 @@ def onp_prod(shape):
 
 
 def test_quick_run_with_pytorch_prints_its_rows(fashion_dir, tmp_path):
+    pytest.importorskip('torch', reason="PyTorch is the '.[bench]' extra")
     out = tmp_path / 'bench.json'
     proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'benchmark.py'), '--quick',
                         '--repeats', '1', '--only', 'pytorch/simple-cnn',
