@@ -359,3 +359,36 @@ def test_scripts_stop_request_ends_the_process_on_a_second_signal():
     finally:
         proc.kill()
     assert status == 128 + signal.SIGINT and 'done' not in lines.text()
+
+
+def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_path):
+    """A second Ctrl-C ends the process at once (``os._exit``, no ``finally``): the staging
+    folder of a report and the temporary file of an output being written go first."""
+    out = tmp_path / 'report'
+    out.mkdir()
+    (out / 'kept.md').write_text('old')
+    code = textwrap.dedent(f'''
+        import os, signal, sys, time
+        from gluon_multigpu.run import files, stopping
+        with stopping.StopRequest() as stop:
+            with files.ReportFolder({str(out)!r}) as report:
+                with open(report.path('kept.md'), 'w') as f:
+                    f.write('new')
+                with files.atomic_write({str(tmp_path / 'results.json')!r}) as f:
+                    f.write('{{"half": ')
+                    print('writing', flush=True)
+                    time.sleep(60)
+        ''')
+    proc = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True,
+                            cwd=str(REPO))
+    try:
+        assert proc.stdout.readline() == 'writing\n'
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gm.stopping.StopRequest.SAME_REQUEST + 0.3)  # a second request, not a repeat
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(os.listdir(tmp_path)) == ['report']  # no .results.json.*.tmp
+    assert os.listdir(out) == ['kept.md'] and (out / 'kept.md').read_text() == 'old'

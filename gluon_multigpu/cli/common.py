@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 
-from ..run import engine
+from ..run import engine, files
 
 #: Most CPU contexts a script accepts: MXNet starts a worker thread per
 #: context, and past this many the contexts only share the same cores.
@@ -252,6 +252,7 @@ def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
                     'as printed')
     else:
         say_quietly('interrupted while starting: nothing was written')
+    files.discard_unfinished()
     os._exit(128 + signum)  # pylint: disable=protected-access
 
 

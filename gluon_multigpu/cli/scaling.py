@@ -236,8 +236,9 @@ def run(args, out=None, stop=None):
                        len(test_data[1]), say)
     notes = []
     if note:
+        note = gm.GluonMultiGPUError(note).describe(common.FLAGS)  # the flags, not parameters
         notes.append(note)
-        say(gm.GluonMultiGPUError(note).describe(common.FLAGS))
+        say(note)
     configs = {config_key(c): c for c in grid}
 
     def measure(unit):

@@ -49,6 +49,7 @@ class atomic_write:  # pylint: disable=invalid-name
             raise IsADirectoryError(errno.EISDIR, 'not a regular file, not replaced', self.path)
         fd, self._tmp = tempfile.mkstemp(dir=os.path.dirname(self.path),
                                          prefix=f'.{os.path.basename(self.path)}.', suffix='.tmp')
+        _UNFINISHED.add(self._tmp)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(self._tmp, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
@@ -70,6 +71,7 @@ class atomic_write:  # pylint: disable=invalid-name
                 e.filename = self.path
             raise
         finally:
+            _UNFINISHED.discard(self._tmp)
             if os.path.lexists(self._tmp):
                 os.remove(self._tmp)
         if isinstance(exc, OSError) and not exc.filename:
@@ -361,6 +363,29 @@ class naming:  # pylint: disable=invalid-name
         return False
 
 
+#: Temporary files and staging folders being written now: a process that must end at once
+#: (a second Ctrl-C: ``os._exit``, which runs no ``finally``) removes them first.
+_UNFINISHED = set()
+
+
+def discard_unfinished():
+    """Remove every temporary file and staging folder still being written (before ``os._exit``).
+
+    What they would have replaced is left as it was; the outputs already in
+    place stay. Called from the thread that ends the process, while the main
+    thread may still be writing: that write fails, and the process ends.
+    """
+    for path in list(_UNFINISHED):
+        _UNFINISHED.discard(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+
 class ReportFolder:
     """Write the files of a report into ``directory`` all or nothing: a context manager.
 
@@ -391,6 +416,7 @@ class ReportFolder:
                 os.makedirs(self.directory, exist_ok=True)
                 self._staging = tempfile.mkdtemp(dir=self.directory, prefix='.report-',
                                                  suffix='.tmp')
+                _UNFINISHED.add(self._staging)
         except BaseException:
             self._remove_made()
             raise
@@ -415,6 +441,7 @@ class ReportFolder:
                 if named is e:
                     raise
                 raise named from e
+            _UNFINISHED.discard(self._staging)
             shutil.rmtree(self._staging, ignore_errors=True)  # empty now
             return False
         self._undo()
@@ -431,6 +458,7 @@ class ReportFolder:
 
     def _undo(self):
         """Remove what this call wrote."""
+        _UNFINISHED.discard(self._staging)
         shutil.rmtree(self._staging, ignore_errors=True)
         for path in self._moved:
             try:

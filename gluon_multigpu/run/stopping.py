@@ -40,6 +40,7 @@ import threading
 import time
 
 from ..core.training import Hook
+from .files import discard_unfinished
 
 __all__ = ['StopRequest', 'StallGuard', 'Interruptible']
 
@@ -129,6 +130,7 @@ class StopRequest(Hook):
                 elif signum != signal.SIGHUP and self._exit:  # a closing session repeats SIGHUP
                     if self.on_second is not None:
                         _quietly(self.on_second, signum)
+                    discard_unfinished()  # no half-written output left behind
                     os._exit(128 + signum)  # pylint: disable=protected-access
 
     def __enter__(self):
