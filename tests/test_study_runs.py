@@ -221,3 +221,20 @@ def test_a_cpu_feature_the_machine_lacks_is_named():
     assert bfloat16.missing_feature({'avx512f'}, {}) == 'the CPU lacks avx512_bf16'
     assert 'DNNL_MAX_CPU_ISA=AVX2' in bfloat16.missing_feature(
         {'avx512f', 'avx512_bf16'}, {'DNNL_MAX_CPU_ISA': 'AVX2'})
+
+
+def test_the_estimate_leaves_out_the_first_measurements_start_up(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(sweep.time, 'monotonic', lambda: clock[0])
+    said = []
+    units = [sweep.Unit(f'u{i}', f'round {i}') for i in range(5)]
+    with sweep.Sweep(str(tmp_path / 'r.json'), 'test', {}, units, said.append,
+                     interval=0) as study:
+        for unit, seconds in zip(units[:2], (30.0, 10.0)):  # the first one compiles
+            study.begin(unit)
+            clock[0] += seconds
+            study.keep(unit, {'x': 1})
+        first, revised = [line for line in said if line.startswith('estimate')]
+        assert 'takes about 2 min, about 2 min left' in first  # 5 x 30 s (150 s), 4 x 30 s left
+        assert revised.endswith('about 30 s left')  # 3 more at 10 s: the second one's rate
+        assert study.left() == pytest.approx(30.0)

@@ -142,6 +142,7 @@ class Sweep:
         if len(set(keys)) != len(keys):
             raise ValueError('the keys of a study must differ')
         self.done = {}  # key -> {'result': ..., 'seconds': ...}
+        self._order = []  # keys measured in this process, in the order they ended
         self.resumed = 0
         self._current = self._started = None
         self._current_work = 0.0
@@ -355,17 +356,26 @@ class Sweep:
             seconds = time.monotonic() - self._started if self._current is unit else None
             self._current = None
         self.done[unit.key] = {'result': result, 'seconds': seconds}
+        if seconds is not None:
+            self._order.append(unit.key)
         self._write('complete' if self.complete else 'partial')
-        if not self._estimated and not self.complete:
-            self._say_estimate()
+        if not self.complete and (not self._estimated or len(self._order) == 2):
+            self._say_estimate(revised=self._estimated)
 
     def _rate(self):
-        """Seconds per unit of work measured so far in this process, or None."""
+        """Seconds per unit of work measured so far in this process, or None.
+
+        Once a second unit is measured, the first one measured in this process
+        no longer counts: it carried the start-up (graphs compiled, kernels
+        made), which made a first estimate up to three times too long.
+        """
         with self._lock:
-            work = sum(u.work for u in self.units
-                       if u.key in self.done and self.done[u.key].get('seconds') is not None)
-            seconds = sum(self.done[u.key]['seconds'] for u in self.units
-                          if u.key in self.done and self.done[u.key].get('seconds') is not None)
+            timed = [k for k in self._order if self.done[k].get('seconds') is not None]
+            if len(timed) > 1:
+                timed = timed[1:]
+            works = {u.key: u.work for u in self.units}
+            work = sum(works[k] for k in timed)
+            seconds = sum(self.done[k]['seconds'] for k in timed)
             if self._current is not None and self._current_work > 0:
                 work += self._current_work
                 seconds += time.monotonic() - self._started
@@ -387,13 +397,17 @@ class Sweep:
         elapsed = time.monotonic() - started
         return max(rate * work - elapsed, rate * (work - current.work))
 
-    def _say_estimate(self):
+    def _say_estimate(self, revised=False):
         rate = self._rate()
         if rate is None:
             return
         self._estimated = True
         total = rate * sum(u.work for u in self.units)
         left = self.left()
+        if revised:  # the second measurement: the rate without the first one's start-up
+            self.say(f'estimate, from the measurements after the first: about {duration(left)} '
+                     'left')
+            return
         done = '' if not self.resumed else f', {self.resumed} kept from before'
         self.say(f'estimate: the whole run ({len(self.units)} measurements{done}) takes about '
                  f'{duration(total)}, about {duration(left)} left'
