@@ -726,10 +726,14 @@ def test_a_sweep_whose_report_does_not_fit_is_one_line_and_status_1(small_disk, 
     err = proc.stderr.splitlines()
     assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr
     assert re.fullmatch(rf'error: could not write {small_disk}/sweep/\S+: No space left on '
-                        r'device; free space or choose another place \(nothing was written\)',
-                        err[-1]), err[-1]
+                        r'device; free space or choose another place \(the results file keeps '
+                        r'what was measured before\)', err[-1]), err[-1]
     assert '| devices |' in proc.stdout  # the figures are shown all the same
-    assert os.listdir(small_disk) == ['filler']
+    # no part of the report: only the results file, whole, for --resume to write it again
+    assert sorted(os.listdir(small_disk)) == ['filler', 'sweep']
+    assert os.listdir(small_disk / 'sweep') == ['results.json']
+    kept = json.loads((small_disk / 'sweep' / 'results.json').read_text())
+    assert kept['status'] == 'complete' and len(kept['done']) == 1, kept
 
 
 # --- 3. a chart's format follows its extension --------------------------------------------
