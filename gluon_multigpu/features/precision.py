@@ -10,8 +10,10 @@ is skipped and the scale halved (``LossScaler``).
 On CPU contexts float16 does not apply: MXNet 1.9.1 has no float16 matrix
 multiply on the CPU (its convolutions and dense layers stop with "FP16 gemm on
 cpu not implemented"). bfloat16 on the CPU trains only through a converted
-graph in MXNet 1.9.1, slower than float32 on the machines measured, so it is
-not offered (docs/exercises.md). Whether a CPU can compute in bfloat16 at all
+graph in MXNet 1.9.1, outside ``train``: slower than float32 for the simple
+CNN, and for ResNet-18 until its residual block used oneDNN's ReLU and an
+element-wise sum (then 1.7x float32 on a CPU with AVX512-BF16, accuracy not
+yet measured), so it is not offered through ``dtype`` (docs/exercises.md). Whether a CPU can compute in bfloat16 at all
 depends on its instruction set: ``check_bfloat16`` tries.
 """
 import functools
@@ -47,8 +49,10 @@ def check_dtype(dtype, devices):
                           'implemented"); use `dtype` float32 on CPU contexts')
     if dtype == 'bfloat16':
         raise DeviceError('`dtype` bfloat16 is not offered: MXNet 1.9.1 trains these networks in '
-                          'bfloat16 on the CPU only through a converted graph, which measured '
-                          'slower than float32 here (docs/exercises.md, scripts/bfloat16.py); use '
+                          'bfloat16 on the CPU only through a converted graph outside `train`, '
+                          'slower than float32 for the simple CNN and faster for ResNet-18 on '
+                          'CPUs with bfloat16 instructions (docs/exercises.md; scripts/bfloat16.py '
+                          'measures your machine); use '
                           '`dtype` float32')
 
 

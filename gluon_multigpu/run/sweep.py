@@ -359,8 +359,10 @@ class Sweep:
         if seconds is not None:
             self._order.append(unit.key)
         self._write('complete' if self.complete else 'partial')
-        if not self.complete and (not self._estimated or len(self._order) == 2):
-            self._say_estimate(revised=self._estimated)
+        if not self.complete and not self._estimated:
+            self._say_estimate()
+        elif len(self._order) == 2 and len(self.pending()) > 1:  # worth saying again
+            self._say_estimate(revised=True)
 
     def _rate(self):
         """Seconds per unit of work measured so far in this process, or None.
