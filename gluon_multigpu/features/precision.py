@@ -49,11 +49,10 @@ def check_dtype(dtype, devices):
                           'implemented"); use `dtype` float32 on CPU contexts')
     if dtype == 'bfloat16':
         raise DeviceError('`dtype` bfloat16 is not offered: MXNet 1.9.1 trains these networks in '
-                          'bfloat16 on the CPU only through a converted graph outside `train`, '
-                          'slower than float32 for the simple CNN and faster for ResNet-18 on '
-                          'CPUs with bfloat16 instructions (docs/exercises.md; scripts/bfloat16.py '
-                          'measures your machine); use '
-                          '`dtype` float32')
+                          'bfloat16 on the CPU only through a converted graph, not the one '
+                          'training builds, slower than float32 for the simple CNN and faster '
+                          'for ResNet-18 on CPUs with bfloat16 instructions (docs/exercises.md; '
+                          'scripts/bfloat16.py measures your machine); use `dtype` float32')
 
 
 def check_bfloat16():
