@@ -13,8 +13,9 @@ cpu not implemented"). bfloat16 on the CPU trains only through a converted
 graph in MXNet 1.9.1, outside ``train``: slower than float32 for the simple
 CNN, and for ResNet-18 until its residual block used oneDNN's ReLU and an
 element-wise sum (then 1.7x float32 on a CPU with AVX512-BF16, accuracy not
-yet measured), so it is not offered through ``dtype`` (docs/exercises.md). Whether a CPU can compute in bfloat16 at all
-depends on its instruction set: ``check_bfloat16`` tries.
+yet measured), so it is not offered through ``dtype`` (docs/exercises.md).
+Whether a CPU can compute in bfloat16 at all depends on its instruction set:
+``check_bfloat16`` tries.
 """
 import functools
 import warnings
