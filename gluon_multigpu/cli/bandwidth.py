@@ -107,26 +107,17 @@ def fit_batch(models, device_type, counts, batch, given, available, say):
     A default (``given`` False) that does not fit is halved until it fits,
     with a line; one given that does not fit is refused (``DeviceError``).
     """
-    if device_type != 'cpu' or available is None:
+    if device_type != 'cpu':
         return batch
     largest = max(counts)
 
     def need(b):
         return max(gm.measure.bandwidth_memory(m, largest, b) for m in models)
-    if need(batch) <= available:
-        return batch
-    fits = batch
-    while fits > 1 and need(fits) > available:
-        fits //= 2
     model = max(models, key=lambda m: gm.measure.bandwidth_memory(m, largest, batch))
-    what = f'{model} on {largest} CPU contexts with a batch of {batch} per device'
-    if given or need(fits) > available:
-        _sweep.check_memory(need(batch), available, what,
-                              f'use --batch-per-device {fits} or less' if need(fits) <= available
-                              else 'free memory, or measure fewer --counts or --models')
-    say(f'note: {what} would need about {_sweep.size(need(batch))} of memory and '
-        f'{_sweep.size(available)} is available: measuring {fits} per device instead')
-    return fits
+    return _sweep.fit_to_memory(
+        batch, need, available, f'{model} on {largest} CPU contexts with a batch of {batch} per '
+        'device', '--batch-per-device', 'free memory, or measure fewer --counts or --models',
+        given, say, 'measuring {} per device')
 
 
 def faster_advice(args, models, counts, batch, repeats):

@@ -118,24 +118,11 @@ def fit_batches(args, device_type, counts, batches, given, available, say):
 
     def need(b):
         return gm.model.memory_needed(args.model, b * largest if per_device else b, largest)
-    fitted = []
-    for b in batches:
-        fits = b
-        while fits > 1 and need(fits) > available:
-            fits //= 2
-        if fits == b:
-            fitted.append(b)
-            continue
-        flag = '--batch-per-device' if per_device else '--global-batch'
-        what = (f'{args.model} on {largest} CPU contexts with a '
-                f'{"batch of " + str(b) + " per device" if per_device else "global batch of " + str(b)}')
-        if given or need(fits) > available:
-            sweep_module.check_memory(need(b), available, what,
-                                      f'use {flag} {fits} or less' if need(fits) <= available
-                                      else 'free memory, or sweep fewer --counts')
-        say(f'note: {what} would need about {sweep_module.size(need(b))} of memory and '
-            f'{sweep_module.size(available)} is available: sweeping {fits} instead')
-        fitted.append(fits)
+    flag = '--batch-per-device' if per_device else '--global-batch'
+    fitted = [sweep_module.fit_to_memory(
+        b, need, available, f'{args.model} on {largest} CPU contexts with a '
+        + (f'batch of {b} per device' if per_device else f'global batch of {b}'), flag,
+        'free memory, or sweep fewer --counts', given, say, 'sweeping {}') for b in batches]
     return list(dict.fromkeys(fitted))
 
 

@@ -9,17 +9,9 @@ from mxnet import npx
 from ..core.results import epoch_line
 from ..core.training import Hook
 from ..errors import Interrupted
+from .sweep import duration
 
 __all__ = ['Progress', 'Schedule', 'Live', 'duration', 'jupyter_shell']
-
-
-def duration(seconds):
-    """``seconds`` as a short text: ``45 s``, ``12 min``, ``3.2 h``."""
-    if seconds < 90:
-        return f'{seconds:.0f} s'
-    if seconds < 90 * 60:
-        return f'{seconds / 60:.0f} min'
-    return f'{seconds / 3600:.1f} h'
 
 
 class Schedule:

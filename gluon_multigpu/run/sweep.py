@@ -43,7 +43,8 @@ from ..errors import DeviceError, GluonMultiGPUError
 from . import files
 from .files import write_json
 
-__all__ = ['Unit', 'Sweep', 'SweepError', 'check_memory', 'size', 'duration', 'FORMAT']
+__all__ = ['Unit', 'Sweep', 'SweepError', 'check_memory', 'fit_to_memory', 'size', 'duration',
+           'FORMAT']
 
 #: The ``format`` field of a results file: what a resume accepts.
 FORMAT = 'gluon-multigpu sweep results 1'
@@ -77,6 +78,28 @@ def check_memory(need, available, what, fix):
     if available is not None and need > available:
         raise DeviceError(f'{what} needs about {size(need)} of memory and {size(available)} is '
                           f'available; {fix}')
+
+
+def fit_to_memory(batch, need, available, what, flag, otherwise, given, say, doing):
+    """The largest of ``batch``, ``batch // 2``, ``batch // 4`` ... whose ``need(b)`` bytes fit.
+
+    ``batch`` itself when it fits (or ``available`` is None). A batch the user
+    gave (``given``), or one that does not fit even halved down to 1, is
+    refused (``DeviceError``: use ``flag`` FITS or less, or ``otherwise``);
+    a default is halved with a line to ``say`` (``...: DOING instead``, ``doing`` a
+    format of the batch that fits, such as ``'measuring {} per device'``).
+    """
+    if available is None or need(batch) <= available:
+        return batch
+    fits = batch
+    while fits > 1 and need(fits) > available:
+        fits //= 2
+    if given or need(fits) > available:
+        check_memory(need(batch), available, what,
+                     f'use {flag} {fits} or less' if need(fits) <= available else otherwise)
+    say(f'note: {what} would need about {size(need(batch))} of memory and {size(available)} '
+        f'is available: {doing.format(fits)} instead')
+    return fits
 
 
 def _read_pid(fd):
