@@ -1,0 +1,83 @@
+"""The file-system calls through which the package changes files: one place, so that a fault can be
+put into any of them.
+
+Every change the package makes on disk (``output`` and whatever writes through it) is one of
+these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link``, ``unlink``,
+``mkdir``, ``rmdir``. A writer that is not Python's (MXNet's ``save_parameters``) announces its
+write with ``external`` before it starts. Each call first passes its name and path to ``hook``
+(None but in tests): the fault-injection harness (``tests/test_fault_harness.py``) sets it to
+count the calls of an entry point, then to fail the n-th (``ENOSPC``, ``EIO``) or to kill the
+process there (SIGKILL).
+"""
+import os
+
+__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir',
+           'external', 'OPERATIONS']
+
+#: The names passed to ``hook``.
+OPERATIONS = ('open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir')
+
+#: Called as ``hook(operation, path)`` before each call; it may raise ``OSError`` (or end the
+#: process) to stand for a fault there. Tests only.
+hook = None
+
+
+def _before(operation, path):
+    if hook is not None:
+        hook(operation, os.fspath(path))
+
+
+def open(path, flags, mode=0o666):  # pylint: disable=redefined-builtin
+    """``os.open`` (a file created or opened for writing)."""
+    _before('open', path)
+    return os.open(path, flags, mode)
+
+
+def write(fd, data, path=''):
+    """Write all of ``data`` (bytes) to ``fd``; ``path`` names the file for the hook."""
+    view = memoryview(data)
+    while view:
+        _before('write', path)
+        done = os.write(fd, view)
+        view = view[done:]
+
+
+def fsync(fd, path=''):
+    """``os.fsync``; ``path`` names the file (or folder) for the hook."""
+    _before('fsync', path)
+    os.fsync(fd)
+
+
+def replace(source, target):
+    """``os.replace``: ``source`` takes the name ``target``, atomically."""
+    _before('replace', target)
+    os.replace(source, target)
+
+
+def link(source, target):
+    """``os.link``: a hard link ``target`` to ``source`` (fails if ``target`` exists)."""
+    _before('link', target)
+    os.link(source, target)
+
+
+def unlink(path):
+    """``os.unlink``."""
+    _before('unlink', path)
+    os.unlink(path)
+
+
+def mkdir(path, mode=0o777):
+    """``os.mkdir``."""
+    _before('mkdir', path)
+    os.mkdir(path, mode)
+
+
+def rmdir(path):
+    """``os.rmdir`` (an empty folder)."""
+    _before('rmdir', path)
+    os.rmdir(path)
+
+
+def external(path):
+    """Announce a write to ``path`` by code outside Python (MXNet's ``save_parameters``)."""
+    _before('write', path)
