@@ -568,6 +568,26 @@ def finished_anyway(signum, args):
             f'{128 + signum}, as for any stop by a signal')
 
 
+@contextlib.contextmanager
+def stop_request(on_signal, on_second):
+    """A ``StopRequest`` for the run; in the program, once it has stopped the run, the stop
+    signals are ignored.
+
+    The status is then 128 + the first signal, as the last line says: a
+    signal that comes later, while the process ends, changes neither (one
+    within the window is the same request anyway, ``StopRequest``). Called
+    as a function (``main``, the tests), the process's handlers are left as they were.
+    """
+    stop = gm.StopRequest(on_signal, on_second)
+    try:
+        with stop:
+            yield stop
+    finally:
+        if stop.signum is not None and _PROGRAM['started']:
+            for signum in common.STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+
+
 def main(argv=None):
     """Run the script; return the exit status.
 
@@ -587,8 +607,8 @@ def _main(args, argv):
     # Started by the launcher's agent (its control pipes are set): signals come from the launcher.
     launched = bool(os.environ.get(gm.agent.CONTROL_VARIABLE))
     try:
-        with gm.StopRequest(lambda signum: acknowledge(signum, args.book_literal, launched),
-                            stop_now) as stop:
+        with stop_request(lambda signum: acknowledge(signum, args.book_literal, launched),
+                          stop_now) as stop:
             common.run_began()  # from its end on, a signal finds the run over, not starting
             run(args, stop=stop)
     except gm.distributed.JoinError as e:
@@ -616,8 +636,13 @@ def _main(args, argv):
     return 0
 
 
+#: Whether this process is the program (``start``), which ends once ``main`` returns.
+_PROGRAM = {'started': False}
+
+
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
+    _PROGRAM['started'] = True
     common.start(main, launcher)
 
 

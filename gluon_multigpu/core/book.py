@@ -113,7 +113,7 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
         epoch's end (``Interrupted.epoch_done``), not in the next epoch; after
         the last epoch the run simply ends.
     """
-    check_train_args(devices, num_epochs, kvstore, lr)
+    devices, num_epochs, lr = check_train_args(devices, num_epochs, kvstore, lr)
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(init=initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)

@@ -8,13 +8,12 @@ is a Trainer without a kvstore that sums the gradients itself
 kvstores (``dist_sync``, ``dist_device_sync``, ``dist_async``) sum over
 workers on several machines too (see ``distributed``).
 """
-import math
-
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import gluon
 
 from ..errors import GluonMultiGPUError
+from .checks import check_lr
 
 __all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer']
@@ -66,12 +65,6 @@ def check_kvstore(kvstore, devices):
                                  'choose local, device or none')
 
 
-def check_lr(lr):
-    """Raise unless ``lr`` is a positive finite number."""
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise GluonMultiGPUError(f'learning rate must be a positive number, got {lr!r}')
-
-
 def allreduce(arrays):
     """Sum ``arrays`` (one per device) in place, so that every one holds the sum (d2l 13.5).
 
@@ -118,8 +111,7 @@ def make_trainer(net, lr, kvstore, multi_precision=False):
     multi_precision : bool
         Keep a float32 copy of every float16 weight and update that (mixed precision).
     """
-    check_lr(lr)
-    options = {'learning_rate': lr}
+    options = {'learning_rate': check_lr(lr)}
     if multi_precision:
         options['multi_precision'] = True
     if kvstore_name(kvstore) == 'none':

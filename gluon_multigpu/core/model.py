@@ -96,6 +96,7 @@ def _resnet_block(residual, num_channels, num_residuals, norm, first_block=False
 
 
 def _resnet18(num_classes, residual, norm):
+    npx.set_np()  # the layers take the semantics of the thread that builds them: turn them on
     net = nn.Sequential()
     # This model uses a smaller convolution kernel, stride, and padding and
     # removes the max-pooling layer
@@ -145,6 +146,7 @@ def simple_cnn(num_classes=10):
     dense 128 relu, dense ``num_classes``. It has no BatchNorm, so a step on
     several devices equals a step on one device with the whole batch.
     """
+    npx.set_np()  # the layers take the semantics of the thread that builds them: turn them on
     net = nn.Sequential()
     net.add(nn.Conv2D(channels=20, kernel_size=3, activation='relu'),
             nn.MaxPool2D(pool_size=2, strides=2),

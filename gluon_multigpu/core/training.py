@@ -8,19 +8,20 @@ stopping on a signal, progress lines) is added through ``Hook`` objects that
 live beside their own code. Host-device sync points are marked: where they
 sit decides what a timing means.
 """
-import itertools
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, gluon, np, npx
 
+from .checks import BatchCheck, batch_pair, check_devices, check_epochs, check_lr
 from .devices import split_batch
-from ..errors import DeviceError, GluonMultiGPUError, Interrupted, TrainingDiverged
-from .kvstores import check_kvstore, check_lr, kvstore_name, make_trainer
+from ..errors import GluonMultiGPUError, Interrupted, TrainingDiverged
+from .hooks import Hook, Run
+from .kvstores import check_kvstore, kvstore_name, make_trainer
 from .recipes import recipe_of
 from .results import EpochRecord, EpochTotals, TrainResult
 from .utils import Timer, accuracy
@@ -52,7 +53,8 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):
         Fraction of correct predictions.
     """
     correct, total = [[] for _ in devices], 0
-    for features, labels in data_iter:
+    for batch in data_iter:
+        features, labels = batch_pair(batch)
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         for i, (X_shard, y_shard) in enumerate(zip(X_shards, y_shards)):
             correct[i].append(accuracy(net(X_shard), y_shard))
@@ -119,125 +121,6 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
         scaler.step(trainer, batch_size or X.shape[0], devices)
     return [(l.sum(), accuracy(y_hat, y_shard))
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
-
-
-@dataclass
-class Run:
-    """What hooks see of a run in progress: the network, its Trainer, and where it stands.
-
-    Before the Trainer is made, the hooks' ``setup`` may change how a step
-    computes (the features plug in here): ``model`` (what computes: the
-    network, or a cast of it), ``split`` (how a batch is shared among the
-    devices; ``after_backward`` runs between the backward passes and the
-    update, ``eval_split`` splits an evaluation batch), ``scaler`` (loss
-    scaling), ``step_scale`` (``trainer.step`` normalises by a batch's samples
-    times this) and ``trainer_options`` (arguments of ``kvstores.make_trainer``).
-    """
-    net: object
-    trainer: object
-    devices: list
-    train_iter: object
-    result: TrainResult
-    hooks: list
-    epoch: int = 0
-    test_iter: object = None
-    num_epochs: int = 0
-    model: object = None
-    split: object = None
-    after_backward: object = None
-    eval_split: object = None
-    scaler: object = None
-    step_scale: int = 1
-    trainer_options: dict = field(default_factory=dict)
-    error: object = None  # what ended the last fit, for the hooks' ``leave`` (None: it returned)
-
-    def batches(self, skip=0):
-        """The epoch's batches, without the first ``skip`` (done before a resumed stop)."""
-        return itertools.islice(iter(self.train_iter), skip, None) if skip else self.train_iter
-
-    def call(self, method, *args):
-        """Call ``method`` of every hook in turn; return True if any returned True."""
-        answers = [getattr(hook, method)(self, *args) for hook in self.hooks]
-        return any(a is True for a in answers)
-
-    def plug(self, what, value, by):
-        """Set ``what`` (``split``, ``model``, ``scaler``) for plug-in ``by``; refuse a second."""
-        if getattr(self, what) is not None:
-            raise GluonMultiGPUError(f'two hooks set the {what} of the step ({by!r} is the '
-                                     'second); pass only one of them')
-        setattr(self, what, value)
-
-
-class Hook:
-    """Something added to ``train``'s loop; each method does nothing until overridden.
-
-    ``train`` calls the hooks in the order given. Hooks in the package:
-    the features (``balance.Split``, ``precision.MixedPrecision``,
-    ``distributed.StepScale``: they plug into the step in ``setup``),
-    ``checkpoint.Checkpointer`` (save, resume), ``stopping.StopRequest``
-    (stop on SIGINT/SIGTERM/SIGHUP, the scripts'), ``stopping.Interruptible``
-    (Ctrl-C in a notebook or a Python session), ``stopping.StallGuard`` (end a
-    deadlocked run), ``progress.Progress`` (progress lines), ``progress.Live``
-    (a progress display in a notebook).
-    """
-
-    #: A hook that handles SIGINT itself: ``train`` then adds no ``Interruptible``.
-    handles_signals = False
-    #: A hook that shows progress: ``train`` then adds no ``Live`` display.
-    shows_progress = False
-
-    def setup(self, run):
-        """Once, the network initialised (and hybridized), before the Trainer is made.
-
-        A feature plugs into the step here: ``run.plug('split', ...)``,
-        ``run.plug('model', ...)``, ``run.plug('scaler', ...)``,
-        ``run.step_scale``, ``run.trainer_options`` (see ``Run``).
-        """
-
-    def begin(self, run):
-        """Before the first epoch, the Trainer made; return ``(first_epoch, partial)`` to resume.
-
-        ``partial`` is the ``EpochTotals`` of the batches of ``first_epoch``
-        already done, or None. Return None to start at epoch 1. Called once
-        per ``Training`` (not again when ``fit`` continues it).
-        """
-
-    def enter(self, run):
-        """At the start of every ``fit`` (``train`` calls it once): e.g. install a signal handler."""
-
-    def leave(self, run):
-        """At the end of every ``fit``, also when it raises: undo what ``enter`` did."""
-
-    def step_end(self, run, step, samples, timer):
-        """After step ``step`` of ``run.epoch`` is queued; return True to stop the epoch there.
-
-        A stop in the epoch's last step (all its batches done, when the data
-        has a length) becomes a stop at the epoch's end: it is evaluated and
-        recorded first (see ``epoch_end``), so a checkpoint never holds a
-        partial epoch that is in fact whole.
-
-        ``samples`` counts this epoch's samples so far, ``timer`` has run since
-        its start. Nothing has synced: call ``npx.waitall()`` before reading
-        ``timer.elapsed()`` to get the devices' time.
-        """
-
-    def steps_done(self, run):
-        """The epoch's queued steps have all finished on the devices (before evaluation)."""
-
-    def stopped(self, run, totals):
-        """The epoch was stopped by a hook after ``totals.batches`` steps (all finished)."""
-
-    def epoch_end(self, run, record):
-        """After each epoch is evaluated and recorded in ``run.result``; True stops the run there.
-
-        Every hook's ``epoch_end`` is called (a checkpoint of the epoch is
-        written) before the run stops; it stops only if an epoch is left to
-        begin (``Interrupted`` with ``epoch_done``); after the last epoch
-        ``train`` returns as usual.
-        """
-
-    def diverged(self, run, error):
-        """Training diverged (``error``, a ``TrainingDiverged``); a hook may add to its notes."""
 
 
 def non_finite_params(params):
@@ -322,9 +205,14 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
         How a batch is split and what runs before ``trainer.step`` (see ``train_batch``).
     scaler : precision.LossScaler, optional
         Loss scaling (see ``train_batch``).
+
+    A batch is checked by ``hooks_of.check(batch, first)`` (a ``checks.BatchCheck``,
+    ``first``: the epoch's first batch), else only to be a pair ``(X, y)``.
     """
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
-    for X, y in train_iter:
+    check = getattr(hooks_of, 'check', None)
+    for batch in train_iter:
+        X, y = check(batch, steps.batches == 0) if check is not None else batch_pair(batch)
         stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f,
                             after_backward, scaler)
         for i, (l, c) in enumerate(stats):
@@ -360,20 +248,14 @@ def hybridize(net):
 def check_train_args(devices, num_epochs, kvstore, lr):
     """Raise ``GluonMultiGPUError`` for arguments ``train`` cannot use, before any work.
 
-    ``lr`` None (the recipe's) passes.
+    Return ``(devices, num_epochs, lr)`` as the loop uses them (a list, an
+    ``int``, a ``float``); ``num_epochs`` and ``lr`` None (the recipe's) pass.
     """
-    if not devices:
-        raise DeviceError('the device list is empty; pass at least one device')
+    devices = check_devices(devices)
     if num_epochs is not None:
-        _check_epochs(num_epochs)
+        num_epochs = check_epochs(num_epochs)
     check_kvstore(kvstore, devices)
-    if lr is not None:
-        check_lr(lr)
-
-
-def _check_epochs(num_epochs):
-    if not isinstance(num_epochs, int) or isinstance(num_epochs, bool) or num_epochs < 1:
-        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
+    return devices, num_epochs, (check_lr(lr) if lr is not None else None)
 
 
 class _EpochCallback(Hook):
@@ -457,11 +339,10 @@ class Training:
                  seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(),
                  on_epoch=None):
         npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
-        devices = list(devices) if devices is not None else []
-        check_train_args(devices, None, kvstore, lr)
+        devices, _, lr = check_train_args(devices, None, kvstore, lr)
         self.recipe = recipe_of(net)
         if lr is None:
-            lr = self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices)))
+            lr = check_lr(self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices))))
         self.max_in_flight = self.recipe.max_in_flight if max_in_flight is None else max_in_flight
         hooks = list(hooks) + ([_EpochCallback(on_epoch)] if on_epoch else [])
         hooks += _default_hooks(hooks)
@@ -469,7 +350,6 @@ class Training:
         self.result = TrainResult(devices=[str(d) for d in devices],
                                   kvstore=kvstore_name(kvstore), lr=lr)
         self.result.training = self
-        _LAST['run'] = self
         run = Run(net, None, devices, train_iter, self.result, hooks, test_iter=test_iter)
         self.run = run
         if seed is not None:
@@ -485,9 +365,11 @@ class Training:
         run.trainer = make_trainer(net, lr, kvstore, **run.trainer_options)
         self.trainer = run.trainer
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
-        self._started = False
+        run.check = BatchCheck(run.model, devices[0], train_iter)
+        self._started = False  # whether the hooks' begin has returned (a failed one runs again)
         self._live = None  # the interrupted epoch: (its batches left, its totals so far)
         self._target = None
+        _LAST['run'] = self  # built whole: a build that raised is never the last run
 
     @property
     def epoch(self):
@@ -512,7 +394,7 @@ class Training:
                 raise GluonMultiGPUError('nothing left to continue; give `num_epochs`, the '
                                          'epochs to train')
         else:
-            _check_epochs(num_epochs)
+            num_epochs = check_epochs(num_epochs)
             self._target = self.epoch + num_epochs  # an interrupted epoch is the first of them
         npx.set_np()  # for the thread that calls fit (MXNet keeps the semantics per thread)
         run = self.run
@@ -533,8 +415,8 @@ class Training:
     def _fit(self, run):
         first_epoch, partial, batches = self.epoch + 1, None, None
         if not self._started:
-            self._started = True
             first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
+            self._started = True  # only now: a begin that raised is called again by fit()
             if partial is not None:
                 batches = iter(run.batches(partial.batches))
         elif self._live is not None:
@@ -631,7 +513,7 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
         trains two more epochs. An interrupt raises ``Interrupted``, whose
         ``training.fit()`` goes on.
     """
-    _check_epochs(num_epochs)  # before any work; Training checks the rest
+    num_epochs = check_epochs(num_epochs)  # before any work; Training checks the rest
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
                     hooks=hooks, on_epoch=on_epoch).fit(num_epochs)

@@ -20,7 +20,10 @@ second signal does not end the process (the kernel would die with the run):
 the run still stops after the current step.
 
 A signal within ``SAME_REQUEST`` seconds of the first is the same request,
-not a second one. One Ctrl-C can arrive several times within milliseconds: the
+not a second one, for both hooks, and also once the run has stopped: a hook
+hands the signals back (``__exit__``, ``leave``) only once that window has
+passed, so a repeat never reaches the handler that was there before
+(Python's, which would raise ``KeyboardInterrupt`` in the caller's code). One Ctrl-C can arrive several times within milliseconds: the
 terminal sends SIGINT to the whole foreground process group, so a wrapper in
 that group that forwards signals to its child (``timeout``, which forwards it
 to the child and again to its process group) delivers it again. Nobody
@@ -42,7 +45,25 @@ import time
 from ..core.training import Hook
 from .files import discard_unfinished
 
-__all__ = ['StopRequest', 'StallGuard', 'Interruptible']
+__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'SAME_REQUEST']
+
+#: Seconds after the first signal within which another is the same request (see above).
+SAME_REQUEST = 0.5
+
+
+def _repeated(first_at):
+    """Whether a signal arriving now repeats one that came at ``first_at`` (monotonic; None: none)."""
+    return first_at is not None and time.monotonic() - first_at < SAME_REQUEST
+
+
+def _wait_out(first_at):
+    """Return once the window of a signal that came at ``first_at`` has passed.
+
+    Called with the hook's handlers still installed: a repeat that arrives
+    meanwhile finds them, and is the same request.
+    """
+    while _repeated(first_at):
+        time.sleep(max(0.0, first_at + SAME_REQUEST - time.monotonic()))
 
 
 class StopRequest(Hook):
@@ -74,7 +95,7 @@ class StopRequest(Hook):
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     handles_signals = True
     #: Seconds after the first signal within which another is the same request (see above).
-    SAME_REQUEST = 0.5
+    SAME_REQUEST = SAME_REQUEST
 
     def __init__(self, on_signal=None, on_second=None, exit_on_second=None):
         self.signum, self.on_signal, self.on_second = None, on_signal, on_second
@@ -91,11 +112,6 @@ class StopRequest(Hook):
     def epoch_end(self, run, record):
         return self.signum is not None
 
-    def _repeated(self):
-        """Whether a signal arriving now repeats the first one (within ``SAME_REQUEST``)."""
-        return (self._first_at is not None and
-                time.monotonic() - self._first_at < self.SAME_REQUEST)
-
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         # Runs in the main thread once it is back in Python: the flag the loop reads.
         if self.signum is None:
@@ -103,7 +119,7 @@ class StopRequest(Hook):
             if self._thread is None:
                 self._first_at = time.monotonic()
         elif (self._thread is None and signum != signal.SIGHUP and self._exit
-              and not self._repeated()):  # no watcher: a second request ends the run here
+              and not _repeated(self._first_at)):  # no watcher: a second request ends it here
             raise KeyboardInterrupt
 
     def _watch(self):
@@ -120,7 +136,7 @@ class StopRequest(Hook):
                     # Python writes a byte for every signal with a Python handler (SIGCHLD,
                     # SIGWINCH, ... of another library): not a request to stop.
                     continue
-                if self._seen and self._repeated():
+                if self._seen and _repeated(self._first_at):
                     continue  # one Ctrl-C delivered twice (a wrapper that forwards it)
                 self._seen += 1
                 if self._seen == 1:
@@ -151,6 +167,7 @@ class StopRequest(Hook):
         return self
 
     def __exit__(self, *exc):
+        _wait_out(self._first_at)  # a repeat of the first signal still finds this hook
         signal.set_wakeup_fd(self._wakeup)
         for s, handler in self._previous.items():
             signal.signal(s, handler)
@@ -247,7 +264,9 @@ class Interruptible(Hook):
     raises ``Interrupted`` (or, in the epoch's last step or evaluation, stops
     at that epoch's end), and ``fit()`` goes on from there. Further SIGINTs
     neither end the process nor raise ``KeyboardInterrupt`` in the middle of a
-    step: they say that the run is still stopping (at most once a second).
+    step: they say that the run is still stopping (at most once a second); one
+    within ``SAME_REQUEST`` seconds of the first is the same request also
+    after ``fit`` has raised (the handler stays until then).
 
     The acknowledgement comes at once, even while the main thread waits
     inside MXNet for a long step: a thread reads the signal wake-up file
@@ -286,7 +305,7 @@ class Interruptible(Hook):
         self.signum, self.requests = None, 0
         self._previous, self._installed, self._said, self._pending = None, False, None, []
         self._sockets = self._thread = None
-        self._heard = 0
+        self._heard, self._first_at = 0, None
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         # Runs in the main thread between two bytecodes, possibly in the middle of a step:
@@ -294,6 +313,7 @@ class Interruptible(Hook):
         self.requests += 1
         if self.signum is None:
             self.signum = signum
+            self._first_at = self._first_at or time.monotonic()
         if self._thread is None:
             self._acknowledge(self.requests)
 
@@ -334,6 +354,7 @@ class Interruptible(Hook):
             for signum in data:
                 if signum == signal.SIGINT:  # a byte of another signal with a Python handler
                     self._heard += 1       # (SIGCHLD, SIGWINCH, ...) is no request
+                    self._first_at = self._first_at or time.monotonic()
                     self._acknowledge(self._heard)
 
     def _start_watching(self):
@@ -368,6 +389,7 @@ class Interruptible(Hook):
 
     def enter(self, run):
         self.signum, self.requests, self._said, self._pending = None, 0, None, []
+        self._first_at = None
         if self._installed or threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGINT)
@@ -381,6 +403,7 @@ class Interruptible(Hook):
         if self._installed:
             self._installed = False
             try:
+                _wait_out(self._first_at)  # a repeat of this SIGINT still finds the handler
                 self._stop_watching()
             finally:
                 signal.signal(signal.SIGINT, self._previous)

@@ -1,0 +1,178 @@
+"""What ``train`` checks before it works: its arguments, and the data as the network sees it.
+
+Every refusal is a one-line ``GluonMultiGPUError`` that names the value and
+says what to give instead. The arguments are checked before anything is
+made (``check_train_args``); the data where it is already on the host, so
+that no check adds a wait on the devices to a step (``BatchCheck``): the
+labels of the package's loaders once, as a whole, and otherwise those of
+each epoch's first batch; the shape of each epoch's first batch by one
+forward pass of a single sample, whose output also says how many classes
+the network has. Every batch is checked to be a pair ``(X, y)`` whose
+samples are shaped like the first one's, from shapes Python already holds.
+"""
+import math
+import numbers
+
+import numpy as onp
+
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
+import mxnet as mx
+from mxnet import autograd
+
+from ..errors import DataError, DeviceError, GluonMultiGPUError
+
+__all__ = ['check_epochs', 'check_lr', 'check_devices', 'batch_pair', 'BatchCheck']
+
+#: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
+LR_MAX = float(onp.finfo(onp.float32).max)
+
+
+def _integer(value):
+    """Whether ``value`` is an integer (a NumPy one included), not a bool."""
+    return (isinstance(value, numbers.Integral) and
+            not isinstance(value, (bool, onp.bool_)))
+
+
+def check_epochs(num_epochs):
+    """Return ``num_epochs`` as an ``int``; raise unless it is a positive integer."""
+    if not _integer(num_epochs) or num_epochs < 1:
+        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
+    return int(num_epochs)
+
+
+def check_lr(lr):
+    """Return ``lr`` as a ``float``; raise unless it is a positive number float32 can hold.
+
+    NumPy scalars count as numbers; bools do not. A rate that float32
+    rounds to 0 or to infinity would update nothing or everything.
+    """
+    number = isinstance(lr, numbers.Real) and not isinstance(lr, (bool, onp.bool_))
+    value = float(lr) if number else math.nan
+    if not (math.isfinite(value) and value > 0 and onp.float32(value) > 0
+            and value <= LR_MAX):
+        raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
+                                 f'range (at most {LR_MAX:.4g}), got {lr!r}')
+    return value
+
+
+def check_devices(devices):
+    """Return ``devices`` as a list; raise ``DeviceError`` unless MXNet can train on them.
+
+    A list of distinct contexts, CPUs or GPUs that exist (``cpu_devices(n)``,
+    ``gpu_devices(n)``); a single context or a string is refused.
+    """
+    if isinstance(devices, (str, bytes, mx.Context)):
+        raise DeviceError(f'devices must be a list of contexts such as [mx.cpu(0), mx.cpu(1)], '
+                          f'got {devices!r}; use gm.cpu_devices(n) or gm.gpu_devices(n)')
+    devices = list(devices) if devices is not None else []
+    if not devices:
+        raise DeviceError('the device list is empty; pass at least one device')
+    gpus = None
+    for device in devices:
+        if not isinstance(device, mx.Context) or device.device_type not in ('cpu', 'gpu'):
+            raise DeviceError(f'{device!r} is not a device: give contexts such as mx.cpu(0) or '
+                              'mx.gpu(0) (gm.cpu_devices(n), gm.gpu_devices(n))')
+        if device.device_type == 'gpu':
+            gpus = _gpu_count() if gpus is None else gpus
+            if device.device_id >= gpus:
+                have = f'{gpus} GPU(s) exist' if gpus else 'no GPU exists (or MXNet is a CPU build)'
+                raise DeviceError(f'device {device} is not available: {have}; use '
+                                  'gm.gpu_devices(n) or gm.cpu_devices(n)')
+    repeated = next((d for i, d in enumerate(devices) if d in devices[:i]), None)
+    if repeated is not None:
+        raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
+    return devices
+
+
+def _gpu_count():
+    try:
+        return mx.context.num_gpus()
+    except mx.base.MXNetError:  # a CUDA build on a machine without a driver
+        return 0
+
+
+def batch_pair(batch):
+    """Return ``(X, y)`` of one batch; raise ``DataError`` unless it is such a pair."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch
+    what = (f'a {type(batch).__name__} of {len(batch)}' if isinstance(batch, (tuple, list))
+            else f'a {type(batch).__name__}' + (f' of shape {tuple(batch.shape)}'
+                                                if hasattr(batch, 'shape') else ''))
+    raise DataError(f'each batch must be a pair (inputs, labels), got {what}; make the data '
+                    'yield (X, y)')
+
+
+def _host(array):
+    """A NumPy view of ``array`` (an MXNet array is read back: the first batch only)."""
+    return array.asnumpy() if hasattr(array, 'asnumpy') else onp.asarray(array)
+
+
+def check_labels(labels, num_classes, where):
+    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a class 0..n-1."""
+    labels = onp.asarray(labels)
+    if labels.size == 0:
+        return
+    low, high = labels.min(), labels.max()
+    bad = low if low < 0 else high if high >= num_classes else None
+    if bad is not None:
+        raise DataError(f'label {bad.item()!r} in {where} is outside the network\'s '
+                        f'{num_classes} classes; give class numbers 0 to {num_classes - 1}')
+
+
+class BatchCheck:
+    """Checks the batches of a run as ``train_epoch`` takes them (see the module's text).
+
+    Parameters
+    ----------
+    model : Block
+        What computes a step (the network, or a cast of it).
+    device : Context
+        Where the one-sample forward pass of an epoch's first batch runs.
+    data : iterable
+        The training data: a loader of the package holds its labels on the
+        host (``labels``), checked as a whole once.
+    """
+
+    def __init__(self, model, device, data=None):
+        self.model, self.device, self.data = model, device, data
+        self.num_classes, self.sample_shape, self._loader_checked = None, None, False
+
+    def __call__(self, batch, first):
+        """Return ``(X, y)`` of ``batch``; ``first``: the first batch of an epoch."""
+        X, y = batch_pair(batch)
+        if not (hasattr(X, 'shape') and hasattr(y, 'shape')):
+            raise DataError(f'a batch of a {type(X).__name__} and a {type(y).__name__}; give '
+                            'arrays (inputs, labels)')
+        if first:
+            self.sample_shape = tuple(X.shape[1:])
+            self._probe(X)
+        elif tuple(X.shape[1:]) != self.sample_shape:
+            raise DataError(f'a batch of inputs shaped {tuple(X.shape)} after batches of '
+                            f'samples shaped {self.sample_shape}; give every batch samples of '
+                            'one shape')
+        if len(y.shape) != 1 or y.shape[0] != X.shape[0]:
+            raise DataError(f'labels of shape {tuple(y.shape)} for {X.shape[0]} inputs; give '
+                            'one class number per sample, shape (batch,)')
+        if first and self.num_classes is not None:
+            labels = getattr(self.data, 'labels', None)
+            if not isinstance(labels, onp.ndarray):  # not a package loader: this batch's
+                check_labels(_host(y), self.num_classes, 'the training data')
+            elif not self._loader_checked:
+                check_labels(labels, self.num_classes, 'the training data')
+                self._loader_checked = True
+        return X, y
+
+    def _probe(self, X):
+        """Run one sample through the model: the shape it takes and the classes it has."""
+        try:
+            with autograd.predict_mode():
+                out = self.model(X[:1].as_in_ctx(self.device))
+        except AttributeError as e:  # a layer of the legacy API in NumPy mode, or the reverse
+            raise GluonMultiGPUError(
+                f'the network cannot run with MXNet\'s NumPy semantics ({e}); build it in a '
+                'thread where mxnet.npx.set_np() was called (the package\'s builders do)') from e
+        except mx.base.MXNetError as e:
+            raise DataError(f'the network cannot take inputs of shape {tuple(X.shape)} '
+                            f'(samples shaped {tuple(X.shape[1:])}); give it inputs of the '
+                            'shape it was built for') from e
+        self.num_classes = out.shape[-1] if len(out.shape) == 2 else None
