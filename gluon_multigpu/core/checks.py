@@ -10,8 +10,11 @@ forward pass of a single sample, whose output also says how many classes
 the network has. Every batch is checked to be a pair ``(X, y)`` whose
 samples are shaped like the first one's, from shapes Python already holds.
 """
+import contextlib
+import io
 import math
 import numbers
+import sys
 
 import numpy as onp
 
@@ -163,16 +166,23 @@ class BatchCheck:
         return X, y
 
     def _probe(self, X):
-        """Run one sample through the model: the shape it takes and the classes it has."""
+        """Run one sample through the model: the shape it takes and the classes it has.
+
+        MXNet prints the arguments of a shape it cannot infer: said only when
+        the forward pass succeeds (the model's own output), else the error says it.
+        """
+        printed = io.StringIO()
         try:
-            with autograd.predict_mode():
+            with autograd.predict_mode(), contextlib.redirect_stdout(printed):
                 out = self.model(X[:1].as_in_ctx(self.device))
-        except AttributeError as e:  # a layer of the legacy API in NumPy mode, or the reverse
+        except AttributeError as e:  # a layer of the legacy API in NumPy mode
             raise GluonMultiGPUError(
-                f'the network cannot run with MXNet\'s NumPy semantics ({e}); build it in a '
-                'thread where mxnet.npx.set_np() was called (the package\'s builders do)') from e
-        except mx.base.MXNetError as e:
+                'the network cannot run with MXNet\'s NumPy semantics (it was built in a '
+                'thread where mxnet.npx.set_np() was not called); build it where it was, '
+                'as the package\'s builders do') from e
+        except (mx.base.MXNetError, ValueError) as e:  # ValueError: deferred initialisation
             raise DataError(f'the network cannot take inputs of shape {tuple(X.shape)} '
                             f'(samples shaped {tuple(X.shape[1:])}); give it inputs of the '
                             'shape it was built for') from e
+        sys.stdout.write(printed.getvalue())
         self.num_classes = out.shape[-1] if len(out.shape) == 2 else None
