@@ -14,9 +14,10 @@ The modules are grouped by what they are for:
 - ``core``, the section: ``devices`` (device lists, splitting a batch),
   ``model`` (ResNet-18, the simple CNN), ``recipes`` (each model's measured
   settings), ``data`` (Fashion-MNIST/MNIST), ``kvstores`` (the Trainer and
-  where gradients are summed), ``training`` (one step, one epoch,
-  evaluation, ``train``), ``results``, ``book`` (the text's own loop),
-  ``utils``;
+  where gradients are summed), ``steps`` (one step, one epoch,
+  evaluation), ``training`` (``train``, ``Training``), ``hooks`` (what a
+  hook of ``train`` sees), ``checks`` (arguments and data refused in one
+  line), ``results``, ``book`` (the text's own loop), ``utils``;
 - ``features``, the exercises, each a plug-in of ``train``: ``balance``
   (uneven splits), ``precision`` (float16), ``sync_bn`` (synchronised
   BatchNorm), ``distributed`` (the parameter server);
@@ -46,6 +47,7 @@ GROUPS = ('core', 'features', 'run', 'study')
 MODULES = {
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
+    'checks': 'core', 'hooks': 'core', 'steps': 'core',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
     'engine': 'run', 'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',

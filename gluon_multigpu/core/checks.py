@@ -175,6 +175,8 @@ class BatchCheck:
         try:
             with autograd.predict_mode(), contextlib.redirect_stdout(printed):
                 out = self.model(X[:1].as_in_ctx(self.device))
+        except GluonMultiGPUError:  # a layer's own check (a ValueError too): as it says
+            raise
         except AttributeError as e:  # a layer of the legacy API in NumPy mode
             raise GluonMultiGPUError(
                 'the network cannot run with MXNet\'s NumPy semantics (it was built in a '

@@ -23,10 +23,11 @@ A signal within ``SAME_REQUEST`` seconds of the first is the same request,
 not a second one, for both hooks, and also once the run has stopped: a hook
 hands the signals back (``__exit__``, ``leave``) only once that window has
 passed, so a repeat never reaches the handler that was there before
-(Python's, which would raise ``KeyboardInterrupt`` in the caller's code). One Ctrl-C can arrive several times within milliseconds: the
-terminal sends SIGINT to the whole foreground process group, so a wrapper in
-that group that forwards signals to its child (``timeout``, which forwards it
-to the child and again to its process group) delivers it again. Nobody
+(Python's, which would raise ``KeyboardInterrupt`` in the caller's code).
+One Ctrl-C can arrive several times within milliseconds: the terminal sends
+SIGINT to the whole foreground process group, so a wrapper in that group
+that forwards signals to its child (``timeout``, which forwards it to the
+child and again to its process group) delivers it again. Nobody
 presses Ctrl-C twice within half a second meaning "now" rather than "stop".
 
 SIGHUP (the terminal or the ssh session closed) stops like SIGTERM. A
@@ -52,7 +53,7 @@ SAME_REQUEST = 0.5
 
 
 def _repeated(first_at):
-    """Whether a signal arriving now repeats one that came at ``first_at`` (monotonic; None: none)."""
+    """Whether a signal arriving now repeats one that came at ``first_at`` (None: none came)."""
     return first_at is not None and time.monotonic() - first_at < SAME_REQUEST
 
 

@@ -1,0 +1,240 @@
+"""The data-parallel step, epoch and evaluation over a list of devices (d2l 13.6).
+
+The section's loop: each batch split across the devices, forward and
+backward per shard inside one ``autograd.record()``, and ``trainer.step``
+letting the kvstore sum the gradients and update every copy; the loss sums
+and correct counts stay on the devices until an epoch's one read-back.
+Host-device sync points are marked: where they sit decides what a timing
+means. ``training`` runs these epochs with its hooks.
+"""
+import math
+import warnings
+from dataclasses import dataclass
+
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
+import mxnet as mx
+from mxnet import autograd, np
+
+from .checks import batch_pair
+from .devices import split_batch
+from ..errors import GluonMultiGPUError, TrainingDiverged
+from .results import EpochTotals
+from .utils import accuracy
+
+__all__ = ['evaluate_accuracy_gpus', 'train_batch', 'non_finite_params', 'check_finite_params',
+           'EpochSteps', 'train_epoch', 'hybridize']
+
+
+def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):
+    """Compute the accuracy of ``net`` on ``data_iter`` using several devices.
+
+    Every sample counts once, also in a last batch that does not divide
+    evenly; a last batch smaller than the number of devices uses the first
+    devices only. Unlike the text's version (``book.evaluate_accuracy_book``),
+    the counts stay on the devices until the end: one read-back per device.
+
+    Parameters
+    ----------
+    net : Block
+        A network initialised on ``devices``.
+    data_iter : iterable of (X, y)
+    devices : list of Context
+    split_f : callable
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``.
+
+    Returns
+    -------
+    float
+        Fraction of correct predictions.
+    """
+    correct, total = [[] for _ in devices], 0
+    for batch in data_iter:
+        features, labels = batch_pair(batch)
+        X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
+        for i, (X_shard, y_shard) in enumerate(zip(X_shards, y_shards)):
+            correct[i].append(accuracy(net(X_shard), y_shard))
+        total += labels.shape[0]
+    if total == 0:
+        raise GluonMultiGPUError('the evaluation data is empty')
+    return _read_sum(correct) / total
+
+
+def _read_sum(per_device):
+    """Sum lists of 0-d arrays, one list per device (sync point: one read-back per device)."""
+    return sum(float(np.stack(values).asnumpy().astype('float64').sum())
+               for values in per_device if values)
+
+
+def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch,
+                after_backward=None, scaler=None):
+    """Run one data-parallel training step on a batch.
+
+    Parameters
+    ----------
+    net : Block
+        Initialised on ``devices``.
+    X, y : mxnet.np.ndarray
+        The whole batch; it is split across ``devices``.
+    loss : Loss
+        Per-sample loss, e.g. ``SoftmaxCrossEntropyLoss``.
+    trainer : gluon.Trainer
+        Owns the parameters and the kvstore that sums the gradients.
+    devices : list of Context
+    batch_size : int, optional
+        What ``trainer.step`` normalises the gradient by; defaults to the
+        samples actually in the batch (the text passes its fixed batch size).
+    split_f : callable
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``, e.g. a ``balance.Split``.
+    after_backward : callable, optional
+        ``after_backward(net, devices)``, called once the backward passes are
+        queued and before ``trainer.step`` sums the gradients: where each
+        device's own work of the step ends (``balance.TimedSplit`` times it there).
+    scaler : precision.LossScaler, optional
+        Scales the loss in the backward pass and divides it out in the step,
+        which it skips when a gradient overflows (float16).
+
+    Returns
+    -------
+    list of (ndarray, ndarray)
+        Per shard, the loss sum and the number of correct predictions, as
+        0-d arrays on the shard's device (not read back: no sync here).
+    """
+    X_shards, y_shards = split_f(X, y, devices)
+    with autograd.record():
+        y_hats = [net(X_shard) for X_shard in X_shards]
+        losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
+    for l in losses:
+        if scaler is None:
+            l.backward()
+        else:
+            scaler.backward(l)
+    if after_backward is not None:
+        after_backward(net, devices)
+    if scaler is None:
+        trainer.step(batch_size or X.shape[0])
+    else:  # Sync point: an overflowing step is skipped
+        scaler.step(trainer, batch_size or X.shape[0], devices)
+    return [(l.sum(), accuracy(y_hat, y_shard))
+            for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
+
+
+def non_finite_params(params):
+    """Names of the ``params`` that hold a NaN or an infinity on their first device.
+
+    Sync point: one read-back for all of them.
+    """
+    params = [p for p in params if p.list_data()]
+    if not params:
+        return []
+    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
+                   for p in params]).asnumpy()
+    return [p.name for p, good in zip(params, ok) if not good]
+
+
+def check_finite_params(net, where=''):
+    """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
+    bad = non_finite_params(net.collect_params().values())
+    if bad:
+        more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
+        raise TrainingDiverged(f'parameter {bad[0]}{more} became non-finite{where}')
+
+
+@dataclass
+class EpochSteps:
+    """The steps of an epoch as queued: what ``train_epoch`` returns, before any wait.
+
+    Per device, each step's loss sum and correct count, still on the device;
+    and what Python knows without waiting (samples, steps, whether a hook
+    stopped the epoch). ``totals`` reads them back once the devices are done.
+    """
+    losses: list
+    correct: list
+    samples: int = 0
+    batches: int = 0
+    stopped: bool = False
+    first_step: int = 1
+
+    def totals(self, seconds):
+        """Return the epoch's ``EpochTotals`` (sync point: one read-back per device).
+
+        Raises ``TrainingDiverged`` naming the first step whose loss is not
+        finite, and ``GluonMultiGPUError`` for an epoch without data.
+        """
+        if self.samples == 0 and not self.stopped and self.first_step == 1:
+            raise GluonMultiGPUError('the training data is empty')
+        per_step = [np.stack(v).asnumpy().astype('float64') for v in self.losses if v]
+        step_sums = sum(per_step) if per_step else []
+        for i, value in enumerate(step_sums):
+            if not math.isfinite(value):
+                step = self.first_step + i
+                raise TrainingDiverged(f'the training loss became non-finite at step {step}',
+                                       step=step)
+        return EpochTotals(float(sum(step_sums)), _read_sum(self.correct), self.samples,
+                           seconds, self.batches, self.stopped)
+
+
+def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
+                first_step=1, max_in_flight=None, step_scale=1, split_f=split_batch,
+                after_backward=None, scaler=None):
+    """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
+    ``totals(seconds)``).
+
+    Parameters
+    ----------
+    hooks_of : Run, optional
+        Its hooks' ``step_end`` is called after every step; one returning
+        True ends the epoch there (``stopped=True``).
+    timer : Timer, optional
+        The epoch's timer, handed to the hooks.
+    first_step : int
+        Number of the first step, for messages (a resumed epoch starts later).
+    max_in_flight : int, optional
+        After queuing step ``i``, wait until the first device has computed the
+        loss of step ``i - max_in_flight + 1`` (which needs the update of the
+        step before it), so the engine never runs more than that many steps
+        behind Python (None or 0: as far as it likes, the book's way).
+    step_scale : int
+        ``trainer.step`` normalises by a batch's samples times this: the
+        workers of a synchronous parameter server (``distributed.step_scale``).
+    split_f, after_backward : callable
+        How a batch is split and what runs before ``trainer.step`` (see ``train_batch``).
+    scaler : precision.LossScaler, optional
+        Loss scaling (see ``train_batch``).
+
+    A batch is checked by ``hooks_of.check(batch, first)`` (a ``checks.BatchCheck``,
+    ``first``: the epoch's first batch), else only to be a pair ``(X, y)``.
+    """
+    steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
+    check = getattr(hooks_of, 'check', None)
+    for batch in train_iter:
+        X, y = check(batch, steps.batches == 0) if check is not None else batch_pair(batch)
+        stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f,
+                            after_backward, scaler)
+        for i, (l, c) in enumerate(stats):
+            steps.losses[i].append(l)
+            steps.correct[i].append(c)
+        steps.samples += X.shape[0]
+        steps.batches += 1
+        if max_in_flight and steps.batches >= max_in_flight:
+            # Sync point: this step's loss exists once the step before it was applied.
+            steps.losses[0][steps.batches - max_in_flight].wait_to_read()
+        if hooks_of is not None and hooks_of.call('step_end', first_step - 1 + steps.batches,
+                                                  steps.samples, timer):
+            steps.stopped = True
+            break
+    return steps
+
+
+def hybridize(net):
+    """Compile every ``HybridBlock`` of ``net``, with its memory planned once (``static_alloc``).
+
+    A compiled graph runs without Python between its operators and reuses
+    its buffers. ``static_shape`` is not used: in MXNet 1.9.1 it drops
+    BatchNorm's running-statistics update on the first steps of a block nested
+    in an ``nn.Sequential`` (tests/test_fast_path.py compares with the eager loop).
+    """
+    with warnings.catch_warnings():
+        # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
+        warnings.filterwarnings('ignore', message='All children of this Sequential layer',
+                                category=UserWarning)
+        net.hybridize(static_alloc=True)
