@@ -92,7 +92,9 @@ class Hook:
 
         ``partial`` is the ``EpochTotals`` of the batches of ``first_epoch``
         already done, or None. Return None to start at epoch 1. Called once
-        per ``Training`` (not again when ``fit`` continues it).
+        per ``Training`` (not again when ``fit`` continues it), unless a hook's
+        ``begin`` raised: the next ``fit`` then begins again, resuming as
+        the first would have.
         """
 
     def enter(self, run):

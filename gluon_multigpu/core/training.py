@@ -108,6 +108,8 @@ class Training:
         run.fit()       # finishes the interrupted epoch and the rest of that fit's epochs
 
     The parameters are ``train``'s, but ``num_epochs``, which each ``fit`` takes.
+    A ``Training`` is built whole or not at all: when making it raises (a
+    hook's ``setup``, an argument refused), ``last_run()`` stays what it was.
 
     Attributes
     ----------
@@ -262,13 +264,17 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
         A network; it is (re-)initialised on ``devices``.
     train_iter, test_iter : iterable of (X, y)
         Batches; any iterable (the package's loaders, a Gluon ``DataLoader``, a list).
+        Each batch is a pair; labels outside the network's classes and inputs
+        it cannot take are refused in one line (``checks.BatchCheck``).
         ``test_iter`` None: no evaluation (``test_acc`` None), as on the workers
         of a parameter server other than the first.
     devices : list of Context
-        E.g. ``[mx.gpu(0), mx.gpu(1)]`` or ``cpu_devices(2)``.
+        E.g. ``[mx.gpu(0), mx.gpu(1)]`` or ``cpu_devices(2)``: distinct
+        devices that exist (else a one-line ``DeviceError``).
     num_epochs : int
     lr : float, optional
-        SGD learning rate; None: the recipe's for the batch size of ``train_iter``.
+        SGD learning rate, positive and within float32's range (NumPy scalars
+        too, not bools); None: the recipe's for the batch size of ``train_iter``.
     kvstore : {'local', 'device', 'nccl', 'none', None}
         Gradient-synchronisation back end of the Trainer (see ``kvstores.make_trainer``).
     seed : int or None
@@ -297,6 +303,11 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
         ``result.training`` is the ``Training``: ``result.training.fit(2)``
         trains two more epochs. An interrupt raises ``Interrupted``, whose
         ``training.fit()`` goes on.
+
+    ``train`` works from any thread: it turns MXNet's NumPy semantics on in
+    the thread that calls it, as the package's model builders do in the
+    thread that builds (MXNet keeps them per thread, and a layer takes them
+    when it is made). Outside the main thread no signal handler is installed.
     """
     num_epochs = check_epochs(num_epochs)  # before any work; Training checks the rest
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed,
