@@ -41,10 +41,11 @@ def test_a_save_keeps_the_users_own_files_and_survives_a_killed_saves_leftovers(
     for name, text in mine.items():
         (ckpt / name).write_text(text)
     assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
-    # what a save killed after placing its files leaves: its private folder, the record of
-    # what it placed, and the placed files under the next checkpoint's names
+    # what a save killed after placing its files leaves: its private folder (marked as the
+    # package's), the record of what it placed, and the placed files under the next names
     save = ckpt / '.ckpt-save.killed'
     save.mkdir()
+    (save / 'save-marker').write_text('gluon-multigpu-checkpoint-save, pid 12345\n')
     placed = {}
     for role in ('params', 'states'):
         data = f'a placed {role} file'.encode()
