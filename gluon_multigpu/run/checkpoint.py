@@ -435,8 +435,8 @@ class Checkpointer(Hook):
                       if saved.get(k) != self.config.get(k)]
             if differ:
                 raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
-                                      f'{", ".join(differ)}; use the same settings or choose '
-                                      'another `checkpoint_dir`')
+                                      f'{", ".join(differ)}; use the same settings, choose '
+                                      'another `checkpoint_dir`, or remove it')
         self._sequence = state.manifest['sequence']
         return state
 
