@@ -232,7 +232,9 @@ class Checkpointer(Hook):
         The settings that must match for a checkpoint to be resumed (model,
         data, batch size, learning rate, seed, ...); JSON-serialisable.
     resume : bool
-        Continue from the checkpoint in ``directory``, if it holds one.
+        Continue from the checkpoint in ``directory``, if it holds one. A
+        checkpoint there is refused without it, and one of other ``config``
+        with it (``check_directory``; else at the first ``begin`` or ``save``).
     """
 
     def __init__(self, directory, config, resume=False):
@@ -505,6 +507,10 @@ class Checkpointer(Hook):
                 fs.mkdir(self.directory)
             except FileExistsError:
                 pass
+            except FileNotFoundError:
+                raise CheckpointError(f'checkpoint directory {self.directory}: directory '
+                                      f'{os.path.dirname(self.directory)} does not exist; '
+                                      'create it first') from None
 
     def save(self, net, trainer, history, epoch, partial=None):
         """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next).
