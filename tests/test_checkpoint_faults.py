@@ -9,6 +9,7 @@ The calls are those of ``run/fs.py`` (``fs.hook`` sees each one, MXNet's writes 
 """
 import errno
 import os
+import select
 import shutil
 import signal
 
@@ -147,6 +148,20 @@ def test_a_failure_at_each_call_of_a_save_keeps_the_last_complete_checkpoint(bas
     assert epochs[0] == 1 and epochs[-1] == 2 and epochs == sorted(epochs)
 
 
+def reap(pid, timeout=120):
+    """Wait for the child ``pid`` to end (its exit status); kill it and fail past ``timeout`` s."""
+    fd = os.pidfd_open(pid)
+    try:
+        ended, _, _ = select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    if not ended:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f'the forked save did not end within {timeout} s')
+    return os.waitpid(pid, 0)[1]
+
+
 def test_a_save_killed_at_each_call_keeps_the_last_complete_checkpoint(base, tmp_path):
     calls = count_calls(base, tmp_path)
     epochs = []
@@ -160,7 +175,7 @@ def test_a_save_killed_at_each_call_keeps_the_last_complete_checkpoint(base, tmp
                 os._exit(0)
             finally:
                 os._exit(1)
-        _, status = os.waitpid(pid, 0)
+        status = reap(pid)
         if n <= calls:
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (n, status)
         else:
