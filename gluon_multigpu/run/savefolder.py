@@ -120,7 +120,7 @@ def make(directory):
 
 
 def _marker(path):
-    """The marker's content (at most 64 bytes), or None if it is not a regular file."""
+    """The marker's first 65 bytes (more than a marker holds), or None if not a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
