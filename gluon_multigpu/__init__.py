@@ -55,6 +55,7 @@ MODULES = {
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
     'charts': 'study', 'kvstore_report': 'study', 'cluster': 'study', 'network': 'study',
     'failover': 'study',
+    'savefolder': 'run',
 }
 
 #: The package's names, by the short name of the module that defines them.

@@ -13,6 +13,7 @@ import pytest
 from mxnet import np
 
 import gluon_multigpu as gm
+from gluon_multigpu.run import fs
 from conftest import REPO, load_script, run_bounded, wait_bounded
 
 SCRIPT = str(REPO / 'scripts' / 'train.py')
@@ -286,14 +287,10 @@ def test_a_crash_during_a_save_leaves_the_last_complete_checkpoint(tmp_path, mon
         for d in p.list_data():
             d[:] = d + 1
     if stage == 'manifest':
-        real_dump = gm.checkpoint.json.dump
-
-        def dump(obj, f, **kwargs):
-            if 'format' not in obj:  # the record of the files placed
-                return real_dump(obj, f, **kwargs)
-            f.write('{"format": "half')
-            raise Boom()
-        monkeypatch.setattr(gm.checkpoint.json, 'dump', dump)
+        def hook(operation, path):  # the new manifest is written, in the save's folder
+            if operation == 'write' and os.path.basename(path) == 'manifest.json':
+                raise Boom()
+        monkeypatch.setattr(fs, 'hook', hook)
     else:
         owner = net if stage == 'params' else gm.checkpoint
         method = 'save_parameters' if stage == 'params' else 'save_trainer_states'

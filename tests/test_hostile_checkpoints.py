@@ -2,11 +2,13 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
+import numpy as onp
 import pytest
 
 from conftest import REPO, load_script, run_bounded, wait_bounded
@@ -41,10 +43,11 @@ def test_a_save_keeps_the_users_own_files_and_survives_a_killed_saves_leftovers(
     for name, text in mine.items():
         (ckpt / name).write_text(text)
     assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
-    # what a save killed after placing its files leaves: its private folder, the record of
-    # what it placed, and the placed files under the next checkpoint's names
+    # what a save killed after placing its files leaves: its private folder (marked as the
+    # package's), the record of what it placed, and the placed files under the next names
     save = ckpt / '.ckpt-save.killed'
     save.mkdir()
+    (save / 'save-marker').write_text('gluon-multigpu-checkpoint-save, pid 12345\n')
     placed = {}
     for role in ('params', 'states'):
         data = f'a placed {role} file'.encode()
@@ -294,3 +297,77 @@ def test_a_temporary_folder_that_takes_no_files_does_not_stop_a_run(fashion_dir,
                        env=dict(os.environ, TMPDIR=tmpdir))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().splitlines()[-1].startswith('test acc: ')
+
+
+# --- the library, without the script's checks --------------------------------------------------
+
+def tiny_net():
+    """A one-layer network and its Trainer after one step, and a checkpoint history."""
+    import mxnet as mx
+    from mxnet import gluon, np
+    import gluon_multigpu as gm
+    mx.npx.set_np()
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(3, in_units=4))
+    net.initialize(ctx=mx.cpu())
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+    gm.train_batch(net, np.ones((2, 4)), np.zeros(2, dtype='int32'),
+                   gluon.loss.SoftmaxCrossEntropyLoss(), trainer, [mx.cpu()])
+    return net, trainer, [gm.EpochRecord(e, 1.0, 0.5, 0.5, 1.0, 0.1, 8) for e in (1, 2)]
+
+
+def files_in(directory):
+    return {os.path.relpath(os.path.join(root, n), directory):
+            open(os.path.join(root, n), 'rb').read()
+            for root, _, names in os.walk(directory) for n in names}
+
+
+def test_a_users_folder_named_like_a_save_folder_is_kept(tmp_path):
+    """Only a folder marked as a save's (or empty) is removed, whatever its name."""
+    import gluon_multigpu as gm
+    net, trainer, history = tiny_net()
+    ckpt = tmp_path / 'ckpt'
+    gm.Checkpointer(ckpt, {'k': 1}).save(net, trainer, history[:1], 1)
+    mine = {'.ckpt-save.abc123/notes.txt': b'my notes',
+            '.ckpt-save.other/save-marker': b'my own file of that name',
+            '.ckpt-save.extra/save-marker': b'gluon-multigpu-checkpoint-save, pid 7\n',
+            '.ckpt-save.extra/params.bak': b'my copy'}
+    for name, data in mine.items():
+        (ckpt / name).parent.mkdir(exist_ok=True)
+        (ckpt / name).write_bytes(data)
+    (ckpt / '.ckpt-save.empty').mkdir()  # nothing to lose: removed
+    (ckpt / '.ckpt-save.cut').mkdir()  # a save killed while writing its marker: removed
+    (ckpt / '.ckpt-save.cut' / 'save-marker').write_bytes(b'gluon-multigpu-checkpoint-sa')
+    gm.Checkpointer(ckpt, {'k': 1}, resume=True).save(net, trainer, history, 2)
+    after = files_in(ckpt)
+    assert {n: after.get(n) for n in mine} == mine
+    assert sorted(os.listdir(ckpt)) == sorted(['.ckpt-save.abc123', '.ckpt-save.other',
+                                               '.ckpt-save.extra', 'ckpt-000002.params',
+                                               'ckpt-000002.states', 'manifest.json'])
+
+
+@pytest.mark.parametrize('resume, config, phrase', [
+    (False, {'k': 1}, 'already holds a checkpoint (epoch 1, in '),
+    (False, {'k': 2}, 'already holds a checkpoint (epoch 1, in '),
+    (True, {'k': 2}, 'is of another run: k 1 (now 2)'),
+])
+def test_a_checkpointer_refuses_another_runs_checkpoint_without_check_directory(
+        tmp_path, resume, config, phrase):
+    import gluon_multigpu as gm
+    net, trainer, history = tiny_net()
+    ckpt = tmp_path / 'ckpt'
+    gm.Checkpointer(ckpt, {'k': 1}).save(net, trainer, history[:1], 1)
+    before = files_in(ckpt)
+    with pytest.raises(gm.CheckpointError) as refused:  # a save: refused before it writes
+        gm.Checkpointer(ckpt, config, resume=resume).save(net, trainer, history, 2)
+    message = str(refused.value)
+    assert phrase in message and str(ckpt) in message and len(message.splitlines()) == 1
+    assert ('add `resume=True` to continue it, choose another `checkpoint_dir`, or remove it'
+            if not resume else 'choose another `checkpoint_dir`, or remove it') in message
+    images = onp.random.default_rng(0).integers(0, 255, (32, 28, 28)).astype('uint8')
+    labels = onp.random.default_rng(1).integers(0, 10, 32).astype('int32')
+    data = gm.data.ArrayLoader(images, labels, 16)
+    with pytest.raises(gm.CheckpointError, match=re.escape(phrase)):  # train: refused at begin
+        gm.train(gm.simple_cnn(), data, None, [__import__('mxnet').cpu()], num_epochs=1,
+                 hooks=[gm.Checkpointer(ckpt, config, resume=resume)])
+    assert files_in(ckpt) == before

@@ -7,20 +7,27 @@ next epoch when it was stopped part-way (with that part's running totals),
 the data order's seed, the history so far, and the settings of the run.
 
 A save writes its files into a private folder it makes in the directory
-(``.ckpt-save.XXXXXXXX``, an unpredictable name, mode 0700), flushes and
-fsyncs them, records there the names and hashes it is about to place, renames
-them into the directory, and writes the manifest last, naming its files by
-content hash: until the new manifest has been renamed into place, the old one
-still describes files that are all still there. A crash, SIGKILL or full disk
-at any moment therefore leaves the last complete checkpoint intact.
+(``savefolder``: an unpredictable name, mode 0700, marked as the package's by
+a marker file written first), fsyncs them, records there the names and hashes
+it is about to place, renames them into the directory, and renames the
+manifest in last, naming its files by content hash: until the new manifest
+has been renamed into place, the old one still describes files that are all
+still there. A crash, SIGKILL or full disk at any moment therefore leaves the
+last complete checkpoint intact; a failed save removes what it had placed.
+Every change to the directory goes through ``fs`` (MXNet's own writes are
+announced there), so that a fault can be put into each of them in tests.
 
 Nothing is written through a link, nothing outside the directory is touched,
 and nothing in it is removed but what this package owns: the files of the
 checkpoint being replaced (named in its manifest), and what a killed save
-left (its private folder, and files it had placed, recognised by the names
-and hashes it recorded). Any other ``ckpt-NNNNNN.params`` or ``.states`` is
-someone else's: a run refuses to start beside it rather than delete it. A
-lock (``flock`` on ``.lock``) held while a run uses the directory refuses a
+left (its private folder, recognised by its marker, never by its name alone,
+and files it had placed, recognised by the names and hashes it recorded).
+Any other ``ckpt-NNNNNN.params`` or ``.states`` is someone else's: a run
+refuses to start beside it rather than delete it. Nor does a run write over
+another run's checkpoint: a Checkpointer without ``resume`` refuses a
+directory that holds a checkpoint, and with it one of other settings, before
+it writes anything (``check_directory``, or its first ``begin`` or ``save``).
+A lock (``flock`` on ``.lock``) held while a run uses the directory refuses a
 second run; the operating system drops it when the process ends, however it
 ends, so a ``.lock`` left by a killed run is simply taken over.
 
@@ -32,19 +39,17 @@ its files are the ones its manifest names, not who wrote them.
 import datetime
 import errno
 import fcntl
-import hashlib
 import json
 import os
-import re
-import shutil
-import stat
-import tempfile
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
 from ..errors import CheckpointError, GluonMultiGPUError
-from .files import CHECKPOINT_FILE, atomic_write, check_output_dir
+from . import fs, savefolder
+from .savefolder import is_regular as _is_regular, open_regular as _open_regular, \
+    sha256 as _sha256
+from .files import CHECKPOINT_FILE, check_output_dir
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
 from ..core.data import DATASETS, ArrayLoader
@@ -56,50 +61,24 @@ __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'F
 
 MANIFEST = 'manifest.json'
 LOCK = '.lock'
-#: The private folder of a save, and the record in it of the files it places.
-_SAVE_DIR = re.compile(r'\.ckpt-save\.[A-Za-z0-9_]+')
-_PLACED = 'placed.json'
-#: What a killed atomic write of the manifest leaves (``files.atomic_write``).
-_MANIFEST_TMP = re.compile(r'\.manifest\.json\.[A-Za-z0-9_]+\.tmp')
-
-
-def _open_regular(path):
-    """Open ``path`` for reading without following a link; raise OSError unless a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise IsADirectoryError(errno.EISDIR, 'not a regular file', path)
-    return os.fdopen(fd, 'rb')
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with _open_regular(path) as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _is_regular(path):
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _fsync(path, flags=os.O_RDONLY):
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove(path):
     try:
-        os.remove(path)
+        fs.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _write_params(net):
+    def write(path):
+        fs.external(path)  # MXNet writes the file itself
+        net.save_parameters(path)
+    return write
+
+
+def _create_empty(path):
+    os.close(fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
 
 
 def _states_writer(trainer):
@@ -114,8 +93,12 @@ def _states_writer(trainer):
                 getattr(trainer._optimizer, 'momentum', 0):
             raise CheckpointError('a parameter server keeps this optimizer\'s state on its '
                                   'servers, where a checkpoint cannot reach it')
-        return lambda path: open(path, 'xb').close()
-    return lambda path: save_trainer_states(trainer, path)
+        return _create_empty
+
+    def write(path):
+        fs.external(path)  # MXNet's array file (``mx.nd.save``)
+        save_trainer_states(trainer, path)
+    return write
 
 
 class CheckpointState:
@@ -249,7 +232,9 @@ class Checkpointer(Hook):
         The settings that must match for a checkpoint to be resumed (model,
         data, batch size, learning rate, seed, ...); JSON-serialisable.
     resume : bool
-        Continue from the checkpoint in ``directory``, if it holds one.
+        Continue from the checkpoint in ``directory``, if it holds one. A
+        checkpoint there is refused without it, and one of other ``config``
+        with it (``check_directory``; else at the first ``begin`` or ``save``).
     """
 
     def __init__(self, directory, config, resume=False):
@@ -258,6 +243,7 @@ class Checkpointer(Hook):
         self._sequence = 0
         self._loaded = None  # (manifest stat, state): the checks and hashes are done once
         self._lock, self._made = None, False
+        self._claimed = False  # checked that this run may write here (``_claim``)
 
     @property
     def manifest_path(self):
@@ -287,23 +273,48 @@ class Checkpointer(Hook):
         refused, so that a new run never overwrites an old one; with it, the
         checkpoint must be intact, of a run with the same settings, not past
         ``num_epochs``, and stopped within an epoch of ``batches_per_epoch``.
-        Call it holding the lock (inside ``with checkpointer:``).
+        Then what killed saves left is removed (``_clean``). Call it holding
+        the lock (inside ``with checkpointer:``). Without it, the first
+        ``begin`` or ``save`` still refuses another run's checkpoint.
+        """
+        state = self._check_run()
+        if state is not None:
+            self._check_arrays(state)
+            if num_epochs is not None and state.epoch > num_epochs:
+                raise CheckpointError(f'the checkpoint in {self.directory} has {state.epoch} '
+                                      f'epochs done, more than the {num_epochs} asked for; ask '
+                                      f'for `num_epochs` {state.epoch} or more')
+            self._check_partial(state, batches_per_epoch)
+        self._claim(state)
+
+    def _check_run(self):
+        """Raise ``CheckpointError`` unless this run may write here; return the checkpoint it
+        continues (a ``CheckpointState``), or None.
+
+        Another run's checkpoint is refused: any checkpoint (complete or
+        damaged) without ``resume``, and with it a damaged one or one of other
+        settings (``load``); so are files with a checkpoint's name that no
+        checkpoint here names (``_check_foreign``).
         """
         if not self.exists():
             self._check_foreign(())
-            return
+            return None
         if not self.resume:
             raise CheckpointError(f'{self.directory} already holds a checkpoint '
-                                  f'({self.describe()}); add `resume=True` to continue it, or '
-                                  'choose another `checkpoint_dir`')
+                                  f'({self.describe()}); add `resume=True` to continue it, choose '
+                                  'another `checkpoint_dir`, or remove it')
         state = self.load()  # refuses a damaged checkpoint or one of another run
         self._check_foreign(entry['name'] for entry in state.manifest['files'].values())
-        self._check_arrays(state)
-        if num_epochs is not None and state.epoch > num_epochs:
-            raise CheckpointError(f'the checkpoint in {self.directory} has {state.epoch} epochs '
-                                  f'done, more than the {num_epochs} asked for; ask for '
-                                  f'`num_epochs` {state.epoch} or more')
-        self._check_partial(state, batches_per_epoch)
+        return state
+
+    def _claim(self, state=False):
+        """Check (``_check_run``, unless its ``state`` is given), then remove what killed saves
+        left; from then on this run's saves may replace the checkpoint here."""
+        if state is False:
+            state = self._check_run()
+        keep = {entry['name'] for entry in state.manifest['files'].values()} if state else set()
+        self._clean(set(), keep)
+        self._claimed = True
 
     def _check_arrays(self, state):
         """Raise unless the checkpoint's files are array files MXNet reads (before any work)."""
@@ -426,47 +437,12 @@ class Checkpointer(Hook):
                       if saved.get(k) != self.config.get(k)]
             if differ:
                 raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
-                                      f'{", ".join(differ)}; use the same settings or choose '
-                                      'another `checkpoint_dir`')
+                                      f'{", ".join(differ)}; use the same settings, choose '
+                                      'another `checkpoint_dir`, or remove it')
         self._sequence = state.manifest['sequence']
         return state
 
     # -- writing --------------------------------------------------------------------------
-
-    def _leftovers(self, keep=()):
-        """What killed saves left here: ``(their private folders, the files they placed)``.
-
-        A placed file counts only while it still has the name, size and hash
-        its save recorded: anything else under a checkpoint's name is not ours.
-        Files named in ``keep`` (the manifest's) are never leftovers.
-        """
-        folders, placed = [], set()
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return folders, placed
-        for name in names:
-            path = os.path.join(self.directory, name)
-            if not _SAVE_DIR.fullmatch(name) or os.path.islink(path) or not os.path.isdir(path):
-                continue
-            folders.append(path)
-            try:
-                with _open_regular(os.path.join(path, _PLACED)) as f:
-                    record = json.loads(f.read(1 << 16))
-                entries = [*record['placed'].values(), *record['replaced'].values()]
-            except (OSError, ValueError, AttributeError, KeyError, TypeError):
-                continue
-            for entry in entries:
-                try:
-                    target = os.path.join(self.directory, entry['name'])
-                    if entry['name'] not in keep and CHECKPOINT_FILE.fullmatch(entry['name']) \
-                            and _is_regular(target) and \
-                            os.path.getsize(target) == entry['bytes'] and \
-                            _sha256(target) == entry['sha256']:
-                        placed.add(entry['name'])
-                except (TypeError, KeyError, OSError):
-                    pass
-        return folders, placed
 
     def _foreign(self, named):
         """The files here with a checkpoint's name that neither ``named`` nor a killed save owns."""
@@ -475,7 +451,7 @@ class Checkpointer(Hook):
         except FileNotFoundError:
             return []
         named = set(named)
-        return sorted(candidates - named - self._leftovers(named)[1])
+        return sorted(candidates - named - savefolder.leftovers(self.directory, named)[1])
 
     def _check_foreign(self, named):
         foreign = self._foreign(named)
@@ -485,37 +461,70 @@ class Checkpointer(Hook):
                                   'checkpoint of this package there names (a file of your own?); '
                                   'move it away or choose another `checkpoint_dir`')
 
-    def _place(self, work, stem, net, trainer, replaced):
-        """Write the params and states in ``work``, record them, move them in; return the entries.
+    def _place(self, work, stem, net, trainer, replaced, placed):
+        """Write the params and states in ``work``, record them, move them in, adding each to
+        ``placed`` as it is moved.
 
         The record also names the ``replaced`` checkpoint's files: killed after
         the new manifest is in place, this save leaves them for the next to remove.
         """
         entries = {}
-        for role, write in (('params', net.save_parameters), ('states', _states_writer(trainer))):
+        for role, write in (('params', _write_params(net)), ('states', _states_writer(trainer))):
             tmp = os.path.join(work, role)
             try:
                 write(tmp)
             except mx.base.MXNetError as e:  # MXNet's file stream: no errno, say what it is
                 raise OSError(errno.EIO, 'the write stopped short (disk full or file size limit?)',
                               os.path.join(self.directory, f'{stem}.{role}')) from e
-            _fsync(tmp)
+            savefolder.fsync(tmp)
             entries[role] = {'name': f'{stem}.{role}', 'bytes': os.path.getsize(tmp),
                              'sha256': _sha256(tmp)}
-        with atomic_write(os.path.join(work, _PLACED), follow_links=False) as f:
-            json.dump({'placed': entries, 'replaced': replaced}, f)
-        _fsync(work)
+        savefolder.write_file(os.path.join(work, savefolder.PLACED), json.dumps(
+            {'placed': entries, 'replaced': replaced}).encode())
+        savefolder.fsync(work)
         for role, entry in entries.items():
             final = os.path.join(self.directory, entry['name'])
             if os.path.lexists(final):  # put there during the run: not ours to replace
                 raise CheckpointError(f'{final} appeared in the checkpoint directory during the '
                                       'run; move it away and resume')
-            os.replace(os.path.join(work, role), final)
+            fs.replace(os.path.join(work, role), final)
+            placed[role] = entry
         return entries
 
+    def _manifest(self, epoch, partial, history, files):
+        return {
+            'format': FORMAT, 'sequence': self._sequence,
+            'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+            'epoch': epoch, 'partial': partial._asdict() if partial is not None else None,
+            'history': [vars(r) for r in history], 'config': self.config, 'files': files,
+            'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
+        }
+
+    def _make_directory(self):
+        """Make the directory if missing (its parent must exist)."""
+        if not os.path.isdir(self.directory):
+            try:
+                fs.mkdir(self.directory)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                raise CheckpointError(f'checkpoint directory {self.directory}: directory '
+                                      f'{os.path.dirname(self.directory)} does not exist; '
+                                      'create it first') from None
+
     def save(self, net, trainer, history, epoch, partial=None):
-        """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next)."""
-        os.makedirs(self.directory, exist_ok=True)
+        """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next).
+
+        The first save of a Checkpointer that has not checked the directory
+        (``check_directory``, ``begin``) checks it first: another run's
+        checkpoint is refused before anything is written. A save that fails
+        raises, having removed what it placed (or left it recognisably the
+        package's, for the next save to remove): the last complete checkpoint
+        stays as it was, unless the new one is complete.
+        """
+        if not self._claimed:
+            self._claim()
+        self._make_directory()
         try:
             old = self._read_manifest()['files'] if self.exists() else {}
         except CheckpointError:
@@ -523,50 +532,60 @@ class Checkpointer(Hook):
         replaced = {e['name'] for e in old.values()}
         self._clean(set(), keep=replaced)  # what killed saves left, before placing new files
         self._sequence = self._sequence % MAX_SEQUENCE + 1  # the names need only be new
-        stem = f'ckpt-{self._sequence:06d}'
-        work = tempfile.mkdtemp(prefix='.ckpt-save.', dir=self.directory)
-        files = {}
+        work = savefolder.make(self.directory)
+        placed, staged, made = {}, os.path.join(work, MANIFEST), None
         try:
-            files = self._place(work, stem, net, trainer, old)
-            manifest = {
-                'format': FORMAT, 'sequence': self._sequence,
-                'written': datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec='seconds'),
-                'epoch': epoch, 'partial': partial._asdict() if partial is not None else None,
-                'history': [vars(r) for r in history], 'config': self.config, 'files': files,
-                'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
-            }
-            with atomic_write(self.manifest_path, follow_links=False) as f:
-                json.dump(manifest, f, indent=2)
-                f.write('\n')
-            _fsync(self.directory)
+            files = self._place(work, f'ckpt-{self._sequence:06d}', net, trainer, old, placed)
+            text = json.dumps(self._manifest(epoch, partial, history, files), indent=2) + '\n'
+            savefolder.write_file(staged, text.encode())
+            made = os.lstat(staged).st_ino
+            fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here
+            savefolder.fsync(self.directory)
         except BaseException:
-            for entry in files.values():  # placed, but no manifest names them
-                _remove(os.path.join(self.directory, entry['name']))
-            shutil.rmtree(work, ignore_errors=True)
+            if not self._committed(made):
+                self._undo(work, placed)
             raise
         new = {entry['name'] for entry in files.values()}
         self._clean(replaced - new, keep=new)
 
+    def _committed(self, made):
+        """Whether the manifest in place is the one a save staged (inode ``made``, or None)."""
+        try:
+            return made is not None and os.lstat(self.manifest_path).st_ino == made
+        except OSError:
+            return False
+
+    def _undo(self, work, placed):
+        """Remove what a failed save placed, then its folder; what cannot be removed stays
+        recognisable (the record in ``work`` names it) for the next save to remove."""
+        try:
+            for entry in placed.values():  # placed, but no manifest names them
+                _remove(os.path.join(self.directory, entry['name']))
+            savefolder.remove(work)
+        except OSError:
+            pass  # the save's own error is the one to raise
+
     def _clean(self, replaced, keep):
-        """Remove ``replaced`` and what killed saves left, never ``keep``; nothing else."""
-        folders, placed = self._leftovers(keep)
+        """Remove ``replaced`` and what killed saves left, never ``keep``; nothing else.
+
+        The files go first, then the folders: a folder's record names its files.
+        """
+        folders, placed = savefolder.leftovers(self.directory, keep)
         for name in (replaced | placed) - set(keep):
             if _is_regular(os.path.join(self.directory, name)):
                 _remove(os.path.join(self.directory, name))
         for folder in folders:
-            shutil.rmtree(folder, ignore_errors=True)  # removes links inside, never follows them
-        for name in os.listdir(self.directory):
-            if _MANIFEST_TMP.fullmatch(name) and _is_regular(os.path.join(self.directory, name)):
-                _remove(os.path.join(self.directory, name))
+            savefolder.remove(folder)
 
     # -- as a hook of train ----------------------------------------------------------------
 
     def begin(self, run):
-        """Refuse data whose order cannot be resumed (``check_resumable``), before any step; with
-        ``resume``: restore the parameters, the Trainer and the history; say where to go on."""
+        """Refuse data whose order cannot be resumed (``check_resumable``) and another run's
+        checkpoint (``check_directory``), before any step; with ``resume``: restore the
+        parameters, the Trainer and the history; say where to go on."""
         check_resumable(run.train_iter)
-        state = self.load() if self.resume else None
+        state = self._check_run()
+        self._claim(state)
         if state is None:
             return None
         self._check_partial(state, len(run.train_iter) if hasattr(run.train_iter, '__len__')
@@ -604,3 +623,6 @@ class CheckpointReader(Checkpointer):
 
     def save(self, net, trainer, history, epoch, partial=None):
         """Nothing: the first worker saves."""
+
+    def _clean(self, replaced, keep):
+        """Nothing: the first worker's saves are its own to clean."""

@@ -1,0 +1,234 @@
+"""The private folder a checkpoint save writes in, recognised as the package's by its content;
+and what killed saves left in a checkpoint directory (``leftovers``).
+
+A save (``checkpoint.Checkpointer.save``) makes ``.ckpt-save.XXXXXXXXXXXXXXXX`` in the
+checkpoint directory (a random name, mode 0700) and writes in it, first of all, the marker
+file ``save-marker``: ``gluon-multigpu-checkpoint-save, pid N``. Then its files (``FILES``).
+
+A folder with such a name is the package's, and may be removed, only when
+
+- it holds the whole marker, and nothing but the marker and ``FILES``; or
+- it holds nothing but a marker cut short (empty, or a beginning of one): a save killed while
+  writing its marker; or
+- it is empty (``rmdir`` cannot lose anything).
+
+A user's folder of the same name, or one with anything else in it, is never touched. It is
+removed file by file, the marker last, so that a removal killed half-way leaves a folder that
+is still recognised. Every change goes through ``fs``.
+
+A save records in its folder (``placed.json``) the names, sizes and hashes of
+the files it is about to move into the directory, and those of the checkpoint
+it replaces: killed after the move, its files are still recognised as its own
+while they are as it recorded them.
+"""
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+
+from . import fs
+from .files import CHECKPOINT_FILE
+
+__all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
+           'leftovers', 'write_file', 'fsync', 'open_regular', 'sha256', 'is_regular']
+
+#: The names of save folders.
+NAME = re.compile(r'\.ckpt-save\.[A-Za-z0-9_]+')
+#: The marker file, written first in a save folder.
+MARKER = 'save-marker'
+_MARK = b'gluon-multigpu-checkpoint-save, pid '
+_WHOLE = re.compile(re.escape(_MARK) + rb'\d+\n')
+#: The record of the files a save places.
+PLACED = 'placed.json'
+#: The files a save writes in its folder, beside the marker.
+FILES = ('params', 'states', 'manifest.json', PLACED)
+
+
+def open_regular(path):
+    """Open ``path`` for reading without following a link or blocking (a FIFO); raise OSError
+    unless a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, 'not a regular file', path)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, 'rb')
+
+
+def sha256(path):
+    """The SHA-256 of the regular file ``path``, in hex."""
+    digest = hashlib.sha256()
+    with open_regular(path) as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_regular(path):
+    """Whether ``path`` is a regular file (not a link to one)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def write_file(path, data):
+    """Create ``path`` (which must not exist; a link is not followed) holding ``data``, fsynced."""
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666)
+    try:
+        fs.write(fd, data, path)
+        fs.fsync(fd, path)
+    finally:
+        os.close(fd)
+
+
+def fsync(path):
+    """fsync the file or folder ``path`` (opened for reading)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fs.fsync(fd, path)
+    finally:
+        os.close(fd)
+
+
+def make(directory):
+    """Make a new save folder in ``directory`` and mark it; return its path.
+
+    If the marker cannot be written, what was made is removed (it is recognised: an empty
+    folder, or one holding a marker cut short) and the error raised.
+    """
+    while True:
+        path = os.path.join(directory, f'.ckpt-save.{secrets.token_hex(8)}')
+        try:
+            fs.mkdir(path, 0o700)
+            break
+        except FileExistsError:
+            continue
+    try:
+        write_file(os.path.join(path, MARKER), _MARK + f'{os.getpid()}\n'.encode())
+    except BaseException:
+        try:
+            remove(path)
+        except OSError:
+            pass  # recognised by the next save, which removes it
+        raise
+    return path
+
+
+def _marker(path):
+    """The marker's first 65 bytes (more than a marker holds), or None if not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 65)
+    finally:
+        os.close(fd)
+
+
+def _cut_short(content):
+    """Whether ``content`` is the beginning of a marker (a save killed while writing it)."""
+    if len(content) <= len(_MARK):
+        return _MARK.startswith(content)
+    return content.startswith(_MARK) and re.fullmatch(rb'\d*\n?', content[len(_MARK):]) is not None
+
+
+def _entries(path):
+    """The names in the folder ``path`` (not a link), or None."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+        return set(os.listdir(path))
+    except OSError:
+        return None
+
+
+def marked(path):
+    """Whether the folder ``path`` holds the whole marker (its files are then a save's)."""
+    content = _marker(os.path.join(path, MARKER))
+    return content is not None and _WHOLE.fullmatch(content) is not None
+
+
+def removable(path):
+    """Whether ``path`` is a save folder of the package that may be removed (see above)."""
+    if not NAME.fullmatch(os.path.basename(path)):
+        return False
+    names = _entries(path)
+    if names is None:
+        return False
+    if not names:
+        return True
+    if MARKER not in names or not names <= {MARKER, *FILES}:
+        return False
+    try:
+        kinds = {stat.S_IFMT(os.lstat(os.path.join(path, n)).st_mode) for n in names}
+    except OSError:
+        return False
+    if not kinds <= {stat.S_IFREG, stat.S_IFLNK}:
+        return False  # a folder (or a pipe) in it: not what a save makes
+    if marked(path):
+        return True
+    content = _marker(os.path.join(path, MARKER))
+    return names == {MARKER} and content is not None and _cut_short(content)
+
+
+def remove(path):
+    """Remove the save folder ``path`` (``removable``): its files, the marker last, the folder."""
+    names = _entries(path) or set()
+    for name in (*FILES, MARKER):
+        if name in names:
+            try:
+                fs.unlink(os.path.join(path, name))
+            except FileNotFoundError:
+                pass
+    fs.rmdir(path)
+
+
+def leftovers(directory, keep=()):
+    """What killed saves left in ``directory``: ``(their folders, the names of files they placed)``.
+
+    A folder counts only when ``removable`` (by its marker, not its name); a
+    placed file only while it still has the name, size and hash its save
+    recorded: anything else under a checkpoint's name is not the package's.
+    Files named in ``keep`` (the manifest's) are never leftovers.
+    """
+    folders, placed = [], set()
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return folders, placed
+    for name in names:
+        path = os.path.join(directory, name)
+        if removable(path):
+            folders.append(path)
+            if marked(path):
+                placed |= _recorded(directory, os.path.join(path, PLACED), keep)
+    return folders, placed
+
+
+def _recorded(directory, record_path, keep):
+    """The files a save's record names that are still as it placed them, but ``keep``."""
+    try:
+        with open_regular(record_path) as f:
+            record = json.loads(f.read(1 << 16))
+        entries = [*record['placed'].values(), *record['replaced'].values()]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return set()
+    found = set()
+    for entry in entries:
+        try:
+            target = os.path.join(directory, entry['name'])
+            if entry['name'] not in keep and CHECKPOINT_FILE.fullmatch(entry['name']) \
+                    and is_regular(target) and os.path.getsize(target) == entry['bytes'] \
+                    and sha256(target) == entry['sha256']:
+                found.add(entry['name'])
+        except (TypeError, KeyError, OSError):
+            pass
+    return found
