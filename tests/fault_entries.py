@@ -84,6 +84,11 @@ class Entry:
     def normalize(self, rel, data):  # pylint: disable=unused-argument
         return data
 
+    def partial_runs(self):
+        """Shorter runs (callables of ``root``) whose end states are complete states too: a
+        writer that keeps its results as it goes (a study's rows) may be stopped after any."""
+        return []
+
     def recover(self, root):
         """After a kill: ``output.recover`` on each of ``outputs`` (nothing without the layer)."""
         try:
@@ -342,6 +347,9 @@ class FailoverResults(Entry):
 
     def act(self, root):
         self._run(root, ['reference', 'kill-worker'])
+
+    def partial_runs(self):
+        return [lambda root: self._run(root, []), lambda root: self._run(root, ['reference'])]
 
 
 class NetworkResults(Entry):
