@@ -47,9 +47,10 @@ gm.engine.configure()  # the engine settings of the tests, before MXNet loads
 
 from gluon_multigpu.errors import GluonMultiGPUError  # noqa: E402
 from gluon_multigpu.run import fs  # noqa: E402
-from fault_entries import ENTRIES  # noqa: E402
+import fault_entries  # noqa: E402
+import fault_studies  # noqa: E402
 
-__all__ = ['FAULTS', 'KINDS', 'Case', 'results', 'table', 'describe', 'TABLE_START',
+__all__ = ['ENTRIES', 'FAULTS', 'KINDS', 'Case', 'results', 'table', 'describe', 'TABLE_START',
            'TABLE_END']
 
 #: The faults put at each call: an errno raised there, or the process killed there.
@@ -59,6 +60,9 @@ KINDS = ('unfaulted', *FAULTS)
 #: Seconds a killed child may take before it counts as hung (a bound for a broken case only).
 CHILD_DEADLINE = 120.0
 TABLE_START, TABLE_END = '<!-- fault-table -->', '<!-- /fault-table -->'
+
+#: Every entry point, in the order of the table.
+ENTRIES = fault_entries.ENTRIES + fault_studies.ENTRIES
 
 #: One case that did not hold: its kind, n, the call there, and what differed.
 Case = collections.namedtuple('Case', 'kind n operation path problems')
@@ -269,7 +273,8 @@ def _state_problems(stage, ref, after, killed, removing=None):
     Excused: a stale ``*.lock`` file after a kill (the next run takes it over), and the file
     or folder whose removal was the call that failed (``removing``: nothing else could).
     """
-    ours = lambda state: {p: r for p, r in state.items() if not _is_under(p, stage.decoys)}
+    def ours(state):
+        return {p: r for p, r in state.items() if not _is_under(p, stage.decoys)}
     old, new, now = ours(stage.old), ours(ref.new), ours(after)
     left = sorted(p for p in now if p not in old and p not in new)
     stale = [p for p in left if p == removing or
