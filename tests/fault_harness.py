@@ -10,7 +10,8 @@ passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES`
 2. runs the entry point once unfaulted, counting its ``fs`` calls (N) and taking the NEW state;
 3. for every n in 1..N and every fault (``ENOSPC`` or ``EIO`` raised at the n-th call, or the
    process killed by SIGKILL there, in a forked child, after which ``output.recover`` runs on
-   the entry point's folders), starts again from the previous state and checks that
+   the entry point's folders; MXNet's engine works in the child, so the checkpoint's kills
+   need no driver of their own), starts again from the previous state and checks that
    (a) the folder is byte-identical to the previous state or to the new one, (b) every decoy
    is byte-identical, (c) nothing else is left (no temporary or staging file; excused are a
    stale ``*.lock`` file after a kill, which the next run takes over, and the file whose

@@ -128,10 +128,11 @@ class NetworkLog(Entry):
 # -- the cluster's host file and the data ------------------------------------------------------
 
 def _fake_keygen(argv, **kwargs):  # pylint: disable=unused-argument
-    """``ssh-keygen -f KEY``, made up: a key pair of fixed text (the cluster checks none)."""
-    key = argv[argv.index('-f') + 1]
+    """``ssh-keygen -C COMMENT -f KEY``, made up: a key pair of fixed text with the comment, as
+    ssh-keygen writes it (the cluster checks no key, and recognises its own by the comment)."""
+    key, comment = argv[argv.index('-f') + 1], argv[argv.index('-C') + 1]
     write_bytes(key, 'PRIVATE KEY\n')
-    write_bytes(key + '.pub', 'ssh-ed25519 AAAAharness gluon-multigpu\n')
+    write_bytes(key + '.pub', f'ssh-ed25519 AAAAharness {comment}\n')
 
 
 class ClusterFiles(Entry):
