@@ -297,11 +297,22 @@ class CheckpointSave(Entry):
             ckpt.save(net, trainer, _history(2), 2)
 
     def normalize(self, rel, data):
-        if os.path.basename(rel) == 'manifest.json':  # the time of the save
+        if os.path.basename(rel) != 'manifest.json':
+            return data
+        try:
             text = json.loads(data)
-            text['written'] = '<time>'
-            return json.dumps(text, sort_keys=True).encode()
-        return data
+        except ValueError:  # half written: compared as it is
+            return data
+        if isinstance(text, dict) and 'written' in text:
+            text['written'] = '<time>'  # the time of the save
+        return json.dumps(text, sort_keys=True).encode()
+
+    def recover(self, root):
+        """``output.recover``, then the checkpoint's own recovery where it has one."""
+        super().recover(root)
+        recover = getattr(gm.checkpoint, 'recover', None)
+        if callable(recover) and os.path.isdir(os.path.join(root, 'ckpt')):
+            recover(os.path.join(root, 'ckpt'))
 
 
 class CheckpointLock(CheckpointSave):

@@ -299,29 +299,35 @@ def run_case(entry, ref, kind, n, base):
     """Run one case; return the list of what did not hold (empty: it held)."""
     stage = _Stage(entry, base)
     try:
-        if kind == 'SIGKILL':
-            problems = _killed(entry, stage.root, n)
-            entry.recover(stage.root)
-            error = None
-        else:
-            calls = []
-            error = _act(entry, stage.root, _hook(calls, fault_at=n, errno_=FAULTS[kind]))
-            problems = []
-        after = snapshot(stage.root, entry)
-        problems += _decoy_problems(stage, after)
-        removing = None
-        if kind != 'SIGKILL' and len(calls) >= n and calls[n - 1][0] in ('unlink', 'rmdir'):
-            removing = os.path.relpath(calls[n - 1][1], stage.root)
-        problems += _state_problems(stage, ref, after, kind == 'SIGKILL', removing)
-        if kind != 'SIGKILL':
-            if error is None and ref.error is None and after != ref.new:
-                problems.append(f'{kind} at this call was not raised, and the state is not '
-                                'the new one')
-            elif error is not None and not isinstance(error, (OSError, GluonMultiGPUError)):
-                problems.append(f'raised {type(error).__name__}: {error}')
-        return problems
+        return _case(entry, ref, kind, n, stage)
+    except Exception as e:  # pylint: disable=broad-except  # e.g. a recovery that raised
+        return [f'{type(e).__name__} after the fault: {e}']
     finally:
         stage.remove()
+
+
+def _case(entry, ref, kind, n, stage):
+    """One case in ``stage``: the entry point faulted at call ``n``, then checked."""
+    calls, error = [], None
+    if kind == 'SIGKILL':
+        problems = _killed(entry, stage.root, n)
+        entry.recover(stage.root)
+    else:
+        error = _act(entry, stage.root, _hook(calls, fault_at=n, errno_=FAULTS[kind]))
+        problems = []
+    after = snapshot(stage.root, entry)
+    problems += _decoy_problems(stage, after)
+    removing = None
+    if kind != 'SIGKILL' and len(calls) >= n and calls[n - 1][0] in ('unlink', 'rmdir'):
+        removing = os.path.relpath(calls[n - 1][1], stage.root)
+    problems += _state_problems(stage, ref, after, kind == 'SIGKILL', removing)
+    if kind != 'SIGKILL':
+        if error is None and ref.error is None and after != ref.new:
+            problems.append(f'{kind} at this call was not raised, and the state is not '
+                            'the new one')
+        elif error is not None and not isinstance(error, (OSError, GluonMultiGPUError)):
+            problems.append(f'raised {type(error).__name__}: {error}')
+    return problems
 
 
 # -- all cases ----------------------------------------------------------------------------------
@@ -392,7 +398,8 @@ def table(names=None):
             continue
         counts = [results(entry.name, kind) for kind in KINDS]
         calls = len(reference(entry.name).calls)
-        faults = (f'none; {", ".join(FAULTS)} at each of its {calls} calls' if calls else
+        faults = (f'none; {", ".join(FAULTS)} at each of its {calls} '
+                  f'call{"s" if calls > 1 else ""}' if calls else
                   'none (it makes no call through `run/fs`)')
         run = sum(c[0] for c in counts)
         held = run - sum(len(c[1]) for c in counts if c[0])
