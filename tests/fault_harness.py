@@ -2,7 +2,8 @@
 file-system calls, must leave the previous state or the complete new one, and nothing else.
 
 Every call by which the package changes files goes through ``gluon_multigpu.run.fs``, which
-passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES``) the harness
+passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES``, then
+``fault_studies.ENTRIES``) the harness
 
 1. puts the PREVIOUS state in a fresh folder (an earlier output of the package), and DECOYS of
    the user's beside it (a file, files and folders named like the package's temporary and
@@ -12,7 +13,8 @@ passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES`
    process killed by SIGKILL there, in a forked child, after which ``output.recover`` runs on
    the entry point's folders; MXNet's engine works in the child, so the checkpoint's kills
    need no driver of their own), starts again from the previous state and checks that
-   (a) the folder is byte-identical to the previous state or to the new one, (b) every decoy
+   (a) the folder is byte-identical to the previous state or to the new one (or, for a study
+   that keeps its rows as it goes, to the end of a shorter run: ``partial_runs``), (b) every decoy
    is byte-identical, (c) nothing else is left (no temporary or staging file; excused are a
    stale ``*.lock`` file after a kill, which the next run takes over, and the file whose
    removal was the call that failed), and
