@@ -34,7 +34,8 @@ import threading
 import time
 
 from . import common
-from ..run import agent
+from ..errors import GluonMultiGPUError
+from ..run import agent, reading
 
 EPILOG = """\
 examples:
@@ -60,6 +61,8 @@ TERM_WAIT = 3.0
 #: Seconds between heartbeats, and seconds of silence after which a host is taken as lost.
 HEARTBEAT, TIMEOUT = 2.0, 15.0
 #: A host as a host file may give it: [user@]name-or-address, never beginning with '-'.
+#: The largest host file read (a host per line: far more hosts than any cluster has).
+HOSTFILE_LIMIT = 1 << 20
 HOST = re.compile(r'^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9.:_-]*$')
 
 
@@ -111,24 +114,30 @@ def build_parser():
 # -- the plan: hosts, roles, commands -----------------------------------------------------------
 
 def read_hosts(path):
-    """The hosts of a host file, one per line; raise ``LaunchError`` if there are none or one
-    is not a host name (nothing that ssh could take for an option)."""
+    """The hosts of a host file (at most ``HOSTFILE_LIMIT`` bytes), one per line; raise
+    ``LaunchError`` if there are none, one is not a host name (nothing that ssh could take for
+    an option; a name at most 253 bytes, a user at most 32) or a host comes twice."""
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, 'strerror', None) or 'not a text file'
-        raise LaunchError(f'--hostfile {path}: {why}; give a file with one host per '
-                          'line') from None
-    hosts = []
+        lines = reading.read_text(path, HOSTFILE_LIMIT, '--hostfile').splitlines()
+    except FileNotFoundError:
+        raise LaunchError(f'--hostfile {path}: No such file or directory; give a file with '
+                          'one host per line') from None
+    except GluonMultiGPUError as e:
+        raise LaunchError(str(e)) from None
+    hosts, seen = [], {}
     for number, line in enumerate(lines, 1):
         host = line.split('#')[0].strip()
         if not host:
             continue
-        if not HOST.match(host):
-            raise LaunchError(f'--hostfile {path} line {number}: {host!r} is not a host name or '
-                              "address (letters, digits, '.', '-', ':', '_', an optional user@, "
-                              "not beginning with '-'); fix the line")
+        user, _, name = host.rpartition('@')
+        if len(name) > 253 or len(user) > 32 or not HOST.match(host):
+            raise LaunchError(f'--hostfile {path} line {number}: {host[:80]!r} is not a host name '
+                              "or address (letters, digits, '.', '-', ':', '_', at most 253 of "
+                              "them, an optional user@, not beginning with '-'); fix the line")
+        if name in seen:
+            raise LaunchError(f'--hostfile {path} line {number}: host {name} is already on line '
+                              f'{seen[name]}; list each host once')
+        seen[name] = number
         hosts.append(host)
     if not hosts:
         raise LaunchError(f'--hostfile {path} lists no host; give one host per line')
@@ -264,10 +273,11 @@ def _address(host):
 # -- starting processes, here or over ssh -------------------------------------------------------
 
 def _die_with_parent():
-    """In the child: its own process group, and SIGKILL when the launcher dies (Linux)."""
+    """In the child: its own process group, and SIGTERM when the launcher dies (Linux): the agent
+    then ends its command's whole tree (SIGKILL would end the agent before it could)."""
     os.setpgrp()
     try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -318,8 +328,10 @@ def relay(role, out, lock):
 
 
 def _relay(role, out, lock):
-    for raw in iter(role.proc.stdout.readline, b''):
-        line = raw.decode(errors='replace')
+    while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
+        line = agent.visible(read[0].decode(errors='replace')) if not read[0].startswith(
+            agent.CONTROL.encode()) else read[0].decode(errors='replace')
+        line += f' ... [line cut: {read[1]} bytes more]\n' if read[1] else '\n'
         role.heard = time.monotonic()
         if line.startswith(agent.CONTROL):
             words = line[len(agent.CONTROL):].split()
