@@ -118,3 +118,21 @@ def test_a_worker_cannot_forge_control_lines_or_reach_the_terminal_raw():
     assert 'x' * cut + f' ... [line cut: {200000 - cut} bytes more]' in out
     # The forged "exit 0" changed nothing: the worker's own status 3 is what the launcher saw.
     assert proc.returncode == 1 and 'failed (status 3)' in proc.stderr, proc.stderr
+
+
+def test_a_port_taken_between_check_and_start_is_one_line_for_the_loser():
+    import socket
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        port = probe.getsockname()[1]
+    # The winner's scheduler agent holds the port's mark, as a launch on the port at once would.
+    winner = agent.hold_port(port)
+    assert winner is not None and agent.hold_port(port) is None
+    try:
+        proc = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--port', str(port),
+                               '--', 'true'], capture_output=True, text=True, timeout=120)
+    finally:
+        winner.close()
+    err = proc.stderr
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f'port {port} on 127.0.0.1 was taken after the check' in err and '--port' in err

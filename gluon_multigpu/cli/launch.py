@@ -188,6 +188,7 @@ class Role:
         self.steps = 0
         self.stepped = None     # when its step count last changed (None: no step yet)
         self.status = None      # the exit status its agent reported
+        self.started = False    # its agent has started its command
         self.heard = time.monotonic()
         self.stopped_since = None
         self.relayed = threading.Event()  # its output is read to the end
@@ -307,8 +308,9 @@ def remote_command(env, argv):
 
 def spawn(args, role):
     """Start ``role`` under its agent; set ``role.proc``."""
+    hold = ['--hold-port', role.env['DMLC_PS_ROOT_PORT']] if role.kind == 'scheduler' else []
     agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(args.timeout),
-                              '--grace', str(TERM_WAIT)], role.argv)
+                              '--grace', str(TERM_WAIT), *hold], role.argv)
     if args.launcher == 'ssh':
         argv, env = ssh_argv(args, role.host, remote_command(role.env, agent)), {}
     else:
@@ -344,6 +346,8 @@ def _relay(role, out, lock):
                 role.steps, role.stepped = int(words[1]), time.monotonic()
             elif words[:1] == ['rank'] and words[1:2] and words[1].isdigit():
                 role.rank = int(words[1])
+            elif words[:1] == ['started']:
+                role.started = True
             elif words[:1] == ['exit'] and words[1:2] and words[1].isdigit():
                 role.status = int(words[1])
             continue
@@ -452,11 +456,26 @@ class Job:
             print(f'launch: {line}', file=sys.stderr, flush=True)
 
     def start(self):
+        """Start the scheduler, and once its agent holds the port, the other roles."""
         for role in self.roles:
             spawn(self.args, role)
             t = threading.Thread(target=relay, args=(role, self.out, self.lock), daemon=True)
             t.start()
             self.threads.append(t)
+            if role.kind == 'scheduler':
+                self._await_port(role)
+
+    def _await_port(self, role):
+        """Wait for the scheduler's agent to start it; raise ``LaunchError`` if its port was
+        taken since the check (another launch on it): nothing else of this job has started."""
+        deadline = time.monotonic() + self.args.timeout
+        while not role.started and role.status is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if role.status == agent.PORT_TAKEN:
+            self.kill_all()
+            port = role.env['DMLC_PS_ROOT_PORT']
+            raise LaunchError(f'port {port} on {role.host} was taken after the check (another '
+                              'launch on it?); give another --port or leave --port out')
 
     def tick(self):
         """Ping the agents when due, mark silent or stopped roles lost; return a new signal."""
@@ -647,7 +666,11 @@ def launch(args, hosts, command, signals, resume=None):
         for role in roles:
             role.env['DMLC_PS_ROOT_PORT'] = str(port)
         job = Job(args, roles, signals)
-        status, failed = job.run()
+        try:
+            status, failed = job.run()
+        except LaunchError as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 2
         if status > 128 and resume and keeps_checkpoints(command):
             job.say(f'resume with: {resume}')
         if failed is not None and failed.kind == 'worker' and failed.status == 2:

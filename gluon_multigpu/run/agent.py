@@ -55,7 +55,28 @@ LAUNCHER_GONE = 124
 LINE_LIMIT = 64 * 1024
 #: The longest line the agent takes from the launcher; a longer one is ignored, with a note.
 INPUT_LIMIT = 4096
+#: Exit status when ``--hold-port`` found the port taken (by another launch or anything else).
+PORT_TAKEN = 125
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def hold_port(port):
+    """A socket that marks TCP ``port`` as this job's on this host, or None if it is taken.
+
+    An abstract Unix socket named after the port: binding it is exclusive, and it goes with the
+    process, so two launches on one port at once cannot both pass; the TCP port is then checked
+    free too (anything else may have taken it since the launcher's check).
+    """
+    mark = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        mark.bind(f'\0gluon-multigpu-port-{port}')
+    except OSError:
+        mark.close()
+        return None
+    if 'error' in check([], port):
+        mark.close()
+        return None
+    return mark
 #: Control characters made visible (``^[`` for ESC), all but tab; ``\x1e`` so none forges CONTROL.
 _VISIBLE = {c: '^' + chr(c + 64) for c in range(32) if c != 9}
 _VISIBLE[127] = '^?'
@@ -289,6 +310,8 @@ def build_parser():
     p.add_argument('--grace', type=float, default=5.0)
     p.add_argument('--check', action='store_true')
     p.add_argument('--port', type=int)
+    p.add_argument('--hold-port', type=int, help='take this port for the job before starting '
+                   '(the scheduler); exit with PORT_TAKEN if another holds it')
     p.add_argument('command', nargs=argparse.REMAINDER)
     return p
 
@@ -303,6 +326,10 @@ def main(argv=None):
     # The launcher stops the job through the agent's input; a signal to the agent itself
     # (its ssh session closing, a kill) ends the job as the launcher's going would.
     agent = Agent(command, args.heartbeat, args.timeout, args.grace)
+    held = hold_port(args.hold_port) if args.hold_port is not None else True
+    if held is None:
+        agent.say(f'exit {PORT_TAKEN}')
+        return PORT_TAKEN
 
     def gone(signum, frame):  # pylint: disable=unused-argument
         agent.launcher_gone = True
