@@ -9,7 +9,9 @@ on its host (``gluon_multigpu.run.agent``, over ssh with ``--launcher ssh``)
 that relays its lines, reports it, and ends it when the launcher says so or
 is gone: no process of the job outlives the launcher on any host, however the
 launcher ends. Every line comes out behind its role, host and, once the
-worker has joined, its rank: ``[worker 1@198.18.0.3 rank 0]``.
+worker has joined, its rank: ``[worker 1@198.18.0.3 rank 0]``; a line over
+64 KiB is cut with ``... [line cut: N bytes more]``, control characters shown
+as ``^X``.
 
 A process that fails, a host that is not heard for --timeout seconds (its
 link down, the host gone) or a process stopped (SIGSTOP) that long stops the
