@@ -9,9 +9,7 @@ on its host (``gluon_multigpu.run.agent``, over ssh with ``--launcher ssh``)
 that relays its lines, reports it, and ends it when the launcher says so or
 is gone: no process of the job outlives the launcher on any host, however the
 launcher ends. Every line comes out behind its role, host and, once the
-worker has joined, its rank: ``[worker 1@198.18.0.3 rank 0]``; a line over
-64 KiB is cut with ``... [line cut: N bytes more]``, control characters shown
-as ``^X``.
+worker has joined, its rank: ``[worker 1@198.18.0.3 rank 0]``.
 
 A process that fails, a host that is not heard for --timeout seconds (its
 link down, the host gone) or a process stopped (SIGSTOP) that long stops the
@@ -47,7 +45,8 @@ examples:
       python scripts/train.py --kvstore dist_sync --checkpoint-dir /nfs/run1 ...
 
 The host file lists one host name or address per line, optionally user@host
-(# starts a comment); with ssh the scheduler runs on the first host, and
+(# starts a comment; each host once; at most 1 MiB); with ssh the scheduler
+runs on the first host, and
 servers and workers on the hosts in turn. Each host must reach the others and
 have the same checkout at the same path (the current directory) with the same
 Python (this one's path), and be reachable with ssh without a prompt (ssh's
@@ -55,6 +54,9 @@ own configuration applies; --ssh-port, --ssh-identity and --ssh-config add
 to it). With --max-restarts the checkpoint folder must be storage that every
 host reads (the first worker writes it, and after a restart the first worker
 may be on another host).
+
+Output lines over 64 KiB are cut, with "... [line cut: N bytes more]";
+control characters from the processes are shown as ^X (ESC as ^[).
 """
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
 GRACE = 60.0
