@@ -34,7 +34,8 @@ import threading
 import time
 
 from . import common
-from ..run import agent
+from ..errors import GluonMultiGPUError
+from ..run import agent, reading
 
 EPILOG = """\
 examples:
@@ -44,7 +45,8 @@ examples:
       python scripts/train.py --kvstore dist_sync --checkpoint-dir /nfs/run1 ...
 
 The host file lists one host name or address per line, optionally user@host
-(# starts a comment); with ssh the scheduler runs on the first host, and
+(# starts a comment; each host once; at most 1 MiB); with ssh the scheduler
+runs on the first host, and
 servers and workers on the hosts in turn. Each host must reach the others and
 have the same checkout at the same path (the current directory) with the same
 Python (this one's path), and be reachable with ssh without a prompt (ssh's
@@ -52,6 +54,9 @@ own configuration applies; --ssh-port, --ssh-identity and --ssh-config add
 to it). With --max-restarts the checkpoint folder must be storage that every
 host reads (the first worker writes it, and after a restart the first worker
 may be on another host).
+
+Output lines over 64 KiB are cut, with "... [line cut: N bytes more]";
+control characters from the processes are shown as ^X (ESC as ^[).
 """
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
 GRACE = 60.0
@@ -60,6 +65,8 @@ TERM_WAIT = 3.0
 #: Seconds between heartbeats, and seconds of silence after which a host is taken as lost.
 HEARTBEAT, TIMEOUT = 2.0, 15.0
 #: A host as a host file may give it: [user@]name-or-address, never beginning with '-'.
+#: The largest host file read (a host per line: far more hosts than any cluster has).
+HOSTFILE_LIMIT = 1 << 20
 HOST = re.compile(r'^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9.:_-]*$')
 
 
@@ -111,24 +118,30 @@ def build_parser():
 # -- the plan: hosts, roles, commands -----------------------------------------------------------
 
 def read_hosts(path):
-    """The hosts of a host file, one per line; raise ``LaunchError`` if there are none or one
-    is not a host name (nothing that ssh could take for an option)."""
+    """The hosts of a host file (at most ``HOSTFILE_LIMIT`` bytes), one per line; raise
+    ``LaunchError`` if there are none, one is not a host name (nothing that ssh could take for
+    an option; a name at most 253 bytes, a user at most 32) or a host comes twice."""
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, 'strerror', None) or 'not a text file'
-        raise LaunchError(f'--hostfile {path}: {why}; give a file with one host per '
-                          'line') from None
-    hosts = []
+        lines = reading.read_text(path, HOSTFILE_LIMIT, '--hostfile').splitlines()
+    except FileNotFoundError:
+        raise LaunchError(f'--hostfile {path}: No such file or directory; give a file with '
+                          'one host per line') from None
+    except GluonMultiGPUError as e:
+        raise LaunchError(str(e)) from None
+    hosts, seen = [], {}
     for number, line in enumerate(lines, 1):
         host = line.split('#')[0].strip()
         if not host:
             continue
-        if not HOST.match(host):
-            raise LaunchError(f'--hostfile {path} line {number}: {host!r} is not a host name or '
-                              "address (letters, digits, '.', '-', ':', '_', an optional user@, "
-                              "not beginning with '-'); fix the line")
+        user, _, name = host.rpartition('@')
+        if len(name) > 253 or len(user) > 32 or not HOST.match(host):
+            raise LaunchError(f'--hostfile {path} line {number}: {host[:80]!r} is not a host name '
+                              "or address (letters, digits, '.', '-', ':', '_', at most 253 of "
+                              "them, an optional user@, not beginning with '-'); fix the line")
+        if name in seen:
+            raise LaunchError(f'--hostfile {path} line {number}: host {name} is already on line '
+                              f'{seen[name]}; list each host once')
+        seen[name] = number
         hosts.append(host)
     if not hosts:
         raise LaunchError(f'--hostfile {path} lists no host; give one host per line')
@@ -179,6 +192,7 @@ class Role:
         self.steps = 0
         self.stepped = None     # when its step count last changed (None: no step yet)
         self.status = None      # the exit status its agent reported
+        self.started = False    # its agent has started its command
         self.heard = time.monotonic()
         self.stopped_since = None
         self.relayed = threading.Event()  # its output is read to the end
@@ -264,10 +278,11 @@ def _address(host):
 # -- starting processes, here or over ssh -------------------------------------------------------
 
 def _die_with_parent():
-    """In the child: its own process group, and SIGKILL when the launcher dies (Linux)."""
+    """In the child: its own process group, and SIGTERM when the launcher dies (Linux): the agent
+    then ends its command's whole tree (SIGKILL would end the agent before it could)."""
     os.setpgrp()
     try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -297,8 +312,9 @@ def remote_command(env, argv):
 
 def spawn(args, role):
     """Start ``role`` under its agent; set ``role.proc``."""
+    hold = ['--hold-port', role.env['DMLC_PS_ROOT_PORT']] if role.kind == 'scheduler' else []
     agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(args.timeout),
-                              '--grace', str(TERM_WAIT)], role.argv)
+                              '--grace', str(TERM_WAIT), *hold], role.argv)
     if args.launcher == 'ssh':
         argv, env = ssh_argv(args, role.host, remote_command(role.env, agent)), {}
     else:
@@ -318,8 +334,10 @@ def relay(role, out, lock):
 
 
 def _relay(role, out, lock):
-    for raw in iter(role.proc.stdout.readline, b''):
-        line = raw.decode(errors='replace')
+    while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
+        line = agent.visible(read[0].decode(errors='replace')) if not read[0].startswith(
+            agent.CONTROL.encode()) else read[0].decode(errors='replace')
+        line += f' ... [line cut: {read[1]} bytes more]\n' if read[1] else '\n'
         role.heard = time.monotonic()
         if line.startswith(agent.CONTROL):
             words = line[len(agent.CONTROL):].split()
@@ -332,6 +350,8 @@ def _relay(role, out, lock):
                 role.steps, role.stepped = int(words[1]), time.monotonic()
             elif words[:1] == ['rank'] and words[1:2] and words[1].isdigit():
                 role.rank = int(words[1])
+            elif words[:1] == ['started']:
+                role.started = True
             elif words[:1] == ['exit'] and words[1:2] and words[1].isdigit():
                 role.status = int(words[1])
             continue
@@ -440,11 +460,26 @@ class Job:
             print(f'launch: {line}', file=sys.stderr, flush=True)
 
     def start(self):
+        """Start the scheduler, and once its agent holds the port, the other roles."""
         for role in self.roles:
             spawn(self.args, role)
             t = threading.Thread(target=relay, args=(role, self.out, self.lock), daemon=True)
             t.start()
             self.threads.append(t)
+            if role.kind == 'scheduler':
+                self._await_port(role)
+
+    def _await_port(self, role):
+        """Wait for the scheduler's agent to start it; raise ``LaunchError`` if its port was
+        taken since the check (another launch on it): nothing else of this job has started."""
+        deadline = time.monotonic() + self.args.timeout
+        while not role.started and role.status is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if role.status == agent.PORT_TAKEN:
+            self.kill_all()
+            port = role.env['DMLC_PS_ROOT_PORT']
+            raise LaunchError(f'port {port} on {role.host} was taken after the check (another '
+                              'launch on it?); give another --port or leave --port out')
 
     def tick(self):
         """Ping the agents when due, mark silent or stopped roles lost; return a new signal."""
@@ -635,7 +670,11 @@ def launch(args, hosts, command, signals, resume=None):
         for role in roles:
             role.env['DMLC_PS_ROOT_PORT'] = str(port)
         job = Job(args, roles, signals)
-        status, failed = job.run()
+        try:
+            status, failed = job.run()
+        except LaunchError as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 2
         if status > 128 and resume and keeps_checkpoints(command):
             job.say(f'resume with: {resume}')
         if failed is not None and failed.kind == 'worker' and failed.status == 2:

@@ -4,11 +4,17 @@
 workers) through an agent, on this machine or over ssh, as
 ``python -m gluon_multigpu.run.agent [options] -- COMMAND``. The agent
 
-- runs COMMAND in a session of its own (``setsid``), set to die with the agent;
-- copies the command's output to its own standard output, and adds control
+- runs COMMAND in a session of its own (``setsid``), set to die with the agent, and is
+  the subreaper of its descendants (``PR_SET_CHILD_SUBREAPER``): a daemon that leaves
+  the session is re-parented to the agent, and ended with the rest;
+- copies the command's output to its own standard output, lines cut at ``LINE_LIMIT``
+  (64 KiB) with a marker ``... [line cut: N bytes more]``, control characters shown as
+  ``^X`` (ESC as ``^[``, the record separator as ``^^``), so that no line of the
+  command can begin with ``CONTROL`` or reach a terminal raw; and adds control
   lines that begin with ``CONTROL`` (``beat``, ``step N``, ``rank R W``,
   ``exit STATUS``) for the launcher;
-- reads the launcher's lines on its standard input: ``ping`` (the launcher is
+- reads the launcher's lines on its standard input (at most ``INPUT_LIMIT`` bytes
+  each; a longer one is ignored with a note): ``ping`` (the launcher is
   alive), ``stop-at S`` (passed to a worker: stop after step S, see
   ``distributed.Control``), ``term`` (SIGTERM to the command's session),
   ``kill`` (SIGKILL);
@@ -45,6 +51,80 @@ CONTROL = '\x1egm '
 CONTROL_VARIABLE = 'GLUON_MULTIGPU_CONTROL'
 #: Exit status when the launcher was gone and the agent ended the command.
 LAUNCHER_GONE = 124
+#: The longest line of the command's output relayed whole; the rest is cut, with a marker.
+LINE_LIMIT = 64 * 1024
+#: The longest line the agent takes from the launcher; a longer one is ignored, with a note.
+INPUT_LIMIT = 4096
+#: Exit status when ``--hold-port`` found the port taken (by another launch or anything else).
+PORT_TAKEN = 125
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def hold_port(port):
+    """A socket that marks TCP ``port`` as this job's on this host, or None if it is taken.
+
+    An abstract Unix socket named after the port: binding it is exclusive, and it goes with the
+    process, so two launches on one port at once cannot both pass; the TCP port is then checked
+    free too (anything else may have taken it since the launcher's check).
+    """
+    mark = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        mark.bind(f'\0gluon-multigpu-port-{port}')
+    except OSError:
+        mark.close()
+        return None
+    if 'error' in check([], port):
+        mark.close()
+        return None
+    return mark
+#: Control characters made visible (``^[`` for ESC), all but tab; ``\x1e`` so none forges CONTROL.
+_VISIBLE = {c: '^' + chr(c + 64) for c in range(32) if c != 9}
+_VISIBLE[127] = '^?'
+
+
+def visible(text):
+    """``text`` with every control character but tab shown as ``^X`` (ESC as ``^[``)."""
+    return text.translate(_VISIBLE)
+
+
+def read_line(stream, limit):
+    """The next line of ``stream`` (bytes, without its newline) and how many bytes were cut.
+
+    At most ``limit`` bytes are kept; the rest of a longer line is read and dropped in pieces, so
+    memory stays bounded. Returns ``None`` at the end of the stream.
+    """
+    line = stream.readline(limit)
+    if not line:
+        return None
+    if line.endswith(b'\n'):
+        return line[:-1], 0
+    cut = 0
+    while True:
+        more = stream.readline(limit)
+        if not more:
+            return line, cut
+        if more.endswith(b'\n'):
+            return line, cut + len(more) - 1
+        cut += len(more)
+
+
+def _descendants(pid):
+    """Every process below ``pid`` (from /proc): children, theirs, and so on."""
+    parents = {}
+    for name in os.listdir('/proc'):
+        if name.isdigit():
+            try:
+                with open(f'/proc/{name}/stat', 'rb') as f:
+                    parents.setdefault(int(f.read().rsplit(b')', 1)[1].split()[1]), []).append(
+                        int(name))
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def _die_with_parent():
@@ -99,6 +179,10 @@ class Agent:
         self.launcher_gone = False
         self.proc = None
         self._to_job = None
+        try:  # daemonised descendants come back to the agent, which can then end them all
+            ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        except (OSError, AttributeError):
+            pass
 
     def say(self, message):
         """Write one control line (quietly nothing once the launcher's end is closed)."""
@@ -138,18 +222,27 @@ class Agent:
         return True
 
     def _relay_output(self):
-        for line in iter(self.proc.stdout.readline, b''):
-            self.write(line if line.endswith(b'\n') else line + b'\n')
+        """Relay the command's lines, control characters made visible, long ones cut."""
+        while (read := read_line(self.proc.stdout, LINE_LIMIT)) is not None:
+            line, cut = read
+            text = visible(line.decode(errors='replace'))
+            if cut:
+                text += f' ... [line cut: {cut} bytes more]'
+            self.write((text + '\n').encode())
 
     def _relay_control(self, fd):
         with os.fdopen(fd, 'rb') as f:
-            for line in f:
-                self.say(line.decode(errors='replace').strip())
+            while (read := read_line(f, INPUT_LIMIT)) is not None:
+                if not read[1]:
+                    self.say(visible(read[0].decode(errors='replace').strip()))
 
     def _listen(self):
-        for raw in iter(self.inp.readline, b''):
+        while (read := read_line(self.inp, INPUT_LIMIT)) is not None:
             self.heard = time.monotonic()
-            words = raw.decode(errors='replace').split()
+            if read[1]:
+                self.write(f'agent: ignored an input line over {INPUT_LIMIT} bytes\n'.encode())
+                continue
+            words = read[0].decode(errors='replace').split()
             if not words:
                 continue
             if words[0] == 'stop-at' and self._to_job is not None:
@@ -161,21 +254,28 @@ class Agent:
                 self.signal(signal.SIGTERM if words[0] == 'term' else signal.SIGKILL)
         self.launcher_gone = True
 
-    def signal(self, signum):
-        """Send ``signum`` to every process of the command's session."""
+    def signal(self, signum, everything=False):
+        """Send ``signum`` to every process of the command's session; with ``everything``, to
+        every process below the agent too (daemons that left the session come back to it as
+        their subreaper)."""
         try:
             os.killpg(self.proc.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+        for pid in _descendants(os.getpid()) if everything else ():
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def end(self):
         """SIGTERM the command's session, SIGKILL what is left after the grace period."""
-        self.signal(signal.SIGTERM)
+        self.signal(signal.SIGTERM, everything=True)
         try:
             self.proc.wait(timeout=self.grace)
         except subprocess.TimeoutExpired:
             pass
-        self.signal(signal.SIGKILL)
+        self.signal(signal.SIGKILL, everything=True)
         self.proc.wait()
 
     def run(self):
@@ -187,7 +287,7 @@ class Agent:
         while True:
             code = self.proc.poll()
             if code is not None:
-                self.signal(signal.SIGKILL)  # whatever the command left in its session
+                self.signal(signal.SIGKILL, everything=True)  # whatever the command left
                 self._output.join(timeout=2)  # its last lines before the exit line
                 status = 128 - code if code < 0 else code
                 self.say(f'exit {status}')
@@ -210,6 +310,8 @@ def build_parser():
     p.add_argument('--grace', type=float, default=5.0)
     p.add_argument('--check', action='store_true')
     p.add_argument('--port', type=int)
+    p.add_argument('--hold-port', type=int, help='take this port for the job before starting '
+                   '(the scheduler); exit with PORT_TAKEN if another holds it')
     p.add_argument('command', nargs=argparse.REMAINDER)
     return p
 
@@ -224,6 +326,10 @@ def main(argv=None):
     # The launcher stops the job through the agent's input; a signal to the agent itself
     # (its ssh session closing, a kill) ends the job as the launcher's going would.
     agent = Agent(command, args.heartbeat, args.timeout, args.grace)
+    held = hold_port(args.hold_port) if args.hold_port is not None else True
+    if held is None:
+        agent.say(f'exit {PORT_TAKEN}')
+        return PORT_TAKEN
 
     def gone(signum, frame):  # pylint: disable=unused-argument
         agent.launcher_gone = True

@@ -1,0 +1,138 @@
+"""The launcher under hostile inputs and endings: process trees, host files, worker output."""
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, alive, descendants, wait_bounded
+from gluon_multigpu.run import agent
+
+LAUNCH = str(REPO / 'scripts' / 'launch.py')
+
+
+def _with_arg(token):
+    """The pids of the processes whose command line holds ``token`` (from /proc)."""
+    found = []
+    for name in os.listdir('/proc'):
+        if name.isdigit():
+            try:
+                with open(f'/proc/{name}/cmdline', 'rb') as f:
+                    if token.encode() in f.read().split(b'\0'):
+                        found.append(int(name))
+            except OSError:
+                pass
+    return [p for p in found if alive(p)]
+
+
+def _until(condition, timeout, what):
+    """Poll ``condition`` every 0.1 s until true; fail the test past ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f'{what} within {timeout} s')
+        time.sleep(0.1)
+
+
+def test_sigkill_of_the_local_launcher_ends_grandchildren_and_daemons():
+    child, daemon = f'300.{random.randrange(10**6)}', f'301.{random.randrange(10**6)}'
+    # A grandchild in the role's session, and a double-forked daemon in a session of its own.
+    script = f'sleep {child} & (setsid sleep {daemon} &); wait'
+    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher', 'local',
+                             '--', 'bash', '-c', script], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _until(lambda: _with_arg(child) and _with_arg(daemon), 120, 'the job did not start')
+        tree = descendants(proc.pid)
+    finally:
+        proc.kill()
+        wait_bounded(proc)
+    left = lambda: _with_arg(child) + _with_arg(daemon) + [p for p in tree if alive(p)]
+    try:
+        _until(lambda: not left(), 60, 'processes of the job still ran')
+    finally:
+        for pid in left():
+            os.kill(pid, signal.SIGKILL)
+
+
+def _launch_ssh(hostfile):
+    proc = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher', 'ssh',
+                           '-H', str(hostfile), '--', 'true'], capture_output=True, text=True,
+                          timeout=60)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize('content, message', [
+    ('FIFO', 'is not a regular file'),
+    ('/dev/zero', 'is not a regular file'),
+    ('a' * 1_000_000 + '\n', 'line 1:'),
+    ('host1\nhost2\nhost1\n', 'line 3: host host1 is already on line 1'),
+    ('host1\nroot@host1\n', 'line 2: host host1 is already on line 1'),
+    ('h\n' * 600_000, 'larger than 1 MiB'),
+])
+def test_hostile_host_files_are_one_line_and_status_2(content, message, tmp_path):
+    path = tmp_path / 'hosts'
+    if content == 'FIFO':
+        os.mkfifo(path)
+    elif content.startswith('/dev/'):
+        path = content
+    else:
+        path.write_text(content)
+    status, out, err = _launch_ssh(path)
+    assert status == 2 and out == '' and len(err.splitlines()) == 1 and message in err, err
+    assert 'Traceback' not in err
+
+
+def test_a_long_line_is_cut_with_a_marker_in_bounded_memory():
+    stream = io.BytesIO(b'x' * 1_000_000 + b'\nnext\n')
+    assert agent.read_line(stream, 100) == (b'x' * 100, 1_000_000 - 100)
+    assert agent.read_line(stream, 100) == (b'next', 0)
+    assert agent.read_line(stream, 100) is None
+
+
+def test_an_agent_input_line_over_the_bound_is_ignored_with_a_note():
+    out = io.BytesIO()
+    a = agent.Agent(['true'], out=out, inp=io.BytesIO(b'k' * (10 * agent.INPUT_LIMIT) + b'\n'))
+    a._listen()  # pylint: disable=protected-access
+    assert a.launcher_gone
+    assert f'ignored an input line over {agent.INPUT_LIMIT} bytes'.encode() in out.getvalue()
+
+
+WORKER = ("import sys, time; print('x' * 200000); print('\\x1egm exit 0'); "
+          "print('\\x1egm step 99'); print('\\x1b[2Jcleared'); sys.stdout.flush(); "
+          "time.sleep(1); sys.exit(3)")
+
+
+def test_a_worker_cannot_forge_control_lines_or_reach_the_terminal_raw():
+    proc = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher', 'local',
+                           '--', sys.executable, '-c', WORKER], capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout
+    assert '\x1b' not in out and '\x1e' not in out
+    assert '^^gm exit 0' in out and '^^gm step 99' in out and '^[[2Jcleared' in out, out[-2000:]
+    cut = agent.LINE_LIMIT
+    assert 'x' * cut + f' ... [line cut: {200000 - cut} bytes more]' in out
+    # The forged "exit 0" changed nothing: the worker's own status 3 is what the launcher saw.
+    assert proc.returncode == 1 and 'failed (status 3)' in proc.stderr, proc.stderr
+
+
+def test_a_port_taken_between_check_and_start_is_one_line_for_the_loser():
+    import socket
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        port = probe.getsockname()[1]
+    # The winner's scheduler agent holds the port's mark, as a launch on the port at once would.
+    winner = agent.hold_port(port)
+    assert winner is not None and agent.hold_port(port) is None
+    try:
+        proc = subprocess.run([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--port', str(port),
+                               '--', 'true'], capture_output=True, text=True, timeout=120)
+    finally:
+        winner.close()
+    err = proc.stderr
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f'port {port} on 127.0.0.1 was taken after the check' in err and '--port' in err
