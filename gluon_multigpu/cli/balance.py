@@ -137,6 +137,16 @@ def make_data(args, devices):
     return data
 
 
+def result_check(num_devices):
+    """Whether a result read back from --results is one ``measure_all`` keeps (``Sweep.check``)."""
+    def ok(unit, r):  # pylint: disable=unused-argument
+        numbers_ok = sweep_module.numbers_ok
+        return isinstance(r, dict) and numbers_ok([r.get('speed')]) and r['speed'] > 0 and \
+            numbers_ok(r.get('idle'), num_devices) and numbers_ok(r.get('shares'), num_devices) \
+            and numbers_ok([r.get('changes'), r.get('undone')])
+    return ok
+
+
 def make_sweep(args, devices, say):
     """The units: every split in every scenario, ``args.rounds`` times in turn."""
     batch, steps = sizes(args)
@@ -157,7 +167,8 @@ def make_sweep(args, devices, say):
     if steps > 20:
         options.append(f'--steps {max(20, args.every * 4)}')
     return sweep_module.Sweep(args.results or results_path(args), 'balance', config, units, say,
-                              resume=args.resume, advice=', '.join(options),
+                              resume=args.resume, overwrite=args.overwrite, check=result_check(len(devices)),
+                              advice=', '.join(options),
                               make_folder=args.out is not None and (
                                   args.results is None or
                                   common.in_out_folder(args.results, args.out)))

@@ -147,7 +147,9 @@ def make_sweep(args, device_type, counts, kvstores, batch, repeats, say):
               'models': args.models, 'batch_per_device': batch, 'repeats': repeats,
               'seed': args.seed}
     return _sweep.Sweep(args.results or RESULTS, 'bandwidth', config, units, say,
-                          resume=args.resume,
+                          resume=args.resume, overwrite=args.overwrite,
+                          check=lambda unit, rows: _sweep.rows_ok(
+                              rows, gm.scaling.BANDWIDTH_COLUMNS),
                           advice=faster_advice(args, args.models, counts, batch, repeats))
 
 
@@ -197,17 +199,13 @@ def run(args, out=None, stop=None):
             for r in unit_rows]
     print_table(rows, out)
     config = dict(sweep.config, engine=engine_description(device_type))
-    written = []
-    try:  # both files or neither
+    def write():
         if args.csv:
             gm.files.write_csv(args.csv, rows, gm.scaling.BANDWIDTH_COLUMNS)
-            written.append(args.csv)
         if args.json:
             gm.write_json(args.json, {'config': config, 'rows': rows})
-    except BaseException:
-        for path in written:
-            os.remove(path)
-        raise
+    # both files or neither: a failure puts back what each held (removes what it made)
+    gm.output.replace_together([p for p in (args.csv, args.json) if p], write)
     return rows
 
 

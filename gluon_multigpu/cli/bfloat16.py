@@ -204,7 +204,11 @@ def make_sweep(args, say):
                                    ('--models simple-cnn', 'resnet18' in args.models))
                if wanted]
     return sweep_module.Sweep(args.results or RESULTS, 'bfloat16', config, units, say,
-                              resume=args.resume, advice=', '.join(options))
+                              resume=args.resume, overwrite=args.overwrite,
+                              check=lambda unit, speeds: isinstance(speeds, dict) and all(
+                                  sweep_module.numbers_ok([speeds.get(v)]) and speeds[v] > 0
+                                  for v in VARIANTS),
+                              advice=', '.join(options))
 
 
 def table(results):

@@ -336,6 +336,7 @@ class quiet_console:  # pylint: disable=invalid-name
 #: How the library's argument names read on the command line (see ``GluonMultiGPUError``).
 FLAGS = {'cpu_devices': '--cpu-devices', 'num_gpus': '--num-gpus',
          'checkpoint_dir': '--checkpoint-dir', 'resume=True': '--resume',
+         'overwrite=True': '--overwrite',
          'num_epochs': '--num-epochs', 'data_dir': '--data-dir', 'download=True': '--download',
          'dataset': '--dataset', 'batch_size': '--batch-size', 'num_train': '--num-train',
          'lr': '--lr', 'counts': '--counts', 'kvstore': '--kvstore',
@@ -443,14 +444,19 @@ def data_root(args, dataset='fashion-mnist'):
 
 
 def add_sweep_flags(p, default):
-    """Add --results and --resume: the file every measurement is kept in as it is made."""
+    """Add --results, --resume and --overwrite: the file every measurement is kept in."""
     p.add_argument('--results', metavar='PATH', type=path_of('a file name'),
                    help='JSON file that keeps every measurement as soon as it is made (replaced '
                    'atomically, marked partial until the run is complete), so that Ctrl-C or a '
                    f'crash loses only the measurement in progress (default: {default})')
-    p.add_argument('--resume', action='store_true',
+    again = p.add_mutually_exclusive_group()
+    again.add_argument('--resume', action='store_true',
                    help='continue the run kept in --results: what it measured is not measured '
                    'again (the settings must be the same)')
+    again.add_argument('--overwrite', action='store_true',
+                   help='replace the results file kept in --results by a new run (it stays as it '
+                   'was until the first new measurement is written); without it or --resume, '
+                   'an existing results file is refused')
 
 
 def in_out_folder(results, out):

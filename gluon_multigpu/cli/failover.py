@@ -138,7 +138,7 @@ def run(args, argv, say, rows=None):
     out = os.path.abspath(args.out)
     logs = os.path.join(out, 'logs')
     try:
-        os.makedirs(logs, exist_ok=True)
+        files.makedirs(logs)
     except OSError as e:
         raise common.UsageError(f'--out {out}: {e.strerror or e}; give a folder that can be '
                                 'written') from None
@@ -157,18 +157,19 @@ def run(args, argv, say, rows=None):
     head = (f'Measured with `{command}` on {report["machine"]["cpu"]} '
             f'({report["machine"]["cores"]} cores).\n\n{failover.markdown_header()}')
     files.write_json(os.path.join(out, 'results.json'), report)
-    with open(table, 'w') as f:
-        f.write(head)
+    text = [head]
+    files.write_text(table, head)
     print(failover.markdown_header(), end='', flush=True)
     say(f'{len(faults)} fault(s) after an uninterrupted run, each on a fresh cluster of '
         f'{failover.HOSTS} hosts; writing {table}')
+    # a private scratch folder of a unique name (the clusters' files), removed whole at the end
     with tempfile.TemporaryDirectory(prefix='gluon-multigpu-failover-') as work:
         for row in failover.study(faults, data_dir, work, args.timeout, say, logs):
             report['rows'].append(row)
             files.write_json(os.path.join(out, 'results.json'), report)
             line = failover.markdown_row(row)
-            with open(table, 'a') as f:
-                f.write(line)
+            text.append(line)
+            files.write_text(table, ''.join(text))  # replaced whole: never half a row
             print(line, end='', flush=True)
     return report['rows']
 

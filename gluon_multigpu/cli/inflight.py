@@ -67,6 +67,7 @@ def measure(model, k, devices):
     Stopped (Ctrl-C, SIGTERM), the run is killed and its folder removed.
     """
     images, batch = SETTINGS[model]
+    # a private scratch folder of a unique name (the run's JSON), removed whole at the end
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, 'run.json')
         proc = subprocess.run(

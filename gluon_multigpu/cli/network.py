@@ -161,7 +161,7 @@ def run(args, argv):
     log_dir = None
     if args.out:
         log_dir = os.path.join(args.out, 'logs')
-        os.makedirs(log_dir, exist_ok=True)
+        files.makedirs(log_dir)
 
     def say(line):
         common.say_quietly(line)
@@ -172,6 +172,7 @@ def run(args, argv):
         f'{max(1, round(estimate / 60))} min (an estimate)')
     rows, measured = [], []
     status = 0
+    # a private scratch folder of a unique name (the runs' JSON), removed whole at the end
     with tempfile.TemporaryDirectory(prefix='gluon-multigpu-network-') as workdir:
         try:
             for row, runs_of_row in network.study(runs, workdir, say, log_dir, args.max_others,

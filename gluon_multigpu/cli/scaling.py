@@ -140,6 +140,16 @@ def faster_advice(args, counts, num_train):
     return ', '.join(options)
 
 
+def result_ok(unit, result):
+    """Whether ``result``, read back from --results, is what ``unit`` measures (``Sweep.check``)."""
+    rows_ok = sweep_module.rows_ok
+    if unit.key == 'projection':
+        return isinstance(result, dict) and \
+            rows_ok(result.get('projection'), gm.scaling.PROJECTION_COLUMNS) and \
+            rows_ok(result.get('sync'), gm.scaling.SYNC_COLUMNS)
+    return rows_ok([result], gm.scaling.MEASURED_COLUMNS)
+
+
 def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data, num_test, say):
     """The sweep's units: one training run per configuration, then the projection's inputs."""
     cost = gm.measure.MODEL_COST[args.model]
@@ -161,7 +171,8 @@ def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data,
               'sync_repeats': args.sync_repeats}
     return sweep_module.Sweep(
         args.results or os.path.join(args.out, 'results.json'), 'scaling', config, units, say,
-        resume=args.resume, advice=faster_advice(args, counts, len(train_data[1])),
+        resume=args.resume, overwrite=args.overwrite, check=result_ok,
+        advice=faster_advice(args, counts, len(train_data[1])),
         interval=args.progress_interval, first_estimate=30.0,  # past the first compilation
         # --out, made at the start (removed if nothing was measured)
         make_folder=args.results is None or common.in_out_folder(args.results, args.out))
@@ -198,6 +209,21 @@ def run(args, out=None, stop=None):
     gm.files.check_outputs(files=common.results_output(args.results, args.out, REPORT_FILES),
                            directories=[('--out', args.out)],
                            inputs=gm.files.input_files(args.dataset, args.data_dir))
+    with out_lock(args.out, say):
+        return measure_and_report(args, out, stop)
+
+
+def out_lock(folder, say):
+    """The lock of the --out folder ``folder`` (``.NAME.lock`` beside it): one run at a time."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    return gm.locks.Lock(os.path.join(parent, f'.{name}.lock'),
+                         held=lambda who: f'another run{who} is writing the report in --out '
+                                          f'{folder}; wait until it ends, or give another --out',
+                         fix='give another --out', say=say)
+
+
+def measure_and_report(args, out, stop):
+    """Measure (each run kept in --results as it ends) and write the report in --out."""
     cores = common.cores()
     device_type, counts, note = gm.devices.resolve_counts(
         args.num_gpus, args.cpu_devices, args.counts, cpu_default=gm.devices.device_counts(cores))

@@ -9,7 +9,7 @@ import gzip
 import os
 import stat
 import struct
-import tempfile
+import secrets
 import urllib.request
 import zlib
 
@@ -19,6 +19,7 @@ import mxnet as mx
 from mxnet import np, npx
 
 from ..errors import DataError
+from ..run import atomic, fs
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',
@@ -337,27 +338,39 @@ def download_dataset(name, root, base_url=MXNET_MIRROR):
     base_url : str
         Mirror URL; the files are fetched from ``base_url + name + '/' + file``.
     """
-    os.makedirs(root, exist_ok=True)
+    try:
+        atomic.makedirs(root)
+    except OSError as e:
+        raise DataError(f'cannot create the data folder {root} ({e.strerror}); give a folder '
+                        'that can be written') from None
     for fname in IDX_FILES.values():
         target = os.path.join(root, fname)
         if os.path.isfile(target):
             continue
         url = f'{base_url.rstrip("/")}/{name}/{fname}'
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=f'.{fname}.', suffix='.part')
+        tmp = os.path.join(root, f'.{fname}.{secrets.token_hex(4)}.part')
+        made = None
         try:
-            with os.fdopen(fd, 'wb') as out, urllib.request.urlopen(url, timeout=60) as src:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
+            fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o666)
+            made = atomic.UNFINISHED[tmp] = os.fstat(fd).st_dev, os.fstat(fd).st_ino
+            try:
+                with urllib.request.urlopen(url, timeout=60) as src:
+                    while chunk := src.read(1 << 20):
+                        fs.write(fd, chunk, tmp)
+                fs.fsync(fd, tmp)
+            finally:
+                os.close(fd)
             read_idx(tmp)  # never keep a file that does not parse
-            os.replace(tmp, target)
+            fs.replace(tmp, target)
+            made = None
+            atomic.fsync_directory(root)
         except OSError as e:
             raise DataError(f'could not download {url} ({e}); copy the four files into {root} '
                             'by hand') from None
         finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            atomic.UNFINISHED.pop(tmp, None)
+            atomic.remove_own(tmp, made)
 
 
 def load_data(name, batch_size, resize=None, root=None, download=False, num_train=None,

@@ -38,7 +38,6 @@ its files are the ones its manifest names, not who wrote them.
 """
 import datetime
 import errno
-import fcntl
 import json
 import os
 
@@ -50,6 +49,7 @@ from . import fs, savefolder
 from .savefolder import is_regular as _is_regular, open_regular as _open_regular, \
     sha256 as _sha256
 from .files import CHECKPOINT_FILE, check_output_dir
+from .locks import Lock
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
 from ..core.data import DATASETS, ArrayLoader
@@ -342,43 +342,29 @@ class Checkpointer(Hook):
                                   'nothing; remove the link or choose another `checkpoint_dir`')
         check_output_dir(self.directory, 'checkpoint directory')
         if not os.path.isdir(self.directory):
-            os.mkdir(self.directory)
+            fs.mkdir(self.directory)
             self._made = True
-        path = os.path.join(self.directory, LOCK)
-        while self._lock is None:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            except OSError as e:  # a link (ELOOP), a directory (EISDIR), ...
-                raise CheckpointError(f'the lock file {path} is not a regular file ({e.strerror}); '
-                                      'remove it or choose another `checkpoint_dir`') from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                os.close(fd)
-                if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                    raise CheckpointError(f'another run is using the checkpoint directory '
-                                          f'{self.directory}; wait for it to end or choose '
-                                          'another `checkpoint_dir`') from None
-                raise
-            try:  # the lock counts only if the file is still the one under that name
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self._lock = fd
-            else:
-                os.close(fd)
+        self._lock = Lock(os.path.join(self.directory, LOCK),
+                          held=lambda who: f'another run is using the checkpoint directory '
+                                           f'{self.directory}{who}; wait for it to end or choose '
+                                           'another `checkpoint_dir`',
+                          fix='choose another `checkpoint_dir`', error=CheckpointError)
+        try:
+            self._lock.acquire()
+        except BaseException:
+            self._lock = None
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc):
         """Unlock and remove the lock file; a directory made by this run, still empty, goes too."""
         if self._lock is not None:
-            _remove(os.path.join(self.directory, LOCK))  # while still holding the lock
-            os.close(self._lock)
+            self._lock.release()  # the file removed while still held, if still ours
             self._lock = None
         if self._made and not self.exists():
             try:
-                os.rmdir(self.directory)
+                fs.rmdir(self.directory)
             except OSError:
                 pass  # something was put there meanwhile: keep it
         return False

@@ -54,10 +54,11 @@ def replace(source, target):
     os.replace(source, target)
 
 
-def link(source, target):
-    """``os.link``: a hard link ``target`` to ``source`` (fails if ``target`` exists)."""
+def link(source, target, follow_symlinks=True):
+    """``os.link``: a hard link ``target`` to ``source`` (fails if ``target`` exists); without
+    ``follow_symlinks``, a link ``source`` is itself linked."""
     _before('link', target)
-    os.link(source, target)
+    os.link(source, target, follow_symlinks=follow_symlinks)
 
 
 def unlink(path):

@@ -17,12 +17,14 @@ run cut into units (one configuration each) that it measures in turn:
 
 While a ``Sweep`` is open (from its creation to the end of its ``with``
 block, or ``close``), it holds an exclusive lock on its results file
-(``flock`` on ``.NAME.lock`` beside it, which holds the process id): a second
+(``locks.Lock`` on ``.NAME.lock`` beside it, created exclusively): a second
 run on the same file is refused with one line (``SweepError``) instead of the
 two replacing each other's measurements. The kernel drops the lock with the
 process, so a run killed outright (SIGKILL) leaves a lock file that the next
-run takes over. The results file is checked before anything is measured: a
-symbolic link is written through (the file it leads to is replaced, as every
+run takes over, with a line saying so. A results file already there, partial
+or complete, is never replaced unless asked: ``resume`` continues it,
+``overwrite`` replaces it (``run/output.py``, rule 5). The results file is
+checked before anything is measured: a symbolic link is written through (the file it leads to is replaced, as every
 output of the package), a folder that does not exist or cannot be written, a
 device or pipe, or a file that is not a results file of the same program is
 refused with one line.
@@ -32,20 +34,21 @@ the estimate is the seconds per unit of work measured so far times the work
 left. Nothing here loads MXNet; the library reads no environment: the memory
 available is passed in (``check_memory``).
 """
-import errno
-import fcntl
 import json
 import os
 import threading
 import time
 
 from ..errors import DeviceError, GluonMultiGPUError
-from . import files
+from . import fs, reading, targets
 from .files import write_json
+from .locks import Lock
 
 __all__ = ['Unit', 'Sweep', 'SweepError', 'check_memory', 'fit_to_memory', 'size', 'duration',
-           'FORMAT']
+           'FORMAT', 'rows_ok', 'numbers_ok', 'RESULTS_LIMIT']
 
+#: The most a results file may hold (a sweep's is a few kB to a few MB).
+RESULTS_LIMIT = 64 << 20
 #: The ``format`` field of a results file: what a resume accepts.
 FORMAT = 'gluon-multigpu sweep results 1'
 
@@ -102,13 +105,24 @@ def fit_to_memory(batch, need, available, what, flag, otherwise, given, say, doi
     return fits
 
 
-def _read_pid(fd):
-    """The process id written in a lock file (an empty string if none)."""
-    try:
-        text = os.pread(fd, 32, 0).decode('ascii', 'replace').strip()
-    except OSError:
-        return ''
-    return text if text.isdigit() else ''
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def rows_ok(rows, columns, text=('model', 'device_type', 'kvstore', 'kind', 'batch_mode',
+                                 'lr_rule', 'status')):
+    """Whether ``rows`` is a list of dicts holding every one of ``columns``: those in ``text``
+    strings (or None), the others numbers (or None). A ``check`` for ``Sweep``."""
+    return isinstance(rows, list) and all(
+        isinstance(r, dict) and all(c in r and (r[c] is None or (
+            isinstance(r[c], str) if c in text else _number(r[c]))) for c in columns)
+        for r in rows)
+
+
+def numbers_ok(values, length=None):
+    """Whether ``values`` is a list of numbers (of ``length``, if given)."""
+    return isinstance(values, list) and all(_number(v) for v in values) and \
+        (length is None or len(values) == length)
 
 
 class Unit:
@@ -140,9 +154,9 @@ class Sweep:
     say : callable
         Takes one line of text (progress and the estimate).
     resume : bool
-        Continue the run in ``path``: its units are not measured again. Without
-        it, a file holding a partial run is refused (``SweepError``), a
-        complete one is replaced.
+        Continue the run in ``path``: its units are not measured again (each
+        checked by ``check``). Without it or ``overwrite``, a results file
+        already there, partial or complete, is refused (``SweepError``).
     advice : str
         The faster alternatives, said with the estimate (``--quick`` ...).
     interval : float
@@ -150,6 +164,12 @@ class Sweep:
     first_estimate : float
         Seconds of the first unit after which the estimate is said, if ``advance``
         reports its progress.
+    overwrite : bool
+        Replace the results file already there (if it is one of ``program``):
+        it stays as it was until this run's first measurement is written.
+    check : callable
+        ``check(unit, result)``: whether a result read back from the file
+        is one ``measure`` returns (a damaged one is refused on resume).
     make_folder : bool
         Create the results file's folder if it is missing (a report folder
         that the run creates; removed again, if still empty, by ``close``).
@@ -157,9 +177,10 @@ class Sweep:
     """
 
     def __init__(self, path, program, config, units, say, resume=False, advice='',
-                 interval=10.0, first_estimate=5.0, make_folder=False):
+                 interval=10.0, first_estimate=5.0, make_folder=False, overwrite=False,
+                 check=None):
         self.path, self.program, self.config = path, program, json.loads(json.dumps(config))
-        self.units, self.say, self.advice = list(units), say, advice
+        self.units, self.say, self.advice, self.check = list(units), say, advice, check
         self.interval, self.first_estimate = interval, first_estimate
         keys = [u.key for u in self.units]
         if len(set(keys)) != len(keys):
@@ -173,11 +194,11 @@ class Sweep:
         self._lock = threading.Lock()
         self._ticker = self._quit = None
         self._writing = threading.Lock()  # held while the file is replaced (``abandon``)
-        self._lock_fd, self._lock_path, self._made = None, None, []
+        self._lock_file, self._made = None, []
         self.target = self._check_path(make_folder)
         try:
             self._take_lock()
-            self._load(resume)
+            self._load(resume, overwrite)
         except BaseException:
             self.close()
             raise
@@ -186,7 +207,7 @@ class Sweep:
 
     def _check_path(self, make_folder):
         """The file written (links followed), checked; its folder made if ``make_folder``."""
-        target = files.resolve_output(self.path, '`results`')
+        target = targets.resolve_output(self.path, '`results`')
         folder = os.path.dirname(target)
         if make_folder and not os.path.lexists(folder):
             probe, missing = folder, []
@@ -195,62 +216,32 @@ class Sweep:
                 probe = os.path.dirname(probe)
             if os.path.isdir(probe):
                 try:
-                    os.makedirs(folder)
+                    for directory in reversed(missing):
+                        fs.mkdir(directory)
+                        self._made.insert(0, directory)
                 except OSError:
                     pass  # said by the check below
-                else:
-                    self._made = missing
         try:
-            files.check_output_path(self.path, '`results`')
+            targets.check_output_path(self.path, '`results`')
         except BaseException:
             self._remove_made()
             raise
         return target
 
     def _take_lock(self):
-        """Hold ``.NAME.lock`` beside the results file, or raise ``SweepError`` naming its holder."""
+        """Hold ``.NAME.lock`` beside the results file (``locks.Lock``), or raise ``SweepError``."""
         folder, name = os.path.split(self.target)
-        path = os.path.join(folder, f'.{name}.lock')
-        for _ in range(10):  # a holder that removes the file between our open and our lock
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            except OSError as e:
-                raise SweepError(f'`results` {self.path}: cannot create its lock file {path} '
-                                 f'({e.strerror}); give the results another path') from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                holder = _read_pid(fd)
-                os.close(fd)
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise SweepError(f'`results` {self.path}: cannot lock {path} ({e.strerror}); '
-                                     'give the results another path') from None
-                who = f' (process {holder})' if holder else ''
-                raise SweepError(f'another run{who} is writing {self.path}; wait until it ends, '
-                                 'or give the results another path') from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
-            except OSError:
-                same = False
-            if not same:  # removed (or replaced) by the run that held it: lock the new one
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.write(fd, f'{os.getpid()}\n'.encode())
-            self._lock_fd, self._lock_path = fd, path
-            return
-        raise SweepError(f'`results` {self.path}: its lock file {path} keeps changing; give the '
-                         'results another path')
+        self._lock_file = Lock(
+            os.path.join(folder, f'.{name}.lock'),
+            held=lambda who: f'another run{who} is writing {self.path}; wait until it ends, or '
+                             'give the results another path',
+            fix='give the results another path', error=SweepError, say=self.say).acquire()
 
     def close(self):
         """Let go of the results file: remove the lock file, and the folder made if still empty."""
-        if self._lock_fd is not None:
-            try:
-                os.remove(self._lock_path)  # while still held: no one locks the old file after
-            except OSError:
-                pass
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock_file is not None:
+            self._lock_file.release()  # removed while still held: no one locks the old file after
+            self._lock_file = None
         self._remove_made()
 
     def _remove_made(self):
@@ -267,11 +258,9 @@ class Sweep:
         file (and the folder made for it, if still empty). The main thread writes nothing more
         afterwards; returns whether the file was left whole (no write in progress)."""
         whole = self._writing.acquire(timeout=timeout)  # never released: no write after this
-        if self._lock_fd is not None:  # still ours (after ``close`` another run may hold it)
-            try:
-                os.remove(self._lock_path)
-            except OSError:
-                pass
+        if self._lock_file is not None:  # still ours (after ``close`` another run may hold it)
+            self._lock_file.release()
+            self._lock_file = None
             self._remove_made()
         return whole
 
@@ -279,10 +268,11 @@ class Sweep:
 
     def _read(self):
         try:
-            with open(self.target) as f:
-                data = json.load(f)
+            data = json.loads(reading.read_bytes(self.target, RESULTS_LIMIT, '`results`'))
         except FileNotFoundError:
             return None
+        except GluonMultiGPUError as e:
+            raise SweepError(str(e)) from None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
             why = f'{type(e).__name__}: {e}' if isinstance(e, ValueError) else e
             raise SweepError(f'{self.path} is not a results file of {self.program} (it cannot be '
@@ -296,25 +286,34 @@ class Sweep:
                              'results another path, or remove it')
         return data
 
-    def _load(self, resume):
+    def _load(self, resume, overwrite):
         data = self._read()
         if data is None:
             return
         done = data['done']
         if not resume:
-            if data.get('status') == 'partial':
-                raise SweepError(f'{self.path} holds a partial run ({len(done)} of '
-                                 f'{data.get("total", "?")} measurements); continue it with '
-                                 '`resume=True`, or remove the file to start again')
-            return  # a complete run: replaced by this one
+            if overwrite:
+                return  # replaced by this run's first measurement, not before
+            held = 'a partial' if data.get('status') == 'partial' else 'a complete'
+            raise SweepError(f'{self.path} holds {held} run of {self.program} ({len(done)} of '
+                             f'{data.get("total", "?")} measurements); continue it with '
+                             '`resume=True` (the same settings), give the results another path '
+                             '(`results`), or replace it with `overwrite=True`')
         if data.get('config') != self.config:
             changed = sorted(k for k in set(self.config) | set(data.get('config') or {})
                              if (data.get('config') or {}).get(k) != self.config.get(k))
             raise SweepError(f'{self.path} holds a run with other settings ({", ".join(changed)} '
                              'differ); resume with the settings it was started with, or give '
                              'the results another path')
-        keys = {u.key for u in self.units}
-        self.done = {d['key']: d for d in done if d['key'] in keys}
+        units = {u.key: u for u in self.units}
+        self.done = {d['key']: d for d in done if d['key'] in units}
+        for key, d in self.done.items():
+            seconds = d.get('seconds')
+            if not (seconds is None or _number(seconds)) or \
+                    (self.check is not None and not self.check(units[key], d['result'])):
+                raise SweepError(f'{self.path}: its measurement {key} is damaged (not what '
+                                 f'{self.program} writes); give the results another path, or '
+                                 'start again with `overwrite=True`')
         self.resumed = len(self.done)
 
     def _write(self, status):

@@ -32,7 +32,6 @@ standard library: it loads neither MXNet nor NumPy.
 """
 import atexit
 import contextlib
-import fcntl
 import ipaddress
 import json
 import os
@@ -46,6 +45,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from ..errors import GluonMultiGPUError
+from ..run import fs, locks, output, reading
 
 __all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program']
 
@@ -198,12 +200,13 @@ class Cluster:
         self.name = self.bridge = self.subnet = self.gateway = None
         self._closed, self._sshd, self._popens = False, {}, []
         self._own_workdir = workdir is None
+        # mkdtemp: a new private folder of a unique name, made exclusively; the cluster's own
         self.workdir = os.path.abspath(tempfile.mkdtemp(prefix='gluon-multigpu-cluster-')
                                        if workdir is None else workdir)
         self._registered, self._creator = None, os.getpid()
         atexit.register(self._close_at_exit)
         try:
-            os.makedirs(self.workdir, exist_ok=True)
+            output.makedirs(self.workdir)
             self._reserve()
             self._write_files()
             self._make_network()
@@ -229,8 +232,7 @@ class Cluster:
             record = {'pid': os.getpid(), 'start': _start_time(os.getpid()), 'workdir': self.workdir,
                       'remove_workdir': self._own_workdir}
             path = os.path.join(REGISTRY, f'{self.name}.json')
-            with open(path, 'x') as f:
-                json.dump(record, f)
+            output.create_exclusive(path, json.dumps(record).encode(), 0o644)
             self._registered = path
         self.subnet = f'198.18.{k}.0/24'
         self.gateway = f'198.18.{k}.1'
@@ -244,14 +246,12 @@ class Cluster:
         w = self.workdir
         host_key, self.identity = os.path.join(w, 'ssh_host_ed25519_key'), os.path.join(w, 'id_ed25519')
         for key in (host_key, self.identity):
-            for path in (key, key + '.pub'):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
+            _remove_own_key(key)
             _check(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', f'gluon-multigpu {self.name}',
                     '-f', key])
         host_pub = _read(host_key + '.pub').split()[:2]
         authorized = os.path.join(w, 'authorized_keys')
-        shutil.copyfile(self.identity + '.pub', authorized)
+        _write(authorized, _read(self.identity + '.pub'))
         known = os.path.join(w, 'known_hosts')
         _write(known, ''.join(f'{h if self.ssh_port == 22 else f"[{h}]:{self.ssh_port}"} {" ".join(host_pub)}\n'
                               for h in self.hosts))
@@ -300,7 +300,7 @@ class Cluster:
         # /usr/bin/ssh, not the first on PATH: that may be another cluster's wrapper (a cluster made under env())
         self._ssh = '/usr/bin/ssh' if os.access('/usr/bin/ssh', os.X_OK) else shutil.which('ssh')
         self.bin_dir = os.path.join(w, 'bin')
-        os.makedirs(self.bin_dir, exist_ok=True)
+        output.makedirs(self.bin_dir)
         wrapper = os.path.join(self.bin_dir, 'ssh')
         _write(wrapper, f'#!/bin/sh\nexec {_sh_quote(self._ssh)} -F {_sh_quote(self.ssh_config)} "$@"\n')
         os.chmod(wrapper, 0o755)
@@ -325,9 +325,9 @@ class Cluster:
 
     def _start_sshds(self):
         """Start one sshd in each namespace; wait until each listens on its address."""
-        os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
+        output.makedirs(PRIVSEP_DIR, mode=0o755)
         for i, ns in enumerate(self.namespaces):
-            with open(self._sshd_log(i), 'ab') as log:
+            with open(self._sshd_log(i), 'ab') as log:  # sshd appends its log (a file of this cluster's own workdir)
                 self._sshd[i] = subprocess.Popen(
                     ['ip', 'netns', 'exec', ns, SSHD, '-D', '-e', '-f', self._sshd_configs[i]],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -476,11 +476,11 @@ class Cluster:
             self._reap(wait=True)
         except Exception:  # pylint: disable=broad-except
             pass
-        if self._own_workdir:
+        if self._own_workdir:  # made by mkdtemp for this cluster alone: all of it is ours
             shutil.rmtree(self.workdir, ignore_errors=True)
         if self._registered:
             with contextlib.suppress(OSError):
-                os.remove(self._registered)
+                fs.unlink(self._registered)  # our record, made exclusively
 
     def _close_at_exit(self):
         if os.getpid() == self._creator:  # not in a child forked from the creator
@@ -522,23 +522,14 @@ class Cluster:
 
 # -- the registry, stale clusters, teardown ---------------------------------------------------------
 
-@contextlib.contextmanager
 def _registry_lock(timeout=60.0):
-    os.makedirs(REGISTRY, mode=0o755, exist_ok=True)
-    fd = os.open(os.path.join(REGISTRY, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(f'{REGISTRY}/.lock stayed locked for {timeout:g} s') from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    """The lock of the registry (``locks.Lock``, waiting up to ``timeout`` s for its holder)."""
+    output.makedirs(REGISTRY, mode=0o755)
+    return locks.Lock(os.path.join(REGISTRY, '.registry.lock'),
+                      held=lambda who: f'the cluster registry {REGISTRY} stayed locked{who} for '
+                                       f'{timeout:g} s',
+                      fix=f'remove {REGISTRY} once no cluster runs', error=ClusterError,
+                      wait=timeout)
 
 
 def _remove_stale_locked():
@@ -551,16 +542,17 @@ def _remove_stale_locked():
             record = json.loads(_read(path))
             start = _start_time(int(record['pid']))
             alive = start is not None and start == record['start']
-        except (OSError, ValueError, KeyError, TypeError):
-            record, alive = {}, False
+        except (OSError, ValueError, KeyError, TypeError, GluonMultiGPUError):
+            continue  # not a record of ours (or unreadable): left as it is
         if alive:
             continue
         name = entry[:-len('.json')]
         _remove_cluster(name)
         if record.get('remove_workdir') and isinstance(record.get('workdir'), str):
+            # a folder mkdtemp made for that cluster alone (its record says so): all of it is its
             shutil.rmtree(record['workdir'], ignore_errors=True)
         with contextlib.suppress(OSError):
-            os.remove(path)
+            fs.unlink(path)  # a record of ours (it parsed as one), of a cluster now gone
         removed.append(name)
     return removed
 
@@ -741,13 +733,29 @@ def _last_line(text):
 
 
 def _read(path):
-    with open(path) as f:
-        return f.read()
+    return reading.read_text(path, 1 << 20, 'cluster file')
 
 
 def _write(path, text):
-    with open(path, 'w') as f:
+    with output.atomic_write(path, 'w', follow_links=False) as f:
         f.write(text)
+
+
+def _remove_own_key(key):
+    """Remove the key pair ``key`` left by an earlier cluster in the same folder (its public
+    half carries the cluster comment); a key of anyone else is refused, never removed."""
+    if not os.path.lexists(key) and not os.path.lexists(key + '.pub'):
+        return
+    try:
+        ours = ' gluon-multigpu ' in reading.read_text(key + '.pub', 1 << 16, 'key')
+    except (OSError, GluonMultiGPUError):
+        ours = False
+    if not ours:
+        raise ClusterError(f'{key} is a key that is not a cluster key; it is left as it is: '
+                           'give the cluster another workdir')
+    for path in (key, key + '.pub'):
+        with contextlib.suppress(FileNotFoundError):
+            fs.unlink(path)
 
 
 def _sh_quote(s):

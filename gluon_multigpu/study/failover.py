@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import cluster as _cluster
+from ..run.output import atomic_write
 
 __all__ = ['HOSTS', 'EPOCHS', 'STEPS', 'MID_STEP', 'TIMEOUT', 'TERM_WAIT', 'Fault', 'FAULTS',
            'StudyError', 'train_argv', 'launch_argv', 'parse_times', 'final_fingerprint',
@@ -480,7 +481,7 @@ def run_job(cl, fault, data_dir, workdir, reference=None, timeout=TIMEOUT, epoch
     row['load'].append(round(os.getloadavg()[0], 2))
     row['problems'] = _problems(row, fault)
     if log:
-        with open(log, 'w') as f:
+        with atomic_write(log) as f:
             f.write(f'$ {shlex.join(argv)}\n')
             if fault_at is not None:
                 f.write(f'# {fault.name} injected at {fault_at - started:.3f} s '

@@ -55,6 +55,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import cluster as _cluster
+from ..errors import GluonMultiGPUError
+from ..run import fs, reading
+from ..run.files import append_text
 from .scaling import worker_projection
 
 __all__ = ['MODELS', 'GRAD_BYTES', 'LARGEST_KEY_BYTES', 'PAYLOAD', 'DEFAULT_BATCH',
@@ -234,11 +237,11 @@ def step_seconds(steps, text='', json_path=None, epoch=TIMED_EPOCH):
     """
     if json_path:
         try:
-            with open(json_path) as f:
-                runs = json.load(f)['runs']
+            runs = reading.read_json(json_path, 64 << 20, 'the run\'s --json file')['runs']
             seconds = next(e['seconds'] for e in runs[0]['epochs'] if e['epoch'] == epoch)
             return seconds / steps
-        except (OSError, ValueError, KeyError, IndexError, TypeError, StopIteration):
+        except (OSError, ValueError, KeyError, IndexError, TypeError, StopIteration,
+                GluonMultiGPUError):
             pass
     seconds = parse_epochs(text).get(0, {}).get(epoch)
     return None if seconds is None else seconds / steps
@@ -522,8 +525,8 @@ def measure(cl, config, workdir, timeout=None, log=None):
     timeout = timeout or 3 * estimate_seconds(config) + 60
     _set_links(cl, config.bandwidth)
     json_path = os.path.join(workdir, f'{config.name}.json')
-    if os.path.exists(json_path):
-        os.remove(json_path)
+    if os.path.lexists(json_path):  # an earlier try's, in this study's own scratch folder
+        fs.unlink(json_path)
     argv = launch_argv(config, cl.hostfile, json_path)
     load = os.getloadavg()[0]
     status = 'ok'
@@ -542,8 +545,7 @@ def measure(cl, config, workdir, timeout=None, log=None):
             raise
     text = out.decode(errors='replace')
     if log:
-        with open(log, 'a') as f:
-            f.write(f'$ {shlex.join(argv)}\n{text}')
+        append_text(log, f'$ {shlex.join(argv)}\n{text}')
     if status == 'ok' and proc.returncode:
         last = [line for line in text.splitlines() if line.strip()][-1:] or ['no output']
         status = f'failed (status {proc.returncode}): {last[0].strip()}'

@@ -1,0 +1,191 @@
+"""Single files written whole or not at all: the first half of the output layer (``output``).
+
+Its rules are stated once, in ``output``'s docstring; what is here: ``atomic_write`` (a file
+through a fresh temporary file, ``O_EXCL``, fsynced, renamed, the folder fsynced),
+``create_exclusive`` (a new file, never one opened on an existing name), ``remove_own`` (a file
+removed only while it is still the one made here), ``naming`` (an ``OSError`` naming the file the
+user knows). Every change goes through ``fs``.
+"""
+import io
+import os
+import secrets
+import stat
+
+from . import fs
+from .targets import resolve_output
+
+__all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'create_exclusive',
+           'remove_own', 'makedirs', 'UNFINISHED']
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: Temporary files and staging folders being written now, with the inode that makes each ours:
+#: a process that must end at once (``os._exit``, which runs no ``finally``) settles them first.
+UNFINISHED = {}
+
+
+def _inode(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def fsync_directory(directory):
+    """fsync ``directory``, so that a rename in it outlives a power cut (best effort)."""
+    try:
+        fd = os.open(directory or '.', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fs.fsync(fd, directory)
+    except OSError:
+        pass  # some file systems refuse fsync on a folder; the rename itself is done
+    finally:
+        os.close(fd)
+
+
+def create_exclusive(path, data, mode=0o666):
+    """Create the new file ``path`` holding ``data`` (bytes), fsynced; raise if anything has the
+    name (``FileExistsError``). On failure the file made here is removed."""
+    fd = fs.open(path, _FLAGS, mode)
+    made = _inode(path)
+    try:
+        fs.write(fd, data, path)
+        fs.fsync(fd, path)
+    except BaseException:
+        os.close(fd)
+        remove_own(path, made)
+        raise
+    os.close(fd)
+    return made
+
+
+def remove_own(path, inode):
+    """Remove ``path`` only if it is still the file ``inode`` (``(st_dev, st_ino)``) made here."""
+    if inode is not None and _inode(path) == inode:
+        try:
+            fs.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class atomic_write:  # pylint: disable=invalid-name
+    """Context manager writing ``path`` through a temporary file in the same directory.
+
+    Yields a file object (text for ``'w'``, bytes for ``'wb'``) that collects the content; when
+    the block ends without error it is written to a new temporary file (``O_EXCL``), fsynced,
+    renamed over ``path``, and the folder fsynced; otherwise nothing is left behind.
+
+    With ``follow_links`` (outputs the user names), a symbolic link is written through: the file
+    it leads to is replaced, beside itself, and the link stays (``resolve_output``). Without it
+    (a checkpoint's own files), the rename replaces whatever has the name, a planted link
+    included, and nothing outside the directory is touched. Either way only a regular file (or
+    nothing) is ever replaced. An ``OSError`` names ``path``.
+    """
+
+    def __init__(self, path, mode='w', follow_links=True):
+        if mode not in ('w', 'wb'):
+            raise ValueError(f"atomic_write writes with mode 'w' or 'wb', not {mode!r}")
+        self.path, self.mode = os.path.abspath(path), mode
+        self.follow_links = follow_links
+        self._buffer = None
+
+    def __enter__(self):
+        if self.follow_links:
+            self.path = resolve_output(self.path, 'output')
+        self._check_target()
+        self._buffer = io.StringIO() if self.mode == 'w' else io.BytesIO()
+        return self._buffer
+
+    def _check_target(self):
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(mode) or (self.follow_links and not stat.S_ISREG(mode)):
+            raise IsADirectoryError(21, 'not a regular file, not replaced', self.path)
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            if isinstance(exc, OSError) and not exc.filename:
+                exc.filename = self.path  # a write in the block failed: name the file meant
+            return False
+        data = self._buffer.getvalue()
+        if self.mode == 'w':
+            data = data.encode('utf-8')
+        with naming(self.path):
+            self._check_target()
+            write_file(self.path, data)
+        return False
+
+
+def write_file(path, data):
+    """Write ``data`` (bytes) to ``path`` atomically (rule 2): the temporary is removed on any
+    failure, and registered meanwhile for ``discard_unfinished``."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
+    fd = fs.open(tmp, _FLAGS, 0o666)
+    made = UNFINISHED[tmp] = _inode(tmp)
+    try:
+        try:
+            fs.write(fd, data, tmp)
+            fs.fsync(fd, tmp)
+        finally:
+            os.close(fd)  # also on a full disk: the space is freed with the file
+        fs.replace(tmp, path)
+        made = None
+    finally:
+        UNFINISHED.pop(tmp, None)
+        remove_own(tmp, made)
+    fsync_directory(directory)
+
+
+def _naming(error, path):
+    """``error`` (an ``OSError``) naming ``path`` as its file: itself, or a new one of its kind.
+
+    A rename's error names two files, and the second cannot be unset: such an error is replaced
+    (``OSError`` picks the subclass its errno stands for).
+    """
+    if error.filename2 is None:
+        error.filename = path
+        return error
+    return OSError(error.errno, error.strerror, path)
+
+
+class naming:  # pylint: disable=invalid-name
+    """Context manager: an ``OSError`` inside names ``path`` (``filename``), the file written.
+
+    A write that fails on a full disk raises ``OSError`` without a file name, and one through a
+    temporary file names the temporary; the user knows the file by the name they asked for.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, OSError):
+            named = _naming(exc, self.path)
+            if named is not exc:
+                raise named from exc
+        return False
+
+
+def makedirs(path, mode=0o777):
+    """``os.makedirs(path, exist_ok=True)`` through ``fs.mkdir``; returns the folders made,
+    innermost first (the order to remove them in)."""
+    missing, probe = [], os.path.abspath(path)
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    for folder in reversed(missing):
+        try:
+            fs.mkdir(folder, mode)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+    return missing

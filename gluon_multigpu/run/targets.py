@@ -1,0 +1,234 @@
+"""Checks made before any work: that every output of a run can be written, each its own.
+
+The checks try out a directory before any work, so that a run never fails at
+its end because an output cannot be written; ``resolve_output`` says which
+file an output named by the user is written to (its symbolic links followed).
+Nothing here changes a file but the probe of ``check_writable`` (created with
+``O_EXCL`` and removed through ``fs``).
+"""
+import os
+import re
+import secrets
+
+from ..errors import GluonMultiGPUError
+from . import fs, reading
+
+__all__ = ['check_writable', 'check_output_dir', 'check_output_path', 'check_outputs',
+           'input_files', 'resolve_output', 'is_checkpoint_folder', 'CHECKPOINT_FILE', 'TMP_EXTRA']
+
+
+#: Bytes ``atomic_write`` adds to a name for its temporary file (``.NAME.XXXXXXXX.tmp``).
+TMP_EXTRA = len('..') + 8 + len('.tmp')
+
+
+def _check_name(path, what):
+    """Raise unless the file system takes ``path``'s name with room for its temporary name."""
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+        limit = os.pathconf(directory if os.path.isdir(directory) else '/', 'PC_NAME_MAX')
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(name)) + TMP_EXTRA > limit:
+        raise GluonMultiGPUError(f'{what} {path}: the name is {len(os.fsencode(name))} bytes long, '
+                                 f'and this file system takes {limit - TMP_EXTRA} at most here; '
+                                 'give a shorter name')
+
+
+#: Trees of the kernel's own files: an output there, or a link leading there (``/dev/stdout``
+#: is a link to ``/proc/self/fd/1``, a link to whatever standard output is), is never a file
+#: a run may replace. (Devices in /dev are refused as not regular files; /dev/shm is a
+#: file system like any other.)
+SYSTEM_TREES = ('/proc', '/sys')
+#: Links followed at most from an output's name to its file (the kernel's own limit).
+MAX_LINKS = 40
+
+
+def _under(path, trees):
+    return any(path == t or path.startswith(t + os.sep) for t in trees)
+
+
+def resolve_output(path, what):
+    """Return the file an output named ``path`` is written to: its symbolic links followed.
+
+    Each link is followed in turn, so that a chain through ``/proc`` or
+    ``/sys`` is refused even where it ends at a regular file
+    (``/dev/stdout`` with standard output redirected to a file: replacing
+    that file would lose what the shell writes there). Raises
+    ``GluonMultiGPUError`` naming ``what`` for such a path and for a loop.
+    """
+    current = os.path.abspath(path)
+    for hop in range(MAX_LINKS):
+        current = os.path.join(os.path.realpath(os.path.dirname(current)),
+                               os.path.basename(current))
+        # A plain name there is left to the writability check (nobody may create files there).
+        if _under(current, SYSTEM_TREES) and (hop or os.path.islink(current)):
+            via = '' if current == os.path.abspath(path) else f', which leads to {current},'
+            raise GluonMultiGPUError(f'{what} {path}{via} is in {current.split(os.sep)[1]} '
+                                     '(a device or a file of the kernel, not one a run may '
+                                     'replace); give the name of a regular file')
+        if not os.path.islink(current):
+            return current
+        current = os.path.join(os.path.dirname(current), os.readlink(current))
+    raise GluonMultiGPUError(f'{what} {path}: its symbolic links lead round in a loop; give the '
+                             'name of a regular file')
+
+
+def _check_not_empty(path, what):
+    if path is None or not str(path).strip():
+        raise GluonMultiGPUError(f'{what} is empty; give a path')
+
+
+def _missing_directory(directory, what, path):
+    """The error for an output whose ``directory`` is not a directory: what is wrong with it."""
+    probe = directory
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if os.path.lexists(probe) and not os.path.isdir(probe):
+        return GluonMultiGPUError(f'{what} {path}: {probe} is a file, not a directory; give a '
+                                  'path in a directory')
+    return GluonMultiGPUError(f'{what} {path}: directory {directory} does not exist; '
+                              'create it first')
+
+
+#: The name of a checkpoint's own files (``checkpoint.Checkpointer``).
+CHECKPOINT_FILE = re.compile(r'ckpt-\d{6}\.(params|states)')
+_CHECKPOINT_MARK = b'"format": "gluon-multigpu-checkpoint'
+
+
+def is_checkpoint_folder(directory):
+    """Whether ``directory`` holds a checkpoint: a checkpoint manifest or a checkpoint's files."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    if any(CHECKPOINT_FILE.fullmatch(n) for n in names):
+        return True
+    manifest = os.path.join(directory, 'manifest.json')
+    if 'manifest.json' not in names or not os.path.isfile(manifest):
+        return False
+    try:
+        with reading.open_regular(manifest, 'manifest') as f:
+            return _CHECKPOINT_MARK in f.read(4096)
+    except (OSError, GluonMultiGPUError):
+        return False
+
+
+def _same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_writable(directory, what):
+    """Raise ``GluonMultiGPUError`` unless a file can be created in ``directory``.
+
+    Tried out with a temporary file, created and removed: permission bits do
+    not tell (root ignores them; /proc and /sys refuse new files to everyone).
+    ``what`` names the option and path in the message.
+    """
+    probe = os.path.join(directory, f'.write-test.{secrets.token_hex(4)}.tmp')
+    try:
+        os.close(fs.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o600))
+        fs.unlink(probe)  # created just now, exclusively: ours
+    except OSError as e:
+        raise GluonMultiGPUError(f'{what}: cannot create files in {directory} ({e.strerror}); '
+                                 'choose a writable directory') from None
+
+
+def check_output_dir(directory, flag, checkpoints=False):
+    """Raise ``GluonMultiGPUError`` unless ``directory`` is a writable directory or can be made.
+
+    ``flag`` names the output in the message. ``checkpoints``: also refuse a
+    directory that is, or is directly inside, a checkpoint folder (a report
+    written there could take a checkpoint's names).
+    """
+    _check_not_empty(directory, flag)
+    directory = os.path.abspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory')
+    _check_name(directory, flag)
+    target = directory if os.path.isdir(directory) else os.path.dirname(directory)
+    if not os.path.isdir(target):
+        raise _missing_directory(target, flag, directory)
+    check_writable(target, f'{flag} {directory}')
+    if checkpoints:
+        for d in (directory, os.path.dirname(directory)):
+            if is_checkpoint_folder(d):
+                raise GluonMultiGPUError(f'{flag} {directory} is in the checkpoint folder {d}; '
+                                         'give a directory outside it')
+
+
+def check_output_path(path, what, inputs=()):
+    """Raise ``GluonMultiGPUError`` unless the file ``path`` can be written (check before any work).
+
+    Returns the file that will be written: a symbolic link is written
+    through (``resolve_output``). What is there must be a regular file: a
+    device, pipe or socket would be replaced by a file. Also refused: one of
+    ``inputs`` (the run's own input files), and a file in a checkpoint folder
+    (its manifest or its files would be replaced). ``what`` names the output
+    in the message.
+    """
+    _check_not_empty(path, what)
+    target = resolve_output(path, what)
+    directory = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise GluonMultiGPUError(f'{what} {path} is a directory; give a file name')
+    if os.path.lexists(target) and not os.path.isfile(target):
+        raise GluonMultiGPUError(f'{what} {path} exists and is not a regular file (a device, '
+                                 'pipe or socket); give the name of a file')
+    _check_name(target, what)
+    if not os.path.isdir(directory):
+        raise _missing_directory(directory, what, path)
+    check_writable(directory, f'{what} {path}')
+    for source in inputs:
+        if os.path.exists(target) and _same_file(target, source):
+            same = os.path.abspath(path) == os.path.abspath(source)
+            raise GluonMultiGPUError(f'{what} {path} is {"" if same else source + ", "}one of the '
+                                     "run's input files; give another name")
+    if is_checkpoint_folder(directory):
+        raise GluonMultiGPUError(f'{what} {path} is in the checkpoint folder {directory}; give a '
+                                 'path outside it')
+    return target
+
+
+def input_files(dataset, data_dir=None):
+    """The files a run on data set ``dataset`` reads from ``data_dir`` (None: the data set's
+    default folder): the ``inputs`` no output of the run may replace (``check_outputs``)."""
+    from ..core.data import IDX_FILES, default_root  # pylint: disable=import-outside-toplevel
+    root = data_dir or default_root(dataset)
+    return [os.path.join(root, name) for name in IDX_FILES.values()]
+
+
+def check_outputs(files=(), directories=(), checkpoint_dir=None, inputs=()):
+    """Raise ``GluonMultiGPUError`` unless every output of a run can be written, each its own.
+
+    ``files`` and ``directories`` are ``(what, path)`` pairs (None paths are
+    skipped): files are checked by ``check_output_path`` against the run's
+    ``inputs``, directories (reports) by ``check_output_dir`` outside any
+    checkpoint folder; ``checkpoint_dir`` (the ``Checkpointer`` checks it
+    itself) only must not collide. No two outputs may name the same place, or
+    one lie inside another.
+    """
+    places = []
+    for what, path in files:
+        if path is not None:
+            _check_not_empty(path, what)
+            places.append((what, resolve_output(path, what)))
+    for what, path in (*directories, ('`checkpoint_dir`', checkpoint_dir)):
+        if path is not None:
+            _check_not_empty(path, what)
+            places.append((what, os.path.realpath(path)))
+    for i, (what, path) in enumerate(places):
+        for other, other_path in places[i + 1:]:
+            if path == other_path or other_path.startswith(path + os.sep) or \
+                    path.startswith(other_path + os.sep):
+                raise GluonMultiGPUError(f'{what} and {other} name the same place ({path}); '
+                                         'give each output its own path')
+    for what, path in files:
+        if path is not None:
+            check_output_path(path, what, inputs)
+    for what, path in directories:
+        if path is not None:
+            check_output_dir(path, what, checkpoints=True)

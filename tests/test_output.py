@@ -1,0 +1,430 @@
+"""The output layer (``run/output.py``, ``run/locks.py``): its rules, and the findings they fix.
+
+Every file the package writes goes through one layer: a file it did not write is never replaced,
+truncated or deleted (its own are told by content), a write of several files is all or nothing
+also under SIGKILL, a lock is created exclusively, and a results file is replaced only on request.
+"""
+import errno
+import json
+import os
+import signal
+
+import pytest
+
+import gluon_multigpu as gm
+from gluon_multigpu.run import fs, locks, output
+from conftest import load_script
+
+BALANCE = ['--cpu-devices', '2', '--steps', '4', '--batch-size', '16', '--rounds', '1',
+           '--scenarios', 'equal', '--every', '2']
+BANDWIDTH = ['--cpu-devices', '2', '--quick', '--models', 'simple-cnn']
+
+
+def one_line(capsys, *wanted):
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in wanted), err
+    assert 'Traceback' not in err[0]
+    return err[0]
+
+
+def not_measured(*args, **kwargs):
+    raise AssertionError('measured: the run was not refused before its first measurement')
+
+
+def snapshot(folder):
+    """Every file under ``folder`` (hidden ones too) with its bytes; folders as None."""
+    found = {}
+    for root, dirs, names in os.walk(folder):
+        for d in dirs:
+            found[os.path.relpath(os.path.join(root, d), folder)] = None
+        for n in names:
+            path = os.path.join(root, n)
+            found[os.path.relpath(path, folder)] = \
+                os.readlink(path) if os.path.islink(path) else open(path, 'rb').read()
+    return found
+
+
+def lock(path, say=None):
+    return locks.Lock(path, held=lambda who: f'held{who}', fix='give another path', say=say)
+
+
+def results_file(program, config, keys, status='complete', result=1):
+    return {'format': gm.sweep.FORMAT, 'program': program, 'status': status,
+            'total': len(keys), 'config': config,
+            'done': [{'key': k, 'label': k, 'result': result, 'seconds': 1.0} for k in keys]}
+
+
+# --- findings ------------------------------------------------------------------------------
+
+def test_a_complete_results_file_is_not_replaced_by_a_run_with_other_settings(
+        tmp_path, fashion_dir, monkeypatch, capsys):
+    bandwidth = load_script('bandwidth')
+    monkeypatch.setattr(gm.measure, 'measure_count', not_measured)
+    two = tmp_path / 'two.json'
+    two.write_text(json.dumps(results_file('bandwidth', {'seed': 0}, ['a', 'b', 'c', 'd'])))
+    before = two.read_bytes()
+    for other in (['--seed', '3'], ['--models', 'resnet18']):
+        argv = [*BANDWIDTH, '--data-dir', str(fashion_dir), '--results', str(two), *other]
+        assert bandwidth.main(argv) == 2
+        one_line(capsys, str(two), 'complete run', '--resume', '--results', '--overwrite')
+        assert two.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ['two.json']  # no lock file left
+
+
+def test_overwrite_keeps_the_old_results_until_the_first_new_measurement(
+        tmp_path, fashion_dir, monkeypatch, capsys):
+    bandwidth = load_script('bandwidth')
+    two = tmp_path / 'two.json'
+    two.write_text(json.dumps(results_file('bandwidth', {'seed': 0}, ['a', 'b', 'c', 'd'])))
+    before, seen = two.read_bytes(), []
+
+    def measure_count(*args, **kwargs):
+        seen.append(two.read_bytes())
+        raise gm.GluonMultiGPUError('stopped in the first measurement')
+    monkeypatch.setattr(gm.measure, 'measure_count', measure_count)
+    argv = [*BANDWIDTH, '--data-dir', str(fashion_dir), '--results', str(two), '--seed', '3',
+            '--overwrite']
+    assert bandwidth.main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == 'error: stopped in the first measurement'
+    assert seen == [before] and two.read_bytes() == before
+
+
+def test_overwrite_replaces_the_results_with_the_first_measurement(tmp_path):
+    path = tmp_path / 'r.json'
+    path.write_text(json.dumps(results_file('p', {'a': 1}, ['x'])))
+    units = [gm.sweep.Unit('y', 'y'), gm.sweep.Unit('z', 'z')]
+    with pytest.raises(gm.sweep.SweepError, match='overwrite=True'):
+        gm.sweep.Sweep(str(path), 'p', {'a': 2}, units, print)
+    with gm.sweep.Sweep(str(path), 'p', {'a': 2}, units, print, overwrite=True, interval=0) as s:
+        assert json.loads(path.read_text())['config'] == {'a': 1}
+        s.begin(units[0])
+        s.keep(units[0], 5)
+    kept = json.loads(path.read_text())
+    assert kept['config'] == {'a': 2} and kept['status'] == 'partial'
+    # a file that is not a results file is never replaced, even with overwrite
+    path.write_text('my notes')
+    with pytest.raises(gm.sweep.SweepError, match='not a results file'):
+        gm.sweep.Sweep(str(path), 'p', {'a': 2}, units, print, overwrite=True)
+    assert path.read_text() == 'my notes'
+
+
+def captured_sweep(monkeypatch, module, argv):
+    """The config and unit keys the program's sweep has for ``argv`` (caught before loading)."""
+    caught = {}
+
+    def load(self, *args):
+        caught.update(config=self.config, keys=[u.key for u in self.units])
+        raise gm.sweep.SweepError('caught')
+    with monkeypatch.context() as m:
+        m.setattr(gm.sweep.Sweep, '_load', load)
+        assert module.main(argv) == 2
+    return caught
+
+
+@pytest.mark.parametrize('script, argv', [
+    ('bandwidth', [*BANDWIDTH, '--data-dir', '{data}']),
+    ('balance', BALANCE),
+    ('scaling', ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1',
+                 '--num-train', '64', '--num-test', '32', '--data-dir', '{data}', '--out',
+                 '{tmp}/out']),
+    ('bfloat16', ['--models', 'simple-cnn', '--rounds', '1']),
+])
+@pytest.mark.parametrize('damage', ['text', {'unexpected': 1}, None])
+def test_a_results_file_with_damaged_entries_is_one_line_on_resume(
+        script, argv, damage, tmp_path, fashion_dir, monkeypatch, capsys):
+    module = load_script(script)
+    if script == 'bfloat16':
+        monkeypatch.setattr(module, 'check_bfloat16', lambda: None)
+    results = tmp_path / 'r.json'
+    argv = [a.format(data=fashion_dir, tmp=tmp_path) for a in argv] + ['--results', str(results)]
+    caught = captured_sweep(monkeypatch, module, argv)
+    capsys.readouterr()
+    results.write_text(json.dumps(results_file(script, caught['config'], caught['keys'],
+                                               result=damage)))
+    before = results.read_bytes()
+    monkeypatch.setattr(gm.sweep.Sweep, 'run', not_measured)
+    assert module.main([*argv, '--resume']) == 2
+    one_line(capsys, str(results), 'is damaged', '--overwrite')
+    assert results.read_bytes() == before
+
+
+def test_a_results_file_is_read_with_a_size_bound(tmp_path, monkeypatch, capsys):
+    balance = load_script('balance')
+    monkeypatch.setattr(balance, 'run_once', not_measured)
+    big = tmp_path / 'r.json'
+    with open(big, 'wb') as f:
+        f.truncate(gm.sweep.RESULTS_LIMIT + 1)  # sparse: no disk used
+    assert balance.main([*BALANCE, '--results', str(big), '--resume']) == 2
+    one_line(capsys, str(big), 'larger than 64 MiB')
+
+
+def test_a_failed_report_write_leaves_the_previous_report_byte_identical(
+        tmp_path, monkeypatch, capsys):
+    balance = load_script('balance')
+    monkeypatch.setattr(balance, 'run_once', lambda *args, **kwargs: 1000.0)
+    out = tmp_path / 'out'
+    assert balance.main([*BALANCE, '--out', str(out)]) == 0
+    capsys.readouterr()
+    assert {'report.md', 'balance.csv', 'images.png'} <= set(os.listdir(out))
+    (out / 'report.md').unlink()
+    (out / 'report.md').mkdir()  # planted where the report goes
+    before = snapshot(out)
+    assert balance.main([*BALANCE, '--out', str(out), '--resume']) == 2
+    one_line(capsys, 'report.md is a folder', 'nothing was replaced')
+    assert snapshot(out) == before
+
+
+def test_a_hard_link_or_a_users_file_at_a_lock_name_is_left_untouched(tmp_path):
+    mine = tmp_path / 'mine.txt'
+    mine.write_text('my notes')
+    results = tmp_path / 'hl.json'
+    for planted in ('link', 'file'):
+        name = tmp_path / '.hl.json.lock'
+        if planted == 'link':
+            os.link(mine, name)
+        else:
+            name.write_text('my own file')
+        with pytest.raises(gm.sweep.SweepError) as e:
+            gm.sweep.Sweep(str(results), 'p', {}, [gm.sweep.Unit('a', 'a')], print)
+        assert str(name) in str(e.value) and 'left as it is' in str(e.value)
+        assert name.exists() and mine.read_text() == 'my notes'
+        assert name.read_text() == ('my notes' if planted == 'link' else 'my own file')
+        name.unlink()
+    assert not results.exists()
+
+
+def test_a_fifo_at_a_lock_name_is_refused_naming_it(tmp_path):
+    name = tmp_path / '.r.json.lock'
+    os.mkfifo(name)
+    with pytest.raises(gm.sweep.SweepError) as e:
+        gm.sweep.Sweep(str(tmp_path / 'r.json'), 'p', {}, [gm.sweep.Unit('a', 'a')], print)
+    assert str(name) in str(e.value) and 'FIFO' in str(e.value)
+    assert name.is_fifo()
+
+
+def test_two_scaling_runs_on_one_out_folder_the_second_is_refused(
+        tmp_path, fashion_dir, monkeypatch, capsys):
+    scaling = load_script('scaling')
+    monkeypatch.setattr(gm.sweep.Sweep, 'run', not_measured)
+    monkeypatch.setattr(gm.measure, 'train_config', not_measured)
+    out = tmp_path / 'out'
+    first = lock(tmp_path / '.out.lock').acquire()  # the first run holds its --out
+    try:
+        argv = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1',
+                '--num-train', '64', '--num-test', '32', '--data-dir', str(fashion_dir),
+                '--out', str(out), '--results', str(tmp_path / 'elsewhere.json')]
+        assert scaling.main(argv) == 2
+        one_line(capsys, f'another run (process {os.getpid()})', str(out))
+    finally:
+        first.release()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_users_file_at_the_checkpoint_lock_is_left_untouched(tmp_path):
+    (tmp_path / '.lock').write_text('my notes')
+    with pytest.raises(gm.errors.CheckpointError, match='left as it is'):
+        with gm.Checkpointer(tmp_path, {'k': 1}):
+            pass
+    assert (tmp_path / '.lock').read_text() == 'my notes'
+
+
+# --- the lock's rules ----------------------------------------------------------------------
+
+def test_a_lock_is_created_with_its_marker_and_removed_on_release(tmp_path):
+    path = tmp_path / 'x.lock'
+    with lock(path) as held:
+        assert held.locked
+        text = path.read_text().splitlines()
+        assert text[0] == locks.MARKER and text[1] == f'pid {os.getpid()}'
+        with pytest.raises(gm.GluonMultiGPUError, match=f'held \\(process {os.getpid()}\\)'):
+            lock(path).acquire()
+    assert not path.exists()
+
+
+@pytest.mark.parametrize('kind', ['folder', 'symlink', 'fifo', 'empty file'])
+def test_a_lock_name_taken_by_something_else_is_refused_and_left(tmp_path, kind):
+    path = tmp_path / 'x.lock'
+    if kind == 'folder':
+        path.mkdir()
+    elif kind == 'symlink':
+        (tmp_path / 'target').write_text('mine')
+        path.symlink_to(tmp_path / 'target')
+    elif kind == 'fifo':
+        os.mkfifo(path)
+    else:
+        path.write_text('')
+    before = snapshot(tmp_path)
+    with pytest.raises(gm.GluonMultiGPUError) as e:
+        lock(path).acquire()
+    assert str(path) in str(e.value) and 'left as it is' in str(e.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_line(tmp_path):
+    path = tmp_path / 'x.lock'
+    path.write_text(f'{locks.MARKER}\npid 999999\nhost elsewhere\n')  # nobody holds its flock
+    said = []
+    with lock(path, say=said.append):
+        assert f'pid {os.getpid()}' in path.read_text()
+    assert len(said) == 1 and 'took over' in said[0] and 'process 999999' in said[0]
+    assert not path.exists()
+
+
+def test_a_stale_lock_with_a_second_name_is_not_taken_over(tmp_path):
+    path = tmp_path / 'x.lock'
+    path.write_text(f'{locks.MARKER}\npid 999999\n')
+    os.link(path, tmp_path / 'kept')
+    with pytest.raises(gm.GluonMultiGPUError, match='hard link'):
+        lock(path).acquire()
+    assert path.exists() and (tmp_path / 'kept').exists()
+
+
+def test_release_leaves_a_file_that_took_the_locks_name_meanwhile(tmp_path):
+    path = tmp_path / 'x.lock'
+    held = lock(path).acquire()
+    path.unlink()
+    path.write_text('somebody else')
+    held.release()
+    assert path.read_text() == 'somebody else'
+
+
+# --- single files ---------------------------------------------------------------------------
+
+def test_atomic_write_goes_through_fs_and_leaves_no_temporary_on_a_failure(tmp_path, monkeypatch):
+    path = tmp_path / 'a.txt'
+    path.write_text('old')
+    calls = []
+
+    def hook(operation, where):
+        calls.append(operation)
+        if operation == 'fsync' and where.endswith('.tmp'):
+            raise OSError(errno.EIO, 'Input/output error')
+    monkeypatch.setattr(fs, 'hook', hook)
+    with pytest.raises(OSError) as e:
+        with output.atomic_write(path) as f:
+            f.write('new')
+    assert e.value.filename == str(path)
+    monkeypatch.setattr(fs, 'hook', None)
+    assert calls[:3] == ['open', 'write', 'fsync'] and 'unlink' in calls
+    assert os.listdir(tmp_path) == ['a.txt'] and path.read_text() == 'old'
+
+
+# --- several files: all or nothing -----------------------------------------------------------
+
+def write_report(folder, contents):
+    with output.ReportSet(folder) as report:
+        for name, text in contents.items():
+            with open(report.path(name), 'w') as f:
+                f.write(text)
+
+
+OLD = {'a.md': 'old a', 'b.csv': 'old b'}
+NEW = {'a.md': 'new a', 'b.csv': 'new b', 'c.png': 'new c'}
+
+
+def as_bytes(contents):
+    return {name: text.encode() for name, text in contents.items()}
+
+
+def test_a_report_set_rolls_back_when_its_second_move_fails(tmp_path, monkeypatch):
+    folder = tmp_path / 'out'
+    write_report(folder, OLD)
+    before = snapshot(folder)
+    moves = []
+
+    def hook(operation, where):
+        if operation == 'replace' and os.path.dirname(where) == str(folder):
+            moves.append(where)
+            if len(moves) == 2:
+                raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(fs, 'hook', hook)
+    with pytest.raises(OSError) as e:
+        write_report(folder, NEW)
+    monkeypatch.setattr(fs, 'hook', None)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(folder / 'b.csv')
+    assert snapshot(folder) == before  # a.md put back, no staging folder left
+
+
+def test_a_report_set_removes_a_new_file_it_placed_when_a_later_move_fails(tmp_path,
+                                                                          monkeypatch):
+    folder = tmp_path / 'out'
+    folder.mkdir()
+    moves = []
+
+    def hook(operation, where):
+        if operation == 'replace' and os.path.dirname(where) == str(folder):
+            moves.append(where)
+            if len(moves) == 3:
+                raise OSError(errno.EIO, 'Input/output error')
+    monkeypatch.setattr(fs, 'hook', hook)
+    with pytest.raises(OSError):
+        write_report(folder, NEW)
+    assert os.listdir(folder) == []
+
+
+def count_calls(folder, contents):
+    calls = []
+    fs.hook = lambda operation, where: calls.append(operation)
+    try:
+        write_report(folder, contents)
+    finally:
+        fs.hook = None
+    return len(calls)
+
+
+def killed_at(folder, contents, n):
+    """Write ``contents`` into ``folder`` in a child killed (SIGKILL) at its ``n``-th fs call."""
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest, no MXNet, only the write
+        count = [0]
+
+        def hook(operation, where):  # pylint: disable=unused-argument
+            count[0] += 1
+            if count[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+        fs.hook = hook
+        try:
+            write_report(folder, contents)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def test_a_report_set_killed_at_any_call_is_old_or_new_after_recover(tmp_path):
+    probe = tmp_path / 'probe'
+    write_report(probe, OLD)
+    total = count_calls(probe, NEW)
+    assert total > 10
+    outcomes = set()
+    for n in range(1, total + 1):
+        folder = tmp_path / f'run{n}'
+        write_report(folder, OLD)
+        old = snapshot(folder)
+        assert killed_at(folder, NEW, n), n
+        output.recover(str(folder))
+        after = snapshot(folder)
+        assert after in (old, as_bytes(NEW)), (n, after)
+        outcomes.add('old' if after == old else 'new')
+    assert outcomes == {'old', 'new'}  # the kill fell before and after the commit
+
+
+def test_the_next_writer_of_a_folder_settles_what_a_killed_one_left(tmp_path):
+    folder = tmp_path / 'out'
+    write_report(folder, OLD)
+    total = count_calls(tmp_path / 'probe', NEW)
+    assert killed_at(folder, NEW, total - 3)  # after the commit: moves or clean-up left
+    assert any(n.startswith('.report-') for n in os.listdir(folder))
+    write_report(folder, {'d.txt': 'next'})
+    assert snapshot(folder) == as_bytes(dict(NEW, **{'d.txt': 'next'}))
+
+
+def test_recover_leaves_a_users_folder_with_a_staging_like_name(tmp_path):
+    mine = tmp_path / '.report-12345678.tmp'
+    mine.mkdir()
+    (mine / 'notes.txt').write_text('mine')
+    (mine / '.journal.json').write_text('{"state": "committed", "files": []}')  # no marker
+    before = snapshot(tmp_path)
+    assert output.recover(str(tmp_path)) == []
+    write_report(tmp_path, {'a.md': 'x'})
+    assert snapshot(tmp_path) == dict(before, **{'a.md': b'x'})
