@@ -1,7 +1,7 @@
 """Writing files so that nothing half-written is ever left: JSON, CSV, and the output layer's names.
 
 The rules of every write are ``output``'s (its docstring); the checks made
-before any work are ``checks``'. This module keeps the names other modules
+before any work are ``targets``'. This module keeps the names other modules
 and scripts import from it: ``atomic_write``, ``ReportFolder``,
 ``check_outputs`` ...
 """
