@@ -61,6 +61,18 @@ def link(source, target, follow_symlinks=True):
     os.link(source, target, follow_symlinks=follow_symlinks)
 
 
+def link_fd(fd, target):
+    """Give the open file ``fd`` (one made without a name, ``O_TMPFILE``) the name ``target``;
+    fails if ``target`` exists. (``linkat`` following ``/proc/self/fd/N``: a plain ``link`` would
+    link the symbolic link itself.)"""
+    _before('link', target)
+    root = os.open('/', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(f'/proc/self/fd/{fd}', target, src_dir_fd=root, follow_symlinks=True)
+    finally:
+        os.close(root)
+
+
 def unlink(path):
     """``os.unlink``."""
     _before('unlink', path)

@@ -1,7 +1,9 @@
 """Locks: a file created exclusively, recognised as the package's by its content.
 
-A ``Lock`` is the file ``path``, created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never opened on
-an existing file), holding the marker line ``MARKER``, the process id and the host, and held with
+A ``Lock`` is the file ``path``, created whole (its content written to a file without a name,
+``O_TMPFILE``, then linked under ``path``, which fails if anything has the name; where the file
+system has no ``O_TMPFILE``, ``O_CREAT | O_EXCL | O_NOFOLLOW``): never opened on an existing
+file, never seen empty after a kill. It holds the marker line ``MARKER``, the process id and the host, and held with
 ``flock`` while the process lives. When the name is taken:
 
 * a lock of ours (a regular file with the marker, one link) whose ``flock`` is held: refused
@@ -29,6 +31,7 @@ __all__ = ['Lock', 'MARKER']
 #: The first line of every lock file of the package.
 MARKER = 'gluon-multigpu lock 1'
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_UNNAMED = os.O_RDWR | getattr(os, 'O_TMPFILE', 0) | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -96,6 +99,43 @@ class Lock:
         raise self.error(f'the lock file {self.path} keeps changing; {self.fix}')
 
     def _create(self):
+        """Make the lock under its name with its content already in it; False if the name is
+        taken. The content is written to a file without a name (``O_TMPFILE``) which is then
+        linked under the name, so that a kill at any moment leaves either no lock or a whole
+        one, never an empty file nobody could recognise."""
+        try:
+            fd = fs.open(os.path.dirname(self.path) or '.', _UNNAMED, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise self.error(f'cannot create the lock file {self.path} ({e.strerror}); '
+                                 f'{self.fix}') from None
+            return self._create_named()
+        try:
+            _flocked(fd)  # new, so nobody else holds it
+            fs.write(fd, self._content(), self.path)
+            try:
+                fs.link_fd(fd, self.path)
+            except FileExistsError:
+                os.close(fd)
+                return False
+            st = os.fstat(fd)
+            self._inode = (st.st_dev, st.st_ino)
+        except OSError as e:
+            os.close(fd)
+            raise self.error(f'cannot create the lock file {self.path} ({e.strerror}); '
+                             f'{self.fix}') from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    @staticmethod
+    def _content():
+        return f'{MARKER}\npid {os.getpid()}\nhost {socket.gethostname()}\n'.encode()
+
+    def _create_named(self):
+        """``_create`` where the file system has no ``O_TMPFILE``: created with ``O_EXCL``."""
         try:
             fd = fs.open(self.path, _FLAGS, 0o644)
         except FileExistsError:
@@ -107,8 +147,7 @@ class Lock:
             _flocked(fd)  # new, so nobody else holds it
             st = os.fstat(fd)
             self._inode = (st.st_dev, st.st_ino)
-            fs.write(fd, f'{MARKER}\npid {os.getpid()}\nhost {socket.gethostname()}\n'.encode(),
-                     self.path)
+            fs.write(fd, self._content(), self.path)
         except BaseException:
             os.close(fd)
             self._remove_if_ours()
