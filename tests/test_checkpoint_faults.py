@@ -193,3 +193,81 @@ def test_the_saved_parameters_are_the_networks(base, tmp_path):
     state.restore(net, trainer, [mx.cpu()])
     for a, b in zip(net.collect_params().values(), tiny(seed=1)[0].collect_params().values()):
         onp.testing.assert_array_equal(a.data().asnumpy(), b.data().asnumpy())
+
+
+def own_and_decoys(directory):
+    """The names a settled directory may hold: the checkpoint's, the decoys' tops (no lock)."""
+    state = gm.Checkpointer(directory, CONFIG, resume=True).load()
+    own = {'manifest.json', *(e['name'] for e in state.manifest['files'].values())}
+    return state.epoch, own | {name.split('/')[0] for name in DECOYS}
+
+
+@pytest.mark.parametrize('code', [errno.ENOSPC, errno.EIO], ids=['ENOSPC', 'EIO'])
+def test_a_failed_save_leaves_nothing_of_its_own_before_the_next_one(base, tmp_path, code):
+    """A fault at any one call (the fsync of the folder and the removals after the new manifest
+    included) leaves the old checkpoint or the new one and no save folder, with no reopening."""
+    calls = count_calls(base, tmp_path)
+    for n in range(1, calls + 1):
+        directory = fresh(base, tmp_path, f'settled-{n}')
+
+        def fail():
+            raise OSError(code, os.strerror(code))
+        fs.hook = Counter(n, fail)
+        try:
+            with pytest.raises(OSError):
+                save_epoch_two(directory)
+        finally:
+            fs.hook = None
+        _, names = own_and_decoys(directory)
+        assert sorted(os.listdir(directory)) == sorted(names), n
+
+
+def test_recover_alone_settles_what_a_killed_save_left(base, tmp_path):
+    """``checkpoint.recover``: after a kill at any call, the old checkpoint byte for byte or the
+    new one, no save folder and no lock left, the user's files as they were."""
+    calls = count_calls(base, tmp_path)
+    for n in range(1, calls + 1):
+        directory = fresh(base, tmp_path, f'recover-{n}')
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with gm.Checkpointer(directory, CONFIG, resume=True):  # a lock to leave stale
+                    fs.hook = Counter(n, lambda: os.kill(os.getpid(), signal.SIGKILL))
+                    save_epoch_two(directory)
+                os._exit(0)
+            finally:
+                os._exit(1)
+        status = reap(pid)
+        assert os.WIFSIGNALED(status), (n, status)
+        gm.checkpoint.recover(directory)
+        epoch, names = own_and_decoys(directory)
+        assert sorted(os.listdir(directory)) == sorted(names), n
+        after = snapshot(directory)
+        assert all(after[name] == data for name, data in DECOYS.items()), n
+        if epoch == 1:
+            assert after == base[1], n
+
+
+def test_recover_leaves_a_running_save_alone(base, tmp_path):
+    """While a run holds the directory, ``recover`` removes nothing (its save folder is live)."""
+    directory = fresh(base, tmp_path, 'busy')
+    with gm.Checkpointer(directory, CONFIG, resume=True):
+        live = gm.savefolder.make(str(directory))
+        with pytest.raises(gm.CheckpointError, match='another run is using'):
+            gm.checkpoint.recover(directory)
+        assert os.path.isdir(live)
+    assert gm.checkpoint.recover(directory) == [os.path.basename(live)]
+    assert not os.path.exists(live)
+
+
+def test_opening_an_existing_directory_creates_nothing_but_the_lock(base, tmp_path):
+    """No probe file (killed, it would be left, unrecognisable): the lock tests writability."""
+    directory = fresh(base, tmp_path, 'open')
+    counter = Counter()
+    fs.hook = counter
+    try:
+        with gm.Checkpointer(directory, CONFIG, resume=True):
+            pass
+    finally:
+        fs.hook = None
+    assert {name for _, name in counter.calls} == {'.lock'}, counter.calls

@@ -129,6 +129,14 @@ def check(args):
     return root
 
 
+def _write(out, report, text):
+    """Rewrite results.json and table.md in ``out`` together (all or nothing: a ``ReportSet``),
+    so that a failure or kill never leaves the rows of one beside those of the other."""
+    with files.ReportSet(out) as folder:
+        files.write_json(folder.path('results.json'), report)
+        files.write_text(folder.path('table.md'), ''.join(text))
+
+
 def run(args, argv, say, rows=None):
     """Check, run the study, write the rows as they come; return the rows (reference first).
 
@@ -156,9 +164,8 @@ def run(args, argv, say, rows=None):
     table = os.path.join(out, 'table.md')
     head = (f'Measured with `{command}` on {report["machine"]["cpu"]} '
             f'({report["machine"]["cores"]} cores).\n\n{failover.markdown_header()}')
-    files.write_json(os.path.join(out, 'results.json'), report)
     text = [head]
-    files.write_text(table, head)
+    _write(out, report, text)
     print(failover.markdown_header(), end='', flush=True)
     say(f'{len(faults)} fault(s) after an uninterrupted run, each on a fresh cluster of '
         f'{failover.HOSTS} hosts; writing {table}')
@@ -166,10 +173,9 @@ def run(args, argv, say, rows=None):
     with tempfile.TemporaryDirectory(prefix='gluon-multigpu-failover-') as work:
         for row in failover.study(faults, data_dir, work, args.timeout, say, logs):
             report['rows'].append(row)
-            files.write_json(os.path.join(out, 'results.json'), report)
             line = failover.markdown_row(row)
             text.append(line)
-            files.write_text(table, ''.join(text))  # replaced whole: never half a row
+            _write(out, report, text)  # both replaced whole, together: never half a row
             print(line, end='', flush=True)
     return report['rows']
 

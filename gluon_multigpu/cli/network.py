@@ -125,13 +125,15 @@ def _machine():
 
 
 def _write(out_dir, config, rows, runs):
-    """Rewrite results.json and results.md in ``out_dir`` (each atomically)."""
-    files.write_json(os.path.join(out_dir, 'results.json'),
-                     {'config': config, 'rows': rows, 'runs': runs})
-    with files.atomic_write(os.path.join(out_dir, 'results.md')) as f:
-        f.write(f"Measured with `{config['command']}` on {config['machine']['cpu']} "
-                f"({config['machine']['cores']} cores), {config['date']}.\n\n")
-        f.write(network.markdown_table(rows))
+    """Rewrite results.json and results.md in ``out_dir``, together (all or nothing: a
+    ``ReportSet``, so that a failure or kill never leaves one file of a run beside the other's)."""
+    with files.ReportSet(out_dir) as report:
+        files.write_json(report.path('results.json'),
+                         {'config': config, 'rows': rows, 'runs': runs})
+        with files.atomic_write(report.path('results.md')) as f:
+            f.write(f"Measured with `{config['command']}` on {config['machine']['cpu']} "
+                    f"({config['machine']['cores']} cores), {config['date']}.\n\n")
+            f.write(network.markdown_table(rows))
 
 
 def run(args, argv):

@@ -57,7 +57,7 @@ from ..core.results import EpochRecord, EpochTotals
 from ..core.training import Hook
 
 __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT',
-           'run_config', 'for_run', 'check_resumable']
+           'run_config', 'for_run', 'check_resumable', 'recover']
 
 MANIFEST = 'manifest.json'
 LOCK = '.lock'
@@ -340,10 +340,12 @@ class Checkpointer(Hook):
         if os.path.islink(self.directory) and not os.path.exists(self.directory):
             raise CheckpointError(f'checkpoint directory {self.directory} is a symbolic link to '
                                   'nothing; remove the link or choose another `checkpoint_dir`')
-        check_output_dir(self.directory, 'checkpoint directory')
         if not os.path.isdir(self.directory):
+            check_output_dir(self.directory, 'checkpoint directory')  # its probe: in the parent
             fs.mkdir(self.directory)
             self._made = True
+        # An existing directory gets no probe file (a kill would leave it, unrecognisable): the
+        # lock file, created next, is the test that files can be created in it.
         self._lock = Lock(os.path.join(self.directory, LOCK),
                           held=lambda who: f'another run is using the checkpoint directory '
                                            f'{self.directory}{who}; wait for it to end or choose '
@@ -526,13 +528,34 @@ class Checkpointer(Hook):
             savefolder.write_file(staged, text.encode())
             made = os.lstat(staged).st_ino
             fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here
-            savefolder.fsync(self.directory)
         except BaseException:
             if not self._committed(made):
                 self._undo(work, placed)
             raise
         new = {entry['name'] for entry in files.values()}
-        self._clean(replaced - new, keep=new)
+        try:
+            savefolder.fsync(self.directory)
+        except OSError:  # the new checkpoint is in place: leave no old files beside it either
+            self._finish(replaced - new, new)
+            raise
+        self._finish(replaced - new, new)
+
+    def _finish(self, replaced, keep):
+        """After the new manifest is in place: remove the ``replaced`` files and the save's folder.
+
+        When a removal fails, the removals are tried once more, through the save's record (its
+        folder goes last, so the record is still there), and the first error is raised all the
+        same (the new checkpoint is complete; the disk said no). What a second failure leaves
+        stays recognisable for the next save or ``recover`` to remove.
+        """
+        try:
+            self._clean(replaced, keep)
+        except OSError:
+            try:
+                self._clean(set(), keep)
+            except OSError:
+                pass  # the first error is the one to raise
+            raise
 
     def _committed(self, made):
         """Whether the manifest in place is the one a save staged (inode ``made``, or None)."""
@@ -552,16 +575,21 @@ class Checkpointer(Hook):
             pass  # the save's own error is the one to raise
 
     def _clean(self, replaced, keep):
-        """Remove ``replaced`` and what killed saves left, never ``keep``; nothing else.
+        """Remove ``replaced`` and what killed saves left, never ``keep``; nothing else; return
+        the names removed.
 
         The files go first, then the folders: a folder's record names its files.
         """
         folders, placed = savefolder.leftovers(self.directory, keep)
-        for name in (replaced | placed) - set(keep):
+        removed = []
+        for name in sorted((replaced | placed) - set(keep)):
             if _is_regular(os.path.join(self.directory, name)):
                 _remove(os.path.join(self.directory, name))
+                removed.append(name)
         for folder in folders:
             savefolder.remove(folder)
+            removed.append(os.path.basename(folder))
+        return removed
 
     # -- as a hook of train ----------------------------------------------------------------
 
@@ -612,3 +640,44 @@ class CheckpointReader(Checkpointer):
 
     def _clean(self, replaced, keep):
         """Nothing: the first worker's saves are its own to clean."""
+        return []
+
+
+def recover(directory):
+    """Remove what killed saves left in the checkpoint directory ``directory``; return the names
+    removed (files and save folders).
+
+    It does what the next ``Checkpointer`` opening the directory does, holding its lock: a
+    save's folder is recognised by its marker, a file it placed by the name, size and hash its
+    record gives; the files the manifest in place names are kept. Nothing is removed while
+    another run holds the directory (``CheckpointError``), nor beside a manifest that cannot be
+    read (which one is current is then not known). A name at ``.lock`` that is not a lock of the
+    package stops every run here, so the directory is cleaned without one.
+    """
+    ckpt = Checkpointer(directory, {}, resume=True)  # not entered: the lock is taken below
+    if not os.path.isdir(ckpt.directory):
+        return []
+    busy = []
+
+    def held(who):
+        busy.append(who)
+        return f'another run is using the checkpoint directory {ckpt.directory}{who}; wait ' \
+               'for it to end'
+    lock = Lock(os.path.join(ckpt.directory, LOCK), held=held, fix='leave it',
+                error=CheckpointError)
+    try:
+        lock.acquire()
+    except CheckpointError:
+        if busy:
+            raise
+        lock = None
+    try:
+        try:
+            keep = {e['name'] for e in ckpt._read_manifest()['files'].values()} \
+                if ckpt.exists() else set()
+        except CheckpointError:
+            return []
+        return ckpt._clean(set(), keep)
+    finally:
+        if lock is not None:
+            lock.release()

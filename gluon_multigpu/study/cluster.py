@@ -242,61 +242,34 @@ class Cluster:
         self.veths = [f'{self.name}v{i}' for i in range(self.num_hosts)]
 
     def _write_files(self):
-        """Keys, sshd and ssh configurations, known hosts, hostfile, the ``ssh`` wrapper."""
+        """Keys, sshd and ssh configurations, known hosts, hostfile, the ``ssh`` wrapper.
+
+        The keys and files are made in a staging folder and moved into the workdir together
+        (``output.ReportSet``): a failure or kill leaves the previous cluster's set as it was,
+        or the new one complete, never old keys gone before the new ones exist.
+        """
         w = self.workdir
         host_key, self.identity = os.path.join(w, 'ssh_host_ed25519_key'), os.path.join(w, 'id_ed25519')
         for key in (host_key, self.identity):
-            _remove_own_key(key)
-            _check(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', f'gluon-multigpu {self.name}',
-                    '-f', key])
-        host_pub = _read(host_key + '.pub').split()[:2]
-        authorized = os.path.join(w, 'authorized_keys')
-        _write(authorized, _read(self.identity + '.pub'))
-        known = os.path.join(w, 'known_hosts')
-        _write(known, ''.join(f'{h if self.ssh_port == 22 else f"[{h}]:{self.ssh_port}"} {" ".join(host_pub)}\n'
-                              for h in self.hosts))
-        self.hostfile = os.path.join(w, 'hostfile')
-        _write(self.hostfile, ''.join(h + '\n' for h in self.hosts))
-        self._sshd_configs = []
-        for i, host in enumerate(self.hosts):
-            path = os.path.join(w, f'sshd_config-{i}')
-            _write(path, '\n'.join([
-                f'ListenAddress {host}:{self.ssh_port}',
-                f'HostKey {host_key}',
-                f'AuthorizedKeysFile {authorized}',
-                'PermitRootLogin prohibit-password',
-                'PubkeyAuthentication yes',
-                'PasswordAuthentication no',
-                'KbdInteractiveAuthentication no',
-                'UsePAM no',
-                'StrictModes no',
-                'PidFile none',
-                'MaxStartups 200',
-                'MaxSessions 200',
-                'AcceptEnv none',
-                'PrintMotd no',
-                'PrintLastLog no',
-                'UseDNS no',
-                'X11Forwarding no',
-                '']))
-            self._sshd_configs.append(path)
-        self.ssh_config = os.path.join(w, 'ssh_config')
-        _write(self.ssh_config, '\n'.join([
-            'Host *',
-            '    User root',
-            f'    IdentityFile {self.identity}',
-            '    IdentitiesOnly yes',
-            f'    Port {self.ssh_port}',
-            f'    UserKnownHostsFile {known}',
-            '    GlobalKnownHostsFile /dev/null',
-            '    StrictHostKeyChecking yes',
-            '    UpdateHostKeys no',
-            '    BatchMode yes',
-            '    LogLevel ERROR',
-            '    ConnectTimeout 5',
-            # a third of a second less per connection than the default post-quantum exchange
-            '    KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org',
-            '']))
+            _check_own_key(key)
+        authorized, known = os.path.join(w, 'authorized_keys'), os.path.join(w, 'known_hosts')
+        self.hostfile, self.ssh_config = os.path.join(w, 'hostfile'), os.path.join(w, 'ssh_config')
+        self._sshd_configs = [os.path.join(w, f'sshd_config-{i}') for i in range(len(self.hosts))]
+        with output.ReportSet(w) as staged:
+            def at(path):
+                return staged.path(os.path.basename(path))
+            for key in (host_key, self.identity):
+                at(key + '.pub')  # ssh-keygen writes it beside the key: moved in with it
+                _check(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', f'gluon-multigpu {self.name}',
+                        '-f', at(key)])
+            host_pub = _read(at(host_key + '.pub')).split()[:2]
+            _write(at(authorized), _read(at(self.identity + '.pub')))
+            _write(at(known), ''.join(f'{h if self.ssh_port == 22 else f"[{h}]:{self.ssh_port}"} {" ".join(host_pub)}\n'
+                                      for h in self.hosts))
+            _write(at(self.hostfile), ''.join(h + '\n' for h in self.hosts))
+            for path, host in zip(self._sshd_configs, self.hosts):
+                _write(at(path), _sshd_config(host, self.ssh_port, host_key, authorized))
+            _write(at(self.ssh_config), _ssh_config(self.identity, self.ssh_port, known))
         # /usr/bin/ssh, not the first on PATH: that may be another cluster's wrapper (a cluster made under env())
         self._ssh = '/usr/bin/ssh' if os.access('/usr/bin/ssh', os.X_OK) else shutil.which('ssh')
         self.bin_dir = os.path.join(w, 'bin')
@@ -741,9 +714,9 @@ def _write(path, text):
         f.write(text)
 
 
-def _remove_own_key(key):
-    """Remove the key pair ``key`` left by an earlier cluster in the same folder (its public
-    half carries the cluster comment); a key of anyone else is refused, never removed."""
+def _check_own_key(key):
+    """Refuse a key pair at ``key`` that is not one an earlier cluster left in the same folder
+    (its public half carries the cluster comment): a key of anyone else is never replaced."""
     if not os.path.lexists(key) and not os.path.lexists(key + '.pub'):
         return
     try:
@@ -753,9 +726,49 @@ def _remove_own_key(key):
     if not ours:
         raise ClusterError(f'{key} is a key that is not a cluster key; it is left as it is: '
                            'give the cluster another workdir')
-    for path in (key, key + '.pub'):
-        with contextlib.suppress(FileNotFoundError):
-            fs.unlink(path)
+
+
+def _sshd_config(host, port, host_key, authorized):
+    """The sshd configuration of the host at ``host``."""
+    return '\n'.join([
+        f'ListenAddress {host}:{port}',
+        f'HostKey {host_key}',
+        f'AuthorizedKeysFile {authorized}',
+        'PermitRootLogin prohibit-password',
+        'PubkeyAuthentication yes',
+        'PasswordAuthentication no',
+        'KbdInteractiveAuthentication no',
+        'UsePAM no',
+        'StrictModes no',
+        'PidFile none',
+        'MaxStartups 200',
+        'MaxSessions 200',
+        'AcceptEnv none',
+        'PrintMotd no',
+        'PrintLastLog no',
+        'UseDNS no',
+        'X11Forwarding no',
+        ''])
+
+
+def _ssh_config(identity, port, known):
+    """The ssh client configuration of the cluster's hosts."""
+    return '\n'.join([
+        'Host *',
+        '    User root',
+        f'    IdentityFile {identity}',
+        '    IdentitiesOnly yes',
+        f'    Port {port}',
+        f'    UserKnownHostsFile {known}',
+        '    GlobalKnownHostsFile /dev/null',
+        '    StrictHostKeyChecking yes',
+        '    UpdateHostKeys no',
+        '    BatchMode yes',
+        '    LogLevel ERROR',
+        '    ConnectTimeout 5',
+        # a third of a second less per connection than the default post-quantum exchange
+        '    KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org',
+        ''])
 
 
 def _sh_quote(s):
