@@ -9,9 +9,11 @@ write with ``external`` before it starts. Each call first passes its name and pa
 count the calls of an entry point, then to fail the n-th (``ENOSPC``, ``EIO``) or to kill the
 process there (SIGKILL).
 """
+import ctypes
+import errno
 import os
 
-__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir',
+__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink', 'mkdir', 'rmdir',
            'external', 'OPERATIONS']
 
 #: The names passed to ``hook``.
@@ -59,6 +61,26 @@ def link(source, target, follow_symlinks=True):
     ``follow_symlinks``, a link ``source`` is itself linked."""
     _before('link', target)
     os.link(source, target, follow_symlinks=follow_symlinks)
+
+
+def link_unnamed(fd, target):
+    """Give the unnamed file ``fd`` (``O_TMPFILE``) the name ``target`` (fails if it exists):
+    through ``/proc/self/fd``, else ``linkat`` with ``AT_EMPTY_PATH`` (where /proc refuses, as in
+    some sandboxes). Hooked as ``link``."""
+    _before('link', target)
+    try:
+        os.link(f'/proc/self/fd/{fd}', target, follow_symlinks=True)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOENT, errno.EPERM):
+            raise
+        first = e
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.linkat(fd, b'', _AT_FDCWD, os.fsencode(target), _AT_EMPTY_PATH) != 0:
+        raise first
+
+
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 
 
 def unlink(path):

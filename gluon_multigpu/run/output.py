@@ -33,6 +33,7 @@ Every change goes through ``run/fs.py``, so that the fault-injection harness
 """
 import json
 import os
+import re
 import secrets
 import stat
 
@@ -40,7 +41,8 @@ from ..errors import GluonMultiGPUError
 from . import fs, reading
 from .targets import resolve_output
 from .atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, create_exclusive,
-                     fsync_directory, makedirs, naming, remove_own, write_file)
+                     create_whole, fsync_directory, makedirs, naming, remove_hashed, remove_own,
+                     write_file)
 
 __all__ = ['atomic_write', 'naming', 'discard_unfinished', 'ReportSet', 'ReportFolder',
            'recover', 'fsync_directory', 'create_exclusive', 'remove_own', 'write_file', 'makedirs',
@@ -52,6 +54,7 @@ STAGING_FORMAT = 'gluon-multigpu staging 1'
 JOURNAL = '.journal.json'
 _STAGING_PREFIX, _STAGING_SUFFIX = '.report-', '.tmp'
 _BACKUP = '.old-{}'
+_STAGING_NAME = re.compile(r'^\.report-[0-9a-f]{8}\.tmp$')
 
 
 def discard_unfinished():
@@ -153,23 +156,37 @@ def _settle(staging):
 
 
 def recover(directory):
-    """Settle the staging folders a killed ``ReportSet`` left in ``directory``; their names.
+    """Settle what a killed writer left in ``directory``; the names settled.
 
     Each hidden folder ``.report-*.tmp`` holding our journal is rolled forward (committed: the
     new set is completed) or discarded (not committed: the previous set was never touched), and
-    removed. Anything else, a user's folder with such a name included, is left as it is.
+    removed; an EMPTY folder ``.report-XXXXXXXX.tmp`` (killed before its journal was linked, or
+    at its last ``rmdir``) is removed with ``rmdir``, which cannot remove anything else. A
+    temporary of ``write_file`` killed between its link and its rename is removed if its content
+    has the hash its name carries (``atomic.remove_hashed``). Anything else, a user's folder or
+    file with such a name included, is left as it is.
     """
     try:
         names = sorted(os.listdir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    settled = []
+    settled = remove_hashed(directory)
     for name in names:
         path = os.path.join(directory, name)
         if name.startswith(_STAGING_PREFIX) and name.endswith(_STAGING_SUFFIX) and \
-                os.path.isdir(path) and not os.path.islink(path) and _settle(path):
-            settled.append(name)
+                os.path.isdir(path) and not os.path.islink(path):
+            if _settle(path) or (_STAGING_NAME.match(name) and _remove_empty(path)):
+                settled.append(name)
     return settled
+
+
+def _remove_empty(path):
+    """``rmdir`` ``path``; False if it is not empty (or cannot be removed)."""
+    try:
+        fs.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 class ReportSet:
@@ -216,7 +233,7 @@ class ReportSet:
             except FileExistsError:
                 continue
             try:
-                create_exclusive(os.path.join(path, JOURNAL), json.dumps(
+                create_whole(os.path.join(path, JOURNAL), json.dumps(
                     {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
             except BaseException:
                 try:
