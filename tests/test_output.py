@@ -443,3 +443,48 @@ def test_recover_leaves_a_users_folder_with_a_staging_like_name(tmp_path):
     assert output.recover(str(tmp_path)) == []
     write_report(tmp_path, {'a.md': 'x'})
     assert snapshot(tmp_path) == dict(before, **{'a.md': b'x'})
+
+
+# --- what a kill leaves: recognised by content ------------------------------------------------
+
+def test_recover_removes_a_linked_temporary_only_if_its_content_has_the_hash_in_its_name(
+        tmp_path):
+    import hashlib
+    data = b'{"runs": 1}'
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    ours = tmp_path / f'.out.json.0123abcd.{digest}.tmp'
+    ours.write_bytes(data)
+    users = tmp_path / f'.notes.0123abcd.{digest}.tmp'
+    users.write_bytes(b'the same name pattern, other content')
+    assert output.recover(tmp_path) == [ours.name]
+    assert sorted(os.listdir(tmp_path)) == [users.name]
+
+
+def test_a_write_removes_what_a_killed_write_of_the_same_file_left(tmp_path):
+    import hashlib
+    data = b'old try'
+    left = tmp_path / f'.a.txt.0123abcd.{hashlib.sha256(data).hexdigest()[:16]}.tmp'
+    left.write_bytes(data)
+    output.write_file(str(tmp_path / 'a.txt'), b'new')
+    assert os.listdir(tmp_path) == ['a.txt']
+
+
+def test_recover_removes_an_empty_staging_folder_and_keeps_a_non_empty_one(tmp_path):
+    (tmp_path / '.report-0123abcd.tmp').mkdir()  # a kill before the journal was linked
+    kept = tmp_path / '.report-89abcdef.tmp'
+    kept.mkdir()
+    (kept / 'notes').write_text('a user file')
+    assert output.recover(tmp_path) == ['.report-0123abcd.tmp']
+    assert os.listdir(tmp_path) == [kept.name] and (kept / 'notes').read_text() == 'a user file'
+
+
+def test_the_writable_probe_names_no_file_where_unnamed_files_are_supported(tmp_path,
+                                                                            monkeypatch):
+    from gluon_multigpu.run import targets
+    opened = []
+    monkeypatch.setattr(fs, 'hook', lambda operation, where: opened.append((operation, where)))
+    targets.check_writable(str(tmp_path), '--out')
+    monkeypatch.setattr(fs, 'hook', None)
+    if hasattr(os, 'O_TMPFILE'):
+        assert opened == [('open', str(tmp_path))]  # the folder itself: nothing was named
+    assert os.listdir(tmp_path) == []
