@@ -1,7 +1,9 @@
 """Single files written whole or not at all: the first half of the output layer (``output``).
 
 Its rules are stated once, in ``output``'s docstring; what is here: ``atomic_write`` (a file
-through a fresh temporary file, ``O_EXCL``, fsynced, renamed, the folder fsynced),
+through a temporary file, unnamed (``O_TMPFILE``) until complete, then named by its content's
+hash, or ``O_EXCL`` where that is not supported; fsynced, renamed, the folder fsynced;
+``remove_hashed`` removes what a kill left), ``create_whole`` (a new file linked whole),
 ``create_exclusive`` (a new file, never one opened on an existing name), ``remove_own`` (a file
 removed only while it is still the one made here), ``naming`` (an ``OSError`` naming the file the
 user knows). Every change goes through ``fs``.

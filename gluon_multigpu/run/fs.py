@@ -2,7 +2,8 @@
 put into any of them.
 
 Every change the package makes on disk (``output`` and whatever writes through it) is one of
-these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link``, ``unlink``,
+these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link`` (also
+``link_unnamed``, which names an ``O_TMPFILE`` file), ``unlink``,
 ``mkdir``, ``rmdir``. A writer that is not Python's (MXNet's ``save_parameters``) announces its
 write with ``external`` before it starts. Each call first passes its name and path to ``hook``
 (None but in tests): the fault-injection harness (``tests/test_fault_harness.py``) sets it to
@@ -13,8 +14,8 @@ import ctypes
 import errno
 import os
 
-__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink', 'mkdir', 'rmdir',
-           'external', 'OPERATIONS']
+__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink', 'mkdir',
+           'rmdir', 'external', 'OPERATIONS']
 
 #: The names passed to ``hook``.
 OPERATIONS = ('open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir')
