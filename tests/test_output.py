@@ -7,6 +7,7 @@ also under SIGKILL, a lock is created exclusively, and a results file is replace
 import errno
 import json
 import os
+import stat
 import signal
 
 import pytest
@@ -32,15 +33,23 @@ def not_measured(*args, **kwargs):
 
 
 def snapshot(folder):
-    """Every file under ``folder`` (hidden ones too) with its bytes; folders as None."""
+    """Every file under ``folder`` (hidden ones too) with its bytes; folders as None; a link as
+    its target; anything else (a FIFO, socket, device) as its type, never opened (a FIFO's
+    ``open`` would block)."""
     found = {}
     for root, dirs, names in os.walk(folder):
         for d in dirs:
             found[os.path.relpath(os.path.join(root, d), folder)] = None
         for n in names:
             path = os.path.join(root, n)
-            found[os.path.relpath(path, folder)] = \
-                os.readlink(path) if os.path.islink(path) else open(path, 'rb').read()
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                found[os.path.relpath(path, folder)] = os.readlink(path)
+            elif stat.S_ISREG(mode):
+                with open(path, 'rb') as f:
+                    found[os.path.relpath(path, folder)] = f.read()
+            else:
+                found[os.path.relpath(path, folder)] = ('special', stat.S_IFMT(mode))
     return found
 
 
@@ -161,7 +170,11 @@ def test_a_results_file_is_read_with_a_size_bound(tmp_path, monkeypatch, capsys)
 def test_a_failed_report_write_leaves_the_previous_report_byte_identical(
         tmp_path, monkeypatch, capsys):
     balance = load_script('balance')
-    monkeypatch.setattr(balance, 'run_once', lambda *args, **kwargs: 1000.0)
+
+    def run_once(args, scenario, split, devices, *rest, **kwargs):
+        split.observe([0.01] * len(devices), [8] * len(devices))  # one timed step, as a run has
+        return 1000.0
+    monkeypatch.setattr(balance, 'run_once', run_once)
     out = tmp_path / 'out'
     assert balance.main([*BALANCE, '--out', str(out)]) == 0
     capsys.readouterr()
@@ -170,7 +183,9 @@ def test_a_failed_report_write_leaves_the_previous_report_byte_identical(
     (out / 'report.md').mkdir()  # planted where the report goes
     before = snapshot(out)
     assert balance.main([*BALANCE, '--out', str(out), '--resume']) == 2
-    one_line(capsys, 'report.md is a folder', 'nothing was replaced')
+    err = capsys.readouterr().err.splitlines()  # the resume notice, then the one-line error
+    assert len(err) == 2 and err[0].startswith('resuming ') and 'Traceback' not in err[1], err
+    assert 'report.md is a folder' in err[1] and 'nothing was replaced' in err[1], err
     assert snapshot(out) == before
 
 
@@ -297,7 +312,7 @@ def test_atomic_write_goes_through_fs_and_leaves_no_temporary_on_a_failure(tmp_p
 
     def hook(operation, where):
         calls.append(operation)
-        if operation == 'fsync' and where.endswith('.tmp'):
+        if operation == 'fsync' and calls.count('fsync') == 1:  # the temporary's fsync
             raise OSError(errno.EIO, 'Input/output error')
     monkeypatch.setattr(fs, 'hook', hook)
     with pytest.raises(OSError) as e:
@@ -305,7 +320,7 @@ def test_atomic_write_goes_through_fs_and_leaves_no_temporary_on_a_failure(tmp_p
             f.write('new')
     assert e.value.filename == str(path)
     monkeypatch.setattr(fs, 'hook', None)
-    assert calls[:3] == ['open', 'write', 'fsync'] and 'unlink' in calls
+    assert calls[:3] == ['open', 'write', 'fsync']  # unnamed (O_TMPFILE) or named and removed
     assert os.listdir(tmp_path) == ['a.txt'] and path.read_text() == 'old'
 
 
@@ -428,3 +443,48 @@ def test_recover_leaves_a_users_folder_with_a_staging_like_name(tmp_path):
     assert output.recover(str(tmp_path)) == []
     write_report(tmp_path, {'a.md': 'x'})
     assert snapshot(tmp_path) == dict(before, **{'a.md': b'x'})
+
+
+# --- what a kill leaves: recognised by content ------------------------------------------------
+
+def test_recover_removes_a_linked_temporary_only_if_its_content_has_the_hash_in_its_name(
+        tmp_path):
+    import hashlib
+    data = b'{"runs": 1}'
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    ours = tmp_path / f'.out.json.0123abcd.{digest}.tmp'
+    ours.write_bytes(data)
+    users = tmp_path / f'.notes.0123abcd.{digest}.tmp'
+    users.write_bytes(b'the same name pattern, other content')
+    assert output.recover(tmp_path) == [ours.name]
+    assert sorted(os.listdir(tmp_path)) == [users.name]
+
+
+def test_a_write_removes_what_a_killed_write_of_the_same_file_left(tmp_path):
+    import hashlib
+    data = b'old try'
+    left = tmp_path / f'.a.txt.0123abcd.{hashlib.sha256(data).hexdigest()[:16]}.tmp'
+    left.write_bytes(data)
+    output.write_file(str(tmp_path / 'a.txt'), b'new')
+    assert os.listdir(tmp_path) == ['a.txt']
+
+
+def test_recover_removes_an_empty_staging_folder_and_keeps_a_non_empty_one(tmp_path):
+    (tmp_path / '.report-0123abcd.tmp').mkdir()  # a kill before the journal was linked
+    kept = tmp_path / '.report-89abcdef.tmp'
+    kept.mkdir()
+    (kept / 'notes').write_text('a user file')
+    assert output.recover(tmp_path) == ['.report-0123abcd.tmp']
+    assert os.listdir(tmp_path) == [kept.name] and (kept / 'notes').read_text() == 'a user file'
+
+
+def test_the_writable_probe_names_no_file_where_unnamed_files_are_supported(tmp_path,
+                                                                            monkeypatch):
+    from gluon_multigpu.run import targets
+    opened = []
+    monkeypatch.setattr(fs, 'hook', lambda operation, where: opened.append((operation, where)))
+    targets.check_writable(str(tmp_path), '--out')
+    monkeypatch.setattr(fs, 'hook', None)
+    if hasattr(os, 'O_TMPFILE'):
+        assert opened == [('open', str(tmp_path))]  # the folder itself: nothing was named
+    assert os.listdir(tmp_path) == []

@@ -9,7 +9,6 @@ import gzip
 import os
 import stat
 import struct
-import secrets
 import urllib.request
 import zlib
 
@@ -19,7 +18,7 @@ import mxnet as mx
 from mxnet import np, npx
 
 from ..errors import DataError
-from ..run import atomic, fs
+from ..run import atomic
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',
@@ -348,29 +347,13 @@ def download_dataset(name, root, base_url=MXNET_MIRROR):
         if os.path.isfile(target):
             continue
         url = f'{base_url.rstrip("/")}/{name}/{fname}'
-        tmp = os.path.join(root, f'.{fname}.{secrets.token_hex(4)}.part')
-        made = None
         try:
-            fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o666)
-            made = atomic.UNFINISHED[tmp] = os.fstat(fd).st_dev, os.fstat(fd).st_ino
-            try:
-                with urllib.request.urlopen(url, timeout=60) as src:
-                    while chunk := src.read(1 << 20):
-                        fs.write(fd, chunk, tmp)
-                fs.fsync(fd, tmp)
-            finally:
-                os.close(fd)
-            read_idx(tmp)  # never keep a file that does not parse
-            fs.replace(tmp, target)
-            made = None
-            atomic.fsync_directory(root)
+            with urllib.request.urlopen(url, timeout=60) as src:
+                # never keep a file that does not parse; a kill leaves nothing of ours
+                atomic.write_file(target, iter(lambda: src.read(1 << 20), b''), check=read_idx)
         except OSError as e:
             raise DataError(f'could not download {url} ({e}); copy the four files into {root} '
                             'by hand') from None
-        finally:
-            atomic.UNFINISHED.pop(tmp, None)
-            atomic.remove_own(tmp, made)
 
 
 def load_data(name, batch_size, resize=None, root=None, download=False, num_train=None,

@@ -1,13 +1,18 @@
 """Single files written whole or not at all: the first half of the output layer (``output``).
 
 Its rules are stated once, in ``output``'s docstring; what is here: ``atomic_write`` (a file
-through a fresh temporary file, ``O_EXCL``, fsynced, renamed, the folder fsynced),
+through a temporary file, unnamed (``O_TMPFILE``) until complete, then named by its content's
+hash, or ``O_EXCL`` where that is not supported; fsynced, renamed, the folder fsynced;
+``remove_hashed`` removes what a kill left), ``create_whole`` (a new file linked whole),
 ``create_exclusive`` (a new file, never one opened on an existing name), ``remove_own`` (a file
 removed only while it is still the one made here), ``naming`` (an ``OSError`` naming the file the
 user knows). Every change goes through ``fs``.
 """
+import errno
+import hashlib
 import io
 import os
+import re
 import secrets
 import stat
 
@@ -15,7 +20,8 @@ from . import fs
 from .targets import resolve_output
 
 __all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'create_exclusive',
-           'remove_own', 'makedirs', 'UNFINISHED']
+           'remove_own', 'makedirs', 'UNFINISHED', 'open_unnamed', 'create_whole',
+           'remove_hashed', 'HASHED']
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -121,25 +127,185 @@ class atomic_write:  # pylint: disable=invalid-name
         return False
 
 
-def write_file(path, data):
-    """Write ``data`` (bytes) to ``path`` atomically (rule 2): the temporary is removed on any
-    failure, and registered meanwhile for ``discard_unfinished``."""
+#: A linked temporary's name: ``.NAME.<8 random hex digits>.<first 16 hex digits of
+#: sha256(content)>.tmp`` (the random part: two writers of one content never collide).
+HASHED = re.compile(r'^\.(.+)\.[0-9a-f]{8}\.([0-9a-f]{16})\.tmp$')
+#: Errors of an ``O_TMPFILE`` open that mean "not supported here" (fall back to a named file).
+_NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL)
+
+
+def open_unnamed(directory):
+    """A new file without a name in ``directory`` (``O_TMPFILE``), open for writing; None where
+    the file system (or /proc, needed to link it) does not support that. A kill before it is
+    linked leaves nothing."""
+    if not hasattr(os, 'O_TMPFILE') or not os.path.isdir('/proc/self/fd'):
+        return None
+    try:
+        return fs.open(directory or '.', os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno in _NO_TMPFILE:
+            return None
+        raise
+
+
+#: Errors of linking an unnamed file that mean "cannot be linked here" (fall back).
+_NO_LINK = (errno.EXDEV, errno.ENOENT, errno.EPERM)
+
+
+def _link_unnamed(fd, path):
+    """Give the unnamed file ``fd`` the name ``path`` (fails if anything has it)."""
+    fs.link_unnamed(fd, path)
+
+
+def _digest(data):
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _content_digest(path):
+    """The digest of the regular file ``path`` (not through a link), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        digest = hashlib.sha256()
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return digest.hexdigest()[:16]
+            digest.update(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def remove_hashed(directory, target=None):
+    """Remove the linked temporaries a killed ``write_file`` left in ``directory`` (only those
+    for the file named ``target``, if given): each a regular file named ``.NAME.<random>.<hash>
+    .tmp`` whose content has that hash (rule 1: recognised by content; a file with such a name
+    and other content is left). Returns their names."""
+    try:
+        names = os.listdir(directory or '.')
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = HASHED.match(name)
+        path = os.path.join(directory, name)
+        if match and target in (None, match.group(1)) and \
+                _content_digest(path) == match.group(2):
+            try:
+                fs.unlink(path)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _write_unnamed(fd, data, path):
+    """Write ``data`` to ``fd`` and fsync it; on failure ``fd`` is closed (a full disk's space
+    is freed with the file)."""
+    try:
+        fs.write(fd, data, path)
+        fs.fsync(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_file(path, data, check=None):
+    """Write ``data`` (bytes, or an iterable of bytes chunks) to ``path`` atomically (rule 2);
+    ``check(temporary path)``, if given, runs on the complete file before the rename (an error
+    there leaves nothing).
+
+    The temporary is unnamed (``O_TMPFILE``) until written and fsynced, then linked as
+    ``.NAME.<random>.<hash of content>.tmp`` and renamed over ``path``: a kill in between leaves
+    a file that ``remove_hashed`` (run here first, and by ``output.recover``) knows by its
+    content. Where ``O_TMPFILE`` is not supported (or the link is refused), an ``O_EXCL`` named
+    temporary. Either way it is removed on any failure, and registered meanwhile for
+    ``discard_unfinished``.
+    """
+    directory, name = os.path.split(path)
+    remove_hashed(directory, name)  # what a killed write of this file left
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    fd = open_unnamed(directory)
+    if fd is None:
+        return _write_named(path, chunks, check)
+    digest = hashlib.sha256()
+    try:
+        for chunk in chunks:
+            digest.update(chunk)
+            fs.write(fd, chunk, path)
+        fs.fsync(fd, path)
+        tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.'
+                                      f'{digest.hexdigest()[:16]}.tmp')
+        try:
+            _link_unnamed(fd, tmp)
+        except OSError as e:
+            if e.errno not in _NO_LINK:
+                raise
+            os.lseek(fd, 0, os.SEEK_SET)  # nothing was named: copy it to a named temporary
+            return _write_named(path, iter(lambda: os.read(fd, 1 << 20), b''), check)
+    finally:
+        os.close(fd)
+    return _finish(tmp, path, check)
+
+
+def _finish(tmp, path, check):
+    """Check ``tmp`` (a complete temporary, ours) and rename it over ``path``; on any failure it
+    is removed."""
+    made = UNFINISHED[tmp] = _inode(tmp)
+    try:
+        if check is not None:
+            check(tmp)
+        fs.replace(tmp, path)
+        made = None
+    finally:
+        UNFINISHED.pop(tmp, None)
+        remove_own(tmp, made)
+    fsync_directory(os.path.dirname(path))
+
+
+def _write_named(path, chunks, check):
+    """``write_file`` through an ``O_EXCL`` named temporary (no ``O_TMPFILE`` here)."""
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
     fd = fs.open(tmp, _FLAGS, 0o666)
     made = UNFINISHED[tmp] = _inode(tmp)
     try:
         try:
-            fs.write(fd, data, tmp)
+            for chunk in chunks:
+                fs.write(fd, chunk, tmp)
             fs.fsync(fd, tmp)
         finally:
-            os.close(fd)  # also on a full disk: the space is freed with the file
-        fs.replace(tmp, path)
-        made = None
-    finally:
+            os.close(fd)
+    except BaseException:
         UNFINISHED.pop(tmp, None)
         remove_own(tmp, made)
-    fsync_directory(directory)
+        raise
+    return _finish(tmp, path, check)
+
+
+def create_whole(path, data):
+    """Create the new file ``path`` holding ``data`` (bytes), fsynced, all or nothing: written
+    unnamed and then linked where ``O_TMPFILE`` is supported (a kill leaves nothing, or the
+    whole file), else ``create_exclusive``. Raises ``FileExistsError`` if anything has the name."""
+    fd = open_unnamed(os.path.dirname(path))
+    if fd is None:
+        return create_exclusive(path, data)
+    _write_unnamed(fd, data, path)
+    try:
+        _link_unnamed(fd, path)
+    except OSError as e:
+        if e.errno not in _NO_LINK:
+            raise
+        return create_exclusive(path, data)
+    finally:
+        os.close(fd)
+    return _inode(path)
 
 
 def _naming(error, path):

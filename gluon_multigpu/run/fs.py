@@ -2,17 +2,20 @@
 put into any of them.
 
 Every change the package makes on disk (``output`` and whatever writes through it) is one of
-these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link``, ``unlink``,
+these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link`` (also
+``link_unnamed``, which names an ``O_TMPFILE`` file), ``unlink``,
 ``mkdir``, ``rmdir``. A writer that is not Python's (MXNet's ``save_parameters``) announces its
 write with ``external`` before it starts. Each call first passes its name and path to ``hook``
 (None but in tests): the fault-injection harness (``tests/test_fault_harness.py``) sets it to
 count the calls of an entry point, then to fail the n-th (``ENOSPC``, ``EIO``) or to kill the
 process there (SIGKILL).
 """
+import ctypes
+import errno
 import os
 
-__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir',
-           'external', 'OPERATIONS']
+__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink', 'mkdir',
+           'rmdir', 'external', 'OPERATIONS']
 
 #: The names passed to ``hook``.
 OPERATIONS = ('open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir')
@@ -61,16 +64,30 @@ def link(source, target, follow_symlinks=True):
     os.link(source, target, follow_symlinks=follow_symlinks)
 
 
-def link_fd(fd, target):
-    """Give the open file ``fd`` (one made without a name, ``O_TMPFILE``) the name ``target``;
-    fails if ``target`` exists. (``linkat`` following ``/proc/self/fd/N``: a plain ``link`` would
-    link the symbolic link itself.)"""
+def link_unnamed(fd, target):
+    """Give the unnamed file ``fd`` (``O_TMPFILE``) the name ``target`` (fails if it exists).
+
+    Through ``linkat`` following ``/proc/self/fd/N`` (a plain ``link``, which Python uses
+    unless given a folder descriptor, would link the symbolic link itself: EXDEV), else
+    ``linkat`` with ``AT_EMPTY_PATH`` (where /proc refuses). Hooked as ``link``.
+    """
     _before('link', target)
     root = os.open('/', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.link(f'/proc/self/fd/{fd}', target, src_dir_fd=root, follow_symlinks=True)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOENT, errno.EPERM):
+            raise
+        first = e
     finally:
         os.close(root)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.linkat(fd, b'', _AT_FDCWD, os.fsencode(target), _AT_EMPTY_PATH) != 0:
+        raise first
+
+
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 
 
 def unlink(path):

@@ -114,7 +114,7 @@ class Lock:
             _flocked(fd)  # new, so nobody else holds it
             fs.write(fd, self._content(), self.path)
             try:
-                fs.link_fd(fd, self.path)
+                fs.link_unnamed(fd, self.path)
             except FileExistsError:
                 os.close(fd)
                 return False

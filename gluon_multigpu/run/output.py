@@ -5,14 +5,19 @@ The rules, for every file the package writes (checkpoints, results files, report
 
 1. It never replaces, truncates or deletes a file it did not write there. What is its own is
    recognised by its content (a format marker inside: a lock's first line, a staging folder's
-   journal, a results file's ``format``), never by its name alone; a temporary file is removed
-   only by the process that created it (exclusively, ``O_EXCL``) and only while it is still the
-   same file. The one exception is a file the user names as an output (``--json out.json``,
-   ``--results`` with ``--overwrite``): it is replaced at the user's request, through its
+   journal, a results file's ``format``, a temporary's content hash), never by its name alone;
+   a temporary file is removed by the process that created it only while it is still the same
+   file, and after a kill only if its content has the hash its name carries. The one exception
+   is a file the user names as an output (``--json out.json``, ``--results`` with
+   ``--overwrite``): it is replaced at the user's request, through its
    symbolic links (the file a link leads to is replaced, the link stays), and only if it is a
    regular file (a folder, device, pipe or socket is refused).
 2. A file appears complete or not at all (``atomic_write``): its content is written to a
    temporary file in the same folder, fsynced, renamed over the name, and the folder fsynced.
+   The temporary has no name while it is written (``O_TMPFILE``: a kill leaves nothing); once
+   complete it is linked as ``.NAME.<random>.<sha256 of content, 16 hex>.tmp``, which
+   ``recover`` and the next write of NAME remove if the content matches. Where the file system
+   cannot do that, an ``O_EXCL`` named temporary (a kill there may leave it).
 3. A write of several files (a report: ``ReportSet``) is all or nothing, also when the process
    is killed: afterwards the previous set of files is byte-identical, or the new set complete.
    The new files are staged in a hidden folder ``.report-XXXXXXXX.tmp`` holding a journal
@@ -20,8 +25,10 @@ The rules, for every file the package writes (checkpoints, results files, report
    into it as a backup; the commit is the journal atomically replaced by a ``committed`` one;
    then the files are moved into place. A failure during the moves rolls back from the backups.
    After a kill, ``recover(directory)`` (called by the next ``ReportSet`` on that folder) rolls a
-   committed staging folder forward and discards one that was not committed. A folder that
-   merely has a staging-like name, without a journal of ours, is never touched.
+   committed staging folder forward and discards one that was not committed. The journal is
+   linked whole into the folder (unnamed first), and an EMPTY ``.report-XXXXXXXX.tmp`` folder
+   is removed with ``rmdir``; a non-empty folder that merely has a staging-like name, without a
+   journal of ours, is never touched.
 4. A lock (``locks.Lock``) is created exclusively, never opened on an existing file; a stale
    lock of a dead process is taken over with a line saying so.
 5. A complete or partial results file is replaced only with ``--overwrite`` (``run/sweep.py``).
@@ -33,6 +40,7 @@ Every change goes through ``run/fs.py``, so that the fault-injection harness
 """
 import json
 import os
+import re
 import secrets
 import stat
 
@@ -40,7 +48,8 @@ from ..errors import GluonMultiGPUError
 from . import fs, reading
 from .targets import resolve_output
 from .atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, create_exclusive,
-                     fsync_directory, makedirs, naming, remove_own, write_file)
+                     create_whole, fsync_directory, makedirs, naming, remove_hashed, remove_own,
+                     write_file)
 
 __all__ = ['atomic_write', 'naming', 'discard_unfinished', 'ReportSet', 'ReportFolder',
            'recover', 'fsync_directory', 'create_exclusive', 'remove_own', 'write_file', 'makedirs',
@@ -52,6 +61,7 @@ STAGING_FORMAT = 'gluon-multigpu staging 1'
 JOURNAL = '.journal.json'
 _STAGING_PREFIX, _STAGING_SUFFIX = '.report-', '.tmp'
 _BACKUP = '.old-{}'
+_STAGING_NAME = re.compile(r'^\.report-[0-9a-f]{8}\.tmp$')
 
 
 def discard_unfinished():
@@ -153,23 +163,37 @@ def _settle(staging):
 
 
 def recover(directory):
-    """Settle the staging folders a killed ``ReportSet`` left in ``directory``; their names.
+    """Settle what a killed writer left in ``directory``; the names settled.
 
     Each hidden folder ``.report-*.tmp`` holding our journal is rolled forward (committed: the
     new set is completed) or discarded (not committed: the previous set was never touched), and
-    removed. Anything else, a user's folder with such a name included, is left as it is.
+    removed; an EMPTY folder ``.report-XXXXXXXX.tmp`` (killed before its journal was linked, or
+    at its last ``rmdir``) is removed with ``rmdir``, which cannot remove anything else. A
+    temporary of ``write_file`` killed between its link and its rename is removed if its content
+    has the hash its name carries (``atomic.remove_hashed``). Anything else, a user's folder or
+    file with such a name included, is left as it is.
     """
     try:
         names = sorted(os.listdir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    settled = []
+    settled = remove_hashed(directory)
     for name in names:
         path = os.path.join(directory, name)
         if name.startswith(_STAGING_PREFIX) and name.endswith(_STAGING_SUFFIX) and \
-                os.path.isdir(path) and not os.path.islink(path) and _settle(path):
-            settled.append(name)
+                os.path.isdir(path) and not os.path.islink(path):
+            if _settle(path) or (_STAGING_NAME.match(name) and _remove_empty(path)):
+                settled.append(name)
     return settled
+
+
+def _remove_empty(path):
+    """``rmdir`` ``path``; False if it is not empty (or cannot be removed)."""
+    try:
+        fs.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 class ReportSet:
@@ -216,7 +240,7 @@ class ReportSet:
             except FileExistsError:
                 continue
             try:
-                create_exclusive(os.path.join(path, JOURNAL), json.dumps(
+                create_whole(os.path.join(path, JOURNAL), json.dumps(
                     {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
             except BaseException:
                 try:

@@ -6,6 +6,7 @@ file an output named by the user is written to (its symbolic links followed).
 Nothing here changes a file but the probe of ``check_writable`` (created with
 ``O_EXCL`` and removed through ``fs``).
 """
+import errno
 import os
 import re
 import secrets
@@ -120,18 +121,34 @@ def _same_file(a, b):
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _probe_unnamed(directory):
+    """Create and close a file without a name in ``directory``; False where ``O_TMPFILE`` is not
+    supported there (an ``OSError`` otherwise says why no file can be made)."""
+    if not hasattr(os, 'O_TMPFILE'):
+        return False
+    try:
+        os.close(fs.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return False
+        raise
+    return True
+
+
 def check_writable(directory, what):
     """Raise ``GluonMultiGPUError`` unless a file can be created in ``directory``.
 
-    Tried out with a temporary file, created and removed: permission bits do
-    not tell (root ignores them; /proc and /sys refuse new files to everyone).
+    Tried out with a file without a name (``O_TMPFILE``: a kill leaves nothing), or where the
+    file system does not support that, a named temporary file, created and removed: permission
+    bits do not tell (root ignores them; /proc and /sys refuse new files to everyone).
     ``what`` names the option and path in the message.
     """
-    probe = os.path.join(directory, f'.write-test.{secrets.token_hex(4)}.tmp')
     try:
-        os.close(fs.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                         os.O_CLOEXEC, 0o600))
-        fs.unlink(probe)  # created just now, exclusively: ours
+        if not _probe_unnamed(directory):
+            probe = os.path.join(directory, f'.write-test.{secrets.token_hex(4)}.tmp')
+            os.close(fs.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, 0o600))
+            fs.unlink(probe)  # created just now, exclusively: ours
     except OSError as e:
         raise GluonMultiGPUError(f'{what}: cannot create files in {directory} ({e.strerror}); '
                                  'choose a writable directory') from None
