@@ -137,7 +137,7 @@ def _fake_keygen(argv, **kwargs):  # pylint: disable=unused-argument
 
 class ClusterFiles(Entry):
     name, what = 'cluster_hostfile', 'a cluster\'s host file and ssh files (`study/cluster`)'
-    outputs = ('cluster',)
+    outputs = ('cluster', 'cluster/bin')  # both folders it writes files into
 
     def _write_files(self, root, hosts):
         cluster = gm.cluster if hasattr(gm, 'cluster') else \
