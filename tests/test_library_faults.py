@@ -313,3 +313,13 @@ def test_a_sigterm_after_the_sigint_stop_keeps_its_status_and_line():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_bad_label_in_a_later_numpy_batch_is_refused_before_its_step():
+    good, bad = onp.zeros(8, dtype='int32'), onp.zeros(8, dtype='int32')
+    bad[5] = 42  # labels on the host: checked in every batch, not only an epoch's first
+    train_iter = [(images(), good), (images(), bad)]
+    run = gm.Training(gm.simple_cnn(), train_iter, None, gm.cpu_devices(2), lr=0.1)
+    with pytest.raises(gm.DataError, match='label 42'):
+        run.fit(1)
+    assert run.trainer.optimizer.num_update == 1  # the first batch's step only

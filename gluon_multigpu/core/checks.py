@@ -4,8 +4,8 @@ Every refusal is a one-line ``GluonMultiGPUError`` that names the value and
 says what to give instead. The arguments are checked before anything is
 made (``check_train_args``); the data where it is already on the host, so
 that no check adds a wait on the devices to a step (``BatchCheck``): the
-labels of the package's loaders once, as a whole, and otherwise those of
-each epoch's first batch; the shape of each epoch's first batch by one
+labels of the package's loaders once, as a whole, labels in NumPy arrays in
+every batch, and those in MXNet arrays in each epoch's first batch; the shape of each epoch's first batch by one
 forward pass of a single sample, whose output also says how many classes
 the network has. Every batch is checked to be a pair ``(X, y)`` whose
 samples are shaped like the first one's, from shapes Python already holds.
@@ -156,13 +156,16 @@ class BatchCheck:
         if len(y.shape) != 1 or y.shape[0] != X.shape[0]:
             raise DataError(f'labels of shape {tuple(y.shape)} for {X.shape[0]} inputs; give '
                             'one class number per sample, shape (batch,)')
-        if first and self.num_classes is not None:
+        if self.num_classes is not None:
             labels = getattr(self.data, 'labels', None)
-            if not isinstance(labels, onp.ndarray):  # not a package loader: this batch's
+            if isinstance(labels, onp.ndarray):  # a package loader: all its labels, once
+                if not self._loader_checked:
+                    check_labels(labels, self.num_classes, 'the training data')
+                    self._loader_checked = True
+            elif first or isinstance(y, onp.ndarray):
+                # Labels already on the host (NumPy) cost a min and a max: every batch. Those
+                # in MXNet arrays would cost a wait for the array: an epoch's first batch only.
                 check_labels(_host(y), self.num_classes, 'the training data')
-            elif not self._loader_checked:
-                check_labels(labels, self.num_classes, 'the training data')
-                self._loader_checked = True
         return X, y
 
     def _probe(self, X):
@@ -174,7 +177,10 @@ class BatchCheck:
         printed = io.StringIO()
         try:
             with autograd.predict_mode(), contextlib.redirect_stdout(printed):
-                out = self.model(X[:1].as_in_ctx(self.device))
+                sample = X[:1]  # a NumPy batch too, as split_and_load takes it
+                sample = sample.as_in_ctx(self.device) if hasattr(sample, 'as_in_ctx') else \
+                    mx.np.array(sample, ctx=self.device)
+                out = self.model(sample)
         except GluonMultiGPUError:  # a layer's own check (a ValueError too): as it says
             raise
         except AttributeError as e:  # a layer of the legacy API in NumPy mode
