@@ -717,7 +717,7 @@ def test_balance_outputs_on_a_full_disk_leave_nothing(small_disk):
 
 @pytest.mark.slow
 def test_a_sweep_whose_report_does_not_fit_is_one_line_and_status_1(small_disk, fashion_dir):
-    fill(small_disk, 8192)
+    fill(small_disk, 12288)  # a page each for the results file, its temporary and --out's lock
     proc = run_bounded([sys.executable, str(SCRIPTS / 'scaling.py'), '--cpu-devices', '1',
                         '--model', 'simple-cnn', '--num-epochs', '1', '--num-train', '64',
                         '--num-test', '32', '--batch-per-device', '32', '--compute-repeats', '1',
