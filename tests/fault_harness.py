@@ -34,6 +34,7 @@ import errno
 import io
 import os
 import shutil
+import select
 import signal
 import stat
 import sys
@@ -219,16 +220,16 @@ def _killed(entry, root, n):
             code = 3 if _act(entry, root, _hook([], fault_at=n)) is not None else 0
         finally:
             os._exit(code)  # pylint: disable=protected-access
-    deadline = time.monotonic() + CHILD_DEADLINE
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return [f'the child did not reach call {n} within {CHILD_DEADLINE:g} s (hung)']
-        time.sleep(0.005)
+    ended = os.pidfd_open(pid)  # readable once the child has ended: no polling
+    try:
+        hung = not select.select([ended], [], [], CHILD_DEADLINE)[0]
+    finally:
+        os.close(ended)
+    if hung:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return [f'the child did not reach call {n} within {CHILD_DEADLINE:g} s (hung)']
+    _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
         return []
     how = 'raised an error' if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3 else \

@@ -16,7 +16,7 @@ import re
 import secrets
 import stat
 
-from . import fs
+from . import fs, reading
 from .targets import resolve_output
 
 __all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'create_exclusive',
@@ -163,23 +163,17 @@ def _digest(data):
 
 def _content_digest(path):
     """The digest of the regular file ``path`` (not through a link), or None."""
+    f = reading.open_if_regular(path)
+    if f is None:
+        return None
+    digest = hashlib.sha256()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with f:
+            for chunk in iter(lambda: f.read(1 << 20), b''):
+                digest.update(chunk)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        digest = hashlib.sha256()
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return digest.hexdigest()[:16]
-            digest.update(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return digest.hexdigest()[:16]
 
 
 def remove_hashed(directory, target=None):

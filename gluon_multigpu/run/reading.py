@@ -14,7 +14,7 @@ import stat
 
 from ..errors import GluonMultiGPUError
 
-__all__ = ['open_regular', 'read_bytes', 'read_text', 'read_json', 'size_text']
+__all__ = ['open_regular', 'open_if_regular', 'read_bytes', 'read_text', 'read_json', 'size_text']
 
 
 def size_text(num_bytes):
@@ -51,6 +51,15 @@ def open_regular(path, what, follow_links=True):
         raise GluonMultiGPUError(f'{what} {path} is {kind}; give the name of a regular file')
     os.set_blocking(fd, True)
     return os.fdopen(fd, 'rb')
+
+
+def open_if_regular(path):
+    """``path`` opened for reading (binary) if it is a regular file, not through a link; else
+    None: for files the package only looks into to see whether they are its own."""
+    try:
+        return open_regular(path, 'file', follow_links=False)
+    except (OSError, GluonMultiGPUError):
+        return None
 
 
 def read_bytes(path, limit, what, follow_links=True):

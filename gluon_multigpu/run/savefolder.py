@@ -29,7 +29,7 @@ import re
 import secrets
 import stat
 
-from . import fs
+from . import fs, reading
 from .files import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
@@ -121,16 +121,14 @@ def make(directory):
 
 def _marker(path):
     """The marker's first 65 bytes (more than a marker holds), or None if not a regular file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    f = reading.open_if_regular(path)
+    if f is None:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, 65)
-    finally:
-        os.close(fd)
+        with f:
+            return f.read(65)
+    except OSError:
+        return None
 
 
 def _cut_short(content):
