@@ -126,6 +126,19 @@ def count_calls(base, tmp_path):
     return len(counter.calls)
 
 
+def failed_save(directory, n, code):
+    """Save epoch two into ``directory`` with the n-th fs call failing with ``code``; the error."""
+    def fail():
+        raise OSError(code, os.strerror(code))
+    fs.hook = Counter(n, fail)
+    try:
+        with pytest.raises(OSError) as raised:
+            save_epoch_two(directory)
+    finally:
+        fs.hook = None
+    return raised.value
+
+
 @pytest.mark.parametrize('code', [errno.ENOSPC, errno.EIO], ids=['ENOSPC', 'EIO'])
 def test_a_failure_at_each_call_of_a_save_keeps_the_last_complete_checkpoint(base, tmp_path,
                                                                               code):
@@ -134,15 +147,8 @@ def test_a_failure_at_each_call_of_a_save_keeps_the_last_complete_checkpoint(bas
     for n in range(1, calls + 1):
         directory = fresh(base, tmp_path, f'fail-{n}')
 
-        def fail():
-            raise OSError(code, os.strerror(code))
-        fs.hook = Counter(n, fail)
-        try:
-            with pytest.raises(OSError) as raised:
-                save_epoch_two(directory)
-        finally:
-            fs.hook = None
-        assert raised.value.errno == code, (n, raised.value)
+        raised = failed_save(directory, n, code)
+        assert raised.errno == code, (n, raised)
         epochs.append(check(directory, base[1]))
     # the calls before the new manifest is renamed in keep the old checkpoint; those after, the new
     assert epochs[0] == 1 and epochs[-1] == 2 and epochs == sorted(epochs)
@@ -210,14 +216,7 @@ def test_a_failed_save_leaves_nothing_of_its_own_before_the_next_one(base, tmp_p
     for n in range(1, calls + 1):
         directory = fresh(base, tmp_path, f'settled-{n}')
 
-        def fail():
-            raise OSError(code, os.strerror(code))
-        fs.hook = Counter(n, fail)
-        try:
-            with pytest.raises(OSError):
-                save_epoch_two(directory)
-        finally:
-            fs.hook = None
+        failed_save(directory, n, code)
         _, names = own_and_decoys(directory)
         assert sorted(os.listdir(directory)) == sorted(names), n
 
