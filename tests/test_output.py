@@ -341,18 +341,23 @@ def as_bytes(contents):
     return {name: text.encode() for name, text in contents.items()}
 
 
-def test_a_report_set_rolls_back_when_its_second_move_fails(tmp_path, monkeypatch):
-    folder = tmp_path / 'out'
-    write_report(folder, OLD)
-    before = snapshot(folder)
+def failing_move(folder, nth, code):
+    """An ``fs.hook`` failing the ``nth`` move of a file into ``folder`` with ``code``."""
     moves = []
 
     def hook(operation, where):
         if operation == 'replace' and os.path.dirname(where) == str(folder):
             moves.append(where)
-            if len(moves) == 2:
-                raise OSError(errno.ENOSPC, 'No space left on device')
-    monkeypatch.setattr(fs, 'hook', hook)
+            if len(moves) == nth:
+                raise OSError(code, os.strerror(code))
+    return hook
+
+
+def test_a_report_set_rolls_back_when_its_second_move_fails(tmp_path, monkeypatch):
+    folder = tmp_path / 'out'
+    write_report(folder, OLD)
+    before = snapshot(folder)
+    monkeypatch.setattr(fs, 'hook', failing_move(folder, 2, errno.ENOSPC))
     with pytest.raises(OSError) as e:
         write_report(folder, NEW)
     monkeypatch.setattr(fs, 'hook', None)
@@ -364,14 +369,7 @@ def test_a_report_set_removes_a_new_file_it_placed_when_a_later_move_fails(tmp_p
                                                                           monkeypatch):
     folder = tmp_path / 'out'
     folder.mkdir()
-    moves = []
-
-    def hook(operation, where):
-        if operation == 'replace' and os.path.dirname(where) == str(folder):
-            moves.append(where)
-            if len(moves) == 3:
-                raise OSError(errno.EIO, 'Input/output error')
-    monkeypatch.setattr(fs, 'hook', hook)
+    monkeypatch.setattr(fs, 'hook', failing_move(folder, 3, errno.EIO))
     with pytest.raises(OSError):
         write_report(folder, NEW)
     assert os.listdir(folder) == []
