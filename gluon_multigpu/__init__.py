@@ -56,7 +56,7 @@ MODULES = {
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
     'charts': 'study', 'kvstore_report': 'study', 'cluster': 'study', 'network': 'study',
     'failover': 'study',
-    'savefolder': 'run',
+    'savefolder': 'run', 'budget': 'run',
 }
 
 #: The package's names, by the short name of the module that defines them.

@@ -32,17 +32,18 @@ refused with one line.
 Units carry a relative amount of ``work`` (e.g. samples times a model's cost):
 the estimate is the seconds per unit of work measured so far times the work
 left. Nothing here loads MXNet; the library reads no environment: the memory
-available is passed in (``check_memory``).
+available is passed in (``budget.check_memory``).
 """
 import json
 import os
 import threading
 import time
 
-from ..errors import DeviceError, GluonMultiGPUError
+from ..errors import GluonMultiGPUError
 from . import fs, reading, targets
 from .files import write_json
 from .locks import Lock
+from .budget import check_memory, duration, fit_to_memory, size  # noqa: F401 (kept importable from here)
 
 __all__ = ['Unit', 'Sweep', 'SweepError', 'check_memory', 'fit_to_memory', 'size', 'duration',
            'FORMAT', 'rows_ok', 'numbers_ok', 'RESULTS_LIMIT']
@@ -53,56 +54,8 @@ RESULTS_LIMIT = 64 << 20
 FORMAT = 'gluon-multigpu sweep results 1'
 
 
-def duration(seconds):
-    """``seconds`` as a short text: ``45 s``, ``12 min``, ``3.2 h``."""
-    if seconds < 90:
-        return f'{seconds:.0f} s'
-    if seconds < 90 * 60:
-        return f'{seconds / 60:.0f} min'
-    return f'{seconds / 3600:.1f} h'
-
-
-def size(num_bytes):
-    """``num_bytes`` as ``1.2 GB`` or ``350 MB`` (1 GB = 1e9 bytes)."""
-    return f'{num_bytes / 1e9:.1f} GB' if num_bytes >= 1e9 else f'{num_bytes / 1e6:.0f} MB'
-
-
 class SweepError(GluonMultiGPUError):
     """A results file that cannot be continued or replaced: one line, status 2."""
-
-
-def check_memory(need, available, what, fix):
-    """Raise ``DeviceError`` when ``need`` bytes (an estimate) exceed ``available``.
-
-    ``what`` names the measurement (``ResNet-18 on 4 CPU contexts, 64 per
-    context``), ``fix`` what to give instead. ``available`` None (the system
-    does not say): no check.
-    """
-    if available is not None and need > available:
-        raise DeviceError(f'{what} needs about {size(need)} of memory and {size(available)} is '
-                          f'available; {fix}')
-
-
-def fit_to_memory(batch, need, available, what, flag, otherwise, given, say, doing):
-    """The largest of ``batch``, ``batch // 2``, ``batch // 4`` ... whose ``need(b)`` bytes fit.
-
-    ``batch`` itself when it fits (or ``available`` is None). A batch the user
-    gave (``given``), or one that does not fit even halved down to 1, is
-    refused (``DeviceError``: use ``flag`` FITS or less, or ``otherwise``);
-    a default is halved with a line to ``say`` (``...: DOING instead``, ``doing`` a
-    format of the batch that fits, such as ``'measuring {} per device'``).
-    """
-    if available is None or need(batch) <= available:
-        return batch
-    fits = batch
-    while fits > 1 and need(fits) > available:
-        fits //= 2
-    if given or need(fits) > available:
-        check_memory(need(batch), available, what,
-                     f'use {flag} {fits} or less' if need(fits) <= available else otherwise)
-    say(f'note: {what} would need about {size(need(batch))} of memory and {size(available)} '
-        f'is available: {doing.format(fits)} instead')
-    return fits
 
 
 def _number(value):
