@@ -41,22 +41,23 @@ import importlib as _importlib
 __version__ = '0.1.0'
 
 #: The groups of modules, each a subpackage.
-GROUPS = ('core', 'features', 'run', 'study')
+GROUPS = ('base', 'core', 'features', 'run', 'study', 'multihost')
 
 #: Where each module lives: short name -> group.
 MODULES = {
+    'engine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base', 'paths': 'base',
+    'signals': 'base', 'units': 'base', 'protocol': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
-    'checks': 'core', 'hooks': 'core', 'steps': 'core',
+    'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
-    'engine': 'run', 'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
-    'progress': 'run', 'files': 'run', 'agent': 'run', 'sweep': 'run', 'output': 'run',
-    'locks': 'run', 'fs': 'run', 'reading': 'run', 'targets': 'run', 'atomic': 'run',
+    'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
+    'progress': 'run', 'files': 'run', 'sweep': 'run', 'output': 'run',
+    'locks': 'run', 'targets': 'run', 'savefolder': 'run', 'budget': 'run',
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
-    'charts': 'study', 'kvstore_report': 'study', 'cluster': 'study', 'network': 'study',
-    'failover': 'study',
-    'savefolder': 'run', 'budget': 'run',
+    'charts': 'study', 'kvstore_report': 'study',
+    'agent': 'multihost', 'cluster': 'multihost', 'network': 'multihost', 'failover': 'multihost',
 }
 
 #: The package's names, by the short name of the module that defines them.
@@ -72,8 +73,10 @@ NAMES = {
     'model': ['MODELS', 'HybridResidual', 'Residual', 'count_flops', 'default_initializer',
               'get_model', 'resnet18', 'simple_cnn'],
     'recipes': ['Recipe', 'RECIPES', 'recipe_of'],
-    'stopping': ['Interruptible', 'StallGuard', 'StopRequest'],
-    'progress': ['Live', 'Progress'],
+    'stopping': ['StallGuard', 'StopRequest'],
+    'interrupt': ['Interruptible'],
+    'progress': ['Progress'],
+    'live': ['Live'],
     'charts': ['Animator', 'bar_chart'],
     'kvstore_report': ['comparison_table', 'write_kvstore_report'],
     'results': ['EpochRecord', 'TrainResult', 'epoch_line'],

@@ -1,7 +1,7 @@
 """The fault-injection harness: every entry point that writes, failed or killed at each of its
 file-system calls, must leave the previous state or the complete new one, and nothing else.
 
-Every call by which the package changes files goes through ``gluon_multigpu.run.fs``, which
+Every call by which the package changes files goes through ``gluon_multigpu.base.fs``, which
 passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES``, then
 ``fault_studies.ENTRIES``) the harness
 
@@ -50,7 +50,7 @@ import gluon_multigpu as gm  # noqa: E402  (loads no MXNet)
 gm.engine.configure()  # the engine settings of the tests, before MXNet loads
 
 from gluon_multigpu.errors import GluonMultiGPUError  # noqa: E402
-from gluon_multigpu.run import fs  # noqa: E402
+from gluon_multigpu.base import fs  # noqa: E402
 import fault_entries  # noqa: E402
 import fault_studies  # noqa: E402
 
@@ -370,7 +370,7 @@ def results(name, kind):
             _RESULTS[name, kind] = (1, failed)
         elif not ref.calls:
             _RESULTS[name, kind] = (0, [Case(kind, 0, '', '', [
-                'it made no call through gluon_multigpu.run.fs, so no fault could be put '
+                'it made no call through gluon_multigpu.base.fs, so no fault could be put '
                 'into it (its writer is not on the output layer)'])])
         else:
             failed = []

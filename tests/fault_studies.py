@@ -141,7 +141,7 @@ class ClusterFiles(Entry):
 
     def _write_files(self, root, hosts):
         cluster = gm.cluster if hasattr(gm, 'cluster') else \
-            __import__('gluon_multigpu.study.cluster', fromlist=['Cluster'])
+            __import__('gluon_multigpu.multihost.cluster', fromlist=['Cluster'])
         cl = cluster.Cluster.__new__(cluster.Cluster)
         cl.workdir, cl.name, cl.ssh_port = os.path.join(root, 'cluster'), 'gmharness', 22
         cl.hosts = [f'198.18.7.{i + 2}' for i in range(hosts)]

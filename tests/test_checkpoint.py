@@ -13,7 +13,7 @@ import pytest
 from mxnet import np
 
 import gluon_multigpu as gm
-from gluon_multigpu.run import fs
+from gluon_multigpu.base import fs
 from conftest import REPO, load_script, run_bounded, wait_bounded
 
 SCRIPT = str(REPO / 'scripts' / 'train.py')

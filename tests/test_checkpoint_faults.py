@@ -19,7 +19,7 @@ import pytest
 from mxnet import gluon, np
 
 import gluon_multigpu as gm
-from gluon_multigpu.run import fs
+from gluon_multigpu.base import fs
 
 CONFIG = {'run': 'faults'}
 #: A user's files, named like the package's own: none may change or go.

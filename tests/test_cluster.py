@@ -18,7 +18,7 @@ import pytest
 
 from cluster_fixture import make_cluster, make_module_cluster  # noqa: F401  (fixtures)
 from conftest import REPO, alive, wait_bounded
-from gluon_multigpu.study import cluster as gc
+from gluon_multigpu.multihost import cluster as gc
 
 AVAILABLE = gc.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE[0], reason=f'no cluster here: {AVAILABLE[1]}')
@@ -378,7 +378,7 @@ def test_failed_setup_undoes_itself(monkeypatch):
 
 def test_cluster_of_a_killed_process_is_removed_by_the_next(make_cluster):
     code = ('import json, time\n'
-            'from gluon_multigpu.study.cluster import Cluster\n'
+            'from gluon_multigpu.multihost.cluster import Cluster\n'
             'c = Cluster(2)\n'
             'assert c.ssh(0, "nohup /bin/sleep 60 >/dev/null 2>&1 &").returncode == 0\n'
             'print(json.dumps(dict(name=c.name, namespaces=c.namespaces, veths=c.veths, bridge=c.bridge,'

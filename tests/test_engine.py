@@ -209,7 +209,7 @@ def test_sync_bn_on_the_naive_engine_is_refused():
 
 def test_a_second_plan_replaces_only_what_configure_set(tmp_path):
     got = probe(tmp_path, '''
-        from gluon_multigpu.run import engine
+        from gluon_multigpu.base import engine
         steps = [dict(engine.configure(2))]
         os.environ['MXNET_CPU_TEMP_COPY'] = '100'          # the user's, from now on
         steps.append(engine.configure(1))

@@ -1,4 +1,4 @@
-"""Ctrl-C in a library run (``stopping.Interruptible``) and the scripts' wake-up fd (``StopRequest``).
+"""Ctrl-C in a library run (``interrupt.Interruptible``) and the scripts' wake-up fd (``StopRequest``).
 
 ``train`` and ``Training`` add ``Interruptible`` unless a hook handles signals:
 the first SIGINT stops after the current step and keeps the run, further ones
@@ -35,7 +35,7 @@ def training(*hooks, say=None):
     """A ``Training`` of the simple CNN on two CPU contexts; ``say``: an Interruptible's lines."""
     train_iter, test_iter = data()
     if say is not None:
-        hooks = (*hooks, gm.stopping.Interruptible(say=say))
+        hooks = (*hooks, gm.interrupt.Interruptible(say=say))
     return gm.Training(gm.simple_cnn(), train_iter, test_iter, gm.cpu_devices(2), hooks=hooks)
 
 
@@ -54,13 +54,13 @@ class PressCtrlC(gm.Hook):
 
 
 def interruptible(run):
-    return next(h for h in run.hooks if isinstance(h, gm.stopping.Interruptible))
+    return next(h for h in run.hooks if isinstance(h, gm.interrupt.Interruptible))
 
 
 def test_train_adds_interruptible_and_live_unless_a_hook_does_it():
     run = training()
     kinds = [type(h) for h in run.hooks]
-    assert gm.stopping.Interruptible in kinds and gm.progress.Live in kinds
+    assert gm.interrupt.Interruptible in kinds and gm.live.Live in kinds
     assert gm.StopRequest not in kinds  # its os._exit on a second signal is the scripts' only
     train_iter, test_iter = data()
     own = [gm.StopRequest(), gm.Progress(print)]

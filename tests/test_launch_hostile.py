@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import REPO, alive, descendants, wait_bounded
-from gluon_multigpu.run import agent
+from gluon_multigpu.multihost import agent
 
 LAUNCH = str(REPO / 'scripts' / 'launch.py')
 

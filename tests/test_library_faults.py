@@ -275,7 +275,7 @@ def test_a_second_sigint_within_the_window_never_escapes_the_library(monkeypatch
             timers.append(threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)))
             timers[0].start()
     said = []
-    hook = gm.stopping.Interruptible(say=said.append)
+    hook = gm.interrupt.Interruptible(say=said.append)
     train_iter, test_iter = data()
     escaped = False
     try:

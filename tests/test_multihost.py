@@ -1,6 +1,6 @@
 """The ssh launcher across real hosts: network namespaces on a bridge, an sshd in each.
 
-Each test builds a small cluster (``gluon_multigpu.study.cluster``, through
+Each test builds a small cluster (``gluon_multigpu.multihost.cluster``, through
 ``cluster_fixture``) and runs ``scripts/launch.py --launcher ssh`` on it as a
 user would, then checks what the issue asks: the job trains; no process of it
 is left on any host however it ends (success, a failure, Ctrl-C, the launcher
@@ -84,7 +84,7 @@ def pid_of(cluster, host, pattern):
                 line = f.read().replace(b'\0', b' ').decode()
         except OSError:
             continue
-        if re.search(pattern, line) and 'gluon_multigpu.run.agent' not in line:
+        if re.search(pattern, line) and 'gluon_multigpu.multihost.agent' not in line:
             return pid
     raise AssertionError(f'no process matching {pattern!r} on host {host}')
 

@@ -1,4 +1,4 @@
-"""The network model against a shaped network (``gluon_multigpu.study.network``, scripts/network.py).
+"""The network model against a shaped network (``gluon_multigpu.multihost.network``, scripts/network.py).
 
 The predictions recomputed by hand from the models' layers and the links'
 rates; the parser of step times on a made-up launcher output; and real
@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, Lines, run_bounded, wait_bounded
 from gluon_multigpu.cli import network as cli
-from gluon_multigpu.study import cluster, network
+from gluon_multigpu.multihost import cluster, network
 
 AVAILABLE = cluster.available()
 needs_cluster = pytest.mark.skipif(not AVAILABLE[0], reason=f'no cluster here: {AVAILABLE[1]}')

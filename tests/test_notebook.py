@@ -1,4 +1,4 @@
-"""The notebook as a client: ``progress.Live``, and the shipped notebook run in a real kernel.
+"""The notebook as a client: ``live.Live``, and the shipped notebook run in a real kernel.
 
 ``Live`` is tested with a display of the test's own (the kernel's is IPython's);
 the slow tests start a real ipykernel kernel of this very Python (a kernel spec
@@ -86,7 +86,7 @@ def fake_ipython(monkeypatch, get_ipython):
 
 def test_no_kernel_where_ipython_is_not_loaded(monkeypatch):
     monkeypatch.delitem(sys.modules, 'IPython', raising=False)
-    assert gm.progress.jupyter_shell() is None
+    assert gm.live.jupyter_shell() is None
     assert 'IPython' not in sys.modules  # looked for, never imported
 
 
@@ -106,19 +106,19 @@ def test_a_kernel_is_an_ipython_zmq_shell_or_started_by_ipkernelapp(monkeypatch)
 
     for shell in [ZMQInteractiveShell(), Shell(), TerminalInteractiveShell({'IPKernelApp': {}})]:
         fake_ipython(monkeypatch, lambda shell=shell: shell)
-        assert gm.progress.jupyter_shell() is shell
+        assert gm.live.jupyter_shell() is shell
     for shell in [TerminalInteractiveShell({}), None]:  # a terminal IPython; plain Python
         fake_ipython(monkeypatch, lambda shell=shell: shell)
-        assert gm.progress.jupyter_shell() is None
+        assert gm.live.jupyter_shell() is None
     fake_ipython(monkeypatch, broken)
-    assert gm.progress.jupyter_shell() is None
+    assert gm.live.jupyter_shell() is None
 
 
 def test_outside_a_kernel_live_shows_nothing(monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, 'IPython', raising=False)
     syncs = Syncs()
     monkeypatch.setattr(gm.progress, 'npx', syncs)
-    live = gm.progress.Live(interval=0)
+    live = gm.live.Live(interval=0)
     live_run(live).fit(1)
     assert live.lines == [] and syncs.count == 0
     assert capsys.readouterr() == ('', '')
@@ -130,7 +130,7 @@ def test_one_display_per_fit_changed_in_place(monkeypatch):
     syncs = Syncs()
     monkeypatch.setattr(gm.progress, 'npx', syncs)
     screen = Screen()
-    run = live_run(gm.progress.Live(interval=0, display=screen))
+    run = live_run(gm.live.Live(interval=0, display=screen))
     run.fit(2)
     assert screen.displays == 1
     assert screen.shown[0]['text/plain'] == 'epoch 1/2: starting'
@@ -153,7 +153,7 @@ def test_drawn_at_most_every_interval(monkeypatch):
     syncs = Syncs()
     monkeypatch.setattr(gm.progress, 'npx', syncs)
     screen = Screen()
-    live_run(gm.progress.Live(interval=3600, display=screen)).fit(3)
+    live_run(gm.live.Live(interval=3600, display=screen)).fit(3)
     assert len(screen.shown) == 2 and syncs.count == 0  # shown at the start, drawn at the end
     assert len(screen.text.splitlines()) == 4
 
@@ -161,7 +161,7 @@ def test_drawn_at_most_every_interval(monkeypatch):
 def test_interrupted_then_resumed(monkeypatch):
     monkeypatch.setattr(gm.progress, 'npx', Syncs())
     screen = Screen()
-    run = live_run(gm.progress.Live(interval=0, display=screen), StopAt(2, 3))
+    run = live_run(gm.live.Live(interval=0, display=screen), StopAt(2, 3))
     with pytest.raises(gm.Interrupted):
         run.fit(2)
     lines = screen.text.splitlines()
@@ -178,7 +178,7 @@ def test_interrupted_then_resumed(monkeypatch):
 def test_how_a_fit_ended_is_its_last_line(monkeypatch):
     monkeypatch.setattr(gm.progress, 'npx', Syncs())
     screen = Screen()
-    run = live_run(gm.progress.Live(interval=0, display=screen), StopAt(1, STEPS))
+    run = live_run(gm.live.Live(interval=0, display=screen), StopAt(1, STEPS))
     with pytest.raises(gm.Interrupted):  # in an epoch's last step: after that epoch
         run.fit(3)
     assert screen.text.splitlines()[-1] == 'interrupted after epoch 1 of 3: fit() goes on from there'
@@ -186,7 +186,7 @@ def test_how_a_fit_ended_is_its_last_line(monkeypatch):
     class Fails(gm.Hook):
         def step_end(self, run, step, samples, timer):
             raise RuntimeError('a hook failed')
-    run = live_run(gm.progress.Live(interval=0, display=screen), Fails())
+    run = live_run(gm.live.Live(interval=0, display=screen), Fails())
     with pytest.raises(RuntimeError):
         run.fit(1)
     assert re.fullmatch(r'stopped in epoch 1 by RuntimeError \(\d+ s\)', screen.text)
@@ -195,7 +195,7 @@ def test_how_a_fit_ended_is_its_last_line(monkeypatch):
 def test_only_the_last_epochs_are_kept(monkeypatch):
     monkeypatch.setattr(gm.progress, 'npx', Syncs())
     screen = Screen()
-    live_run(gm.progress.Live(interval=0, keep=2, display=screen)).fit(4)
+    live_run(gm.live.Live(interval=0, keep=2, display=screen)).fit(4)
     lines = screen.text.splitlines()
     assert lines[0] == '(2 earlier epoch(s): result.epochs)'
     assert [l[:9] for l in lines[1:3]] == ['epoch 3/4', 'epoch 4/4'] and len(lines) == 4
@@ -206,7 +206,7 @@ def test_a_failing_display_never_stops_training(monkeypatch):
         def update(self, bundle, raw):
             raise OSError('the front end went away')
     monkeypatch.setattr(gm.progress, 'npx', Syncs())
-    result = live_run(gm.progress.Live(interval=0, display=Broken())).fit(2)
+    result = live_run(gm.live.Live(interval=0, display=Broken())).fit(2)
     assert len(result.epochs) == 2
 
 
@@ -398,7 +398,7 @@ class Holds(gm.Hook):
     """Holds step 2 until interrupted, then the stop until interrupted again."""
 
     def interrupts(self, run):
-        return next(h for h in run.hooks if isinstance(h, gm.stopping.Interruptible)).requests
+        return next(h for h in run.hooks if isinstance(h, gm.interrupt.Interruptible)).requests
 
     def wait(self, run, n):
         deadline = time.monotonic() + 120

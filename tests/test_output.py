@@ -13,7 +13,8 @@ import signal
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.run import fs, locks, output
+from gluon_multigpu.base import fs
+from gluon_multigpu.run import locks, output
 from conftest import load_script
 
 BALANCE = ['--cpu-devices', '2', '--steps', '4', '--batch-size', '16', '--rounds', '1',

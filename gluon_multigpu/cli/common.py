@@ -3,7 +3,7 @@
 MXNet reads some of its settings once, when its library loads (``OMP_NUM_THREADS``)
 or when its engine first needs scratch space (``MXNET_CPU_TEMP_COPY``). So a
 program first reads its device flags and calls ``prepare_engine``, which has
-``gluon_multigpu.run.engine`` compute and set them, and only then uses
+``gluon_multigpu.base.engine`` compute and set them, and only then uses
 anything of the package that loads MXNet. Nothing in this module loads MXNet.
 
 The library names its arguments in backquotes (`checkpoint_dir`); ``FLAGS``
@@ -16,7 +16,8 @@ import shlex
 import signal
 import sys
 
-from ..run import engine, files
+from ..base import engine
+from ..run import files
 
 #: Most CPU contexts a script accepts: MXNet starts a worker thread per
 #: context, and past this many the contexts only share the same cores.

@@ -1,7 +1,7 @@
 """Measure what each fault costs a training job on a cluster: detection, recovery, what is left.
 
 The table of the issue "Faults, measured". On a cluster of four hosts made on
-this machine (``gluon_multigpu.study.cluster``: network namespaces on a bridge,
+this machine (``gluon_multigpu.multihost.cluster``: network namespaces on a bridge,
 an sshd in each), ``scripts/launch.py --launcher ssh`` runs a small dist_sync
 job of ``scripts/train.py`` (the simple CNN, two workers of one CPU context,
 one server, three epochs of 20 steps, a checkpoint every epoch, --max-restarts
@@ -12,7 +12,7 @@ One run goes uninterrupted; then each fault is injected in the middle of epoch
 with --max-restarts 0. Each row says how long the launcher took to detect the
 fault and to recover, the exit status, whether the final parameters equal the
 uninterrupted run's, and whether any process of the job was left on a host
-(``gluon_multigpu.study.failover`` defines every figure).
+(``gluon_multigpu.multihost.failover`` defines every figure).
 """
 import argparse
 import os
@@ -25,7 +25,7 @@ from . import common
 from .common import positive_float
 from ..errors import GluonMultiGPUError
 from ..run import files
-from ..study import cluster, failover
+from ..multihost import cluster, failover
 
 EPILOG = """\
 figures (seconds from the fault, as this program reads the launcher's lines):

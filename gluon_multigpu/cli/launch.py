@@ -5,7 +5,7 @@ The roles take their part and addresses from the documented DMLC_* variables
 DMLC_NUM_WORKER). The scheduler and the servers are MXNet itself (importing
 mxnet with DMLC_ROLE=server runs a server until the workers are done); every
 worker runs the command given after ``--``. Each process runs under an agent
-on its host (``gluon_multigpu.run.agent``, over ssh with ``--launcher ssh``)
+on its host (``gluon_multigpu.multihost.agent``, over ssh with ``--launcher ssh``)
 that relays its lines, reports it, and ends it when the launcher says so or
 is gone: no process of the job outlives the launcher on any host, however the
 launcher ends. Every line comes out behind its role, host and, once the
@@ -35,7 +35,8 @@ import time
 
 from . import common
 from ..errors import GluonMultiGPUError
-from ..run import agent, reading
+from ..base import reading
+from ..multihost import agent
 
 EPILOG = """\
 examples:
@@ -289,7 +290,7 @@ def _die_with_parent():
 
 def agent_argv(extra, command):
     """The command that runs ``command`` under an agent on a host."""
-    return [sys.executable, '-m', 'gluon_multigpu.run.agent', *extra, '--', *command]
+    return [sys.executable, '-m', 'gluon_multigpu.multihost.agent', *extra, '--', *command]
 
 
 def ssh_argv(args, host, remote):

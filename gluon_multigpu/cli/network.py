@@ -1,7 +1,7 @@
 """Measure parameter-server steps on a cluster with shaped links, beside the network model.
 
 For each model and worker count, a cluster of W + 2 network namespaces on
-this machine (``gluon_multigpu.study.cluster``: scheduler, one server and W
+this machine (``gluon_multigpu.multihost.cluster``: scheduler, one server and W
 workers, each on a host of its own) runs ``scripts/launch.py --launcher
 ssh`` with ``scripts/train.py --kvstore dist_sync --cpu-devices 1`` on
 random data, once unshaped and once with every link shaped to each
@@ -9,7 +9,7 @@ bandwidth. Each row gives the measured seconds per step beside
 ``t_unshaped(W) + t_net(W, B)``, ``t_net`` from
 ``gluon_multigpu.study.scaling.worker_projection``: the hosts share this
 machine's cores, and the unshaped run measures the step under that sharing
-(``gluon_multigpu.study.network`` says how). Needs root, ``ip netns``,
+(``gluon_multigpu.multihost.network`` says how). Needs root, ``ip netns``,
 ``tc`` and OpenSSH's sshd.
 """
 import argparse
@@ -24,7 +24,7 @@ from . import common
 from .common import int_in, non_negative_float
 from ..errors import GluonMultiGPUError
 from ..run import files
-from ..study import cluster, network
+from ..multihost import cluster, network
 
 EPILOG = """\
 figures (seconds per training step; a step is rank 0's second epoch / its steps):

@@ -18,7 +18,7 @@ import mxnet as mx
 from mxnet import np, npx
 
 from ..errors import DataError
-from ..run import atomic
+from ..base import atomic
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',

@@ -7,13 +7,13 @@ runs without a GPU.
 
 This module loads MXNet only when a function needs it: ``cpu_devices(n)``
 and ``gpu_devices(n)`` first configure MXNet's engine for the devices
-(``run.engine``), which must happen before MXNet loads.
+(``base.engine``), which must happen before MXNet loads.
 """
 import math
 import os
 
 from ..errors import DeviceError
-from ..run import engine
+from ..base import engine
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
            'device_counts', 'resolve_counts', 'devices_for', 'split_sizes', 'split_batch',

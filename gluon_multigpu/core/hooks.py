@@ -68,9 +68,9 @@ class Hook:
     the features (``balance.Split``, ``precision.MixedPrecision``,
     ``distributed.StepScale``: they plug into the step in ``setup``),
     ``checkpoint.Checkpointer`` (save, resume), ``stopping.StopRequest``
-    (stop on SIGINT/SIGTERM/SIGHUP, the scripts'), ``stopping.Interruptible``
+    (stop on SIGINT/SIGTERM/SIGHUP, the scripts'), ``interrupt.Interruptible``
     (Ctrl-C in a notebook or a Python session), ``stopping.StallGuard`` (end a
-    deadlocked run), ``progress.Progress`` (progress lines), ``progress.Live``
+    deadlocked run), ``progress.Progress`` (progress lines), ``live.Live``
     (a progress display in a notebook).
     """
 

@@ -18,6 +18,8 @@ from mxnet import gluon, npx
 from .checks import BatchCheck, check_devices, check_epochs, check_lr
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
+from .interrupt import Interruptible
+from .live import Live
 from .kvstores import check_kvstore, kvstore_name, make_trainer
 from .recipes import recipe_of
 from .results import EpochRecord, TrainResult
@@ -71,8 +73,6 @@ def _default_hooks(hooks):
 
     Only where the caller's hooks do neither themselves (the scripts bring their own).
     """
-    from ..run.progress import Live  # pylint: disable=import-outside-toplevel
-    from ..run.stopping import Interruptible  # pylint: disable=import-outside-toplevel
     added = []
     if not any(getattr(h, 'handles_signals', False) for h in hooks):
         added.append(Interruptible())
@@ -290,9 +290,9 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
         the recipe's (1 for the package's networks), 0: unbounded (the book's loop).
     hooks : list of Hook
         Features, checkpoints, stopping, progress, ... (see ``Hook``). Unless
-        one of them does it itself, ``train`` adds ``stopping.Interruptible``
+        one of them does it itself, ``train`` adds ``interrupt.Interruptible``
         (Ctrl-C stops after the current step; a second never kills the
-        process) and ``progress.Live`` (a display that updates in place in a
+        process) and ``live.Live`` (a display that updates in place in a
         notebook).
     on_epoch : callable, optional
         Called with each ``EpochRecord`` once the epoch is evaluated.

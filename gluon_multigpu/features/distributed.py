@@ -19,6 +19,7 @@ from typing import NamedTuple
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
+from ..base.protocol import CONTROL_VARIABLE
 from ..core.data import ArrayLoader
 from ..errors import GluonMultiGPUError
 from ..core.kvstores import DIST_KVSTORES
@@ -152,7 +153,7 @@ def connect(name, stop=None, timeout=None, environ=None):
 
 
 class Control(Hook):
-    """The launcher's line to one of its workers (``launch``, through ``run.agent``).
+    """The launcher's line to one of its workers (``launch``, through ``multihost.agent``).
 
     The worker reports its rank once joined and every step it has queued; the
     launcher may ask it to stop after step S (``stop-at S``), the same S for
@@ -177,7 +178,6 @@ class Control(Hook):
     @classmethod
     def from_environment(cls, environ=None, **kw):
         """The ``Control`` of this process if a launcher's agent started it, else None."""
-        from ..run.agent import CONTROL_VARIABLE  # pylint: disable=import-outside-toplevel
         environ = os.environ if environ is None else environ
         global _CONTROL  # pylint: disable=global-statement
         if _CONTROL is None and environ.get(CONTROL_VARIABLE):

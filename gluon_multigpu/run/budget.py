@@ -4,23 +4,10 @@ A study (``sweep.Sweep``) says how long it will take and refuses, or scales
 down, what would not fit in memory. Nothing here loads MXNet; the library reads
 no environment: the memory available is passed in.
 """
+from ..base.units import duration, size
 from ..errors import DeviceError
 
 __all__ = ['duration', 'size', 'check_memory', 'fit_to_memory']
-
-
-def duration(seconds):
-    """``seconds`` as a short text: ``45 s``, ``12 min``, ``3.2 h``."""
-    if seconds < 90:
-        return f'{seconds:.0f} s'
-    if seconds < 90 * 60:
-        return f'{seconds / 60:.0f} min'
-    return f'{seconds / 3600:.1f} h'
-
-
-def size(num_bytes):
-    """``num_bytes`` as ``1.2 GB`` or ``350 MB`` (1 GB = 1e9 bytes)."""
-    return f'{num_bytes / 1e9:.1f} GB' if num_bytes >= 1e9 else f'{num_bytes / 1e6:.0f} MB'
 
 
 def check_memory(need, available, what, fix):

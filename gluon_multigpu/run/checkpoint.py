@@ -45,7 +45,8 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
 from ..errors import CheckpointError, GluonMultiGPUError
-from . import fs, savefolder
+from ..base import fs
+from . import savefolder
 from .savefolder import is_regular as _is_regular, open_regular as _open_regular, \
     sha256 as _sha256
 from .files import CHECKPOINT_FILE, check_output_dir

@@ -9,8 +9,9 @@ import csv
 import io
 import json
 
-from . import reading
-from .targets import (CHECKPOINT_FILE, SYSTEM_TREES, TMP_EXTRA, check_output_dir,  # noqa: F401
+from ..base import reading
+from ..base.paths import SYSTEM_TREES, TMP_EXTRA  # noqa: F401
+from .targets import (CHECKPOINT_FILE, check_output_dir,  # noqa: F401
                      check_output_path, check_outputs, check_writable, input_files,
                      is_checkpoint_folder, resolve_output)
 from .output import (ReportFolder, ReportSet, atomic_write, discard_unfinished,  # noqa: F401

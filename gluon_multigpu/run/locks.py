@@ -24,7 +24,7 @@ import stat
 import time
 
 from ..errors import GluonMultiGPUError
-from . import fs
+from ..base import fs
 
 __all__ = ['Lock', 'MARKER']
 

@@ -45,9 +45,9 @@ import secrets
 import stat
 
 from ..errors import GluonMultiGPUError
-from . import fs, reading
-from .targets import resolve_output
-from .atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, create_exclusive,
+from ..base import fs, reading
+from ..base.paths import resolve_output
+from ..base.atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, create_exclusive,
                      create_whole, fsync_directory, makedirs, naming, remove_hashed, remove_own,
                      write_file)
 

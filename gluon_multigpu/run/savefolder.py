@@ -29,7 +29,7 @@ import re
 import secrets
 import stat
 
-from . import fs, reading
+from ..base import fs, reading
 from .files import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',

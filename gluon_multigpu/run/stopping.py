@@ -43,29 +43,13 @@ import socket
 import threading
 import time
 
-from ..core.training import Hook
+from ..base import signals
+from ..base.signals import SAME_REQUEST
+from ..core.hooks import Hook
+from ..core.interrupt import Interruptible
 from .files import discard_unfinished
 
 __all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'SAME_REQUEST']
-
-#: Seconds after the first signal within which another is the same request (see above).
-SAME_REQUEST = 0.5
-
-
-def _repeated(first_at):
-    """Whether a signal arriving now repeats one that came at ``first_at`` (None: none came)."""
-    return first_at is not None and time.monotonic() - first_at < SAME_REQUEST
-
-
-def _wait_out(first_at):
-    """Return once the window of a signal that came at ``first_at`` has passed.
-
-    Called with the hook's handlers still installed: a repeat that arrives
-    meanwhile finds them, and is the same request.
-    """
-    while _repeated(first_at):
-        time.sleep(max(0.0, first_at + SAME_REQUEST - time.monotonic()))
-
 
 class StopRequest(Hook):
     """A flag that SIGINT, SIGTERM and SIGHUP set, asked by ``train`` after every step (a hook).
@@ -120,7 +104,7 @@ class StopRequest(Hook):
             if self._thread is None:
                 self._first_at = time.monotonic()
         elif (self._thread is None and signum != signal.SIGHUP and self._exit
-              and not _repeated(self._first_at)):  # no watcher: a second request ends it here
+              and not signals.repeated(self._first_at)):  # no watcher: a second request ends it here
             raise KeyboardInterrupt
 
     def _watch(self):
@@ -137,16 +121,16 @@ class StopRequest(Hook):
                     # Python writes a byte for every signal with a Python handler (SIGCHLD,
                     # SIGWINCH, ... of another library): not a request to stop.
                     continue
-                if self._seen and _repeated(self._first_at):
+                if self._seen and signals.repeated(self._first_at):
                     continue  # one Ctrl-C delivered twice (a wrapper that forwards it)
                 self._seen += 1
                 if self._seen == 1:
                     self._first_at = time.monotonic()
                     if self.on_signal is not None:
-                        _quietly(self.on_signal, signum)
+                        signals.quietly(self.on_signal, signum)
                 elif signum != signal.SIGHUP and self._exit:  # a closing session repeats SIGHUP
                     if self.on_second is not None:
-                        _quietly(self.on_second, signum)
+                        signals.quietly(self.on_second, signum)
                     discard_unfinished()  # no half-written output left behind
                     os._exit(128 + signum)  # pylint: disable=protected-access
 
@@ -168,7 +152,7 @@ class StopRequest(Hook):
         return self
 
     def __exit__(self, *exc):
-        _wait_out(self._first_at)  # a repeat of the first signal still finds this hook
+        signals.wait_out(self._first_at)  # a repeat of the first signal still finds this hook
         signal.set_wakeup_fd(self._wakeup)
         for s, handler in self._previous.items():
             signal.signal(s, handler)
@@ -177,26 +161,6 @@ class StopRequest(Hook):
         self._sockets[0].close()
         self._thread = None
         return False
-
-
-def _interrupts_python(handler):
-    """Whether ``handler`` (of SIGINT) is Python's default or a Jupyter kernel's.
-
-    Python's raises ``KeyboardInterrupt``, as does the one IPython's kernel
-    installs for a cell; for a cell with top-level ``await`` the kernel
-    cancels the cell instead (a handler of ``ipykernel``).
-    """
-    if handler is signal.default_int_handler:
-        return True
-    return callable(handler) and getattr(handler, '__module__', '').startswith('ipykernel.')
-
-
-def _quietly(say, signum):
-    """Call ``say(signum)``; a terminal that is gone (EIO, EPIPE) must not end the watcher."""
-    try:
-        say(signum)
-    except (OSError, ValueError):  # ValueError: the stream was closed
-        pass
 
 
 class StallGuard(Hook):
@@ -252,172 +216,3 @@ class StallGuard(Hook):
         self._last = None
 
     steps_done = stopped = epoch_end = diverged = _rest
-
-
-class Interruptible(Hook):
-    """Ctrl-C (SIGINT) stops ``train`` after the current step, and never ends the process.
-
-    What ``train`` and ``Training`` add unless a hook of the caller handles
-    signals (the scripts bring ``StopRequest``): in a notebook, a Python
-    session or a program of your own. During each ``fit`` the first SIGINT
-    (Ctrl-C, a notebook's stop button, ``kill -INT``) is acknowledged with
-    one line and asks the loop to stop after the step in progress; it then
-    raises ``Interrupted`` (or, in the epoch's last step or evaluation, stops
-    at that epoch's end), and ``fit()`` goes on from there. Further SIGINTs
-    neither end the process nor raise ``KeyboardInterrupt`` in the middle of a
-    step: they say that the run is still stopping (at most once a second); one
-    within ``SAME_REQUEST`` seconds of the first is the same request also
-    after ``fit`` has raised (the handler stays until then).
-
-    The acknowledgement comes at once, even while the main thread waits
-    inside MXNet for a long step: a thread reads the signal wake-up file
-    descriptor (as ``StopRequest`` does; only SIGINT's bytes count), where no
-    one else uses it (an event loop's stays theirs: the handler then speaks,
-    once the step returns to Python). The handler is installed in ``enter``
-    and the one before it (in a Jupyter kernel, the kernel's own, which raises
-    ``KeyboardInterrupt`` in the cell) comes back in ``leave``, also when
-    ``fit`` raises. It replaces only the handler that interrupts Python
-    (``KeyboardInterrupt``: Python's own, or a Jupyter kernel's): a program
-    that handles SIGINT itself (the scripts: their handlers unwind and clean
-    up), ignores it (started in the background with it ignored) or handles it
-    outside Python keeps its way. Nothing is installed outside the main
-    thread (signals reach only it).
-
-    Parameters
-    ----------
-    say : callable
-        Takes one line of text (``print``: in a notebook it shows in the cell).
-
-    Attributes
-    ----------
-    signum : int or None
-        The first SIGINT of the current ``fit`` (None: none came).
-    requests : int
-        The SIGINTs the handler has received during the current ``fit``.
-    """
-
-    handles_signals = True
-
-    #: Seconds between two "still stopping" lines, however often Ctrl-C is pressed.
-    REPEAT_EVERY = 1.0
-
-    def __init__(self, say=print):
-        self.say = say
-        self.signum, self.requests = None, 0
-        self._previous, self._installed, self._said, self._pending = None, False, None, []
-        self._sockets = self._thread = None
-        self._heard, self._first_at = 0, None
-
-    def _handle(self, signum, frame):  # pylint: disable=unused-argument
-        # Runs in the main thread between two bytecodes, possibly in the middle of a step:
-        # it only notes the request (and says so without a watcher); it must never raise there.
-        self.requests += 1
-        if self.signum is None:
-            self.signum = signum
-            self._first_at = self._first_at or time.monotonic()
-        if self._thread is None:
-            self._acknowledge(self.requests)
-
-    def _acknowledge(self, count):
-        """Say that the ``count``-th SIGINT of this fit came."""
-        if count == 1:
-            self._tell('interrupted: stopping after the current step (the run is kept: fit() '
-                       'goes on from there)')
-        elif self._said is None or time.monotonic() - self._said >= self.REPEAT_EVERY:
-            self._said = time.monotonic()
-            self._tell('interrupted again: still stopping after the current step (the run and '
-                       'the process are kept)')
-
-    def _tell(self, line):
-        try:
-            self.say(line)
-        except Exception:  # pylint: disable=broad-except
-            # e.g. print interrupted inside print: a reentrant write; said at the next step.
-            self._pending.append(line)
-
-    def _flush(self):
-        while self._pending:
-            try:
-                self.say(self._pending[0])
-            except Exception:  # pylint: disable=broad-except
-                return
-            self._pending.pop(0)
-
-    def _watch(self, reader):
-        """Acknowledge each SIGINT as it arrives, while the main thread waits inside MXNet."""
-        while True:
-            try:
-                data = reader.recv(16)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum == signal.SIGINT:  # a byte of another signal with a Python handler
-                    self._heard += 1       # (SIGCHLD, SIGWINCH, ...) is no request
-                    self._first_at = self._first_at or time.monotonic()
-                    self._acknowledge(self._heard)
-
-    def _start_watching(self):
-        reader, writer = socket.socketpair()
-        writer.setblocking(False)
-        try:
-            before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        except (ValueError, OSError):
-            before = None
-        if before != -1:  # taken (an event loop's): theirs stays, the handler speaks
-            if before is not None:
-                signal.set_wakeup_fd(before)
-            reader.close()
-            writer.close()
-            return
-        self._sockets, self._heard = (reader, writer), 0
-        self._thread = threading.Thread(target=self._watch, args=(reader,),
-                                        name='interruptible', daemon=True)
-        self._thread.start()
-
-    def _stop_watching(self):
-        if self._thread is None:
-            return
-        reader, writer = self._sockets
-        now = signal.set_wakeup_fd(-1)
-        if now != writer.fileno():  # someone set theirs during the fit: it stays
-            signal.set_wakeup_fd(now)
-        writer.close()  # the watcher reads what is left, then sees the end
-        self._thread.join(timeout=5)
-        reader.close()
-        self._sockets = self._thread = None
-
-    def enter(self, run):
-        self.signum, self.requests, self._said, self._pending = None, 0, None, []
-        self._first_at = None
-        if self._installed or threading.current_thread() is not threading.main_thread():
-            return
-        previous = signal.getsignal(signal.SIGINT)
-        if not _interrupts_python(previous):
-            return  # a program's own handler, ignored, or outside Python: left as it is
-        signal.signal(signal.SIGINT, self._handle)
-        self._previous, self._installed = previous, True
-        self._start_watching()
-
-    def leave(self, run):
-        if self._installed:
-            self._installed = False
-            try:
-                _wait_out(self._first_at)  # a repeat of this SIGINT still finds the handler
-                self._stop_watching()
-            finally:
-                signal.signal(signal.SIGINT, self._previous)
-                self._previous = None
-        self._flush()
-        epochs = run.result.epochs if run.result is not None else []
-        if self.signum is not None and epochs and epochs[-1].epoch >= run.num_epochs:
-            _quietly(self.say, 'the interrupt came after the last step: the fit is complete')
-
-    def step_end(self, run, step, samples, timer):
-        if self._pending:
-            self._flush()
-        return self.signum is not None
-
-    def epoch_end(self, run, record):
-        return self.signum is not None

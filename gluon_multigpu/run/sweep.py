@@ -40,7 +40,8 @@ import threading
 import time
 
 from ..errors import GluonMultiGPUError
-from . import fs, reading, targets
+from ..base import fs, reading
+from . import targets
 from .files import write_json
 from .locks import Lock
 from .budget import check_memory, duration, fit_to_memory, size  # noqa: F401 (kept importable from here)

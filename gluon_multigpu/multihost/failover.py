@@ -309,7 +309,7 @@ def _pid_of(cl, host, pattern):
     """The process on host ``host`` whose command line matches ``pattern``, its agent excepted."""
     for pid in cl.pids(host):
         line = _cmdline(pid)
-        if line and re.search(pattern, line) and 'gluon_multigpu.run.agent' not in line:
+        if line and re.search(pattern, line) and 'gluon_multigpu.multihost.agent' not in line:
             return pid
     return None
 

@@ -56,9 +56,9 @@ from typing import Optional
 
 from . import cluster as _cluster
 from ..errors import GluonMultiGPUError
-from ..run import fs, reading
+from ..base import fs, reading
 from ..run.files import append_text
-from .scaling import worker_projection
+from ..study.scaling import worker_projection
 
 __all__ = ['MODELS', 'GRAD_BYTES', 'LARGEST_KEY_BYTES', 'PAYLOAD', 'DEFAULT_BATCH',
            'DEFAULT_STEPS', 'TIMED_SECONDS', 'QUICK_STEPS', 'BANDWIDTHS', 'SERVERS',

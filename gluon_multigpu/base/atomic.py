@@ -17,7 +17,7 @@ import secrets
 import stat
 
 from . import fs, reading
-from .targets import resolve_output
+from .paths import resolve_output
 
 __all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'create_exclusive',
            'remove_own', 'makedirs', 'UNFINISHED', 'open_unnamed', 'create_whole',

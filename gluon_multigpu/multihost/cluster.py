@@ -47,7 +47,8 @@ import tempfile
 import time
 
 from ..errors import GluonMultiGPUError
-from ..run import fs, locks, output, reading
+from ..base import fs, reading
+from ..run import locks, output
 
 __all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program']
 
@@ -776,7 +777,7 @@ def _sh_quote(s):
 
 
 if __name__ == '__main__':
-    # python -m gluon_multigpu.study.cluster: remove the clusters of processes that died unclosed
+    # python -m gluon_multigpu.multihost.cluster: remove the clusters of processes that died unclosed
     ok, why = available()
     if not ok:
         sys.exit(f'cluster: {why}')

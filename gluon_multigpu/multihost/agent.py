@@ -2,7 +2,7 @@
 
 ``launch`` starts every role of a parameter-server job (scheduler, servers,
 workers) through an agent, on this machine or over ssh, as
-``python -m gluon_multigpu.run.agent [options] -- COMMAND``. The agent
+``python -m gluon_multigpu.multihost.agent [options] -- COMMAND``. The agent
 
 - runs COMMAND in a session of its own (``setsid``), set to die with the agent, and is
   the subreaper of its descendants (``PR_SET_CHILD_SUBREAPER``): a daemon that leaves
@@ -45,10 +45,8 @@ import sys
 import threading
 import time
 
-#: What begins a control line on the agent's output (ASCII record separator).
-CONTROL = '\x1egm '
-#: The variable through which a worker finds its control pipes: ``"READ_FD,WRITE_FD"``.
-CONTROL_VARIABLE = 'GLUON_MULTIGPU_CONTROL'
+from ..base.protocol import CONTROL, CONTROL_VARIABLE
+
 #: Exit status when the launcher was gone and the agent ended the command.
 LAUNCHER_GONE = 124
 #: The longest line of the command's output relayed whole; the rest is cut, with a marker.
@@ -303,7 +301,7 @@ class Agent:
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog='python -m gluon_multigpu.run.agent',
+    p = argparse.ArgumentParser(prog='python -m gluon_multigpu.multihost.agent',
                                 description=__doc__.splitlines()[0])
     p.add_argument('--heartbeat', type=float, default=2.0)
     p.add_argument('--timeout', type=float, default=15.0)

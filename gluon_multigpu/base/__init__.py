@@ -1,0 +1,9 @@
+"""The ground floor: what every other group may use, and nothing above it.
+
+``engine`` (MXNet's engine settings, set before MXNet loads), ``fs`` (every
+call that changes a file), ``reading`` (bounded reads of regular files),
+``atomic`` (a file replaced whole), ``paths`` (where an output is written),
+``signals`` (the rules of a stop request), ``units`` (durations and sizes in
+words), ``protocol`` (the names a launched job's processes share). None of
+them loads MXNet.
+"""

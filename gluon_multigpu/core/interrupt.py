@@ -1,0 +1,179 @@
+"""Ctrl-C in a notebook or a Python session: the hook ``train`` adds unless the caller's handles signals."""
+import signal
+import socket
+import threading
+import time
+
+from ..base import signals
+from .hooks import Hook
+
+__all__ = ['Interruptible']
+
+
+class Interruptible(Hook):
+    """Ctrl-C (SIGINT) stops ``train`` after the current step, and never ends the process.
+
+    What ``train`` and ``Training`` add unless a hook of the caller handles
+    signals (the scripts bring ``StopRequest``): in a notebook, a Python
+    session or a program of your own. During each ``fit`` the first SIGINT
+    (Ctrl-C, a notebook's stop button, ``kill -INT``) is acknowledged with
+    one line and asks the loop to stop after the step in progress; it then
+    raises ``Interrupted`` (or, in the epoch's last step or evaluation, stops
+    at that epoch's end), and ``fit()`` goes on from there. Further SIGINTs
+    neither end the process nor raise ``KeyboardInterrupt`` in the middle of a
+    step: they say that the run is still stopping (at most once a second); one
+    within ``SAME_REQUEST`` seconds of the first is the same request also
+    after ``fit`` has raised (the handler stays until then).
+
+    The acknowledgement comes at once, even while the main thread waits
+    inside MXNet for a long step: a thread reads the signal wake-up file
+    descriptor (as ``StopRequest`` does; only SIGINT's bytes count), where no
+    one else uses it (an event loop's stays theirs: the handler then speaks,
+    once the step returns to Python). The handler is installed in ``enter``
+    and the one before it (in a Jupyter kernel, the kernel's own, which raises
+    ``KeyboardInterrupt`` in the cell) comes back in ``leave``, also when
+    ``fit`` raises. It replaces only the handler that interrupts Python
+    (``KeyboardInterrupt``: Python's own, or a Jupyter kernel's): a program
+    that handles SIGINT itself (the scripts: their handlers unwind and clean
+    up), ignores it (started in the background with it ignored) or handles it
+    outside Python keeps its way. Nothing is installed outside the main
+    thread (signals reach only it).
+
+    Parameters
+    ----------
+    say : callable
+        Takes one line of text (``print``: in a notebook it shows in the cell).
+
+    Attributes
+    ----------
+    signum : int or None
+        The first SIGINT of the current ``fit`` (None: none came).
+    requests : int
+        The SIGINTs the handler has received during the current ``fit``.
+    """
+
+    handles_signals = True
+
+    #: Seconds between two "still stopping" lines, however often Ctrl-C is pressed.
+    REPEAT_EVERY = 1.0
+
+    def __init__(self, say=print):
+        self.say = say
+        self.signum, self.requests = None, 0
+        self._previous, self._installed, self._said, self._pending = None, False, None, []
+        self._sockets = self._thread = None
+        self._heard, self._first_at = 0, None
+
+    def _handle(self, signum, frame):  # pylint: disable=unused-argument
+        # Runs in the main thread between two bytecodes, possibly in the middle of a step:
+        # it only notes the request (and says so without a watcher); it must never raise there.
+        self.requests += 1
+        if self.signum is None:
+            self.signum = signum
+            self._first_at = self._first_at or time.monotonic()
+        if self._thread is None:
+            self._acknowledge(self.requests)
+
+    def _acknowledge(self, count):
+        """Say that the ``count``-th SIGINT of this fit came."""
+        if count == 1:
+            self._tell('interrupted: stopping after the current step (the run is kept: fit() '
+                       'goes on from there)')
+        elif self._said is None or time.monotonic() - self._said >= self.REPEAT_EVERY:
+            self._said = time.monotonic()
+            self._tell('interrupted again: still stopping after the current step (the run and '
+                       'the process are kept)')
+
+    def _tell(self, line):
+        try:
+            self.say(line)
+        except Exception:  # pylint: disable=broad-except
+            # e.g. print interrupted inside print: a reentrant write; said at the next step.
+            self._pending.append(line)
+
+    def _flush(self):
+        while self._pending:
+            try:
+                self.say(self._pending[0])
+            except Exception:  # pylint: disable=broad-except
+                return
+            self._pending.pop(0)
+
+    def _watch(self, reader):
+        """Acknowledge each SIGINT as it arrives, while the main thread waits inside MXNet."""
+        while True:
+            try:
+                data = reader.recv(16)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum == signal.SIGINT:  # a byte of another signal with a Python handler
+                    self._heard += 1       # (SIGCHLD, SIGWINCH, ...) is no request
+                    self._first_at = self._first_at or time.monotonic()
+                    self._acknowledge(self._heard)
+
+    def _start_watching(self):
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            before = None
+        if before != -1:  # taken (an event loop's): theirs stays, the handler speaks
+            if before is not None:
+                signal.set_wakeup_fd(before)
+            reader.close()
+            writer.close()
+            return
+        self._sockets, self._heard = (reader, writer), 0
+        self._thread = threading.Thread(target=self._watch, args=(reader,),
+                                        name='interruptible', daemon=True)
+        self._thread.start()
+
+    def _stop_watching(self):
+        if self._thread is None:
+            return
+        reader, writer = self._sockets
+        now = signal.set_wakeup_fd(-1)
+        if now != writer.fileno():  # someone set theirs during the fit: it stays
+            signal.set_wakeup_fd(now)
+        writer.close()  # the watcher reads what is left, then sees the end
+        self._thread.join(timeout=5)
+        reader.close()
+        self._sockets = self._thread = None
+
+    def enter(self, run):
+        self.signum, self.requests, self._said, self._pending = None, 0, None, []
+        self._first_at = None
+        if self._installed or threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        if not signals.interrupts_python(previous):
+            return  # a program's own handler, ignored, or outside Python: left as it is
+        signal.signal(signal.SIGINT, self._handle)
+        self._previous, self._installed = previous, True
+        self._start_watching()
+
+    def leave(self, run):
+        if self._installed:
+            self._installed = False
+            try:
+                signals.wait_out(self._first_at)  # a repeat of this SIGINT still finds the handler
+                self._stop_watching()
+            finally:
+                signal.signal(signal.SIGINT, self._previous)
+                self._previous = None
+        self._flush()
+        epochs = run.result.epochs if run.result is not None else []
+        if self.signum is not None and epochs and epochs[-1].epoch >= run.num_epochs:
+            signals.quietly(self.say, 'the interrupt came after the last step: the fit is complete')
+
+    def step_end(self, run, step, samples, timer):
+        if self._pending:
+            self._flush()
+        return self.signum is not None
+
+    def epoch_end(self, run, record):
+        return self.signum is not None
