@@ -22,7 +22,7 @@ The modules are grouped by what they are for:
   (uneven splits), ``precision`` (float16), ``sync_bn`` (synchronised
   BatchNorm), ``distributed`` (the parameter server);
 - ``run``, what a long run needs: ``engine`` (MXNet's engine settings),
-  ``checkpoint`` (with ``manifest`` and ``states``), ``stopping``
+  ``checkpoint`` (with ``checkpoint_store``, ``manifest``, ``states``), ``stopping``
   (signals, stalls), ``progress``, ``files`` (atomic writes, output checks);
 - ``study``, measuring and comparing: ``measure``, ``scaling``,
   ``scaling_report``, ``compare`` (kvstores side by side), ``charts``,
@@ -55,6 +55,7 @@ MODULES = {
     'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
     'progress': 'run', 'files': 'run', 'sweep': 'run', 'output': 'run',
     'locks': 'run', 'targets': 'run', 'savefolder': 'run', 'budget': 'run',
+    'checkpoint_store': 'run',
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
     'charts': 'study', 'kvstore_report': 'study',
     'agent': 'multihost', 'cluster': 'multihost', 'network': 'multihost', 'failover': 'multihost',

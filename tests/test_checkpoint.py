@@ -292,7 +292,7 @@ def test_a_crash_during_a_save_leaves_the_last_complete_checkpoint(tmp_path, mon
                 raise Boom()
         monkeypatch.setattr(fs, 'hook', hook)
     else:
-        owner = net if stage == 'params' else gm.checkpoint
+        owner = net if stage == 'params' else gm.checkpoint_store
         method = 'save_parameters' if stage == 'params' else 'save_trainer_states'
         real = getattr(owner, method)
 

@@ -1,44 +1,22 @@
 """Checkpoints that survive a crash at any moment: a hook of ``train`` that saves and resumes.
 
-A checkpoint directory holds at most one complete checkpoint, described by
-``manifest.json``: the parameters (``save_parameters``), the Trainer's
-optimizer state (``save_states``), the epochs done, the batches done in the
-next epoch when it was stopped part-way (with that part's running totals),
-the data order's seed, the history so far, and the settings of the run.
+``Checkpointer`` is the hook: it saves a run after every epoch and when it is
+stopped, and resumes it. What a checkpoint holds and how a save replaces it
+so that a crash, SIGKILL or full disk leaves the last complete one intact is
+``checkpoint_store``'s (``CheckpointStore``, which it extends); this module
+says whether a run may use a directory, and locks it while it does.
 
-A save writes its files into a private folder it makes in the directory
-(``savefolder``: an unpredictable name, mode 0700, marked as the package's by
-a marker file written first), fsyncs them, records there the names and hashes
-it is about to place, renames them into the directory, and renames the
-manifest in last, naming its files by content hash: until the new manifest
-has been renamed into place, the old one still describes files that are all
-still there. A crash, SIGKILL or full disk at any moment therefore leaves the
-last complete checkpoint intact; a failed save removes what it had placed.
-Every change to the directory goes through ``fs`` (MXNet's own writes are
-announced there), so that a fault can be put into each of them in tests.
-
-Nothing is written through a link, nothing outside the directory is touched,
-and nothing in it is removed but what this package owns: the files of the
-checkpoint being replaced (named in its manifest), and what a killed save
-left (its private folder, recognised by its marker, never by its name alone,
-and files it had placed, recognised by the names and hashes it recorded).
-Any other ``ckpt-NNNNNN.params`` or ``.states`` is someone else's: a run
-refuses to start beside it rather than delete it. Nor does a run write over
-another run's checkpoint: a Checkpointer without ``resume`` refuses a
-directory that holds a checkpoint, and with it one of other settings, before
-it writes anything (``check_directory``, or its first ``begin`` or ``save``).
-A lock (``flock`` on ``.lock``) held while a run uses the directory refuses a
-second run; the operating system drops it when the process ends, however it
-ends, so a ``.lock`` left by a killed run is simply taken over.
-
-The optimizer state is an array file (``states``), not MXNet's pickle:
-loading a checkpoint runs no code, whoever wrote it. A checkpoint from
-elsewhere can still hold any weights it likes, and its hashes only say that
-its files are the ones its manifest names, not who wrote them.
+Nothing in the directory is removed but what this package owns (see
+``checkpoint_store``). Any other ``ckpt-NNNNNN.params`` or ``.states`` is
+someone else's: a run refuses to start beside it rather than delete it. Nor
+does a run write over another run's checkpoint: a Checkpointer without
+``resume`` refuses a directory that holds a checkpoint, and with it one of
+other settings, before it writes anything (``check_directory``, or its first
+``begin`` or ``save``). A lock (``flock`` on ``.lock``) held while a run uses
+the directory refuses a second run; the operating system drops it when the
+process ends, however it ends, so a ``.lock`` left by a killed run is simply
+taken over. ``recover`` removes what killed saves left, as the next run would.
 """
-import datetime
-import errno
-import json
 import os
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -47,107 +25,17 @@ import mxnet as mx
 from ..errors import CheckpointError, GluonMultiGPUError
 from ..base import fs
 from . import savefolder
-from .savefolder import is_regular as _is_regular, open_regular as _open_regular, \
-    sha256 as _sha256
+from .checkpoint_store import MANIFEST, CheckpointState, CheckpointStore
 from .files import CHECKPOINT_FILE, check_output_dir
 from .locks import Lock
-from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
-from .states import load_trainer_states, save_trainer_states
+from .manifest import FORMAT
 from ..core.data import DATASETS, ArrayLoader
-from ..core.results import EpochRecord, EpochTotals
 from ..core.training import Hook
 
 __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT',
            'run_config', 'for_run', 'check_resumable', 'recover']
 
-MANIFEST = 'manifest.json'
 LOCK = '.lock'
-
-
-def _remove(path):
-    try:
-        fs.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _write_params(net):
-    def write(path):
-        fs.external(path)  # MXNet writes the file itself
-        net.save_parameters(path)
-    return write
-
-
-def _create_empty(path):
-    os.close(fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
-
-
-def _states_writer(trainer):
-    """How to write ``trainer``'s optimizer state to a path (``states.save_trainer_states``).
-
-    A parameter server keeps the optimizer on its servers, where a worker
-    cannot save it; the package's plain SGD has no state to keep, so such a
-    checkpoint holds an empty states file (and resuming loads none).
-    """
-    if getattr(trainer, '_distributed', False) and getattr(trainer, '_update_on_kvstore', False):
-        if trainer._optimizer.__class__.__name__ != 'SGD' or \
-                getattr(trainer._optimizer, 'momentum', 0):
-            raise CheckpointError('a parameter server keeps this optimizer\'s state on its '
-                                  'servers, where a checkpoint cannot reach it')
-        return _create_empty
-
-    def write(path):
-        fs.external(path)  # MXNet's array file (``mx.nd.save``)
-        save_trainer_states(trainer, path)
-    return write
-
-
-class CheckpointState:
-    """A loaded checkpoint: what ``train`` needs to continue a run.
-
-    Attributes
-    ----------
-    epoch : int
-        Epochs completed.
-    partial : EpochTotals or None
-        When stopped inside epoch ``epoch + 1``: its batches done and running totals.
-    history : list of EpochRecord
-    manifest : dict
-        The manifest as read.
-    """
-
-    def __init__(self, directory, manifest):
-        self.directory, self.manifest = directory, manifest
-        self.epoch = manifest['epoch']
-        self.partial = EpochTotals(**manifest['partial']) if manifest['partial'] else None
-        self.history = [EpochRecord(**e) for e in manifest['history']]
-
-    def restore(self, net, trainer, devices):
-        """Load the parameters onto every device of ``devices``, then the Trainer's state.
-
-        The parameters go first: a kvstore that updates on the store copies
-        the weights when the Trainer first touches it.
-        """
-        files = self.manifest['files']
-        params, states = (files[role]['name'] for role in ('params', 'states'))
-        try:
-            net.load_parameters(os.path.join(self.directory, params), ctx=devices)
-        except mx.base.MXNetError:
-            raise _damaged(self.directory, f'{params} does not load into this network') from None
-        except (AssertionError, ValueError, KeyError, IndexError) as e:  # Gluon's checks
-            raise _damaged(self.directory, f'{params} does not load into this network '
-                           f'({str(e).strip()[:200]})') from None
-        if files['states']['bytes']:  # empty: the servers of a parameter server held it
-            try:
-                load_trainer_states(trainer, os.path.join(self.directory, states))
-            except CheckpointError as e:
-                raise _damaged(self.directory, f'{states} is not an optimizer state of this '
-                               f'network: {e}') from None
-
-
-def _damaged(directory, why):
-    return CheckpointError(f'the checkpoint in {directory} is damaged: {why}; remove it or '
-                           'choose another `checkpoint_dir`')
 
 
 def run_config(model, dataset, batch_size, lr, seed=0, num_train=None, num_test=None, *,
@@ -217,7 +105,7 @@ def check_resumable(data):
                           'without a Checkpointer')
 
 
-class Checkpointer(Hook):
+class Checkpointer(CheckpointStore, Hook):
     """Save a run after every epoch and when it is stopped; resume it (a ``train`` hook).
 
     A resumed run replays the order of the training batches, so the data
@@ -239,31 +127,10 @@ class Checkpointer(Hook):
     """
 
     def __init__(self, directory, config, resume=False):
-        self.directory = os.path.abspath(directory)
-        self.config, self.resume = dict(config), resume
-        self._sequence = 0
-        self._loaded = None  # (manifest stat, state): the checks and hashes are done once
+        super().__init__(directory, config)
+        self.resume = resume
         self._lock, self._made = None, False
         self._claimed = False  # checked that this run may write here (``_claim``)
-
-    @property
-    def manifest_path(self):
-        return os.path.join(self.directory, MANIFEST)
-
-    def exists(self):
-        """Whether the directory holds a manifest (complete or not; or something in its place)."""
-        return os.path.lexists(self.manifest_path)
-
-    def describe(self):
-        """A few words on the checkpoint in the directory, for messages."""
-        try:
-            state = self.load(check_config=False)
-        except CheckpointError:
-            return f'damaged, in {self.directory}'
-        where = f'epoch {state.epoch}'
-        if state.partial:
-            where = f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}'
-        return f'{where}, in {self.directory}'
 
     # -- the directory: checked, locked, released -----------------------------------------
 
@@ -307,6 +174,23 @@ class Checkpointer(Hook):
         state = self.load()  # refuses a damaged checkpoint or one of another run
         self._check_foreign(entry['name'] for entry in state.manifest['files'].values())
         return state
+
+    def _foreign(self, named):
+        """The files here with a checkpoint's name that neither ``named`` nor a killed save owns."""
+        try:
+            candidates = {n for n in os.listdir(self.directory) if CHECKPOINT_FILE.fullmatch(n)}
+        except FileNotFoundError:
+            return []
+        named = set(named)
+        return sorted(candidates - named - savefolder.leftovers(self.directory, named)[1])
+
+    def _check_foreign(self, named):
+        foreign = self._foreign(named)
+        if foreign:
+            more = f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''
+            raise CheckpointError(f'{self.directory} holds {foreign[0]}{more}, which no '
+                                  'checkpoint of this package there names (a file of your own?); '
+                                  'move it away or choose another `checkpoint_dir`')
 
     def _claim(self, state=False):
         """Check (``_check_run``, unless its ``state`` is given), then remove what killed saves
@@ -372,134 +256,6 @@ class Checkpointer(Hook):
                 pass  # something was put there meanwhile: keep it
         return False
 
-    # -- reading --------------------------------------------------------------------------
-
-    def _damaged(self, why):
-        return _damaged(self.directory, why)
-
-    def _read_manifest(self):
-        try:
-            with _open_regular(self.manifest_path) as f:
-                manifest = read_manifest(f)
-        except OSError as e:
-            why = 'is a symbolic link' if os.path.islink(self.manifest_path) else \
-                'is not a regular file' if os.path.lexists(self.manifest_path) and \
-                not os.path.isfile(self.manifest_path) else f'cannot be read ({e.strerror})'
-            raise self._damaged(f'{MANIFEST} {why}') from None
-        except CheckpointError as e:
-            raise self._damaged(f'cannot read {MANIFEST} ({e})') from None
-        try:
-            validate_manifest(manifest)
-        except CheckpointError as e:
-            raise self._damaged(f'{MANIFEST}: {e}') from None
-        return manifest
-
-    def load(self, check_config=True):
-        """Return the ``CheckpointState`` in the directory, or None if it holds none.
-
-        Raises ``CheckpointError`` for a damaged checkpoint (a bad manifest, a
-        file missing or not what the manifest's hash says) or, with
-        ``check_config``, one of a run with other settings.
-        """
-        if not self.exists():
-            return None
-        info = os.lstat(self.manifest_path)
-        stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
-        if self._loaded is None or self._loaded[0] != stamp:
-            manifest = self._read_manifest()
-            for role, entry in manifest['files'].items():
-                path = os.path.join(self.directory, entry['name'])
-                if not os.path.lexists(path):
-                    raise self._damaged(f'its {role} file {entry["name"]} is missing')
-                if not _is_regular(path):
-                    raise self._damaged(f'its {role} file {entry["name"]} is not a regular file '
-                                        '(a link or a directory)')
-                if os.path.getsize(path) != entry['bytes'] or _sha256(path) != entry['sha256']:
-                    raise self._damaged(f'{entry["name"]} does not match its recorded hash')
-            self._loaded = (stamp, CheckpointState(self.directory, manifest))
-        state = self._loaded[1]
-        if check_config:
-            saved = state.manifest['config']
-            # Settings that only some runs record (workers, sync_bn, dtype) count when absent too.
-            differ = [f'{k} {saved.get(k)!r} (now {self.config.get(k)!r})'
-                      for k in sorted(set(self.config) | set(saved))
-                      if saved.get(k) != self.config.get(k)]
-            if differ:
-                raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
-                                      f'{", ".join(differ)}; use the same settings, choose '
-                                      'another `checkpoint_dir`, or remove it')
-        self._sequence = state.manifest['sequence']
-        return state
-
-    # -- writing --------------------------------------------------------------------------
-
-    def _foreign(self, named):
-        """The files here with a checkpoint's name that neither ``named`` nor a killed save owns."""
-        try:
-            candidates = {n for n in os.listdir(self.directory) if CHECKPOINT_FILE.fullmatch(n)}
-        except FileNotFoundError:
-            return []
-        named = set(named)
-        return sorted(candidates - named - savefolder.leftovers(self.directory, named)[1])
-
-    def _check_foreign(self, named):
-        foreign = self._foreign(named)
-        if foreign:
-            more = f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''
-            raise CheckpointError(f'{self.directory} holds {foreign[0]}{more}, which no '
-                                  'checkpoint of this package there names (a file of your own?); '
-                                  'move it away or choose another `checkpoint_dir`')
-
-    def _place(self, work, stem, net, trainer, replaced, placed):
-        """Write the params and states in ``work``, record them, move them in, adding each to
-        ``placed`` as it is moved.
-
-        The record also names the ``replaced`` checkpoint's files: killed after
-        the new manifest is in place, this save leaves them for the next to remove.
-        """
-        entries = {}
-        for role, write in (('params', _write_params(net)), ('states', _states_writer(trainer))):
-            tmp = os.path.join(work, role)
-            try:
-                write(tmp)
-            except mx.base.MXNetError as e:  # MXNet's file stream: no errno, say what it is
-                raise OSError(errno.EIO, 'the write stopped short (disk full or file size limit?)',
-                              os.path.join(self.directory, f'{stem}.{role}')) from e
-            savefolder.fsync(tmp)
-            entries[role] = {'name': f'{stem}.{role}', 'bytes': os.path.getsize(tmp),
-                             'sha256': _sha256(tmp)}
-        savefolder.write_file(os.path.join(work, savefolder.PLACED), json.dumps(
-            {'placed': entries, 'replaced': replaced}).encode())
-        savefolder.fsync(work)
-        for role, entry in entries.items():
-            final = os.path.join(self.directory, entry['name'])
-            if os.path.lexists(final):  # put there during the run: not ours to replace
-                raise CheckpointError(f'{final} appeared in the checkpoint directory during the '
-                                      'run; move it away and resume')
-            fs.replace(os.path.join(work, role), final)
-            placed[role] = entry
-        return entries
-
-    def _manifest(self, epoch, partial, history, files):
-        return {
-            'format': FORMAT, 'sequence': self._sequence,
-            'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'epoch': epoch, 'partial': partial._asdict() if partial is not None else None,
-            'history': [vars(r) for r in history], 'config': self.config, 'files': files,
-            'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
-        }
-
-    def _make_directory(self):
-        """Make the directory if missing (its parent must exist)."""
-        if not os.path.isdir(self.directory):
-            try:
-                fs.mkdir(self.directory)
-            except FileExistsError:
-                pass
-            except FileNotFoundError:
-                raise CheckpointError(f'checkpoint directory {self.directory}: directory '
-                                      f'{os.path.dirname(self.directory)} does not exist; '
-                                      'create it first') from None
 
     def save(self, net, trainer, history, epoch, partial=None):
         """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next).
@@ -509,88 +265,11 @@ class Checkpointer(Hook):
         checkpoint is refused before anything is written. A save that fails
         raises, having removed what it placed (or left it recognisably the
         package's, for the next save to remove): the last complete checkpoint
-        stays as it was, unless the new one is complete.
+        stays as it was, unless the new one is complete (``CheckpointStore.save``).
         """
         if not self._claimed:
             self._claim()
-        self._make_directory()
-        try:
-            old = self._read_manifest()['files'] if self.exists() else {}
-        except CheckpointError:
-            old = {}
-        replaced = {e['name'] for e in old.values()}
-        self._clean(set(), keep=replaced)  # what killed saves left, before placing new files
-        self._sequence = self._sequence % MAX_SEQUENCE + 1  # the names need only be new
-        work = savefolder.make(self.directory)
-        placed, staged, made = {}, os.path.join(work, MANIFEST), None
-        try:
-            files = self._place(work, f'ckpt-{self._sequence:06d}', net, trainer, old, placed)
-            text = json.dumps(self._manifest(epoch, partial, history, files), indent=2) + '\n'
-            savefolder.write_file(staged, text.encode())
-            made = os.lstat(staged).st_ino
-            fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here
-        except BaseException:
-            if not self._committed(made):
-                self._undo(work, placed)
-            raise
-        new = {entry['name'] for entry in files.values()}
-        try:
-            savefolder.fsync(self.directory)
-        except OSError:  # the new checkpoint is in place: leave no old files beside it either
-            self._finish(replaced - new, new)
-            raise
-        self._finish(replaced - new, new)
-
-    def _finish(self, replaced, keep):
-        """After the new manifest is in place: remove the ``replaced`` files and the save's folder.
-
-        When a removal fails, the removals are tried once more, through the save's record (its
-        folder goes last, so the record is still there), and the first error is raised all the
-        same (the new checkpoint is complete; the disk said no). What a second failure leaves
-        stays recognisable for the next save or ``recover`` to remove.
-        """
-        try:
-            self._clean(replaced, keep)
-        except OSError:
-            try:
-                self._clean(set(), keep)
-            except OSError:
-                pass  # the first error is the one to raise
-            raise
-
-    def _committed(self, made):
-        """Whether the manifest in place is the one a save staged (inode ``made``, or None)."""
-        try:
-            return made is not None and os.lstat(self.manifest_path).st_ino == made
-        except OSError:
-            return False
-
-    def _undo(self, work, placed):
-        """Remove what a failed save placed, then its folder; what cannot be removed stays
-        recognisable (the record in ``work`` names it) for the next save to remove."""
-        try:
-            for entry in placed.values():  # placed, but no manifest names them
-                _remove(os.path.join(self.directory, entry['name']))
-            savefolder.remove(work)
-        except OSError:
-            pass  # the save's own error is the one to raise
-
-    def _clean(self, replaced, keep):
-        """Remove ``replaced`` and what killed saves left, never ``keep``; nothing else; return
-        the names removed.
-
-        The files go first, then the folders: a folder's record names its files.
-        """
-        folders, placed = savefolder.leftovers(self.directory, keep)
-        removed = []
-        for name in sorted((replaced | placed) - set(keep)):
-            if _is_regular(os.path.join(self.directory, name)):
-                _remove(os.path.join(self.directory, name))
-                removed.append(name)
-        for folder in folders:
-            savefolder.remove(folder)
-            removed.append(os.path.basename(folder))
-        return removed
+        super().save(net, trainer, history, epoch, partial)
 
     # -- as a hook of train ----------------------------------------------------------------
 
