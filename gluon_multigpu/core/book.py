@@ -76,6 +76,23 @@ class _UntilStopped:
             yield batch
 
 
+def _check_epoch(net, epoch, lr, batches):
+    """After an epoch's steps, the timer stopped: raise ``Interrupted`` if ``stop`` ended the
+    epoch part-way (``batches`` an ``_UntilStopped``), ``TrainingDiverged`` if a parameter is no
+    longer finite (one read-back)."""
+    if isinstance(batches, _UntilStopped) and batches.stopped:
+        raise Interrupted(epoch + 1, batches.count)
+    check_finite_params(net, f' in epoch {epoch + 1}; lower the learning rate (it is {lr})')
+
+
+def _record(result, record, on_epoch):
+    """Keep an epoch's ``record`` in ``result`` and hand it to ``on_epoch``: the package's
+    stand-in for the text's plot of the test accuracy."""
+    result.epochs.append(record)
+    if on_epoch is not None:
+        on_epoch(record)
+
+
 def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',
                batch_size=None, seed=None, initializer=None, on_epoch=None, stop=None):
     """Train with the text's loop; return a ``TrainResult`` like ``train``.
@@ -127,15 +144,11 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
         samples = train_epoch_book(net, batches, loss, trainer, devices, batch_size)
         npx.waitall()
         timer.stop()
-        if stop is not None and batches.stopped:
-            raise Interrupted(epoch + 1, batches.count)
-        check_finite_params(net, f' in epoch {epoch + 1}; lower the learning rate (it is {lr})')
+        _check_epoch(net, epoch, lr, batches)  # stopped part-way? diverged?
         tic = Timer()
         test_acc = evaluate_accuracy_book(net, test_iter)
-        result.epochs.append(EpochRecord(epoch + 1, None, None, test_acc, timer.times[-1],
-                                         tic.stop(), samples))
-        if on_epoch is not None:
-            on_epoch(result.epochs[-1])
+        _record(result, EpochRecord(epoch + 1, None, None, test_acc, timer.times[-1],
+                                    tic.stop(), samples), on_epoch)  # in place of the plot
         if stop is not None and stop() and epoch + 1 < num_epochs:
             raise Interrupted(epoch + 1, batches.count, epoch_done=True)
     return result

@@ -250,27 +250,25 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
           seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
-    Every setting not given comes from the network's recipe (``recipes``):
-    the networks of the package carry the measured ones, any other network
-    gets the book's. Features plug in as hooks, not parameters: an uneven
-    split (``balance.Split``, ``balance.AutoSplit``), float16
+    Every setting not given comes from the network's recipe (``recipes``: measured
+    ones for the package's networks, the book's for any other). Features plug in as
+    hooks: an uneven split (``balance.Split``, ``balance.AutoSplit``), float16
     (``precision.MixedPrecision``), a parameter-server worker's step
-    (``distributed.StepScale``), checkpoints (``checkpoint.Checkpointer``).
-    Synchronised BatchNorm is part of the network (``sync_bn.sync_batch_norm``).
+    (``distributed.StepScale``), checkpoints (``checkpoint.Checkpointer``);
+    synchronised BatchNorm is part of the network (``sync_bn.sync_batch_norm``).
 
     Parameters
     ----------
     net : Block
         A network; it is (re-)initialised on ``devices``.
     train_iter, test_iter : iterable of (X, y)
-        Batches; any iterable (the package's loaders, a Gluon ``DataLoader``, a list).
-        Each batch is a pair; labels outside the network's classes and inputs
-        it cannot take are refused in one line (``checks.BatchCheck``).
-        ``test_iter`` None: no evaluation (``test_acc`` None), as on the workers
-        of a parameter server other than the first.
+        Batches; any iterable of pairs (the package's loaders, a Gluon
+        ``DataLoader``, a list); labels outside the network's classes and inputs
+        it cannot take are refused in one line (``checks.BatchCheck``). ``test_iter``
+        None: no evaluation (``test_acc`` None), as on a parameter server's workers
+        but the first.
     devices : list of Context
-        E.g. ``[mx.gpu(0), mx.gpu(1)]`` or ``cpu_devices(2)``: distinct
-        devices that exist (else a one-line ``DeviceError``).
+        Distinct devices that exist (``try_all_gpus()``, ``cpu_devices(2)``), else ``DeviceError``.
     num_epochs : int
     lr : float, optional
         SGD learning rate, positive and within float32's range (NumPy scalars
@@ -278,11 +276,9 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
     kvstore : {'local', 'device', 'nccl', 'none', None}
         Gradient-synchronisation back end of the Trainer (see ``kvstores.make_trainer``).
     seed : int or None
-        Seeds MXNet's generators before initialisation, for identical initial
-        weights (None: not seeded).
+        Seeds MXNet's generators before initialisation, for identical weights (None: not).
     initializer : Initializer, optional
-        None: the recipe's (``Uniform(0.07)`` for the simple CNN, the book's
-        ``Normal(0.01)`` otherwise).
+        None: the recipe's (``Uniform(0.07)`` for the simple CNN, else the book's ``Normal(0.01)``).
     hybrid : bool
         Hybridize the network (see ``hybridize``): the fast path, same arithmetic.
     max_in_flight : int, optional
@@ -290,29 +286,26 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
         the recipe's (1 for the package's networks), 0: unbounded (the book's loop).
     hooks : list of Hook
         Features, checkpoints, stopping, progress, ... (see ``Hook``). Unless
-        one of them does it itself, ``train`` adds ``interrupt.Interruptible``
-        (Ctrl-C stops after the current step; a second never kills the
-        process) and ``live.Live`` (a display that updates in place in a
-        notebook).
+        one of them does it, ``train`` adds ``interrupt.Interruptible`` (Ctrl-C
+        stops after the current step; a second never kills the process) and
+        ``live.Live`` (a display updated in place in a notebook).
     on_epoch : callable, optional
         Called with each ``EpochRecord`` once the epoch is evaluated.
 
     Returns
     -------
     TrainResult
-        ``result.training`` is the ``Training``: ``result.training.fit(2)``
-        trains two more epochs. An interrupt raises ``Interrupted``, whose
-        ``training.fit()`` goes on.
+        ``result.training.fit(2)`` trains two more epochs. An interrupt
+        raises ``Interrupted``, whose ``training.fit()`` goes on.
 
-    ``train`` works from any thread: it turns MXNet's NumPy semantics on in
-    the thread that calls it, as the package's model builders do in the
-    thread that builds (MXNet keeps them per thread, and a layer takes them
-    when it is made). Outside the main thread no signal handler is installed.
+    It works from any thread: it turns MXNet's NumPy semantics on in the calling
+    thread, as the model builders do in theirs (MXNet keeps them per thread; a layer
+    takes them when made); outside the main thread no signal handler is installed.
     """
     num_epochs = check_epochs(num_epochs)  # before any work; Training checks the rest
-    return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed,
+    return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed, hooks=hooks,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
-                    hooks=hooks, on_epoch=on_epoch).fit(num_epochs)
+                    on_epoch=on_epoch).fit(num_epochs)
 
 
 def _leave_all(run, entered):
