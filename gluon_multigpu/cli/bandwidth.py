@@ -11,10 +11,17 @@ because its computation dwarfs its synchronisation; this prints that ratio.
 import os
 import sys
 
-import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
+# What loads MXNet (or matplotlib) is imported where it is first used: after the engine
+# settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
 from . import common
-from ..run import sweep as _sweep
 from .common import int_in, seed
+from ..core.devices import devices_for, resolve_counts
+from ..errors import GluonMultiGPUError
+from ..run import sweep as _sweep
+from ..run.files import write_csv, write_json
+from ..run.output import replace_together
+from ..run.targets import check_outputs, input_files
+from ..study.scaling import BANDWIDTH_COLUMNS
 
 EPILOG = """\
 figures (GB = 1e9 bytes):
@@ -68,12 +75,14 @@ BATCH_PER_DEVICE, QUICK_BATCH = 32, 8
 
 def build_parser():
     """Return the argument parser of this script."""
+    from ..core.kvstores import KVSTORES
+    from ..core.model import MODELS
     p = common.sweep_parser(__doc__, EPILOG, 2, 'counts 2 and 4', 'measure, each at least 2')
-    p.add_argument('--models', nargs='+', choices=list(gm.MODELS),
-                   default=list(gm.MODELS), metavar='MODEL',
+    p.add_argument('--models', nargs='+', choices=list(MODELS),
+                   default=list(MODELS), metavar='MODEL',
                    help='networks whose parameters are synchronised: '
-                   f'{", ".join(gm.MODELS)} (default: both)')
-    p.add_argument('--kvstores', nargs='+', choices=gm.KVSTORES, metavar='KV',
+                   f'{", ".join(MODELS)} (default: both)')
+    p.add_argument('--kvstores', nargs='+', choices=KVSTORES, metavar='KV',
                    help='local (sum on the CPU), device (sum on the devices), nccl (GPUs and an '
                    'MXNet build with NCCL) or none (the Trainer sums itself) (default: every one '
                    'this machine can use)')
@@ -109,11 +118,12 @@ def fit_batch(models, device_type, counts, batch, given, available, say):
     """
     if device_type != 'cpu':
         return batch
+    from ..study.measure import bandwidth_memory
     largest = max(counts)
 
     def need(b):
-        return max(gm.measure.bandwidth_memory(m, largest, b) for m in models)
-    model = max(models, key=lambda m: gm.measure.bandwidth_memory(m, largest, batch))
+        return max(bandwidth_memory(m, largest, b) for m in models)
+    model = max(models, key=lambda m: bandwidth_memory(m, largest, batch))
     return _sweep.fit_to_memory(
         batch, need, available, f'{model} on {largest} CPU contexts with a batch of {batch} per '
         'device', '--batch-per-device', 'free memory, or measure fewer --counts or --models',
@@ -138,18 +148,18 @@ def faster_advice(args, models, counts, batch, repeats):
 
 def make_sweep(args, device_type, counts, kvstores, batch, repeats, say):
     """The run's units, one per (model, count), kept in --results."""
+    from ..study.measure import MODEL_COST
     units = [_sweep.Unit(f'{model}/{n}', f'{model} on {n} {device_type} devices: compute of '
                            f'{batch} per device, then one synchronisation per kvstore '
                            f'({", ".join(kvstores)}), {repeats} repeats each',
-                           gm.measure.MODEL_COST[model] * n * batch * (repeats + 1))
+                           MODEL_COST[model] * n * batch * (repeats + 1))
              for model in args.models for n in counts]
     config = {'device_type': device_type, 'counts': counts, 'kvstores': kvstores,
               'models': args.models, 'batch_per_device': batch, 'repeats': repeats,
               'seed': args.seed}
     return _sweep.Sweep(args.results or RESULTS, 'bandwidth', config, units, say,
                           resume=args.resume, overwrite=args.overwrite,
-                          check=lambda unit, rows: _sweep.rows_ok(
-                              rows, gm.scaling.BANDWIDTH_COLUMNS),
+                          check=lambda unit, rows: _sweep.rows_ok(rows, BANDWIDTH_COLUMNS),
                           advice=faster_advice(args, args.models, counts, batch, repeats))
 
 
@@ -160,37 +170,40 @@ def say(line):
 
 def print_table(rows, out):
     """The table and the summary of ``rows``."""
-    print(gm.scaling_report.bandwidth_table(rows), file=out)
-    print('', *gm.scaling_report.bandwidth_summary(rows), sep='\n', file=out, flush=True)
+    from ..study.scaling_report import bandwidth_summary, bandwidth_table
+    print(bandwidth_table(rows), file=out)
+    print('', *bandwidth_summary(rows), sep='\n', file=out, flush=True)
 
 
 def run(args, out=None, stop=None):
     """Check the input, measure (each measurement kept in --results), print the table, write
     the files; return the rows. ``stop`` (a ``StopRequest``) is asked between repeats."""
+    from ..core.data import read_split
+    from ..core.kvstores import check_kvstore
+    from ..study import measure as measuring
     out = out or sys.stdout
     results = args.results or RESULTS
-    gm.files.check_outputs(files=[('--csv', args.csv), ('--json', args.json),
-                                  ('--results', results)],
-                           inputs=gm.files.input_files('fashion-mnist', args.data_dir))
-    device_type, counts, note = gm.devices.resolve_counts(
+    check_outputs(files=[('--csv', args.csv), ('--json', args.json), ('--results', results)],
+                  inputs=input_files('fashion-mnist', args.data_dir))
+    device_type, counts, note = resolve_counts(
         args.num_gpus, args.cpu_devices, args.counts, minimum=2, cpu_default=(2, 4))
-    kvstores = list(dict.fromkeys(args.kvstores or gm.measure.usable_kvstores(device_type)))
+    kvstores = list(dict.fromkeys(args.kvstores or measuring.usable_kvstores(device_type)))
     for kvstore in kvstores:
-        gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
+        check_kvstore(kvstore, devices_for(device_type, counts[0]))
     repeats = args.repeats or (2 if args.quick else 5)
     batch = fit_batch(args.models, device_type, counts,
                       args.batch_per_device or (QUICK_BATCH if args.quick else BATCH_PER_DEVICE),
                       args.batch_per_device is not None, common.available_memory(), say)
     root = common.data_root(args)
-    images, labels = gm.read_split(root, 'test', 'fashion-mnist')
+    images, labels = read_split(root, 'test', 'fashion-mnist')
     sweep = make_sweep(args, device_type, counts, kvstores, batch, repeats, say)  # locks --results
     if note:
-        say(gm.GluonMultiGPUError(note).describe(common.FLAGS))
+        say(GluonMultiGPUError(note).describe(common.FLAGS))
 
     def measure(unit):
         model, n = unit.key.split('/')
-        return gm.measure.measure_count(model, device_type, int(n), kvstores, batch, images,
-                                        labels, repeats, seed=args.seed, progress=say, stop=stop)
+        return measuring.measure_count(model, device_type, int(n), kvstores, batch, images,
+                                       labels, repeats, seed=args.seed, progress=say, stop=stop)
 
     def partial(results):
         print(common.partial_heading(sweep), file=out)
@@ -201,11 +214,11 @@ def run(args, out=None, stop=None):
     config = dict(sweep.config, engine=engine_description(device_type))
     def write():
         if args.csv:
-            gm.files.write_csv(args.csv, rows, gm.scaling.BANDWIDTH_COLUMNS)
+            write_csv(args.csv, rows, BANDWIDTH_COLUMNS)
         if args.json:
-            gm.write_json(args.json, {'config': config, 'rows': rows})
+            write_json(args.json, {'config': config, 'rows': rows})
     # both files or neither: a failure puts back what each held (removes what it made)
-    gm.output.replace_together([p for p in (args.csv, args.json) if p], write)
+    replace_together([p for p in (args.csv, args.json) if p], write)
     return rows
 
 

@@ -174,66 +174,88 @@ def median_of(runs, field):
     return statistics.median(values) if values else None
 
 
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+class _Medians:
+    """The medians of the measurements ``results`` that the aims compare, by what they measure."""
+
+    def __init__(self, results, target_batch):
+        self.results, self.batch = results, target_batch
+
+    def __call__(self, key, field='images_per_sec'):
+        return median_of(self.results.get(key, []), field)
+
+    def ours(self, model, devices=2, field='images_per_sec'):
+        return self(f'train/{model}/{devices}/device/{self.batch}/ours', field)
+
+    def pytorch(self, model, field='images_per_sec'):
+        return self(f'pytorch/{model}/{self.batch}', field)
+
+    def versus_torch(self, model, field):
+        return (self.pytorch(model, field), self.ours(model, field=field),
+                _ratio(self.ours(model, field=field), self.pytorch(model, field)))
+
+    def memory(self, model):
+        """PyTorch's peak plus one more copy of the parameters, ours, their ratio (MiB)."""
+        count = self.ours(model, field='param_count') or self.pytorch(model, 'param_count')
+        peak = self.pytorch(model, 'peak_mb')
+        allowed = peak + count * PARAM_BYTES / 2**20 if peak is not None and count else None
+        ours = self.ours(model, field='peak_mb')
+        return allowed, ours, _ratio(ours, allowed)
+
+    def end_to_end(self):
+        """The figures of the end-to-end runs: ``e2e_time`` and ``e2e_accuracy``."""
+        e2e_ours = [r for r in self.results.get('e2e/ours', []) if 'epoch_seconds' in r]
+        e2e_book = [r for r in self.results.get('e2e/book', []) if 'epoch_seconds' in r]
+
+        def e2e_time(rs):
+            return statistics.median(statistics.mean(r['epoch_seconds']) for r in rs) \
+                if rs else None
+        acc_gap = (abs(statistics.median(r['test_acc'] for r in e2e_ours)
+                       - statistics.median(r['test_acc'] for r in e2e_book)) * 100
+                   if e2e_ours and e2e_book else None)
+        return {'e2e_time': (e2e_time(e2e_book), e2e_time(e2e_ours),
+                             _ratio(e2e_time(e2e_ours), e2e_time(e2e_book))),
+                'e2e_accuracy': (median_of(e2e_book, 'test_acc'),
+                                 median_of(e2e_ours, 'test_acc'), acc_gap)}
+
+
+def figures(results, flops_per_image, target_batch=TARGET_BATCH):
+    """The aims' figures from the medians: key -> (reference, ours, measured)."""
+    med = _Medians(results, target_batch)
+    resnet, book = med.ours('resnet18'), med(f'train/resnet18/2/device/{target_batch}/book')
+    gemm = max(filter(None, (med('gemm/1', 'gflops'), med('gemm/2', 'gflops'))), default=None)
+    achieved = resnet * flops_per_image / 1e9 if resnet else None
+    return {
+        'resnet_vs_pytorch_short': med.versus_torch('resnet18', 'short_images_per_sec'),
+        'resnet_vs_pytorch': med.versus_torch('resnet18', 'images_per_sec'),
+        'resnet_speedup': (book, resnet, _ratio(resnet, book)),
+        'two_vs_one': (med.ours('resnet18', 1), resnet, _ratio(resnet, med.ours('resnet18', 1))),
+        'flop_efficiency': (gemm, achieved, _ratio(achieved, gemm)),
+        'cnn_vs_pytorch_short': med.versus_torch('simple-cnn', 'short_images_per_sec'),
+        'cnn_vs_pytorch': med.versus_torch('simple-cnn', 'images_per_sec'),
+        'resnet_memory': med.memory('resnet18'),
+        'cnn_memory': med.memory('simple-cnn'),
+        'pipeline': (med('pipeline/book'), med('pipeline/ours'),
+                     _ratio(med('pipeline/ours'), med('pipeline/book'))),
+        **med.end_to_end(),
+        'memory_growth': (med('memory/book', 'growth'), med('memory/ours', 'growth'),
+                          med('memory/ours', 'growth')),
+    }
+
+
 def summarize(results, flops_per_image, target_batch=TARGET_BATCH):
-    """Compute the aims' figures from the medians; return a list of row dicts.
+    """Compute the aims' figures from the medians (``figures``); return a list of row dicts.
 
     ``results``: measurement key -> list of result dicts (one a round);
     ``target_batch``: the global batch of the training-speed aims.
     """
-    def med(key, field='images_per_sec'):
-        return median_of(results.get(key, []), field)
-
-    def ratio(a, b):
-        return a / b if a is not None and b else None
-
-    def ours(model, devices=2, field='images_per_sec'):
-        return med(f'train/{model}/{devices}/device/{target_batch}/ours', field)
-
-    def pytorch(model, field='images_per_sec'):
-        return med(f'pytorch/{model}/{target_batch}', field)
-
-    def versus_torch(model, field):
-        return (pytorch(model, field), ours(model, field=field),
-                ratio(ours(model, field=field), pytorch(model, field)))
-
-    def memory(model):  # PyTorch's peak plus one more copy of the parameters, in MiB
-        count = ours(model, field='param_count') or pytorch(model, 'param_count')
-        peak = pytorch(model, 'peak_mb')
-        allowed = peak + count * PARAM_BYTES / 2**20 if peak is not None and count else None
-        return allowed, ours(model, field='peak_mb'), ratio(ours(model, field='peak_mb'), allowed)
-    resnet, book = ours('resnet18'), med(f'train/resnet18/2/device/{target_batch}/book')
-    gemm = max(filter(None, (med('gemm/1', 'gflops'), med('gemm/2', 'gflops'))), default=None)
-    achieved = resnet * flops_per_image / 1e9 if resnet else None
-    e2e_ours = [r for r in results.get('e2e/ours', []) if 'epoch_seconds' in r]
-    e2e_book = [r for r in results.get('e2e/book', []) if 'epoch_seconds' in r]
-
-    def e2e_time(rs):
-        return statistics.median(statistics.mean(r['epoch_seconds']) for r in rs) if rs else None
-    acc_gap = (abs(statistics.median(r['test_acc'] for r in e2e_ours)
-                   - statistics.median(r['test_acc'] for r in e2e_book)) * 100
-               if e2e_ours and e2e_book else None)
-    figures = {  # key: (reference, ours, measured)
-        'resnet_vs_pytorch_short': versus_torch('resnet18', 'short_images_per_sec'),
-        'resnet_vs_pytorch': versus_torch('resnet18', 'images_per_sec'),
-        'resnet_speedup': (book, resnet, ratio(resnet, book)),
-        'two_vs_one': (ours('resnet18', 1), resnet, ratio(resnet, ours('resnet18', 1))),
-        'flop_efficiency': (gemm, achieved, ratio(achieved, gemm)),
-        'cnn_vs_pytorch_short': versus_torch('simple-cnn', 'short_images_per_sec'),
-        'cnn_vs_pytorch': versus_torch('simple-cnn', 'images_per_sec'),
-        'resnet_memory': memory('resnet18'),
-        'cnn_memory': memory('simple-cnn'),
-        'pipeline': (med('pipeline/book'), med('pipeline/ours'),
-                     ratio(med('pipeline/ours'), med('pipeline/book'))),
-        'e2e_time': (e2e_time(e2e_book), e2e_time(e2e_ours),
-                     ratio(e2e_time(e2e_ours), e2e_time(e2e_book))),
-        'e2e_accuracy': (median_of(e2e_book, 'test_acc'), median_of(e2e_ours, 'test_acc'),
-                         acc_gap),
-        'memory_growth': (med('memory/book', 'growth'), med('memory/ours', 'growth'),
-                          med('memory/ours', 'growth')),
-    }
+    found = figures(results, flops_per_image, target_batch)
     rows = []
     for key, what, op, threshold in TARGETS:
-        base, value, measured = figures[key]
+        base, value, measured = found[key]
         met = None if measured is None else (measured >= threshold if op == '>=' else
                                              measured <= threshold)
         rows.append({'key': key, 'what': what, 'reference': base, 'ours': value,

@@ -10,12 +10,20 @@ which answers how many devices to use and which kvstore is faster.
 """
 import os
 import sys
+import types
 
-import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
+# What loads MXNet (or matplotlib) is imported where it is first used: after the engine
+# settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
 from . import common
 from .bandwidth import engine_description
 from .common import int_in, non_negative_float, num_epochs, positive_float
+from ..core.devices import device_counts, devices_for, resolve_counts
+from ..errors import GluonMultiGPUError
 from ..run import sweep as sweep_module
+from ..run.locks import Lock
+from ..run.targets import check_outputs, input_files
+from ..study.scaling import LR_RULES, MEASURED_COLUMNS, PROJECTION_COLUMNS, SYNC_COLUMNS, \
+    add_speedups, build_grid, projection_batches
 
 EPILOG = """\
 definitions:
@@ -64,6 +72,9 @@ GPU_BATCH, CPU_BATCH = 256, 64
 
 def build_parser():
     """Return the argument parser of this script."""
+    from ..core.data import DATASETS
+    from ..core.kvstores import KVSTORES
+    from ..core.model import MODELS
     p = common.sweep_parser(__doc__, EPILOG, 1, 'up to the number of cores', 'run, e.g. 1 2 4')
     batch = p.add_mutually_exclusive_group()
     batch.add_argument('--batch-per-device', type=int_in(1, 100_000), nargs='+', metavar='B',
@@ -74,17 +85,17 @@ def build_parser():
                        'available is refused')
     batch.add_argument('--global-batch', type=int_in(1, 1_000_000), nargs='+', metavar='B',
                        help='fixed global batches instead, split across the devices')
-    p.add_argument('--lr-rule', nargs='+', choices=gm.scaling.LR_RULES, default=['linear'],
+    p.add_argument('--lr-rule', nargs='+', choices=LR_RULES, default=['linear'],
                    metavar='RULE', help='learning-rate rules to try: '
-                   f'{", ".join(gm.scaling.LR_RULES)} (default: linear)')
+                   f'{", ".join(LR_RULES)} (default: linear)')
     p.add_argument('--base-lr', type=positive_float, default=0.1, metavar='LR',
                    help='SGD learning rate at a global batch of 256 (default: 0.1, the book)')
-    p.add_argument('--kvstores', nargs='+', choices=gm.KVSTORES, default=['device'],
+    p.add_argument('--kvstores', nargs='+', choices=KVSTORES, default=['device'],
                    metavar='KV', help='gradient synchronisation: local, device, nccl (GPUs with '
                    'an NCCL build) or none (default: device)')
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='epochs of every run (default: 10)')
-    common.add_run_flags(p, gm.MODELS, gm.DATASETS)
+    common.add_run_flags(p, MODELS, DATASETS)
     p.add_argument('--download', action='store_true',
                    help="download missing files into --data-dir from MXNet's mirror (needs "
                    'internet)')
@@ -114,10 +125,11 @@ def fit_batches(args, device_type, counts, batches, given, available, say):
     """
     if device_type != 'cpu' or available is None:
         return batches
+    from ..core.model import memory_needed
     largest, per_device = max(counts), not args.global_batch
 
     def need(b):
-        return gm.model.memory_needed(args.model, b * largest if per_device else b, largest)
+        return memory_needed(args.model, b * largest if per_device else b, largest)
     flag = '--batch-per-device' if per_device else '--global-batch'
     fitted = [sweep_module.fit_to_memory(
         b, need, available, f'{args.model} on {largest} CPU contexts with a '
@@ -145,19 +157,20 @@ def result_ok(unit, result):
     rows_ok = sweep_module.rows_ok
     if unit.key == 'projection':
         return isinstance(result, dict) and \
-            rows_ok(result.get('projection'), gm.scaling.PROJECTION_COLUMNS) and \
-            rows_ok(result.get('sync'), gm.scaling.SYNC_COLUMNS)
-    return rows_ok([result], gm.scaling.MEASURED_COLUMNS)
+            rows_ok(result.get('projection'), PROJECTION_COLUMNS) and \
+            rows_ok(result.get('sync'), SYNC_COLUMNS)
+    return rows_ok([result], MEASURED_COLUMNS)
 
 
 def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data, num_test, say):
     """The sweep's units: one training run per configuration, then the projection's inputs."""
-    cost = gm.measure.MODEL_COST[args.model]
+    from ..study.measure import MODEL_COST, config_label
+    cost = MODEL_COST[args.model]
     work = cost * args.num_epochs * (len(train_data[1]) + num_test / 3)
-    units = [sweep_module.Unit(config_key(c), gm.measure.config_label(c), work) for c in grid]
+    units = [sweep_module.Unit(config_key(c), config_label(c), work) for c in grid]
     if any(n >= 2 for n in counts):
-        targets = gm.devices.device_counts(args.project_to)
-        compute = sum(gm.scaling.projection_batches(batch_mode, batches, targets))
+        targets = device_counts(args.project_to)
+        compute = sum(projection_batches(batch_mode, batches, targets))
         units.append(sweep_module.Unit(
             'projection', 'projection inputs: synchronisations and one device\'s steps',
             cost * (args.compute_repeats + 1) * compute
@@ -191,14 +204,15 @@ def say(line):
 
 def print_tables(rows, projection, out):
     """The measured table, the answers, and the projection's table."""
-    print(gm.scaling_report.scaling_table(rows), file=out)
-    print('', *gm.scaling_report.how_many_devices(rows), file=out, sep='\n')
-    kv_lines = gm.scaling_report.fastest_kvstores(rows)
+    from ..study import scaling_report
+    print(scaling_report.scaling_table(rows), file=out)
+    print('', *scaling_report.how_many_devices(rows), file=out, sep='\n')
+    kv_lines = scaling_report.fastest_kvstores(rows)
     if kv_lines:
         print('', 'local or device:', *kv_lines, file=out, sep='\n')
     if projection:
         print('', 'Projection (a model, not a measurement; assumptions in report.md):',
-              gm.scaling_report.projection_table(projection, rows), file=out, sep='\n')
+              scaling_report.projection_table(projection, rows), file=out, sep='\n')
     out.flush()
 
 
@@ -206,9 +220,9 @@ def run(args, out=None, stop=None):
     """Check the input, run the sweep (each run kept in --results as it ends) and the
     projection's measurements, write the report. ``stop``: a ``StopRequest``."""
     out = out or sys.stdout
-    gm.files.check_outputs(files=common.results_output(args.results, args.out, REPORT_FILES),
-                           directories=[('--out', args.out)],
-                           inputs=gm.files.input_files(args.dataset, args.data_dir))
+    check_outputs(files=common.results_output(args.results, args.out, REPORT_FILES),
+                  directories=[('--out', args.out)],
+                  inputs=input_files(args.dataset, args.data_dir))
     with out_lock(args.out, say):
         return measure_and_report(args, out, stop)
 
@@ -216,75 +230,98 @@ def run(args, out=None, stop=None):
 def out_lock(folder, say):
     """The lock of the --out folder ``folder`` (``.NAME.lock`` beside it): one run at a time."""
     parent, name = os.path.split(os.path.abspath(folder))
-    return gm.locks.Lock(os.path.join(parent, f'.{name}.lock'),
+    return Lock(os.path.join(parent, f'.{name}.lock'),
                          held=lambda who: f'another run{who} is writing the report in --out '
                                           f'{folder}; wait until it ends, or give another --out',
                          fix='give another --out', say=say)
 
 
-def measure_and_report(args, out, stop):
-    """Measure (each run kept in --results as it ends) and write the report in --out."""
-    cores = common.cores()
-    device_type, counts, note = gm.devices.resolve_counts(
-        args.num_gpus, args.cpu_devices, args.counts, cpu_default=gm.devices.device_counts(cores))
+def plan_sweep(args):
+    """What the sweep measures, from the command line, checked before any data is read: the
+    device type, ``counts``, a ``note`` on them (or None), the ``kvstores``, the ``batch_mode``,
+    the ``batches`` (fitted to the memory available) and the configurations' ``grid``."""
+    from ..core.kvstores import check_kvstore
+    device_type, counts, note = resolve_counts(
+        args.num_gpus, args.cpu_devices, args.counts, cpu_default=device_counts(common.cores()))
     kvstores = list(dict.fromkeys(args.kvstores))
     for kvstore in kvstores:
-        gm.kvstores.check_kvstore(kvstore, gm.devices.devices_for(device_type, counts[0]))
+        check_kvstore(kvstore, devices_for(device_type, counts[0]))
     batch_mode = 'global' if args.global_batch else 'per-device'
     given = args.global_batch or args.batch_per_device
     batches = list(dict.fromkeys(given or [GPU_BATCH if device_type == 'gpu' else CPU_BATCH]))
     batches = fit_batches(args, device_type, counts, batches, bool(given),
                           common.available_memory(), say)
-    grid = gm.scaling.build_grid(args.model, counts, kvstores, list(dict.fromkeys(args.lr_rule)),
-                                 args.base_lr, args.num_epochs, batches, batch_mode)
-    train_iter, test_iter = gm.load_data(args.dataset, 1, root=args.data_dir,
-                                         download=args.download, num_train=args.num_train,
-                                         num_test=args.num_test)
-    train_data = (train_iter.images, train_iter.labels)
-    test_data = (test_iter.images, test_iter.labels)
-    if len(train_data[1]) < counts[-1]:
-        raise gm.GluonMultiGPUError(f'{len(train_data[1])} training images cannot be split '
-                                    f'across {counts[-1]} devices; raise --num-train')
-    sweep = make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data,
-                       len(test_data[1]), say)
+    grid = build_grid(args.model, counts, kvstores, list(dict.fromkeys(args.lr_rule)),
+                      args.base_lr, args.num_epochs, batches, batch_mode)
+    return types.SimpleNamespace(device_type=device_type, counts=counts, note=note,
+                                 kvstores=kvstores, batch_mode=batch_mode, batches=batches,
+                                 grid=grid)
+
+
+def sweep_data(args, devices):
+    """The training and test images and labels of every run, as NumPy array pairs; enough
+    training images to split across ``devices`` (``checks.check_train_count``)."""
+    from ..core.checks import check_train_count
+    from ..core.data import load_data
+    train_iter, test_iter = load_data(args.dataset, 1, root=args.data_dir, download=args.download,
+                                      num_train=args.num_train, num_test=args.num_test)
+    check_train_count(len(train_iter.labels), devices)
+    return (train_iter.images, train_iter.labels), (test_iter.images, test_iter.labels)
+
+
+def unit_measure(args, plan, sweep, train_data, test_data, stop):
+    """How to measure one unit of the sweep: a training run, or the projection's inputs."""
+    from ..study import measure
+    configs = {config_key(c): c for c in plan.grid}
+
+    def measure_unit(unit):
+        if unit.key == 'projection':
+            projection, sync_rows = measure.measure_projection(
+                args.model, plan.device_type, plan.counts, plan.kvstores, plan.batch_mode,
+                plan.batches, *train_data, project_to=args.project_to,
+                compute_repeats=args.compute_repeats, sync_repeats=args.sync_repeats,
+                seed=args.seed, progress=say, stop=stop)
+            return {'projection': projection, 'sync': sync_rows}
+        work = measure.WorkDone(lambda done: sweep.advance(measure.MODEL_COST[args.model] * done),
+                                len(train_data[1]))
+        return measure.train_config(configs[unit.key], plan.device_type, train_data, test_data,
+                                    args.seed, say, args.progress_interval,
+                                    [h for h in (stop, work) if h is not None])
+    return measure_unit
+
+
+def measured_rows(results):
+    """The rows of the training runs among the sweep's ``results``, with their speedups."""
+    return add_speedups([dict(r) for u, r in results if u.key != 'projection'])
+
+
+def measure_and_report(args, out, stop):
+    """Measure (each run kept in --results as it ends) and write the report in --out."""
+    from ..study import scaling_report
+    plan = plan_sweep(args)
+    train_data, test_data = sweep_data(args, plan.counts[-1])
+    sweep = make_sweep(args, plan.grid, plan.device_type, plan.counts, plan.batch_mode,
+                       plan.batches, train_data, len(test_data[1]), say)
     notes = []
-    if note:
-        note = gm.GluonMultiGPUError(note).describe(common.FLAGS)  # the flags, not parameters
+    if plan.note:
+        note = GluonMultiGPUError(plan.note).describe(common.FLAGS)  # the flags, not parameters
         notes.append(note)
         say(note)
-    configs = {config_key(c): c for c in grid}
-
-    def measure(unit):
-        if unit.key == 'projection':
-            projection, sync_rows = gm.measure.measure_projection(
-                args.model, device_type, counts, kvstores, batch_mode, batches, *train_data,
-                project_to=args.project_to, compute_repeats=args.compute_repeats,
-                sync_repeats=args.sync_repeats, seed=args.seed, progress=say, stop=stop)
-            return {'projection': projection, 'sync': sync_rows}
-        config = configs[unit.key]
-        work = gm.measure.WorkDone(lambda done: sweep.advance(gm.measure.MODEL_COST[args.model]
-                                                              * done),
-                                   len(train_data[1]))
-        return gm.measure.train_config(config, device_type, train_data, test_data, args.seed,
-                                       say, args.progress_interval,
-                                       [h for h in (stop, work) if h is not None])
-
-    def measured(results):
-        return gm.scaling.add_speedups([dict(r) for u, r in results if u.key != 'projection'])
 
     def partial(results):
         print(common.partial_heading(sweep), file=out)
-        print_tables(measured(results), None, out)
-    results = common.measure_sweep(sweep, measure, stop, partial)
-    rows = measured(results)
+        print_tables(measured_rows(results), None, out)
+    results = common.measure_sweep(
+        sweep, unit_measure(args, plan, sweep, train_data, test_data, stop), stop, partial)
+    rows = measured_rows(results)
     kept = next((r for u, r in results if u.key == 'projection'), None)
     projection, sync_rows = (kept['projection'], kept['sync']) if kept else ([], [])
-    if 1 not in counts:
+    if 1 not in plan.counts:
         notes.append('No 1-device run in the sweep: speedup and efficiency are left empty.')
-    config = dict(sweep.config, engine=engine_description(device_type))
+    config = dict(sweep.config, engine=engine_description(plan.device_type))
     print_tables(rows, projection, out)
     # Written last: the figures above are shown even when the disk is full.
-    gm.scaling_report.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
+    scaling_report.write_scaling_outputs(args.out, config, rows, projection, sync_rows, notes)
     print(f'\nwrote {os.path.join(args.out, "report.md")} and its files', file=out)
     return rows, projection
 

@@ -25,7 +25,8 @@ from mxnet import autograd
 
 from ..errors import DataError, DeviceError, GluonMultiGPUError
 
-__all__ = ['check_epochs', 'check_lr', 'check_devices', 'batch_pair', 'BatchCheck']
+__all__ = ['check_epochs', 'check_lr', 'check_devices', 'check_train_count', 'batch_pair',
+           'BatchCheck']
 
 #: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
 LR_MAX = float(onp.finfo(onp.float32).max)
@@ -86,6 +87,14 @@ def check_devices(devices):
     if repeated is not None:
         raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
     return devices
+
+
+def check_train_count(num_train, num_devices):
+    """Raise unless ``num_train`` training images can be split across ``num_devices`` devices
+    (a study that runs every count of devices on the same images)."""
+    if num_train < num_devices:
+        raise GluonMultiGPUError(f'{num_train} training images cannot be split across '
+                                 f'{num_devices} devices; raise `num_train`')
 
 
 def _gpu_count():

@@ -287,20 +287,40 @@ def scaling_report(config, rows, projection, sync_rows, notes=()):
     notes : list of str
         Remarks to print first (e.g. no 1-device run).
     """
-    c = config
+    lines = _report_header(config, notes) + _report_answer(rows) + _report_measured(rows)
+    lines += ['## Projection to more devices (a model, not a measurement)', '']
+    if not projection:
+        lines += ['No projection: it needs a synchronisation measured on at least 2 devices.', '']
+    else:
+        lines += _report_projection(config, projection, rows, sync_rows)
+    lines += ['Files: `scaling.csv` (measured runs), `projection.csv`, `sync.csv`, the three '
+              'PNG charts.', '']
+    return '\n'.join(lines)
+
+
+def _report_header(c, notes):
+    """The report's title, the sweep's settings and its ``notes``."""
     lines = [f"# Scaling: {c['model']} on {c['dataset']}, {c['device_type']} devices "
              f"{', '.join(map(str, c['counts']))}", '',
              f"{c['num_train']} training / {c['num_test']} test images, {c['epochs']} epoch(s), "
              f"seed {c['seed']}, base learning rate {c['base_lr']:g} per {REFERENCE_BATCH} "
              f"samples; every run starts from the same initial weights and sees the same data. "
              f"Engine: {c['engine']}.", '']
-    lines += [f'> {n}' for n in notes] + ([''] if notes else [])
-    lines += ['## Answer', '', '### How many devices', ''] + how_many_devices(rows) + ['']
+    return lines + [f'> {n}' for n in notes] + ([''] if notes else [])
+
+
+def _report_answer(rows):
+    """The section's questions answered from the measured ``rows``."""
+    lines = ['## Answer', '', '### How many devices', ''] + how_many_devices(rows) + ['']
     kv = fastest_kvstores(rows)
     if kv:
         lines += ['### local or device', ''] + kv + ['']
-    lines += ['### Accuracy, batch size and learning rate', ''] + accuracy_answer(rows) + ['']
-    lines += [
+    return lines + ['### Accuracy, batch size and learning rate', ''] + accuracy_answer(rows) + ['']
+
+
+def _report_measured(rows):
+    """The measured runs' table, what its columns mean, and the charts."""
+    return [
         '## Measured', '', scaling_table(rows), '',
         'samples/s and sec/epoch: training time up to `npx.waitall()`, evaluation excluded, '
         'over every epoch but the first when there are two or more (the first also compiles the '
@@ -312,36 +332,33 @@ def scaling_report(config, rows, projection, sync_rows, notes=()):
         '![speedup against devices](speedup.png)', '',
         '![efficiency against devices](efficiency.png)', '',
         '![final test accuracy against batch size](accuracy.png)', '']
-    lines += ['## Projection to more devices (a model, not a measurement)', '']
-    if not projection:
-        lines += ['No projection: it needs a synchronisation measured on at least 2 devices.', '']
-    else:
-        slopes = {r['kvstore']: r['sync_slope_s'] for r in projection}
-        lines += [
-            f"Model: `t_step(N) = t_compute(b) + t_sync(N)`, `t_sync(N) = s (N - 1)`, throughput "
-            f"= global batch / t_step(N), speedup = throughput(N) / throughput(1), efficiency = "
-            f"speedup / N, for N = {', '.join(str(n) for n in device_counts(c['project_to']))}.",
-            '',
-            f"- `t_compute(b)`: one training step (forward, backward, SGD update) of the "
-            f"per-device batch b on one device, measured (median of {c['compute_repeats']}).",
-            f"- `s`: least-squares slope through the origin of the synchronisation times measured "
-            f"below (median of {c['sync_repeats']} `allreduce_grads` each), per kvstore: "
-            + ', '.join(f'{kv} {s * 1e3:.2f} ms per added device' for kv, s in slopes.items())
-            + '.',
-            '- Assumptions: synchronisation and compute do not overlap; loading a batch, '
-            'splitting it and copying the shards to the devices cost nothing; every device is '
-            'as fast as the measured one; the synchronisation cost keeps growing linearly in '
-            'N - 1 beyond the counts measured (tree or ring all-reduce over a fast interconnect '
-            'grows more slowly, a shared bus may grow faster).', '',
-            projection_table(projection, rows), '',
-            'The last column is the measured speedup of the same kvstore and batch (median over '
-            'lr rules) where the sweep ran that count: the gap between the two is what the '
-            'assumptions leave out (loading and splitting each batch, Python overhead, devices '
-            'that share cores or memory bandwidth).', '',
-            'Synchronisations measured for the fit:', '', bandwidth_table(sync_rows), '']
-    lines += ['Files: `scaling.csv` (measured runs), `projection.csv`, `sync.csv`, the three '
-              'PNG charts.', '']
-    return '\n'.join(lines)
+
+
+def _report_projection(c, projection, rows, sync_rows):
+    """The projection's model, its assumptions, its table and the synchronisations it fits."""
+    slopes = {r['kvstore']: r['sync_slope_s'] for r in projection}
+    return [
+        f"Model: `t_step(N) = t_compute(b) + t_sync(N)`, `t_sync(N) = s (N - 1)`, throughput "
+        f"= global batch / t_step(N), speedup = throughput(N) / throughput(1), efficiency = "
+        f"speedup / N, for N = {', '.join(str(n) for n in device_counts(c['project_to']))}.",
+        '',
+        f"- `t_compute(b)`: one training step (forward, backward, SGD update) of the "
+        f"per-device batch b on one device, measured (median of {c['compute_repeats']}).",
+        f"- `s`: least-squares slope through the origin of the synchronisation times measured "
+        f"below (median of {c['sync_repeats']} `allreduce_grads` each), per kvstore: "
+        + ', '.join(f'{kv} {s * 1e3:.2f} ms per added device' for kv, s in slopes.items())
+        + '.',
+        '- Assumptions: synchronisation and compute do not overlap; loading a batch, '
+        'splitting it and copying the shards to the devices cost nothing; every device is '
+        'as fast as the measured one; the synchronisation cost keeps growing linearly in '
+        'N - 1 beyond the counts measured (tree or ring all-reduce over a fast interconnect '
+        'grows more slowly, a shared bus may grow faster).', '',
+        projection_table(projection, rows), '',
+        'The last column is the measured speedup of the same kvstore and batch (median over '
+        'lr rules) where the sweep ran that count: the gap between the two is what the '
+        'assumptions leave out (loading and splitting each batch, Python overhead, devices '
+        'that share cores or memory bandwidth).', '',
+        'Synchronisations measured for the fit:', '', bandwidth_table(sync_rows), '']
 
 
 def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=()):
