@@ -14,10 +14,19 @@ import os
 import statistics
 import sys
 
-import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
+# What loads MXNet (or matplotlib) is imported where it is first used: after the engine
+# settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
 from . import common
 from .common import batch_size, int_in, seed
+from ..base.atomic import atomic_write
+from ..core.devices import num_gpus, resolve_devices
+from ..core.hooks import Hook
+from ..errors import DeviceError, GluonMultiGPUError
 from ..run import sweep as sweep_module
+from ..run.budget import check_memory
+from ..run.files import write_csv
+from ..run.output import ReportFolder
+from ..run.targets import check_outputs
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
 SETTINGS = {'simple-cnn': (256, 80), 'resnet18': (64, 16)}
@@ -87,7 +96,7 @@ def build_parser():
 
 def _shift_work(work, device, at):
     """A hook that moves the other work to ``device`` after step ``at``."""
-    class ShiftWork(gm.Hook):
+    class ShiftWork(Hook):
         def step_end(self, run, step, samples, timer):
             if step == at:
                 work.move_to(device)
@@ -96,9 +105,10 @@ def _shift_work(work, device, at):
 
 def make_split(name, weights, every):
     """The split measured under ``name``, timing one step in ``every``."""
+    from ..features.balance import AutoSplit, TimedSplit
     if name == 'auto':
-        return gm.balance.AutoSplit(every=every)
-    return gm.balance.TimedSplit(weights if name == 'weights' else None, every=every)
+        return AutoSplit(every=every)
+    return TimedSplit(weights if name == 'weights' else None, every=every)
 
 
 def run_once(args, scenario, split, devices, data, stop=None):
@@ -106,13 +116,17 @@ def run_once(args, scenario, split, devices, data, stop=None):
 
     ``stop`` (a ``StopRequest``) stops it after a step (``Interrupted``).
     """
+    from ..core.model import default_initializer, get_model
+    from ..core.training import train
+    from ..features.balance import make_split as split_hook
+    from ..study.measure import OtherWork
     busy = devices[-1] if scenario in ('busy', 'shift') else None
-    with gm.measure.OtherWork(busy, args.work_size) as work:
+    with OtherWork(busy, args.work_size) as work:
         hooks = [_shift_work(work, devices[0], len(data) // 2)] if scenario == 'shift' else []
         data.epoch = 0
-        result = gm.train(gm.get_model(args.model), data, None, devices, num_epochs=1,
-                          lr=0.05, seed=args.seed, initializer=gm.default_initializer(args.model),
-                          max_in_flight=1, hooks=[gm.balance.make_split(split), *hooks,
+        result = train(get_model(args.model), data, None, devices, num_epochs=1,
+                       lr=0.05, seed=args.seed, initializer=default_initializer(args.model),
+                       max_in_flight=1, hooks=[split_hook(split), *hooks,
                                                   *([stop] if stop is not None else [])])
     return result.samples_per_sec
 
@@ -125,15 +139,16 @@ def sizes(args):
 
 def make_data(args, devices):
     """The steps' data: Fashion-MNIST with --data-dir or --download, else random images."""
+    from ..core.data import load_data, synthetic_data
     batch, steps = sizes(args)
     if args.data_dir or args.download:
         common.data_root(args)
-        data, _ = gm.load_data('fashion-mnist', batch, root=args.data_dir,
-                               num_train=min(batch * steps, 60000), num_test=batch,
-                               seed=args.seed, num_devices=len(devices))
+        data, _ = load_data('fashion-mnist', batch, root=args.data_dir,
+                            num_train=min(batch * steps, 60000), num_test=batch,
+                            seed=args.seed, num_devices=len(devices))
         return data
-    data, _ = gm.data.synthetic_data('fashion-mnist', batch, num_train=batch * steps,
-                                     num_test=batch, seed=args.seed, num_devices=len(devices))
+    data, _ = synthetic_data('fashion-mnist', batch, num_train=batch * steps,
+                             num_test=batch, seed=args.seed, num_devices=len(devices))
     return data
 
 
@@ -229,13 +244,14 @@ def summarise(results, num_devices):
 
 def table(rows, devices):
     """The Markdown table of ``rows``."""
+    from ..study.kvstore_report import markdown_table
     header = ['scenario', 'split', 'images/s', 'vs even'] + [f'idle {d}' for d in devices] + \
         ['shares (end)', 'auto changes (undone)']
     body = [[r['scenario'], r['split'], f"{r['images_per_sec']:.0f}",
              '-' if r['vs_even'] is None else f"{r['vs_even']:.2f}",
              *(f'{100 * i:.0f}%' for i in r['idle']), '/'.join(map(str, r['shares'])),
              f"{r['changes']} ({r['undone']})" if r['split'] == 'auto' else '-'] for r in rows]
-    return gm.kvstore_report.markdown_table(header, body, 'llrr' + 'r' * len(devices) + 'rr')
+    return markdown_table(header, body, 'llrr' + 'r' * len(devices) + 'rr')
 
 
 def answers(rows):
@@ -252,19 +268,20 @@ def answers(rows):
 
 def write_outputs(directory, rows, devices, config):
     """report.md, balance.csv and images.png in ``directory``, all or nothing (a ReportFolder)."""
+    from ..study.charts import bar_chart
     flat = [dict(r, idle='/'.join(f'{i:.4f}' for i in r['idle']),
                  shares='/'.join(map(str, r['shares'])),
                  rounds='/'.join(f'{s:.1f}' for s in r['rounds'])) for r in rows]
-    with gm.files.ReportFolder(directory) as folder:
-        gm.files.write_csv(folder.path('balance.csv'), flat,
-                           ['scenario', 'split', 'images_per_sec', 'vs_even', 'idle', 'shares',
-                            'changes', 'undone', 'rounds'])
-        gm.bar_chart(folder.path('images.png'),
+    with ReportFolder(directory) as folder:
+        write_csv(folder.path('balance.csv'), flat,
+                  ['scenario', 'split', 'images_per_sec', 'vs_even', 'idle', 'shares',
+                   'changes', 'undone', 'rounds'])
+        bar_chart(folder.path('images.png'),
                   [f"{r['scenario']}\n{r['split']}" for r in rows],
                   [r['images_per_sec'] for r in rows], 'images/s',
                   title=f"{config['model']}, batch {config['batch']}, {len(devices)} devices",
                   figsize=(1.1 * len(rows) + 1, 3.8), fmt='%.0f')
-        with gm.files.atomic_write(folder.path('report.md'), 'w') as f:
+        with atomic_write(folder.path('report.md'), 'w') as f:
             f.write(f"# Splitting each batch among devices of different speed\n\n"
                     f"Command: `{config['command']}`\n\n{table(rows, devices)}\n\n"
                     + '\n'.join(f'- {line}' for line in answers(rows))
@@ -274,29 +291,30 @@ def write_outputs(directory, rows, devices, config):
 def run(args, out=None, stop=None):
     """Check the input, measure (each run kept in --results), print the table and answers,
     write the outputs. ``stop``: a ``StopRequest``."""
+    from ..core.model import memory_needed
     out = out or sys.stdout
     cpu_devices = args.cpu_devices
-    if cpu_devices is None and args.num_gpus is None and not gm.num_gpus():
+    if cpu_devices is None and args.num_gpus is None and not num_gpus():
         cpu_devices = 2  # the default without GPUs
-    devices, _ = gm.devices.resolve_devices(args.num_gpus, cpu_devices)
+    devices, _ = resolve_devices(args.num_gpus, cpu_devices)
     if len(devices) < 2:
-        raise gm.DeviceError('unequal devices need at least 2; use --cpu-devices 2 or more')
+        raise DeviceError('unequal devices need at least 2; use --cpu-devices 2 or more')
     weights = args.weights if isinstance(args.weights, list) else [2.0] * (len(devices) - 1) + [1]
     if len(weights) != len(devices):
-        raise gm.DeviceError(f'--weights gives {len(weights)} weights for {len(devices)} devices; '
-                             'give one weight per device')
+        raise DeviceError(f'--weights gives {len(weights)} weights for {len(devices)} devices; '
+                          'give one weight per device')
     batch, steps = sizes(args)
     if args.every > steps:  # no step of the even split would be timed: no idle shares
-        raise gm.GluonMultiGPUError(f'--every {args.every} times one step in {args.every}, and a '
-                                    f'run has {steps} steps; give --every {steps} or less, or '
-                                    'more --steps')
+        raise GluonMultiGPUError(f'--every {args.every} times one step in {args.every}, and a '
+                                 f'run has {steps} steps; give --every {steps} or less, or '
+                                 'more --steps')
     if devices[0].device_type == 'cpu':
-        sweep_module.check_memory(
-            gm.model.memory_needed(args.model, batch, len(devices)), common.available_memory(),
+        check_memory(
+            memory_needed(args.model, batch, len(devices)), common.available_memory(),
             f'{args.model} with a batch of {batch} on {len(devices)} CPU contexts',
             'use a smaller --batch-size')
-    gm.files.check_outputs(files=common.results_output(args.results, args.out, REPORT_FILES),
-                           directories=[('--out', args.out)])
+    check_outputs(files=common.results_output(args.results, args.out, REPORT_FILES),
+                  directories=[('--out', args.out)])
     rows, batch = measure_all(args, devices, weights, common.say_quietly, stop, out)
     print(table(rows, devices), file=out)
     print('', *answers(rows), file=out, sep='\n')

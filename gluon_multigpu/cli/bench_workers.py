@@ -2,8 +2,9 @@
 
 MXNet's engine settings are in the environment before this module imports
 MXNet (the parent process sets them per variant), so nothing here imports
-MXNet or the package at module level.
+MXNet or the package at module level: each measurement imports what it uses.
 """
+# pylint: disable=import-outside-toplevel
 import gzip
 import os
 import resource
@@ -53,10 +54,11 @@ def _test_images(spec, n):
 
 
 def _net(variant, model):
-    import gluon_multigpu as gm
+    from ..core import book
+    from ..core.model import resnet18, simple_cnn
     if model == 'resnet18':  # the text's nn.Block residuals, or the compilable ones
-        return gm.book.resnet18(10) if variant == 'book' else gm.resnet18(10)
-    return gm.simple_cnn(10)
+        return book.resnet18(10) if variant == 'book' else resnet18(10)
+    return simple_cnn(10)
 
 
 def _clocked(first_step, warmup_rest, measured, sync, images, start):
@@ -89,24 +91,26 @@ def throughput(spec):
     included). ``startup_s``: building and the first step; ``peak_mb``: the
     process's peak resident memory.
     """
-    import gluon_multigpu as gm
+    # Every module the measurement uses is loaded here, before the clock starts: not timed.
     from mxnet import gluon, npx
-    from gluon_multigpu import book, training
-    devices = gm.cpu_devices(spec['devices'])
+    from ..core import book, training
+    from ..core.data import ArrayLoader
+    from ..core.devices import cpu_devices
+    from ..core.kvstores import make_trainer
+    from ..core.model import default_initializer
+    devices = cpu_devices(spec['devices'])
     batch, warmup, steps = spec['batch'], spec['warmup'], spec['steps']
     images, labels = _test_images(spec, batch * (warmup + steps))
-    batches = list(gm.ArrayLoader(images, labels, batch))
+    batches = list(ArrayLoader(images, labels, batch))
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     ours = spec['variant'] == 'ours'
-    for name in ('book', 'resnet18', 'simple_cnn', 'default_initializer', 'kvstores'):
-        getattr(gm, name)  # the package loads a module when a name is first used: not timed
     npx.waitall()
     start = time.perf_counter()  # the short run's clock: the network is built from here
     net = _net(spec['variant'], spec['model'])
-    net.initialize(gm.default_initializer(spec['model']), ctx=devices)
+    net.initialize(default_initializer(spec['model']), ctx=devices)
     if ours:
         training.hybridize(net)
-    trainer = gm.kvstores.make_trainer(net, LR, spec['kvstore'])
+    trainer = make_trainer(net, LR, spec['kvstore'])
 
     def run(data):  # queue the steps of ``data``; return their images
         if ours:
@@ -166,7 +170,7 @@ def _torch_resnet18(nn):
 
 
 def _torch_simple_cnn(nn, num_classes=10):
-    """The PyTorch edition of ``gm.simple_cnn``: the same layers, shapes and parameters.
+    """The PyTorch edition of ``model.simple_cnn``: the same layers, shapes and parameters.
 
     conv 20 3x3 relu, max-pool 2 stride 2, conv 50 5x5 relu, max-pool 2,
     flatten, dense 128 relu, dense ``num_classes`` (28x28 inputs: 50 x 4 x 4
@@ -237,13 +241,13 @@ def book_loaders(images, labels, test_images, test_labels, batch, workers=4):
 
 def pipeline(spec):
     """Images/s delivered by a loader, each batch made ready (X.wait_to_read: a sync point)."""
-    import gluon_multigpu as gm
-    images, labels = gm.read_split(spec['data_dir'], 'train', 'fashion-mnist')
+    from ..core.data import ArrayLoader, read_split
+    images, labels = read_split(spec['data_dir'], 'train', 'fashion-mnist')
     images, labels = images[:spec['images']], labels[:spec['images']]
     if spec['variant'] == 'book':
         loader, _ = book_loaders(images, labels, images[:1], labels[:1], spec['batch'])
     else:
-        loader = gm.ArrayLoader(images, labels, spec['batch'], shuffle=True)
+        loader = ArrayLoader(images, labels, spec['batch'], shuffle=True)
     tic, n = time.perf_counter(), 0
     for X, _ in loader:
         X.wait_to_read()
@@ -253,21 +257,25 @@ def pipeline(spec):
 
 def evaluation(spec):
     """Evaluation images/s of ResNet-18 over the test images: the book's function or ours."""
-    import gluon_multigpu as gm
-    from gluon_multigpu import training
-    devices = gm.cpu_devices(spec['devices'])
+    from ..core import training
+    from ..core.book import evaluate_accuracy_book
+    from ..core.data import ArrayLoader
+    from ..core.devices import cpu_devices
+    from ..core.model import default_initializer
+    from ..core.steps import evaluate_accuracy_gpus
+    devices = cpu_devices(spec['devices'])
     images, labels = _test_images(spec, spec['images'])
-    loader = gm.ArrayLoader(images, labels, spec['batch'])
+    loader = ArrayLoader(images, labels, spec['batch'])
     net = _net(spec['variant'], 'resnet18')
-    net.initialize(gm.default_initializer('resnet18'), ctx=devices)
+    net.initialize(default_initializer('resnet18'), ctx=devices)
     if spec['variant'] == 'ours':
         training.hybridize(net)
 
         def evaluate(net, data):
-            return gm.evaluate_accuracy_gpus(net, data, devices)
+            return evaluate_accuracy_gpus(net, data, devices)
     else:
-        evaluate = gm.evaluate_accuracy_book
-    evaluate(net, gm.ArrayLoader(images[:spec['batch']], labels[:spec['batch']], spec['batch']))
+        evaluate = evaluate_accuracy_book
+    evaluate(net, ArrayLoader(images[:spec['batch']], labels[:spec['batch']], spec['batch']))
     tic = time.perf_counter()
     evaluate(net, loader)
     return {'images_per_sec': len(labels) / (time.perf_counter() - tic)}
@@ -275,25 +283,29 @@ def evaluation(spec):
 
 def _run_training(spec, on_epoch):
     """Train the simple CNN as the variant does; return the TrainResult."""
-    import gluon_multigpu as gm
-    devices = gm.cpu_devices(spec['devices'])
+    from ..core.book import train_book
+    from ..core.data import load_data_fashion_mnist, read_split
+    from ..core.devices import cpu_devices
+    from ..core.model import default_initializer, simple_cnn
+    from ..core.training import train
+    devices = cpu_devices(spec['devices'])
     batch, lr = spec['batch'], 0.1 * spec['batch'] / 256
-    init = gm.default_initializer('simple-cnn')
+    init = default_initializer('simple-cnn')
     num_train, num_test = spec.get('num_train'), spec.get('num_test')
     if spec['variant'] == 'book':
         root = spec['data_dir']
-        images, labels = gm.read_split(root, 'train', 'fashion-mnist')
-        test_images, test_labels = gm.read_split(root, 'test', 'fashion-mnist')
+        images, labels = read_split(root, 'train', 'fashion-mnist')
+        test_images, test_labels = read_split(root, 'test', 'fashion-mnist')
         train_iter, test_iter = book_loaders(images[:num_train], labels[:num_train],
                                              test_images[:num_test], test_labels[:num_test],
                                              batch)
-        return gm.train_book(gm.simple_cnn(), train_iter, test_iter, devices,
-                             num_epochs=spec['epochs'], lr=lr, batch_size=batch, seed=0,
-                             initializer=init, on_epoch=on_epoch)
-    train_iter, test_iter = gm.load_data_fashion_mnist(batch, root=spec['data_dir'],
-                                                       num_train=num_train, num_test=num_test)
-    return gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=spec['epochs'],
-                    lr=lr, seed=0, initializer=init, on_epoch=on_epoch, max_in_flight=1)
+        return train_book(simple_cnn(), train_iter, test_iter, devices,
+                          num_epochs=spec['epochs'], lr=lr, batch_size=batch, seed=0,
+                          initializer=init, on_epoch=on_epoch)
+    train_iter, test_iter = load_data_fashion_mnist(batch, root=spec['data_dir'],
+                                                    num_train=num_train, num_test=num_test)
+    return train(simple_cnn(), train_iter, test_iter, devices, num_epochs=spec['epochs'],
+                 lr=lr, seed=0, initializer=init, on_epoch=on_epoch, max_in_flight=1)
 
 
 def end_to_end(spec):

@@ -32,8 +32,10 @@ import subprocess
 import sys
 import time
 
-import gluon_multigpu as gm  # loads MXNet only when a name needs it
 from . import bench_workers, common
+from ..errors import DataError, GluonMultiGPUError
+from ..run.files import write_json
+from ..run.targets import check_outputs, input_files
 
 # FULL: 2 warm-up and 10 measured steps, the issue's short run of 2 epochs of 6 batches
 FULL = {'steps': 10, 'warmup': 2, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
@@ -340,16 +342,15 @@ def run(args, out=None):
     missing = [f for f in ('train-images-idx3-ubyte.gz', 't10k-images-idx3-ubyte.gz')
                if not os.path.isfile(os.path.join(args.data_dir, f))]
     if missing:
-        raise gm.DataError(f'{args.data_dir} lacks {", ".join(missing)}; point `data_dir` at '
+        raise DataError(f'{args.data_dir} lacks {", ".join(missing)}; point `data_dir` at '
                            'the Fashion-MNIST files')
-    gm.files.check_outputs(files=[('--json', args.json)], inputs=[
-        os.path.join(args.data_dir, n) for n in gm.data.IDX_FILES.values()])
+    check_outputs(files=[('--json', args.json)], inputs=input_files('fashion-mnist', args.data_dir))
     size = QUICK if args.quick else FULL
     tasks = plan(size, os.path.abspath(args.data_dir))
     if args.only:
         tasks = [(k, s) for k, s in tasks if any(k.startswith(p) for p in args.only)]
         if not tasks:
-            raise gm.GluonMultiGPUError(f'no measurement matches --only {" ".join(args.only)}')
+            raise GluonMultiGPUError(f'no measurement matches --only {" ".join(args.only)}')
     results = {key: [] for key, _ in tasks}
     start = time.perf_counter()
     for round_ in range(args.repeats):
@@ -377,19 +378,21 @@ def run(args, out=None):
     print(f'\nResNet-18: {flops / 1e9:.2f} GFLOP per training image (forward + backward, '
           f'from layer shapes); {time.perf_counter() - start:.0f} s in all; '
           f'{os.cpu_count()} CPUs', file=out)
-    gm.write_json(args.json, {'targets': rows, 'measurements': results,
-                              'flops_per_image': flops, 'quick': args.quick,
-                              'repeats': args.repeats, 'cpus': os.cpu_count(),
-                              'target_batch': size['batches']['target'],
-                              'pytorch_missing': no_torch})
+    write_json(args.json, {'targets': rows, 'measurements': results,
+                           'flops_per_image': flops, 'quick': args.quick,
+                           'repeats': args.repeats, 'cpus': os.cpu_count(),
+                           'target_batch': size['batches']['target'],
+                           'pytorch_missing': no_torch})
     return rows
 
 
 def flops_per_image():
     """ResNet-18's training FLOPs per 28x28 image (imports MXNet in this process: done last)."""
-    net = gm.book.resnet18(10)
+    from ..core.book import resnet18  # pylint: disable=import-outside-toplevel
+    from ..core.model import count_flops  # pylint: disable=import-outside-toplevel
+    net = resnet18(10)
     net.initialize()
-    return gm.count_flops(net)
+    return count_flops(net)
 
 
 def start(launcher=None):

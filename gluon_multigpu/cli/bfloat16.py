@@ -18,10 +18,12 @@ import sys
 import time
 import warnings
 
-import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
+# What loads MXNet (or matplotlib) is imported where it is first used: after the engine settings.
 from . import common
 from .common import int_in
+from ..errors import DeviceError
 from ..run import sweep as sweep_module
+from ..run.targets import check_outputs
 
 #: model -> (batch, steps per round): about a second per round on two cores.
 SETTINGS = {'simple-cnn': (128, 10), 'resnet18': (64, 2)}
@@ -79,10 +81,11 @@ def missing_feature(flags, environ=None):
 
 def check_bfloat16():
     """``precision.check_bfloat16``, its line naming the CPU feature that is missing."""
+    from ..features import precision  # pylint: disable=import-outside-toplevel
     try:
-        gm.precision.check_bfloat16()
-    except gm.DeviceError as e:
-        raise gm.DeviceError(f'{e} ({missing_feature(cpu_flags())})') from None
+        precision.check_bfloat16()
+    except DeviceError as e:
+        raise DeviceError(f'{e} ({missing_feature(cpu_flags())})') from None
 
 
 def to_hybrid(block):
@@ -128,11 +131,12 @@ def bfloat16_block(net, X, conv_only):
 def batch_of(args, batch):
     """One batch of Fashion-MNIST (or random images of its shape) on the CPU."""
     from mxnet import np  # pylint: disable=import-outside-toplevel
+    from ..core.data import read_split, synthetic_data  # pylint: disable=import-outside-toplevel
     if args.data_dir or args.download:
-        images, labels = gm.read_split(common.data_root(args), 'test', 'fashion-mnist')
+        images, labels = read_split(common.data_root(args), 'test', 'fashion-mnist')
         return (np.array(images[:batch, None] / 255.0, dtype='float32'),
                 np.array(labels[:batch], dtype='int32'))
-    data, _ = gm.data.synthetic_data('fashion-mnist', batch, num_train=batch, num_test=batch)
+    data, _ = synthetic_data('fashion-mnist', batch, num_train=batch, num_test=batch)
     return next(iter(data))
 
 
@@ -140,9 +144,10 @@ def steps_of(model, variant, X, y):
     """A function that runs one SGD step of ``model`` in ``variant``; fresh weights, seed 0."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     from mxnet import autograd, gluon  # pylint: disable=import-outside-toplevel
+    from ..core.model import default_initializer, get_model  # pylint: disable=import-outside-toplevel
     mx.random.seed(0)
-    net = to_hybrid(gm.get_model(model))
-    net.initialize(gm.default_initializer(model), ctx=mx.cpu())
+    net = to_hybrid(get_model(model))
+    net.initialize(default_initializer(model), ctx=mx.cpu())
     if variant == 'float32':
         net.hybridize(static_alloc=True)
         block = net
@@ -163,12 +168,13 @@ def steps_of(model, variant, X, y):
 def warm_steps(args, model, stop):
     """The three variants' step functions for ``model``, each warmed up by 3 steps."""
     from mxnet import npx  # pylint: disable=import-outside-toplevel
+    from ..study.measure import check_stop  # pylint: disable=import-outside-toplevel
     batch, _ = SETTINGS[model]
     X, y = batch_of(args, batch)
     runs = {v: steps_of(model, v, X, y) for v in VARIANTS}
     for step in runs.values():
         for _ in range(3):
-            gm.measure.check_stop(stop)
+            check_stop(stop)
             step()
     npx.waitall()
     return runs
@@ -177,11 +183,12 @@ def warm_steps(args, model, stop):
 def measure_round(runs, batch, steps, stop=None):
     """Images/s of each variant in one round of ``steps`` steps, taken in turn."""
     from mxnet import npx  # pylint: disable=import-outside-toplevel
+    from ..study.measure import check_stop  # pylint: disable=import-outside-toplevel
     speeds = {}
     for variant, step in runs.items():
         tic = time.perf_counter()
         for _ in range(steps):
-            gm.measure.check_stop(stop)
+            check_stop(stop)
             step()
         npx.waitall()  # Sync point: the devices' time, not Python's
         speeds[variant] = batch * steps / (time.perf_counter() - tic)
@@ -190,13 +197,14 @@ def measure_round(runs, batch, steps, stop=None):
 
 def make_sweep(args, say):
     """One unit per (model, round), kept in --results."""
+    from ..study.measure import MODEL_COST  # pylint: disable=import-outside-toplevel
     units = []
     for model in args.models:
         batch, steps = SETTINGS[model]
         steps = args.steps or steps
         units += [sweep_module.Unit(f'{model}/{r + 1}', f'{model}, round {r + 1}/{args.rounds}: '
                                     f'{steps} steps of {batch} in each of {len(VARIANTS)} '
-                                    'variants', gm.measure.MODEL_COST[model] * batch * steps)
+                                    'variants', MODEL_COST[model] * batch * steps)
                   for r in range(args.rounds)]
     config = {'models': args.models, 'rounds': args.rounds, 'steps': args.steps,
               'data': 'fashion-mnist' if args.data_dir or args.download else 'synthetic'}
@@ -213,6 +221,7 @@ def make_sweep(args, say):
 
 def table(results):
     """The Markdown table of the rounds measured: medians, and the ratio to float32."""
+    from ..study.kvstore_report import markdown_table  # pylint: disable=import-outside-toplevel
     rows = []
     for model in dict.fromkeys(u.key.split('/')[0] for u, _ in results):
         rounds = [r for u, r in results if u.key.split('/')[0] == model]
@@ -220,7 +229,7 @@ def table(results):
         for variant in VARIANTS:
             rows.append([model, SETTINGS[model][0], variant, f'{medians[variant]:.1f}',
                          f'{medians[variant] / medians["float32"]:.2f}'])
-    return rows, gm.kvstore_report.markdown_table(
+    return rows, markdown_table(
         ['model', 'batch', 'compute', 'images/s', 'vs float32'], rows, 'lrlrr')
 
 
@@ -228,7 +237,7 @@ def run(args, out=None, stop=None):
     """Measure every model, each round kept in --results; print one table."""
     check_bfloat16()  # a CPU without bfloat16 kernels: one line naming what it lacks, status 2
     out = out or sys.stdout
-    gm.files.check_outputs(files=[('--results', args.results or RESULTS)])
+    check_outputs(files=[('--results', args.results or RESULTS)])
     if args.data_dir or args.download:
         common.data_root(args)
     sweep = make_sweep(args, common.say_quietly)

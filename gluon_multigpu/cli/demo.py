@@ -11,8 +11,8 @@ plays the part of "the CPU" on which nothing was initialised.
 """
 import sys
 
-import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
 from . import common
+from ..core.devices import num_gpus
 
 
 def build_parser():
@@ -34,7 +34,7 @@ def parse_args(argv=None):
 def demo_devices(force_cpu=False):
     """Return two devices for the walk-through: two GPUs, or cpu(1) and cpu(2)."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)
-    if not force_cpu and gm.num_gpus() >= 2:
+    if not force_cpu and num_gpus() >= 2:
         return [mx.gpu(0), mx.gpu(1)]
     return [mx.cpu(1), mx.cpu(2)]
 
@@ -48,8 +48,9 @@ def show(arr):
 def walk_through(devices, out=None):
     """Run the three steps of the text on ``devices``; return the network."""
     from mxnet import gluon, init, np  # pylint: disable=import-outside-toplevel
+    from ..core.book import resnet18  # pylint: disable=import-outside-toplevel
     out = out or sys.stdout
-    net = gm.book.resnet18(10)
+    net = resnet18(10)
     net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
     print(f'devices = {devices}', file=out)
 

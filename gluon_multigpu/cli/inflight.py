@@ -18,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 
-import gluon_multigpu as gm  # loads MXNet only when a name needs it: after the engine settings
 from . import common
 from .common import stopping_main
+from ..run.files import write_json
+from ..run.targets import check_outputs
 
 #: The environment of the measured runs: this process's before its own engine settings
 #: (``start``; each run sets those of its --cpu-devices itself).
@@ -90,7 +91,7 @@ def measure(model, k, devices):
 def run(args, out=None):
     """Check the output, measure, print the tables, write the JSON; return the rows."""
     out = out or sys.stdout
-    gm.files.check_outputs(files=[('--json', args.json)])
+    check_outputs(files=[('--json', args.json)])
     rows = []
     for model in args.models:
         figures = {k: {'speed': [], 'peak': []} for k in args.values}
@@ -103,7 +104,7 @@ def run(args, out=None):
                       f'peak {peak:.0f} MiB', file=sys.stderr, flush=True)
         rows += summarise(model, figures, args, out)
     if args.json:
-        gm.write_json(args.json, rows)
+        write_json(args.json, rows)
     return rows
 
 
