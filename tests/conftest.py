@@ -53,6 +53,25 @@ def fashion_test(fashion_dir):
     return gm.read_split(str(fashion_dir), 'test', 'fashion-mnist')
 
 
+def data_with(fashion_dir, folder, name, write):
+    """``folder`` made a copy of the real Fashion-MNIST files (linked), but for file ``name``,
+    which ``write(path)`` writes in its place; return ``folder``."""
+    for idx in gm.data.IDX_FILES.values():
+        if idx != name:
+            os.symlink(fashion_dir / idx, folder / idx)
+    write(folder / name)
+    return folder
+
+
+@pytest.fixture(scope='session')
+def truncated_dir(fashion_dir, tmp_path_factory):
+    """The real data with the test images cut short (the other files linked): a reader stops at
+    ``not a complete gzip file``."""
+    name = 't10k-images-idx3-ubyte.gz'
+    return data_with(fashion_dir, tmp_path_factory.mktemp('truncated'), name,
+                     lambda path: path.write_bytes((fashion_dir / name).read_bytes()[:5000]))
+
+
 def load_script(name):
     """The program ``scripts/<name>.py`` starts, as a module (``gluon_multigpu.cli.<name>``), so
     tests can call its ``main(argv)`` and its functions, and patch them."""

@@ -125,18 +125,6 @@ def test_what_is_timed_is_a_real_synchronisation(kvstore, fashion_test):
             onp.testing.assert_allclose(g.asnumpy(), grads[0] + grads[1], rtol=1e-5, atol=1e-7)
 
 
-@pytest.fixture(scope='module')
-def truncated_dir(fashion_dir, tmp_path_factory):
-    """The real data with the test images cut short (the other files linked)."""
-    d = tmp_path_factory.mktemp('truncated')
-    for name in gm.data.IDX_FILES.values():
-        os.symlink(fashion_dir / name, d / name)
-    os.remove(d / 't10k-images-idx3-ubyte.gz')
-    (d / 't10k-images-idx3-ubyte.gz').write_bytes(
-        (fashion_dir / 't10k-images-idx3-ubyte.gz').read_bytes()[:5000])
-    return d
-
-
 @pytest.mark.parametrize('argv, message', [
     (['--num-gpus', str(gm.num_gpus() + 1)], 'GPU(s) requested but'),
     (['--counts', '1', '2'], 'needs at least 2 devices, got a count of 1'),

@@ -9,7 +9,7 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
-from conftest import REPO, run_bounded
+from conftest import REPO, data_with, run_bounded
 
 pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
 
@@ -32,12 +32,8 @@ def header(type_code, *dims):
 @pytest.fixture(scope='module')
 def bomb_dir(fashion_dir, tmp_path_factory):
     """The real data with the test images replaced by a valid header and 1 GiB of zeros."""
-    d = tmp_path_factory.mktemp('bomb')
-    for name in gm.data.IDX_FILES.values():
-        os.symlink(fashion_dir / name, d / name)
-    os.remove(d / 't10k-images-idx3-ubyte.gz')
-    write_bomb(d / 't10k-images-idx3-ubyte.gz', header(0x08, 10000, 28, 28), 1 << 30)
-    return d
+    return data_with(fashion_dir, tmp_path_factory.mktemp('bomb'), 't10k-images-idx3-ubyte.gz',
+                     lambda path: write_bomb(path, header(0x08, 10000, 28, 28), 1 << 30))
 
 
 def test_a_gzip_bomb_is_refused_without_inflating_it(bomb_dir):

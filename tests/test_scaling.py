@@ -245,18 +245,6 @@ def test_without_gpus_or_flags_the_sweep_uses_cpu_contexts_and_says_so():
     assert (kind, counts) == ('cpu', [1, 2]) and note.startswith('no GPU found')
 
 
-@pytest.fixture(scope='module')
-def truncated_dir(fashion_dir, tmp_path_factory):
-    """The real data with the training labels cut short (the other files linked)."""
-    d = tmp_path_factory.mktemp('truncated')
-    for name in gm.data.IDX_FILES.values():
-        os.symlink(fashion_dir / name, d / name)
-    os.remove(d / 'train-labels-idx1-ubyte.gz')
-    (d / 'train-labels-idx1-ubyte.gz').write_bytes(
-        (fashion_dir / 'train-labels-idx1-ubyte.gz').read_bytes()[:2000])
-    return d
-
-
 @pytest.mark.parametrize('argv, message', [
     (['--num-gpus', str(gm.num_gpus() + 1)], 'GPU(s) requested but'),
     (['--cpu-devices', '2', '--counts', '1', '4'], '--counts 4 exceeds --cpu-devices 2'),
