@@ -336,7 +336,7 @@ def made_up_scaling_run(monkeypatch):
                kvstore='device', batch_mode='per-device', batch_size=32, per_device_batch=32,
                lr_rule='linear', lr=0.1, epochs=1, samples_per_sec=100.0, test_acc=0.5,
                status='ok')
-    monkeypatch.setattr(gm, 'load_data', lambda *a, **k: gm.data.synthetic_data(
+    monkeypatch.setattr(gm.data, 'load_data', lambda *a, **k: gm.data.synthetic_data(
         'fashion-mnist', 1, num_train=8, num_test=8))
     monkeypatch.setattr(gm.measure, 'train_config', lambda *a, **k: dict(row))
     monkeypatch.setattr(gm.measure, 'measure_projection', lambda *a, **k: ([], []))
