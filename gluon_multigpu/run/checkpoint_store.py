@@ -137,8 +137,6 @@ def _damaged(directory, why):
                            'choose another `checkpoint_dir`')
 
 
-
-
 class CheckpointStore:
     """The checkpoint in a directory: loaded and checked (``load``), or replaced by a new one
     (``save``); what killed saves left, removed (``_clean``).
