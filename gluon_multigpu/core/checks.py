@@ -9,7 +9,9 @@ every batch, and those in MXNet arrays in each epoch's first batch; the shape
 of each epoch's first batch by one forward pass of a single sample, whose
 output also says how many classes the network has. Every batch is checked
 to be a pair ``(X, y)`` whose samples are shaped like the first one's, from
-shapes Python already holds.
+shapes Python already holds. A study that trains on the same images at every
+count of devices checks that they can be split across the most
+(``check_train_count``).
 """
 import contextlib
 import io
