@@ -94,3 +94,21 @@ def test_no_function_is_longer_than_the_limit():
                 if lines > FUNCTION_LINES:
                     long[f'{os.path.relpath(path, ROOT)}:{node.name}'] = lines
     assert not long, f'functions over {FUNCTION_LINES} lines: {long}'
+
+
+def test_the_readmes_map_of_the_section_names_what_each_file_defines():
+    with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        text = f.read()
+    section = text[text.index("## Where the section's code is"):]
+    section = section[:section.index('\n## ', 1)]
+    rows = [line for line in section.splitlines()
+            if line.startswith('| ') and '`gluon_multigpu/' in line]
+    assert len(rows) == 4, rows  # the step, the split, the Trainer, the text's loop
+    for row in rows:
+        cells = [c.strip() for c in row.strip('|').split('|')]
+        path = cells[1].strip('`')
+        names = [n.strip(' `') for n in cells[2].split(',')]
+        with open(os.path.join(ROOT, path), encoding='utf-8') as f:
+            defined = {node.name for node in ast.parse(f.read()).body
+                       if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        assert set(names) <= defined, (path, set(names) - defined)
