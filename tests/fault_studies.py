@@ -140,13 +140,13 @@ class ClusterFiles(Entry):
     outputs = ('cluster', 'cluster/bin')  # both folders it writes files into
 
     def _write_files(self, root, hosts):
-        cluster = gm.cluster if hasattr(gm, 'cluster') else \
-            __import__('gluon_multigpu.multihost.cluster', fromlist=['Cluster'])
+        cluster = __import__('gluon_multigpu.multihost.cluster', fromlist=['Cluster'])
+        sshd = __import__('gluon_multigpu.multihost.sshd', fromlist=['check'])
         cl = cluster.Cluster.__new__(cluster.Cluster)
         cl.workdir, cl.name, cl.ssh_port = os.path.join(root, 'cluster'), 'gmharness', 22
         cl.hosts = [f'198.18.7.{i + 2}' for i in range(hosts)]
         os.makedirs(cl.workdir, exist_ok=True)
-        with patched(cluster, '_check', _fake_keygen):
+        with patched(sshd, 'check', _fake_keygen):
             cl._write_files()  # pylint: disable=protected-access
 
     def previous(self, root):
