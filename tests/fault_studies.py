@@ -9,6 +9,7 @@ import gzip
 import io
 import os
 import struct
+import subprocess
 
 import gluon_multigpu as gm
 from fault_entries import Entry, patched, user_file, write_bytes
@@ -114,7 +115,7 @@ class NetworkLog(Entry):
         study = gm.network
         config = study.Config('simple-cnn', 2, '1gbit', 32, steps)
         os.makedirs(os.path.join(root, 'work'), exist_ok=True)
-        with patched(study.subprocess, 'Popen', _FakeLauncher):
+        with patched(subprocess, 'Popen', _FakeLauncher):
             study.measure(_FakeCluster(root), config, os.path.join(root, 'work'),
                           log=os.path.join(root, 'run.log'))
 
