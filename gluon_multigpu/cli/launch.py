@@ -105,7 +105,7 @@ def build_parser():
     return p
 
 
-# -- the plan: hosts, roles, commands -----------------------------------------------------------
+# -- the command line checked: the hosts, the worker's command -------------------------------------
 
 def read_hosts(path):
     """The hosts of a host file (at most ``HOSTFILE_LIMIT`` bytes), one per line; raise
