@@ -46,7 +46,8 @@ from .registry import REGISTRY, remove_stale
 from ..base import fs
 from ..run import output
 
-__all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program']
+__all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program',
+           'REGISTRY']
 
 #: The most hosts a cluster has: 198.18.K.2 to 198.18.K.253.
 MAX_HOSTS = 252

@@ -55,7 +55,8 @@ from .faults import (BATCH, EPOCHS, FAULT_EPOCH, FAULTS, HOSTS, MAX_RESTARTS, MI
                      estimate_seconds, job_processes, launch_argv, train_argv)
 from .studies import StudyError, duration
 
-__all__ = ['HOSTS', 'EPOCHS', 'STEPS', 'MID_STEP', 'TIMEOUT', 'TERM_WAIT', 'Fault', 'FAULTS',
+__all__ = ['HOSTS', 'WORKERS', 'SERVERS', 'EPOCHS', 'STEPS', 'BATCH', 'FAULT_EPOCH', 'MID_STEP',
+           'PROGRESS_INTERVAL', 'TIMEOUT', 'MAX_RESTARTS', 'TERM_WAIT', 'Fault', 'FAULTS',
            'StudyError', 'train_argv', 'launch_argv', 'parse_times', 'final_fingerprint',
            'estimate_seconds', 'job_processes', 'run_job', 'markdown_header', 'markdown_row',
            'summary', 'study']
