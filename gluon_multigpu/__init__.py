@@ -58,7 +58,11 @@ MODULES = {
     'checkpoint_store': 'run',
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
     'charts': 'study', 'kvstore_report': 'study',
-    'agent': 'multihost', 'cluster': 'multihost', 'network': 'multihost', 'failover': 'multihost',
+    'agent': 'multihost', 'launch': 'multihost', 'supervise': 'multihost',
+    'cluster': 'multihost', 'netns': 'multihost', 'sshd': 'multihost', 'registry': 'multihost',
+    'studies': 'multihost', 'failover': 'multihost', 'faults': 'multihost',
+    'failover_run': 'multihost', 'failover_report': 'multihost', 'network': 'multihost',
+    'network_model': 'multihost', 'network_run': 'multihost', 'network_report': 'multihost',
 }
 
 #: The package's names, by the short name of the module that defines them.

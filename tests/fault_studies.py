@@ -9,6 +9,7 @@ import gzip
 import io
 import os
 import struct
+import subprocess
 
 import gluon_multigpu as gm
 from fault_entries import Entry, patched, user_file, write_bytes
@@ -114,7 +115,7 @@ class NetworkLog(Entry):
         study = gm.network
         config = study.Config('simple-cnn', 2, '1gbit', 32, steps)
         os.makedirs(os.path.join(root, 'work'), exist_ok=True)
-        with patched(study.subprocess, 'Popen', _FakeLauncher):
+        with patched(subprocess, 'Popen', _FakeLauncher):
             study.measure(_FakeCluster(root), config, os.path.join(root, 'work'),
                           log=os.path.join(root, 'run.log'))
 
@@ -140,13 +141,13 @@ class ClusterFiles(Entry):
     outputs = ('cluster', 'cluster/bin')  # both folders it writes files into
 
     def _write_files(self, root, hosts):
-        cluster = gm.cluster if hasattr(gm, 'cluster') else \
-            __import__('gluon_multigpu.multihost.cluster', fromlist=['Cluster'])
+        cluster = __import__('gluon_multigpu.multihost.cluster', fromlist=['Cluster'])
+        sshd = __import__('gluon_multigpu.multihost.sshd', fromlist=['check'])
         cl = cluster.Cluster.__new__(cluster.Cluster)
         cl.workdir, cl.name, cl.ssh_port = os.path.join(root, 'cluster'), 'gmharness', 22
         cl.hosts = [f'198.18.7.{i + 2}' for i in range(hosts)]
         os.makedirs(cl.workdir, exist_ok=True)
-        with patched(cluster, '_check', _fake_keygen):
+        with patched(sshd, 'check', _fake_keygen):
             cl._write_files()  # pylint: disable=protected-access
 
     def previous(self, root):

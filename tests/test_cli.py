@@ -263,9 +263,12 @@ def test_book_literal_keeps_no_checkpoints(train_script, tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
-#: Studies of the programs themselves: they run scripts/launch.py and scripts/train.py with
-#: their flags across a cluster, and their tables name the flags each run was given.
-PROGRAM_STUDIES = ('study/network.py', 'study/failover.py')
+#: The launcher's library, whose messages name the launcher's own flags, and the studies of the
+#: programs themselves: they run scripts/launch.py and scripts/train.py with their flags across
+#: a cluster, and their tables name the flags each run was given.
+PROGRAM_STUDIES = ('multihost/launch.py', 'multihost/supervise.py', 'multihost/failover.py',
+                   'multihost/faults.py', 'multihost/network.py', 'multihost/network_model.py',
+                   'multihost/network_run.py')
 
 
 def library_files():

@@ -18,7 +18,7 @@ import pytest
 
 from cluster_fixture import make_cluster, make_module_cluster  # noqa: F401  (fixtures)
 from conftest import REPO, alive, wait_bounded
-from gluon_multigpu.multihost import cluster as gc
+from gluon_multigpu.multihost import cluster as gc, netns, sshd
 
 AVAILABLE = gc.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE[0], reason=f'no cluster here: {AVAILABLE[1]}')
@@ -86,7 +86,7 @@ def netns_names():
 
 
 def link_names():
-    return set(gc._link_names())
+    return set(netns.link_names())
 
 
 def rules():
@@ -103,7 +103,7 @@ def cmdline(pid):
 
 def all_pids(namespace):
     """Every process in ``namespace``, the sshd listener included."""
-    return gc._namespace_pids([namespace]).get(namespace, [])
+    return netns.namespace_pids([namespace]).get(namespace, [])
 
 
 def wait_until(predicate, timeout=5.0, what='the condition'):
@@ -363,7 +363,7 @@ def test_failed_setup_undoes_itself(monkeypatch):
         return start(self)
     start = gc.Cluster._start_sshds
     monkeypatch.setattr(gc.Cluster, '_start_sshds', start_sshds)
-    monkeypatch.setattr(gc, 'SSHD', '/bin/false')
+    monkeypatch.setattr(sshd, 'SSHD', '/bin/false')
     with pytest.raises(gc.ClusterError) as failed:
         gc.Cluster(2)
     message = str(failed.value)

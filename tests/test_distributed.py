@@ -16,6 +16,7 @@ import gluon_multigpu as gm
 from conftest import (REPO, Lines, alive, assert_one_step_close, children, descendants,
                       load_script,
                       run_bounded, simple_cnn_terms, wait_bounded)
+from gluon_multigpu.multihost.launch import TERM_WAIT
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
 
@@ -154,7 +155,7 @@ def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path
     # The other worker waits forever for the dead one's gradients: SIGKILL 3 s after SIGTERM
     # (launch.TERM_WAIT) ends it; the servers end at SIGTERM. Then the launcher's polling
     # (every 0.1 s) and its exit: the 3 s beyond are room for a loaded machine.
-    assert took < load_script('launch').TERM_WAIT + 3, took
+    assert took < TERM_WAIT + 3, took
     assert gone(everything)
 
 
@@ -362,7 +363,7 @@ def test_a_worker_that_queues_no_step_for_the_step_timeout_is_hung(tmp_path):
     assert re.search(r'^launch: worker 0@127\.0\.0\.1 queued no step for 2 s after step 1 '
                      r'\(hung\); stopping the job$', proc.stderr, re.M), proc.stderr
     assert '[worker 0@127.0.0.1] stepped' in proc.stdout
-    assert took < 2 + load_script('launch').TERM_WAIT + 10, took
+    assert took < 2 + TERM_WAIT + 10, took
 
 
 def test_a_command_with_bad_input_is_status_2_and_not_restarted(tmp_path):

@@ -20,7 +20,8 @@ import time
 import pytest
 
 from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
-from conftest import REPO, Lines, load_script, run_bounded, wait_bounded
+from conftest import REPO, Lines, run_bounded, wait_bounded
+from gluon_multigpu.multihost.launch import TERM_WAIT
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
 pytestmark = pytest.mark.slow
@@ -196,7 +197,7 @@ def test_a_host_whose_link_goes_down_is_lost_within_the_timeout_and_left_clean(
                      rf'{re.escape(cluster.hosts[1])}\)', timeout=60)
         assert wait_bounded(proc, 300) == 0, '\n'.join(err.text())
         # the cut-off host's agent heard nobody either and ended its worker itself
-        assert nothing_left(cluster, timeout + load_script('launch').TERM_WAIT + 5)
+        assert nothing_left(cluster, timeout + TERM_WAIT + 5)
     finally:
         proc.kill()
         cluster.link_up(2)

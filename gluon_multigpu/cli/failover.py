@@ -26,6 +26,7 @@ from .common import positive_float
 from ..errors import GluonMultiGPUError
 from ..run import files
 from ..multihost import cluster, failover
+from ..multihost.studies import machine
 
 EPILOG = """\
 figures (seconds from the fault, as this program reads the launcher's lines):
@@ -100,18 +101,6 @@ def build_parser():
     return p
 
 
-def machine():
-    """This machine's CPU model (``lscpu``'s Model name) and cores."""
-    model = None
-    try:
-        with open('/proc/cpuinfo') as f:
-            model = next((line.split(':', 1)[1].strip() for line in f
-                          if line.lower().startswith('model name')), None)
-    except OSError:
-        pass
-    return {'cpu': model or 'unknown', 'cores': os.cpu_count()}
-
-
 def check(args):
     """Check the input before anything runs; return the data folder. Raises ``UsageError``."""
     ok, why = cluster.available()
@@ -180,6 +169,20 @@ def run(args, argv, say, rows=None):
     return report['rows']
 
 
+def stop_on_signals():
+    """From now on, SIGINT, SIGTERM and SIGHUP raise ``Stopped`` in the main thread; return the
+    handlers they had, for ``restore_signals``."""
+    def stop(signum, frame):  # pylint: disable=unused-argument
+        raise Stopped(signum)
+    return {s: signal.signal(s, stop) for s in common.STOP_SIGNALS}
+
+
+def restore_signals(previous):
+    """Give the signals back the handlers ``stop_on_signals`` replaced."""
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
 def main(argv=None):
     """Run the script; return the exit status.
 
@@ -193,10 +196,7 @@ def main(argv=None):
 
     def say(line):
         common.say_quietly(line)
-
-    def stop(signum, frame):  # pylint: disable=unused-argument
-        raise Stopped(signum)
-    previous = {s: signal.signal(s, stop) for s in common.STOP_SIGNALS}
+    previous = stop_on_signals()
     done = []
     try:
         done = run(args, argv, say, done)
@@ -212,8 +212,7 @@ def main(argv=None):
             f'measured before it are in {os.path.abspath(args.out)}')
         return 128 + signum
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        restore_signals(previous)
     problems = [r for r in done if r['problems']]
     for r in problems:
         say(f"problem: {r['fault']}: {', '.join(r['problems'])} (see "

@@ -14,7 +14,6 @@ machine's cores, and the unshaped run measures the step under that sharing
 """
 import argparse
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from .common import int_in, non_negative_float
 from ..errors import GluonMultiGPUError
 from ..run import files
 from ..multihost import cluster, network
+from ..multihost.studies import machine
 
 EPILOG = """\
 figures (seconds per training step; a step is rank 0's second epoch / its steps):
@@ -110,20 +110,6 @@ def build_parser():
     return p
 
 
-def _machine():
-    """The CPU's model name and cores (as ``lscpu`` names the model)."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    name = line.split(':', 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {'cpu': name, 'cores': os.cpu_count()}
-
-
 def _write(out_dir, config, rows, runs):
     """Rewrite results.json and results.md in ``out_dir``, together (all or nothing: a
     ``ReportSet``, so that a failure or kill never leaves one file of a run beside the other's)."""
@@ -152,7 +138,7 @@ def run(args, argv):
         raise GluonMultiGPUError(f'the network study runs on a cluster of network namespaces, and '
                                  f'none can be made here: {why}')
     runs = network.plan(models, workers, bandwidths, args.batch_size, steps, args.threads)
-    config = {'command': common.command_line('network', argv), 'machine': _machine(),
+    config = {'command': common.command_line('network', argv), 'machine': machine(),
               'date': time.strftime('%Y-%m-%d %H:%M %Z'), 'models': models, 'workers': workers,
               'bandwidths': bandwidths, 'servers': network.SERVERS, 'threads': args.threads,
               'batch': {m: args.batch_size or network.DEFAULT_BATCH[m] for m in models},
@@ -193,6 +179,21 @@ def run(args, argv):
     return status
 
 
+def stop_on_signals():
+    """From now on, SIGTERM and SIGHUP (unless ignored) raise ``_Stopped`` in the main thread, as
+    Ctrl-C raises KeyboardInterrupt; return the handlers they had, for ``restore_signals``."""
+    def stop(signum, frame):  # pylint: disable=unused-argument
+        raise _Stopped(signum)
+    return {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(s) != signal.SIG_IGN}
+
+
+def restore_signals(previous):
+    """Give the signals back the handlers ``stop_on_signals`` replaced."""
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
 def main(argv=None):
     """Run the script; return the exit status.
 
@@ -202,11 +203,7 @@ def main(argv=None):
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-
-    def stop(signum, frame):  # pylint: disable=unused-argument
-        raise _Stopped(signum)
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(s) != signal.SIG_IGN}
+    previous = stop_on_signals()
     try:
         return run(args, argv)
     except (GluonMultiGPUError, network.StudyError, cluster.ClusterError) as e:
@@ -223,8 +220,7 @@ def main(argv=None):
                            f'progress and removed its cluster{kept}')
         return 128 + signum
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        restore_signals(previous)
 
 
 def start(launcher=None):

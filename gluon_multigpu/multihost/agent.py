@@ -125,12 +125,19 @@ def _descendants(pid):
     return found
 
 
-def _die_with_parent():
-    """In the child: a session of its own, and SIGKILL when the agent dies (Linux)."""
+def on_parent_death(signum):
+    """In a child before it runs its program: ``signum`` when its parent dies (Linux's
+    ``PR_SET_PDEATHSIG``; nothing where there is none)."""
     try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, signum)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _die_with_parent():
+    """In the child: SIGKILL when the agent dies (Linux); its session is its own
+    (``start_new_session``)."""
+    on_parent_death(signal.SIGKILL)
 
 
 def find_program(name):

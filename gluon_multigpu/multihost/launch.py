@@ -1,0 +1,344 @@
+"""A parameter-server job's plan and its processes: the roles, each started under its agent.
+
+What the launcher (``scripts/launch.py``) does before and around supervision
+(``supervise``): ``plan`` places the scheduler, the servers and the workers on
+the hosts, each a ``Role`` with its DMLC_* variables; ``preflight`` checks
+every host before anything starts (the worker's program, the scheduler's
+port; over ssh, that each host answers with this folder and this Python);
+``spawn`` starts a role under its agent (``agent``), here or over ssh, and
+``relay`` copies its lines behind its label and takes in its agent's
+control lines (steps, rank, heartbeats, exit status). The launch is told
+what to do by a ``Settings`` of plain values.
+"""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from . import agent
+from ..errors import GluonMultiGPUError
+
+__all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
+           'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'remote_command',
+           'keeps_checkpoints', 'with_resume']
+
+#: Seconds the workers get to finish their step and checkpoint when the job is stopped.
+GRACE = 60.0
+#: Seconds a process gets after SIGTERM before SIGKILL (workers, once past the grace; servers).
+TERM_WAIT = 3.0
+#: Seconds between heartbeats, and seconds of silence after which a host is taken as lost.
+HEARTBEAT, TIMEOUT = 2.0, 15.0
+
+
+class LaunchError(GluonMultiGPUError):
+    """A bad command line, or a host that cannot run the job: one line, exit status 2."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a launch is told (the launcher's flags, as plain values).
+
+    ``launcher``: ``'local'`` (every process here, on loopback) or ``'ssh'``
+    (on the hosts, with ``ssh_port``, ``ssh_identity`` and ``ssh_config``
+    added to ssh's own configuration); ``port``: the scheduler's (None: a
+    free one); ``grace``, ``timeout`` and ``step_timeout`` in seconds (0: no
+    step watched); ``train_program``: how messages name the training program
+    in an example command.
+    """
+    num_workers: int
+    num_servers: int = 1
+    launcher: str = 'local'
+    port: Optional[int] = None
+    max_restarts: int = 0
+    grace: float = GRACE
+    timeout: float = TIMEOUT
+    step_timeout: float = 0.0
+    ssh_port: Optional[int] = None
+    ssh_identity: Optional[str] = None
+    ssh_config: Optional[str] = None
+    train_program: str = 'gluon-multigpu-train'
+
+
+def keeps_checkpoints(command):
+    """Whether a worker command writes checkpoints (gives ``--checkpoint-dir``)."""
+    return any(a == '--checkpoint-dir' or a.startswith('--checkpoint-dir=') for a in command)
+
+
+def with_resume(command):
+    """``command`` continuing from its checkpoint."""
+    return command if '--resume' in command else [*command, '--resume']
+
+
+# -- the roles ----------------------------------------------------------------------------------
+
+class Role:
+    """One process of the job: its place, its command, and what its agent has said."""
+
+    def __init__(self, kind, index, host, env, argv):
+        self.kind, self.index, self.host, self.env, self.argv = kind, index, host, env, argv
+        self.proc = None
+        self.rank = None
+        self.steps = 0
+        self.stepped = None     # when its step count last changed (None: no step yet)
+        self.status = None      # the exit status its agent reported
+        self.started = False    # its agent has started its command
+        self.heard = time.monotonic()
+        self.stopped_since = None
+        self.relayed = threading.Event()  # its output is read to the end
+        self.exited = None      # when its agent was first seen ended
+        self.lost = None        # why the launcher gave up reaching it (silent)
+        self.hung = None        # why it is taken as hung (stopped, no step), though reachable
+
+    @property
+    def label(self):
+        name = self.kind if self.kind == 'scheduler' else f'{self.kind} {self.index}'
+        rank = f' rank {self.rank}' if self.rank is not None else ''
+        return f'{name}@{self.host}{rank}'
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def ended(self):
+        """Whether its agent (or ssh) has ended and its last lines are read (its exit line
+        among them; at most 2 s after it ended, should something else hold its output open)."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        if self.exited is None:
+            self.exited = time.monotonic()
+        return self.relayed.is_set() or time.monotonic() - self.exited > 2.0
+
+    def failure(self):
+        """What went wrong with this process, as words, or None."""
+        if self.lost or self.hung:
+            return self.lost or self.hung
+        if not self.ended():
+            return None
+        if self.status is None:  # no exit line: the agent or its connection died
+            code = self.proc.returncode
+            return (f'its connection to {self.host} ended (ssh status {code})'
+                    if code == 255 else f'its agent ended ({_status_words(code)})')
+        return None if self.status == 0 else f'failed ({_status_words(self.status)})'
+
+    def send(self, line):
+        """Send one line to its agent (quietly nothing if it cannot be)."""
+        if self.running():
+            try:
+                self.proc.stdin.write((line + '\n').encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _status_words(code):
+    if code < 0:
+        code = 128 - code
+    try:
+        return f'signal {signal.Signals(code - 128).name}' if code > 128 else f'status {code}'
+    except ValueError:
+        return f'status {code}'
+
+
+def plan(settings, hosts, command):
+    """Return the roles: scheduler, servers, workers, in start order.
+
+    Their variables lack the scheduler's port (``DMLC_PS_ROOT_PORT``): the launch sets it
+    once ``preflight`` has found it on the first host."""
+    shared = {'DMLC_PS_ROOT_URI': _address(hosts[0]),
+              'DMLC_NUM_SERVER': str(settings.num_servers),
+              'DMLC_NUM_WORKER': str(settings.num_workers)}
+    server = [sys.executable, '-c', 'import mxnet']  # MXNet runs the role, then exits
+
+    def role(kind, index, host, extra, argv):
+        env = dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host), **extra)
+        return Role(kind, index, host, env, argv)
+    roles = [role('scheduler', 0, hosts[0], {}, server)]
+    for i in range(settings.num_servers):
+        roles.append(role('server', i, hosts[(i + 1) % len(hosts)], {}, server))
+    for i in range(settings.num_workers):
+        roles.append(role('worker', i, hosts[(i + settings.num_servers + 1) % len(hosts)],
+                          {'GLUON_MULTIGPU_WORKER': str(i)}, command))
+    return roles
+
+
+def _address(host):
+    """The host part of ``[user@]host``."""
+    return host.rsplit('@', 1)[-1]
+
+
+# -- starting processes, here or over ssh -------------------------------------------------------
+
+def _die_with_parent():
+    """In the child: its own process group, and SIGTERM when the launcher dies (Linux): the agent
+    then ends its command's whole tree (SIGKILL would end the agent before it could)."""
+    os.setpgrp()
+    agent.on_parent_death(signal.SIGTERM)
+
+
+def agent_argv(extra, command):
+    """The command that runs ``command`` under an agent on a host."""
+    return [sys.executable, '-m', 'gluon_multigpu.multihost.agent', *extra, '--', *command]
+
+
+def ssh_argv(settings, host, remote):
+    """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
+    argv = ['ssh', '-T', '-o', 'BatchMode=yes']
+    if settings.ssh_port is not None:
+        argv += ['-p', str(settings.ssh_port)]
+    if settings.ssh_identity is not None:
+        argv += ['-i', settings.ssh_identity]
+    if settings.ssh_config is not None:
+        argv += ['-F', settings.ssh_config]
+    return argv + ['--', host, remote]
+
+
+def remote_command(env, argv):
+    """The shell command that runs ``argv`` with the variables ``env`` in this folder."""
+    exports = ' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())
+    return f'cd {shlex.quote(os.getcwd())} && exec env {exports} {shlex.join(argv)}'
+
+
+def spawn(settings, role):
+    """Start ``role`` under its agent; set ``role.proc``."""
+    hold = ['--hold-port', role.env['DMLC_PS_ROOT_PORT']] if role.kind == 'scheduler' else []
+    under_agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(settings.timeout),
+                              '--grace', str(TERM_WAIT), *hold], role.argv)
+    if settings.launcher == 'ssh':
+        argv, env = ssh_argv(settings, role.host, remote_command(role.env, under_agent)), {}
+    else:
+        argv, env = under_agent, role.env
+    role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                 preexec_fn=_die_with_parent)
+    role.heard = time.monotonic()
+
+
+def relay(role, out, lock):
+    """Copy ``role``'s output to ``out`` behind its label; take in its agent's control lines."""
+    try:
+        _relay(role, out, lock)
+    finally:
+        role.relayed.set()
+
+
+def _relay(role, out, lock):
+    while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
+        line = agent.visible(read[0].decode(errors='replace')) if not read[0].startswith(
+            agent.CONTROL.encode()) else read[0].decode(errors='replace')
+        line += f' ... [line cut: {read[1]} bytes more]\n' if read[1] else '\n'
+        role.heard = time.monotonic()
+        if line.startswith(agent.CONTROL):
+            _take_control(role, line[len(agent.CONTROL):].split())
+            continue
+        with lock:
+            try:
+                out.write(f'[{role.label}] {line if line.endswith(chr(10)) else line + chr(10)}')
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _take_control(role, words):
+    """What an agent's control line (its ``words``) says of ``role``."""
+    if words[:1] == ['beat']:
+        if words[1:] == ['stopped']:
+            role.stopped_since = role.stopped_since or time.monotonic()
+        else:
+            role.stopped_since = None
+    elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
+        role.steps, role.stepped = int(words[1]), time.monotonic()
+    elif words[:1] == ['rank'] and words[1:2] and words[1].isdigit():
+        role.rank = int(words[1])
+    elif words[:1] == ['started']:
+        role.started = True
+    elif words[:1] == ['exit'] and words[1:2] and words[1].isdigit():
+        role.status = int(words[1])
+
+
+# -- the checks before anything starts ----------------------------------------------------------
+
+def preflight(settings, roles, port):
+    """Check every host before anything starts; return the scheduler's port.
+
+    Here: the worker's program exists, and the port is free (or a free one).
+    With ssh, on every host in parallel: ssh reaches it, this folder and this
+    Python are there with the package, the worker's program is there (hosts of
+    workers), and the port is free on the first host. Raises ``LaunchError``.
+    """
+    command = next(r.argv for r in roles if r.kind == 'worker')
+    if settings.launcher == 'local':
+        return _preflight_here(settings, command, port)
+    checks = {}
+    for r in roles:
+        extra = checks.setdefault(r.host, {'command': [], 'port': None})
+        if r.kind == 'worker':
+            extra['command'] = command[:1]
+        if r.kind == 'scheduler':
+            extra['port'] = port or 0
+    procs = {}
+    for host, c in checks.items():
+        flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
+        remote = remote_command({}, agent_argv(flags, c['command']))
+        procs[host] = subprocess.Popen(ssh_argv(settings, host, remote), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                       preexec_fn=_die_with_parent)
+    try:
+        return _answers(procs)
+    except LaunchError:
+        for p in procs.values():
+            p.kill()
+        raise
+
+
+def _preflight_here(settings, command, port):
+    """``preflight`` on this machine alone."""
+    if agent.find_program(command[0]) is None:
+        raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
+                          'give an executable or one on the PATH, e.g. -- '
+                          f'{settings.train_program} ...')
+    answer = agent.check([], port or 0)
+    if 'error' in answer:
+        raise LaunchError(f'--{answer["error"]}; give another port or leave --port out')
+    return answer['port']
+
+
+def _answers(procs):
+    """The checks' answers, host by host (``{host: ssh process}``); the port the scheduler's
+    host found. Raises ``LaunchError`` at the first host that does not answer well."""
+    found = None
+    for host, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f'host {host}: no answer over ssh in 30 s; check that `ssh {host}` '
+                              'works without a prompt') from None
+        answer = _last_json(out)
+        if answer is None or 'error' in answer:
+            why = (answer or {}).get('error') or _last_line(err) or f'ssh status {proc.returncode}'
+            raise LaunchError(f'host {host}: {why}; each host needs ssh without a prompt, this '
+                              f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
+                              'the package, and the worker\'s program')
+        if 'port' in answer:
+            found = answer['port']
+    return found
+
+
+def _last_json(out):
+    for line in reversed(out.decode(errors='replace').splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _last_line(err):
+    lines = [l.strip() for l in err.decode(errors='replace').splitlines() if l.strip()]
+    return lines[-1] if lines else ''

@@ -1,0 +1,287 @@
+"""A parameter-server job supervised: started in order, watched, stopped in order, restarted.
+
+``Job`` is one attempt: it starts the roles of ``launch.plan`` under their
+agents (the scheduler first, the others once its agent holds the port),
+pings the agents, takes a host not heard for ``timeout`` seconds as lost and a
+process stopped (SIGSTOP) that long, or a worker that queued no step for
+``step_timeout`` seconds, as hung, and stops the job when a process fails.
+A signal stops it in order: the workers after a common step (their
+checkpoint written), then the servers and the scheduler; a second signal
+kills every process at once. ``launch`` runs attempts until one ends, up to
+``max_restarts`` restarts from the workers' checkpoint without the hosts
+that were lost. Its own lines go to standard error as ``launch: ...``.
+"""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import agent
+from .launch import (HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight,
+                     relay, spawn, with_resume)
+
+__all__ = ['Job', 'launch', 'say']
+
+
+def say(line, lock=None):
+    """Write the launcher's line ``launch: LINE`` to standard error (under ``lock``, if any)."""
+    if lock is None:
+        print(f'launch: {line}', file=sys.stderr, flush=True)
+        return
+    with lock:
+        print(f'launch: {line}', file=sys.stderr, flush=True)
+
+
+class Job:
+    """The roles of one attempt, started, watched and stopped in order.
+
+    ``settings``: a ``launch.Settings``; ``signals``: a list the caller's
+    signal handler appends signal numbers to (each one is taken once);
+    ``out``: where the processes' lines go (default: standard output).
+    """
+
+    def __init__(self, settings, roles, signals, out=None):
+        self.settings, self.roles, self.signals = settings, roles, signals
+        self.out = out or sys.stdout
+        self.lock = threading.Lock()
+        self.threads = []
+        self.seen_signals = 0
+        self.killed = False  # a second signal killed every process at once
+        self._next_ping = 0.0
+
+    @property
+    def workers(self):
+        return [r for r in self.roles if r.kind == 'worker']
+
+    @property
+    def others(self):
+        return [r for r in self.roles if r.kind != 'worker']
+
+    def say(self, line):
+        say(line, self.lock)
+
+    def start(self):
+        """Start the scheduler, and once its agent holds the port, the other roles."""
+        for role in self.roles:
+            spawn(self.settings, role)
+            t = threading.Thread(target=relay, args=(role, self.out, self.lock), daemon=True)
+            t.start()
+            self.threads.append(t)
+            if role.kind == 'scheduler':
+                self._await_port(role)
+
+    def _await_port(self, role):
+        """Wait for the scheduler's agent to start it; raise ``LaunchError`` if its port was
+        taken since the check (another launch on it): nothing else of this job has started."""
+        deadline = time.monotonic() + self.settings.timeout
+        while not role.started and role.status is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if role.status == agent.PORT_TAKEN:
+            self.kill_all()
+            port = role.env['DMLC_PS_ROOT_PORT']
+            raise LaunchError(f'port {port} on {role.host} was taken after the check (another '
+                              'launch on it?); give another --port or leave --port out')
+
+    def tick(self):
+        """Ping the agents when due, mark silent or stopped roles lost; return a new signal."""
+        now = time.monotonic()
+        if now >= self._next_ping:
+            for r in self.roles:
+                r.send('ping')
+            self._next_ping = now + HEARTBEAT
+        for r in self.roles:
+            if r.running() and not r.lost:
+                self._watch(r, now)
+        if len(self.signals) > self.seen_signals:
+            self.seen_signals = len(self.signals)
+            return self.signals[-1]
+        return None
+
+    def _watch(self, r, now):
+        """Mark role ``r`` lost (not heard) or hung (stopped, or no step), the first reason kept."""
+        timeout, step_timeout = self.settings.timeout, self.settings.step_timeout
+        if now - r.heard > timeout:
+            r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
+        elif r.hung:  # already taken as hung: keep the first reason
+            return
+        elif r.stopped_since and now - r.stopped_since > timeout:
+            r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
+        elif step_timeout and r.stepped and now - r.stepped > step_timeout:
+            r.hung = f'queued no step for {step_timeout:g} s after step {r.steps} (hung)'
+
+    def run(self):
+        """Start the job and watch it; return ``(status, failed_role)``.
+
+        ``status``: 0 when every worker ended with 0; 1 when a process failed
+        or a host was lost (``failed_role`` says which); 128 + the signal
+        number when stopped by a signal.
+        """
+        try:
+            self.start()
+        except OSError as e:
+            self.say(f'could not start a process: {e.strerror or e}')
+            self.kill_all()
+            return 1, None
+        while True:
+            signum = self.tick()
+            if signum is not None:
+                return self.stop_on_signal(signum), None
+            failed = next((r for r in self.roles if r.failure()), None)
+            if failed is not None:
+                self.say(f'{failed.label} {failed.failure()}; stopping the job')
+                self.stop(coordinated=False)
+                return 1, failed
+            if all(r.ended() for r in self.workers):
+                return self.finish(), None
+            time.sleep(0.1)
+
+    def finish(self):
+        """Every worker ended with 0: the scheduler and servers end by themselves, or never
+        saw the workers join."""
+        if self.wait(self.others, min(self.settings.grace, 10.0)):
+            return 0
+        self.stop(coordinated=False)
+        self.say('every worker ended, but the scheduler and servers still waited for them: the '
+                 'command never joined the parameter server (train.py joins it with --kvstore '
+                 'dist_sync, dist_device_sync or dist_async)')
+        return 1
+
+    def stop_on_signal(self, signum):
+        name = signal.Signals(signum).name
+        self.say(f'{name}: stopping the job: the workers finish a step (the same for all) and '
+                 f'write their checkpoint (up to {self.settings.grace:g} s); Ctrl-C again to stop '
+                 'every process at once')
+        if self.stop(coordinated=True):
+            self.say(f'stopped by {name}: every process has ended')
+        return 128 + signum
+
+    def wait(self, roles, seconds):
+        """Wait until every role of ``roles`` has ended, at most ``seconds``; True if they have.
+
+        A further signal meanwhile kills every process at once (``killed``) and returns False.
+        """
+        deadline = time.monotonic() + seconds
+        while any(r.running() for r in roles):
+            signum = self.tick()
+            if signum is not None and not self.killed:
+                self.say(f'{signal.Signals(signum).name} again: killing every process now')
+                self.kill_all()
+                self.killed = True
+            if self.killed or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def stop(self, coordinated):
+        """Stop the job in order: workers (after a common step if ``coordinated``), then servers
+        and scheduler; SIGTERM, then SIGKILL, through the agents. Return False if a second
+        signal made it kill everything at once."""
+        if coordinated:
+            workers = [r for r in self.workers if r.running() and not r.lost]
+            step = max(r.steps for r in self.workers) + 2
+            for r in workers:
+                r.send(f'stop-at {step}')
+            self.wait(workers, self.settings.grace)
+        for group in (self.workers, self.others):
+            if group is self.others and coordinated:  # after the workers, they end by themselves
+                self.wait(group, 2.0)
+            alive = [r for r in group if r.running() and not r.lost]
+            for r in alive:
+                r.send('term')
+            if not self.wait(alive, TERM_WAIT):
+                for r in alive:
+                    r.send('kill')
+                self.wait(alive, TERM_WAIT)
+            if self.killed:
+                return False
+        self.kill_all()
+        return True
+
+    def kill_all(self):
+        """Kill every agent (and ssh client) still running here; the agents end their processes
+        (on a lost host, the agent does so itself after the timeout)."""
+        for r in self.roles:
+            if r.running() and not r.lost:
+                r.send('kill')
+        deadline = time.monotonic() + 1.0
+        for r in self.roles:
+            if r.proc is None:
+                continue
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            if r.proc.poll() is None:
+                try:
+                    os.killpg(r.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                r.proc.wait()
+        for t in self.threads:
+            t.join(timeout=1)
+
+
+def launch(settings, hosts, command, signals, resume=None):
+    """Run the job, restarting it up to ``settings.max_restarts`` times; return the exit status.
+
+    0 when every worker ended with 0; 1 if a process failed or a host was lost
+    (restarts spent), or a restart cannot start; 2 when a worker stopped on bad
+    input (status 2); 128 + the signal number when stopped by one of
+    ``signals`` (see ``Job``). ``resume``: the command line that continues the
+    job, said after a stop by a signal when the workers keep checkpoints.
+    Raises ``LaunchError`` when the first attempt's checks fail or the
+    scheduler's port was taken: nothing of the job is left running.
+    """
+    restarts = 0
+    while True:
+        roles = plan(settings, hosts, command)
+        try:
+            port = preflight(settings, roles, settings.port)
+        except LaunchError as e:
+            if restarts == 0:
+                raise
+            say(f'cannot restart: {e}')
+            return 1
+        if signals:
+            say('interrupted: no process was started')
+            return 128 + signals[0]
+        for role in roles:
+            role.env['DMLC_PS_ROOT_PORT'] = str(port)
+        job = Job(settings, roles, signals)
+        status, failed = job.run()
+        if status > 128 and resume and keeps_checkpoints(command):
+            job.say(f'resume with: {resume}')
+        done = _ended(job, settings, status, failed, restarts)
+        if done is not None:
+            return done
+        restarts += 1
+        hosts = _without_lost(roles, hosts)
+        command = with_resume(command)
+        job.say(f'restart {restarts} of {settings.max_restarts}: starting the job again from '
+                f'its checkpoint on {len(hosts)} host(s) ({", ".join(hosts)})')
+
+
+def _ended(job, settings, status, failed, restarts):
+    """The launch's exit status once an attempt that ended with ``status`` is the last; None
+    when the job is to be restarted."""
+    if failed is not None and failed.kind == 'worker' and failed.status == 2:
+        if settings.max_restarts:
+            job.say(f'{failed.label} stopped on bad input (status 2), which a restart would '
+                    'meet again: not restarting')
+        return 2  # the command's input is bad: its status
+    if status != 1 or restarts >= settings.max_restarts or job.signals:
+        if status == 1 and settings.max_restarts:
+            job.say(f'gave up after {restarts} restart(s) (--max-restarts '
+                    f'{settings.max_restarts})')
+        return status
+    return None
+
+
+def _without_lost(roles, hosts):
+    """``hosts`` without those lost in the attempt of ``roles`` (all of them if all were)."""
+    lost = {r.host for r in roles if r.lost or (r.failure() or '').startswith('its connection')}
+    if lost and len(lost) < len(hosts):
+        return [h for h in hosts if h not in lost]
+    return hosts
