@@ -80,7 +80,7 @@ class NetworkResults(Entry):
 
 
 class _FakeCluster:
-    """What ``study.network.measure`` asks of a cluster: hosts, links, no processes left."""
+    """What ``multihost.network.measure`` asks of a cluster: hosts, links, no processes left."""
 
     def __init__(self, root):
         self.hosts, self.namespaces = ['h0', 'h1', 'h2', 'h3'], []
@@ -109,7 +109,7 @@ class _FakeLauncher:
 
 
 class NetworkLog(Entry):
-    name, what = 'network_log', 'the network study\'s run log (`study/network.measure`)'
+    name, what = 'network_log', 'the network study\'s run log (`multihost/network.measure`)'
 
     def _measure(self, root, steps):
         study = gm.network
@@ -137,7 +137,7 @@ def _fake_keygen(argv, **kwargs):  # pylint: disable=unused-argument
 
 
 class ClusterFiles(Entry):
-    name, what = 'cluster_hostfile', 'a cluster\'s host file and ssh files (`study/cluster`)'
+    name, what = 'cluster_hostfile', 'a cluster\'s host file and ssh files (`multihost/cluster`)'
     outputs = ('cluster', 'cluster/bin')  # both folders it writes files into
 
     def _write_files(self, root, hosts):
