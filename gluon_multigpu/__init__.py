@@ -9,24 +9,32 @@ In a notebook or a script::
     result = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2)
     print(result.final_line())       # test acc: 0.85, 17.5 sec/epoch on [cpu(0), cpu(1)]
 
-The modules are grouped by what they are for:
+The modules are grouped by what they are for, in floors that only import
+downwards (docs/design.md; ``lint-imports`` checks them):
 
 - ``core``, the section: ``devices`` (device lists, splitting a batch),
   ``model`` (ResNet-18, the simple CNN), ``recipes`` (each model's measured
   settings), ``data`` (Fashion-MNIST/MNIST), ``kvstores`` (the Trainer and
   where gradients are summed), ``steps`` (one step, one epoch,
   evaluation), ``training`` (``train``, ``Training``), ``hooks`` (what a
-  hook of ``train`` sees), ``checks`` (arguments and data refused in one
-  line), ``results``, ``book`` (the text's own loop), ``utils``;
+  hook of ``train`` sees), ``interrupt`` and ``live`` (the hooks ``train``
+  adds by itself), ``checks`` (arguments and data refused in one line),
+  ``results``, ``book`` (the text's own loop), ``utils``;
 - ``features``, the exercises, each a plug-in of ``train``: ``balance``
   (uneven splits), ``precision`` (float16), ``sync_bn`` (synchronised
   BatchNorm), ``distributed`` (the parameter server);
-- ``run``, what a long run needs: ``engine`` (MXNet's engine settings),
-  ``checkpoint`` (with ``checkpoint_store``, ``manifest``, ``states``), ``stopping``
-  (signals, stalls), ``progress``, ``files`` (atomic writes, output checks);
+- ``run``, what a long run needs: ``checkpoint`` (with
+  ``checkpoint_store``, ``manifest``, ``states``), ``stopping`` (signals,
+  stalls), ``progress``, ``files`` and ``output`` (outputs written whole),
+  ``targets`` (checks before any work), ``sweep``, ``budget``;
 - ``study``, measuring and comparing: ``measure``, ``scaling``,
   ``scaling_report``, ``compare`` (kvstores side by side), ``charts``,
-  ``kvstore_report``.
+  ``kvstore_report``;
+- ``multihost``, the lab: ``agent``, ``launch``, ``supervise``,
+  ``cluster``, ``failover``, ``network`` and their parts;
+- ``base``, the ground floor, loading no MXNet: ``engine`` (MXNet's engine
+  settings), ``fs`` (every file change), ``reading``, ``atomic``,
+  ``paths``, ``signals``, ``units``, ``protocol``.
 
 Importing the package loads neither MXNet nor matplotlib: each loads when
 a name that needs it is first used (``gm.cpu_devices`` configures the

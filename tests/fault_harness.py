@@ -403,7 +403,7 @@ def table(names=None):
         calls = len(reference(entry.name).calls)
         faults = (f'none; {", ".join(FAULTS)} at each of its {calls} '
                   f'call{"s" if calls > 1 else ""}' if calls else
-                  'none (it makes no call through `run/fs`)')
+                  'none (it makes no call through `base/fs`)')
         run = sum(c[0] for c in counts)
         held = run - sum(len(c[1]) for c in counts if c[0])
         said = 'all' if held == run and calls else f'{held} of {run}' + \

@@ -33,9 +33,9 @@ The rules, for every file the package writes (checkpoints, results files, report
    lock of a dead process is taken over with a line saying so.
 5. A complete or partial results file is replaced only with ``--overwrite`` (``run/sweep.py``).
 6. Every file the package reads is opened without blocking, checked to be a regular file and
-   read with a size bound (``run/reading.py``).
+   read with a size bound (``base/reading.py``).
 
-Every change goes through ``run/fs.py``, so that the fault-injection harness
+Every change goes through ``base/fs.py``, so that the fault-injection harness
 (``tests/test_fault_harness.py``) can fail or kill the process at any call.
 """
 import json
