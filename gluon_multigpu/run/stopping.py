@@ -44,12 +44,15 @@ import threading
 import time
 
 from ..base import signals
-from ..base.signals import SAME_REQUEST
+from ..base.background import Background
+from ..base.signals import SAME_REQUEST, STOP_SIGNALS
 from ..core.hooks import Hook
 from ..core.interrupt import Interruptible
+from ..errors import StoppedBySignal
 from .files import discard_unfinished
 
-__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'SAME_REQUEST']
+__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
+           'STOP_SIGNALS']
 
 class StopRequest(Hook):
     """A flag that SIGINT, SIGTERM and SIGHUP set, asked by ``train`` after every step (a hook).
@@ -77,7 +80,7 @@ class StopRequest(Hook):
         The first signal received.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    SIGNALS = STOP_SIGNALS
     handles_signals = True
     #: Seconds after the first signal within which another is the same request (see above).
     SAME_REQUEST = SAME_REQUEST
@@ -139,9 +142,7 @@ class StopRequest(Hook):
         if self._exit is None:
             from .progress import jupyter_shell  # pylint: disable=import-outside-toplevel
             self._exit = jupyter_shell() is None
-        for s in self.SIGNALS:
-            if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN:  # nohup
-                self._previous[s] = signal.signal(s, self._handle)
+        self._previous = signals.install(self._handle, self.SIGNALS)  # nohup's SIGHUP stays ignored
         self._sockets = socket.socketpair()
         for sock in self._sockets:
             sock.setblocking(False)
@@ -154,8 +155,7 @@ class StopRequest(Hook):
     def __exit__(self, *exc):
         signals.wait_out(self._first_at)  # a repeat of the first signal still finds this hook
         signal.set_wakeup_fd(self._wakeup)
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
+        signals.restore(self._previous)
         self._sockets[1].close()  # the watcher sees the end and returns
         self._thread.join(timeout=5)
         self._sockets[0].close()
@@ -163,7 +163,16 @@ class StopRequest(Hook):
         return False
 
 
-class StallGuard(Hook):
+def check_stop(stop):
+    """Raise ``StoppedBySignal`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop.
+
+    What work that is not a training run asks between its steps (a measurement's repeats).
+    """
+    if stop is not None and stop():
+        raise StoppedBySignal(stop.signum or signal.SIGINT)
+
+
+class StallGuard(Background, Hook):
     """Calls ``on_stall`` when no training step has finished for a long time: a deadlock.
 
     MXNet's synchronised BatchNorm waits in a barrier without a time limit,
@@ -179,25 +188,15 @@ class StallGuard(Hook):
     whole epoch at its end.
     """
 
+    thread_name = 'stall-guard'
+
     def __init__(self, on_stall, seconds=120.0, factor=20.0):
         self.on_stall, self.seconds, self.factor = on_stall, seconds, factor
         self._last = None  # when the last step was queued; None: not watching
         self._longest = 0.0
-        self._done = threading.Event()
-        self._thread = None
 
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._watch, name='stall-guard', daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join()
-        return False
-
-    def _watch(self):
-        while not self._done.wait(1.0):
+    def work(self):
+        while not self.finished.wait(1.0):
             last = self._last
             if last is None:
                 continue
