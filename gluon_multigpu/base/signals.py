@@ -20,12 +20,14 @@ repeat never reaches the handler that was there before. ``run.stopping``,
 ``core.interrupt`` and the programs' stops (``cli``) build on these.
 """
 import signal
+import socket
+import threading
 import time
 
 from ..errors import StoppedBySignal
 
-__all__ = ['STOP_SIGNALS', 'SAME_REQUEST', 'install', 'restore', 'ignore', 'raising', 'repeated',
-           'wait_out', 'interrupts_python', 'quietly']
+__all__ = ['STOP_SIGNALS', 'SAME_REQUEST', 'install', 'restore', 'ignore', 'raising',
+           'WakeupReader', 'repeated', 'wait_out', 'interrupts_python', 'quietly']
 
 #: The signals that stop a run: Ctrl-C, SIGTERM, and SIGHUP (the terminal or ssh session closed).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -114,3 +116,72 @@ class raising:  # pylint: disable=invalid-name
     def __exit__(self, *exc):
         restore(self._previous)
         return False
+
+
+class WakeupReader:
+    """Hear signals at once, even while the main thread waits inside MXNet: a thread reads the
+    signal wake-up file descriptor and calls ``on_signal(signum)`` for each of ``signums``.
+
+    Python runs a handler only between bytecodes of the main thread, and a
+    training step waits inside MXNet for seconds; but for every signal that
+    has a Python handler it also writes the signal's number to the wake-up
+    descriptor at once. Only the bytes of ``signums`` count (SIGCHLD,
+    SIGWINCH, ... of another library's handlers are no request).
+    ``start(only_if_free=True)`` leaves a descriptor someone set (an event
+    loop's) as it is, and then hears nothing; ``stop`` puts back the one
+    there before, unless someone set theirs meanwhile (it stays). Main thread only.
+    """
+
+    def __init__(self, signums, on_signal, name='signals'):
+        self.signums, self.on_signal, self.name = frozenset(signums), on_signal, name
+        self._sockets = self._thread = self._before = None
+
+    @property
+    def reading(self):
+        """Whether the thread reads the descriptor now."""
+        return self._thread is not None
+
+    def start(self, only_if_free=False):
+        """Take the descriptor and start the thread; False where it was not taken."""
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread, or no descriptor can be set
+            before = None
+        if before is None or (only_if_free and before != -1):
+            if before is not None:
+                signal.set_wakeup_fd(before)  # theirs stays
+            reader.close()
+            writer.close()
+            return False
+        self._sockets, self._before = (reader, writer), before
+        self._thread = threading.Thread(target=self._read, args=(reader,), name=self.name,
+                                        daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self):
+        """Put the descriptor back and end the thread (it reads what is left first)."""
+        if self._thread is None:
+            return
+        reader, writer = self._sockets
+        now = signal.set_wakeup_fd(self._before)
+        if now != writer.fileno():  # someone set theirs meanwhile: it stays
+            signal.set_wakeup_fd(now)
+        writer.close()  # the thread reads what is left, then sees the end
+        self._thread.join(timeout=5)
+        reader.close()
+        self._sockets = self._thread = self._before = None
+
+    def _read(self, reader):
+        while True:
+            try:
+                data = reader.recv(16)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in self.signums:
+                    self.on_signal(signum)
