@@ -14,10 +14,10 @@ import os
 import signal
 import sys
 
-from . import messages
+from . import console, messages
 from .arguments import (FLAGS, add_run_flags, batch_size, error_line, int_in, non_negative_float,
                         num_epochs, path_of, positive_float, script_parser, split_weights)
-from .console import command_line, quiet_console, say_quietly, start as start_program, stop_request
+from .console import quiet_console, say_quietly, stop_request
 from ..base.protocol import CONTROL_VARIABLE
 from ..core.recipes import MAX_IN_FLIGHT, RECIPES
 from ..errors import GluonMultiGPUError, Interrupted
@@ -151,11 +151,8 @@ def parse_args(argv=None):
 
 
 def resume_command(argv):
-    """The command line that continues an interrupted run."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if '--resume' not in argv:
-        argv.append('--resume')
-    return command_line('train', argv)
+    """The command line that continues an interrupted run (``argv`` None: this one's)."""
+    return console.resume_command('train', argv)
 
 
 def interrupted_message(signum, error, checkpoint_dir, argv):
@@ -228,7 +225,7 @@ def stop_now(signum):  # pylint: disable=unused-argument
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
-    start_program(main, launcher)
+    console.start(main, launcher)
 
 
 if __name__ == '__main__':
