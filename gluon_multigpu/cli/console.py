@@ -30,7 +30,7 @@ def cores():
 
 
 def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
-    """``gm.engine.configure`` for a script: a bad engine variable is a ``UsageError``.
+    """``engine.configure`` for a script: a bad engine variable is a ``UsageError``.
 
     Call before MXNet loads; returns the variables set now.
     """
