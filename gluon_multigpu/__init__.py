@@ -54,7 +54,7 @@ GROUPS = ('base', 'core', 'features', 'run', 'study', 'multihost')
 #: Where each module lives: short name -> group.
 MODULES = {
     'engine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base', 'paths': 'base',
-    'signals': 'base', 'units': 'base', 'protocol': 'base',
+    'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
@@ -97,7 +97,8 @@ NAMES = {
                  'train_epoch'],
     'utils': ['Accumulator', 'Timer', 'accuracy'],
     'errors': ['CheckpointError', 'DataError', 'DeviceError', 'GluonMultiGPUError',
-               'Interrupted', 'TrainingDiverged'],
+               'Interrupted', 'StoppedBetweenRuns', 'StoppedBySignal', 'SweepStopped',
+               'TrainingDiverged'],
 }
 _WHERE = {name: module for module, names in NAMES.items() for name in names}
 

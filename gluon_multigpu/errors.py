@@ -1,13 +1,16 @@
-"""Errors that mean "the input is wrong": scripts print them as one line and exit 2.
+"""Errors that mean "the input is wrong", and the family of stops (``Interrupted``).
+
+The errors: scripts print them as one line and exit 2.
 
 Messages name the library's own arguments in backquotes (`checkpoint_dir`,
 `resume=True`); ``describe(names)`` spells them as a caller names them (the
 scripts pass their flags), so the library never names a command-line flag.
 """
 import re
+import signal
 
 __all__ = ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
-           'Interrupted']
+           'Interrupted', 'StoppedBetweenRuns', 'SweepStopped', 'StoppedBySignal']
 
 
 class GluonMultiGPUError(ValueError):
@@ -47,8 +50,24 @@ class CheckpointError(GluonMultiGPUError):
     """A checkpoint that is damaged, of another run, or cannot be written."""
 
 
-class Interrupted(Exception):
-    """Training stopped on request (a hook's ``step_end`` or ``epoch_end``) after a step.
+class Interrupted(BaseException):
+    """A run stopped on request: the base of the package's stops (training's own, as below).
+
+    The package raises one of this family wherever a stop request ends work:
+    ``Interrupted`` itself when ``train`` stops after a step (a hook's
+    ``step_end`` or ``epoch_end``: Ctrl-C in a notebook, a script's signal),
+    ``StoppedBetweenRuns`` between two runs of a comparison, ``SweepStopped``
+    when a measuring program's sweep stops, and ``StoppedBySignal`` where a
+    signal handler raises it in the middle of the code. ``signum`` is the
+    signal that caused the stop (None: a hook's or a launcher's request).
+
+    A ``BaseException``, as ``KeyboardInterrupt`` and ``asyncio.CancelledError``
+    are: a stop is a request, not a failure. Code that handles failures with
+    ``except Exception`` (a user's retry loop, the package's own clean-ups that
+    must not fail) must not swallow it: a swallowed stop raised by a handler
+    that acts once leaves a process that no longer stops on SIGINT or SIGTERM,
+    and one raised after a step would turn the user's stop into a failure
+    handled as such. Catch it by name: ``except gm.Interrupted``.
 
     Attributes
     ----------
@@ -61,17 +80,53 @@ class Interrupted(Exception):
     training : training.Training or None
         The run, intact: ``training.fit()`` goes on from where it stopped,
         ``training.result`` holds the epochs done.
+    signum : int or None
+        The signal that caused the stop, where one did.
     """
 
-    def __init__(self, epoch, batches, epoch_done=False, training=None):
-        where = (f'after epoch {epoch}, before the next began' if epoch_done else
-                 f'in epoch {epoch} after {batches} batch(es)')
-        more = ('; the run is kept: gm.last_run().fit() goes on from there' if training is not None
-                else '')
-        super().__init__(f'interrupted {where}{more}')
+    epoch = batches = training = signum = None
+    epoch_done = False
+
+    def __init__(self, epoch=None, batches=None, epoch_done=False, training=None, *, signum=None,
+                 message=None):
+        if message is None:
+            where = (f'after epoch {epoch}, before the next began' if epoch_done else
+                     f'in epoch {epoch} after {batches} batch(es)')
+            more = ('; the run is kept: gm.last_run().fit() goes on from there'
+                    if training is not None else '')
+            message = f'interrupted {where}{more}'
+        super().__init__(message)
         self.epoch, self.batches, self.epoch_done = epoch, batches, epoch_done
-        self.training = training
+        self.training, self.signum = training, signum
 
     def _render_traceback_(self):
         """What IPython shows for it in a notebook: the one line, not a traceback."""
-        return [f'Interrupted: {self}']
+        return [f'{type(self).__name__}: {self}']
+
+
+class StoppedBetweenRuns(Interrupted):
+    """A stop at the end of one run of a comparison (a kvstore's): the next runs are not begun.
+
+    ``done`` names the run that finished last, ``left`` those not begun;
+    ``num_epochs`` is the epoch each run ended with.
+    """
+
+    def __init__(self, num_epochs, done, left, signum=None):
+        super().__init__(num_epochs, None, epoch_done=True, signum=signum)
+        self.done, self.left = done, left
+
+
+class SweepStopped(Interrupted):
+    """A measuring program's sweep stopped by a signal: ``sweep`` keeps what it measured."""
+
+    def __init__(self, sweep, signum):
+        super().__init__(signum=signum, message='stopped')
+        self.sweep = sweep
+
+
+class StoppedBySignal(Interrupted):
+    """A stop raised where the code was: by a signal handler (``signals.raising``), or where
+    work asks a stop request between its steps (``measure.check_stop``)."""
+
+    def __init__(self, signum):
+        super().__init__(signum=signum, message=f'interrupted by {signal.Signals(signum).name}')

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from gluon_multigpu.cli import common
+from gluon_multigpu.cli import common, console
 from conftest import REPO, run_bounded
 
 PROGRAMS = ['train', 'demo', 'inflight', 'scaling', 'bandwidth', 'bfloat16', 'balance',
@@ -146,7 +146,7 @@ def test_each_console_script_is_its_scripts_program(name):
 
 def test_a_resumed_run_is_started_as_the_interrupted_one_was(monkeypatch, tmp_path):
     train = importlib.import_module('gluon_multigpu.cli.train')
-    monkeypatch.setitem(common._STARTED, 'launcher', None)  # pylint: disable=protected-access
+    monkeypatch.setitem(console._STARTED, 'launcher', None)  # pylint: disable=protected-access
     common.started()  # the console script
     assert train.resume_command(['--cpu-devices', '2']) == \
         'gluon-multigpu-train --cpu-devices 2 --resume'

@@ -21,7 +21,7 @@ import time
 import numpy as onp
 import pytest
 
-from gluon_multigpu.cli import common
+from gluon_multigpu.cli import common, console
 import gluon_multigpu as gm
 from conftest import REPO, load_script, run_bounded, wait_bounded
 
@@ -245,7 +245,7 @@ def test_a_quiet_console_survives_a_closed_terminal():
 
         def fileno(self):
             raise ValueError('no descriptor')
-    stream = common._QuietStream(Gone())  # pylint: disable=protected-access
+    stream = console._QuietStream(Gone())  # pylint: disable=protected-access
     assert stream.write('epoch 1/2: ...\n') == 15 and stream.lost
     stream.flush()
     common.say_quietly('a line', Gone())

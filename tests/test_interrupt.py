@@ -5,7 +5,9 @@ the first SIGINT stops after the current step and keeps the run, further ones
 never end the process nor raise in the middle of a step, and the handler that
 was there before comes back after every ``fit``. ``StopRequest`` (the scripts')
 counts only the bytes of its own signals on the wake-up fd, and ends the
-process on a second signal only outside a Jupyter kernel.
+process on a second signal only outside a Jupyter kernel. Every stop is an
+``Interrupted`` (a ``BaseException``) with its signal, and ``signals.raising``
+raises once, where the code is.
 """
 import os
 import signal
@@ -392,3 +394,35 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
         proc.wait()
     assert sorted(os.listdir(tmp_path)) == ['report']  # no .results.json.*.tmp
     assert os.listdir(out) == ['kept.md'] and (out / 'kept.md').read_text() == 'old'
+
+
+# The family of stops, and the stop that raises where the code is.
+
+def test_every_stop_is_an_interrupted_that_except_exception_does_not_catch():
+    stops = [gm.Interrupted(1, 2, signum=signal.SIGINT),
+             gm.StoppedBetweenRuns(2, 'device', ['local'], signal.SIGTERM),
+             gm.SweepStopped(None, signal.SIGHUP), gm.StoppedBySignal(signal.SIGTERM)]
+    for stop in stops:
+        assert isinstance(stop, gm.Interrupted) and stop.signum is not None
+        with pytest.raises(gm.Interrupted):
+            try:
+                raise stop
+            except Exception:  # pylint: disable=broad-except  (what handles a failure)
+                pytest.fail(f'{type(stop).__name__} was caught as a failure')
+    assert str(gm.Interrupted(2, 5)) == 'interrupted in epoch 2 after 5 batch(es)'
+    assert gm.Interrupted(2, 5).signum is None  # a hook's request: no signal
+    assert str(gm.StoppedBySignal(signal.SIGTERM)) == 'interrupted by SIGTERM'
+
+
+def test_a_raising_stop_acts_once_and_hands_the_signals_back():
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(gm.StoppedBySignal) as stopped:
+        with gm.signals.raising() as stop:
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            finally:
+                signal.raise_signal(signal.SIGINT)  # a second signal in the clean-up: ignored
+                cleaned.append(True)
+    assert cleaned == [True] and stopped.value.signum == stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before

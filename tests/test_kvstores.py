@@ -153,18 +153,19 @@ def test_a_tracker_of_one_run_keeps_no_copy_of_the_parameters(capsys):
     args = ['--cpu-devices', '2', '--model', 'simple-cnn', '--synthetic', '--num-train', '64',
             '--num-test', '16', '--num-epochs', '2', '--progress-interval', '0']
     made = []
-    real = gm.ParamTracker
+    from gluon_multigpu.cli import train_run  # the module that makes the run's tracker
+    real = train_run.ParamTracker
 
     class Spy(real):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             made.append(self)
-    gm.ParamTracker = Spy
+    train_run.ParamTracker = Spy
     try:
         assert train.main(args) == 0
         assert train.main(args + ['--kvstore', 'local', 'device']) == 0
     finally:
-        gm.ParamTracker = real
+        train_run.ParamTracker = real
     capsys.readouterr()
     assert [t.compare for t in made] == [False, True]
 

@@ -21,7 +21,7 @@ MODULE_LINES, FUNCTION_LINES = 450, 60
 
 
 def lint(cwd, env=None):
-    return subprocess.run([LINT, '--config', 'setup.cfg', '--no-cache'], cwd=cwd, env=env,
+    return subprocess.run([LINT, '--no-cache'], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

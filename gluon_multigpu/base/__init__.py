@@ -3,7 +3,8 @@
 ``engine`` (MXNet's engine settings, set before MXNet loads), ``fs`` (every
 call that changes a file), ``reading`` (bounded reads of regular files),
 ``atomic`` (a file replaced whole), ``paths`` (where an output is written),
-``signals`` (the rules of a stop request), ``units`` (durations and sizes in
-words), ``protocol`` (the names a launched job's processes share). None of
-them loads MXNet.
+``signals`` (the stop signals, the rules of a stop request, a stop raised
+where the code is), ``background`` (work on a thread while a block runs),
+``units`` (durations and sizes in words), ``protocol`` (the names a launched
+job's processes share). None of them loads MXNet.
 """

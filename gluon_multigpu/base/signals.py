@@ -1,4 +1,15 @@
-"""The signal rules every stop of the package follows: one request, its repeats, Python's handler.
+"""The signal rules every stop of the package follows: which signals, one request, its repeats.
+
+The stop signals are SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal or the
+ssh session closed); a SIGHUP that was ignored when a handler would be
+installed (``nohup``) stays ignored (``install``). Three ways build on them:
+``run.stopping.StopRequest`` (the programs': stop after the current step, a
+second signal ends the process), ``core.interrupt.Interruptible`` (a
+notebook's: Ctrl-C stops after the step, and never ends the process), and
+``raising`` here (stop where the code is: the first signal raises
+``errors.StoppedBySignal`` in the main thread, which unwinds every ``with``
+and ``finally`` on the way, and the signals after it are ignored, so that
+they cannot break into the clean-up it started).
 
 A signal within ``SAME_REQUEST`` seconds of the first is the same request, not a
 second one (one Ctrl-C can arrive several times within milliseconds: the
@@ -6,12 +17,20 @@ terminal sends SIGINT to the whole foreground process group, and a wrapper in
 it that forwards signals to its child delivers it again). A hook or a program
 hands its handlers back only once that window has passed (``wait_out``), so a
 repeat never reaches the handler that was there before. ``run.stopping``,
-``core.interrupt`` and the programs' stops (``cli.common``) build on these.
+``core.interrupt`` and the programs' stops (``cli``) build on these.
 """
 import signal
+import socket
+import threading
 import time
 
-__all__ = ['SAME_REQUEST', 'repeated', 'wait_out', 'interrupts_python', 'quietly']
+from ..errors import StoppedBySignal
+
+__all__ = ['STOP_SIGNALS', 'SAME_REQUEST', 'install', 'restore', 'ignore', 'raising',
+           'WakeupReader', 'repeated', 'wait_out', 'interrupts_python', 'quietly']
+
+#: The signals that stop a run: Ctrl-C, SIGTERM, and SIGHUP (the terminal or ssh session closed).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: Seconds after the first signal within which another is the same request (see above).
 SAME_REQUEST = 0.5
@@ -50,3 +69,119 @@ def quietly(say, signum):
         say(signum)
     except (OSError, ValueError):  # ValueError: the stream was closed
         pass
+
+
+def install(handler, signums=STOP_SIGNALS):
+    """Make ``handler`` the handler of each of ``signums``; return ``{signum: previous}``.
+
+    A SIGHUP ignored now (``nohup``) stays ignored and is left out. Main thread only.
+    """
+    return {s: signal.signal(s, handler) for s in signums
+            if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
+
+
+def restore(previous):
+    """Put back the handlers ``install`` returned."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def ignore(signums=STOP_SIGNALS):
+    """Ignore ``signums`` from now on (a program that has stopped and only ends)."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+class raising:  # pylint: disable=invalid-name
+    """Context manager (main thread): the first stop signal raises ``StoppedBySignal`` where the
+    code is; those after it are ignored; the previous handlers come back on exit.
+
+    Python runs the handler between bytecodes, so a wait inside MXNet ends
+    first (a step, a synchronisation). ``signum`` is the first signal
+    received, or None; ``signums``: the signals handled (default ``STOP_SIGNALS``).
+    """
+
+    def __init__(self, signums=STOP_SIGNALS):
+        self.signums, self.signum, self._previous = tuple(signums), None, {}
+
+    def _handle(self, signum, frame):  # pylint: disable=unused-argument
+        if self.signum is None:
+            self.signum = signum
+            raise StoppedBySignal(signum)
+
+    def __enter__(self):
+        self._previous = install(self._handle, self.signums)
+        return self
+
+    def __exit__(self, *exc):
+        restore(self._previous)
+        return False
+
+
+class WakeupReader:
+    """Hear signals at once, even while the main thread waits inside MXNet: a thread reads the
+    signal wake-up file descriptor and calls ``on_signal(signum)`` for each of ``signums``.
+
+    Python runs a handler only between bytecodes of the main thread, and a
+    training step waits inside MXNet for seconds; but for every signal that
+    has a Python handler it also writes the signal's number to the wake-up
+    descriptor at once. Only the bytes of ``signums`` count (SIGCHLD,
+    SIGWINCH, ... of another library's handlers are no request).
+    ``start(only_if_free=True)`` leaves a descriptor someone set (an event
+    loop's) as it is, and then hears nothing; ``stop`` puts back the one
+    there before, unless someone set theirs meanwhile (it stays). Main thread only.
+    """
+
+    def __init__(self, signums, on_signal, name='signals'):
+        self.signums, self.on_signal, self.name = frozenset(signums), on_signal, name
+        self._sockets = self._thread = self._before = None
+
+    @property
+    def reading(self):
+        """Whether the thread reads the descriptor now."""
+        return self._thread is not None
+
+    def start(self, only_if_free=False):
+        """Take the descriptor and start the thread; False where it was not taken."""
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread, or no descriptor can be set
+            before = None
+        if before is None or (only_if_free and before != -1):
+            if before is not None:
+                signal.set_wakeup_fd(before)  # theirs stays
+            reader.close()
+            writer.close()
+            return False
+        self._sockets, self._before = (reader, writer), before
+        self._thread = threading.Thread(target=self._read, args=(reader,), name=self.name,
+                                        daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self):
+        """Put the descriptor back and end the thread (it reads what is left first)."""
+        if self._thread is None:
+            return
+        reader, writer = self._sockets
+        now = signal.set_wakeup_fd(self._before)
+        if now != writer.fileno():  # someone set theirs meanwhile: it stays
+            signal.set_wakeup_fd(now)
+        writer.close()  # the thread reads what is left, then sees the end
+        self._thread.join(timeout=5)
+        reader.close()
+        self._sockets = self._thread = self._before = None
+
+    def _read(self, reader):
+        while True:
+            try:
+                data = reader.recv(16)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in self.signums:
+                    self.on_signal(signum)

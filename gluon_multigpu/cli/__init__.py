@@ -3,7 +3,12 @@
 Each module is one program (``train``, ``demo``, ``bandwidth``, ``scaling``,
 ``balance``, ``bfloat16``, ``inflight``, ``benchmark``, ``launch``),
 installed as the console script ``gluon-multigpu-NAME`` and started from a
-checkout as ``python scripts/NAME.py``. ``common`` holds what they share.
-Importing any of them loads no MXNet: a program sets MXNet's engine
-variables for its device flags first (``common.prepare_engine``).
+checkout as ``python scripts/NAME.py``. What they share lives by
+responsibility, and ``common`` names all of it in one place: ``arguments``
+(argument types, parsers, how errors name the flags), ``console`` (a
+program's start, its console streams, its stop request), ``messages`` (what
+the programs say when they stop), ``sweeps`` (the measuring programs' mains).
+``train_run`` and ``comparison`` are what a train command does once parsed.
+Importing a program loads no MXNet: it sets MXNet's engine variables for
+its device flags first (``console.prepare_engine``).
 """

@@ -27,7 +27,8 @@ from mxnet import autograd
 
 from ..errors import DataError, DeviceError, GluonMultiGPUError
 
-__all__ = ['check_epochs', 'check_lr', 'check_devices', 'check_train_count', 'batch_pair',
+__all__ = ['check_epochs', 'check_lr', 'check_devices', 'check_train_count', 'check_loop_options',
+           'batch_pair',
            'BatchCheck']
 
 #: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
@@ -97,6 +98,21 @@ def check_train_count(num_train, num_devices):
     if num_train < num_devices:
         raise GluonMultiGPUError(f'{num_train} training images cannot be split across '
                                  f'{num_devices} devices; raise `num_train`')
+
+
+def check_loop_options(devices, split=None, dtype='float32', book_literal=False):
+    """Refuse choices of a run that do not go together, before any work.
+
+    ``split``'s weights are one per device; the text's loop (``book_literal``,
+    ``book.train_book``) runs the even split in float32, as the book does.
+    """
+    if isinstance(split, (list, tuple)) and len(split) != len(devices):
+        raise DeviceError(f'`split` gives {len(split)} weights for {len(devices)} devices; give '
+                          'one weight per device')
+    if split is not None and book_literal:
+        raise GluonMultiGPUError("`book_literal` runs the text's even split; drop `split`")
+    if dtype != 'float32' and book_literal:
+        raise GluonMultiGPUError("`book_literal` runs the text's float32 loop; drop `dtype`")
 
 
 def _gpu_count():

@@ -1,6 +1,5 @@
 """Ctrl-C in a notebook or a Python session: the hook ``train`` adds unless the caller's handles signals."""
 import signal
-import socket
 import threading
 import time
 
@@ -61,8 +60,8 @@ class Interruptible(Hook):
         self.say = say
         self.signum, self.requests = None, 0
         self._previous, self._installed, self._said, self._pending = None, False, None, []
-        self._sockets = self._thread = None
-        self._heard, self._first_at = 0, None
+        self._reader = signals.WakeupReader([signal.SIGINT], self._heard, 'interruptible')
+        self._heard_count, self._first_at = 0, None
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         # Runs in the main thread between two bytecodes, possibly in the middle of a step:
@@ -71,7 +70,7 @@ class Interruptible(Hook):
         if self.signum is None:
             self.signum = signum
             self._first_at = self._first_at or time.monotonic()
-        if self._thread is None:
+        if not self._reader.reading:
             self._acknowledge(self.requests)
 
     def _acknowledge(self, count):
@@ -99,50 +98,11 @@ class Interruptible(Hook):
                 return
             self._pending.pop(0)
 
-    def _watch(self, reader):
-        """Acknowledge each SIGINT as it arrives, while the main thread waits inside MXNet."""
-        while True:
-            try:
-                data = reader.recv(16)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum == signal.SIGINT:  # a byte of another signal with a Python handler
-                    self._heard += 1       # (SIGCHLD, SIGWINCH, ...) is no request
-                    self._first_at = self._first_at or time.monotonic()
-                    self._acknowledge(self._heard)
-
-    def _start_watching(self):
-        reader, writer = socket.socketpair()
-        writer.setblocking(False)
-        try:
-            before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        except (ValueError, OSError):
-            before = None
-        if before != -1:  # taken (an event loop's): theirs stays, the handler speaks
-            if before is not None:
-                signal.set_wakeup_fd(before)
-            reader.close()
-            writer.close()
-            return
-        self._sockets, self._heard = (reader, writer), 0
-        self._thread = threading.Thread(target=self._watch, args=(reader,),
-                                        name='interruptible', daemon=True)
-        self._thread.start()
-
-    def _stop_watching(self):
-        if self._thread is None:
-            return
-        reader, writer = self._sockets
-        now = signal.set_wakeup_fd(-1)
-        if now != writer.fileno():  # someone set theirs during the fit: it stays
-            signal.set_wakeup_fd(now)
-        writer.close()  # the watcher reads what is left, then sees the end
-        self._thread.join(timeout=5)
-        reader.close()
-        self._sockets = self._thread = None
+    def _heard(self, signum):  # pylint: disable=unused-argument
+        """A SIGINT as it arrives (the reader's thread), while the main thread waits in MXNet."""
+        self._heard_count += 1
+        self._first_at = self._first_at or time.monotonic()
+        self._acknowledge(self._heard_count)
 
     def enter(self, run):
         self.signum, self.requests, self._said, self._pending = None, 0, None, []
@@ -154,14 +114,15 @@ class Interruptible(Hook):
             return  # a program's own handler, ignored, or outside Python: left as it is
         signal.signal(signal.SIGINT, self._handle)
         self._previous, self._installed = previous, True
-        self._start_watching()
+        self._heard_count = 0
+        self._reader.start(only_if_free=True)  # an event loop's stays theirs: the handler speaks
 
     def leave(self, run):
         if self._installed:
             self._installed = False
             try:
                 signals.wait_out(self._first_at)  # a repeat of this SIGINT still finds the handler
-                self._stop_watching()
+                self._reader.stop()
             finally:
                 signal.signal(signal.SIGINT, self._previous)
                 self._previous = None

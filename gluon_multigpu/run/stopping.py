@@ -39,17 +39,18 @@ where a shell started the run in the background with SIGINT ignored:
 """
 import os
 import signal
-import socket
-import threading
 import time
 
 from ..base import signals
-from ..base.signals import SAME_REQUEST
+from ..base.background import Background
+from ..base.signals import SAME_REQUEST, STOP_SIGNALS
 from ..core.hooks import Hook
 from ..core.interrupt import Interruptible
+from ..errors import StoppedBySignal
 from .files import discard_unfinished
 
-__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'SAME_REQUEST']
+__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
+           'STOP_SIGNALS']
 
 class StopRequest(Hook):
     """A flag that SIGINT, SIGTERM and SIGHUP set, asked by ``train`` after every step (a hook).
@@ -77,7 +78,7 @@ class StopRequest(Hook):
         The first signal received.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    SIGNALS = STOP_SIGNALS
     handles_signals = True
     #: Seconds after the first signal within which another is the same request (see above).
     SAME_REQUEST = SAME_REQUEST
@@ -85,7 +86,7 @@ class StopRequest(Hook):
     def __init__(self, on_signal=None, on_second=None, exit_on_second=None):
         self.signum, self.on_signal, self.on_second = None, on_signal, on_second
         self.exit_on_second = exit_on_second
-        self._previous, self._wakeup, self._sockets, self._thread = {}, None, None, None
+        self._previous, self._reader, self._watching = {}, None, False
         self._seen, self._exit, self._first_at = 0, True, None
 
     def __call__(self):
@@ -101,69 +102,54 @@ class StopRequest(Hook):
         # Runs in the main thread once it is back in Python: the flag the loop reads.
         if self.signum is None:
             self.signum = signum
-            if self._thread is None:
+            if not self._watching:
                 self._first_at = time.monotonic()
-        elif (self._thread is None and signum != signal.SIGHUP and self._exit
-              and not signals.repeated(self._first_at)):  # no watcher: a second request ends it here
+        elif (not self._watching and signum != signal.SIGHUP and self._exit
+              and not signals.repeated(self._first_at)):  # no reader: a second request ends it here
             raise KeyboardInterrupt
 
-    def _watch(self):
-        """Read the signals as they arrive, even while the main thread waits inside MXNet."""
-        while True:
-            try:
-                data = self._sockets[0].recv(16)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum not in self._previous:
-                    # Python writes a byte for every signal with a Python handler (SIGCHLD,
-                    # SIGWINCH, ... of another library): not a request to stop.
-                    continue
-                if self._seen and signals.repeated(self._first_at):
-                    continue  # one Ctrl-C delivered twice (a wrapper that forwards it)
-                self._seen += 1
-                if self._seen == 1:
-                    self._first_at = time.monotonic()
-                    if self.on_signal is not None:
-                        signals.quietly(self.on_signal, signum)
-                elif signum != signal.SIGHUP and self._exit:  # a closing session repeats SIGHUP
-                    if self.on_second is not None:
-                        signals.quietly(self.on_second, signum)
-                    discard_unfinished()  # no half-written output left behind
-                    os._exit(128 + signum)  # pylint: disable=protected-access
+    def _heard(self, signum):
+        """A signal as it arrives (the reader's thread), also while the main thread is in MXNet."""
+        if self._seen and signals.repeated(self._first_at):
+            return  # one Ctrl-C delivered twice (a wrapper that forwards it)
+        self._seen += 1
+        if self._seen == 1:
+            self._first_at = time.monotonic()
+            if self.on_signal is not None:
+                signals.quietly(self.on_signal, signum)
+        elif signum != signal.SIGHUP and self._exit:  # a closing session repeats SIGHUP
+            if self.on_second is not None:
+                signals.quietly(self.on_second, signum)
+            discard_unfinished()  # no half-written output left behind
+            os._exit(128 + signum)  # pylint: disable=protected-access
 
     def __enter__(self):
         self._exit = self.exit_on_second
         if self._exit is None:
             from .progress import jupyter_shell  # pylint: disable=import-outside-toplevel
             self._exit = jupyter_shell() is None
-        for s in self.SIGNALS:
-            if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN:  # nohup
-                self._previous[s] = signal.signal(s, self._handle)
-        self._sockets = socket.socketpair()
-        for sock in self._sockets:
-            sock.setblocking(False)
-        self._sockets[0].setblocking(True)
-        self._wakeup = signal.set_wakeup_fd(self._sockets[1].fileno(), warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._watch, name='stop-request', daemon=True)
-        self._thread.start()
+        self._previous = signals.install(self._handle, self.SIGNALS)  # nohup's SIGHUP stays ignored
+        self._reader = signals.WakeupReader(self._previous, self._heard, 'stop-request')
+        self._watching = self._reader.start()
         return self
 
     def __exit__(self, *exc):
         signals.wait_out(self._first_at)  # a repeat of the first signal still finds this hook
-        signal.set_wakeup_fd(self._wakeup)
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._sockets[1].close()  # the watcher sees the end and returns
-        self._thread.join(timeout=5)
-        self._sockets[0].close()
-        self._thread = None
+        self._reader.stop()  # the handler stays this request's until the previous comes back
+        signals.restore(self._previous)
         return False
 
 
-class StallGuard(Hook):
+def check_stop(stop):
+    """Raise ``StoppedBySignal`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop.
+
+    What work that is not a training run asks between its steps (a measurement's repeats).
+    """
+    if stop is not None and stop():
+        raise StoppedBySignal(stop.signum or signal.SIGINT)
+
+
+class StallGuard(Background, Hook):
     """Calls ``on_stall`` when no training step has finished for a long time: a deadlock.
 
     MXNet's synchronised BatchNorm waits in a barrier without a time limit,
@@ -179,25 +165,15 @@ class StallGuard(Hook):
     whole epoch at its end.
     """
 
+    thread_name = 'stall-guard'
+
     def __init__(self, on_stall, seconds=120.0, factor=20.0):
         self.on_stall, self.seconds, self.factor = on_stall, seconds, factor
         self._last = None  # when the last step was queued; None: not watching
         self._longest = 0.0
-        self._done = threading.Event()
-        self._thread = None
 
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._watch, name='stall-guard', daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join()
-        return False
-
-    def _watch(self):
-        while not self._done.wait(1.0):
+    def work(self):
+        while not self.finished.wait(1.0):
             last = self._last
             if last is None:
                 continue

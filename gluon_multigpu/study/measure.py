@@ -7,14 +7,13 @@ the devices took, not how long Python took to queue the work; figures are
 medians over repeats after one untimed warm-up (which compiles the graph,
 creates the kvstore and fills the gradients).
 
-A measurement takes minutes; ``stop_on_signals`` makes SIGINT and SIGTERM end
-one cleanly: they raise ``Stopped`` in the main thread, which unwinds through
-every ``with`` and ``finally`` on the way (temporary files, threads, child
-processes), where SIGTERM would otherwise end the process on the spot.
+A measurement takes minutes; a stop request (``StopRequest``) is asked
+between its steps (``check_stop``), and a program that stops where the code
+is (``base.signals.raising``) unwinds through every ``with`` and ``finally``
+on the way (temporary files, threads, child processes): both raise
+``errors.StoppedBySignal``.
 """
-import signal
 import statistics
-import threading
 import time
 
 import numpy as onp
@@ -25,27 +24,23 @@ from mxnet import autograd, gluon, np, npx
 from . import scaling
 from ..core.data import ArrayLoader, train_loader
 from ..core.devices import device_counts, devices_for, split_batch
+from ..base.background import Background
 from ..errors import TrainingDiverged
 from ..core.model import default_initializer, get_model, memory_needed
 from ..core.kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
 from ..run.progress import Progress
+from ..run.stopping import check_stop
 from ..core.training import Hook, hybridize, train
 
 __all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch',
            'time_compute', 'sync_trainer', 'time_sync', 'measure_bandwidth', 'measure_count',
            'compute_seconds', 'config_label',
-           'measure_projection', 'run_sweep', 'train_config', 'OtherWork', 'Stopped',
-           'stop_on_signals', 'check_stop', 'WorkDone', 'bandwidth_memory', 'MODEL_COST']
+           'measure_projection', 'run_sweep', 'train_config', 'OtherWork', 'check_stop', 'WorkDone',
+           'bandwidth_memory', 'MODEL_COST']
 
 #: Relative cost of a sample's forward and backward pass, for estimates of a run's time: ResNet-18
 #: trains about 60 times slower than the simple CNN on CPU contexts (README, docs/results.md).
 MODEL_COST = {'resnet18': 60.0, 'simple-cnn': 1.0}
-
-
-def check_stop(stop):
-    """Raise ``Stopped`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop."""
-    if stop is not None and stop():
-        raise Stopped(stop.signum or signal.SIGINT)
 
 
 def bandwidth_memory(model, num_devices, batch_per_device):
@@ -181,7 +176,7 @@ def measure_bandwidth(model, device_type, counts, kvstores, batch_per_device, im
     progress : callable, optional
         Called with a line of text after each measurement.
     stop : StopRequest, optional
-        Asked between repeats: ``Stopped`` when it was asked to stop.
+        Asked between repeats: ``StoppedBySignal`` when it was asked to stop.
 
     Returns
     -------
@@ -348,7 +343,7 @@ class WorkDone(Hook):
         self.report((run.epoch - 1) * self.per_epoch + samples)
 
 
-class OtherWork:
+class OtherWork(Background):
     """Other work on a device, as a device shared with another job sees it: a context manager.
 
     A thread queues a ``size`` x ``size`` matrix product on ``device``, waits
@@ -359,24 +354,23 @@ class OtherWork:
     (a load that drifts); ``device`` None is no work at all.
     """
 
-    #: Seconds between two products, with nothing of this work queued (see ``_work``).
+    #: Seconds between two products, with nothing of this work queued (see ``work``).
     PAUSE = 0.002
+    thread_name = 'other-work'
 
     def __init__(self, device, size=512):
         self.device, self.size = device, size
-        self._stop = threading.Event()
-        self._thread = None
 
     def move_to(self, device):
         """From now on, load ``device`` (None: stop loading)."""
         self.device = device
 
-    def _work(self):
+    def work(self):
         matrices = {}
-        while not self._stop.is_set():
+        while not self.finished.is_set():
             device = self.device
             if device is None:
-                time.sleep(0.01)
+                self.finished.wait(0.01)
                 continue
             if device not in matrices:
                 matrices[device] = np.ones((self.size, self.size), ctx=device)
@@ -384,57 +378,4 @@ class OtherWork:
             # A pause with nothing queued: ``npx.waitall()`` in the training thread returns
             # only when it sees the engine empty, and a product queued at once after the last
             # kept it waiting (a minute and more on a loaded machine, however a signal asked).
-            self._stop.wait(self.PAUSE)
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._work, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        return False
-
-
-class Stopped(BaseException):
-    """A run stopped by a signal (``stop_on_signals``); ``signum`` says which.
-
-    A ``BaseException``, as ``KeyboardInterrupt`` is: no ``except Exception``
-    on the way out swallows it, and a caller that turns Ctrl-C into status
-    130 can tell SIGTERM (143) apart.
-    """
-
-    def __init__(self, signum):
-        self.signum = signum
-        super().__init__(f'interrupted by {signal.Signals(signum).name}')
-
-
-class stop_on_signals:  # pylint: disable=invalid-name
-    """Context manager (main thread): SIGINT and SIGTERM raise ``Stopped`` where the code is.
-
-    Python runs the handler between bytecodes, so a wait inside MXNet ends
-    first (a step, a synchronisation). A signal after the first is ignored:
-    it would break into the cleanup the first one started, and leave half of
-    it undone. The previous handlers come back on exit. ``signum`` is the
-    first signal received, or None.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum, self._previous = None, {}
-
-    def _handle(self, signum, frame):  # pylint: disable=unused-argument
-        if self.signum is None:
-            self.signum = signum
-            raise Stopped(signum)
-
-    def __enter__(self):
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        return False
+            self.finished.wait(self.PAUSE)

@@ -1,0 +1,226 @@
+"""A program's console and its start: engine settings first, quiet streams, how it was started.
+
+MXNet reads some of its settings once, when its library loads (``OMP_NUM_THREADS``)
+or when its engine first needs scratch space (``MXNET_CPU_TEMP_COPY``). So a
+program first reads its device flags and calls ``prepare_engine``, which has
+``gluon_multigpu.base.engine`` compute and set them, and only then uses
+anything of the package that loads MXNet (``start`` does both in that order).
+Until the program's own handlers are in place, a stop signal ends it with one
+line; once it has stopped a run, the program's ``stop_request`` hands the
+signals to nobody (they are ignored while the process ends). The console
+streams never raise on a closed terminal (``quiet_console``), and messages
+name the programs as this one was started (``program``, ``command_line``).
+Nothing in this module loads MXNet.
+"""
+import contextlib
+import os
+import shlex
+import sys
+
+from . import messages
+from .arguments import FLAGS, UsageError, engine_devices
+from ..base import engine, signals
+from ..run import files
+from ..run.stopping import StopRequest
+
+
+def cores():
+    """The CPU cores this process may run on."""
+    return engine.cores()
+
+
+def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
+    """``engine.configure`` for a script: a bad engine variable is a ``UsageError``.
+
+    Call before MXNet loads; returns the variables set now.
+    """
+    try:
+        return engine.configure(num_cpu_devices, sync_bn=sync_bn, environ=environ)
+    except engine.EngineError as e:
+        raise UsageError(e.describe(FLAGS)) from None
+
+
+def say_quietly(line, stream=None):
+    """Print ``line`` on ``stream`` (stderr) and flush; a terminal that is gone is not an error."""
+    try:
+        print(line, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):  # EIO (a closed terminal), EPIPE; ValueError: stream closed
+        pass
+
+
+#: ``began``: the program's own handlers were installed (a signal after them finds the run
+#: ending); ``program``: this process is a program (``start``), which ends once ``main`` returns.
+_RUN = {'began': False, 'program': False}
+
+
+def run_began():
+    """Say that the script's own handlers are in place: the pre-load ones act again only after."""
+    _RUN['began'] = True
+
+
+def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
+    say_quietly(messages.while_starting(signum, _RUN['began']))
+    files.discard_unfinished()
+    os._exit(128 + signum)  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def stop_request(on_signal, on_second, ignore_after=False):
+    """The program's ``StopRequest`` (its handlers in place: ``run_began``).
+
+    With ``ignore_after``, once it has stopped the run, a program (``start``)
+    ignores the stop signals: its status is then 128 + the first signal, as
+    its last line says, and a signal that comes while the process ends
+    changes neither (one within the window is the same request anyway).
+    Called as a function (``main``, the tests), the process's handlers are
+    left as they were.
+    """
+    stop = StopRequest(on_signal, on_second)
+    try:
+        with stop:
+            run_began()  # from its end on, a signal finds the run over, not starting
+            yield stop
+    finally:
+        if ignore_after and stop.signum is not None and _RUN['program']:
+            signals.ignore(signals.STOP_SIGNALS)
+
+
+def prepare_engine(argv=None):
+    """The first thing a script does: engine settings for its device flags, before MXNet loads.
+
+    A bad engine variable ends the process with one line and status 2. Until
+    the script installs its own handlers, Ctrl-C, SIGTERM or SIGHUP (while
+    MXNet loads, which takes seconds) ends it with one line, not a traceback;
+    SIGHUP ignored at start (``nohup``) stays ignored.
+    """
+    signals.install(_stopped_while_starting)  # nohup's SIGHUP stays ignored
+    _RUN['began'] = False
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        apply_engine_settings(engine_devices(argv), sync_bn='--sync-bn' in argv)
+    except UsageError as e:
+        say_quietly(f'error: {e}')
+        sys.exit(2)
+
+
+class _QuietStream:
+    """A console stream whose write errors end its output, not the run.
+
+    A terminal that closed (EIO) or a reader that went away (EPIPE) would
+    turn the next progress line into an exception. On the first failure the
+    stream's descriptor is pointed at the null device, so that what is still
+    buffered, and Python's flush at exit, go nowhere quietly.
+    """
+
+    def __init__(self, stream):
+        self._stream, self.lost = stream, False
+
+    def _lose(self):
+        self.lost = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass  # no descriptor of its own (a test's capture): dropping the text is enough
+
+    def write(self, text):
+        if not self.lost:
+            try:
+                self._stream.write(text)
+            except (OSError, ValueError):
+                self._lose()
+        return len(text)
+
+    def flush(self):
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._lose()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class quiet_console:  # pylint: disable=invalid-name
+    """Within the block, ``sys.stdout`` and ``sys.stderr`` never raise on a closed terminal."""
+
+    def __enter__(self):
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _QuietStream(sys.stdout), _QuietStream(sys.stderr)
+        return self
+
+    def __exit__(self, *exc):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = self._saved
+        return False
+
+
+# -- how the program was started, to say how to start it (or another) again ------------------
+
+#: The checkout's scripts/ folder, beside the package (an installed package has none).
+CHECKOUT_SCRIPTS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'scripts')
+_CONSOLE = 'console'
+#: The scripts/NAME.py that started the program, _CONSOLE (its console script), or None
+#: (not told: called from Python, e.g. a test; the checkout's scripts if there are any).
+_STARTED = {'launcher': None}
+
+
+def started(launcher=None):
+    """Record how the program was started: from ``launcher`` (the path of ``scripts/NAME.py``),
+    or, without it, as its console script ``gluon-multigpu-NAME``."""
+    _STARTED['launcher'] = os.path.abspath(launcher) if launcher else _CONSOLE
+
+
+def _scripts_folder():
+    launcher = _STARTED['launcher']
+    if launcher == _CONSOLE:
+        return None
+    if launcher:
+        return os.path.dirname(launcher)
+    return CHECKOUT_SCRIPTS if os.path.isdir(CHECKOUT_SCRIPTS) else None
+
+
+def program(name):
+    """How messages name program ``name`` (``train``, ``launch``, ...): as this one was started,
+    ``python scripts/NAME.py`` or the console script ``gluon-multigpu-NAME``."""
+    return f'python scripts/{name}.py' if _scripts_folder() else f'gluon-multigpu-{name}'
+
+
+def command_line(name, argv):
+    """The command that runs program ``name`` with ``argv`` from the current directory."""
+    folder = _scripts_folder()
+    if folder is None:
+        return shlex.join([f'gluon-multigpu-{name}', *argv])
+    script = os.path.abspath(os.path.join(folder, f'{name}.py'))
+    relative = os.path.relpath(script)
+    return shlex.join(['python', script if relative.startswith('..') else relative, *argv])
+
+
+def resume_command(name, argv=None):
+    """The command that continues a stopped run of program ``name``: ``argv`` (None: this
+    process's arguments) with ``--resume``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if '--resume' not in argv:
+        argv.append('--resume')
+    return command_line(name, argv)
+
+
+def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
+    """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
+
+    ``launcher``: the path of the ``scripts/NAME.py`` that started it (None:
+    its console script). ``engine``: set the engine for the device flags of
+    ``engine_argv`` (None: the command line's) before MXNet loads; False for
+    a program that loads no MXNet.
+    """
+    started(launcher)
+    _RUN['program'] = True
+    if engine:
+        prepare_engine(engine_argv)
+    sys.exit(main())

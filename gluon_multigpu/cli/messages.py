@@ -1,0 +1,186 @@
+"""What the programs say when they stop: on a signal, at a second one, or on a failed write.
+
+One place for the wording of every stop of the command line (train's, the
+measuring programs', the start-up's), so that the same event reads the same
+in every program: a first signal is acknowledged at once with what happens
+next (``heard``), a second says that the process ends now, and the last line
+says where the run stopped, what was kept and how to go on. The functions
+only make the text; the programs print it (``console.say_quietly``) and
+choose the exit status (128 + the signal). Nothing here loads MXNet.
+"""
+import signal
+
+__all__ = ['signal_name', 'heard', 'train_heard', 'train_stopped_now', 'train_stopped',
+           'comparison_kept', 'comparison_why', 'train_finished_anyway', 'launcher_stops',
+           'sweep_heard', 'sweep_stopped_now', 'sweep_stopped', 'sweep_finished_anyway',
+           'partial_heading', 'nothing_written', 'while_starting', 'could_not_write',
+           'kept_and_written']
+
+
+def signal_name(signum, default='a stop request'):
+    """``SIGINT``, ``SIGTERM``, ...; ``default`` where no signal caused the stop."""
+    return signal.Signals(signum).name if signum else default
+
+
+def heard(signum, launched=False):
+    """How the first line names a signal: ``Ctrl-C``, ``SIGHUP (the terminal closed)``, ``SIGTERM``.
+
+    A worker of the launcher (``launched``) has no terminal: its signals come
+    from the launcher, and the line says so.
+    """
+    if launched:
+        return f'{signal_name(signum)} from the launcher'
+    return {signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
+        signum, signal_name(signum))
+
+
+# -- train --------------------------------------------------------------------------------------
+
+def train_heard(signum, book=False, launched=False, joining=False):
+    """The line at once on a first signal: the run stops after the current step.
+
+    The text's loop (``book``) queues steps ahead of the devices without a
+    bound, up to an epoch's end: it stops after the steps already queued.
+    Nobody can press Ctrl-C for a worker of the launcher (``launched``).
+    """
+    name = heard(signum, launched)
+    if joining:
+        return f'{name}: stopping while joining the parameter server'
+    when = ("once the steps already queued have run (the text's loop queues them ahead of the "
+            "devices, up to the epoch's end)" if book else 'after the current step')
+    return f'{name}: stopping {when}' + ('' if launched else '; Ctrl-C again to stop now')
+
+
+def train_stopped_now():
+    """The line before a second signal ends a training run at once."""
+    return 'stopped at once (a second signal): the last complete checkpoint, if any, is kept'
+
+
+def train_stopped(signum, error, resume=None, checkpoint=None, kept=None):
+    """The last line of a training run stopped by ``error`` (an ``Interrupted``).
+
+    Where it stopped; then what a stopped comparison kept (``kept``, from
+    ``comparison_kept``), or the ``checkpoint`` folder and the ``resume``
+    command, or that nothing can be resumed.
+    """
+    name = signal_name(signum)
+    done = getattr(error, 'done', None)
+    if getattr(error, 'left', None) is not None:  # StoppedBetweenRuns
+        where = (f'interrupted by {name} at the end of the run with kvstore {done}: the '
+                 f'runs with {", ".join(error.left)} were not begun')
+    else:
+        when = f'in epoch {error.epoch} after {error.batches} batch(es)'
+        if error.epoch_done:
+            when = (f'after epoch {error.epoch} had finished its steps, before epoch '
+                    f'{error.epoch + 1} began')
+        where = f'interrupted by {name} {when}'
+        if kept is not None:
+            where = f'interrupted by {name} during the run with kvstore {kept[1][0]} ({when})'
+    if kept is not None:
+        return f'{where}; {comparison_kept(*kept)}'
+    if checkpoint is not None:
+        return f'{where}; checkpoint in {checkpoint}; resume with: {resume}'
+    return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
+
+
+def comparison_kept(finished, pending, written):  # pylint: disable=unused-argument
+    """What a stopped comparison kept: the finished kvstores' results, and where."""
+    if not finished:
+        return 'no kvstore had finished: no output was written'
+    runs = f'kvstore {", ".join(finished)}'
+    if not written:
+        return f'the results of {runs} are printed above (no output was asked for)'
+    return f'the results of {runs} are kept, marked partial, in {kept_and_written(written)}'
+
+
+def kept_and_written(paths):
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ', '.join(paths[:-1]) + ' and ' + paths[-1] if len(paths) > 1 else paths[0]
+
+
+def comparison_why(signum, pending):
+    """Why the outputs of a stopped comparison are partial."""
+    return f'interrupted by {signal_name(signum, "a stop")} before kvstore {pending} had finished'
+
+
+def train_finished_anyway(signum, outputs=False, checkpoint=False):
+    """The last line for a signal that came after the last step: the run finished all the same."""
+    done = ['the run is complete']
+    if outputs:
+        done.append('its outputs are written')
+    if checkpoint:
+        done.append('its checkpoint holds it')
+    return (f'{signal_name(signum)} came after the last step: {kept_and_written(done)}; exit '
+            f'status {128 + signum}, as for any stop by a signal')
+
+
+def launcher_stops(step):
+    """A worker's line when the launcher stops the job on a step every worker stops on."""
+    return f'the launcher stops the job: stopping after step {step}, as every worker does'
+
+
+# -- the measuring programs (a sweep of measurements kept as they are made) -------------------
+
+def sweep_heard(signum):
+    """The line at once on a first signal: every measurement finished is kept."""
+    return (f'{heard(signum)}: stopping after the current step; every measurement finished is '
+            'kept (Ctrl-C again to stop now)')
+
+
+def sweep_stopped_now(sweep=None, whole=True):
+    """The line before a second signal ends a measuring program at once.
+
+    ``sweep``: the sweep measured (None: not begun); ``whole``: whether its
+    results file was complete when the process let go of it.
+    """
+    if sweep is None:
+        return ('stopped at once (a second signal): the measurements finished before are kept '
+                'in the results file')
+    if not sweep.done:
+        return ('stopped at once (a second signal): nothing had been measured yet, nothing was '
+                'written')
+    kept = 'complete' if sweep.complete else 'marked partial'
+    return (f'stopped at once (a second signal): {sweep.describe()} ({kept})'
+            + ('' if whole else '; a write of it was still in progress: it holds the '
+               'measurements before the last'))
+
+
+def sweep_stopped(signum, sweep, command):
+    """The last line of a measuring run stopped by a signal: what it kept, how to go on."""
+    name = signal_name(signum)
+    if sweep is None or not sweep.done:
+        return f'interrupted by {name}: nothing had been measured yet, nothing was written'
+    return f'interrupted by {name}: {sweep.describe()} (marked partial); continue with: {command}'
+
+
+def sweep_finished_anyway(signum):
+    """The last line for a signal after the last measurement: the run is complete."""
+    return (f'{signal_name(signum)} came after the last measurement: the run is complete and '
+            f'written; exit status {128 + signum}')
+
+
+def partial_heading(sweep):
+    """The line above a partial table."""
+    return (f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} '
+            'measurements')
+
+
+# -- any program ------------------------------------------------------------------------------
+
+def nothing_written(error):
+    """The last line of a program stopped where its code was (``StoppedBySignal``)."""
+    return f'{error}: nothing was written'
+
+
+def while_starting(signum, began):
+    """The line of a signal before the program's own handlers (``began``: after them)."""
+    if began:
+        return f'{signal_name(signum)} came as the run was ending: its results are as printed'
+    return 'interrupted while starting: nothing was written'
+
+
+def could_not_write(error, kept):
+    """The line of a write that failed (``OSError``); ``kept`` says what is left as it was."""
+    where = f' {error.filename}' if error.filename else ''
+    return (f'error: could not write{where}: {error.strerror or error}; free space or choose '
+            f'another place ({kept})')

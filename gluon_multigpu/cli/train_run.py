@@ -1,0 +1,291 @@
+"""What one train command does once parsed: the checks, the data, a training per kvstore.
+
+The command line's part only: every check and setting of a run is the
+library's (``recipes``, ``model.fit_batch``, ``checks.check_loop_options``,
+``sync_bn.check_training``, ``distributed.join``, ``checkpoint.for_run``,
+``targets.check_outputs``); this module chooses the hooks the flags ask for
+and prints the lines. It loads MXNet: a program imports it once the engine
+is set (``console.prepare_engine``).
+"""
+import contextlib
+import os
+import sys
+
+from . import messages
+from .arguments import FLAGS
+from .comparison import Comparison
+from .console import cores, program, resume_command, say_quietly
+from ..core.book import resnet18 as book_resnet18, train_book
+from ..core.checks import check_loop_options
+from ..core.data import DATASETS, load_data, synthetic_data
+from ..core.devices import resolve_devices, split_sizes
+from ..core.kvstores import DIST_KVSTORES, check_kvstore, kvstore_name
+from ..core.model import default_initializer, fit_batch, get_model
+from ..core.recipes import RECIPES
+from ..core.results import epoch_line
+from ..core.training import train
+from ..errors import GluonMultiGPUError
+from ..features.balance import TimedSplit, make_split
+from ..features.distributed import Control, StepScale, join
+from ..features.precision import check_dtype, make_precision
+from ..features.sync_bn import check_training, sync_batch_norm
+from ..run.checkpoint import for_run, run_config
+from ..run.progress import Progress
+from ..run.stopping import StallGuard, StopRequest
+from ..run.targets import check_outputs as check_paths, input_files
+from ..study.charts import check_chart_path
+from ..study.compare import ParamTracker, fingerprint
+
+__all__ = ['run', 'joining', 'per_device', 'RankPrefixed']
+
+
+def check_run(args):
+    """The checks before any work; return ``(devices, batch_size, kvstores, notes)``."""
+    devices, note = resolve_devices(args.num_gpus, args.cpu_devices)
+    images = DATASETS[args.dataset]['train']
+    batch_size, cut = fit_batch(args.model, devices, min(args.num_train or images, images),
+                                args.batch_size, sync_bn=args.sync_bn)
+    check_loop_options(devices, args.split, args.dtype, args.book_literal)
+    check_dtype(args.dtype, devices)
+    if args.sync_bn:
+        check_training(args.model, devices, batch_size, args.split, args.book_literal)
+    kvstores = list(dict.fromkeys(args.kvstore))
+    for kvstore in kvstores:
+        if kvstore not in DIST_KVSTORES:
+            check_kvstore(kvstore, devices)
+    check_outputs(args)
+    return devices, batch_size, kvstores, [note, cut]
+
+
+def check_outputs(args):
+    """Raise GluonMultiGPUError unless every output path can be written, each its own (see
+    ``targets.check_outputs``); a chart's format must be one its extension names."""
+    check_paths(files=[('--plot', args.plot), ('--json', args.json)],
+                directories=[('--report', args.report)], checkpoint_dir=args.checkpoint_dir,
+                inputs=[] if args.synthetic else input_files(args.dataset, args.data_dir))
+    if args.plot is not None:
+        check_chart_path(args.plot, '--plot')
+
+
+def run(args, out=None, stop=None):
+    """Check the input, train once per kvstore, report; return the list of TrainResult.
+
+    ``stop`` (a ``StopRequest``) is asked after every step.
+    """
+    out = out or sys.stdout
+    devices, batch_size, kvstores, notes = check_run(args)
+    worker = join_parameter_server(kvstores, stop)  # blocks until every worker has joined
+    if worker.rank:
+        out = RankPrefixed(out, worker.rank)
+    lr = args.lr or RECIPES[args.model].lr(batch_size * worker.count)
+    checkpoint = make_checkpointer(args, batch_size, lr, kvstores, worker)
+    guard = stall_guard(args, devices)
+    # Under the launcher: report the steps, stop on the step it names (the same for all workers).
+    control = Control.from_environment(
+        stop=stop, on_stop=lambda step: say_quietly(messages.launcher_stops(step)))
+    # Copies of the parameters only to compare several kvstores (45 MB an epoch for ResNet-18).
+    tracker = ParamTracker(compare=len(kvstores) > 1)
+    with checkpoint or contextlib.nullcontext(), tracker, guard or contextlib.nullcontext():
+        # Loaded before any training, so that bad data stops the run at once.
+        train_iter, test_iter, data_note = make_loaders(args, batch_size, len(devices), worker)
+        if checkpoint is not None:
+            checkpoint.check_directory(args.num_epochs, len(train_iter))
+        for message in (*notes, data_note):
+            if message:
+                print(GluonMultiGPUError(message).describe(FLAGS), file=out)
+        print(f'training {args.model} on {args.dataset}: {train_iter.num_samples} train / '
+              f'{len(test_iter.labels) if test_iter else 0} test images, batch {batch_size} '
+              f'({per_device(args.split, batch_size, len(devices))}){worker.describe(batch_size)}, '
+              f'lr {lr:g}, {args.num_epochs} epoch(s), devices {devices}', file=out, flush=True)
+        if args.resume:
+            print_resumed(checkpoint, args.num_epochs, out)
+        config = None if worker.rank else dict(
+            vars(args), batch_size=batch_size, lr=lr, kvstore=kvstores,
+            devices=[str(d) for d in devices], num_train=train_iter.num_samples,
+            num_test=len(test_iter.labels), workers=worker.count)
+        hooks = [h for h in (checkpoint, stop, control, guard) if h is not None]
+        return Comparison(args, kvstores, config, tracker, out, stop).run(
+            lambda kvstore, schedule: train_one(args, worker.kvstore or kvstore, devices, lr,
+                                                train_iter, test_iter, out, tracker, hooks,
+                                                worker, schedule),
+            quiet=bool(worker.rank))
+
+
+def make_loaders(args, batch_size, num_devices, worker):
+    """Load the data set (or make random data of its shape): ``(train_iter, test_iter, note)``.
+
+    A worker of a parameter server trains on its share of every global batch
+    and, unless it is the first, does not evaluate (``test_iter`` None).
+    """
+    equal = bool(args.sync_bn)  # equal shards in every batch, the last one too
+    make = synthetic_data if args.synthetic else load_data
+    more = {} if args.synthetic else {'root': args.data_dir, 'download': args.download}
+    train_iter, test_iter = make(args.dataset, batch_size, num_train=args.num_train,
+                                 num_test=args.num_test, seed=args.seed, num_devices=num_devices,
+                                 equal_shards=equal, **more)
+    train_iter, test_iter = worker.shard(train_iter, test_iter, args.seed)
+    dropped = len(train_iter.labels) - train_iter.num_samples * worker.count
+    note = None
+    if dropped and worker.count > 1:
+        note = (f'dropping {dropped} training sample(s) of each epoch: they make no whole global '
+                f'batch of {batch_size} x {worker.count} workers')
+    elif dropped and equal:
+        note = (f'dropping the last {dropped} training sample(s) of each epoch: with `sync_bn` '
+                f'every batch must divide evenly among the {num_devices} devices')
+    elif dropped:
+        note = (f'dropping the last {dropped} training sample(s) of each epoch: '
+                f'fewer than the {num_devices} devices')
+    return train_iter, test_iter, note
+
+
+def train_one(args, kvstore, devices, lr, train_iter, test_iter, out, tracker, hooks=(),
+              worker=None, schedule=None):
+    """Train a fresh model (or resume one) with one kvstore; print each epoch; return the result.
+
+    After each epoch ``tracker`` records the parameters, for the comparison;
+    ``schedule`` (a ``progress.Schedule``) holds the kvstores compared, for the
+    progress lines' time left.
+    """
+    train_iter.epoch = 0  # every kvstore sees the same sequence of batches
+    classes = DATASETS[args.dataset]['classes']
+    if args.book_literal and args.model == 'resnet18':
+        net = book_resnet18(classes)  # the text's: nn.Block residuals
+    else:
+        net = get_model(args.model, classes,
+                        sync_batch_norm(len(devices)) if args.sync_bn else None)
+    split = make_split(args.split)
+
+    def on_epoch(record):
+        line = epoch_line(record, args.num_epochs)
+        if worker is not None and worker.count > 1:  # the workers must agree: show it
+            line += f', parameters {fingerprint(net)}'
+        print(line, file=out, flush=True)
+        if isinstance(split, TimedSplit):
+            print(f'  {split.summary()}', file=out, flush=True)
+            split.reset_stats()
+        tracker.record(kvstore_name(kvstore), record.epoch, net)
+
+    settings = dict(num_epochs=args.num_epochs, lr=lr, kvstore=kvstore, seed=args.seed,
+                    initializer=default_initializer(args.model), on_epoch=on_epoch)
+    if args.book_literal:  # the text's loop, asking the stop request between steps
+        stop = next((h for h in hooks if isinstance(h, StopRequest)), None)
+        return train_book(net, train_iter, test_iter, devices,
+                          batch_size=train_iter.batch_size, stop=stop, **settings)
+    label = (f'kvstore {kvstore_name(kvstore)} on {len(devices)} '
+             f'{devices[0].device_type.upper()}' + ('s' if len(devices) > 1 else ''))
+    progress = Progress(say_quietly, args.progress_interval, label, args.num_epochs,
+                        advice=faster_advice(args, devices), schedule=schedule)
+    features = [split, make_precision(args.dtype, devices)]
+    if worker and worker.count > 1:
+        features.append(StepScale(kvstore, worker.count))
+    result = train(net, train_iter, test_iter, devices,
+                   hooks=[f for f in features if f is not None] + [*hooks, progress],
+                   max_in_flight=args.max_in_flight, **settings)
+    result.workers = worker.count if worker else 1
+    return result
+
+
+def faster_advice(args, devices):
+    """What to try when a run would take long: a smaller model, more contexts, GPUs."""
+    options = []
+    if args.model != 'simple-cnn':
+        options.append('--model simple-cnn trains about 60 times faster')
+    if devices[0].device_type == 'cpu' and len(devices) < max(2, cores()):
+        options.append(f'--cpu-devices {max(2, cores())} uses every core')
+    if devices[0].device_type == 'cpu':
+        options.append("a machine with GPUs takes seconds per epoch (pip install -e '.[cu112]')")
+    options.append('--num-train N trains on a subset')
+    return 'faster: ' + '; '.join(options)
+
+
+def make_checkpointer(args, batch_size, lr, kvstores, worker):
+    """The checkpoint hook of ``--checkpoint-dir`` (None without it), checked for this run."""
+    config = run_config(args.model, args.dataset, batch_size, lr, args.seed, args.num_train,
+                        args.num_test, book_literal=args.book_literal, workers=worker.count,
+                        dtype=args.dtype, sync_bn=args.sync_bn)
+    return for_run(args.checkpoint_dir, config, args.resume, kvstores, worker.rank)
+
+
+def print_resumed(checkpoint, num_epochs, out):
+    """Say what a resumed run continues from, with the epochs it had done."""
+    state = checkpoint.load() if checkpoint is not None and checkpoint.exists() else None
+    if state is None:
+        if checkpoint is not None:
+            print(f'no checkpoint in {checkpoint.directory} yet: starting at epoch 1', file=out)
+        return
+    print(f'resuming from the checkpoint {checkpoint.describe()}', file=out)
+    for record in state.history:
+        print(epoch_line(record, num_epochs), file=out)
+
+
+def stall_guard(args, devices):
+    """A ``StallGuard`` for synchronised BatchNorm on CPU contexts (None elsewhere).
+
+    It ends the process (status 3) with one line when no step finished for a
+    long time: MXNet's barrier has been seen to wait forever there.
+    """
+    if not (args.sync_bn and devices[0].device_type == 'cpu' and args.max_in_flight):
+        return None
+
+    def on_stall(waited):
+        kept = ''
+        if args.checkpoint_dir and os.path.isfile(os.path.join(args.checkpoint_dir,
+                                                               'manifest.json')):
+            kept = f'; the last checkpoint is kept, resume with: {resume_command("train")}'
+        print(f'error: no training step finished for {waited:.0f} s: synchronised BatchNorm on '
+              'CPU contexts can wait forever in MXNet 1.9.1 (docs/exercises.md); run without '
+              f'--sync-bn or on GPUs{kept}', file=sys.stderr, flush=True)
+        os._exit(3)  # pylint: disable=protected-access  (the engine cannot be unblocked)
+    return StallGuard(on_stall)
+
+
+def per_device(split, batch_size, num_devices):
+    """How a batch is shared, for the first line: ``64 per device``, ``32 + 96 by --split 1,3``
+    or ``64 per device at first, then --split auto``."""
+    if isinstance(split, list):
+        sizes = split_sizes(batch_size, split)
+        return (' + '.join(str(n) for n in sizes) + ' by --split '
+                + ','.join(f'{w:g}' for w in split))
+    even = f'{batch_size / num_devices:g} per device'
+    return even + (f' at first, then --split {split}' if split else '')
+
+
+#: Whether the process waits to join the parameter server (a signal then ends it, not a step).
+_PHASE = {'joining': False}
+
+
+def joining():
+    """Whether the process waits to join the parameter server now."""
+    return _PHASE['joining']
+
+
+def join_parameter_server(kvstores, stop=None):
+    """Join the parameter server if a dist kvstore was asked for; return this ``Worker``.
+
+    A signal (``stop``) or the join's time-out raises ``distributed.JoinError``.
+    """
+    dist = next((k for k in kvstores if k in DIST_KVSTORES), None)
+    _PHASE['joining'] = dist is not None
+    try:
+        return join(kvstores, start=f'{program("launch")} -n WORKERS -s SERVERS -- '
+                    f'{program("train")} --kvstore {dist} ...', stop=stop)
+    finally:
+        _PHASE['joining'] = False
+
+
+class RankPrefixed:
+    """A text stream that puts ``rank R: `` before every line (the workers after the first)."""
+
+    def __init__(self, stream, rank):
+        self.stream, self.prefix, self._start = stream, f'rank {rank}: ', True
+
+    def write(self, text):
+        for piece in text.splitlines(keepends=True):
+            if self._start:
+                self.stream.write(self.prefix)
+            self.stream.write(piece)
+            self._start = piece.endswith('\n')
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
