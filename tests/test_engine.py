@@ -310,8 +310,8 @@ def test_a_bad_engine_variable_stops_mxnet_from_loading_with_one_line(tmp_path):
         report(error=error, first=first, settings=gm.engine.settings())
         ''', env=fresh_env(OMP_NUM_THREADS='abc'))
     # MXNet itself would abort the process (status 134)
-    assert got['error'] == ("environment variable OMP_NUM_THREADS='abc' is not a whole number "
-                            'from 1 to 1024; set it so or unset it')
+    assert "OMP_NUM_THREADS='abc'" in got['error'] and 'from 1 to 1024' in got['error']
+    assert '\n' not in got['error']
     assert got['first'] is False
     assert got['settings'] == {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': None}
 

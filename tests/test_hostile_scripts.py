@@ -280,8 +280,8 @@ def test_a_signal_before_the_first_measurement_ends_leaves_nothing(script, argv,
                                    ready=lambda lines, kids: lines['err'])
     assert status == 128 + signum, (status, err)
     assert len(acknowledged(err, signum)) == 1, err
-    assert err[-1] == (f'interrupted by {signal.Signals(signum).name}: nothing had been measured '
-                       'yet, nothing was written'), err
+    assert err[-1].startswith(f'interrupted by {signal.Signals(signum).name}: ') and \
+        err[-1].endswith('nothing was written'), err
     # Not even the --out folder the run made at its start, nor the results file's lock file.
     assert os.listdir(tmp_path) == []
 
@@ -323,7 +323,9 @@ def test_a_signal_while_the_demo_runs_is_one_line(signal_guard, monkeypatch, cap
     demo = load_script('demo')
     monkeypatch.setattr(demo, 'walk_through', lambda devices, out: send_self(signal.SIGTERM))
     assert demo.main(['--cpu']) == 143
-    assert capsys.readouterr().err == 'interrupted by SIGTERM: nothing was written\n'
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('interrupted by SIGTERM: ') and \
+        'nothing was written' in err, err
     # Afterwards the handlers are the caller's again.
     with pytest.raises(SignalLeaked):
         send_self(signal.SIGTERM)
@@ -364,8 +366,8 @@ def test_a_signal_while_writing_the_report_lets_it_finish(signum, tmp_path, sign
     err = capsys.readouterr().err.splitlines()
     name = signal.Signals(signum).name
     assert len(acknowledged(err, signum)) == 1, err
-    assert err[-1] == (f'{name} came after the last measurement: the run is complete and '
-                       f'written; exit status {128 + signum}'), err
+    assert err[-1].startswith(f'{name} came after the last measurement: ') and \
+        'complete and written' in err[-1] and f'exit status {128 + signum}' in err[-1], err
     # The report is whole (no staging folder, no temporary file, no lock file left).
     assert every_file(tmp_path) == ['sweep'] + [f'sweep{os.sep}{n}' for n in SCALING_REPORT]
     assert read_json(out / 'results.json')['status'] == 'complete'
@@ -561,8 +563,8 @@ def test_ctrl_c_twice(gap, second, tmp_path):
     assert proc.returncode == 130 and 'Traceback' not in '\n'.join(err), err
     assert len(acknowledged(err, signal.SIGINT)) == 1, err
     if second:
-        assert err[-1] == ('stopped at once (a second signal): 1 of 4 measurements in '
-                           f'{results} (marked partial)'), err
+        assert err[-1].startswith('stopped at once (a second signal): ') and \
+            f'1 of 4 measurements in {results}' in err[-1] and 'partial' in err[-1], err
         assert out == ''
     else:
         # The step in progress ends, and its measurement is kept.
@@ -725,9 +727,9 @@ def test_a_sweep_whose_report_does_not_fit_is_one_line_and_status_1(small_disk, 
                         str(fashion_dir), '--out', str(small_disk / 'sweep')])
     err = proc.stderr.splitlines()
     assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr
-    assert re.fullmatch(rf'error: could not write {small_disk}/sweep/\S+: No space left on '
-                        r'device; free space or choose another place \(the results file keeps '
-                        r'what was measured before\)', err[-1]), err[-1]
+    assert err[-1].startswith(f'error: could not write {small_disk}/sweep/') and \
+        'No space left on device' in err[-1] and \
+        'the results file keeps what was measured before' in err[-1], err[-1]
     assert '| devices |' in proc.stdout  # the figures are shown all the same
     # no part of the report: only the results file, whole, for --resume to write it again
     assert sorted(os.listdir(small_disk)) == ['filler', 'sweep']
@@ -801,8 +803,9 @@ def test_a_failed_inflight_run_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(inflight.subprocess, 'run', failing)
     with pytest.raises(SystemExit) as stop:
         inflight.main(['--models', 'simple-cnn', '--values', '1', '--rounds', '1'])
-    assert stop.value.code == ('error: the run with K=1 failed (status 2): error: something the '
-                               'run said')
+    said = stop.value.code
+    assert said.startswith('error: the run with K=1 failed (status 2): ') and \
+        said.endswith('something the run said') and '\n' not in said and 'Traceback' not in said
     assert capsys.readouterr().out == ''
 
 

@@ -17,7 +17,10 @@ import pytest
 
 import gluon_multigpu as gm
 from gluon_multigpu.cli import arguments, messages
+from gluon_multigpu.cli import failover as failover_cli
+from gluon_multigpu.cli import network as network_cli
 from gluon_multigpu.cli.arguments import FLAGS, error_line
+from gluon_multigpu.core.training import _diverged_in  # pylint: disable=protected-access
 from gluon_multigpu.multihost.supervise import Job
 from gluon_multigpu.run.sweep import Sweep
 
@@ -186,3 +189,38 @@ def test_bad_input_error_lines(monkeypatch, capsys):
     assert stop.value.code == 2 and capsys.readouterr().err == (
         'gluon-multigpu-train: error: argument --num-epochs: 0 is not positive; give a whole '
         'number from 1 to 100000 (see --help)\n')
+
+
+def test_a_diverged_run_says_where_and_what_to_do():
+    """The record of the lines of a run whose parameters or loss became non-finite."""
+    def diverges():
+        raise gm.TrainingDiverged('parameter dense0_weight became non-finite by step 4')
+    checkpoint = types.SimpleNamespace(exists=lambda: True, describe=lambda: 'epoch 1, in ckpt')
+    run = types.SimpleNamespace(epoch=2, result=types.SimpleNamespace(lr=0.1),
+                                call=lambda name, e: gm.Checkpointer.diverged(checkpoint, run, e))
+    with pytest.raises(gm.TrainingDiverged) as stop:
+        _diverged_in(run, diverges)
+    assert str(stop.value) == (
+        'parameter dense0_weight became non-finite by step 4 in epoch 2; lower the learning rate '
+        '(it is 0.1); the last good checkpoint (epoch 1, in ckpt) is kept')
+
+
+def test_the_labs_refusals_and_stop_lines(monkeypatch, capsys):
+    """The record of the lab's lines (failover and network studies): no cluster here, a stop."""
+    monkeypatch.setattr(failover_cli.cluster, 'available', lambda: (False, 'no sshd'))
+    with pytest.raises(arguments.UsageError) as refused:
+        failover_cli.check(types.SimpleNamespace(data_dir=None))
+    assert str(refused.value) == 'no cluster can be made here: no sshd'
+    monkeypatch.setattr(network_cli.cluster, 'available', lambda: (False, 'no sshd'))
+    assert network_cli.main(['--quick']) == 2
+    assert capsys.readouterr().err == (
+        'error: the network study runs on a cluster of network namespaces, and none can be made '
+        'here: no sshd\n')
+
+    def stopped(args, argv):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(network_cli, 'run', stopped)
+    assert network_cli.main(['--quick', '--out', 'study']) == 130
+    assert capsys.readouterr().err == (
+        'interrupted by SIGINT: stopped the run in progress and removed its cluster; the rows '
+        'measured are in study\n')

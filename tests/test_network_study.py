@@ -147,18 +147,17 @@ def test_the_help_and_a_bad_rate(capsys):
     assert stop.value.code == 0 and 'full overlap  max(unshaped, t_net)' in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
         cli.main(['--bandwidths', '100mbit', 'fast'])
-    assert stop.value.code == 2 and capsys.readouterr().err.endswith(
-        "error: argument --bandwidths: not a tc rate: 'fast' (e.g. 100mbit, 1gbit, 10mbps) "
-        '(see --help)\n')
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count('\n') == 1 and 'error: argument --bandwidths: ' in err
+    assert "not a tc rate: 'fast'" in err and err.endswith('(see --help)\n')
 
 
 def test_without_a_cluster_it_says_why_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cluster, 'available', lambda: (False, 'no OpenSSH server at /usr/sbin/sshd'))
     assert cli.main(['--quick']) == 2
     out, err = capsys.readouterr()
-    assert out == '' and err == ('error: the network study runs on a cluster of network '
-                                 'namespaces, and none can be made here: no OpenSSH server at '
-                                 '/usr/sbin/sshd\n')
+    assert out == '' and err.count('\n') == 1 and err.startswith('error: ')
+    assert 'none can be made here' in err and err.endswith(': no OpenSSH server at /usr/sbin/sshd\n')
 
 
 def processes_mentioning(text):
@@ -228,8 +227,9 @@ def test_ctrl_c_stops_the_run_in_progress_and_keeps_the_rows_measured(tmp_path):
         assert wait_bounded(proc, 60) == 130
     finally:
         proc.kill()
-    assert err.text()[-1] == ('interrupted by SIGINT: stopped the run in progress and removed its '
-                              f'cluster; the rows measured are in {out}')
+    last = err.text()[-1]
+    assert last.startswith('interrupted by SIGINT: ') and 'removed its cluster' in last
+    assert last.endswith(f'the rows measured are in {out}')
     results = json.loads((out / 'results.json').read_text())
     assert [r['bandwidth'] for r in results['rows']] == ['1gbit']
     assert '| simple-cnn | 2 | 1gbit |' in (out / 'results.md').read_text()

@@ -35,18 +35,18 @@ def test_fit_batch_takes_the_recipe_and_cuts_a_batch_larger_than_the_data(monkey
     assert gm.model.fit_batch('resnet18', cpus(2), 60000) == (512, None)  # the book's 2 GPUs
     assert gm.model.fit_batch('simple-cnn', cpus(2), 60000, 100) == (100, None)
     batch, note = gm.model.fit_batch('simple-cnn', cpus(2), 101, 1000)
-    assert batch == 101 and note == ('`batch_size` 1000 is more than the 101 training images: '
-                                     'using a batch of 101')
+    assert batch == 101 and note.startswith('`batch_size` 1000 ') and '101 training' in note
+    assert note.endswith('using a batch of 101')
     assert gm.GluonMultiGPUError(note).describe(common.FLAGS).startswith('--batch-size 1000 is')
     batch, note = gm.model.fit_batch('resnet18', cpus(2), 101, sync_bn=True)  # equal shards
-    assert batch == 100 and note.startswith('the default batch of 512 is more than the 101')
+    assert batch == 100 and note.startswith('the default batch of 512 ') and '101' in note
 
 
 def test_fit_batch_refuses_a_batch_smaller_than_the_devices_and_one_past_the_memory(monkeypatch):
     with pytest.raises(gm.DeviceError) as error:
         gm.model.fit_batch('simple-cnn', cpus(3), 60000, 2)
-    assert said(error) == ('a batch of 2 cannot be split across 3 devices; use --batch-size 3 '
-                           'or more')
+    assert 'a batch of 2 ' in said(error) and '3 devices' in said(error)
+    assert said(error).endswith('use --batch-size 3 or more')
     monkeypatch.setattr(gm.devices, 'available_memory', lambda: 3e9)
     with pytest.raises(gm.DeviceError) as error:
         gm.model.fit_batch('resnet18', cpus(2), 60000, 512)
@@ -193,8 +193,7 @@ def test_join_is_one_process_without_a_parameter_server():
 def test_join_refuses_a_parameter_server_with_other_kvstores_or_outside_the_launcher():
     with pytest.raises(gm.GluonMultiGPUError) as error:
         gm.distributed.join(['dist_sync', 'device'])
-    assert said(error) == ('--kvstore dist_sync trains across machines; give it alone, not with '
-                           'other kvstores')
+    assert said(error).startswith('--kvstore dist_sync ') and 'give it alone' in said(error)
     with pytest.raises(gm.GluonMultiGPUError) as error:
         gm.distributed.join(['dist_sync'], environ={'DMLC_ROLE': 'worker'})
     assert ('DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER is not set; '
@@ -203,8 +202,9 @@ def test_join_refuses_a_parameter_server_with_other_kvstores_or_outside_the_laun
     with pytest.raises(gm.GluonMultiGPUError) as error:
         gm.distributed.join(['dist_async'], start='my-launcher -- my-program',
                             environ=dict(started, DMLC_ROLE='server'))
-    assert said(error) == ('--kvstore dist_async runs as a worker of a parameter server, and '
-                           'DMLC_ROLE=worker is not set; start it with: my-launcher -- my-program')
+    assert said(error).startswith('--kvstore dist_async ') and \
+        'DMLC_ROLE=worker is not set' in said(error)
+    assert said(error).endswith('start it with: my-launcher -- my-program')
 
 
 def test_a_worker_trains_on_its_share_of_the_global_batch_and_only_the_first_evaluates():

@@ -171,7 +171,8 @@ def test_ctrl_c_while_mxnet_loads_is_one_line(fashion_dir, tmp_path, loaded):
     # the signal came before the package (and so MXNet) had finished loading
     assert not [l for l in imported if l.endswith('| gluon_multigpu')], imported[-3:]
     err = [l for l in lines.text() if not l.startswith('import time:')]
-    assert err == ['interrupted while starting: nothing was written'], err
+    assert len(err) == 1 and err[0].startswith('interrupted while starting'), err
+    assert 'nothing was written' in err[0]
     assert os.listdir(tmp_path) == []
 
 
