@@ -7,7 +7,6 @@ chart's format follows its name's extension.
 """
 import json
 import os
-import re
 import signal
 import subprocess
 import sys

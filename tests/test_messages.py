@@ -92,7 +92,7 @@ def test_any_program_stopped_while_starting_or_where_its_code_was():
 
 
 def test_the_sweeps_stop_lines():
-    """The record of the measuring programs' stop lines (first, second, last, late, failed write)."""
+    """The record of the measuring programs' stop lines: first, second, last, late, failed write."""
     assert messages.sweep_heard(INT) == (
         'Ctrl-C: stopping after the current step; every measurement finished is kept (Ctrl-C '
         'again to stop now)')
@@ -115,7 +115,8 @@ def test_the_sweeps_stop_lines():
     assert messages.sweep_finished_anyway(HUP) == (
         'SIGHUP came after the last measurement: the run is complete and written; exit status '
         '129')
-    assert messages.partial_heading(sweep(1, 4)) == 'partial results (interrupted): 1 of 4 measurements'
+    assert messages.partial_heading(sweep(1, 4)) == (
+        'partial results (interrupted): 1 of 4 measurements')
     full = OSError(28, 'No space left on device', 'out/sweep/results.json')
     assert messages.could_not_write(full, 'the results file keeps what was measured before') == (
         'error: could not write out/sweep/results.json: No space left on device; free space or '
