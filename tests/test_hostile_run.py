@@ -24,6 +24,7 @@ import pytest
 from gluon_multigpu.cli import common, console
 import gluon_multigpu as gm
 from conftest import REPO, load_script, run_bounded, wait_bounded
+from process_state import handles, has_mapped, wait_until
 
 SCRIPT = str(REPO / 'scripts' / 'train.py')
 #: The environment of a script run as a user runs it: without the engine settings of this process.
@@ -212,7 +213,9 @@ def test_under_nohup_sighup_is_ignored(fashion_dir):
     args[args.index('--num-epochs') + 1] = '4'
     proc, output = start(*args, preexec_fn=ignore_hangups)
     try:
-        time.sleep(0.5)  # while MXNet loads
+        # While MXNet loads: its library is being mapped, the program's own start-up (where a
+        # handler would be installed) is behind it.
+        wait_until(proc, 'MXNet loads', lambda: has_mapped(proc.pid, 'libmxnet'))
         proc.send_signal(signal.SIGHUP)
         output.wait_for(r'^epoch 1/4: ')
         proc.send_signal(signal.SIGHUP)
@@ -229,7 +232,8 @@ def test_sighup_while_mxnet_loads_is_one_line(tmp_path):
     proc = subprocess.Popen([sys.executable, SCRIPT, '--cpu-devices', '2', '--model', 'simple-cnn',
                              '--checkpoint-dir', 'c'], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    time.sleep(0.3)  # the import of MXNet takes seconds
+    # The program's start-up handler is in place; MXNet's import, which takes seconds, follows.
+    wait_until(proc, 'the program handles SIGHUP', lambda: handles(proc.pid, signal.SIGHUP))
     proc.send_signal(signal.SIGHUP)
     assert wait_bounded(proc) == 129
     err = proc.stderr.read()

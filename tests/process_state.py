@@ -1,0 +1,42 @@
+"""Waits on what a child process has done, read from /proc: no sleep stands in for an event.
+
+A test that signals a program at a given moment of its start (while MXNet
+loads) waits until the program has reached it: its handler of the signal is in
+place (``SigCgt`` of /proc/PID/status), or MXNet's library is mapped.
+"""
+import time
+
+
+def _status_mask(pid, field):
+    with open(f'/proc/{pid}/status', encoding='ascii') as f:
+        for line in f:
+            if line.startswith(field + ':'):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def handles(pid, signum):
+    """Whether process ``pid`` has a handler of its own for ``signum`` (not default, not ignored)."""
+    return bool(_status_mask(pid, 'SigCgt') >> (signum - 1) & 1)
+
+
+def has_mapped(pid, name):
+    """Whether process ``pid`` has a file whose path contains ``name`` mapped (a loaded library)."""
+    with open(f'/proc/{pid}/maps', encoding='utf-8', errors='replace') as f:
+        return any(name in line for line in f)
+
+
+def wait_until(proc, what, check, timeout=120):
+    """Poll ``check()`` until it is true; fail if ``proc`` ends first or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f'the process ended (status {proc.returncode}) before {what}')
+        try:
+            if check():
+                return
+        except FileNotFoundError:  # gone between poll and read: reported above next time
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f'not {what} within {timeout} s')
+        time.sleep(0.005)  # a polling interval, not an ordering: the check decides
