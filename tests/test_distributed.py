@@ -336,7 +336,9 @@ def test_the_launcher_hung_up_or_killed_leaves_no_process(how, fashion_dir, tmp_
                              TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
                              *train_args(fashion_dir)[:-6], '--num-epochs', '50',
                              '--data-dir', str(fashion_dir), '--progress-interval', '0.5'],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            # a SIGHUP ignored (the suite run under nohup) stays ignored: not here
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
         assert len(seen) == 8  # 4 agents, their 4 processes

@@ -23,7 +23,8 @@ import tempfile
 
 from . import common
 from .common import positive_float
-from ..errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError, StoppedBySignal
+from ..base import signals
 from ..run import files
 from ..multihost import cluster, failover
 from ..multihost.studies import machine
@@ -64,14 +65,6 @@ final parameters, a process left, a run that hung); 0 otherwise.
 #: The data set's four files (``gluon_multigpu.data.IDX_FILES``, without loading MXNet).
 IDX_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
              't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz')
-
-
-class Stopped(BaseException):
-    """A stop signal arrived (``signum``); raised in the main thread by the handler."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def default_data_dir():
@@ -169,20 +162,6 @@ def run(args, argv, say, rows=None):
     return report['rows']
 
 
-def stop_on_signals():
-    """From now on, SIGINT, SIGTERM and SIGHUP raise ``Stopped`` in the main thread; return the
-    handlers they had, for ``restore_signals``."""
-    def stop(signum, frame):  # pylint: disable=unused-argument
-        raise Stopped(signum)
-    return {s: signal.signal(s, stop) for s in common.STOP_SIGNALS}
-
-
-def restore_signals(previous):
-    """Give the signals back the handlers ``stop_on_signals`` replaced."""
-    for s, handler in previous.items():
-        signal.signal(s, handler)
-
-
 def main(argv=None):
     """Run the script; return the exit status.
 
@@ -196,23 +175,20 @@ def main(argv=None):
 
     def say(line):
         common.say_quietly(line)
-    previous = stop_on_signals()
     done = []
-    try:
-        done = run(args, argv, say, done)
-    except common.UsageError as e:
-        say(f'error: {e}')
-        return 2
-    except failover.StudyError as e:
-        say(f'error: {e}')
-        return 2
-    except (Stopped, KeyboardInterrupt) as e:
-        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-        say(f'{signal.Signals(signum).name}: stopped the run in progress; the {len(done)} row(s) '
-            f'measured before it are in {os.path.abspath(args.out)}')
-        return 128 + signum
-    finally:
-        restore_signals(previous)
+    # the first stop signal unwinds the study where it is (its clusters removed on the way);
+    # those after it are ignored, so that they cannot break into that clean-up
+    with signals.raising():
+        try:
+            done = run(args, argv, say, done)
+        except (common.UsageError, failover.StudyError) as e:
+            say(f'error: {e}')
+            return 2
+        except (StoppedBySignal, KeyboardInterrupt) as e:
+            signum = getattr(e, 'signum', signal.SIGINT)
+            say(f'{signal.Signals(signum).name}: stopped the run in progress; the {len(done)} '
+                f'row(s) measured before it are in {os.path.abspath(args.out)}')
+            return 128 + signum
     problems = [r for r in done if r['problems']]
     for r in problems:
         say(f"problem: {r['fault']}: {', '.join(r['problems'])} (see "

@@ -28,12 +28,11 @@ supervision and the restarts ``gluon_multigpu.multihost.supervise``'s.
 import argparse
 import os
 import re
-import signal
 import sys
 
-from . import common
+from . import common, messages
 from ..errors import GluonMultiGPUError
-from ..base import reading
+from ..base import reading, signals
 from ..multihost.launch import GRACE, TIMEOUT, LaunchError, Settings, keeps_checkpoints
 from ..multihost.supervise import launch
 
@@ -176,44 +175,35 @@ def settings_of(args):
                     ssh_config=args.ssh_config, train_program=common.program('train'))
 
 
-# -- signals: taken note of, for the job to stop in order ---------------------------------------
-
-#: The signals that stop the job in order (a second one kills every process at once).
-WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def note_signals(signals):
-    """From now on, append each ``WATCHED`` signal's number to ``signals`` (the job takes them
-    as it watches); return the handlers they had, for ``restore_signals``."""
-    def on_signal(signum, frame):  # pylint: disable=unused-argument
-        signals.append(signum)
-    return {s: signal.signal(s, on_signal) for s in WATCHED}
-
-
-def restore_signals(previous):
-    """Give the signals back the handlers ``note_signals`` replaced."""
-    for s, handler in previous.items():
-        signal.signal(s, handler)
-
+# -- the program: signals taken note of, for the job to stop in order ------------------------------
 
 def main(argv=None):
     """Run the script; return the exit status (0; 1 if a process failed or a host was lost; 2
     for bad input, the launcher's or, as a worker said with status 2, the command's; 128 + the
-    signal number when stopped by SIGINT, SIGTERM or SIGHUP)."""
-    signals = []
-    previous = note_signals(signals)
+    signal number when stopped by SIGINT, SIGTERM or SIGHUP).
+
+    Each stop signal's number (``base.signals.STOP_SIGNALS``; a SIGHUP
+    ignored, as under ``nohup``, stays ignored) is appended to a list that the
+    job takes as it watches: the first stops it in order, a second kills every
+    process at once. Its stop lines are ``cli.messages``'.
+    """
+    taken = []
+
+    def on_signal(signum, frame):  # pylint: disable=unused-argument
+        taken.append(signum)
+    previous = signals.install(on_signal)
     try:
         args = build_parser().parse_args(argv)
         hosts, command = check_args(args)
         argv = list(sys.argv[1:] if argv is None else argv)
         resume = common.command_line('launch', argv + ([] if '--resume' in command
                                                        else ['--resume']))
-        return launch(settings_of(args), hosts, command, signals, resume)
+        return launch(settings_of(args), hosts, command, taken, resume, words=messages)
     except LaunchError as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     finally:
-        restore_signals(previous)
+        signals.restore(previous)
 
 
 def start(launcher=None):

@@ -14,7 +14,8 @@ __all__ = ['signal_name', 'heard', 'train_heard', 'train_stopped_now', 'train_st
            'comparison_kept', 'comparison_why', 'train_finished_anyway', 'launcher_stops',
            'sweep_heard', 'sweep_stopped_now', 'sweep_stopped', 'sweep_finished_anyway',
            'partial_heading', 'nothing_written', 'while_starting', 'could_not_write',
-           'kept_and_written']
+           'kept_and_written', 'launch_heard', 'launch_stopped_now', 'launch_stopped',
+           'launch_not_started', 'launch_resume']
 
 
 def signal_name(signum, default='a stop request'):
@@ -117,6 +118,35 @@ def train_finished_anyway(signum, outputs=False, checkpoint=False):
 def launcher_stops(step):
     """A worker's line when the launcher stops the job on a step every worker stops on."""
     return f'the launcher stops the job: stopping after step {step}, as every worker does'
+
+
+# -- the launcher (its lines go out as ``launch: ...``) -----------------------------------------
+
+def launch_heard(signum, grace):
+    """The line at once on a first signal: the job stops in order, within ``grace`` seconds."""
+    return (f'{signal_name(signum)}: stopping the job: the workers finish a step (the same for '
+            f'all) and write their checkpoint (up to {grace:g} s); Ctrl-C again to stop every '
+            'process at once')
+
+
+def launch_stopped_now(signum):
+    """The line of a second signal while the job stops: every process is killed at once."""
+    return f'{signal_name(signum)} again: killing every process now'
+
+
+def launch_stopped(signum):
+    """The line once a job stopped in order by ``signum`` has no process left."""
+    return f'stopped by {signal_name(signum)}: every process has ended'
+
+
+def launch_not_started():
+    """The line of a signal that came before any process of the job was started."""
+    return 'interrupted: no process was started'
+
+
+def launch_resume(command):
+    """The last line of a job stopped by a signal whose workers keep checkpoints."""
+    return f'resume with: {command}'
 
 
 # -- the measuring programs (a sweep of measurements kept as they are made) -------------------

@@ -21,7 +21,8 @@ import time
 
 from . import common
 from .common import int_in, non_negative_float
-from ..errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError, StoppedBySignal
+from ..base import signals
 from ..run import files
 from ..multihost import cluster, network
 from ..multihost.studies import machine
@@ -52,14 +53,6 @@ and exit status 2; a run that fails, or processes left on a host, end with
 status 1 after the others; Ctrl-C or SIGTERM stops the run in progress, keeps
 the rows measured, and exits with 130 or 143.
 """
-
-
-class _Stopped(Exception):
-    """SIGTERM or SIGHUP, raised in the main thread as Ctrl-C raises KeyboardInterrupt."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def bandwidth(text):
@@ -179,21 +172,6 @@ def run(args, argv):
     return status
 
 
-def stop_on_signals():
-    """From now on, SIGTERM and SIGHUP (unless ignored) raise ``_Stopped`` in the main thread, as
-    Ctrl-C raises KeyboardInterrupt; return the handlers they had, for ``restore_signals``."""
-    def stop(signum, frame):  # pylint: disable=unused-argument
-        raise _Stopped(signum)
-    return {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)
-            if signal.getsignal(s) != signal.SIG_IGN}
-
-
-def restore_signals(previous):
-    """Give the signals back the handlers ``stop_on_signals`` replaced."""
-    for s, handler in previous.items():
-        signal.signal(s, handler)
-
-
 def main(argv=None):
     """Run the script; return the exit status.
 
@@ -203,24 +181,25 @@ def main(argv=None):
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    previous = stop_on_signals()
-    try:
-        return run(args, argv)
-    except (GluonMultiGPUError, network.StudyError, cluster.ClusterError) as e:
-        common.say_quietly(f'error: {e}')
-        return 2
-    except OSError as e:
-        where = f' {e.filename}' if e.filename else ''
-        common.say_quietly(f'error: could not write{where}: {e.strerror or e}')
-        return 1
-    except (KeyboardInterrupt, _Stopped) as e:
-        signum = getattr(e, 'signum', signal.SIGINT)
-        kept = f'; the rows measured are in {args.out}' if args.out else ''
-        common.say_quietly(f'interrupted by {signal.Signals(signum).name}: stopped the run in '
-                           f'progress and removed its cluster{kept}')
-        return 128 + signum
-    finally:
-        restore_signals(previous)
+    # SIGINT, SIGTERM and SIGHUP (unless ignored) unwind the study where it is, its cluster
+    # removed on the way; the signals after the first are ignored, so that they cannot break
+    # into that clean-up
+    with signals.raising():
+        try:
+            return run(args, argv)
+        except (GluonMultiGPUError, network.StudyError, cluster.ClusterError) as e:
+            common.say_quietly(f'error: {e}')
+            return 2
+        except OSError as e:
+            where = f' {e.filename}' if e.filename else ''
+            common.say_quietly(f'error: could not write{where}: {e.strerror or e}')
+            return 1
+        except (KeyboardInterrupt, StoppedBySignal) as e:
+            signum = getattr(e, 'signum', signal.SIGINT)
+            kept = f'; the rows measured are in {args.out}' if args.out else ''
+            common.say_quietly(f'interrupted by {signal.Signals(signum).name}: stopped the run '
+                               f'in progress and removed its cluster{kept}')
+            return 128 + signum
 
 
 def start(launcher=None):

@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -20,6 +19,7 @@ from .network_model import SERVERS, TIMED_EPOCH, Config, estimate_seconds, launc
 from .studies import StudyError, stop_launcher
 from ..errors import GluonMultiGPUError
 from ..base import fs, reading
+from ..base.background import Background
 from ..run.files import append_text
 
 __all__ = ['parse_epochs', 'step_seconds', 'OthersCPU', 'others_cores', 'Measurement', 'measure']
@@ -68,42 +68,43 @@ def step_seconds(steps, text='', json_path=None, epoch=TIMED_EPOCH):
 _PF_KTHREAD = 0x00200000
 
 
-class OthersCPU:
+class OthersCPU(Background):
     """The CPU time the machine's other processes use while the block runs; a context manager.
 
-    Every ``interval`` seconds a thread reads ``/proc/PID/stat`` of every
-    process and adds up the user and system time that processes gained
+    Every ``interval`` seconds a thread (``work``) reads ``/proc/PID/stat`` of
+    every process and adds up the user and system time that processes gained
     which are neither this process nor its descendants nor in one of
     ``namespaces`` (network namespaces by name, e.g. a cluster's). Kernel
-    threads are left out: they also carry this study's network traffic.
-    After the block, ``seconds`` is the others' CPU seconds, ``wall`` the
-    block's seconds and ``cores`` their ratio (0 on an idle machine, up to the
-    cores). Processes that start and end between two samples are missed.
+    threads are left out: they also carry this study's network traffic. The
+    block's entry takes the first sample, its exit the last. After the block,
+    ``seconds`` is the others' CPU seconds, ``wall`` the block's seconds and
+    ``cores`` their ratio (0 on an idle machine, up to the cores). Processes
+    that start and end between two samples are missed.
     """
+
+    thread_name = 'others-cpu'
 
     def __init__(self, namespaces=(), interval=0.25):
         self.namespaces, self.interval = list(namespaces), interval
         self.seconds = self.wall = self.cores = 0.0
-        self._seen, self._stop, self._thread, self._start = {}, threading.Event(), None, None
+        self._seen, self._start = {}, None
         self._tick = os.sysconf('SC_CLK_TCK')
 
     def __enter__(self):
         self._start = time.monotonic()
         self._sample(first=True)
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
+        return super().__enter__()
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         self._sample()
         self.wall = time.monotonic() - self._start
         self.cores = self.seconds / self.wall if self.wall > 0 else 0.0
         return False
 
-    def _loop(self):
-        while not self._stop.wait(self.interval):
+    def work(self):
+        """Sample every ``interval`` seconds until the block ends."""
+        while not self.finished.wait(self.interval):
             self._sample()
 
     def _namespace_ids(self):

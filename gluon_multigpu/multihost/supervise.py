@@ -9,7 +9,9 @@ A signal stops it in order: the workers after a common step (their
 checkpoint written), then the servers and the scheduler; a second signal
 kills every process at once. ``launch`` runs attempts until one ends, up to
 ``max_restarts`` restarts from the workers' checkpoint without the hosts
-that were lost. Its own lines go to standard error as ``launch: ...``.
+that were lost. Its own lines go to standard error as ``launch: ...``; what
+its stop lines say is the caller's (``words``: the command line's
+``cli.messages``, where every program's stop wording is made).
 """
 import os
 import signal
@@ -39,11 +41,15 @@ class Job:
 
     ``settings``: a ``launch.Settings``; ``signals``: a list the caller's
     signal handler appends signal numbers to (each one is taken once);
-    ``out``: where the processes' lines go (default: standard output).
+    ``words``: the stop lines, an object with ``launch_heard(signum, grace)``,
+    ``launch_stopped_now(signum)`` and ``launch_stopped(signum)`` (and, for
+    ``launch``, ``launch_not_started()`` and ``launch_resume(command)``):
+    ``cli.messages``; ``out``: where the processes' lines go (default:
+    standard output).
     """
 
-    def __init__(self, settings, roles, signals, out=None):
-        self.settings, self.roles, self.signals = settings, roles, signals
+    def __init__(self, settings, roles, signals, words, out=None):
+        self.settings, self.roles, self.signals, self.words = settings, roles, signals, words
         self.out = out or sys.stdout
         self.lock = threading.Lock()
         self.threads = []
@@ -149,12 +155,10 @@ class Job:
         return 1
 
     def stop_on_signal(self, signum):
-        name = signal.Signals(signum).name
-        self.say(f'{name}: stopping the job: the workers finish a step (the same for all) and '
-                 f'write their checkpoint (up to {self.settings.grace:g} s); Ctrl-C again to stop '
-                 'every process at once')
+        """Stop the job in order on a first signal; return its exit status, 128 + ``signum``."""
+        self.say(self.words.launch_heard(signum, self.settings.grace))
         if self.stop(coordinated=True):
-            self.say(f'stopped by {name}: every process has ended')
+            self.say(self.words.launch_stopped(signum))
         return 128 + signum
 
     def wait(self, roles, seconds):
@@ -166,7 +170,7 @@ class Job:
         while any(r.running() for r in roles):
             signum = self.tick()
             if signum is not None and not self.killed:
-                self.say(f'{signal.Signals(signum).name} again: killing every process now')
+                self.say(self.words.launch_stopped_now(signum))
                 self.kill_all()
                 self.killed = True
             if self.killed or time.monotonic() > deadline:
@@ -223,14 +227,15 @@ class Job:
             t.join(timeout=1)
 
 
-def launch(settings, hosts, command, signals, resume=None):
+def launch(settings, hosts, command, signals, resume=None, *, words):
     """Run the job, restarting it up to ``settings.max_restarts`` times; return the exit status.
 
     0 when every worker ended with 0; 1 if a process failed or a host was lost
     (restarts spent), or a restart cannot start; 2 when a worker stopped on bad
     input (status 2); 128 + the signal number when stopped by one of
     ``signals`` (see ``Job``). ``resume``: the command line that continues the
-    job, said after a stop by a signal when the workers keep checkpoints.
+    job, said after a stop by a signal when the workers keep checkpoints;
+    ``words``: the stop lines (see ``Job``).
     Raises ``LaunchError`` when the first attempt's checks fail or the
     scheduler's port was taken: nothing of the job is left running.
     """
@@ -245,14 +250,14 @@ def launch(settings, hosts, command, signals, resume=None):
             say(f'cannot restart: {e}')
             return 1
         if signals:
-            say('interrupted: no process was started')
+            say(words.launch_not_started())
             return 128 + signals[0]
         for role in roles:
             role.env['DMLC_PS_ROOT_PORT'] = str(port)
-        job = Job(settings, roles, signals)
+        job = Job(settings, roles, signals, words)
         status, failed = job.run()
         if status > 128 and resume and keeps_checkpoints(command):
-            job.say(f'resume with: {resume}')
+            job.say(words.launch_resume(resume))
         done = _ended(job, settings, status, failed, restarts)
         if done is not None:
             return done
