@@ -23,7 +23,7 @@ from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
 from conftest import REPO, Lines, load_script, run_bounded, wait_bounded
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('serial')]  # serial: conftest.SERIAL
 
 
 def train_args(fashion_dir, ckpt, epochs=3, *extra):
