@@ -264,7 +264,10 @@ def test_the_notebook_runs_end_to_end_in_a_real_kernel(tmp_path):
     client = NotebookClient(nb, km=kernel_manager(tmp_path, AsyncKernelManager), timeout=300,
                             startup_timeout=120,
                             resources={'metadata': {'path': str(NOTEBOOK.parent)}})
-    client.execute(env=kernel_env(tmp_path))  # a cell that raises fails here (CellExecutionError)
+    # A cell that raises fails here (CellExecutionError). cleanup_kc: the kernel is shut down
+    # at the end, which nbclient does not do for a kernel manager it was given (it held 1 GB
+    # for the rest of the session).
+    client.execute(env=kernel_env(tmp_path), cleanup_kc=True)
 
     assert outputs_of(nb, 'devices')[0]['data']['text/plain'] == '[cpu(0), cpu(1)]'
     assert outputs_of(nb, 'forward')[0]['data']['text/plain'] == \
