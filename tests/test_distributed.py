@@ -129,7 +129,7 @@ def gone(pids, timeout=30):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group('serial')  # conftest.SERIAL: times the stop
+@pytest.mark.xdist_group('timing')  # conftest.TIMING: times the stop
 def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path):
     proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--',
                              sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
@@ -352,7 +352,7 @@ def test_the_launcher_hung_up_or_killed_leaves_no_process(how, fashion_dir, tmp_
 
 
 @pytest.mark.slow  # subprocesses
-@pytest.mark.xdist_group('serial')  # conftest.SERIAL: times the stop
+@pytest.mark.xdist_group('timing')  # conftest.TIMING: times the stop
 def test_a_worker_that_queues_no_step_for_the_step_timeout_is_hung(tmp_path):
     # A worker that reports one step to its launcher (as distributed.Control does) and then
     # waits for good, as one deadlocked inside MXNet would.
