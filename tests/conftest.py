@@ -22,6 +22,59 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get('GLUON_MULTIGPU_DATA', REPO.parent / 'shared' / 'data'))
 
 
+#: The xdist groups of the tests that must not overlap one another: SERIAL, the clusters of
+#: network namespaces (tests/cluster_fixture.py; their multi-host, failover and network tests);
+#: TIMING, the tests that time a signal's or a launcher's answer. (Two groups, not one: together
+#: they were the longest group by far, 27 of a 31-minute run on a loaded machine.) Mark a module
+#: with ``pytestmark = pytest.mark.xdist_group(SERIAL)``, or one test.
+SERIAL, TIMING = 'serial', 'timing'
+
+
+#: The groups that take longest (minutes each), started first when the tests run on several
+#: workers (setup.cfg: ``--no-loadscope-reorder`` keeps this order), so that no worker is left
+#: with a long one at the end while the other has nothing to do. Only an order: a group not
+#: named here runs after these, in the order of its file.
+LONGEST_FIRST = (SERIAL, 'test_readme', 'test_memory', TIMING, 'test_distributed',
+                 'test_notebook', 'test_faults', 'test_hostile_run', 'test_hostile_checkpoints')
+
+
+def xdist_group_of(item):
+    mark = item.get_closest_marker('xdist_group')
+    return (mark.args or [mark.kwargs.get('name', 'default')])[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Each test not in a named xdist group joins the group of its file, so that with
+    ``--dist loadgroup`` (setup.cfg) a file runs whole on one worker: its module fixtures are
+    made once and its tests keep their order. (Runs before xdist names the groups.) On a
+    worker, the groups of LONGEST_FIRST come first; run in one process, the order is the
+    files' own."""
+    for item in items:
+        if item.get_closest_marker('xdist_group') is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(xdist_group_of(item), len(rank)))  # stable
+        if config.getvalue('loadgroup'):
+            for item in items:
+                name_group(item)
+
+
+def name_group(item):
+    """Append ``@<group>`` to the test's id, which is how xdist's scheduler reads the group.
+    xdist does this itself by setting ``item._nodeid``, which pytest 9 no longer reads (its id is
+    ``item._id``): without this every test was a group of its own."""
+    wanted = f'{item.nodeid}@{xdist_group_of(item)}'
+    if '@' in item.nodeid[item.nodeid.rfind(']') + 1:]:
+        return  # named already (by a version of xdist and pytest that agree)
+    try:
+        from _pytest.nodeid import coerce_node_id  # pylint: disable=import-outside-toplevel
+    except ImportError:  # before pytest 9: xdist's own _nodeid is read
+        return
+    item._id = coerce_node_id(wanted)  # pylint: disable=protected-access
+
+
 def data_dir(name):
     """Return the directory of a real data set, failing loudly if it is not there."""
     path = DATA / name

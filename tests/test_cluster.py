@@ -21,7 +21,7 @@ from conftest import REPO, alive, wait_bounded
 from gluon_multigpu.multihost import cluster as gc, netns, sshd
 
 AVAILABLE = gc.available()
-pytestmark = pytest.mark.skipif(not AVAILABLE[0], reason=f'no cluster here: {AVAILABLE[1]}')
+pytestmark = [pytest.mark.skipif(not AVAILABLE[0], reason=f'no cluster here: {AVAILABLE[1]}'), pytest.mark.xdist_group('serial')]
 
 # A TCP server on one host: answers each of `count` connections with its own address and the
 # peer's, then ends.

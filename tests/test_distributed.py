@@ -130,6 +130,7 @@ def gone(pids, timeout=30):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('timing')  # conftest.TIMING: times the stop
 def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path):
     proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--',
                              sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
@@ -291,6 +292,7 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
     assert len(seen) == 8 and gone(seen)
 
 
+@pytest.mark.slow  # subprocesses
 def test_a_worker_that_cannot_join_says_so_within_its_timeout_and_ctrl_c_ends_the_wait(
         fashion_dir, tmp_path):
     # A "scheduler" that takes connections and never answers: MXNet waits there for good.
@@ -352,6 +354,8 @@ def test_the_launcher_hung_up_or_killed_leaves_no_process(how, fashion_dir, tmp_
     assert gone(seen, timeout=10)
 
 
+@pytest.mark.slow  # subprocesses
+@pytest.mark.xdist_group('timing')  # conftest.TIMING: times the stop
 def test_a_worker_that_queues_no_step_for_the_step_timeout_is_hung(tmp_path):
     # A worker that reports one step to its launcher (as distributed.Control does) and then
     # waits for good, as one deadlocked inside MXNet would.
@@ -368,6 +372,7 @@ def test_a_worker_that_queues_no_step_for_the_step_timeout_is_hung(tmp_path):
     assert took < 2 + TERM_WAIT + 10, took
 
 
+@pytest.mark.slow  # subprocesses
 def test_a_command_with_bad_input_is_status_2_and_not_restarted(tmp_path):
     proc = run_bounded([sys.executable, LAUNCH, '-n', '2', '--max-restarts', '3', '--',
                         sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',

@@ -15,6 +15,8 @@ from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
 from conftest import REPO, run_bounded, load_script
 from gluon_multigpu.multihost import failover
 
+pytestmark = pytest.mark.xdist_group('serial')  # conftest.SERIAL: a cluster; timed
+
 H = ['198.18.9.2', '198.18.9.3', '198.18.9.4', '198.18.9.5']
 P = '  kvstore dist_sync on 1 CPU: '
 #: What the launcher says when worker 0 (rank 1, host 2) is killed at 10.0 s and the job restarts.

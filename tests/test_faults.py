@@ -54,6 +54,7 @@ def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines = Lines(proc.stdout)
         if rng.random() < 0.3:
+            # The sleeps are the feature: a kill at a random time (drawn, not an order)
             time.sleep(rng.uniform(0.1, 2.0))  # starting: anywhere before training
         else:
             lines.wait_for(r'^training ', timeout=300)

@@ -24,7 +24,7 @@ from conftest import REPO, Lines, run_bounded, wait_bounded
 from gluon_multigpu.multihost.launch import TERM_WAIT
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('serial')]  # serial: conftest.SERIAL
 
 
 def train_args(fashion_dir, ckpt, epochs=3, *extra):

@@ -21,6 +21,7 @@ from gluon_multigpu.cli import network as cli
 from gluon_multigpu.multihost import cluster, network
 
 AVAILABLE = cluster.available()
+pytestmark = pytest.mark.xdist_group('serial')  # conftest.SERIAL
 needs_cluster = pytest.mark.skipif(not AVAILABLE[0], reason=f'no cluster here: {AVAILABLE[1]}')
 NETWORK = str(REPO / 'scripts' / 'network.py')
 

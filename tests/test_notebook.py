@@ -67,7 +67,7 @@ def live_run(live, *hooks):
 
 
 class Syncs:
-    """Stands in for ``npx`` in ``progress``: counts the waits for the devices."""
+    """Stands in for ``npx`` in ``live`` (core/live.py): counts the waits for the devices."""
 
     def __init__(self):
         self.count = 0
@@ -117,7 +117,7 @@ def test_a_kernel_is_an_ipython_zmq_shell_or_started_by_ipkernelapp(monkeypatch)
 def test_outside_a_kernel_live_shows_nothing(monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, 'IPython', raising=False)
     syncs = Syncs()
-    monkeypatch.setattr(gm.progress, 'npx', syncs)
+    monkeypatch.setattr(gm.live, 'npx', syncs)
     live = gm.live.Live(interval=0)
     live_run(live).fit(1)
     assert live.lines == [] and syncs.count == 0
@@ -128,7 +128,7 @@ def test_outside_a_kernel_live_shows_nothing(monkeypatch, capsys):
 
 def test_one_display_per_fit_changed_in_place(monkeypatch):
     syncs = Syncs()
-    monkeypatch.setattr(gm.progress, 'npx', syncs)
+    monkeypatch.setattr(gm.live, 'npx', syncs)
     screen = Screen()
     run = live_run(gm.live.Live(interval=0, display=screen))
     run.fit(2)
@@ -151,7 +151,7 @@ def test_one_display_per_fit_changed_in_place(monkeypatch):
 
 def test_drawn_at_most_every_interval(monkeypatch):
     syncs = Syncs()
-    monkeypatch.setattr(gm.progress, 'npx', syncs)
+    monkeypatch.setattr(gm.live, 'npx', syncs)
     screen = Screen()
     live_run(gm.live.Live(interval=3600, display=screen)).fit(3)
     assert len(screen.shown) == 2 and syncs.count == 0  # shown at the start, drawn at the end
@@ -159,7 +159,7 @@ def test_drawn_at_most_every_interval(monkeypatch):
 
 
 def test_interrupted_then_resumed(monkeypatch):
-    monkeypatch.setattr(gm.progress, 'npx', Syncs())
+    monkeypatch.setattr(gm.live, 'npx', Syncs())
     screen = Screen()
     run = live_run(gm.live.Live(interval=0, display=screen), StopAt(2, 3))
     with pytest.raises(gm.Interrupted):
@@ -176,7 +176,7 @@ def test_interrupted_then_resumed(monkeypatch):
 
 
 def test_how_a_fit_ended_is_its_last_line(monkeypatch):
-    monkeypatch.setattr(gm.progress, 'npx', Syncs())
+    monkeypatch.setattr(gm.live, 'npx', Syncs())
     screen = Screen()
     run = live_run(gm.live.Live(interval=0, display=screen), StopAt(1, STEPS))
     with pytest.raises(gm.Interrupted):  # in an epoch's last step: after that epoch
@@ -193,7 +193,7 @@ def test_how_a_fit_ended_is_its_last_line(monkeypatch):
 
 
 def test_only_the_last_epochs_are_kept(monkeypatch):
-    monkeypatch.setattr(gm.progress, 'npx', Syncs())
+    monkeypatch.setattr(gm.live, 'npx', Syncs())
     screen = Screen()
     live_run(gm.live.Live(interval=0, keep=2, display=screen)).fit(4)
     lines = screen.text.splitlines()
@@ -205,7 +205,7 @@ def test_a_failing_display_never_stops_training(monkeypatch):
     class Broken(Screen):
         def update(self, bundle, raw):
             raise OSError('the front end went away')
-    monkeypatch.setattr(gm.progress, 'npx', Syncs())
+    monkeypatch.setattr(gm.live, 'npx', Syncs())
     result = live_run(gm.live.Live(interval=0, display=Broken())).fit(2)
     assert len(result.epochs) == 2
 
@@ -264,7 +264,10 @@ def test_the_notebook_runs_end_to_end_in_a_real_kernel(tmp_path):
     client = NotebookClient(nb, km=kernel_manager(tmp_path, AsyncKernelManager), timeout=300,
                             startup_timeout=120,
                             resources={'metadata': {'path': str(NOTEBOOK.parent)}})
-    client.execute(env=kernel_env(tmp_path))  # a cell that raises fails here (CellExecutionError)
+    # A cell that raises fails here (CellExecutionError). cleanup_kc: the kernel is shut down
+    # at the end, which nbclient does not do for a kernel manager it was given (it held 1 GB
+    # for the rest of the session).
+    client.execute(env=kernel_env(tmp_path), cleanup_kc=True)
 
     assert outputs_of(nb, 'devices')[0]['data']['text/plain'] == '[cpu(0), cpu(1)]'
     assert outputs_of(nb, 'forward')[0]['data']['text/plain'] == \

@@ -12,7 +12,7 @@ PNG = b'\x89PNG\r\n\x1a\n'
 
 def test_timer_records_intervals():
     timer = gm.Timer()
-    time.sleep(0.02)
+    time.sleep(0.02)  # the time measured (the feature, not an order)
     first = timer.stop()
     timer.start()
     time.sleep(0.01)

@@ -14,6 +14,7 @@ import pytest
 import gluon_multigpu as gm
 from conftest import REPO, Lines, load_script, run_bounded, wait_bounded
 
+pytestmark = pytest.mark.xdist_group('timing')  # conftest.TIMING: times the acknowledgement
 SCRIPT = str(REPO / 'scripts' / 'train.py')
 PROGRESS = re.compile(r'  kvstore device on 1 CPU: epoch 1: (\d+)/(\d+) batches, (\d+) images/s, '
                       r'epoch ends in \d+ (s|min|h), run in \d+ (s|min|h)$')

@@ -94,6 +94,7 @@ def interrupt(command, results, cwd, timeout=240):
     return proc.returncode, out, err
 
 
+@pytest.mark.slow  # subprocesses, each measuring
 @pytest.mark.parametrize('name', PROGRAMS)
 def test_ctrl_c_keeps_what_was_measured_and_resume_measures_only_the_rest(
         name, fashion_dir, tmp_path):
