@@ -143,7 +143,7 @@ def test_the_librarys_interrupt_lines():
 
 def test_the_launchers_stop_lines():
     """The record of the launcher's lines when a signal stops its job."""
-    job = Job(types.SimpleNamespace(grace=30.0), [], [])
+    job = Job(types.SimpleNamespace(grace=30.0), [], [], messages)
     said = []
     job.say, job.stop = said.append, lambda coordinated: True
     assert job.stop_on_signal(INT) == 130
