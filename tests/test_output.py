@@ -487,3 +487,36 @@ def test_the_writable_probe_names_no_file_where_unnamed_files_are_supported(tmp_
     if hasattr(os, 'O_TMPFILE'):
         assert opened == [('open', str(tmp_path))]  # the folder itself: nothing was named
     assert os.listdir(tmp_path) == []
+
+
+def test_a_folder_of_our_own_is_removed_through_fs_and_a_link_in_it_is_not_followed(
+        tmp_path, monkeypatch):
+    """``fs.remove_tree`` (a cluster's mkdtemp folder): every removal passes the hook, so a fault
+    can be put there; a link inside is removed, what it leads to stays; a fault surfaces."""
+    outside = tmp_path / 'user'
+    outside.mkdir()
+    (outside / 'keep.txt').write_text('theirs')
+    ours = tmp_path / 'ours'
+    (ours / 'bin').mkdir(parents=True)
+    (ours / 'hosts').write_text('198.18.0.2\n')
+    (ours / 'bin' / 'ssh').write_text('#!/bin/sh\n')
+    (ours / 'to-user').symlink_to(outside)
+    seen = []
+    monkeypatch.setattr(fs, 'hook', lambda operation, path: seen.append((operation, path)))
+    fs.remove_tree(ours)
+    assert not ours.exists() and (outside / 'keep.txt').read_text() == 'theirs'
+    assert sorted(seen) == sorted([('unlink', str(ours / 'hosts')),
+                                   ('unlink', str(ours / 'bin' / 'ssh')),
+                                   ('unlink', str(ours / 'to-user')), ('rmdir', str(ours / 'bin')),
+                                   ('rmdir', str(ours))])
+
+    (ours / 'bin').mkdir(parents=True)
+    (ours / 'bin' / 'ssh').write_text('#!/bin/sh\n')
+
+    def no_space(operation, path):
+        if operation == 'rmdir':
+            raise OSError(errno.ENOSPC, 'No space left on device', path)
+    monkeypatch.setattr(fs, 'hook', no_space)
+    with pytest.raises(OSError):
+        fs.remove_tree(ours)
+    assert (ours / 'bin').is_dir() and not (ours / 'bin' / 'ssh').exists()

@@ -4,18 +4,18 @@ put into any of them.
 Every change the package makes on disk (``output`` and whatever writes through it) is one of
 these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link`` (also
 ``link_unnamed``, which names an ``O_TMPFILE`` file), ``unlink``,
-``mkdir``, ``rmdir``. A writer that is not Python's (MXNet's ``save_parameters``) announces its
-write with ``external`` before it starts. Each call first passes its name and path to ``hook``
-(None but in tests): the fault-injection harness (``tests/test_fault_harness.py``) sets it to
-count the calls of an entry point, then to fail the n-th (``ENOSPC``, ``EIO``) or to kill the
-process there (SIGKILL).
+``mkdir``, ``rmdir`` (``remove_tree`` is made of ``unlink`` and ``rmdir``). A writer that is not
+Python's (MXNet's ``save_parameters``) announces its write with ``external`` before it starts.
+Each call first passes its name and path to ``hook`` (None but in tests): the fault-injection
+harness (``tests/test_fault_harness.py``) sets it to count the calls of an entry point, then to
+fail the n-th (``ENOSPC``, ``EIO``) or to kill the process there (SIGKILL).
 """
 import ctypes
 import errno
 import os
 
 __all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink', 'mkdir',
-           'rmdir', 'external', 'OPERATIONS']
+           'rmdir', 'remove_tree', 'external', 'OPERATIONS']
 
 #: The names passed to ``hook``.
 OPERATIONS = ('open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir')
@@ -106,6 +106,24 @@ def rmdir(path):
     """``os.rmdir`` (an empty folder)."""
     _before('rmdir', path)
     os.rmdir(path)
+
+
+def remove_tree(path):
+    """Remove a folder the package made for itself alone (``mkdtemp``) and all it holds.
+
+    Bottom up, each removal one ``unlink`` or ``rmdir`` call through the hook; a symbolic link is
+    removed, never followed. The first failure raises, with what was not reached left in place.
+    """
+    for folder, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            unlink(os.path.join(folder, name))
+        for name in dirs:
+            inner = os.path.join(folder, name)
+            if os.path.islink(inner):
+                unlink(inner)
+            else:
+                rmdir(inner)
+    rmdir(path)
 
 
 def external(path):

@@ -301,7 +301,8 @@ class Cluster:
         except Exception:  # pylint: disable=broad-except
             pass
         if self._own_workdir:  # made by mkdtemp for this cluster alone: all of it is ours
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                fs.remove_tree(self.workdir)
         if self._registered:
             with contextlib.suppress(OSError):
                 fs.unlink(self._registered)  # our record, made exclusively

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import re
-import shutil
 
 from . import netns
 from .netns import ClusterError
@@ -94,7 +93,8 @@ def _remove_stale_locked():
         netns.remove(name)
         if record.get('remove_workdir') and isinstance(record.get('workdir'), str):
             # a folder mkdtemp made for that cluster alone (its record says so): all of it is its
-            shutil.rmtree(record['workdir'], ignore_errors=True)
+            with contextlib.suppress(OSError):
+                fs.remove_tree(record['workdir'])
         with contextlib.suppress(OSError):
             fs.unlink(path)  # a record of ours (it parsed as one), of a cluster now gone
         removed.append(name)
