@@ -7,6 +7,7 @@ The calls are those of ``base/fs.py`` (``fs.hook`` sees each one, MXNet's writes
 ``fs.external``). MXNet works in a forked child (it stops and restarts its engine around
 ``fork``), so each SIGKILL is a fork of this process, killed at its n-th call.
 """
+import contextlib
 import errno
 import os
 import select
@@ -93,6 +94,21 @@ def save_epoch_two(directory):
     gm.Checkpointer(directory, CONFIG, resume=True).save(net, trainer, history(2), 2)
 
 
+def save_killed_at(n, directory, holding=contextlib.nullcontext):
+    """Fork a child that saves epoch two into ``directory`` (inside ``holding()``) and is killed
+    at its ``n``-th call through ``fs``; return its wait status."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with holding():
+                fs.hook = Counter(n, lambda: os.kill(os.getpid(), signal.SIGKILL))
+                save_epoch_two(directory)
+            os._exit(0)
+        finally:
+            os._exit(1)
+    return reap(pid)
+
+
 def check(directory, before):
     """The old checkpoint byte for byte, or the new one complete; then nothing else is left."""
     with gm.Checkpointer(directory, CONFIG, resume=True) as opened:  # cleans what saves left
@@ -173,15 +189,7 @@ def test_a_save_killed_at_each_call_keeps_the_last_complete_checkpoint(base, tmp
     epochs = []
     for n in range(1, calls + 2):  # and once not killed: the save completes
         directory = fresh(base, tmp_path, f'kill-{n}')
-        pid = os.fork()
-        if pid == 0:  # the child: saves, killed at its n-th call
-            try:
-                fs.hook = Counter(n, lambda: os.kill(os.getpid(), signal.SIGKILL))
-                save_epoch_two(directory)
-                os._exit(0)
-            finally:
-                os._exit(1)
-        status = reap(pid)
+        status = save_killed_at(n, directory)
         if n <= calls:
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (n, status)
         else:
@@ -227,16 +235,9 @@ def test_recover_alone_settles_what_a_killed_save_left(base, tmp_path):
     calls = count_calls(base, tmp_path)
     for n in range(1, calls + 1):
         directory = fresh(base, tmp_path, f'recover-{n}')
-        pid = os.fork()
-        if pid == 0:
-            try:
-                with gm.Checkpointer(directory, CONFIG, resume=True):  # a lock to leave stale
-                    fs.hook = Counter(n, lambda: os.kill(os.getpid(), signal.SIGKILL))
-                    save_epoch_two(directory)
-                os._exit(0)
-            finally:
-                os._exit(1)
-        status = reap(pid)
+        # the lock taken before the faults begin: a lock to leave stale
+        status = save_killed_at(n, directory,
+                                holding=lambda: gm.Checkpointer(directory, CONFIG, resume=True))
         assert os.WIFSIGNALED(status), (n, status)
         gm.checkpoint.recover(directory)
         epoch, names = own_and_decoys(directory)
