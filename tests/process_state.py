@@ -1,4 +1,5 @@
-"""Waits on what a child process has done, read from /proc: no sleep stands in for an event.
+"""Waits on what a process has done (read from /proc) or on any condition: no sleep stands in for
+an event.
 
 A test that signals a program at a given moment of its start (while MXNet
 loads) waits until the program has reached it: its handler of the signal is in
@@ -16,7 +17,7 @@ def _status_mask(pid, field):
 
 
 def handles(pid, signum):
-    """Whether process ``pid`` has a handler of its own for ``signum`` (not default, not ignored)."""
+    """Whether process ``pid`` handles ``signum`` itself (neither default nor ignored)."""
     return bool(_status_mask(pid, 'SigCgt') >> (signum - 1) & 1)
 
 
@@ -27,10 +28,11 @@ def has_mapped(pid, name):
 
 
 def wait_until(proc, what, check, timeout=120):
-    """Poll ``check()`` until it is true; fail if ``proc`` ends first or ``timeout`` s pass."""
+    """Poll ``check()`` until it is true; fail if ``proc`` (None: no process) ends first or
+    ``timeout`` s pass, naming ``what`` was awaited."""
     deadline = time.monotonic() + timeout
     while True:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise AssertionError(f'the process ended (status {proc.returncode}) before {what}')
         try:
             if check():

@@ -23,6 +23,7 @@ import pytest
 
 import gluon_multigpu as gm
 from conftest import REPO, Lines, wait_bounded
+import process_state
 
 STEPS = 4  # steps an epoch of the data below
 
@@ -248,10 +249,7 @@ def test_a_wakeup_fd_in_use_stays_and_the_handler_speaks():
 # StopRequest: the scripts' hook, which listens on the signal wake-up fd.
 
 def wait_until(condition, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, 'not within the deadline'
-        time.sleep(0.01)
+    process_state.wait_until(None, 'the condition held', condition, timeout)
 
 
 @pytest.mark.parametrize('other', [signal.SIGWINCH, signal.SIGCHLD, signal.SIGUSR1])

@@ -5,11 +5,11 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import REPO, alive, descendants, wait_bounded
+from process_state import wait_until
 from gluon_multigpu.multihost import agent
 
 LAUNCH = str(REPO / 'scripts' / 'launch.py')
@@ -29,15 +29,6 @@ def _with_arg(token):
     return [p for p in found if alive(p)]
 
 
-def _until(condition, timeout, what):
-    """Poll ``condition`` every 0.1 s until true; fail the test past ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f'{what} within {timeout} s')
-        time.sleep(0.1)
-
-
 def test_sigkill_of_the_local_launcher_ends_grandchildren_and_daemons():
     child, daemon = f'300.{random.randrange(10**6)}', f'301.{random.randrange(10**6)}'
     # A grandchild in the role's session, and a double-forked daemon in a session of its own.
@@ -46,14 +37,14 @@ def test_sigkill_of_the_local_launcher_ends_grandchildren_and_daemons():
                              '--', 'bash', '-c', script], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        _until(lambda: _with_arg(child) and _with_arg(daemon), 120, 'the job did not start')
+        wait_until(None, 'the job started', lambda: _with_arg(child) and _with_arg(daemon), 120)
         tree = descendants(proc.pid)
     finally:
         proc.kill()
         wait_bounded(proc)
     left = lambda: _with_arg(child) + _with_arg(daemon) + [p for p in tree if alive(p)]
     try:
-        _until(lambda: not left(), 60, 'processes of the job still ran')
+        wait_until(None, 'every process of the job ended', lambda: not left(), 60)
     finally:
         for pid in left():
             os.kill(pid, signal.SIGKILL)
