@@ -145,6 +145,7 @@ class ClusterFiles(Entry):
         sshd = __import__('gluon_multigpu.multihost.sshd', fromlist=['check'])
         cl = cluster.Cluster.__new__(cluster.Cluster)
         cl.workdir, cl.name, cl.ssh_port = os.path.join(root, 'cluster'), 'gmharness', 22
+        cl.host_cores = 1
         cl.hosts = [f'198.18.7.{i + 2}' for i in range(hosts)]
         os.makedirs(cl.workdir, exist_ok=True)
         with patched(sshd, 'check', _fake_keygen):

@@ -60,6 +60,17 @@ cores idle when a single context trains. All cores for every context
 measured about 15% faster on ResNet-18 with two contexts, but MXNet's
 OpenMP-threaded OpenBLAS then hung in ``np.dot`` on two contexts at once.
 
+A machine that runs several workers of one job (the launcher's local
+placement, or more workers than hosts) divides its cores among them first:
+the launcher tells each worker how many the host runs
+(``GLUON_MULTIGPU_HOST_WORKERS``), and a host that has fewer cores than the
+machine it runs on (a host of the namespace lab, which shares this
+machine's) says how many (``GLUON_MULTIGPU_HOST_CORES``). Two workers on two
+cores each with two OpenMP threads trained the simple CNN (dist_sync, batch
+64) at 132 samples/s a worker; with one thread each, at 653 (5x): OpenMP's
+threads spin while they wait, and four of them on two cores wait for each
+other.
+
 A variable set in the environment by the user always wins, and
 ``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults. (Where else the
 library reads the environment: docs/design.md, "Layers".)
@@ -72,7 +83,8 @@ import warnings
 from ..errors import GluonMultiGPUError
 
 __all__ = ['EngineError', 'EngineWarning', 'configure', 'recommended', 'check_environment',
-           'cores', 'loaded', 'note_loading', 'settings']
+           'cores', 'worker_cores', 'HOST_CORES', 'HOST_WORKERS', 'loaded', 'note_loading',
+           'settings']
 
 #: Engine variables checked before MXNet loads: name -> (smallest, largest) whole value.
 #: MXNet aborts (OMP_NUM_THREADS=abc: status 134) or dies silently
@@ -89,7 +101,8 @@ LIMITS = {'OMP_NUM_THREADS': (1, 1024), 'MXNET_CPU_TEMP_COPY': (1, 4096),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': (0, 2**31 - 1),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (0, 2**31 - 1),
           'MXNET_MKLDNN_CACHE_NUM': (-1, 2**31 - 1), 'MXNET_PROFILER_AUTOSTART': (0, 1),
-          'MXNET_PROFILER_MODE': (0, 2**31 - 1)}
+          'MXNET_PROFILER_MODE': (0, 2**31 - 1),
+          'GLUON_MULTIGPU_HOST_CORES': (1, 65536), 'GLUON_MULTIGPU_HOST_WORKERS': (1, 65536)}
 #: Engine variables MXNet reads as booleans: 0, 1, true or false (any case), nothing else
 #: (MXNET_EXEC_BULK_EXEC_TRAIN=abc is an MXNetError, MXNET_MKLDNN_ENABLED=abc status 134).
 BOOLEANS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_EXEC_BULK_EXEC_INFERENCE',
@@ -106,6 +119,10 @@ CHOICES = {
 _C_SPACE = ' \t\n\r\v\f'
 #: The variables ``recommended`` chooses.
 CHOSEN = ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY')
+#: Set by the launcher and the namespace lab, not by users (see the module's text): the cores
+#: of the host this process runs on, where it has fewer than the machine; the workers of the
+#: job that the host runs.
+HOST_CORES, HOST_WORKERS = 'GLUON_MULTIGPU_HOST_CORES', 'GLUON_MULTIGPU_HOST_WORKERS'
 
 
 class EngineError(GluonMultiGPUError):
@@ -137,12 +154,21 @@ def cores():
     return os.cpu_count() or 1
 
 
-def recommended(cpu_devices=None, sync_bn=False, num_cores=None):
-    """Return the engine variables for ``cpu_devices`` CPU contexts (0 or None: GPUs or unknown).
+def worker_cores(environ=None):
+    """The cores one worker may use: its host's (``HOST_CORES``, else this process's) divided
+    among the workers the host runs (``HOST_WORKERS``), at least one."""
+    environ = os.environ if environ is None else environ
+    host = int(environ.get(HOST_CORES) or 0) or cores()
+    return max(1, host // int(environ.get(HOST_WORKERS) or 1))
+
+
+def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
+    """Return the engine variables for ``cpu_devices`` CPU contexts (0 or None: GPUs or unknown)
+    of a worker with ``num_cores`` cores (``worker_cores(environ)`` if not given).
 
     See the module's text for what they are and why.
     """
-    num_cores = num_cores or cores()
+    num_cores = num_cores or worker_cores(environ)
     if cpu_devices == 1:
         copies = 4  # MXNet's own: one engine thread runs one operator at a time
     else:
@@ -269,7 +295,7 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
                           'MXNET_ENGINE_TYPE=NaiveEngine (one operation at a time) never lets '
                           'finish; unset MXNET_ENGINE_TYPE or drop `sync_bn`')
     wanted = ({} if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0'
-              else recommended(cpu_devices, sync_bn=sync_bn))
+              else recommended(cpu_devices, sync_bn=sync_bn, environ=environ))
     if process and loaded():
         _warn_if_different(wanted, cpu_devices, sync_bn)
         return {}

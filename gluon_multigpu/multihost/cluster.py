@@ -43,7 +43,7 @@ import tempfile
 from . import netns, registry, sshd
 from .netns import ClusterError, rate_bytes
 from .registry import REGISTRY, remove_stale
-from ..base import fs
+from ..base import engine, fs
 from ..run import output
 
 __all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program',
@@ -101,7 +101,10 @@ class Cluster:
     listing them one a line, ``ssh_config`` an ssh client configuration
     (``ssh -F``) that logs into each as root with no prompt, ``identity``
     its private key, and ``bin_dir`` a folder whose ``ssh`` runs
-    ``ssh -F ssh_config``; ``env()`` puts it first on PATH. ``bandwidth``
+    ``ssh -F ssh_config``; ``env()`` puts it first on PATH. The hosts share
+    this machine's cores: a session over ssh is told its host has
+    ``host_cores`` of them (the cores divided among the hosts, at least
+    one), so that a worker there takes that many threads, not all. ``bandwidth``
     (a tc rate, e.g. ``'100mbit'``) shapes every host's link in both
     directions; ``ssh_port`` is where each sshd listens. Keys, configurations
     and the sshd logs (``sshd-<i>.log``) go to ``workdir``, by default a
@@ -130,6 +133,8 @@ class Cluster:
         if not ok:
             raise ClusterError(f'cannot make a cluster here: {reason}')
         self.num_hosts, self.bandwidth, self.ssh_port = num_hosts, bandwidth, ssh_port
+        # the hosts share this machine's cores: each is given its part (base.engine)
+        self.host_cores = max(1, engine.cores() // num_hosts)
         self.hosts, self.namespaces, self.veths = [], [], []
         self.name = self.bridge = self.subnet = self.gateway = None
         self._closed, self._sshd, self._popens = False, {}, []
@@ -167,7 +172,8 @@ class Cluster:
     def _write_files(self):
         """Keys, sshd and ssh configurations, known hosts, hostfile, the ``ssh`` wrapper
         (``sshd.write_files``: all of them or none replaced)."""
-        made = sshd.write_files(self.workdir, self.name, self.hosts, self.ssh_port)
+        made = sshd.write_files(self.workdir, self.name, self.hosts, self.ssh_port,
+                                self.host_cores)
         self.identity, self.hostfile, self.ssh_config = made.identity, made.hostfile, made.ssh_config
         self._sshd_configs, self._ssh, self.bin_dir = made.sshd_configs, made.ssh, made.bin_dir
 

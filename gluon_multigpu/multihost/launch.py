@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import agent
+from ..base import engine
 from ..errors import GluonMultiGPUError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
@@ -160,9 +161,13 @@ def plan(settings, hosts, command):
     roles = [role('scheduler', 0, hosts[0], {}, server)]
     for i in range(settings.num_servers):
         roles.append(role('server', i, hosts[(i + 1) % len(hosts)], {}, server))
-    for i in range(settings.num_workers):
-        roles.append(role('worker', i, hosts[(i + settings.num_servers + 1) % len(hosts)],
-                          {'GLUON_MULTIGPU_WORKER': str(i)}, command))
+    placed = [hosts[(i + settings.num_servers + 1) % len(hosts)]
+              for i in range(settings.num_workers)]
+    for i, host in enumerate(placed):
+        # the host's cores are divided among the workers it runs (base.engine)
+        roles.append(role('worker', i, host, {'GLUON_MULTIGPU_WORKER': str(i),
+                                              engine.HOST_WORKERS: str(placed.count(host))},
+                          command))
     return roles
 
 

@@ -16,7 +16,7 @@ from collections import namedtuple
 
 from .netns import ClusterError, check
 from ..errors import GluonMultiGPUError
-from ..base import reading
+from ..base import engine, reading
 from ..run import output
 
 __all__ = ['SSHD', 'PRIVSEP_DIR', 'Files', 'write_files', 'start', 'log_path']
@@ -31,7 +31,7 @@ _WAIT_SSHD = 10.0  # seconds each sshd has to listen
 Files = namedtuple('Files', 'identity hostfile ssh_config sshd_configs ssh bin_dir')
 
 
-def write_files(workdir, name, hosts, ssh_port):
+def write_files(workdir, name, hosts, ssh_port, host_cores):
     """Keys, sshd and ssh configurations, known hosts, hostfile, the ``ssh`` wrapper; ``Files``.
 
     The keys and files are made in a staging folder and moved into ``workdir`` together
@@ -58,7 +58,7 @@ def write_files(workdir, name, hosts, ssh_port):
                                   for h in hosts))
         _write(at(hostfile), ''.join(h + '\n' for h in hosts))
         for path, host in zip(sshd_configs, hosts):
-            _write(at(path), _sshd_config(host, ssh_port, host_key, authorized))
+            _write(at(path), _sshd_config(host, ssh_port, host_key, authorized, host_cores))
         _write(at(ssh_config), _ssh_config(identity, ssh_port, known))
     # /usr/bin/ssh, not the first on PATH: that may be another cluster's wrapper (a cluster made under env())
     ssh = '/usr/bin/ssh' if os.access('/usr/bin/ssh', os.X_OK) else shutil.which('ssh')
@@ -142,9 +142,11 @@ def _check_own_key(key):
                            'give the cluster another workdir')
 
 
-def _sshd_config(host, port, host_key, authorized):
-    """The sshd configuration of the host at ``host``."""
+def _sshd_config(host, port, host_key, authorized, host_cores):
+    """The sshd configuration of the host at ``host``, whose sessions are told that the host has
+    ``host_cores`` cores (``base.engine.HOST_CORES``: the hosts share this machine's)."""
     return '\n'.join([
+        f'SetEnv {engine.HOST_CORES}={host_cores}',
         f'ListenAddress {host}:{port}',
         f'HostKey {host_key}',
         f'AuthorizedKeysFile {authorized}',
