@@ -16,7 +16,7 @@ until every copy has been drawn by the largest user; then it stops, about
 1.1 GB above MXNet's own 4 copies. A cache that fills, not a leak: with 2
 steps an epoch it rose by 18 MiB an epoch up to epoch 16, then by nothing
 over 45 more (with MXNET_CPU_TEMP_COPY=4: nothing from epoch 3 on). With 128
-copies the filling took up to 160 steps (20 of this test's epochs of 8 steps).
+copies the filling took up to 160 steps (80 of this test's epochs of 2 steps).
 
 So the test runs the command line with ``MXNET_CPU_TEMP_COPY=4``, a user's
 setting, which the command line keeps (``gm.run.engine``): the code that runs
@@ -25,7 +25,8 @@ is WARMUP = 5 epochs instead of 20. Measured so (2 cores shared with other
 CPU-heavy jobs, 40 epochs): resident memory 630 MiB after epoch 1, 636 to 640 MiB
 from epoch 2 to 40, no dip; the peak 674 MiB from epoch 2, 682 by epoch 8,
 684 from epoch 13 on (+10 MiB over epochs 5 to 25); a run of this test: peak
-+9.2 MiB, resident +1.2 MiB. The leaks it catches are those of the loop around
++9.2 MiB, resident +1.2 MiB (with 2 steps an epoch, on a quiet machine: peak
++10.0 MiB, all of it at epoch 6, resident +0.8 MiB, in 38 s). The leaks it catches are those of the loop around
 the steps (hooks, records, checkpoints, data), which do not depend on the
 pool's size: 4 MiB kept at each epoch line (written, so resident) failed it,
 the peak +88 MiB (resident +62 MiB, the highest of 5 epochs: 16 epochs apart).
@@ -45,8 +46,10 @@ WARMUP = 5  # epochs (40 steps) before the level is taken: see the module's text
 EPOCHS = WARMUP + 20
 # The scratch pool: small, so that it is full within the warm-up (module's text).
 TEMP_COPIES = '4'
-# 32 images in batches of 4: 8 steps of 2 images per context, and 4 evaluation batches.
-NUM_TRAIN, NUM_TEST, BATCH = 32, 16, 4
+# 8 images in batches of 4: 2 steps of 2 images per context, and 2 evaluation batches. The
+# leaks this test is for are the loop's, at each epoch, whatever its steps (module's text);
+# with 8 steps an epoch the test took 3.5 times as long for the same 25 epoch lines.
+NUM_TRAIN, NUM_TEST, BATCH = 8, 8, 4
 # Growth allowed over the EPOCHS - WARMUP = 20 epochs after the warm-up. Measured here
 # (AMD EPYC, 2 cores, quiet and with other CPU-heavy processes, 10 runs, 128 copies and a
 # 20-epoch warm-up): the peak grew by 0 to 14 MiB, resident memory by 0 to 1 MiB. Resident

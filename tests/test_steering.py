@@ -71,12 +71,12 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(fashion_dir
     # steps of 1.5 s on a quiet 2-core machine (0.3 s at batch 32 since ResNet-18 got faster):
     # the second Ctrl-C, sent past the window in which a signal repeats the first
     # (StopRequest.SAME_REQUEST), comes while the step begun at the first is still running
-    # (4 steps an epoch: epoch 1, checkpointed, is all the test needs before its signals; the
+    # (2 steps an epoch: epoch 1, checkpointed, is all the test needs before its signals; the
     # deadline is for a machine loaded with other tests, the steps' time is measured below)
     proc, lines = start(fashion_dir, ckpt, '--num-epochs', '3', '--batch-size', '192',
-                        '--num-train', '768')
+                        '--num-train', '384')
     try:
-        _, line = lines.wait_for(r'epoch 2: \d+/4 batches', timeout=600)  # epoch 1 is checkpointed
+        _, line = lines.wait_for(r'epoch 2: \d+/2 batches', timeout=600)  # epoch 1 is checkpointed
         step_seconds = seconds_a_step(line, 192)
         proc.send_signal(signal.SIGINT)
         lines.wait_for('^Ctrl-C: stopping after the current step')
