@@ -78,9 +78,10 @@ def test_outputs_that_collide_are_refused_before_training(train, fashion_dir, tm
     assert os.listdir(tmp_path) == []
 
 
-def test_resuming_a_finished_run_writes_its_outputs(train, fashion_dir, tmp_path, capsys):
+def test_resuming_a_finished_run_writes_its_outputs(train, fashion_dir, tmp_path, capsys,
+                                                   one_epoch):
     ckpt = tmp_path / 'ckpt'
-    assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
+    shutil.copytree(one_epoch, ckpt)
     capsys.readouterr()
     report, out = tmp_path / 'report', tmp_path / 'r.json'
     assert train.main(argv(fashion_dir, ckpt, '--resume', '--json', out, '--report', report,
@@ -123,9 +124,9 @@ def test_two_runs_on_one_checkpoint_folder_the_second_is_refused(fashion_dir, tm
      'partial.batches (99) is past the end of an epoch of 10 batches'),
 ])
 def test_a_hand_edited_manifest_is_refused_naming_the_field(train, fashion_dir, tmp_path, capsys,
-                                                            edit, field):
+                                                            one_epoch, edit, field):
     ckpt = tmp_path / 'ckpt'
-    assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
+    shutil.copytree(one_epoch, ckpt)
     capsys.readouterr()
     manifest = json.loads((ckpt / 'manifest.json').read_text())
     edit(manifest)
@@ -170,13 +171,21 @@ RAW_EDITS = [
 ]
 
 
+@pytest.fixture(scope='module')
+def one_epoch(train, fashion_dir, tmp_path_factory):
+    """A checkpoint folder after one epoch, trained once for the module: copy it."""
+    ckpt = tmp_path_factory.mktemp('one-epoch') / 'ckpt'
+    assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
+    return ckpt
+
+
 @pytest.mark.parametrize('edit, phrase', RAW_EDITS, ids=[
     'zero seconds', 'NaN', 'negative share', 'negative samples', 'sequence past the names',
     'names of another sequence', 'deep nesting', 'huge', 'params garbled, hash updated'])
 def test_a_manifest_out_of_range_is_one_line_before_any_work(train, fashion_dir, tmp_path,
-                                                            capsys, edit, phrase):
+                                                            capsys, one_epoch, edit, phrase):
     ckpt = tmp_path / 'ckpt'
-    assert train.main(argv(fashion_dir, ckpt, epochs=1)) == 0
+    shutil.copytree(one_epoch, ckpt)
     capsys.readouterr()
     (ckpt / 'manifest.json').write_text(
         edit(ckpt, json.loads((ckpt / 'manifest.json').read_text())))
