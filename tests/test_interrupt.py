@@ -261,8 +261,7 @@ def test_another_signals_wakeup_byte_does_not_count(other):
         with gm.StopRequest(on_signal=heard.append) as stop:
             for _ in range(3):
                 os.kill(os.getpid(), other)
-            wait_until(lambda: len(seen) == 3)
-            time.sleep(0.2)  # the watcher has had the bytes
+            wait_until(lambda: len(seen) == 3 and stop._reader.bytes_read >= 3)  # read them
             assert not stop() and heard == [] and stop._seen == 0
             os.kill(os.getpid(), signal.SIGINT)  # the first of ours: not a second request
             wait_until(lambda: heard)
@@ -291,8 +290,7 @@ def test_a_signal_repeated_within_the_window_is_the_same_request():
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
-        wait_until(lambda: heard)
-        time.sleep(0.2)  # the watcher has had every byte
+        wait_until(lambda: heard and stop._reader.bytes_read >= 3)  # read every byte
         assert stop._seen == 1 and stop.signum == signal.SIGINT
         time.sleep(gm.StopRequest.SAME_REQUEST)
         os.kill(os.getpid(), signal.SIGINT)  # past the window: a second request
@@ -314,10 +312,19 @@ WATCHED = textwrap.dedent('''
         while not stop() and time.monotonic() < deadline:
             time.sleep(0.01)
         say('stopped' if stop() else 'deadline')
-        for line in sys.stdin:  # the test sends more, then closes stdin
-            pass
+        for line in sys.stdin:  # each line asks how many wake-up bytes the watcher has read
+            say(f'read {stop._reader.bytes_read}')
     say('done')
 ''')
+
+
+def watcher_read(proc, lines):
+    """Ask the watched script how many wake-up bytes its watcher has read."""
+    asked = len(lines.lines)
+    proc.stdin.write('?\n')
+    proc.stdin.flush()
+    _, line = lines.wait_for(r'^read \d+$', timeout=30, start=asked)
+    return int(line.split()[1])
 
 
 def start_watched():
@@ -337,8 +344,9 @@ def test_scripts_stop_request_counts_only_its_own_signals():
         proc.send_signal(signal.SIGINT)
         lines.wait_for(f'^heard {int(signal.SIGINT)}$')
         lines.wait_for('^stopped$')
+        before = watcher_read(proc, lines)  # (signals of one kind sent at once may merge)
         proc.send_signal(signal.SIGWINCH)  # after the first: still not a second request
-        time.sleep(0.2)
+        wait_until(lambda: watcher_read(proc, lines) > before)
         proc.stdin.close()
         status = wait_bounded(proc, 60)
     finally:

@@ -135,6 +135,9 @@ class WakeupReader:
     def __init__(self, signums, on_signal, name='signals'):
         self.signums, self.on_signal, self.name = frozenset(signums), on_signal, name
         self._sockets = self._thread = self._before = None
+        #: Wake-up bytes read and answered so far, every signal's (counted after its
+        #: ``on_signal``): what a caller waits on to know the thread has seen a signal.
+        self.bytes_read = 0
 
     @property
     def reading(self):
@@ -185,3 +188,4 @@ class WakeupReader:
             for signum in data:
                 if signum in self.signums:
                     self.on_signal(signum)
+                self.bytes_read += 1
