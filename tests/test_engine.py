@@ -168,6 +168,32 @@ def test_recommended_divides_the_cores_among_contexts_and_widens_the_scratch_poo
     assert gm.engine.recommended(4, sync_bn=True)['MXNET_CPU_TEMP_COPY'] == '512'
 
 
+def test_a_workers_threads_are_its_hosts_cores_shared_among_the_hosts_workers():
+    # the launcher says how many workers share the host; the lab, how many cores a host has
+    host = {'GLUON_MULTIGPU_HOST_CORES': '8'}
+    assert gm.engine.worker_cores(host) == 8
+    assert gm.engine.worker_cores(dict(host, GLUON_MULTIGPU_HOST_WORKERS='2')) == 4
+    assert gm.engine.worker_cores(dict(host, GLUON_MULTIGPU_HOST_WORKERS='16')) == 1  # at least
+    assert gm.engine.worker_cores({'GLUON_MULTIGPU_HOST_WORKERS': '1'}) == gm.engine.cores()
+    environ = dict(host, GLUON_MULTIGPU_HOST_WORKERS='2')
+    assert gm.engine.configure(cpu_devices=2, environ=environ) == {
+        'OMP_NUM_THREADS': '2', 'MXNET_CPU_TEMP_COPY': '128'}
+    with pytest.raises(gm.engine.EngineError, match='GLUON_MULTIGPU_HOST_WORKERS'):
+        gm.engine.configure(cpu_devices=1, environ={'GLUON_MULTIGPU_HOST_WORKERS': '0'})
+
+
+def test_the_launcher_tells_each_worker_how_many_workers_share_its_host():
+    from gluon_multigpu.multihost import launch  # pylint: disable=import-outside-toplevel
+    settings = launch.Settings(num_workers=3, num_servers=1)
+    workers = [r for r in launch.plan(settings, ['a', 'b'], ['train']) if r.kind == 'worker']
+    # scheduler on a; server on b; workers on a, b, a
+    assert [(r.host, r.env['GLUON_MULTIGPU_HOST_WORKERS']) for r in workers] == \
+        [('a', '2'), ('b', '1'), ('a', '2')]
+    local = launch.plan(launch.Settings(num_workers=2, num_servers=1), ['127.0.0.1'], ['t'])
+    assert [r.env['GLUON_MULTIGPU_HOST_WORKERS'] for r in local if r.kind == 'worker'] == \
+        ['2', '2']
+
+
 def test_configure_never_overrides_the_users_variables():
     environ = {'OMP_NUM_THREADS': '3'}
     assert gm.engine.configure(1, environ=environ) == {'MXNET_CPU_TEMP_COPY': '4'}
