@@ -8,8 +8,8 @@ without a Slurm installation of several machines. Given a ``Cluster``
   root namespace;
 - ``slurmctld`` in the root namespace, reached by the hosts at the bridge's
   address (``SlurmctldHost=<this machine's name>(<gateway>)``), on a free port;
-- one ``slurmd`` in each host's namespace (``nsenter --net``; ``ip netns
-  exec`` remounts /sys, where slurmd then finds no cgroup file system),
+- one ``slurmd`` in each host's namespace, entered with ``nsenter`` (``ip
+  netns exec`` remounts /sys, where slurmd then finds no cgroup file system),
   node ``n<i>`` at the host's address;
 
 and waits until ``sinfo`` shows every node idle. Its configuration, keys,
@@ -218,6 +218,14 @@ class SlurmCluster:
         except subprocess.TimeoutExpired:
             return {}
         return dict(line.split()[:2] for line in done.stdout.splitlines() if len(line.split()) >= 2)
+
+    def job_pids(self):
+        """``{i: [pid, ...]}`` of the processes on host ``i`` that are neither its sshd listener
+        nor its slurmd: the jobs' (their steps' slurmstepd and tasks), hosts with none left out."""
+        daemons = {p.pid for p in self._procs.values()}
+        found = {i: [p for p in pids if p not in daemons]
+                 for i, pids in self.cluster.job_pids().items()}
+        return {i: pids for i, pids in found.items() if pids}
 
     def log(self, name):
         """The text of a daemon's log (``slurmctld``, ``slurmd-n0``, ``munged``), '' if none."""
