@@ -25,7 +25,8 @@ the next ``SlurmCluster`` (``remove_stale``): the ones in the hosts'
 namespaces go with their cluster (``registry.remove_stale``); munged and
 slurmctld, in the root namespace, are found by their configuration's folder
 and ended when that folder's cluster is no longer alive. Each daemon is also
-set to get SIGTERM when its creator dies.
+set to get SIGKILL when its creator dies (SIGKILL: a daemon that saved its
+state as it ended would write into the folder while it is removed).
 
 Needs root, the Debian packages ``slurmctld slurmd slurm-client munge``
 (Slurm 22.05 is what it was made with) and ``nsenter``; ``available()``
@@ -54,6 +55,9 @@ SLURMCTLD, SLURMD, MUNGED = '/usr/sbin/slurmctld', '/usr/sbin/slurmd', '/usr/sbi
 CLIENTS = ('srun', 'sbatch', 'salloc', 'sinfo', 'squeue', 'scontrol', 'scancel')
 #: Seconds a node may go unheard before the controller takes it as down (Slurm's SlurmdTimeout).
 SLURMD_TIMEOUT = 10
+#: Seconds a job step's credential lasts, and so the least a requeued job waits before it runs
+#: again (Slurm's default: 120).
+CRED_EXPIRE = 10
 _START_WAIT = 30.0  # seconds the daemons have to start and the nodes to become idle
 _FOLDER = 'slurm'   # the Slurm's folder in the cluster's workdir
 
@@ -127,7 +131,7 @@ class SlurmCluster:
             f'SlurmctldHost={socket.gethostname()}({self.cluster.gateway})',
             f'SlurmctldPort={self.port}', 'SlurmdPort=6818',
             'SlurmUser=root', 'SlurmdUser=root',
-            'AuthType=auth/munge', 'CredType=cred/munge', f'AuthInfo=socket={self.socket}',
+            'AuthType=auth/munge', 'CredType=cred/munge', f'AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE}',
             f'StateSaveLocation={f}/state', f'SlurmdSpoolDir={f}/spool-%n',
             f'SlurmctldPidFile={f}/slurmctld.pid', f'SlurmdPidFile={f}/slurmd-%n.pid',
             f'SlurmctldLogFile={f}/slurmctld.log', f'SlurmdLogFile={f}/slurmd-%n.log',
@@ -160,7 +164,7 @@ class SlurmCluster:
         with open(self.path(f'{name}.out'), 'ab') as log:  # a file of our own folder
             self._procs[name] = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env(),
-                start_new_session=True, preexec_fn=lambda: agent.on_parent_death(signal.SIGTERM))
+                start_new_session=True, preexec_fn=lambda: agent.on_parent_death(signal.SIGKILL))
 
     def _await(self, ready, name, what, wait=_START_WAIT):
         deadline = time.monotonic() + wait
