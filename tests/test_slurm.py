@@ -288,7 +288,7 @@ def test_a_lost_node_ends_the_job_within_the_bound(slurm_cluster, tmp_path):
     out = tmp_path / 'job.out'
     job = waiting_job(slurm_cluster, out, '--timeout', '5')
     gone = re.escape(slurm_cluster.cluster.hosts[2])
-    given_up = rf'^launch: (scheduler|server \d|worker \d)@{gone} not heard from .*; stopping the job$'
+    given_up = rf'^launch: (scheduler|server \d|worker \d)@{gone} not heard from .*; stopping the job'
     try:
         job_id = squeue_job(slurm_cluster)
         lost = time.monotonic()

@@ -39,7 +39,8 @@ def allocation(environ=None):
             addresses[name.group(1)] = address.group(1)
     missing = [n for n in nodes if n not in addresses]
     if not nodes or missing:
-        raise LaunchError(f'scontrol gave no address for the node(s) {", ".join(missing) or nodelist} '
+        raise LaunchError('scontrol gave no address for the node(s) '
+                          f'{", ".join(missing) or nodelist} '
                           f'of allocation {env["SLURM_JOB_ID"]}; check `scontrol show node`')
     return [(addresses[n], n) for n in nodes]
 

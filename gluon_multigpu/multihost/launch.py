@@ -26,7 +26,8 @@ from . import agent
 from ..errors import GluonMultiGPUError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
-           'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv', 'remote_command',
+           'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv',
+           'transport_argv', 'remote_command',
            'keeps_checkpoints', 'with_resume']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
@@ -284,9 +285,10 @@ def preflight(settings, roles, port):
     """Check every host before anything starts; return the scheduler's port.
 
     Here: the worker's program exists, and the port is free (or a free one).
-    With ssh, on every host in parallel: ssh reaches it, this folder and this
-    Python are there with the package, the worker's program is there (hosts of
-    workers), and the port is free on the first host. Raises ``LaunchError``.
+    With ssh (or as Slurm job steps), on every host in parallel: ssh (srun)
+    reaches it, this folder and this Python are there with the package, the
+    worker's program is there (hosts of workers), and the port is free on the
+    first host. Raises ``LaunchError``.
     """
     command = next(r.argv for r in roles if r.kind == 'worker')
     if settings.launcher == 'local':
@@ -302,7 +304,8 @@ def preflight(settings, roles, port):
     for host, c in checks.items():
         flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
         remote = remote_command({}, agent_argv(flags, c['command']))
-        procs[host] = subprocess.Popen(transport_argv(settings, host, remote), stdout=subprocess.PIPE,
+        procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
+                                       stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                        preexec_fn=_die_with_parent)
     try:
@@ -340,7 +343,8 @@ def _answers(procs, launcher):
                 from None
         answer = _last_json(out)
         if answer is None or 'error' in answer:
-            why = (answer or {}).get('error') or _last_line(err) or f'{via} status {proc.returncode}'
+            why = ((answer or {}).get('error') or _last_line(err)
+                   or f'{via} status {proc.returncode}')
             raise LaunchError(f'host {host}: {why}; each host needs {how}, this '
                               f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
                               'the package, and the worker\'s program')

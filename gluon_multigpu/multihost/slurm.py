@@ -63,9 +63,10 @@ _FOLDER = 'slurm'   # the Slurm's folder in the cluster's workdir
 
 
 def available():
-    """``(True, '')`` where a Slurm can be started here, else ``(False, reason)``; changes nothing."""
+    """``(True, '')`` where a Slurm can be started here, else ``(False, reason)``; changes
+    nothing."""
     if os.geteuid() != 0:
-        return False, 'the Slurm daemons run as root here (this process runs as uid %d)' % os.geteuid()
+        return False, f'the Slurm daemons run as root here (this process runs as uid {os.geteuid()})'
     for path in (SLURMCTLD, SLURMD, MUNGED):
         if not os.access(path, os.X_OK):
             return False, (f'no {path}: install the packages slurmctld slurmd slurm-client munge '
@@ -131,12 +132,14 @@ class SlurmCluster:
             f'SlurmctldHost={socket.gethostname()}({self.cluster.gateway})',
             f'SlurmctldPort={self.port}', 'SlurmdPort=6818',
             'SlurmUser=root', 'SlurmdUser=root',
-            'AuthType=auth/munge', 'CredType=cred/munge', f'AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE}',
+            'AuthType=auth/munge', 'CredType=cred/munge',
+            f'AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE}',
             f'StateSaveLocation={f}/state', f'SlurmdSpoolDir={f}/spool-%n',
             f'SlurmctldPidFile={f}/slurmctld.pid', f'SlurmdPidFile={f}/slurmd-%n.pid',
             f'SlurmctldLogFile={f}/slurmctld.log', f'SlurmdLogFile={f}/slurmd-%n.log',
             'ProctrackType=proctrack/linuxproc', 'TaskPlugin=task/none',
-            'JobAcctGatherType=jobacct_gather/none', 'AccountingStorageType=accounting_storage/none',
+            'JobAcctGatherType=jobacct_gather/none',
+            'AccountingStorageType=accounting_storage/none',
             'JobCompType=jobcomp/none', 'MpiDefault=none', 'SwitchType=switch/none',
             'SchedulerType=sched/backfill', 'SelectType=select/linear',
             'ReturnToService=2', f'SlurmdTimeout={SLURMD_TIMEOUT}', 'InactiveLimit=0',
@@ -144,13 +147,15 @@ class SlurmCluster:
         ]
         lines += [f'NodeName={n} NodeAddr={a} CPUs={self.cpus} State=UNKNOWN'
                   for n, a in self.addresses.items()]
-        lines.append(f'PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP')
+        lines.append(f'PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE '
+                     'State=UP')
         return '\n'.join(lines) + '\n'
 
     def _start_daemons(self):
         """munged, then slurmctld, then a slurmd per host, each in the foreground, as our child."""
         key, socket_path = self.path('munge.key'), self.socket
-        self._spawn('munged', [MUNGED, '-F', '--force', f'--key-file={key}', f'--socket={socket_path}',
+        self._spawn('munged', [MUNGED, '-F', '--force', f'--key-file={key}',
+                               f'--socket={socket_path}',
                                f'--pid-file={self.path("munged.pid")}',
                                f'--log-file={self.path("munged.log")}',
                                f'--seed-file={self.path("munged.seed")}'])
