@@ -135,20 +135,43 @@ def small_run(data_dir, ck):
 
 
 def submit(slurm, out, *args):
-    """``sbatch --wait`` from the checkout, the job's output to ``out``: its ``Popen``."""
+    """``sbatch`` from the checkout, the job's output to ``out``: the job's id."""
     env = slurm.env()
     env['PYTHON'] = sys.executable
-    return subprocess.Popen(['sbatch', '--wait', '--parsable', f'--output={out}', *args],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    done = slurm.run(['sbatch', '--parsable', f'--output={out}', *args], cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(';')[0]
 
 
-def wait_for(out, pattern, job, timeout=180):
+#: The states of a job that has ended (a requeued job is PENDING again, not ended).
+ENDED = {'COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'PREEMPTED', 'BOOT_FAIL',
+         'DEADLINE', 'OUT_OF_MEMORY'}
+
+
+def job_state(slurm, job_id):
+    """``(state, exit code)`` of the job as ``scontrol`` shows it (``ExitCode=0:0``)."""
+    shown = slurm.run(['scontrol', '-o', 'show', 'job', job_id]).stdout
+    state, code = re.search(r'\bJobState=(\S+)', shown), re.search(r'\bExitCode=(\S+)', shown)
+    return (state.group(1) if state else '?'), (code.group(1) if code else '?')
+
+
+def wait_job(slurm, job_id, out, timeout=240):
+    """Wait until the job has ended (polled every 0.2 s: ``sbatch --wait`` looks only every 10
+    s); its ``(state, exit code)``. Fails after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while (state := job_state(slurm, job_id))[0] not in ENDED:
+        assert time.monotonic() < deadline, (state, out.read_text()[-3000:] if out.exists() else '')
+        time.sleep(0.2)
+    return state
+
+
+def wait_for(out, pattern, slurm, job_id, timeout=180):
     """Wait until the job's output ``out`` has a line matching ``pattern``; fail if the job
     ends first or ``timeout`` s pass."""
     deadline = time.monotonic() + timeout
     while not (out.exists() and re.search(pattern, out.read_text(), re.M)):
-        assert job.poll() is None, job.stderr.read() + (out.read_text() if out.exists() else '')
+        state = job_state(slurm, job_id)
+        assert state[0] not in ENDED, (state, out.read_text() if out.exists() else '')
         assert time.monotonic() < deadline, f'no {pattern!r} within {timeout} s'
         time.sleep(0.2)
 
@@ -166,12 +189,7 @@ def uninterrupted(slurm_cluster, fashion_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('whole')
     out = tmp / 'job.out'
     job = submit(slurm_cluster, out, '--nodes=2', SBATCH, *small_run(fashion_dir, tmp / 'ck'))
-    try:
-        assert wait_bounded(job, 300) == 0, job.stderr.read() + (
-            out.read_text()[-3000:] if out.exists() else '')
-    finally:
-        job.kill()
-        job.wait()
+    assert wait_job(slurm_cluster, job, out) == ('COMPLETED', '0:0'), out.read_text()[-3000:]
     return out.read_text()
 
 
@@ -188,16 +206,11 @@ def test_usr1_stops_checkpoints_requeues_and_the_requeued_job_ends_equal(
         slurm_cluster, fashion_dir, tmp_path, uninterrupted):
     out = tmp_path / 'job.out'
     job = submit(slurm_cluster, out, '--nodes=2', SBATCH, *small_run(fashion_dir, tmp_path / 'ck'))
-    try:
-        wait_for(out, r'rank 0\] .*epoch 1: \d+/\d+ batches', job)  # a step done
-        # what Slurm does at --signal=B:USR1@S before the time limit, or on preemption
-        signalled = slurm_cluster.run(['scancel', '--batch', '--signal=USR1',
-                                       squeue_job(slurm_cluster)])
-        assert signalled.returncode == 0, signalled.stderr
-        assert wait_bounded(job, 240) == 0, job.stderr.read()
-    finally:
-        job.kill()
-        job.wait()
+    wait_for(out, r'rank 0\] .*epoch 1: \d+/\d+ batches', slurm_cluster, job)  # a step done
+    # what Slurm does at --signal=B:USR1@S before the time limit, or on preemption
+    signalled = slurm_cluster.run(['scancel', '--batch', '--signal=USR1', job])
+    assert signalled.returncode == 0, signalled.stderr
+    assert wait_job(slurm_cluster, job, out) == ('COMPLETED', '0:0'), out.read_text()[-3000:]
     text = out.read_text()
     assert re.search(r'rank 0\] interrupted by SIGTERM in epoch \d after \d+ batch', text), \
         text[-3000:] + signalled.stdout + signalled.stderr
@@ -205,13 +218,6 @@ def test_usr1_stops_checkpoints_requeues_and_the_requeued_job_ends_equal(
     assert re.search(r'job \d+ \(restart 1\)', text), text[-3000:]
     assert last_epoch(text) == last_epoch(uninterrupted)
     assert nothing_left(slurm_cluster)
-
-
-def squeue_job(slurm):
-    """The id of the one job in the queue."""
-    jobs = slurm.run(['squeue', '-h', '-o', '%i']).stdout.split()
-    assert len(jobs) == 1, jobs
-    return jobs[0]
 
 
 # A worker that joins the parameter server and says so: the job, without the training.
@@ -258,26 +264,21 @@ LOST_BOUND = 60
 
 
 def waiting_job(slurm, out, *flags):
-    """A batch job of three nodes whose launcher runs three waiting workers; its ``Popen``,
-    returned once every worker has joined."""
+    """A batch job of three nodes whose launcher runs three waiting workers; its id, returned
+    once every worker has joined."""
     launch = [sys.executable, LAUNCH, '-n', '3', '-s', '3', '--launcher', 'slurm', *flags, '--',
               sys.executable, '-c', WAITER]
     job = submit(slurm, out, '--nodes=3', '--requeue', '--wrap', shlex.join(launch))
-    wait_for(out, r'(?s)(joined rank.*){3}', job)
+    wait_for(out, r'(?s)(joined rank.*){3}', slurm, job)
     return job
 
 
 def test_scancel_ends_every_process_on_every_node(slurm_cluster, tmp_path):
     out = tmp_path / 'job.out'
     job = waiting_job(slurm_cluster, out)
-    try:
-        job_id = squeue_job(slurm_cluster)
-        assert slurm_cluster.job_pids().keys() == {0, 1, 2}
-        assert slurm_cluster.run(['scancel', job_id]).returncode == 0
-        assert wait_bounded(job, 60) != 0
-    finally:
-        job.kill()
-        job.wait()
+    assert slurm_cluster.job_pids().keys() == {0, 1, 2}
+    assert slurm_cluster.run(['scancel', job]).returncode == 0
+    assert wait_job(slurm_cluster, job, out, 60)[0] == 'CANCELLED'
     assert nothing_left(slurm_cluster)  # Slurm's KillWait (5 s here), then SIGKILL
 
 
@@ -289,18 +290,13 @@ def test_a_lost_node_ends_the_job_within_the_bound(slurm_cluster, tmp_path):
     job = waiting_job(slurm_cluster, out, '--timeout', '5')
     gone = re.escape(slurm_cluster.cluster.hosts[2])
     given_up = rf'^launch: (scheduler|server \d|worker \d)@{gone} not heard from .*; stopping the job'
-    try:
-        job_id = squeue_job(slurm_cluster)
-        lost = time.monotonic()
-        slurm_cluster.cluster.kill_host(2)
-        while not (re.search(given_up, out.read_text(), re.M) or requeued(slurm_cluster, job_id)):
-            assert time.monotonic() - lost < LOST_BOUND, out.read_text()[-3000:]
-            time.sleep(0.2)
-    finally:
-        job.kill()  # the sbatch client: the job stays until Slurm takes the node as down
-        job.wait()
+    lost = time.monotonic()
+    slurm_cluster.cluster.kill_host(2)
+    while not (re.search(given_up, out.read_text(), re.M) or requeued(slurm_cluster, job)):
+        assert time.monotonic() - lost < LOST_BOUND, out.read_text()[-3000:]
+        time.sleep(0.2)
     assert nothing_left(slurm_cluster)
-    slurm_cluster.run(['scancel', job_id])
+    slurm_cluster.run(['scancel', job])  # it may stay until Slurm takes the node as down
 
 
 def requeued(slurm, job_id):

@@ -141,7 +141,8 @@ class SlurmCluster:
             'JobAcctGatherType=jobacct_gather/none',
             'AccountingStorageType=accounting_storage/none',
             'JobCompType=jobcomp/none', 'MpiDefault=none', 'SwitchType=switch/none',
-            'SchedulerType=sched/backfill', 'SelectType=select/linear',
+            'SchedulerType=sched/backfill', 'SchedulerParameters=bf_interval=1,sched_interval=2',
+            'SelectType=select/linear',
             'ReturnToService=2', f'SlurmdTimeout={SLURMD_TIMEOUT}', 'InactiveLimit=0',
             'KillWait=5', 'MinJobAge=600', 'JobRequeue=1', 'PlugStackConfig=/dev/null',
         ]
