@@ -282,6 +282,24 @@ def test_scancel_ends_every_process_on_every_node(slurm_cluster, tmp_path):
     assert nothing_left(slurm_cluster)  # Slurm's KillWait (5 s here), then SIGKILL
 
 
+def test_scancel_batch_term_stops_the_job_in_order_without_a_requeue(slurm_cluster, fashion_dir,
+                                                                      tmp_path):
+    """SIGTERM to the batch script alone: the launcher stops the job in order, rank 0 writes its
+    checkpoint, and the job ends, not requeued."""
+    out = tmp_path / 'job.out'
+    job = submit(slurm_cluster, out, '--nodes=2', SBATCH, *small_run(fashion_dir, tmp_path / 'ck'))
+    wait_for(out, r'rank 0\] .*epoch 1: \d+/\d+ batches', slurm_cluster, job)
+    assert slurm_cluster.run(['scancel', '--batch', '--signal=TERM', job]).returncode == 0
+    state = wait_job(slurm_cluster, job, out, 60)
+    text = out.read_text()
+    assert state == ('FAILED', '143:0') and not requeued(slurm_cluster, job), (state, text[-3000:])
+    assert re.search(r'rank 0\] interrupted by SIGTERM in epoch \d after \d+ batch.*checkpoint in',
+                     text), text[-3000:]
+    assert re.search(r'^launch: stopped by SIGTERM: every process has ended$', text, re.M)
+    assert 'requeueing' not in text
+    assert nothing_left(slurm_cluster)
+
+
 def test_a_lost_node_ends_the_job_within_the_bound(slurm_cluster, tmp_path):
     """The last of the module's tests to use its Slurm: it kills host 2. The launcher gives the
     host up and stops the job (or Slurm requeues it) within the bound; nothing is left on the

@@ -246,8 +246,9 @@ class SlurmCluster:
             return ''
 
     def close(self):
-        """End every process of this Slurm (the job steps on the hosts, the slurmds, slurmctld,
-        munged) and remove its folder. Safe to call more than once; never raises."""
+        """End every process of this Slurm (the slurmds, slurmctld, munged, and every process
+        left on the hosts but their sshd: the jobs' steps) and remove its folder. Safe to call
+        more than once; never raises."""
         if self._closed:
             return
         self._closed = True
@@ -260,7 +261,8 @@ class SlurmCluster:
 
     def _end_processes(self):
         """SIGTERM to the daemons (in reverse order of start), SIGKILL after 3 s; then every
-        process left in the hosts' namespaces but their sshd (the jobs' steps)."""
+        process left in the hosts' namespaces but their sshd (the jobs' steps, and anything
+        else started there)."""
         procs = list(self._procs.values())[::-1]
         for proc in procs:
             if proc.poll() is None:
