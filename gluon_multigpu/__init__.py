@@ -31,7 +31,8 @@ downwards (docs/design.md; ``lint-imports`` checks them):
   ``scaling_report``, ``compare`` (kvstores side by side), ``charts``,
   ``kvstore_report``;
 - ``multihost``, the lab: ``agent``, ``launch``, ``supervise``,
-  ``cluster``, ``failover``, ``network`` and their parts;
+  ``allocation``, ``cluster``, ``slurm``, ``failover``, ``network`` and
+  their parts;
 - ``base``, the ground floor, loading no MXNet: ``engine`` (MXNet's engine
   settings), ``fs`` (every file change), ``reading``, ``atomic``,
   ``paths``, ``signals``, ``units``, ``protocol``.
@@ -71,6 +72,7 @@ MODULES = {
     'studies': 'multihost', 'failover': 'multihost', 'faults': 'multihost',
     'failover_run': 'multihost', 'failover_report': 'multihost', 'network': 'multihost',
     'network_model': 'multihost', 'network_run': 'multihost', 'network_report': 'multihost',
+    'allocation': 'multihost', 'slurm': 'multihost',
 }
 
 #: The package's names, by the short name of the module that defines them.

@@ -8,7 +8,9 @@ worker runs the command given after ``--``. Each process runs under an agent
 on its host (``gluon_multigpu.multihost.agent``, over ssh with ``--launcher ssh``)
 that relays its lines, reports it, and ends it when the launcher says so or
 is gone: no process of the job outlives the launcher on any host, however the
-launcher ends. Every line comes out behind its role, host and, once the
+launcher ends. With ``--launcher slurm``, inside a Slurm allocation (``sbatch``,
+``salloc``), the hosts are the allocation's nodes and each agent runs as a job
+step (``srun``) instead of over ssh. Every line comes out behind its role, host and, once the
 worker has joined, its rank: ``[worker 1@198.18.0.3 rank 0]``.
 
 A process that fails, a host that is not heard for --timeout seconds (its
@@ -33,6 +35,7 @@ import sys
 from . import common, messages
 from ..errors import GluonMultiGPUError
 from ..base import reading, signals
+from ..multihost.allocation import allocation
 from ..multihost.launch import GRACE, TIMEOUT, LaunchError, Settings, keeps_checkpoints
 from ..multihost.supervise import launch
 
@@ -42,6 +45,8 @@ examples:
       --model simple-cnn --num-epochs 1 --data-dir ../shared/data/fashion-mnist
   %(prog)s -n 4 -s 2 --launcher ssh -H hosts.txt --max-restarts 3 -- \\
       python scripts/train.py --kvstore dist_sync --checkpoint-dir /nfs/run1 ...
+  %(prog)s -n 3 -s 3 --launcher slurm -- python scripts/train.py --kvstore dist_sync ...
+      (inside sbatch or salloc; examples/slurm/train.sbatch does it for you)
 
 The host file lists one host name or address per line, optionally user@host
 (# starts a comment; each host once; at most 1 MiB); with ssh the scheduler
@@ -71,9 +76,10 @@ def build_parser():
                    help='worker processes, each running the command')
     p.add_argument('-s', '--num-servers', type=common.int_in(1, 256), default=1, metavar='N',
                    help='parameter-server processes (default: 1)')
-    p.add_argument('--launcher', choices=['local', 'ssh'], default='local',
+    p.add_argument('--launcher', choices=['local', 'ssh', 'slurm'], default='local',
                    help='local: every process on this machine, on loopback; ssh: on the hosts '
-                   'of --hostfile (default: local)')
+                   'of --hostfile; slurm: as job steps (srun) on the nodes of the Slurm '
+                   'allocation it runs in (sbatch, salloc) (default: local)')
     p.add_argument('-H', '--hostfile', metavar='FILE', help='hosts for --launcher ssh')
     p.add_argument('--port', type=common.int_in(1024, 65535), metavar='PORT',
                    help="the scheduler's port, checked free on its host (default: a free one)")
@@ -152,6 +158,17 @@ def worker_command(args):
 def check_args(args):
     """Check the command line; return ``(hosts, command)``."""
     command = worker_command(args)
+    if args.launcher == 'slurm':
+        for flag in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
+            if getattr(args, flag) is not None:
+                raise LaunchError(f'--{flag.replace("_", "-")} goes with --launcher ssh; with '
+                                  '--launcher slurm the hosts are the allocation\'s nodes')
+        if not os.environ.get('SLURM_JOB_ID'):
+            raise LaunchError('--launcher slurm runs inside a Slurm allocation, and there is none '
+                              'here (no SLURM_JOB_ID); run it in a batch script (sbatch '
+                              'examples/slurm/train.sbatch ...) or under salloc')
+        args.nodes = tuple(allocation())
+        return [address for address, _ in args.nodes], command
     if args.launcher == 'ssh':
         if not args.hostfile:
             raise LaunchError('--launcher ssh needs --hostfile FILE with the hosts')
@@ -172,7 +189,8 @@ def settings_of(args):
                     launcher=args.launcher, port=args.port, max_restarts=args.max_restarts,
                     grace=args.grace, timeout=args.timeout, step_timeout=args.step_timeout,
                     ssh_port=args.ssh_port, ssh_identity=args.ssh_identity,
-                    ssh_config=args.ssh_config, train_program=common.program('train'))
+                    ssh_config=args.ssh_config, train_program=common.program('train'),
+                    nodes=getattr(args, 'nodes', ()))
 
 
 # -- the program: signals taken note of, for the job to stop in order ------------------------------

@@ -4,8 +4,9 @@ What the launcher (``scripts/launch.py``) does before and around supervision
 (``supervise``): ``plan`` places the scheduler, the servers and the workers on
 the hosts, each a ``Role`` with its DMLC_* variables; ``preflight`` checks
 every host before anything starts (the worker's program, the scheduler's
-port; over ssh, that each host answers with this folder and this Python);
-``spawn`` starts a role under its agent (``agent``), here or over ssh, and
+port; over ssh or as Slurm job steps, that each host answers with this folder and
+this Python); ``spawn`` starts a role under its agent (``agent``), here, over ssh or
+as a job step of the Slurm allocation the launcher runs in (``srun``), and
 ``relay`` copies its lines behind its label and takes in its agent's
 control lines (steps, rank, heartbeats, exit status). The launch is told
 what to do by a ``Settings`` of plain values.
@@ -26,7 +27,8 @@ from ..base import engine
 from ..errors import GluonMultiGPUError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
-           'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'remote_command',
+           'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv',
+           'transport_argv', 'remote_command',
            'keeps_checkpoints', 'with_resume']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
@@ -45,9 +47,11 @@ class LaunchError(GluonMultiGPUError):
 class Settings:
     """What a launch is told (the launcher's flags, as plain values).
 
-    ``launcher``: ``'local'`` (every process here, on loopback) or ``'ssh'``
+    ``launcher``: ``'local'`` (every process here, on loopback), ``'ssh'``
     (on the hosts, with ``ssh_port``, ``ssh_identity`` and ``ssh_config``
-    added to ssh's own configuration); ``port``: the scheduler's (None: a
+    added to ssh's own configuration) or ``'slurm'`` (job steps on the nodes
+    of the allocation it runs in: ``nodes``, the ``(address, node)`` of each
+    host); ``port``: the scheduler's (None: a
     free one); ``grace``, ``timeout`` and ``step_timeout`` in seconds (0: no
     step watched); ``train_program``: how messages name the training program
     in an example command.
@@ -64,6 +68,7 @@ class Settings:
     ssh_identity: Optional[str] = None
     ssh_config: Optional[str] = None
     train_program: str = 'gluon-multigpu-train'
+    nodes: tuple = ()
 
 
 def keeps_checkpoints(command):
@@ -202,6 +207,20 @@ def ssh_argv(settings, host, remote):
     return argv + ['--', host, remote]
 
 
+def srun_argv(node, remote):
+    """A job step of the allocation on ``node`` running the shell command ``remote``: one task,
+    sharing the node with the job's other steps (``--overlap``), its lines as they come."""
+    return ['srun', '--nodes=1', '--ntasks=1', f'--nodelist={node}', '--overlap', '--quiet',
+            '--unbuffered', '--', '/bin/sh', '-c', remote]
+
+
+def transport_argv(settings, host, remote):
+    """How ``remote`` runs on ``host``: over ssh, or as a job step on its node (slurm)."""
+    if settings.launcher == 'slurm':
+        return srun_argv(dict(settings.nodes)[host], remote)
+    return ssh_argv(settings, host, remote)
+
+
 def remote_command(env, argv):
     """The shell command that runs ``argv`` with the variables ``env`` in this folder."""
     exports = ' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())
@@ -213,8 +232,8 @@ def spawn(settings, role):
     hold = ['--hold-port', role.env['DMLC_PS_ROOT_PORT']] if role.kind == 'scheduler' else []
     under_agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(settings.timeout),
                               '--grace', str(TERM_WAIT), *hold], role.argv)
-    if settings.launcher == 'ssh':
-        argv, env = ssh_argv(settings, role.host, remote_command(role.env, under_agent)), {}
+    if settings.launcher != 'local':
+        argv, env = transport_argv(settings, role.host, remote_command(role.env, under_agent)), {}
     else:
         argv, env = under_agent, role.env
     role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
@@ -271,9 +290,10 @@ def preflight(settings, roles, port):
     """Check every host before anything starts; return the scheduler's port.
 
     Here: the worker's program exists, and the port is free (or a free one).
-    With ssh, on every host in parallel: ssh reaches it, this folder and this
-    Python are there with the package, the worker's program is there (hosts of
-    workers), and the port is free on the first host. Raises ``LaunchError``.
+    With ssh (or as Slurm job steps), on every host in parallel: ssh (srun)
+    reaches it, this folder and this Python are there with the package, the
+    worker's program is there (hosts of workers), and the port is free on the
+    first host. Raises ``LaunchError``.
     """
     command = next(r.argv for r in roles if r.kind == 'worker')
     if settings.launcher == 'local':
@@ -289,11 +309,12 @@ def preflight(settings, roles, port):
     for host, c in checks.items():
         flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
         remote = remote_command({}, agent_argv(flags, c['command']))
-        procs[host] = subprocess.Popen(ssh_argv(settings, host, remote), stdout=subprocess.PIPE,
+        procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
+                                       stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                        preexec_fn=_die_with_parent)
     try:
-        return _answers(procs)
+        return _answers(procs, settings.launcher)
     except LaunchError:
         for p in procs.values():
             p.kill()
@@ -312,20 +333,24 @@ def _preflight_here(settings, command, port):
     return answer['port']
 
 
-def _answers(procs):
-    """The checks' answers, host by host (``{host: ssh process}``); the port the scheduler's
-    host found. Raises ``LaunchError`` at the first host that does not answer well."""
-    found = None
+def _answers(procs, launcher):
+    """The checks' answers, host by host (``{host: ssh or srun process}``); the port the
+    scheduler's host found. Raises ``LaunchError`` at the first host that does not answer well."""
+    found, via = None, 'srun' if launcher == 'slurm' else 'ssh'
+    how = 'a job step of the allocation' if via == 'srun' else 'ssh without a prompt'
     for host, proc in procs.items():
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            raise LaunchError(f'host {host}: no answer over ssh in 30 s; check that `ssh {host}` '
-                              'works without a prompt') from None
+            check = (f'`ssh {host}` works without a prompt' if via == 'ssh' else
+                     'a job step starts on each node (`srun hostname`)')
+            raise LaunchError(f'host {host}: no answer over {via} in 30 s; check that {check}') \
+                from None
         answer = _last_json(out)
         if answer is None or 'error' in answer:
-            why = (answer or {}).get('error') or _last_line(err) or f'ssh status {proc.returncode}'
-            raise LaunchError(f'host {host}: {why}; each host needs ssh without a prompt, this '
+            why = ((answer or {}).get('error') or _last_line(err)
+                   or f'{via} status {proc.returncode}')
+            raise LaunchError(f'host {host}: {why}; each host needs {how}, this '
                               f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
                               'the package, and the worker\'s program')
         if 'port' in answer:

@@ -19,7 +19,7 @@ from ..errors import GluonMultiGPUError
 from ..base import fs, reading
 from ..run import locks, output
 
-__all__ = ['REGISTRY', 'remove_stale', 'reserve']
+__all__ = ['REGISTRY', 'remove_stale', 'reserve', 'live_workdirs']
 
 #: Where each live cluster is registered (``<name>.json``: its creator's pid, start time, workdir).
 REGISTRY = '/run/gluon-multigpu-clusters'
@@ -53,6 +53,24 @@ def reserve(workdir, own_workdir):
         path = os.path.join(REGISTRY, f'{netns.PREFIX}{k}.json')
         output.create_exclusive(path, json.dumps(record).encode(), 0o644)
     return k, path
+
+
+def live_workdirs():
+    """The workdirs of the registered clusters whose creating process is alive."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.listdir(REGISTRY)):
+            if not entry.endswith('.json'):
+                continue
+            try:
+                record = json.loads(reading.read_text(os.path.join(REGISTRY, entry), 1 << 20,
+                                                      'cluster file'))
+                start = _start_time(int(record['pid']))
+                if start is not None and start == record['start']:
+                    found.append(str(record['workdir']))
+            except (OSError, ValueError, KeyError, TypeError, GluonMultiGPUError):
+                continue
+    return found
 
 
 def _registry_lock(timeout=60.0):
