@@ -45,7 +45,7 @@ import time
 
 from . import agent, registry
 from .netns import ClusterError
-from ..base import fs
+from ..base import engine, fs
 from ..run import output
 
 __all__ = ['SLURMCTLD', 'SLURMD', 'MUNGED', 'CLIENTS', 'available', 'SlurmCluster', 'remove_stale']
@@ -207,10 +207,13 @@ class SlurmCluster:
 
     def env(self, environ=None):
         """``cluster.env(environ)`` with ``SLURM_CONF`` naming this Slurm's configuration, and no
-        ``SLURM_*`` variable of an allocation this process may run in."""
+        ``SLURM_*`` variable of an allocation this process may run in. A job submitted with it
+        (Slurm passes the submitter's variables to every step) is told each host's share of this
+        machine's cores (``base.engine.HOST_CORES``), as the hosts' sshd tells their sessions."""
         env = {k: v for k, v in self.cluster.env(environ).items()
                if not k.startswith(('SLURM_', 'SBATCH_', 'SALLOC_', 'SRUN_'))}
         env['SLURM_CONF'] = self.conf
+        env[engine.HOST_CORES] = str(self.cluster.host_cores)
         return env
 
     def run(self, argv, **kw):
