@@ -34,7 +34,7 @@ SERIAL, TIMING = 'serial', 'timing'
 #: workers (setup.cfg: ``--no-loadscope-reorder`` keeps this order), so that no worker is left
 #: with a long one at the end while the other has nothing to do. Only an order: a group not
 #: named here runs after these, in the order of its file.
-LONGEST_FIRST = (SERIAL, 'test_readme', 'test_memory', TIMING, 'test_distributed',
+LONGEST_FIRST = (SERIAL, 'test_readme', 'test_slurm', 'test_memory', TIMING, 'test_distributed',
                  'test_notebook', 'test_faults', 'test_hostile_run', 'test_hostile_checkpoints')
 
 

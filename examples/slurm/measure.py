@@ -32,7 +32,7 @@ STAGES = [('stop', r'the launcher stops the job: stopping after step'),
 
 def run_args(data_dir, ck):
     return ['--kvstore', 'dist_sync', '--cpu-devices', '1', '--model', 'simple-cnn',
-            '--batch-size', '64', '--num-train', '768', '--num-test', '200', '--num-epochs', '2',
+            '--batch-size', '64', '--num-train', '2304', '--num-test', '200', '--num-epochs', '2',
             '--data-dir', data_dir, '--checkpoint-dir', str(ck), '--progress-interval', '0.1']
 
 
