@@ -27,7 +27,7 @@ LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'tra
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('serial')]  # serial: conftest.SERIAL
 
 
-def train_args(fashion_dir, ckpt, epochs=3, *extra):
+def train_args(fashion_dir, ckpt, epochs=2, *extra):
     """A small dist_sync run: 20 steps of 2 x 64 per epoch, a checkpoint every epoch."""
     return [sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
             '--model', 'simple-cnn', '--batch-size', '64', '--num-train', '2560', '--num-test',
@@ -158,7 +158,7 @@ def test_a_worker_killed_on_its_host_restarts_the_job_which_ends_as_the_uninterr
     argv = launcher(cluster, '--max-restarts', '2') + train_args(fashion_dir, tmp_path / 'ck')
     proc, out, err = start(cluster, argv, tmp_path)
     try:
-        out.wait_for(r'rank 0\] epoch 1/3: ', timeout=300)  # epoch 1 checkpointed
+        out.wait_for(r'rank 0\] epoch 1/2: ', timeout=300)  # epoch 1 checkpointed
         out.wait_for(r'rank 0\].*epoch 2: \d+/20 batches', timeout=120)
         victim = pid_of(cluster, 0, r'train\.py')  # worker 1 runs on the first host
         killed = time.monotonic()
@@ -186,7 +186,7 @@ def test_a_host_whose_link_goes_down_is_lost_within_the_timeout_and_left_clean(
         train_args(fashion_dir, tmp_path / 'ck')
     proc, out, err = start(cluster, argv, tmp_path)
     try:
-        out.wait_for(r'rank 0\] epoch 1/3: ', timeout=300)
+        out.wait_for(r'rank 0\] epoch 1/2: ', timeout=300)
         cut = time.monotonic()
         cluster.link_down(2)  # worker 0's host: nobody reaches it, it reaches nobody
         when, _ = err.wait_for(r'^launch: worker 0@.* not heard from .* for 5 s \(host or link '

@@ -62,6 +62,7 @@ def test_srun_runs_a_task_on_each_host_at_its_own_address(slurm_cluster):
     assert seen == slurm_cluster.addresses
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_close_ends_every_daemon_and_job_and_removes_the_folder():
     skip_unless_slurm()
     with gc.Cluster(1) as cluster:
@@ -77,6 +78,7 @@ def test_close_ends_every_daemon_and_job_and_removes_the_folder():
         slurm.close()  # again: nothing
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_slurm_of_a_killed_process_is_ended_by_the_next():
     skip_unless_slurm()
     code = ('import json, time\n'
@@ -195,6 +197,7 @@ def uninterrupted(slurm_cluster, fashion_dir, tmp_path_factory):
     return out.read_text()
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_sbatch_trains_on_every_node_and_prints_the_book_line(slurm_cluster, uninterrupted):
     text = uninterrupted
     assert re.search(r'^\[worker \d@[\d.]+ rank 0\] test acc: [\d.]+, [\d.]+ sec/epoch on 2 '
@@ -204,6 +207,7 @@ def test_sbatch_trains_on_every_node_and_prints_the_book_line(slurm_cluster, uni
     assert nothing_left(slurm_cluster)
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_usr1_stops_checkpoints_requeues_and_the_requeued_job_ends_equal(
         slurm_cluster, fashion_dir, tmp_path, uninterrupted):
     out = tmp_path / 'job.out'
@@ -228,6 +232,7 @@ JOIN = ('import mxnet as mx; kv = mx.kv.create("dist_sync"); '
         'print("joined rank", kv.rank, "of", kv.num_workers, flush=True)')
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_salloc_then_the_launcher_runs_the_roles_as_job_steps(slurm_cluster, tmp_path):
     done = slurm_cluster.run(['salloc', '-N3', sys.executable, LAUNCH, '-n', '3', '-s', '3',
                               '--launcher', 'slurm', '--', sys.executable, '-c', JOIN],
@@ -276,6 +281,7 @@ def waiting_job(slurm, out, *flags):
     return job
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_scancel_ends_every_process_on_every_node(slurm_cluster, tmp_path):
     out = tmp_path / 'job.out'
     job = waiting_job(slurm_cluster, out)
@@ -285,6 +291,7 @@ def test_scancel_ends_every_process_on_every_node(slurm_cluster, tmp_path):
     assert nothing_left(slurm_cluster)  # Slurm's KillWait (5 s here), then SIGKILL
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_scancel_batch_term_stops_the_job_in_order_without_a_requeue(slurm_cluster, fashion_dir,
                                                                       tmp_path):
     """SIGTERM to the batch script alone: the launcher stops the job in order, rank 0 writes its
@@ -304,6 +311,7 @@ def test_scancel_batch_term_stops_the_job_in_order_without_a_requeue(slurm_clust
     assert nothing_left(slurm_cluster)
 
 
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_a_lost_node_ends_the_job_within_the_bound(slurm_cluster, tmp_path):
     """The last of the module's tests to use its Slurm: it kills host 2. The launcher gives the
     host up and stops the job (or Slurm requeues it) within the bound; nothing is left on the
