@@ -180,6 +180,7 @@ def numbers(line):
 
 
 @needs_cluster
+@pytest.mark.slow  # jobs on a cluster, as the multi-host tests: the full suite's
 def test_a_quick_study_measures_and_predicts_each_row_and_leaves_nothing(tmp_path):
     # TMPDIR: the cluster's files and the runs' JSON, named on every command line of the runs
     env = dict(os.environ, TMPDIR=str(tmp_path / 'tmp'))
@@ -212,6 +213,7 @@ def test_a_quick_study_measures_and_predicts_each_row_and_leaves_nothing(tmp_pat
 
 
 @needs_cluster
+@pytest.mark.slow  # jobs on a cluster, as the multi-host tests: the full suite's
 def test_ctrl_c_stops_the_run_in_progress_and_keeps_the_rows_measured(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path / 'tmp'))
     (tmp_path / 'tmp').mkdir()
