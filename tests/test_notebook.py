@@ -329,7 +329,11 @@ def test_the_notebook_runs_end_to_end_in_a_real_kernel(tmp_path):
 
     for cell in nb.cells:  # a small notebook: no cell floods its output
         if cell.cell_type == 'code':
-            assert len(cell.outputs) <= 3, (cell.id, cell.outputs)
+            # (a stream's text may come in several messages, as the kernel flushes it: a loaded
+            # machine split one print in two; consecutive parts of one stream count once)
+            parts = [o.get('name', o['output_type']) for o in cell.outputs]
+            kept = [p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1]]
+            assert len(kept) <= 3, (cell.id, cell.outputs)
             assert not [o for o in cell.outputs if o['output_type'] == 'error']
 
 
