@@ -27,18 +27,20 @@ def has_mapped(pid, name):
         return any(name in line for line in f)
 
 
-def wait_until(proc, what, check, timeout=120):
-    """Poll ``check()`` until it is true; fail if ``proc`` (None: no process) ends first or
-    ``timeout`` s pass, naming ``what`` was awaited."""
+def wait_until(proc, what, check, timeout=120, interval=0.005):
+    """Poll ``check()`` every ``interval`` s until it is true; fail if ``proc`` (None: no
+    process) ends first or ``timeout`` s pass, naming ``what`` was awaited (``what`` may be a
+    function, called for the text when the wait fails)."""
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f'the process ended (status {proc.returncode}) before {what}')
+            raise AssertionError(f'the process ended (status {proc.returncode}) before '
+                                 f'{what() if callable(what) else what}')
         try:
             if check():
                 return
         except FileNotFoundError:  # gone between poll and read: reported above next time
             pass
         if time.monotonic() > deadline:
-            raise AssertionError(f'not {what} within {timeout} s')
-        time.sleep(0.005)  # a polling interval, not an ordering: the check decides
+            raise AssertionError(f'not {what() if callable(what) else what} within {timeout} s')
+        time.sleep(interval)  # a polling interval, not an ordering: the check decides

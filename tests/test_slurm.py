@@ -18,12 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from slurm_fixture import skip_unless_slurm, slurm_cluster  # noqa: F401  (fixture)
 from conftest import REPO, alive, wait_bounded
+from process_state import wait_until
 from gluon_multigpu.multihost import cluster as gc, slurm as gs
 
 
@@ -43,11 +43,10 @@ def slurm_pids(folder):
 
 def nothing_left(slurm, timeout=30):
     """Whether no job process is left on any host within ``timeout`` s (slurmd and sshd aside)."""
-    deadline = time.monotonic() + timeout
-    while slurm.job_pids():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
+    try:
+        wait_until(None, 'no job process left', lambda: not slurm.job_pids(), timeout, 0.1)
+    except AssertionError:
+        return False
     return True
 
 
@@ -162,22 +161,30 @@ def job_state(slurm, job_id):
 def wait_job(slurm, job_id, out, timeout=240):
     """Wait until the job has ended (polled every 0.2 s: ``sbatch --wait`` looks only every 10
     s); its ``(state, exit code)``. Fails after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while (state := job_state(slurm, job_id))[0] not in ENDED:
-        assert time.monotonic() < deadline, (state, out.read_text()[-3000:] if out.exists() else '')
-        time.sleep(0.2)
-    return state
+    state = []
+
+    def ended():
+        state[:] = job_state(slurm, job_id)
+        return state[0] in ENDED
+    wait_until(None, lambda: f'the job ended ({state}; {tail(out)})', ended, timeout, 0.2)
+    return tuple(state)
+
+
+def tail(out):
+    """The end of the job's output file (or nothing, before it exists)."""
+    return out.read_text()[-3000:] if out.exists() else ''
 
 
 def wait_for(out, pattern, slurm, job_id, timeout=180):
     """Wait until the job's output ``out`` has a line matching ``pattern``; fail if the job
     ends first or ``timeout`` s pass."""
-    deadline = time.monotonic() + timeout
-    while not (out.exists() and re.search(pattern, out.read_text(), re.M)):
+    def seen():
+        if out.exists() and re.search(pattern, out.read_text(), re.M):
+            return True
         state = job_state(slurm, job_id)
-        assert state[0] not in ENDED, (state, out.read_text() if out.exists() else '')
-        assert time.monotonic() < deadline, f'no {pattern!r} within {timeout} s'
-        time.sleep(0.2)
+        assert state[0] not in ENDED, (state, tail(out))
+        return False
+    wait_until(None, f'a line {pattern!r}', seen, timeout, 0.2)
 
 
 def last_epoch(text):
@@ -320,11 +327,10 @@ def test_a_lost_node_ends_the_job_within_the_bound(slurm_cluster, tmp_path):
     job = waiting_job(slurm_cluster, out, '--timeout', '5')
     gone = re.escape(slurm_cluster.cluster.hosts[2])
     given_up = rf'^launch: (scheduler|server \d|worker \d)@{gone} not heard from .*; stopping the job'
-    lost = time.monotonic()
     slurm_cluster.cluster.kill_host(2)
-    while not (re.search(given_up, out.read_text(), re.M) or requeued(slurm_cluster, job)):
-        assert time.monotonic() - lost < LOST_BOUND, out.read_text()[-3000:]
-        time.sleep(0.2)
+    wait_until(None, lambda: f'the job given up or requeued: {tail(out)}',
+               lambda: re.search(given_up, out.read_text(), re.M) or requeued(slurm_cluster, job),
+               LOST_BOUND, 0.2)
     assert nothing_left(slurm_cluster)
     slurm_cluster.run(['scancel', job])  # it may stay until Slurm takes the node as down
 
