@@ -57,7 +57,8 @@ def test_sync_bn_refuses_what_it_cannot_synchronise(capsys):
             (['--book-literal'], 'drop --sync-bn'),
             (['--batch-size', '31'], 'divisible by 2'),
             # this test process runs MXNet with 64 scratch spaces: too few for the barrier
-            ([], 'MXNET_CPU_TEMP_COPY=64 can wait forever')):
+            # (a small batch: the default one's memory, 15 GB, is checked before)
+            (['--batch-size', '64'], 'MXNET_CPU_TEMP_COPY=64 can wait forever')):
         assert train.main(['--cpu-devices', '2', '--sync-bn', '--synthetic'] + argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count('\n') == 1 and expected in err, (argv, err)

@@ -28,7 +28,7 @@ from ..errors import GluonMultiGPUError
 from ..features.balance import TimedSplit, make_split
 from ..features.distributed import Control, StepScale, join
 from ..features.precision import check_dtype, make_precision
-from ..features.sync_bn import check_training, sync_batch_norm
+from ..features.sync_bn import check_options as check_sync_bn_options, check_training, sync_batch_norm
 from ..run.checkpoint import for_run, run_config
 from ..run.progress import Progress
 from ..run.stopping import StallGuard, StopRequest
@@ -42,11 +42,14 @@ __all__ = ['run', 'joining', 'per_device', 'RankPrefixed']
 def check_run(args):
     """The checks before any work; return ``(devices, batch_size, kvstores, notes)``."""
     devices, note = resolve_devices(args.num_gpus, args.cpu_devices)
+    # Options that cannot go together first: what they say holds whatever the machine has.
+    check_loop_options(devices, args.split, args.dtype, args.book_literal)
+    check_dtype(args.dtype, devices)
+    if args.sync_bn:
+        check_sync_bn_options(args.model, args.split, args.book_literal)
     images = DATASETS[args.dataset]['train']
     batch_size, cut = fit_batch(args.model, devices, min(args.num_train or images, images),
                                 args.batch_size, sync_bn=args.sync_bn)
-    check_loop_options(devices, args.split, args.dtype, args.book_literal)
-    check_dtype(args.dtype, devices)
     if args.sync_bn:
         check_training(args.model, devices, batch_size, args.split, args.book_literal)
     kvstores = list(dict.fromkeys(args.kvstore))
