@@ -59,7 +59,7 @@ MARKED = ('# Title\n\nOne epoch took <!-- figure run.json runs/0/seconds .1f -->
           ' seconds.\n')
 
 
-def test_a_marked_figure_that_differs_from_its_file_fails_naming_file_and_line(tmp_path):
+def test_a_marked_figure_that_differs_from_its_file_fails_with_file_and_line(tmp_path):
     root = make_docs(tmp_path, MARKED.format('13.4'), {'run.json': RUN})
     assert figures.check(root) == [
         "README.md:3: the text says '13.4', run.json gives '26.5'"]
@@ -91,8 +91,8 @@ def test_csv_rows_are_picked_by_their_columns_and_figures_scaled(tmp_path):
     csv = ('scenario,split,images_per_sec,vs_even,machine,date\n'
            'busy,even,2844.7,1.0,m,d\nbusy,auto,4100.2,1.441,m,d\n')
     text = ('<!-- figure b.csv scenario=busy,split=auto/vs_even .2f -->1.44<!-- /figure -->x, '
-            '<!-- figure b.csv scenario=busy,split=auto/images_per_sec ,.0f -->4,100<!-- /figure -->'
-            ' images/s, <!-- figure run.json runs/1/seconds min-s -->12 min 25 s<!-- /figure -->,'
+            '<!-- figure b.csv scenario=busy,split=auto/images_per_sec ,.0f -->4,100'
+            '<!-- /figure --> images/s, <!-- figure run.json runs/1/seconds min-s -->12 min 25 s<!-- /figure -->,'
             ' <!-- figure run.json runs/1/seconds /60:.1f -->12.4<!-- /figure --> min\n')
     assert figures.check(make_docs(tmp_path, text, {'b.csv': csv, 'run.json': RUN})) == []
 
