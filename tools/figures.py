@@ -13,9 +13,11 @@ format:
 - the key is a path of ``/``-separated steps: a dict key, a list index, or
   ``col=value,col=value`` (the one row of a list, a CSV's rows, whose
   columns have those values);
+- ``KEY//KEY`` is a ratio: the first value divided by the second;
 - the format is a Python format spec (``.1f``, ``,.0f``, ``.0%``), or
   ``min-s`` (seconds as ``12 min 25 s``), optionally after a scale:
-  ``/60:.0f`` divides by 60 first, ``*100:.0f`` multiplies.
+  ``/60:.0f`` divides by 60 first, ``*100:.0f`` multiplies, ``-1:.0%``
+  subtracts 1 (a ratio as "4% longer").
 
 Every results file a marker names must say on which machine and on which
 date it was measured (``machine`` and ``date``: keys of a JSON file, columns
@@ -106,7 +108,13 @@ def _number(text):
 
 
 def lookup(data, key):
-    """The value at ``key`` (``a/0/b``, ``col=value,col=value`` picks the one matching row)."""
+    """The value at ``key`` (``a/0/b``, ``col=value,col=value`` picks the one matching row).
+
+    ``KEY//KEY`` is the first value divided by the second (a ratio of two figures).
+    """
+    if '//' in key:
+        top, bottom = key.split('//', 1)
+        return lookup(data, top) / lookup(data, bottom)
     for step in key.split('/'):
         if '=' in step:
             wanted = dict(part.split('=', 1) for part in step.split(','))
@@ -124,10 +132,11 @@ def lookup(data, key):
 
 
 def render(value, spec):
-    """``value`` as the docs write it: ``spec`` is ``[/N:|*N:]FORMAT`` (see the module)."""
-    if spec[0] in '/*':
+    """``value`` as the docs write it: ``spec`` is ``[/N:|*N:|-N:]FORMAT`` (see the module)."""
+    if spec[0] in '/*-':
         op, (scale, spec) = spec[0], spec[1:].split(':', 1)
-        value = value / float(scale) if op == '/' else value * float(scale)
+        value = {'/': value / float(scale), '*': value * float(scale),
+                 '-': value - float(scale)}[op]
     if spec == 'min-s':
         minutes, seconds = divmod(round(value), 60)
         return f'{minutes} min {seconds} s'
