@@ -92,7 +92,8 @@ def test_csv_rows_are_picked_by_their_columns_and_figures_scaled(tmp_path):
            'busy,even,2844.7,1.0,m,d\nbusy,auto,4100.2,1.441,m,d\n')
     text = ('<!-- figure b.csv scenario=busy,split=auto/vs_even .2f -->1.44<!-- /figure -->x, '
             '<!-- figure b.csv scenario=busy,split=auto/images_per_sec ,.0f -->4,100'
-            '<!-- /figure --> images/s, <!-- figure run.json runs/1/seconds min-s -->12 min 25 s<!-- /figure -->,'
+            '<!-- /figure --> images/s, '
+            '<!-- figure run.json runs/1/seconds min-s -->12 min 25 s<!-- /figure -->,'
             ' <!-- figure run.json runs/1/seconds /60:.1f -->12.4<!-- /figure --> min\n')
     assert figures.check(make_docs(tmp_path, text, {'b.csv': csv, 'run.json': RUN})) == []
 
@@ -106,6 +107,15 @@ def test_an_unmarked_measured_figure_fails_naming_file_and_line(tmp_path):
         f"README.md:3: {figure!r} is a measured figure without a marker "
         f"(tie it to a results file, or remove it)"
         for figure in ('40 seconds', '3393 samples/s', '2.2 GiB')]
+
+
+def test_the_suite_time_is_recorded_with_the_machine_and_the_date(tmp_path):
+    text = 'The suite: <!-- figure suite-time.json seconds min-s -->1 min 0 s<!-- /figure -->.\n'
+    root = make_docs(tmp_path, text, {})
+    path = figures.record_suite_time(914, 745, root)
+    assert json.loads(Path(path).read_text()) == dict(tests=914, seconds=745, **stamp())
+    assert figures.check(root) == [
+        "README.md:1: the text says '1 min 0 s', suite-time.json gives '12 min 25 s'"]
 
 
 def test_results_rows_are_stamped_with_the_machine_and_the_date():

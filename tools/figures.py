@@ -27,6 +27,7 @@ of a CSV file; the writers of the package add them, see
 
     python tools/figures.py --check    # exit 1 and one line per problem, file:line first
     python tools/figures.py --write    # fill every marked figure from its file, then check
+    python tools/figures.py --suite-time 914 745   # docs/results/suite-time.json, then --write
 
 A number with a unit outside code, markers and the allow-list ``ALLOWED``
 (figures that are not measurements here: the book's, flag defaults, sizes)
@@ -40,9 +41,15 @@ import os
 import re
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a file: the checkout's package (its ground floor only)
+    sys.path.insert(0, ROOT)
+
+from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.base.machine import stamp  # noqa: E402
+
 __all__ = ['check', 'write', 'main', 'MARKER', 'ALLOWED', 'PENDING', 'UNCHECKED']
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join('docs', 'results')
 DOCS = ['README.md', 'docs/*.md']
 
@@ -69,6 +76,9 @@ ALLOWED = (
     ('docs/guide.md', '27 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/guide.md', '0.32 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/exercises.md', '5%', "the gain at which --split auto moves: a setting"),
+    ('docs/exercises.md', '13.4 s', "the book's printed time for one GPU"),
+    ('docs/exercises.md', '7.9 s', "the book's printed time for two GPUs"),
+    ('docs/exercises.md', '1.7x', "the book's two times above, divided"),
     ('docs/exercises.md', '512 x', "the size of balance.py's matrix products: a setting"),
     ('docs/results.md', '3%', "the kvstore comparison's noise threshold: a setting"),
     ('docs/results.md', '57 ms', "the book's 4,478 images/s as the time of a step of 256"),
@@ -91,9 +101,7 @@ PENDING = (
 UNCHECKED = (
     ('docs/distributed.md', '# Training across machines: MXNet\'s parameter server',
      'its timings (launcher, ssh, Slurm, the model, faults) have no results files yet'),
-    ('docs/exercises.md', '## Exercise 1: more devices, batch sizes, learning rates; 16 GPUs?',
-     'the scaling helper rewrites it (issue 30)'),
-    ('docs/exercises.md', '## Multi-device BatchNorm', 'its measurements have no results files yet'),
+    ('docs/exercises.md', '## Multi-device BatchNorm', 'its measurements have no results files'),
     ('docs/exercises.md', '## Mixed precision', 'its measurements have no results files yet'),
     ('docs/exercises.md', '## Exercise 3: dropping `npx.waitall()`',
      'its measurements have no results files yet'),
@@ -276,10 +284,19 @@ def write(root=ROOT):
                 last = m.end(4)
         new = ''.join(new) + text[last:]
         if new != text:
-            with open(path, 'w') as f:
+            with atomic_write(path) as f:
                 f.write(new)
             changed.append(name)
     return changed
+
+
+def record_suite_time(tests, seconds, root=ROOT):
+    """Write ``docs/results/suite-time.json``: the suite's tests and seconds, here and today."""
+    path = os.path.join(root, RESULTS, 'suite-time.json')
+    with atomic_write(path) as f:
+        json.dump({'tests': tests, 'seconds': seconds, **stamp()}, f, indent=2)
+        f.write('\n')
+    return path
 
 
 def main(argv=None):
@@ -288,8 +305,13 @@ def main(argv=None):
     what.add_argument('--check', action='store_true', help='report every problem, exit 1 if any')
     what.add_argument('--write', action='store_true',
                       help='fill the marked figures from their files, then check')
+    what.add_argument('--suite-time', nargs=2, type=int, metavar=('TESTS', 'SECONDS'),
+                      help="record the test suite's time (a run on this machine, now), then "
+                           'fill and check')
     args = parser.parse_args(argv)
-    if args.write:
+    if args.suite_time:
+        print(f'written: {record_suite_time(*args.suite_time)}')
+    if args.write or args.suite_time:
         for name in write():
             print(f'filled: {name}')
     problems = check()
