@@ -5,7 +5,8 @@
 ``text``) is what a program prints, or a drawing: it may hold no command, so no line of it
 starts with a command word (``COMMAND_WORDS``: ``python``, ``pip``, ``sbatch``, ``$ ``, ...).
 
-**What becomes of each command block**, one of three, told by its first line:
+**What becomes of each command block**, one of three, told by its first line (without a
+comment after it):
 
 - run here (``RUNS``), as written, with flags appended that bound its size where it would take
   long (the last value of a flag wins), in this process (``load_script(name).main(argv)``) from
@@ -74,7 +75,9 @@ def all_blocks():
 
 
 def first_line(body):
-    return next(l for l in body.splitlines() if l.strip()).strip()
+    """A block's key: its first line, without a comment after it (figures there change)."""
+    line = next(l for l in body.splitlines() if l.strip()).strip()
+    return re.split(r'\s+# ', line, maxsplit=1)[0]
 
 
 def commands(body):
@@ -120,8 +123,7 @@ COVERED = {
      '--out /tmp/faults'):
         ['tests/test_failover.py::test_a_worker_killed_is_detected_at_once_and_the_restarted_job'
          '_ends_as_the_uninterrupted'],
-    ('docs/guide.md', 'python tests/fault_harness.py --table              # every entry point; '
-     'prints this table'):
+    ('docs/guide.md', 'python tests/fault_harness.py --table'):
         ['tests/test_fault_harness.py::test_docs_guide_holds_the_table_the_harness_makes',
          'tests/test_fault_harness.py::test_an_entry_point_keeps_the_old_state_or_makes_the_new_'
          'one'],  # and its third line is the suite's own file
@@ -130,7 +132,7 @@ COVERED = {
 #: (file, first line) -> (the block whose commands these are, the flags that may differ: an
 #: output folder, or a default spelled out). Python blocks: the same code but for comments.
 SAME = {
-    ('docs/guide.md', 'import gluon_multigpu as gm   # loads no MXNet yet'):
+    ('docs/guide.md', 'import gluon_multigpu as gm'):
         (('README.md', 'import gluon_multigpu as gm'), ()),
     ('docs/results.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs '
      '3 --kvstore local device none \\'):
@@ -223,7 +225,7 @@ def run_bfloat16(block, capsys):
 
 def python_setup(num_train=128, num_test=64):
     """The guide's first Python block (the README's) up to its training, on fewer images."""
-    body = block_of(('docs/guide.md', 'import gluon_multigpu as gm   # loads no MXNet yet'))
+    body = block_of(('docs/guide.md', 'import gluon_multigpu as gm'))
     setup = body.split('result = ')[0]
     bound = f"root='../shared/data/fashion-mnist', num_train={num_train}, num_test={num_test}"
     assert "root='../shared/data/fashion-mnist'" in setup
@@ -277,14 +279,13 @@ RUNS = {
      "'lr': 0.2, 'seed': 0},"): run_checkpointer,
     ('docs/guide.md', 'run = gm.Training(gm.simple_cnn(), train_iter, test_iter, devices)'):
         run_fit_block,
-    ('docs/exercises.md', 'python scripts/balance.py --out docs/results/balance-simple-cnn'
-     '        # about 65 s*'): run_shell,
+    ('docs/exercises.md', 'python scripts/balance.py --out docs/results/balance-simple-cnn'): run_shell,
     ('docs/exercises.md', 'python scripts/balance.py --model resnet18 --scenarios equal busy '
      '--rounds 1 \\'): run_shell,
     ('docs/exercises.md', 'python scripts/train.py --cpu-devices 4 --model resnet18 --batch-size '
      '64 --num-train 3072 \\'): run_shell,
     ('docs/exercises.md', 'python scripts/bfloat16.py --rounds 5 --data-dir '
-     '../shared/data/fashion-mnist   # 24 s (AMD EPYC, 2 cores)'): run_bfloat16,
+     '../shared/data/fashion-mnist'): run_bfloat16,
     ('docs/results.md', 'python scripts/train.py --cpu-devices 2 --model resnet18 --num-epochs 2 '
      '--num-train 3072 --num-test 1000 \\'): run_shell,
     ('docs/results.md', 'python scripts/scaling.py --cpu-devices 4 --model simple-cnn '
