@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+import gluon_multigpu as gm
+
 from conftest import REPO, load_script, run_bounded
 
 pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
@@ -249,6 +251,7 @@ def test_quick_run_end_to_end_writes_every_target(fashion_dir, tmp_path):
     assert measured['memory_growth'] is not None
     assert all('error' not in r for runs in report['measurements'].values() for r in runs)
     assert report['flops_per_image'] == pytest.approx(2.7348e9, rel=1e-3)
+    assert report['machine'] == gm.machine.stamp()['machine'] and report['date']  # docs cite it
     assert '| data pipeline images/s, ours / book-style DataLoader |' in proc.stdout
 
 

@@ -34,6 +34,7 @@ import time
 
 from . import bench_workers, common
 from ..errors import DataError, GluonMultiGPUError
+from ..base.machine import stamp
 from ..run.files import write_json
 from ..run.targets import check_outputs, input_files
 
@@ -382,7 +383,7 @@ def run(args, out=None):
                            'flops_per_image': flops, 'quick': args.quick,
                            'repeats': args.repeats, 'cpus': os.cpu_count(),
                            'target_batch': size['batches']['target'],
-                           'pytorch_missing': no_torch})
+                           'pytorch_missing': no_torch, **stamp()})
     return rows
 
 
