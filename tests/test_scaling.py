@@ -321,6 +321,8 @@ def test_a_failure_while_writing_leaves_no_files(per_device, tmp_path, monkeypat
     (['--batch-per-device', '0'], '0 is not positive'),
     (['--batch-per-device', '32', '--global-batch', '64'], 'not allowed with argument'),
     (['--num-epochs', 'two'], "'two' is not an integer"),
+    (['--steps', '0'], '0 is not positive'),
+    (['--steps', '5', '--full'], 'argument --full: not allowed with argument --steps'),
     (['--seed', '-1'], '-1 is negative'),
     (['--progress-interval', '-2'], '-2 is not a finite number of 0 or more'),
 ])
