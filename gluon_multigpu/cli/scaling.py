@@ -41,9 +41,9 @@ what it measures:
                 with the defaults (ResNet-18, CPU contexts 1 and 2, 2 cores). Speed only:
                 no test accuracy.
   --full        every configuration trains --num-epochs epochs over the data and its final
-                test accuracy is measured: hours with ResNet-18 on CPU contexts (about
-                {FULL_TIME} with the defaults on 2 cores); for how accuracy depends on the
-                batch size and the learning-rate rule.
+                test accuracy is measured: hours with ResNet-18 on CPU contexts (estimated
+                at about {FULL_TIME} with the defaults on 2 cores); for how accuracy depends
+                on the batch size and the learning-rate rule.
 
 definitions:
   samples/s     training samples per second up to npx.waitall(), evaluation excluded: over
@@ -61,7 +61,7 @@ definitions:
 
 examples:
   %(prog)s --num-gpus 4                      GPUs 1, 2, 4; ResNet-18, batch 256 per GPU
-  %(prog)s --cpu-devices 2 --kvstores local device --steps 10      speed, local or device
+  %(prog)s --cpu-devices 2 --kvstores local device    speed of each, 1 and 2 contexts
   %(prog)s --full --cpu-devices 2 --model simple-cnn --num-epochs 2 --num-train 6000 \\
       --batch-per-device 64 128 --lr-rule linear sqrt --kvstores local device --out sweep/
   %(prog)s --counts 1 2 4 --global-batch 512 --lr-rule fixed
@@ -77,10 +77,10 @@ and the time left in the whole sweep. Each measurement is kept in --results
 as it ends: Ctrl-C, SIGTERM or SIGHUP is acknowledged at once, stops after the
 current step, prints the partial table and says in one line what was kept and
 how to continue (--resume: the measurements kept are not made again), status
-130, 143 or 129; a second Ctrl-C stops at once. The report files are written when every run
-has finished, all or nothing; a disk that fills stops with one line naming the
-file and status 1. GLUON_MULTIGPU_MEMORY_AVAILABLE (bytes) replaces the system's
-available memory in the memory check.
+130, 143 or 129; a second Ctrl-C stops at once. The report files are written
+when every measurement has finished, all or nothing; a disk that fills stops
+with one line naming the file and status 1. GLUON_MULTIGPU_MEMORY_AVAILABLE
+(bytes) replaces the system's available memory in the memory check.
 """
 
 
@@ -310,7 +310,8 @@ def sweep_data(args, devices):
 
 
 def unit_measure(args, plan, sweep, train_data, test_data, stop):
-    """How to measure one unit of the sweep: a training run, or the projection's inputs."""
+    """How to measure one unit of the sweep: a configuration's speed over --steps (or with
+    --full its training run), or the projection's inputs."""
     from ..study import measure, speed
     configs = {config_key(c): c for c in plan.grid}
     cost = measure.MODEL_COST[args.model]
