@@ -340,6 +340,7 @@ def test_help_states_definitions_and_defaults(script, capsys):
     for phrase in ('by default the training speed of every configuration over --steps N',
                    f'(default {scaling_cli.STEPS}, after 2 untimed ones)',
                    f'about {scaling_cli.QUICK_TIME} with the defaults',
+                   f'the first measurement kept after about {scaling_cli.FIRST_TIME}',
                    '--full every configuration trains --num-epochs epochs',
                    f'about {scaling_cli.FULL_TIME} with the defaults',
                    'says in one line what was kept',

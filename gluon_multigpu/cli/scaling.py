@@ -30,16 +30,19 @@ from ..study.scaling import LR_RULES, MEASURED_COLUMNS, PROJECTION_COLUMNS, SYNC
 
 #: Timed training steps of a speed measurement by default (``--steps``).
 STEPS = 10
-#: How long the default takes on the 2-core machine the project is measured on (``--help``).
-QUICK_TIME, FULL_TIME = '2 minutes', '5.5 hours'
+#: How long the default took with ResNet-18 on CPU contexts 1 and 2 on the project's 2-core
+#: machine shared with other jobs (297 s, its first measurement kept after 113 s), and the
+#: estimate of a --full sweep there (5.4-5.6 h), for ``--help``.
+QUICK_TIME, FIRST_TIME, FULL_TIME = '5 minutes', '2 minutes', '5.5 hours'
 
 EPILOG = f"""\
 what it measures:
   by default    the training speed of every configuration over --steps N timed steps
                 (default {STEPS}, after {WARMUP_STEPS} untimed ones), then the projection's inputs
                 (one device's step, one synchronisation at each count): about {QUICK_TIME}
-                with the defaults (ResNet-18, CPU contexts 1 and 2, 2 cores). Speed only:
-                no test accuracy.
+                with the defaults (ResNet-18, CPU contexts 1 and 2) on 2 cores shared with
+                other jobs, the first measurement kept after about {FIRST_TIME}. Speed
+                only: no test accuracy.
   --full        every configuration trains --num-epochs epochs over the data and its final
                 test accuracy is measured: hours with ResNet-18 on CPU contexts (estimated
                 at about {FULL_TIME} with the defaults on 2 cores); for how accuracy depends
