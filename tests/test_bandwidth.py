@@ -11,6 +11,7 @@ import pytest
 
 import gluon_multigpu as gm
 from gluon_multigpu import measure
+from gluon_multigpu.base.machine import stamp
 from conftest import load_script
 
 
@@ -57,6 +58,9 @@ def test_every_requested_configuration_is_measured_once(quick):
     assert [(r['model'], r['kvstore'], r['devices']) for r in quick['csv']] == \
         [(r['model'], r['kvstore'], r['devices']) for r in rows]
     assert sorted(os.listdir(quick['dir'])) == ['bw.csv', 'bw.json', 'kept.json']  # no temporary files
+    assert quick['json']['machine'] == stamp()['machine'] and quick['json']['date']
+    assert {(r['machine'], r['date']) for r in quick['csv']} == \
+        {(quick['json']['machine'], quick['json']['date'])}
     config = quick['json']['config']
     assert config['counts'] == COUNTS and config['kvstores'] == KVSTORES
     assert config['batch_per_device'] == 1 and config['repeats'] == 2

@@ -367,12 +367,40 @@ def test_after_mxnet_loaded_with_other_settings_one_warning_says_restart(tmp_pat
     assert other[2:] == [script, line_of(tmp_path, 'OTHER PLAN')]  # the user's line, not ours
     assert text.startswith('MXNet is already loaded (OMP_NUM_THREADS unset, MXNET_CPU_TEMP_COPY '
                            'unset), so the engine settings for 2 CPU contexts are not applied: '
-                           f'OMP_NUM_THREADS={max(1, CORES // 2)} (MXNet fixed its OpenMP '
-                           'threads as it loaded), MXNET_CPU_TEMP_COPY=128 (')
+                           'MXNET_CPU_TEMP_COPY=128 (')  # OpenMP unset: half the cores, the plan's
     assert 'restart the kernel (or Python) and call gm.cpu_devices(2) before' in text
     assert '\n' not in text
     assert got['unchanged'] is True and got['applied'] == {}
     assert got['settings'] == {'OMP_NUM_THREADS': None, 'MXNET_CPU_TEMP_COPY': None}
+
+
+@pytest.mark.slow
+def test_training_on_devices_built_after_mxnet_loaded_warns_once_with_the_cost(tmp_path):
+    """The book's ``[mx.cpu(0), mx.cpu(1)]`` with MXNet loaded first: ``train`` and
+    ``Training`` say once what it costs and the line that avoids it; ``cpu_devices`` first,
+    nothing."""
+    body = '''
+        tr, te = gm.data.synthetic_data('fashion-mnist', 8, num_train=16, num_test=8,
+                                        num_devices=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            gm.train(gm.simple_cnn(), tr, te, devices, num_epochs=1, hooks=[])   # TRAIN
+            gm.Training(gm.simple_cnn(), tr, te, devices, hooks=[]).fit(1)
+        report(warnings=[[str(w.message), w.lineno] for w in caught
+                         if issubclass(w.category, gm.engine.EngineWarning)])
+        '''
+    got = probe(tmp_path, '''
+        import mxnet as mx
+        import gluon_multigpu as gm
+        devices = [mx.cpu(0), mx.cpu(1)]''' + body)
+    [(text, lineno)] = got['warnings']
+    assert lineno == line_of(tmp_path, 'TRAIN')
+    assert 'MXNET_CPU_TEMP_COPY=128' in text and 'about half the images/s' in text
+    assert 'call gm.cpu_devices(2) before anything loads MXNet' in text
+    got = probe(tmp_path, '''
+        import gluon_multigpu as gm
+        devices = gm.cpu_devices(2)''' + body)
+    assert got['warnings'] == []
 
 
 @pytest.mark.slow

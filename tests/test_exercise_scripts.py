@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import gluon_multigpu as gm
+from gluon_multigpu.base.machine import stamp
 from conftest import REPO, load_script, run_bounded
 
 
@@ -28,6 +29,7 @@ def test_balance_measures_every_split_in_every_scenario(tmp_path, capsys):
         assert all(0 <= float(i) < 1 for i in r['idle'].split('/'))
         assert sum(map(int, r['shares'].split('/'))) == 32
     assert next(r for r in rows if r['split'] == 'weights')['shares'] == '21/11'  # 2:1 of 32
+    assert {r['machine'] for r in rows} == {stamp()['machine']} and rows[0]['date']
     assert (out / 'images.png').stat().st_size > 1000
     assert 'equal: auto' in printed and 'shift: auto' in printed
     assert '| shift | auto |' in (out / 'report.md').read_text()

@@ -11,6 +11,7 @@ import pytest
 from mxnet import init
 
 import gluon_multigpu as gm
+from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.core.training import EpochRecord, TrainResult
 from conftest import load_script
 
@@ -56,6 +57,7 @@ def test_report_compares_every_kvstore_on_the_same_weights(train_script, fashion
     data = json.loads((report / 'runs.json').read_text())
     assert [r['kvstore'] for r in data['runs']] == ['local', 'device', 'none']
     assert data['reference'] == 'local' and data['config']['num_train'] == 60
+    assert data['machine'] == stamp()['machine'] and data['date']
     for run in data['runs']:
         # After one step, rounding: conftest.one_step_bound gives 1e-8 (dense) to 1.4e-5 (first
         # convolution) for these shapes, data and lr; 7.5e-9 measured (an ulp of the largest

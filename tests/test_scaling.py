@@ -14,6 +14,7 @@ import pytest
 
 import gluon_multigpu as gm
 from gluon_multigpu import scaling
+from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.cli import scaling as scaling_cli
 from conftest import load_script
 
@@ -90,6 +91,8 @@ def test_every_requested_configuration_has_a_row(per_device):
         assert 0 < r['test_acc'] <= 1 and r['sec_per_epoch'] > 0
         # one epoch of NUM_TRAIN samples: samples/s and seconds per epoch agree
         assert r['samples_per_sec'] * r['sec_per_epoch'] == pytest.approx(NUM_TRAIN, rel=1e-9)
+    for r in rows + per_device['projection'] + per_device['sync']:
+        assert r['machine'] == stamp()['machine'] and r['date']
 
 
 def test_speedup_and_efficiency_are_samples_per_second_ratios(per_device):

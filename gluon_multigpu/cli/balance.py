@@ -24,6 +24,7 @@ from ..core.hooks import Hook
 from ..errors import DeviceError, GluonMultiGPUError
 from ..run import sweep as sweep_module
 from ..run.budget import check_memory
+from ..base.machine import STAMP_COLUMNS, stamped
 from ..run.files import write_csv
 from ..run.output import ReportFolder
 from ..run.targets import check_outputs
@@ -273,9 +274,9 @@ def write_outputs(directory, rows, devices, config):
                  shares='/'.join(map(str, r['shares'])),
                  rounds='/'.join(f'{s:.1f}' for s in r['rounds'])) for r in rows]
     with ReportFolder(directory) as folder:
-        write_csv(folder.path('balance.csv'), flat,
+        write_csv(folder.path('balance.csv'), stamped(flat),
                   ['scenario', 'split', 'images_per_sec', 'vs_even', 'idle', 'shares',
-                   'changes', 'undone', 'rounds'])
+                   'changes', 'undone', 'rounds'] + STAMP_COLUMNS)
         bar_chart(folder.path('images.png'),
                   [f"{r['scenario']}\n{r['split']}" for r in rows],
                   [r['images_per_sec'] for r in rows], 'images/s',

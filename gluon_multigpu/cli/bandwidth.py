@@ -18,6 +18,7 @@ from .common import int_in, seed
 from ..core.devices import devices_for, resolve_counts
 from ..errors import GluonMultiGPUError
 from ..run import sweep as _sweep
+from ..base.machine import STAMP_COLUMNS, stamp, stamped
 from ..run.files import write_csv, write_json
 from ..run.output import replace_together
 from ..run.targets import check_outputs, input_files
@@ -214,9 +215,9 @@ def run(args, out=None, stop=None):
     config = dict(sweep.config, engine=engine_description(device_type))
     def write():
         if args.csv:
-            write_csv(args.csv, rows, BANDWIDTH_COLUMNS)
+            write_csv(args.csv, stamped(rows), BANDWIDTH_COLUMNS + STAMP_COLUMNS)
         if args.json:
-            write_json(args.json, {'config': config, 'rows': rows})
+            write_json(args.json, {'config': config, 'rows': rows, **stamp()})
     # both files or neither: a failure puts back what each held (removes what it made)
     replace_together([p for p in (args.csv, args.json) if p], write)
     return rows

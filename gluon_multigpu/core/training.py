@@ -15,6 +15,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import gluon, npx
 
+from ..base import engine
 from .checks import BatchCheck, check_devices, check_epochs, check_lr
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
@@ -127,6 +128,10 @@ class Training:
                  on_epoch=None):
         npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
         devices, _, lr = check_train_args(devices, None, kvstore, lr)
+        if all(d.device_type == 'cpu' for d in devices):
+            # Devices the caller built after MXNet loaded unconfigured (``[mx.cpu(0), mx.cpu(1)]``
+            # as the book writes them): one warning, with the cost and the line that avoids it.
+            engine.configure(cpu_devices=len(devices))
         self.recipe = recipe_of(net)
         if lr is None:
             lr = check_lr(self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices))))

@@ -2,10 +2,11 @@
 child stopped in order, the machine they ran on, and their estimates as words."""
 import contextlib
 import os
-import platform
 import signal
 import subprocess
 import time
+
+from ..base.machine import machine  # noqa: F401  (the lab's studies record it)
 
 __all__ = ['StudyError', 'stop_launcher', 'machine', 'duration']
 
@@ -28,20 +29,6 @@ def stop_launcher(proc):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def machine():
-    """This machine's CPU (its model name, as ``lscpu`` names it) and cores."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.lower().startswith('model name'):
-                    name = line.split(':', 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {'cpu': name or 'unknown', 'cores': os.cpu_count()}
 
 
 def duration(seconds):

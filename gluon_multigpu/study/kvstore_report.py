@@ -1,4 +1,5 @@
 """The kvstore comparison: its side-by-side table and its report folder."""
+from ..base.machine import stamp
 from ..run.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, bar_chart
 
@@ -76,7 +77,8 @@ def runs_json(results, tracker, config, partial=None):
     ``complete`` says whether every kvstore of ``config['kvstore']`` finished.
     """
     return {'config': config, 'complete': partial is None, 'partial': partial,
-            'reference': tracker.reference, 'runs': [tracker.run_dict(r) for r in results]}
+            'reference': tracker.reference, 'runs': [tracker.run_dict(r) for r in results],
+            **stamp()}
 
 
 def write_kvstore_report(directory, results, tracker, config, answer, partial=None):

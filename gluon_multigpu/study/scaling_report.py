@@ -11,6 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .compare import NOISE
+from ..base.machine import STAMP_COLUMNS, stamped
 from ..run.files import atomic_write, write_csv
 from ..run.files import ReportFolder
 from .charts import check_chart_path, save_figure
@@ -397,9 +398,10 @@ def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=
     what = f"{config['model']}, {config['device_type']} devices"
     speed = config.get('mode') == 'speed'
     with ReportFolder(directory) as folder:
-        write_csv(folder.path('scaling.csv'), rows, MEASURED_COLUMNS)
-        write_csv(folder.path('projection.csv'), projection, PROJECTION_COLUMNS)
-        write_csv(folder.path('sync.csv'), sync_rows, SYNC_COLUMNS)
+        write_csv(folder.path('scaling.csv'), stamped(rows), MEASURED_COLUMNS + STAMP_COLUMNS)
+        write_csv(folder.path('projection.csv'), stamped(projection),
+                  PROJECTION_COLUMNS + STAMP_COLUMNS)
+        write_csv(folder.path('sync.csv'), stamped(sync_rows), SYNC_COLUMNS + STAMP_COLUMNS)
         speedup_chart(folder.path('speedup.png'), rows, projection, title=what)
         efficiency_chart(folder.path('efficiency.png'), rows, projection, title=what)
         if not speed:

@@ -1,0 +1,42 @@
+"""The machine a measurement ran on and the day it was made, as results files record them.
+
+Every results file a study writes (``runs.json``, ``balance.csv``,
+``bandwidth.csv``, ``scaling.csv``, ...) carries ``machine`` and ``date``
+beside its figures, so that a figure quoted in the docs says where and when
+it was measured (``tools/figures.py`` checks the docs against these files).
+"""
+import datetime
+import os
+import platform
+
+__all__ = ['machine', 'stamp', 'stamped', 'STAMP_COLUMNS']
+
+#: The columns ``stamped`` adds to each row of a CSV results file.
+STAMP_COLUMNS = ['machine', 'date']
+
+
+def machine():
+    """This machine's CPU (its model name, as ``lscpu`` names it) and cores."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.lower().startswith('model name'):
+                    name = line.split(':', 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {'cpu': name or 'unknown', 'cores': os.cpu_count()}
+
+
+def stamp():
+    """``{'machine': 'CPU, N cores', 'date': 'YYYY-MM-DD'}`` (UTC) for a results file made now."""
+    m = machine()
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return {'machine': f"{m['cpu']}, {m['cores']} cores", 'date': today}
+
+
+def stamped(rows):
+    """``rows`` (dicts) with this machine and today's date added to each (``STAMP_COLUMNS``)."""
+    mark = stamp()
+    return [dict(r, **mark) for r in rows]
