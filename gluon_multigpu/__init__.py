@@ -54,7 +54,8 @@ GROUPS = ('base', 'core', 'features', 'run', 'study', 'multihost')
 
 #: Where each module lives: short name -> group.
 MODULES = {
-    'engine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base', 'paths': 'base',
+    'engine': 'base', 'machine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base',
+    'paths': 'base',
     'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',

@@ -66,7 +66,7 @@ def initial_params(seed=0):
 
 def worker_hashes(stdout):
     """(epoch, parameter hash) of every epoch line of every worker."""
-    return re.findall(r'^\[worker \d@127\.0\.0\.1 rank \d\] (?:rank 1: )?epoch (\d)/\d: .*, '
+    return re.findall(r'^\[worker \d@127\.0\.0\.1 as rank \d\] (?:rank 1: )?epoch (\d)/\d: .*, '
                       r'parameters (\w+)$',
                       stdout, re.M)
 
@@ -151,7 +151,7 @@ def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path
     finally:
         proc.kill()
     err = proc.stderr.read()
-    assert status == 1 and re.search(r'^launch: worker 1@127\.0\.0\.1 rank \d failed \(signal '
+    assert status == 1 and re.search(r'^launch: worker 1@127\.0\.0\.1 as rank \d failed \(signal '
                                      r'SIGKILL\); stopping the job$', err, re.M), err
     # The other worker waits forever for the dead one's gradients: SIGKILL 3 s after SIGTERM
     # (launch.TERM_WAIT) ends it; the servers end at SIGTERM. Then the launcher's polling

@@ -21,34 +21,35 @@ H = ['198.18.9.2', '198.18.9.3', '198.18.9.4', '198.18.9.5']
 P = '  kvstore dist_sync on 1 CPU: '
 #: What the launcher says when worker 0 (rank 1, host 2) is killed at 10.0 s and the job restarts.
 RESTARTED = [
-    (3.0, f'[worker 1@{H[3]} rank 0] training simple-cnn on fashion-mnist: 1280 train / 500 test'),
-    (9.0, f'[worker 1@{H[3]} rank 0] epoch 1/3: loss 2.2386, train acc 0.194, test acc 0.290, '
+    (3.0, f'[worker 1@{H[3]} as rank 0] training simple-cnn on fashion-mnist: 1280 train / 500 '
+          'test'),
+    (9.0, f'[worker 1@{H[3]} as rank 0] epoch 1/3: loss 2.2386, train acc 0.194, test acc 0.290, '
           '2.0 s, 635 samples/s, parameters 8afb9e08fb7d'),
-    (9.8, f'[worker 1@{H[3]} rank 0] {P}epoch 2: 6/20 batches, 900 images/s'),
-    (10.1, f'launch: worker 0@{H[2]} rank 1 failed (signal SIGKILL); stopping the job'),
-    (10.2, f'[worker 1@{H[3]} rank 0] SIGTERM: stopping after the current step'),
+    (9.8, f'[worker 1@{H[3]} as rank 0] {P}epoch 2: 6/20 batches, 900 images/s'),
+    (10.1, f'launch: worker 0@{H[2]} as rank 1 failed (signal SIGKILL); stopping the job'),
+    (10.2, f'[worker 1@{H[3]} as rank 0] SIGTERM: stopping after the current step'),
     (13.5, f'launch: restart 1 of 2: starting the job again from its checkpoint on 4 host(s) '
            f'({", ".join(H)})'),
-    (17.0, f'[worker 0@{H[2]} rank 0] resuming from the checkpoint epoch 1, in /tmp/ck'),
+    (17.0, f'[worker 0@{H[2]} as rank 0] resuming from the checkpoint epoch 1, in /tmp/ck'),
     # replayed from the checkpoint: not a step of the restarted job
-    (17.0, f'[worker 0@{H[2]} rank 0] epoch 1/3: loss 2.2386, train acc 0.194, test acc 0.290, '
+    (17.0, f'[worker 0@{H[2]} as rank 0] epoch 1/3: loss 2.2386, train acc 0.194, test acc 0.290, '
            '2.0 s, 635 samples/s'),
-    (17.1, f'[worker 1@{H[3]} rank 1] rank 1: epoch 1/3: loss 2.2386, train acc 0.194, 2.0 s, '
+    (17.1, f'[worker 1@{H[3]} as rank 1] rank 1: epoch 1/3: loss 2.2386, train acc 0.194, 2.0 s, '
            '635 samples/s'),
-    (17.6, f'[worker 1@{H[3]} rank 1] {P}epoch 2: 3/20 batches, 400 images/s'),
-    (18.0, f'[worker 0@{H[2]} rank 0] {P}epoch 2: 4/20 batches, 500 images/s'),
-    (20.0, f'[worker 0@{H[2]} rank 0] epoch 2/3: loss 1.9178, train acc 0.348, test acc 0.376, '
+    (17.6, f'[worker 1@{H[3]} as rank 1] {P}epoch 2: 3/20 batches, 400 images/s'),
+    (18.0, f'[worker 0@{H[2]} as rank 0] {P}epoch 2: 4/20 batches, 500 images/s'),
+    (20.0, f'[worker 0@{H[2]} as rank 0] epoch 2/3: loss 1.9178, train acc 0.348, test acc 0.376, '
            '2.6 s, 498 samples/s, parameters 4a5be3a91fac'),
-    (23.0, f'[worker 0@{H[2]} rank 0] epoch 3/3: loss 1.2933, train acc 0.513, test acc 0.532, '
+    (23.0, f'[worker 0@{H[2]} as rank 0] epoch 3/3: loss 1.2933, train acc 0.513, test acc 0.532, '
            '2.4 s, 520 samples/s, parameters 7aba886cdda5'),
-    (23.0, f'[worker 0@{H[2]} rank 0] test acc: 0.53, 2.3 sec/epoch on 2 workers x [cpu(0)]'),
+    (23.0, f'[worker 0@{H[2]} as rank 0] test acc: 0.53, 2.3 sec/epoch on 2 workers x [cpu(0)]'),
 ]
 
 
 def test_the_times_are_read_from_the_fault_on():
     t = failover.parse_times(RESTARTED, fault_at=10.0)
     assert t['detect_s'] == pytest.approx(0.1)
-    assert t['detected_by'] == f'worker 0@{H[2]} rank 1 failed (signal SIGKILL)'
+    assert t['detected_by'] == f'worker 0@{H[2]} as rank 1 failed (signal SIGKILL)'
     assert t['restarts'] == 1 and t['restart_s'] == pytest.approx(3.5)
     assert t['restart_hosts'] == H
     # the first step of the restarted job: rank 1's progress line, not the replayed epoch lines
@@ -61,10 +62,10 @@ def test_the_times_are_read_from_the_fault_on():
 
 
 def test_lines_before_the_fault_do_not_count_and_a_job_cut_short_has_no_final_parameters():
-    lines = [(1.0, f'launch: worker 0@{H[2]} rank 1 failed (status 1); stopping the job'),
-             (4.0, f'[worker 1@{H[3]} rank 0] epoch 1/3: loss 2.2, train acc 0.19, 2.0 s, '
+    lines = [(1.0, f'launch: worker 0@{H[2]} as rank 1 failed (status 1); stopping the job'),
+             (4.0, f'[worker 1@{H[3]} as rank 0] epoch 1/3: loss 2.2, train acc 0.19, 2.0 s, '
                    '635 samples/s, parameters 8afb9e08fb7d'),
-             (5.0, f'launch: worker 0@{H[2]} rank 1 not heard from {H[2]} for 5 s (host or link '
+             (5.0, f'launch: worker 0@{H[2]} as rank 1 not heard from {H[2]} for 5 s (host or link '
                    'down); stopping the job')]
     t = failover.parse_times(lines, fault_at=2.0)
     assert t['detect_s'] == 3.0 and 'not heard from' in t['detected_by']

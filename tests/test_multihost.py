@@ -115,8 +115,8 @@ def test_a_job_on_three_hosts_trains_labels_every_line_and_leaves_nothing(
     # scheduler on the first host, the server on the second, the workers on the third and first
     hosts = cluster.hosts
     labels = set(re.findall(r'^\[([^\]]+)\]', proc.stdout, re.M))
-    assert {f'worker 0@{hosts[2]} rank 0', f'worker 1@{hosts[0]} rank 1'} <= labels \
-        or {f'worker 0@{hosts[2]} rank 1', f'worker 1@{hosts[0]} rank 0'} <= labels, labels
+    assert {f'worker 0@{hosts[2]} as rank 0', f'worker 1@{hosts[0]} as rank 1'} <= labels \
+        or {f'worker 0@{hosts[2]} as rank 1', f'worker 1@{hosts[0]} as rank 0'} <= labels, labels
     assert re.search(r'rank 0\] test acc: \d\.\d\d, .* sec/epoch on 2 workers x \[cpu\(0\)\]$',
                      proc.stdout, re.M)
     # over three hosts' own network stacks, the arithmetic of loopback

@@ -87,12 +87,12 @@ def test_the_table_has_one_line_per_row_sorted_with_dashes_for_what_is_missing()
 OUTPUT = '''\
 [worker 0@198.18.7.4] rank 1: training resnet18 on fashion-mnist: 64 train / 0 test images, ...
 [worker 1@198.18.7.5] training resnet18 on fashion-mnist: 64 train / 1 test images, ...
-[worker 1@198.18.7.5 rank 0] epoch 1: 2/4 batches, 3 images/s, epoch ends in 20 s
-[worker 0@198.18.7.4 rank 1] rank 1: epoch 1/2: loss 2.3339, train acc 0.188, 37.1 s, 1 samples/s, parameters 6f1e10bbdcb4
-[worker 1@198.18.7.5 rank 0] epoch 1/2: loss 2.3228, train acc 0.125, test acc 0.062, 37.5 s, 1 samples/s, parameters d01d08867189
-[worker 1@198.18.7.5 rank 0] epoch 2/2: loss 2.2768, train acc 0.062, test acc 0.062, 19.9 s, 2 samples/s, parameters fa3634b1804d
-[worker 1@198.18.7.5 rank 0] test acc: 0.06, 28.7 sec/epoch on 2 workers x [cpu(0)]
-[worker 0@198.18.7.4 rank 1] rank 1: epoch 2/2: loss 2.2464, train acc 0.188, 23.4 s, 1 samples/s, parameters 0fefd5ff24e3
+[worker 1@198.18.7.5 as rank 0] epoch 1: 2/4 batches, 3 images/s, epoch ends in 20 s
+[worker 0@198.18.7.4 as rank 1] rank 1: epoch 1/2: loss 2.3339, train acc 0.188, 37.1 s, 1 samples/s, parameters 6f1e10bbdcb4
+[worker 1@198.18.7.5 as rank 0] epoch 1/2: loss 2.3228, train acc 0.125, test acc 0.062, 37.5 s, 1 samples/s, parameters d01d08867189
+[worker 1@198.18.7.5 as rank 0] epoch 2/2: loss 2.2768, train acc 0.062, test acc 0.062, 19.9 s, 2 samples/s, parameters fa3634b1804d
+[worker 1@198.18.7.5 as rank 0] test acc: 0.06, 28.7 sec/epoch on 2 workers x [cpu(0)]
+[worker 0@198.18.7.4 as rank 1] rank 1: epoch 2/2: loss 2.2464, train acc 0.188, 23.4 s, 1 samples/s, parameters 0fefd5ff24e3
 launch: every process has ended
 '''
 

@@ -207,7 +207,7 @@ def uninterrupted(slurm_cluster, fashion_dir, tmp_path_factory):
 @pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
 def test_sbatch_trains_on_every_node_and_prints_the_book_line(slurm_cluster, uninterrupted):
     text = uninterrupted
-    assert re.search(r'^\[worker \d@[\d.]+ rank 0\] test acc: [\d.]+, [\d.]+ sec/epoch on 2 '
+    assert re.search(r'^\[worker \d@[\d.]+ as rank 0\] test acc: [\d.]+, [\d.]+ sec/epoch on 2 '
                      r'workers x \[cpu\(0\)\]$', text, re.M), text[-3000:]
     hosts = set(re.findall(r'^\[(?:scheduler|server \d|worker \d)@([\d.]+)', text, re.M))
     assert hosts == set(slurm_cluster.cluster.hosts[:2])

@@ -203,11 +203,15 @@ def engine_devices(argv):
     return None if os.path.exists('/dev/nvidiactl') else 1
 
 
-def add_data_flags(p, what='its images'):
-    """Add --data-dir and --download, as every program that reads Fashion-MNIST takes them."""
+def add_data_flags(p, what='its images', default=True):
+    """Add --data-dir and --download, as every program that reads Fashion-MNIST takes them.
+
+    ``default``: whether the help names MXNet's folder as the default (``what`` says it
+    otherwise).
+    """
     p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'),
-                   help=f'Fashion-MNIST folder with the four IDX .gz files; {what} '
-                   '(default: ~/.mxnet/datasets/fashion-mnist)')
+                   help=f'Fashion-MNIST folder with the four IDX .gz files; {what}' +
+                   (' (default: ~/.mxnet/datasets/fashion-mnist)' if default else ''))
     p.add_argument('--download', action='store_true',
                    help="download missing files into that folder from MXNet's mirror (needs "
                    'internet)')

@@ -39,6 +39,12 @@ REPORT_FILES = ('balance.csv', 'images.png', 'report.md')
 RESULTS = 'balance-results.json'
 
 EPILOG = """\
+scenarios (the other work is N x N matrix products, --work-size, run beside the training):
+  equal       no other work: the devices are alike
+  busy        the other work on the last device for the whole run: it is the slow one
+  shift       the other work on the last device, moved to the first halfway through the run:
+              the slow device changes, and a split must follow it
+
 figures:
   images/s    training images per second of the run's steps (synthetic data, one epoch, the
               first step's graph compilation included for every split alike)
@@ -46,6 +52,9 @@ figures:
   idle        per device, the share of the timed steps' time it waited for the slowest
               device (one step in --every is timed, for every split alike)
   shares      the split at the end of the run (auto: where it moved)
+  auto changes (undone)
+              times the auto split moved the shares, and (in brackets) how many of those moves
+              it took back because the steps after it were not faster
 
 examples:
   %(prog)s                                      2 CPU contexts, simple CNN, all scenarios
@@ -89,8 +98,9 @@ def build_parser():
     p.add_argument('--seed', type=seed, default=0, help='seed of weights and data (default: 0)')
     p.add_argument('--out', metavar='DIR',
                    help='write report.md, balance.csv and images.png into DIR, created if missing')
-    common.add_data_flags(p, 'its training images feed the steps (default without '
-                          '--data-dir or --download: random images of its shape)')
+    common.add_data_flags(p, 'its training images feed the steps (without --data-dir or '
+                          '--download the steps use random images of its shape; --download alone '
+                          'uses ~/.mxnet/datasets/fashion-mnist)', default=False)
     common.add_sweep_flags(p, f'DIR/results.json with --out DIR, else {RESULTS}')
     return p
 

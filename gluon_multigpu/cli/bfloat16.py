@@ -42,8 +42,9 @@ def build_parser():
     p.add_argument('--steps', type=int_in(1, 1000), metavar='N',
                    help='training steps per variant and round (default: 10 simple-cnn, '
                    '2 resnet18)')
-    common.add_data_flags(p, 'its test images feed the steps (default without --data-dir '
-                          'or --download: random images of its shape)')
+    common.add_data_flags(p, 'its test images feed the steps (without --data-dir or '
+                          '--download the steps use random images of its shape; --download alone '
+                          'uses ~/.mxnet/datasets/fashion-mnist)', default=False)
     common.add_sweep_flags(p, RESULTS)
     return p
 

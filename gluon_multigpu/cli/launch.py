@@ -11,13 +11,14 @@ is gone: no process of the job outlives the launcher on any host, however the
 launcher ends. With ``--launcher slurm``, inside a Slurm allocation (``sbatch``,
 ``salloc``), the hosts are the allocation's nodes and each agent runs as a job
 step (``srun``) instead of over ssh. Every line comes out behind its role, host and, once the
-worker has joined, its rank: ``[worker 1@198.18.0.3 rank 0]``.
+worker has joined, its rank: ``[worker 1@198.18.0.3 as rank 0]`` (the launcher's worker 1,
+MXNet's rank 0: the help says what each number is).
 
 A process that fails, a host that is not heard for --timeout seconds (its
 link down, the host gone) or a process stopped (SIGSTOP) that long stops the
 job: exit status 1 naming it, or, with --max-restarts, a restart from the
 workers' checkpoint. Ctrl-C, SIGTERM or SIGHUP stop the job in order: the
-workers stop after one step, the same for all, and the first worker writes
+workers stop after one step, the same for all, and rank 0 writes
 its checkpoint; then the servers and the scheduler. A second Ctrl-C stops
 every process at once. Bad input (a command that is not there, a host that
 cannot be reached, a port in use) stops before any process starts, with one
@@ -56,8 +57,16 @@ have the same checkout at the same path (the current directory) with the same
 Python (this one's path), and be reachable with ssh without a prompt (ssh's
 own configuration applies; --ssh-port, --ssh-identity and --ssh-config add
 to it). With --max-restarts the checkpoint folder must be storage that every
-host reads (the first worker writes it, and after a restart the first worker
-may be on another host).
+host reads (rank 0 writes it, and after a restart rank 0 may be on another
+host).
+
+Every line comes out behind the process that printed it: [scheduler@HOST],
+[server I@HOST], [worker I@HOST], and once a worker has joined the job,
+[worker I@HOST as rank R]. I is the launcher's number for the process (0, 1, ...
+in the order it starts them, which decides the host); R is the rank MXNet's
+scheduler gave the worker as it joined (kv.rank: which part of each batch it
+trains on; rank 0 prints the results and writes the checkpoint). The two are
+set apart and need not agree: worker 1 may be rank 0.
 
 Output lines over 64 KiB are cut, with "... [line cut: N bytes more]";
 control characters from the processes are shown as ^X (ESC as ^[).
@@ -98,7 +107,7 @@ def build_parser():
                    metavar='SECONDS',
                    help='a worker that has trained but queued no step for this long is hung '
                    '(deadlocked, or waiting for a process that cannot answer), and stops the '
-                   'job; leave room for the first worker\'s evaluation at each epoch\'s end, '
+                   'job; leave room for rank 0\'s evaluation at each epoch\'s end, '
                    'during which the others wait (default: 0, not watched)')
     p.add_argument('--ssh-port', type=common.int_in(1, 65535), metavar='PORT',
                    help="the hosts' ssh port (default: ssh's configuration, else 22)")

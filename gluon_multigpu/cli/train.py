@@ -121,7 +121,8 @@ def add_loop_flags(p, dtypes):
                    help='how each batch is shared among the devices, for devices of different '
                    'speed: even (the book); auto, shares measured from each device\'s step time '
                    'during the first steps and re-balanced when the times drift (a line after '
-                   'each epoch gives the shares and each device\'s idle time); or one relative '
+                   'each epoch gives the shares, the changes of the shares and how many were '
+                   '"undone": moved back because the next steps were not faster); or one relative '
                    'weight per device, e.g. 1,3 gives the second device three times the samples '
                    'of the first (default: even)')
     p.add_argument('--sync-bn', action='store_true',

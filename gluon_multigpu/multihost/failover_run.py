@@ -33,13 +33,13 @@ _RESTART = re.compile(r'^launch: restart (\d+) of (\d+): .* on (\d+) host\(s\) \
 #: A line a worker prints once it has completed a step: a progress line, or the line of an
 #: epoch it trained (with ``parameters``; the lines of the epochs a resumed run replays from
 #: its checkpoint have none).
-_WORKER_STEP = re.compile(r'^\[worker \d+@\S+(?: rank \d+)?\] (?:.*\bepoch \d+: \d+/\d+ batches|'
+_WORKER_STEP = re.compile(r'^\[worker \d+@\S+(?: as rank \d+)?\] (?:.*\bepoch \d+: \d+/\d+ batches|'
                           r'(?:rank \d+: )?epoch \d+/\d+: .*, parameters \w+$)')
-_FINAL = re.compile(r'^\[worker \d+@\S+ rank 0\] epoch (\d+)/(\d+): .*, parameters (\w+)$')
-_RESUMED = re.compile(r'^\[worker \d+@\S+ rank 0\] resuming from the checkpoint (.+?), in ')
-_RANK0 = re.compile(r'^\[worker \d+@(\S+) rank 0\] ')
-_PROGRESS = re.compile(r'^\[worker \d+@\S+ rank 0\] .*\bepoch (\d+): (\d+)/(\d+) batches')
-_EPOCH_END = re.compile(r'^\[worker \d+@\S+ rank 0\] epoch (\d+)/\d+: ')
+_FINAL = re.compile(r'^\[worker \d+@\S+ as rank 0\] epoch (\d+)/(\d+): .*, parameters (\w+)$')
+_RESUMED = re.compile(r'^\[worker \d+@\S+ as rank 0\] resuming from the checkpoint (.+?), in ')
+_RANK0 = re.compile(r'^\[worker \d+@(\S+) as rank 0\] ')
+_PROGRESS = re.compile(r'^\[worker \d+@\S+ as rank 0\] .*\bepoch (\d+): (\d+)/(\d+) batches')
+_EPOCH_END = re.compile(r'^\[worker \d+@\S+ as rank 0\] epoch (\d+)/\d+: ')
 
 
 def final_fingerprint(text):
@@ -56,12 +56,12 @@ def parse_times(lines, fault_at=0.0):
     """What the launcher's output says about a fault at time ``fault_at``; a dict.
 
     ``lines`` are ``(time, line)`` pairs in seconds of one clock, the
-    launcher's stdout (workers' lines, ``[worker 1@H rank 0] ...``) and stderr
+    launcher's stdout (workers' lines, ``[worker 1@H as rank 0] ...``) and stderr
     (its own, ``launch: ...``) together. Only lines from ``fault_at`` on
     count. Keys (None where the output does not say):
 
     - ``detect_s``: the first ``launch: ...; stopping the job`` line, from the fault;
-    - ``detected_by``: what that line says, e.g. ``worker 0@198.18.7.4 rank 1
+    - ``detected_by``: what that line says, e.g. ``worker 0@198.18.7.4 as rank 1
       failed (signal SIGKILL)``;
     - ``restarts``: the ``launch: restart K of N`` lines;
     - ``restart_s``: the first of them, from the fault;

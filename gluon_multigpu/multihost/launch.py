@@ -104,7 +104,7 @@ class Role:
     @property
     def label(self):
         name = self.kind if self.kind == 'scheduler' else f'{self.kind} {self.index}'
-        rank = f' rank {self.rank}' if self.rank is not None else ''
+        rank = f' as rank {self.rank}' if self.rank is not None else ''
         return f'{name}@{self.host}{rank}'
 
     def running(self):

@@ -25,14 +25,14 @@ from ..run.files import append_text
 __all__ = ['parse_epochs', 'step_seconds', 'OthersCPU', 'others_cores', 'Measurement', 'measure']
 
 #: An epoch line of a worker as the launcher relays it (rank 0's has no ``rank R:``).
-_EPOCH = re.compile(r'^\[worker \d+@\S+ rank (\d+)\] (?:rank \d+: )?epoch (\d+)/\d+: '
+_EPOCH = re.compile(r'^\[worker \d+@\S+ as rank (\d+)\] (?:rank \d+: )?epoch (\d+)/\d+: '
                     r'.*?(\d+(?:\.\d+)?) s, \d+ samples/s')
 
 
 def parse_epochs(text):
     """``{rank: {epoch: seconds}}`` from the epoch lines in the launcher's output ``text``.
 
-    A line reads ``[worker 1@198.18.7.5 rank 0] epoch 2/2: loss ..., 19.9 s, 2
+    A line reads ``[worker 1@198.18.7.5 as rank 0] epoch 2/2: loss ..., 19.9 s, 2
     samples/s, ...``; seconds are training seconds (evaluation excluded),
     to 0.1 s. Other lines are ignored.
     """
