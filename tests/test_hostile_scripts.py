@@ -220,7 +220,7 @@ SWEEPS = [
                    'resnet18', '--kvstores', 'local', 'device', '--batch-per-device', '1',
                    '--repeats', '20', '--csv', 'bw.csv', '--json', 'bw.json'],
      'bandwidth-results.json', signal.SIGTERM),
-    ('scaling', ['--cpu-devices', '2', '--counts', '1', '2', '--model', 'simple-cnn',
+    ('scaling', ['--full', '--cpu-devices', '2', '--counts', '1', '2', '--model', 'simple-cnn',
                  '--lr-rule', 'linear', 'sqrt', 'fixed', '--num-epochs', '3', '--num-train',
                  '256', '--num-test', '64', '--batch-per-device', '32', '--progress-interval',
                  '0', '--out', 'sweep'], os.path.join('sweep', 'results.json'), signal.SIGINT),
@@ -265,9 +265,10 @@ def test_a_signal_after_a_measurement_is_acknowledged_and_keeps_only_the_results
 @pytest.mark.slow
 @pytest.mark.parametrize('script, argv, signum', [
     # The first line names the first measurement, a long one: the signal comes in the middle.
-    ('scaling', ['--cpu-devices', '2', '--counts', '2', '--model', 'simple-cnn', '--num-epochs',
-                 '1000', '--num-train', '256', '--num-test', '64', '--batch-per-device', '32',
-                 '--progress-interval', '0', '--out', 'sweep'], signal.SIGINT),
+    ('scaling', ['--full', '--cpu-devices', '2', '--counts', '2', '--model', 'simple-cnn',
+                 '--num-epochs', '1000', '--num-train', '256', '--num-test', '64',
+                 '--batch-per-device', '32', '--progress-interval', '0', '--out', 'sweep'],
+     signal.SIGINT),
     ('bfloat16', ['--models', 'resnet18', '--rounds', '3', '--steps', '50'], signal.SIGTERM),
 ])
 def test_a_signal_before_the_first_measurement_ends_leaves_nothing(script, argv, signum,
@@ -360,7 +361,8 @@ def test_a_signal_while_writing_the_report_lets_it_finish(signum, tmp_path, sign
         return chart(*args, **kwargs)
     monkeypatch.setattr(gm.scaling_report, 'accuracy_batch_chart', signalled)
     out = tmp_path / 'sweep'
-    assert scaling.main(['--cpu-devices', '1', '--model', 'simple-cnn', '--out', str(out)]) == \
+    assert scaling.main(['--full', '--cpu-devices', '1', '--model', 'simple-cnn', '--out',
+                         str(out)]) == \
         128 + signum
     err = capsys.readouterr().err.splitlines()
     name = signal.Signals(signum).name
@@ -503,7 +505,7 @@ def test_a_results_file_in_the_out_folder_may_take_any_name_but_a_reports(
     scaling = load_script('scaling')
     made_up_scaling_run(monkeypatch)
     out = tmp_path / 'sweep'
-    argv = ['--cpu-devices', '1', '--model', 'simple-cnn', '--out', str(out)]
+    argv = ['--full', '--cpu-devices', '1', '--model', 'simple-cnn', '--out', str(out)]
     assert scaling.main([*argv, '--results', str(out / 'report.md')]) == 2
     one_line(capsys, f'--results {out / "report.md"} takes the name of a file of the report')
     assert os.listdir(tmp_path) == []

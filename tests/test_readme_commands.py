@@ -25,9 +25,9 @@ BOUNDS = {
     'train': ['--num-epochs', '1', '--num-train', '512', '--num-test', '256',
               '--progress-interval', '0'],
     'bandwidth': ['--quick', '--counts', '2', '--models', 'simple-cnn'],
-    'scaling': ['--model', 'simple-cnn', '--counts', '1', '2', '--num-epochs', '1', '--num-train',
-                '128', '--num-test', '64', '--compute-repeats', '1', '--sync-repeats', '1',
-                '--progress-interval', '0'],
+    'scaling': ['--model', 'simple-cnn', '--counts', '1', '2', '--steps', '2', '--num-epochs',
+                '1', '--num-train', '128', '--num-test', '64', '--compute-repeats', '1',
+                '--sync-repeats', '1', '--progress-interval', '0'],
     'balance': ['--steps', '8', '--rounds', '1', '--scenarios', 'equal'],
     'demo': [],
 }

@@ -1,4 +1,8 @@
-"""scripts/scaling.py: a sweep on CPU contexts, its figures recomputed from its files, bad input."""
+"""scripts/scaling.py: a sweep on CPU contexts, its figures recomputed from its files, bad input.
+
+By default a sweep measures each configuration's speed over a few steps (``fixed_global``);
+``--full`` trains each to the end and measures its accuracy (``per_device`` and the others).
+"""
 import io
 import math
 import os
@@ -11,6 +15,7 @@ import pytest
 import gluon_multigpu as gm
 from gluon_multigpu import scaling
 from gluon_multigpu.base.machine import stamp
+from gluon_multigpu.cli import scaling as scaling_cli
 from conftest import load_script
 
 
@@ -24,6 +29,8 @@ RULES = ['linear', 'fixed']
 BASE_LR = 0.05
 FILES = ['accuracy.png', 'efficiency.png', 'projection.csv', 'report.md', 'scaling.csv',
          'speedup.png', 'sync.csv']
+#: Timed steps of the speed sweeps here.
+STEPS = 3
 
 
 @pytest.fixture(scope='module')
@@ -48,16 +55,19 @@ def sweep(script, out, *extra):
 
 @pytest.fixture(scope='module')
 def per_device(script, fashion_dir, tmp_path_factory):
-    """Counts 1 and 2, 32 samples per device, two lr rules, two kvstores, projected to 8."""
-    return sweep(script, tmp_path_factory.mktemp('sweep') / 'out', '--cpu-devices', '2',
+    """Counts 1 and 2, 32 samples per device, two lr rules, two kvstores, projected to 8: each
+    configuration trained to the end (--full)."""
+    return sweep(script, tmp_path_factory.mktemp('sweep') / 'out', '--full', '--cpu-devices', '2',
                  '--batch-per-device', '32', '--lr-rule', *RULES, '--kvstores', *KVSTORES,
                  '--project-to', '8', '--data-dir', str(fashion_dir))
 
 
 @pytest.fixture(scope='module')
 def fixed_global(script, fashion_dir, tmp_path_factory):
-    """Counts 1, 2 and 3 sharing a global batch of 64 (strong scaling), projected to 4."""
-    return sweep(script, tmp_path_factory.mktemp('global') / 'out', '--cpu-devices', '3',
+    """Counts 1, 2 and 3 sharing a global batch of 64 (strong scaling), projected to 4: the
+    default, each configuration's speed over STEPS steps."""
+    return sweep(script, tmp_path_factory.mktemp('global') / 'out', '--steps', str(STEPS),
+                 '--cpu-devices', '3',
                  '--global-batch', '64', '--lr-rule', 'sqrt', '--kvstores', 'device',
                  '--project-to', '4', '--data-dir', str(fashion_dir))
 
@@ -205,9 +215,31 @@ def test_fixed_global_batch_is_strong_scaling(fixed_global):
     assert 'local or device' not in fixed_global['report']  # one kvstore: nothing to compare
 
 
+def test_the_default_measures_each_configurations_speed_over_a_few_steps(fixed_global):
+    assert sorted(os.listdir(fixed_global['dir'])) == \
+        sorted(set(FILES) - {'accuracy.png'} | {'results.json'})  # no accuracy measured
+    rows, text = fixed_global['rows'], fixed_global['report']
+    for r in rows:
+        assert r['kind'] == 'steps' and r['status'] == 'ok' and r['timed_steps'] == STEPS
+        assert r['epochs'] is None and r['sec_per_epoch'] is None and r['test_acc'] is None
+        # every timed step trains the whole global batch: samples/s x seconds a step = 64
+        assert r['samples_per_sec'] * r['sec_per_step'] == pytest.approx(64, rel=1e-9)
+        assert 0 < r['train_loss'] < 10
+        assert re.search(rf"^\| {r['devices']} \| device \| 64 \({r['per_device_batch']:g}\) \| "
+                         rf"sqrt \| {r['lr']:g} \| {r['sec_per_step'] * 1e3:.1f} \| "
+                         rf"{r['samples_per_sec']:.0f} \| {r['speedup']:.2f} \| "
+                         rf"{r['efficiency']:.0%} \|$", text, re.M), r
+    assert f'{STEPS} timed training steps of each configuration after 2 untimed ones' in text
+    assert 'Not measured: this sweep measured speed' in text and '`--full`' in text
+    assert 'accuracy.png' not in text and 'test acc' not in text
+    assert fixed_global['printed'].startswith(
+        gm.scaling_report.scaling_table(rows).splitlines()[0])
+
+
 def test_a_diverging_run_is_recorded_and_no_count_of_two_means_no_projection(
         script, fashion_dir, tmp_path):
-    result = sweep(script, tmp_path / 'out', '--cpu-devices', '1', '--batch-per-device', '64',
+    result = sweep(script, tmp_path / 'out', '--full', '--cpu-devices', '1',
+                   '--batch-per-device', '64',
                    '--base-lr', '10000', '--data-dir', str(fashion_dir))
     assert [(r['devices'], r['status'], r['samples_per_sec']) for r in result['rows']] == \
         [(1, 'diverged', None)]
@@ -219,7 +251,7 @@ def test_a_diverging_run_is_recorded_and_no_count_of_two_means_no_projection(
 
 def test_without_a_one_device_run_speedup_is_left_empty_and_said(script, fashion_dir,
                                                                  tmp_path):
-    result = sweep(script, tmp_path / 'out', '--cpu-devices', '2', '--counts', '2',
+    result = sweep(script, tmp_path / 'out', '--full', '--cpu-devices', '2', '--counts', '2',
                    '--batch-per-device', '32', '--project-to', '2', '--data-dir', str(fashion_dir))
     assert [(r['devices'], r['speedup'], r['efficiency']) for r in result['rows']] == \
         [(2, None, None)]
@@ -292,6 +324,8 @@ def test_a_failure_while_writing_leaves_no_files(per_device, tmp_path, monkeypat
     (['--batch-per-device', '0'], '0 is not positive'),
     (['--batch-per-device', '32', '--global-batch', '64'], 'not allowed with argument'),
     (['--num-epochs', 'two'], "'two' is not an integer"),
+    (['--steps', '0'], '0 is not positive'),
+    (['--steps', '5', '--full'], 'argument --full: not allowed with argument --steps'),
     (['--seed', '-1'], '-1 is negative'),
     (['--progress-interval', '-2'], '-2 is not a finite number of 0 or more'),
 ])
@@ -306,7 +340,14 @@ def test_help_states_definitions_and_defaults(script, capsys):
     with pytest.raises(SystemExit):
         script.main(['--help'])
     text = ' '.join(capsys.readouterr().out.split())
-    for phrase in ('speedup samples/s on N devices / samples/s of the 1-device run',
+    for phrase in ('by default the training speed of every configuration over --steps N',
+                   f'(default {scaling_cli.STEPS}, after 2 untimed ones)',
+                   f'about {scaling_cli.QUICK_TIME} with the defaults',
+                   f'the first measurement kept after about {scaling_cli.FIRST_TIME}',
+                   '--full every configuration trains --num-epochs epochs',
+                   f'about {scaling_cli.FULL_TIME} with the defaults',
+                   'says in one line what was kept',
+                   'speedup samples/s on N devices / samples/s of the 1-device run',
                    'efficiency speedup / N', 'linear = base x B/256', '(default: 256',
                    '(default: 0.1, the book)', '(default: 16, a p2.16xlarge)',
                    'a model, not a measurement', 'exit status 2', '(default: scaling-report)'):

@@ -31,7 +31,7 @@ def tiny(name, data, results):
                       '--kvstores', 'local', '--batch-per-device', '1', '--repeats', '3'],
         'scaling': ['--cpu-devices', '2', '--counts', '1', '2', '--model', 'simple-cnn',
                     '--lr-rule', 'linear', 'fixed', '--num-train', '512', '--num-test',
-                    '128', '--batch-per-device', '32', '--num-epochs', '2', '--project-to', '2',
+                    '128', '--batch-per-device', '32', '--steps', '8', '--project-to', '2',
                     '--compute-repeats', '1', '--sync-repeats', '1', '--progress-interval', '0',
                     '--out', os.path.join(os.path.dirname(results), 'report')],
         'balance': ['--cpu-devices', '2', '--steps', '8', '--batch-size', '32', '--rounds', '3',

@@ -1,12 +1,15 @@
 """Sweep device counts, batch sizes, learning-rate rules, kvstores: speed and accuracy on k devices.
 
-Exercise 1 of d2l 13.6 as a tool. Every configuration is a real training run
-(``gluon_multigpu.train``) on the same data subset and seed. The output
-directory gets scaling.csv (one row per run: seconds per epoch, samples/s,
-speedup, efficiency, final test accuracy), speedup.png, efficiency.png,
-accuracy.png, a projection to 16 devices from a stated model
-(projection.csv, fitted to the synchronisations in sync.csv) and report.md,
-which answers how many devices to use and which kvstore is faster.
+Exercise 1 of d2l 13.6 as a tool. By default each configuration trains a
+bounded number of steps (``--steps``) from the same seed on the same data, and
+its speed is measured: minutes in all. With ``--full`` each configuration is a
+whole training run (``gluon_multigpu.train``) with its final test accuracy:
+hours for ResNet-18 on CPU contexts. The output directory gets scaling.csv
+(one row per configuration: seconds per step or per epoch, samples/s,
+speedup, efficiency; with --full the final test accuracy), speedup.png,
+efficiency.png, accuracy.png (--full), a projection to 16 devices from a
+stated model (projection.csv, fitted to the synchronisations in sync.csv) and
+report.md, which answers how many devices to use and which kvstore is faster.
 """
 import os
 import sys
@@ -23,12 +26,32 @@ from ..run import sweep as sweep_module
 from ..run.locks import Lock
 from ..run.targets import check_outputs, input_files
 from ..study.scaling import LR_RULES, MEASURED_COLUMNS, PROJECTION_COLUMNS, SYNC_COLUMNS, \
-    add_speedups, build_grid, projection_batches
+    WARMUP_STEPS, add_speedups, build_grid, projection_batches
 
-EPILOG = """\
+#: Timed training steps of a speed measurement by default (``--steps``).
+STEPS = 10
+#: How long the default took with ResNet-18 on CPU contexts 1 and 2 on the project's 2-core
+#: machine shared with other jobs (297 s, its first measurement kept after 113 s), and the
+#: estimate of a --full sweep there (5.4-5.6 h), for ``--help``.
+QUICK_TIME, FIRST_TIME, FULL_TIME = '5 minutes', '2 minutes', '5.5 hours'
+
+EPILOG = f"""\
+what it measures:
+  by default    the training speed of every configuration over --steps N timed steps
+                (default {STEPS}, after {WARMUP_STEPS} untimed ones), then the projection's inputs
+                (one device's step, one synchronisation at each count): about {QUICK_TIME}
+                with the defaults (ResNet-18, CPU contexts 1 and 2) on 2 cores shared with
+                other jobs, the first measurement kept after about {FIRST_TIME}. Speed
+                only: no test accuracy.
+  --full        every configuration trains --num-epochs epochs over the data and its final
+                test accuracy is measured: hours with ResNet-18 on CPU contexts (estimated
+                at about {FULL_TIME} with the defaults on 2 cores); for how accuracy depends
+                on the batch size and the learning-rate rule.
+
 definitions:
-  samples/s     training samples per second up to npx.waitall(), evaluation excluded, over
-                every epoch but the first when there are two or more
+  samples/s     training samples per second up to npx.waitall(), evaluation excluded: over
+                the --steps timed steps, or (--full) every epoch but the first when there
+                are two or more
   speedup       samples/s on N devices / samples/s of the 1-device run with the same kvstore,
                 lr rule and per-device batch (with --global-batch: the same global batch);
                 empty when 1 is not among the counts
@@ -41,24 +64,26 @@ definitions:
 
 examples:
   %(prog)s --num-gpus 4                      GPUs 1, 2, 4; ResNet-18, batch 256 per GPU
-  %(prog)s --cpu-devices 2 --model simple-cnn --num-epochs 2 --num-train 6000 \\
+  %(prog)s --cpu-devices 2 --kvstores local device    speed of each, 1 and 2 contexts
+  %(prog)s --full --cpu-devices 2 --model simple-cnn --num-epochs 2 --num-train 6000 \\
       --batch-per-device 64 128 --lr-rule linear sqrt --kvstores local device --out sweep/
   %(prog)s --counts 1 2 4 --global-batch 512 --lr-rule fixed
 
 Bad input (device counts that do not exist, a batch that cannot be split, missing
 or corrupt data, an output directory whose parent does not exist or is not
 writable, a batch whose estimated memory exceeds what is available) stops before
-training with one line on stderr and exit status 2. Once the first run has
-trained a few seconds, a line gives the estimate for the whole sweep and faster
-alternatives; a line every --progress-interval seconds names the run. Each run
-is kept in --results (default DIR/results.json, marked partial until the sweep
-is complete) as soon as it ends: Ctrl-C, SIGTERM or SIGHUP is acknowledged at
-once, stops after the current step, prints the partial table and says how to
-continue (--resume: the runs kept are not trained again), status 130, 143 or
-129; a second Ctrl-C stops at once. The report files are written when every run
-has finished, all or nothing; a disk that fills stops with one line naming the
-file and status 1. GLUON_MULTIGPU_MEMORY_AVAILABLE (bytes) replaces the system's
-available memory in the memory check.
+training with one line on stderr and exit status 2. Once the first measurement
+has run a few seconds, a line gives the estimate for the whole sweep and faster
+alternatives; a line every --progress-interval seconds names the measurement
+and the time left in the whole sweep. Each measurement is kept in --results
+(default DIR/results.json, marked partial until the sweep is complete) as soon
+as it ends: Ctrl-C, SIGTERM or SIGHUP is acknowledged at once, stops after the
+current step, prints the partial table and says in one line what was kept and
+how to continue (--resume: the measurements kept are not made again), status
+130, 143 or 129; a second Ctrl-C stops at once. The report files are written
+when every measurement has finished, all or nothing; a disk that fills stops
+with one line naming the file and status 1. GLUON_MULTIGPU_MEMORY_AVAILABLE
+(bytes) replaces the system's available memory in the memory check.
 """
 
 
@@ -93,8 +118,15 @@ def build_parser():
     p.add_argument('--kvstores', nargs='+', choices=KVSTORES, default=['device'],
                    metavar='KV', help='gradient synchronisation: local, device, nccl (GPUs with '
                    'an NCCL build) or none (default: device)')
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument('--steps', type=int_in(1, 100_000), default=STEPS, metavar='N',
+                      help='timed training steps of each configuration, after '
+                      f'{WARMUP_STEPS} untimed ones (default: {STEPS}): its speed, in minutes')
+    mode.add_argument('--full', action='store_true',
+                      help='train every configuration --num-epochs epochs instead, and measure '
+                      'its final test accuracy too (hours with ResNet-18 on CPU contexts)')
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
-                   help='epochs of every run (default: 10)')
+                   help='epochs of every run with --full (default: 10)')
     common.add_run_flags(p, MODELS, DATASETS)
     p.add_argument('--download', action='store_true',
                    help="download missing files into --data-dir from MXNet's mirror (needs "
@@ -143,9 +175,12 @@ def faster_advice(args, counts, num_train):
     options = []
     if args.model != 'simple-cnn':
         options.append('--model simple-cnn (about 60 times faster)')
-    if num_train > 6000:
+    if not args.full:
+        if args.steps > 5:
+            options.append('--steps 5')
+    elif num_train > 6000:
         options.append('--num-train 6000 --num-test 1000')
-    if args.num_epochs > 2:
+    if args.full and args.num_epochs > 2:
         options.append('--num-epochs 2')
     if len(counts) > 2:
         options.append(f'--counts {counts[0]} {counts[1]}')
@@ -163,11 +198,17 @@ def result_ok(unit, result):
 
 
 def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data, num_test, say):
-    """The sweep's units: one training run per configuration, then the projection's inputs."""
+    """The sweep's units: one per configuration (its speed over --steps, or with --full a
+    training run), then the projection's inputs."""
     from ..study.measure import MODEL_COST, config_label
     cost = MODEL_COST[args.model]
-    work = cost * args.num_epochs * (len(train_data[1]) + num_test / 3)
-    units = [sweep_module.Unit(config_key(c), config_label(c), work) for c in grid]
+    if args.full:
+        work = cost * args.num_epochs * (len(train_data[1]) + num_test / 3)
+        units = [sweep_module.Unit(config_key(c), config_label(c), work) for c in grid]
+    else:
+        units = [sweep_module.Unit(config_key(c), f'{config_label(c)}: speed over {args.steps} '
+                                   'steps', cost * (args.steps + WARMUP_STEPS) * c.batch_size)
+                 for c in grid]
     if any(n >= 2 for n in counts):
         targets = device_counts(args.project_to)
         compute = sum(projection_batches(batch_mode, batches, targets))
@@ -182,6 +223,8 @@ def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data,
               'batches': batches, 'lr_rules': list(dict.fromkeys(args.lr_rule)),
               'project_to': args.project_to, 'compute_repeats': args.compute_repeats,
               'sync_repeats': args.sync_repeats}
+    if not args.full:  # a --full run's settings are as they were before the speed default
+        config.update(mode='speed', steps=args.steps, epochs=None)
     return sweep_module.Sweep(
         args.results or os.path.join(args.out, 'results.json'), 'scaling', config, units, say,
         resume=args.resume, overwrite=args.overwrite, check=result_ok,
@@ -270,9 +313,11 @@ def sweep_data(args, devices):
 
 
 def unit_measure(args, plan, sweep, train_data, test_data, stop):
-    """How to measure one unit of the sweep: a training run, or the projection's inputs."""
-    from ..study import measure
+    """How to measure one unit of the sweep: a configuration's speed over --steps (or with
+    --full its training run), or the projection's inputs."""
+    from ..study import measure, speed
     configs = {config_key(c): c for c in plan.grid}
+    cost = measure.MODEL_COST[args.model]
 
     def measure_unit(unit):
         if unit.key == 'projection':
@@ -282,11 +327,13 @@ def unit_measure(args, plan, sweep, train_data, test_data, stop):
                 compute_repeats=args.compute_repeats, sync_repeats=args.sync_repeats,
                 seed=args.seed, progress=say, stop=stop)
             return {'projection': projection, 'sync': sync_rows}
-        work = measure.WorkDone(lambda done: sweep.advance(measure.MODEL_COST[args.model] * done),
-                                len(train_data[1]))
+        if not args.full:
+            return speed.time_steps(configs[unit.key], plan.device_type, train_data, args.steps,
+                                    args.seed, stop, lambda done: sweep.advance(cost * done))
+        work = measure.WorkDone(lambda done: sweep.advance(cost * done), len(train_data[1]))
+        # No progress lines of its own: the sweep's line says the time left, for the whole sweep.
         return measure.train_config(configs[unit.key], plan.device_type, train_data, test_data,
-                                    args.seed, say, args.progress_interval,
-                                    [h for h in (stop, work) if h is not None])
+                                    args.seed, say, 0, [h for h in (stop, work) if h is not None])
     return measure_unit
 
 

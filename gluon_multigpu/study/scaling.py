@@ -27,7 +27,8 @@ from ..errors import GluonMultiGPUError
 
 __all__ = ['LR_RULES', 'REFERENCE_BATCH', 'BATCH_MODES', 'learning_rate', 'bus_factor',
            'bandwidth', 'bandwidth_row', 'BANDWIDTH_COLUMNS', 'SYNC_COLUMNS', 'Config',
-           'build_grid', 'measured_row', 'MEASURED_COLUMNS', 'add_speedups', 'fit_sync_slope',
+           'build_grid', 'measured_row', 'steps_row', 'MEASURED_COLUMNS', 'MODES',
+           'WARMUP_STEPS', 'add_speedups', 'fit_sync_slope',
            'per_device_batch_at', 'projection_batches', 'projection_rows', 'worker_projection',
            'PROJECTION_COLUMNS']
 
@@ -167,11 +168,20 @@ def build_grid(model, counts, kvstores, lr_rules, base_lr, epochs, batches,
     return grid
 
 
-#: Columns of ``scaling.csv``, in order.
+#: What a sweep measures of each configuration: ``speed``, the training steps of a bounded
+#: number of batches (``steps_row``, minutes in all); ``full``, a training run to the last
+#: epoch with its final test accuracy (``measured_row``, hours for ResNet-18 on CPU contexts).
+MODES = ('speed', 'full')
+#: Untimed training steps of a speed measurement before its timed ones: the first builds the
+#: graph and the kvstore.
+WARMUP_STEPS = 2
+
+#: Columns of ``scaling.csv``, in order (``kind``: ``measured``, a full run; ``steps``, a
+#: speed measurement).
 MEASURED_COLUMNS = ['kind', 'model', 'device_type', 'devices', 'kvstore', 'batch_mode',
                     'batch_size', 'per_device_batch', 'lr_rule', 'lr', 'epochs',
                     'timed_epochs', 'sec_per_epoch', 'samples_per_sec', 'speedup', 'efficiency',
-                    'train_loss', 'test_acc', 'status']
+                    'train_loss', 'test_acc', 'status', 'timed_steps', 'sec_per_step']
 
 
 def measured_row(config, device_type, epochs=None, status='ok'):
@@ -193,13 +203,29 @@ def measured_row(config, device_type, epochs=None, status='ok'):
            'per_device_batch': config.per_device_batch, 'lr_rule': config.lr_rule,
            'lr': config.lr, 'epochs': config.epochs, 'timed_epochs': None,
            'sec_per_epoch': None, 'samples_per_sec': None, 'speedup': None,
-           'efficiency': None, 'train_loss': None, 'test_acc': None, 'status': status}
+           'efficiency': None, 'train_loss': None, 'test_acc': None, 'status': status,
+           'timed_steps': None, 'sec_per_step': None}
     if epochs:
         timed = epochs[1:] if len(epochs) > 1 else epochs
         seconds = sum(e.seconds for e in timed)
         row.update(timed_epochs=len(timed), sec_per_epoch=seconds / len(timed),
                    samples_per_sec=sum(e.samples for e in timed) / seconds,
                    train_loss=epochs[-1].train_loss, test_acc=epochs[-1].test_acc)
+    return row
+
+
+def steps_row(config, device_type, totals=None, status='ok'):
+    """Return the CSV row of one speed measurement: ``config``'s training steps on a bounded
+    number of batches (``kind`` ``steps``; no epochs, no test accuracy).
+
+    ``totals``: the ``EpochTotals`` of the timed steps (``None`` if they did not finish);
+    samples/s is their samples over their seconds, up to ``npx.waitall()``.
+    """
+    row = dict(measured_row(config, device_type, None, status), kind='steps', epochs=None)
+    if totals is not None and totals.batches:
+        row.update(timed_steps=totals.batches, sec_per_step=totals.seconds / totals.batches,
+                   samples_per_sec=totals.samples / totals.seconds,
+                   train_loss=totals.loss_sum / totals.samples)
     return row
 
 

@@ -17,7 +17,8 @@ from ..run.files import ReportFolder
 from .charts import check_chart_path, save_figure
 from .kvstore_report import markdown_table
 from ..core.devices import device_counts
-from .scaling import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS
+from .scaling import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS, \
+    WARMUP_STEPS
 
 __all__ = ['bandwidth_table', 'bandwidth_summary', 'scaling_table', 'measured_speedup',
            'projection_table', 'how_many_devices', 'fastest_kvstores', 'accuracy_answer',
@@ -64,18 +65,29 @@ def _pct(x):
     return '' if x is None else f'{x:.0%}'
 
 
+def _speed_only(rows):
+    """Whether ``rows`` are speed measurements (``steps_row``): no epochs, no accuracy."""
+    return bool(rows) and all(r['kind'] == 'steps' for r in rows)
+
+
 def scaling_table(rows):
-    """Return the Markdown table of the measured runs."""
+    """Return the Markdown table of the measured runs (speed measurements: ms per step, no
+    test accuracy)."""
+    speed = _speed_only(rows)
+
     def cells(r):
-        figures = [_num(r['sec_per_epoch'], '.2f'), _num(r['samples_per_sec'], '.0f'),
-                   _num(r['speedup'], '.2f'), _pct(r['efficiency']), _num(r['test_acc'], '.4f')]
+        figures = [_num(r['sec_per_step'] and r['sec_per_step'] * 1e3, '.1f') if speed
+                   else _num(r['sec_per_epoch'], '.2f'), _num(r['samples_per_sec'], '.0f'),
+                   _num(r['speedup'], '.2f'), _pct(r['efficiency'])]
+        figures += [] if speed else [_num(r['test_acc'], '.4f')]
         if r['status'] != 'ok':
-            figures = [r['status'], '', '', '', '']
+            figures = [r['status']] + [''] * (len(figures) - 1)
         return [r['devices'], r['kvstore'], f"{r['batch_size']} ({r['per_device_batch']:g})",
                 r['lr_rule'], f"{r['lr']:g}", *figures]
-    return markdown_table(['devices', 'kvstore', 'batch (per device)', 'lr rule', 'lr',
-                           'sec/epoch', 'samples/s', 'speedup', 'efficiency', 'test acc'],
-                          [cells(r) for r in rows], 'rlrlrrrrrr')
+    heads = ['ms/step', 'samples/s', 'speedup', 'efficiency'] if speed else \
+        ['sec/epoch', 'samples/s', 'speedup', 'efficiency', 'test acc']
+    return markdown_table(['devices', 'kvstore', 'batch (per device)', 'lr rule', 'lr', *heads],
+                          [cells(r) for r in rows], 'rlrl' + 'r' * (len(heads) + 1))
 
 
 def measured_speedup(rows, kvstore, batch_mode, batch_size, devices):
@@ -288,51 +300,63 @@ def scaling_report(config, rows, projection, sync_rows, notes=()):
     notes : list of str
         Remarks to print first (e.g. no 1-device run).
     """
-    lines = _report_header(config, notes) + _report_answer(rows) + _report_measured(rows)
+    speed = config.get('mode') == 'speed'
+    lines = _report_header(config, notes) + _report_answer(rows, speed) + \
+        _report_measured(rows, speed)
     lines += ['## Projection to more devices (a model, not a measurement)', '']
     if not projection:
         lines += ['No projection: it needs a synchronisation measured on at least 2 devices.', '']
     else:
         lines += _report_projection(config, projection, rows, sync_rows)
-    lines += ['Files: `scaling.csv` (measured runs), `projection.csv`, `sync.csv`, the three '
-              'PNG charts.', '']
+    lines += [f"Files: `scaling.csv` (measured runs), `projection.csv`, `sync.csv`, the "
+              f"{'two' if speed else 'three'} PNG charts.", '']
     return '\n'.join(lines)
 
 
 def _report_header(c, notes):
     """The report's title, the sweep's settings and its ``notes``."""
+    what = (f"{c['steps']} timed training steps of each configuration after {WARMUP_STEPS} "
+            f"untimed ones (its speed; `--full` trains to the end and measures accuracy)"
+            if c.get('mode') == 'speed' else
+            f"{c['num_train']} training / {c['num_test']} test images, {c['epochs']} epoch(s)")
     lines = [f"# Scaling: {c['model']} on {c['dataset']}, {c['device_type']} devices "
              f"{', '.join(map(str, c['counts']))}", '',
-             f"{c['num_train']} training / {c['num_test']} test images, {c['epochs']} epoch(s), "
-             f"seed {c['seed']}, base learning rate {c['base_lr']:g} per {REFERENCE_BATCH} "
-             f"samples; every run starts from the same initial weights and sees the same data. "
-             f"Engine: {c['engine']}.", '']
+             f"{what}, seed {c['seed']}, base learning rate {c['base_lr']:g} per "
+             f"{REFERENCE_BATCH} samples; every run starts from the same initial weights and "
+             f"sees the same data. Engine: {c['engine']}.", '']
     return lines + [f'> {n}' for n in notes] + ([''] if notes else [])
 
 
-def _report_answer(rows):
-    """The section's questions answered from the measured ``rows``."""
+def _report_answer(rows, speed=False):
+    """The section's questions answered from the measured ``rows`` (``speed``: speed only)."""
     lines = ['## Answer', '', '### How many devices', ''] + how_many_devices(rows) + ['']
     kv = fastest_kvstores(rows)
     if kv:
         lines += ['### local or device', ''] + kv + ['']
-    return lines + ['### Accuracy, batch size and learning rate', ''] + accuracy_answer(rows) + ['']
+    accuracy = ['Not measured: this sweep measured speed over a few steps; `--full` trains '
+                'every configuration to the end and answers it.'] if speed \
+        else accuracy_answer(rows)
+    return lines + ['### Accuracy, batch size and learning rate', ''] + accuracy + ['']
 
 
-def _report_measured(rows):
+def _report_measured(rows, speed=False):
     """The measured runs' table, what its columns mean, and the charts."""
+    timed = (f'samples/s and ms/step: training time up to `npx.waitall()` of the timed steps, '
+             f'after {WARMUP_STEPS} untimed ones (the first compiles the graph).') if speed else \
+        ('samples/s and sec/epoch: training time up to `npx.waitall()`, evaluation excluded, '
+         'over every epoch but the first when there are two or more (the first also compiles '
+         'the graph).')
+    charts = ['![speedup against devices](speedup.png)', '',
+              '![efficiency against devices](efficiency.png)', '']
+    if not speed:
+        charts += ['![final test accuracy against batch size](accuracy.png)', '']
     return [
         '## Measured', '', scaling_table(rows), '',
-        'samples/s and sec/epoch: training time up to `npx.waitall()`, evaluation excluded, '
-        'over every epoch but the first when there are two or more (the first also compiles the '
-        'graph). **speedup** = samples/s on N devices / samples/s of the 1-device run with the '
+        f'{timed} **speedup** = samples/s on N devices / samples/s of the 1-device run with the '
         'same kvstore, learning-rate rule and per-device batch (with a fixed global batch: the '
         'same global batch); **efficiency** = speedup / N. Learning-rate rules, B the global '
         f'batch: linear = base x B / {REFERENCE_BATCH} (the book), fixed = base, sqrt = base x '
-        f'sqrt(B / {REFERENCE_BATCH}).', '',
-        '![speedup against devices](speedup.png)', '',
-        '![efficiency against devices](efficiency.png)', '',
-        '![final test accuracy against batch size](accuracy.png)', '']
+        f'sqrt(B / {REFERENCE_BATCH}).', '', *charts]
 
 
 def _report_projection(c, projection, rows, sync_rows):
@@ -368,9 +392,11 @@ def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=
     All or nothing (``files.ReportFolder``): ``directory`` is created if
     missing, and a failure half-way (a full disk, an interruption) leaves it
     as it was, with an ``OSError`` naming the file it was writing. Returns
-    the names of the files written.
+    the names of the files written: no ``accuracy.png`` for a speed sweep
+    (``config['mode']`` ``speed``), which measures no accuracy.
     """
     what = f"{config['model']}, {config['device_type']} devices"
+    speed = config.get('mode') == 'speed'
     with ReportFolder(directory) as folder:
         write_csv(folder.path('scaling.csv'), stamped(rows), MEASURED_COLUMNS + STAMP_COLUMNS)
         write_csv(folder.path('projection.csv'), stamped(projection),
@@ -378,8 +404,9 @@ def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=
         write_csv(folder.path('sync.csv'), stamped(sync_rows), SYNC_COLUMNS + STAMP_COLUMNS)
         speedup_chart(folder.path('speedup.png'), rows, projection, title=what)
         efficiency_chart(folder.path('efficiency.png'), rows, projection, title=what)
-        accuracy_batch_chart(folder.path('accuracy.png'), rows, title=what)
+        if not speed:
+            accuracy_batch_chart(folder.path('accuracy.png'), rows, title=what)
         with atomic_write(folder.path('report.md')) as f:
             f.write(scaling_report(config, rows, projection, sync_rows, notes))
     return ['scaling.csv', 'projection.csv', 'sync.csv', 'speedup.png', 'efficiency.png',
-            'accuracy.png', 'report.md']
+            *([] if speed else ['accuracy.png']), 'report.md']
