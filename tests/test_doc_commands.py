@@ -288,7 +288,7 @@ RUNS = {
      '../shared/data/fashion-mnist'): run_bfloat16,
     ('docs/results.md', 'python scripts/train.py --cpu-devices 2 --model resnet18 --num-epochs 2 '
      '--num-train 3072 --num-test 1000 \\'): run_shell,
-    ('docs/results.md', 'python scripts/scaling.py --cpu-devices 4 --model simple-cnn '
+    ('docs/results.md', 'python scripts/scaling.py --full --cpu-devices 4 --model simple-cnn '
      '--num-epochs 2 --batch-per-device 128 \\'): run_shell,
 }
 
