@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -110,12 +111,31 @@ def test_an_unmarked_measured_figure_fails_naming_file_and_line(tmp_path):
 
 
 def test_the_suite_time_is_recorded_with_the_machine_and_the_date(tmp_path):
+    """What pytest printed, recorded as it said: no figure typed by hand."""
     text = 'The suite: <!-- figure suite-time.json seconds min-s -->1 min 0 s<!-- /figure -->.\n'
     root = make_docs(tmp_path, text, {})
-    path = figures.record_suite_time(914, 745, root)
-    assert json.loads(Path(path).read_text()) == dict(tests=914, seconds=745, **stamp())
+    said = {'full': '....\n1 failed, 903 passed, 10 skipped in 745.31s (0:12:25)\n',
+            'fast': '....\n719 passed, 4 skipped in 120.40s (0:02:00)\n'}
+    ran = []
+
+    def run(command, **kwargs):
+        ran.append(command)
+        name = 'fast' if 'not slow and not soak' in command else 'full'
+        return types.SimpleNamespace(stdout=said[name], returncode=int(name == 'full'))
+    figures_ = figures.measure_suites(root, run=run)
+    assert [c[1:] for c in ran] == [['-m', 'pytest', '-q'],
+                                    ['-m', 'pytest', '-q', '-m', 'not slow and not soak']]
+    assert figures_['full'] == {'tests': 914, 'seconds': 745, 'passed': False,
+                                'command': 'python -m pytest -q'}
+    assert (figures_['fast']['tests'], figures_['fast']['seconds']) == (723, 120)
+    path = figures.record_suite_time(figures_, root)
+    recorded = json.loads(Path(path).read_text())
+    assert (recorded['tests'], recorded['seconds']) == (914, 745)
+    assert {k: recorded[k] for k in stamp()} == stamp()
     assert figures.check(root) == [
         "README.md:1: the text says '1 min 0 s', suite-time.json gives '12 min 25 s'"]
+    with pytest.raises(ValueError, match='not a pytest summary'):
+        figures.pytest_summary('Interrupted: 1 error during collection\nno tests ran\n')
 
 
 def test_results_rows_are_stamped_with_the_machine_and_the_date():

@@ -27,7 +27,7 @@ of a CSV file; the writers of the package add them, see
 
     python tools/figures.py --check    # exit 1 and one line per problem, file:line first
     python tools/figures.py --write    # fill every marked figure from its file, then check
-    python tools/figures.py --suite-time 914 745   # docs/results/suite-time.json, then --write
+    python tools/figures.py --suite-time   # run the suite, record docs/results/suite-time.json, --write
 
 A number with a unit outside code, markers and the allow-list ``ALLOWED``
 (figures that are not measurements here: the book's, flag defaults, sizes)
@@ -39,6 +39,7 @@ import glob
 import json
 import os
 import re
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -290,11 +291,40 @@ def write(root=ROOT):
     return changed
 
 
-def record_suite_time(tests, seconds, root=ROOT):
-    """Write ``docs/results/suite-time.json``: the suite's tests and seconds, here and today."""
+#: The suite's two commands (README.md): the whole suite, and the fast loop.
+SUITES = {'full': [sys.executable, '-m', 'pytest', '-q'],
+          'fast': [sys.executable, '-m', 'pytest', '-q', '-m', 'not slow and not soak']}
+
+
+def pytest_summary(output):
+    """``(tests, seconds)`` from pytest's last line (``904 passed, 10 skipped in 690.32s``):
+    the tests run (passed and failed) and skipped, and the seconds pytest measured."""
+    line = output.strip().splitlines()[-1]
+    counts = {word: int(n) for n, word in re.findall(r'(\d+) (passed|failed|skipped|error)', line)}
+    seconds = re.search(r' in ([\d.]+)s', line)
+    if not counts or seconds is None:
+        raise ValueError(f'not a pytest summary line: {line!r}')
+    return sum(counts.values()), float(seconds.group(1))
+
+
+def measure_suites(root=ROOT, run=subprocess.run):
+    """Run each of ``SUITES`` in ``root``; return ``{name: {tests, seconds, passed}}``."""
+    figures = {}
+    for name, command in SUITES.items():
+        proc = run(command, cwd=root, capture_output=True, text=True)
+        tests, seconds = pytest_summary(proc.stdout)
+        figures[name] = {'tests': tests, 'seconds': round(seconds), 'passed': proc.returncode == 0,
+                         'command': ' '.join(['python'] + command[1:])}
+    return figures
+
+
+def record_suite_time(figures, root=ROOT):
+    """Write ``docs/results/suite-time.json``: ``figures`` (``measure_suites``'), the whole
+    suite's tests and seconds at the top, with this machine and today's date."""
     path = os.path.join(root, RESULTS, 'suite-time.json')
     with atomic_write(path) as f:
-        json.dump({'tests': tests, 'seconds': seconds, **stamp()}, f, indent=2)
+        json.dump({'tests': figures['full']['tests'], 'seconds': figures['full']['seconds'],
+                   **figures, **stamp()}, f, indent=2)
         f.write('\n')
     return path
 
@@ -305,12 +335,17 @@ def main(argv=None):
     what.add_argument('--check', action='store_true', help='report every problem, exit 1 if any')
     what.add_argument('--write', action='store_true',
                       help='fill the marked figures from their files, then check')
-    what.add_argument('--suite-time', nargs=2, type=int, metavar=('TESTS', 'SECONDS'),
-                      help="record the test suite's time (a run on this machine, now), then "
-                           'fill and check')
+    what.add_argument('--suite-time', action='store_true',
+                      help="run the test suite and its fast loop (README.md's commands, about 15 "
+                           'minutes: nothing else should run), record their tests and times with '
+                           'this machine and the date, then fill and check')
     args = parser.parse_args(argv)
     if args.suite_time:
-        print(f'written: {record_suite_time(*args.suite_time)}')
+        figures = measure_suites()
+        print(f'written: {record_suite_time(figures)}: {figures}')
+        if not all(f['passed'] for f in figures.values()):
+            print('some tests failed: the times are recorded, fix the tests', file=sys.stderr)
+            return 1
     if args.write or args.suite_time:
         for name in write():
             print(f'filled: {name}')

@@ -6,6 +6,7 @@ beside its figures, so that a figure quoted in the docs says where and when
 it was measured (``tools/figures.py`` checks the docs against these files).
 """
 import datetime
+import functools
 import os
 import platform
 
@@ -15,18 +16,26 @@ __all__ = ['machine', 'stamp', 'stamped', 'STAMP_COLUMNS']
 STAMP_COLUMNS = ['machine', 'date']
 
 
-def machine():
-    """This machine's CPU (its model name, as ``lscpu`` names it) and cores."""
-    name = platform.processor() or platform.machine()
+@functools.lru_cache(maxsize=None)
+def _cpu_name():
+    """The CPU's model name: /proc/cpuinfo's (as ``lscpu`` names it), else the platform's.
+
+    Read once a process: every row a study writes is stamped, and ``platform.processor()``
+    runs ``uname -p`` in a new process each time it is called.
+    """
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
                 if line.lower().startswith('model name'):
-                    name = line.split(':', 1)[1].strip()
-                    break
+                    return line.split(':', 1)[1].strip()
     except OSError:
         pass
-    return {'cpu': name or 'unknown', 'cores': os.cpu_count()}
+    return platform.processor() or platform.machine() or 'unknown'
+
+
+def machine():
+    """This machine's CPU (its model name, as ``lscpu`` names it) and cores."""
+    return {'cpu': _cpu_name(), 'cores': os.cpu_count()}
 
 
 def stamp():
