@@ -315,6 +315,9 @@ def measure_suites(root=ROOT, run=subprocess.run):
         tests, seconds = pytest_summary(proc.stdout)
         figures[name] = {'tests': tests, 'seconds': round(seconds), 'passed': proc.returncode == 0,
                          'command': ' '.join(['python'] + command[1:])}
+        for line in proc.stdout.splitlines():  # pytest's short summary names what failed
+            if line.startswith(('FAILED ', 'ERROR ')):
+                print(f'{name}: {line}', file=sys.stderr)
     return figures
 
 
