@@ -112,7 +112,7 @@ def test_an_unmarked_measured_figure_fails_naming_file_and_line(tmp_path):
 
 def test_the_suite_time_is_recorded_with_the_machine_and_the_date(tmp_path):
     """What pytest printed, recorded as it said: no figure typed by hand."""
-    text = 'The suite: <!-- figure suite-time.json seconds min-s -->1 min 0 s<!-- /figure -->.\n'
+    text = 'The suite: <!-- figure suite-time.json full/seconds min-s -->1 min 0 s<!-- /figure -->.\n'
     root = make_docs(tmp_path, text, {})
     said = {'full': '....\n1 failed, 903 passed, 10 skipped in 745.31s (0:12:25)\n',
             'fast': '....\n719 passed, 4 skipped in 120.40s (0:02:00)\n'}
@@ -128,9 +128,10 @@ def test_the_suite_time_is_recorded_with_the_machine_and_the_date(tmp_path):
     assert figures_['full'] == {'tests': 914, 'seconds': 745, 'passed': False,
                                 'command': 'python -m pytest -q'}
     assert (figures_['fast']['tests'], figures_['fast']['seconds']) == (723, 120)
+    assert figures_['fast']['command'] == "python -m pytest -q -m 'not slow and not soak'"
     path = figures.record_suite_time(figures_, root)
     recorded = json.loads(Path(path).read_text())
-    assert (recorded['tests'], recorded['seconds']) == (914, 745)
+    assert recorded['full'] == figures_['full'] and recorded['fast'] == figures_['fast']
     assert {k: recorded[k] for k in stamp()} == stamp()
     assert figures.check(root) == [
         "README.md:1: the text says '1 min 0 s', suite-time.json gives '12 min 25 s'"]

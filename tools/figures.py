@@ -39,6 +39,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -314,7 +315,7 @@ def measure_suites(root=ROOT, run=subprocess.run):
         proc = run(command, cwd=root, capture_output=True, text=True)
         tests, seconds = pytest_summary(proc.stdout)
         figures[name] = {'tests': tests, 'seconds': round(seconds), 'passed': proc.returncode == 0,
-                         'command': ' '.join(['python'] + command[1:])}
+                         'command': shlex.join(['python'] + command[1:])}
         for line in proc.stdout.splitlines():  # pytest's short summary names what failed
             if line.startswith(('FAILED ', 'ERROR ')):
                 print(f'{name}: {line}', file=sys.stderr)
@@ -322,12 +323,11 @@ def measure_suites(root=ROOT, run=subprocess.run):
 
 
 def record_suite_time(figures, root=ROOT):
-    """Write ``docs/results/suite-time.json``: ``figures`` (``measure_suites``'), the whole
-    suite's tests and seconds at the top, with this machine and today's date."""
+    """Write ``docs/results/suite-time.json``: ``figures`` (``measure_suites``') with this
+    machine and today's date."""
     path = os.path.join(root, RESULTS, 'suite-time.json')
     with atomic_write(path) as f:
-        json.dump({'tests': figures['full']['tests'], 'seconds': figures['full']['seconds'],
-                   **figures, **stamp()}, f, indent=2)
+        json.dump({**figures, **stamp()}, f, indent=2)
         f.write('\n')
     return path
 

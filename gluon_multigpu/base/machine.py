@@ -18,11 +18,8 @@ STAMP_COLUMNS = ['machine', 'date']
 
 @functools.lru_cache(maxsize=None)
 def _cpu_name():
-    """The CPU's model name: /proc/cpuinfo's (as ``lscpu`` names it), else the platform's.
-
-    Read once a process: every row a study writes is stamped, and ``platform.processor()``
-    runs ``uname -p`` in a new process each time it is called.
-    """
+    """The CPU's model name: /proc/cpuinfo's (as ``lscpu`` names it), else the platform's;
+    read once a process (every results file a study writes is stamped)."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:

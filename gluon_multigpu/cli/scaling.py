@@ -175,10 +175,9 @@ def faster_advice(args, counts, num_train):
     options = []
     if args.model != 'simple-cnn':
         options.append('--model simple-cnn (about 60 times faster)')
-    if not args.full:
-        if args.steps > 5:
-            options.append('--steps 5')
-    elif num_train > 6000:
+    if not args.full and args.steps > 5:
+        options.append('--steps 5')
+    if args.full and num_train > 6000:
         options.append('--num-train 6000 --num-test 1000')
     if args.full and args.num_epochs > 2:
         options.append('--num-epochs 2')

@@ -27,7 +27,7 @@ from ..errors import GluonMultiGPUError
 
 __all__ = ['LR_RULES', 'REFERENCE_BATCH', 'BATCH_MODES', 'learning_rate', 'bus_factor',
            'bandwidth', 'bandwidth_row', 'BANDWIDTH_COLUMNS', 'SYNC_COLUMNS', 'Config',
-           'build_grid', 'measured_row', 'steps_row', 'MEASURED_COLUMNS', 'MODES',
+           'build_grid', 'measured_row', 'steps_row', 'MEASURED_COLUMNS',
            'WARMUP_STEPS', 'add_speedups', 'fit_sync_slope',
            'per_device_batch_at', 'projection_batches', 'projection_rows', 'worker_projection',
            'PROJECTION_COLUMNS']
@@ -168,10 +168,6 @@ def build_grid(model, counts, kvstores, lr_rules, base_lr, epochs, batches,
     return grid
 
 
-#: What a sweep measures of each configuration: ``speed``, the training steps of a bounded
-#: number of batches (``steps_row``, minutes in all); ``full``, a training run to the last
-#: epoch with its final test accuracy (``measured_row``, hours for ResNet-18 on CPU contexts).
-MODES = ('speed', 'full')
 #: Untimed training steps of a speed measurement before its timed ones: the first builds the
 #: graph and the kvstore.
 WARMUP_STEPS = 2
