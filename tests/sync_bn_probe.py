@@ -8,6 +8,9 @@ run, and of any parameter update to the 1-device one (relative to the largest
 update); after a second step, the largest difference of the running
 statistics between the devices. (After the first step plain BatchNorm's agree
 too: the Trainer copies device 0's values to the others at its first step.)
+
+``python tests/sync_bn_probe.py DATA_DIR [FILE]``: FILE also gets the JSON, with this
+machine and the date (docs/results/sync-bn-probe.json, which docs/exercises.md quotes).
 """
 import json
 import os
@@ -80,6 +83,12 @@ def main():
                                        for b in _blocks(net)),
             }
     print(json.dumps(out))
+    if len(sys.argv) > 2:
+        from gluon_multigpu.base.atomic import atomic_write
+        from gluon_multigpu.base.machine import stamp
+        with atomic_write(sys.argv[2]) as f:
+            json.dump({**out, **stamp()}, f, indent=2)
+            f.write('\n')
 
 
 def _blocks(net):

@@ -152,3 +152,15 @@ def test_an_unchecked_section_is_skipped_to_the_next_heading_of_its_level(tmp_pa
     text = ('# T\n\n## Later\n\n17 s\n\n### Inside\n\n18 s\n\n'
             '```\n## not a heading\n```\n\n19 s\n\n## Next\n\n20 s\n')
     assert figures.unmarked('README.md', text) == [(19, '20 s')]
+
+
+def test_the_parameter_server_model_table_is_what_tools_projection_computes():
+    """docs/distributed.md's model table is computed, not timed: its results file must hold what
+    tools/projection.py computes from the package's constants now (rerun the tool if not)."""
+    spec = importlib.util.spec_from_file_location('projection', REPO / 'tools' / 'projection.py')
+    projection = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(projection)
+    written = json.loads(Path(projection.PATH).read_text())
+    table = projection.table()
+    assert {k: written[k] for k in table} == table
+    assert written['links']['10gbit']['rows'][0]['workers'] == 1

@@ -1,5 +1,6 @@
 """The measuring scripts of the section's exercises, end to end on tiny settings."""
 import csv
+import json
 import os
 import re
 import sys
@@ -71,6 +72,28 @@ def test_bfloat16_trains_and_is_measured_against_float32(capsys, tmp_path):
     assert losses['bfloat16'][-1] < losses['bfloat16'][0]
     assert losses['bfloat16'][0] != losses['float32'][0]
     assert abs(losses['bfloat16'][0] - losses['float32'][0]) < 0.05
+
+
+def test_bfloat16_json_holds_the_tables_medians_with_the_machine_and_the_date(
+        tmp_path, monkeypatch, capsys):
+    """--json writes the printed table's figures, stamped (the results file docs/exercises.md
+    asks for); the measurement is replaced, so this holds on a CPU without bfloat16 kernels."""
+    script = load_script('bfloat16')
+    monkeypatch.setattr(script, 'check_bfloat16', lambda: None)
+    monkeypatch.setattr(script, 'warm_steps', lambda args, model, stop: {})
+    rounds = iter([(100.0, 50.0, 80.0), (300.0, 90.0, 60.0), (200.0, 70.0, 40.0)])
+    monkeypatch.setattr(script, 'measure_round', lambda runs, batch, steps, stop=None: dict(
+        zip(script.VARIANTS, next(rounds))))
+    out = tmp_path / 'bfloat16.json'
+    assert script.main(['--models', 'simple-cnn', '--rounds', '3', '--results',
+                        str(tmp_path / 'rounds.json'), '--json', str(out)]) == 0
+    written = json.loads(out.read_text())
+    rows = {r['compute']: r for r in written['rows']}
+    assert [rows[v]['images_per_s'] for v in script.VARIANTS] == [200.0, 70.0, 60.0]  # medians
+    assert rows['bfloat16']['vs_float32'] == pytest.approx(0.35)
+    assert {r['model'] for r in written['rows']} == {'simple-cnn'}
+    assert (written['machine'], written['date']) == (stamp()['machine'], stamp()['date'])
+    assert '| simple-cnn | 128 | bfloat16 | 70.0 | 0.35 |' in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -206,6 +206,7 @@ def test_a_quick_study_measures_and_predicts_each_row_and_leaves_nothing(tmp_pat
     assert [(r['bandwidth'], r['leftover']) for r in results['runs']] == [(None, {}), ('1gbit', {})]
     assert results['config']['command'].startswith('python ') and '--quick' in \
         results['config']['command']
+    assert results['machine'] and results['date']  # the stamp tools/figures.py asks of a file
     assert sorted(os.listdir(out / 'logs')) == ['simple-cnn-2w-1gbit.log',
                                                 'simple-cnn-2w-unshaped.log']
     assert processes_mentioning(str(tmp_path)) == []

@@ -22,7 +22,7 @@ def test_running_statistics_are_the_same_on_every_device_and_as_one_device_s(fas
     sync, plain = result['sync'], result['plain']
     assert sync['num_sync_layers'] == 17 and plain['num_sync_layers'] == 0
     # Synchronised: the 1-device running statistics to float32 round-off, identical devices,
-    # the 1-device update within round-off (float32 alone moves it ~1%, docs/exercises.md).
+    # the 1-device update within round-off (docs/exercises.md quotes the probe's figures).
     assert sync['stats_vs_one_device'] < 1e-5 * sync['stats_max']
     assert sync['stats_between_devices'] == 0.0
     assert sync['update_vs_one_device'] < 0.1

@@ -77,12 +77,40 @@ ALLOWED = (
     ('docs/guide.md', '16 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/guide.md', '27 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/guide.md', '0.32 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
+    ('docs/distributed.md', '2 s', "the agents' heartbeat (multihost.launch.HEARTBEAT)"),
+    ('docs/distributed.md', '64 KiB', "the agent's longest line (multihost.agent.LINE_LIMIT)"),
+    ('docs/distributed.md', '3 s', 'SIGTERM to SIGKILL (multihost.launch.TERM_WAIT)'),
+    ('docs/distributed.md', '120 s', "settings: the join timeout's default, Slurm's "
+                                     '--signal=B:USR1@120 and cred_expire default'),
+    ('docs/distributed.md', '60 s', "--grace's default; the Slurm test's bound on a lost host"),
+    ('docs/distributed.md', '15 s', "--timeout's default"),
+    ('docs/distributed.md', '5 s', "the failover study's --timeout 5"),
+    ('docs/distributed.md', '8 s', "the failover study's wait: --timeout + TERM_WAIT + 5"),
+    ('docs/distributed.md', '0.1 s', "the failover study's progress interval: a setting"),
+    ('docs/distributed.md', '10 s', "the test Slurm's cred_expire=10: a setting"),
+    ('docs/distributed.md', '1-2 s', "the test Slurm's bf_interval=1, sched_interval=2"),
+    ('docs/distributed.md', '2 x', 'a size: the Slurm runs\' batch of 2 x 64'),
+    ('docs/distributed.md', '512 x', "a size: ResNet-18's largest convolution"),
+    ('docs/distributed.md', '3 x', "a size: ResNet-18's largest convolution"),
+    ('docs/distributed.md', '4,478 images/s', "the book's printed figure"),
+    ('docs/distributed.md', '6 s', "the network study's timed epoch (TIMED_SECONDS): a setting"),
+    ('docs/distributed.md', '50 ms', "the shaped links' tbf latency (netns.TBF_LATENCY)"),
+    ('docs/distributed.md', '75%', "a size: the share of ResNet-18's parameters in its last "
+                                   'stage'),
+    ('docs/distributed.md', '79%', "a size: the share of the simple CNN's parameters in its "
+                                   'first dense layer'),
     ('docs/exercises.md', '5%', "the gain at which --split auto moves: a setting"),
+    ('docs/exercises.md', '20 s', "the progress intervals of the seed-0 runs: settings"),
+    ('docs/exercises.md', '10 s', "the progress interval of the run that ended: a setting"),
+    ('docs/exercises.md', '2 minutes', "the --sync-bn watchdog's limit: a setting"),
+    ('docs/exercises.md', '20 times', "the --sync-bn watchdog's limit: a setting"),
+    ('docs/exercises.md', '120 s', "the --sync-bn watchdog's limit (2 minutes): a setting"),
     ('docs/exercises.md', '13.4 s', "the book's printed time for one GPU"),
     ('docs/exercises.md', '7.9 s', "the book's printed time for two GPUs"),
     ('docs/exercises.md', '1.7x', "the book's two times above, divided"),
     ('docs/exercises.md', '512 x', "the size of balance.py's matrix products: a setting"),
     ('docs/results.md', '3%', "the kvstore comparison's noise threshold: a setting"),
+    ('docs/results.md', '28 x', 'a size: the profile\'s 28 x 28 images'),
     ('docs/results.md', '57 ms', "the book's 4,478 images/s as the time of a step of 256"),
     ('docs/results.md', '4,478 images/s', "the book's printed figure"),
 )
@@ -101,18 +129,8 @@ PENDING = (
 #: Sections whose unmarked figures are not checked yet: (file, heading, why); the heading's
 #: section runs to the next heading of its level or above. Their markers are checked.
 UNCHECKED = (
-    ('docs/distributed.md', '# Training across machines: MXNet\'s parameter server',
-     'its timings (launcher, ssh, Slurm, the model, faults) have no results files yet'),
-    ('docs/exercises.md', '## Multi-device BatchNorm', 'its measurements have no results files'),
-    ('docs/exercises.md', '## Mixed precision', 'its measurements have no results files yet'),
-    ('docs/exercises.md', '## Exercise 3: dropping `npx.waitall()`',
-     'its measurements have no results files yet'),
     ('docs/results.md', '## Speed', 'awaits docs/results/benchmark.json (issue 29) and files '
                                     'for the steps in flight and the divergence check'),
-    ('docs/results.md', '## Training on the parameter server (two processes, loopback)',
-     'its timings have no results file yet'),
-    ('docs/results.md', "## Where a ResNet-18 step's time goes (a first profile, against PyTorch)",
-     'the profiles have no results files yet'),
 )
 
 

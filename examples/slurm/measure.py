@@ -11,8 +11,12 @@ cluster of network namespaces with a Slurm on it (``gluon_multigpu.multihost.slu
    ``--signal=B:USR1@S``), and times each stage from the signal as the job's output shows it:
    the workers stopped, the checkpoint written, the job requeued, restarted, resumed, ended;
    and says whether the final parameters and history equal the uninterrupted run's.
+
+``--json FILE`` also writes these figures (seconds, with this machine and the date) to FILE,
+the results file docs/distributed.md's Slurm tables are checked against.
 """
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -22,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.base.machine import stamp  # noqa: E402
 from gluon_multigpu.multihost import cluster as gc, slurm as gs  # noqa: E402
 
 STAGES = [('stop', r'the launcher stops the job: stopping after step'),
@@ -69,7 +75,9 @@ def sbatch(slurm, out, argv):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--data-dir', required=True)
-    data_dir = str(Path(p.parse_args().data_dir).resolve())
+    p.add_argument('--json', metavar='FILE', help='also write the figures to FILE')
+    args = p.parse_args()
+    data_dir = str(Path(args.data_dir).resolve())
     first = [('first', r'rank 0\] .*epoch 1: \d+/\d+ batches')]
     with tempfile.TemporaryDirectory() as tmp, gc.Cluster(2) as cluster, \
             gs.SlurmCluster(cluster) as slurm:
@@ -97,6 +105,11 @@ def main():
         equal = last_epoch(out.read_text()) == last_epoch((tmp / 'whole.out').read_text())
         print('signal USR1 at 0 s; ' + ', '.join(f'{n} {t:.1f} s' for n, t in times.items()) +
               f'; equal to the uninterrupted run: {"yes" if equal else "no"}')
+    if args.json:
+        with atomic_write(args.json) as f:
+            json.dump({'startup': {'sbatch': slurm_first, 'ssh': ssh_first}, 'preemption': times,
+                       'equal': equal, **stamp()}, f, indent=2)
+            f.write('\n')
 
 
 if __name__ == '__main__':

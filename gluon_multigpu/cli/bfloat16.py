@@ -22,7 +22,8 @@ import warnings
 from . import common
 from .common import int_in
 from ..errors import DeviceError
-from ..run import sweep as sweep_module
+from ..base.machine import stamp
+from ..run import files, sweep as sweep_module
 from ..run.targets import check_outputs
 
 #: model -> (batch, steps per round): about a second per round on two cores.
@@ -45,6 +46,9 @@ def build_parser():
     common.add_data_flags(p, 'its test images feed the steps (without --data-dir or '
                           '--download the steps use random images of its shape; --download alone '
                           'uses ~/.mxnet/datasets/fashion-mnist)', default=False)
+    p.add_argument('--json', metavar='FILE',
+                   help="also write the table's figures (medians, ratios), with this machine "
+                   'and the date, to FILE')
     common.add_sweep_flags(p, RESULTS)
     return p
 
@@ -220,16 +224,24 @@ def make_sweep(args, say):
                               advice=', '.join(options))
 
 
-def table(results):
-    """The Markdown table of the rounds measured: medians, and the ratio to float32."""
-    from ..study.kvstore_report import markdown_table  # pylint: disable=import-outside-toplevel
+def medians(results):
+    """Per model and variant of the rounds measured: ``model``, ``batch``, ``compute``, the
+    median ``images_per_s`` and its ratio to float32's (``vs_float32``)."""
     rows = []
     for model in dict.fromkeys(u.key.split('/')[0] for u, _ in results):
         rounds = [r for u, r in results if u.key.split('/')[0] == model]
-        medians = {v: statistics.median(r[v] for r in rounds) for v in VARIANTS}
-        for variant in VARIANTS:
-            rows.append([model, SETTINGS[model][0], variant, f'{medians[variant]:.1f}',
-                         f'{medians[variant] / medians["float32"]:.2f}'])
+        median = {v: statistics.median(r[v] for r in rounds) for v in VARIANTS}
+        rows += [{'model': model, 'batch': SETTINGS[model][0], 'compute': variant,
+                  'images_per_s': median[variant],
+                  'vs_float32': median[variant] / median['float32']} for variant in VARIANTS]
+    return rows
+
+
+def table(results):
+    """The Markdown table of the rounds measured: medians, and the ratio to float32."""
+    from ..study.kvstore_report import markdown_table  # pylint: disable=import-outside-toplevel
+    rows = [[r['model'], r['batch'], r['compute'], f"{r['images_per_s']:.1f}",
+             f"{r['vs_float32']:.2f}"] for r in medians(results)]
     return rows, markdown_table(
         ['model', 'batch', 'compute', 'images/s', 'vs float32'], rows, 'lrlrr')
 
@@ -238,7 +250,7 @@ def run(args, out=None, stop=None):
     """Measure every model, each round kept in --results; print one table."""
     check_bfloat16()  # a CPU without bfloat16 kernels: one line naming what it lacks, status 2
     out = out or sys.stdout
-    check_outputs(files=[('--results', args.results or RESULTS)])
+    check_outputs(files=[('--results', args.results or RESULTS), ('--json', args.json)])
     if args.data_dir or args.download:
         common.data_root(args)
     sweep = make_sweep(args, common.say_quietly)
@@ -259,8 +271,12 @@ def run(args, out=None, stop=None):
     def partial(results):
         print(common.partial_heading(sweep), file=out)
         print(table(results)[1], file=out, flush=True)
-    rows, text = table(common.measure_sweep(sweep, measure, stop, partial))
+    results = common.measure_sweep(sweep, measure, stop, partial)
+    rows, text = table(results)
     print(text, file=out)
+    if args.json:
+        files.write_json(args.json, {'rounds': args.rounds, 'rows': medians(results),
+                                     **stamp()})
     return rows
 
 

@@ -27,6 +27,7 @@ from ..errors import GluonMultiGPUError, StoppedBySignal
 from ..base import signals
 from ..run import files
 from ..multihost import cluster, failover
+from ..base.machine import stamp
 from ..multihost.studies import machine
 
 EPILOG = """\
@@ -134,7 +135,7 @@ def run(args, argv, say, rows=None):
                                 'written') from None
     faults = list(dict.fromkeys(args.faults or failover.FAULTS))
     command = common.command_line('failover', argv)
-    report = {'command': command, 'machine': machine(),
+    report = {'command': command, 'machine': machine(), 'date': stamp()['date'],
               'settings': {'hosts': failover.HOSTS, 'workers': failover.WORKERS,
                            'servers': failover.SERVERS, 'epochs': failover.EPOCHS,
                            'steps': failover.STEPS, 'batch': failover.BATCH,

@@ -25,6 +25,7 @@ from ..errors import GluonMultiGPUError, StoppedBySignal
 from ..base import signals
 from ..run import files
 from ..multihost import cluster, network
+from ..base.machine import stamp
 from ..multihost.studies import machine
 
 EPILOG = """\
@@ -108,7 +109,7 @@ def _write(out_dir, config, rows, runs):
     ``ReportSet``, so that a failure or kill never leaves one file of a run beside the other's)."""
     with files.ReportSet(out_dir) as report:
         files.write_json(report.path('results.json'),
-                         {'config': config, 'rows': rows, 'runs': runs})
+                         {'config': config, 'rows': rows, 'runs': runs, **stamp()})
         with files.atomic_write(report.path('results.md')) as f:
             f.write(f"Measured with `{config['command']}` on {config['machine']['cpu']} "
                     f"({config['machine']['cores']} cores), {config['date']}.\n\n")
