@@ -7,6 +7,7 @@ and correct counts stay on the devices until an epoch's one read-back.
 Host-device sync points are marked: where they sit decides what a timing
 means. ``training`` runs these epochs with its hooks.
 """
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -65,8 +66,21 @@ def _read_sum(per_device):
                for values in per_device if values)
 
 
+def _backward(l):
+    l.backward()
+
+
+def _shard_step(net, loss, backward, X_shard, y_shard):
+    """One device's forward and backward of a step (queued from that device's thread)."""
+    with autograd.record():
+        y_hat = net(X_shard)
+        l = loss(y_hat, y_shard)
+    backward(l)
+    return y_hat, l
+
+
 def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch,
-                after_backward=None, scaler=None):
+                after_backward=None, scaler=None, pushers=None):
     """Run one data-parallel training step on a batch.
 
     Parameters
@@ -92,6 +106,10 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
     scaler : precision.LossScaler, optional
         Scales the loss in the backward pass and divides it out in the step,
         which it skips when a gradient overflows (float16).
+    pushers : pushers.DevicePushers, optional
+        Queue each device's forward and backward from that device's own thread
+        (its own scratch copies: see ``pushers``), once ``pushers.ready``; the
+        same arithmetic. None: all from this thread, as the text does.
 
     Returns
     -------
@@ -100,14 +118,16 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
         0-d arrays on the shard's device (not read back: no sync here).
     """
     X_shards, y_shards = split_f(X, y, devices)
-    with autograd.record():
-        y_hats = [net(X_shard) for X_shard in X_shards]
-        losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
-    for l in losses:
-        if scaler is None:
-            l.backward()
-        else:
-            scaler.backward(l)
+    backward = _backward if scaler is None else scaler.backward
+    if pushers is not None and pushers.ready:
+        y_hats, losses = zip(*pushers.run([functools.partial(_shard_step, net, loss, backward, *s)
+                                           for s in zip(X_shards, y_shards)]))
+    else:
+        with autograd.record():
+            y_hats = [net(X_shard) for X_shard in X_shards]
+            losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
+        for l in losses:
+            backward(l)
     if after_backward is not None:
         after_backward(net, devices)
     if scaler is None:
@@ -175,7 +195,7 @@ class EpochSteps:
 
 def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
                 first_step=1, max_in_flight=None, step_scale=1, split_f=split_batch,
-                after_backward=None, scaler=None):
+                after_backward=None, scaler=None, pushers=None):
     """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
     ``totals(seconds)``).
 
@@ -200,6 +220,9 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
         How a batch is split and what runs before ``trainer.step`` (see ``train_batch``).
     scaler : precision.LossScaler, optional
         Loss scaling (see ``train_batch``).
+    pushers : pushers.DevicePushers, optional
+        The devices' threads (see ``train_batch``); made ``ready`` after this
+        call's first step, which compiles the network in this thread.
 
     A batch is checked by ``hooks_of.check(batch, first)`` (a ``checks.BatchCheck``,
     ``first``: the epoch's first batch), else only to be a pair ``(X, y)``.
@@ -209,7 +232,9 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
     for batch in train_iter:
         X, y = check(batch, steps.batches == 0) if check is not None else batch_pair(batch)
         stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f,
-                            after_backward, scaler)
+                            after_backward, scaler, pushers)
+        if pushers is not None:
+            pushers.ready = True  # compiled: the network's first call has returned
         for i, (l, c) in enumerate(stats):
             steps.losses[i].append(l)
             steps.correct[i].append(c)

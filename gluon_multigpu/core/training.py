@@ -9,6 +9,7 @@ devices, the kvstore summing the gradients). What the section does not do
 and the data are checked as ``checks`` says. Host-device sync points are
 marked: where they sit decides what a timing means.
 """
+import contextlib
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -20,6 +21,7 @@ from .checks import BatchCheck, check_devices, check_epochs, check_lr
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
 from .interrupt import Interruptible
+from .pushers import DevicePushers
 from .live import Live
 from .kvstores import check_kvstore, kvstore_name, make_trainer
 from .recipes import recipe_of
@@ -161,6 +163,7 @@ class Training:
         self._started = False  # whether the hooks' begin has returned (a failed one runs again)
         self._live = None  # the interrupted epoch: (its batches left, its totals so far)
         self._target = None
+        self._pushers = None  # a fit's device threads (``pushers``), while it runs
         _LAST['run'] = self  # built whole: a build that raised is never the last run
 
     @property
@@ -196,7 +199,8 @@ class Training:
             for hook in run.hooks:
                 hook.enter(run)
                 entered.append(hook)
-            self._fit(run)
+            with _pushers_for(run.devices) as self._pushers:
+                self._fit(run)
         except BaseException as e:
             run.error = e  # how the fit ended, for the hooks' leave
             raise
@@ -227,7 +231,7 @@ class Training:
                                 hooks_of=run, timer=timer, first_step=done + 1,
                                 max_in_flight=self.max_in_flight, step_scale=run.step_scale,
                                 split_f=run.split, after_backward=run.after_backward,
-                                scaler=run.scaler)
+                                scaler=run.scaler, pushers=self._pushers)
             npx.waitall()  # Sync point: every queued step has finished before the timer stops.
             seconds = timer.stop()
             run.call('steps_done')
@@ -311,6 +315,14 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed, hooks=hooks,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
                     on_epoch=on_epoch).fit(num_epochs)
+
+
+def _pushers_for(devices):
+    """A thread per device for a fit on several CPU contexts (``pushers``: each its own
+    scratch copies), else nothing to enter."""
+    if len(devices) > 1 and all(d.device_type == 'cpu' for d in devices):
+        return DevicePushers(devices)
+    return contextlib.nullcontext()
 
 
 def _leave_all(run, entered):
