@@ -9,7 +9,6 @@ devices, the kvstore summing the gradients). What the section does not do
 and the data are checked as ``checks`` says. Host-device sync points are
 marked: where they sit decides what a timing means.
 """
-import contextlib
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -21,7 +20,7 @@ from .checks import BatchCheck, check_devices, check_epochs, check_lr
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
 from .interrupt import Interruptible
-from .pushers import DevicePushers
+from .pushers import pushers_for
 from .live import Live
 from .kvstores import check_kvstore, kvstore_name, make_trainer
 from .recipes import recipe_of
@@ -199,7 +198,7 @@ class Training:
             for hook in run.hooks:
                 hook.enter(run)
                 entered.append(hook)
-            with _pushers_for(run.devices) as self._pushers:
+            with pushers_for(run.devices) as self._pushers:
                 self._fit(run)
         except BaseException as e:
             run.error = e  # how the fit ended, for the hooks' leave
@@ -245,7 +244,7 @@ class Training:
             _diverged_in(run, check_finite_params, self.net, f' by step {totals.batches}')
             tic = time.perf_counter()
             test_acc = (evaluate_accuracy_gpus(run.model, run.test_iter, run.devices,
-                                               run.eval_split)
+                                               run.eval_split, self._pushers)
                         if run.test_iter else None)
             self.result.epochs.append(_epoch_record(epoch, totals, test_acc,
                                                     time.perf_counter() - tic))
@@ -315,14 +314,6 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed, hooks=hooks,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
                     on_epoch=on_epoch).fit(num_epochs)
-
-
-def _pushers_for(devices):
-    """A thread per device for a fit on several CPU contexts (``pushers``: each its own
-    scratch copies), else nothing to enter."""
-    if len(devices) > 1 and all(d.device_type == 'cpu' for d in devices):
-        return DevicePushers(devices)
-    return contextlib.nullcontext()
 
 
 def _leave_all(run, entered):
