@@ -139,10 +139,11 @@ class EngineWarning(UserWarning):
 
 #: MXNet's own number of scratch copies (``MXNET_CPU_TEMP_COPY`` unset).
 MXNET_COPIES = 4
-#: What OpenMP threads other than the plan's cost (docs/results.md, "Memory and engine levers").
+#: What OpenMP threads other than the plan's cost (docs/results.md, "Memory").
 _OMP_COST = ('Training works, but its operators run on another number of OpenMP threads than '
-             "the cores divided among the contexts (one context on half of two cores: ResNet-18 "
-             'at about 0.6 times the images/s, docs/results.md)')
+             'the cores divided among the contexts: one context on MXNet\'s half of two cores '
+             'trained ResNet-18 at about half the images/s (0.54 times, measured by '
+             'tools/levers.py, docs/results.md "Memory")')
 #: glibc's ``mallopt`` parameter for the mmap threshold, and the threshold ``configure`` sets.
 M_MMAP_THRESHOLD, MMAP_THRESHOLD = -3, 1 << 20
 
