@@ -1,14 +1,15 @@
 """Where ResNet-18's memory goes on CPU contexts: each engine lever's peak memory and speed.
 
-A maintainer's tool, not part of the package. ResNet-18 at batch 128 on two
-CPU contexts (64 images a context), the package's training step
+A maintainer's tool, not part of the package. ResNet-18 (and the small CNN)
+at batch 128 on two CPU contexts (64 images a context), the package's training step
 (``steps.train_epoch``) on the first Fashion-MNIST test images, each
 configuration in a fresh process (MXNet reads its settings as it loads),
 the configurations alternated within each round, medians over the rounds.
 Each row changes one lever from the package's settings (the first row);
 the last rows are the previous settings and the book's device list as MXNet
 leaves it, and one context with MXNet's own OpenMP threads (the cost that
-``engine``'s warning names).
+``engine``'s warning names); the small CNN's rows show what the allocator's
+settings cost a network of fast steps.
 
     python tools/levers.py --data-dir ../shared/data/fashion-mnist   # writes docs/results/levers.json
 
@@ -33,9 +34,10 @@ from gluon_multigpu.base.machine import stamp  # noqa: E402
 #: name -> (what changes from the package's settings, the configuration)
 LEVERS = {
     'package': ('the package: a thread per context, 4 scratch copies each, no static_alloc, '
-                'freed blocks returned', {}),
+                'freed blocks of 4 MiB or more returned', {}),
     'glibc_default': ("glibc's own allocator behaviour (freed blocks kept in its heap)",
                       {'malloc': False}),
+    'threshold_1m': ('freed blocks of 1 MiB or more returned', {'threshold': 1 << 20}),
     'static_alloc': ('networks compiled with static_alloc', {'static_alloc': True}),
     'one_copy': ('1 scratch copy per thread', {'copies': '1'}),
     'one_thread': ("one thread queues both contexts, MXNet's 4 copies (the book's device list "
@@ -46,8 +48,18 @@ LEVERS = {
                     {'devices': 1}),
     'one_context_half': ("one context, MXNet's own OpenMP threads (half the cores)",
                          {'devices': 1, 'omp': None}),
+    'cnn_package': ('the small CNN, the package', {'model': 'simple-cnn'}),
+    'cnn_glibc_default': ("the small CNN, glibc's own allocator behaviour",
+                          {'model': 'simple-cnn', 'malloc': False}),
+    'cnn_threshold_1m': ('the small CNN, freed blocks of 1 MiB or more returned',
+                         {'model': 'simple-cnn', 'threshold': 1 << 20}),
+    'cnn_previous': ('the small CNN, the settings before', {
+        'model': 'simple-cnn', 'pushers': False, 'copies': '128', 'static_alloc': True,
+        'malloc': False}),
 }
-BATCH, WARMUP, STEPS = 128, 3, 10
+#: Timed steps by model: the small CNN's step takes tens of milliseconds
+TIMED = {'resnet18': 10, 'simple-cnn': 100}
+BATCH, WARMUP = 128, 3
 
 
 def worker(spec):
@@ -56,6 +68,8 @@ def worker(spec):
     from gluon_multigpu.base import engine
     if not spec.get('malloc', True):
         engine._STATE['malloc'] = False  # pylint: disable=protected-access  (decided: untouched)
+    engine.MMAP_THRESHOLD = spec.get('threshold', engine.MMAP_THRESHOLD)
+    model, steps = spec.get('model', 'resnet18'), TIMED[spec.get('model', 'resnet18')]
     devices_n = spec.get('devices', 2)
     os.environ.pop('OMP_NUM_THREADS', None)
     if spec.get('omp', 'plan') is None:  # MXNet's own: the user's "unset", kept as it is
@@ -68,16 +82,16 @@ def worker(spec):
     from gluon_multigpu.core.data import ArrayLoader
     from gluon_multigpu.core.devices import cpu_devices
     from gluon_multigpu.core.kvstores import make_trainer
-    from gluon_multigpu.core.model import default_initializer, resnet18
+    from gluon_multigpu.core.model import default_initializer, get_model
     from gluon_multigpu.core.pushers import pushers_for
     if spec.get('omp', 'plan') is None:
         engine.return_freed_memory()  # the plan's allocator, MXNet's own threads
     from mxnet import gluon, npx
     devices = cpu_devices(devices_n)
-    images, labels = _test_images(spec, BATCH * (WARMUP + STEPS))
+    images, labels = _test_images(spec, BATCH * (WARMUP + steps))
     batches = list(ArrayLoader(images, labels, BATCH))
-    net = resnet18(10)
-    net.initialize(default_initializer('resnet18'), ctx=devices)
+    net = get_model(model, 10)
+    net.initialize(default_initializer(model), ctx=devices)
     if spec.get('static_alloc'):
         net.hybridize(static_alloc=True)
     else:
@@ -93,7 +107,7 @@ def worker(spec):
                               max_in_flight=1)
         npx.waitall()  # sync point: every timed step done
         seconds = time.perf_counter() - tic
-    return {'images_per_sec': STEPS * BATCH / seconds,
+    return {'images_per_sec': steps * BATCH / seconds,
             'peak_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             'settings': engine.settings(), 'malloc': engine.return_freed_memory()}
 
@@ -137,7 +151,8 @@ def main(argv=None):
                       'images_per_sec': statistics.median(x['images_per_sec'] for x in good)
                       if good else None,
                       'peak_mib': statistics.median(x['peak_mib'] for x in good) if good else None}
-    result = dict(stamp(), batch=BATCH, warmup=WARMUP, steps=STEPS, rounds=args.rounds,
+    result = dict(stamp(), batch=BATCH, warmup=WARMUP, steps=TIMED['resnet18'],
+                  cnn_steps=TIMED['simple-cnn'], rounds=args.rounds,
                   levers=rows)
     with atomic_write(args.out) as f:
         f.write(json.dumps(result, indent=1) + '\n')

@@ -50,9 +50,13 @@ Freed memory (glibc's allocator, any time, not an environment variable):
 MXNet's CPU storage allocates and frees every array with ``malloc``, and
 glibc's allocator keeps large freed blocks in its heap once it has seen
 them freed (its mmap threshold moves up), where they fragment: ResNet-18 on
-two contexts held about 0.4 GB that no array used. ``configure`` sets the
-threshold to 1 MiB with ``mallopt`` (``return_freed_memory``): a block of
-1 MiB or more is mapped when allocated and handed back when freed
+two contexts held about 0.4 GB that no array used. ``configure`` fixes the
+threshold at 4 MiB with ``mallopt`` (``return_freed_memory``): a block of
+4 MiB or more is mapped when allocated and handed back when freed. Fixing it
+also fixes glibc's trim threshold, at 128 KiB unless set: the heap's top was
+then handed back and taken again at every step, and the small CNN trained
+at 0.8 times its images/s; it is set to 256 MiB. At 1 MiB, ResNet-18's
+smaller activations were mapped and faulted in at every step as well
 (docs/results.md, "Memory": the measured memory and speed of each lever).
 A ``MALLOC_*`` variable the user set keeps glibc's own behaviour.
 
@@ -144,8 +148,10 @@ _OMP_COST = ('Training works, but its operators run on another number of OpenMP 
              'the cores divided among the contexts: one context on MXNet\'s half of two cores '
              'trained ResNet-18 at about half the images/s (0.54 times, measured by '
              'tools/levers.py, docs/results.md "Memory")')
-#: glibc's ``mallopt`` parameter for the mmap threshold, and the threshold ``configure`` sets.
-M_MMAP_THRESHOLD, MMAP_THRESHOLD = -3, 1 << 20
+#: glibc's ``mallopt`` parameters, and the values ``configure`` sets: blocks of 4 MiB or more
+#: are mapped (and handed back when freed); the heap's top is trimmed past 256 MiB only.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD, TRIM_THRESHOLD = 4 << 20, 256 << 20
 
 #: Why a setting is not applied once MXNet is loaded (see the module's text).
 TOO_LATE = {
@@ -327,8 +333,9 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
 
 
 def return_freed_memory(environ=None):
-    """Have glibc map blocks of ``MMAP_THRESHOLD`` bytes or more and hand them back when freed
-    (``mallopt``; see the module's text); return whether this process's allocator now does.
+    """Have glibc map blocks of ``MMAP_THRESHOLD`` bytes or more and hand them back when freed,
+    and trim its heap past ``TRIM_THRESHOLD`` only (``mallopt``; see the module's text); return
+    whether this process's allocator now does.
 
     Nothing is changed where a ``MALLOC_*`` variable is set (the user's choice of glibc's
     behaviour), or where the C library is not glibc.
@@ -339,7 +346,8 @@ def return_freed_memory(environ=None):
         if platform.libc_ver()[0] == 'glibc' and not any(k.startswith('MALLOC_') for k in environ):
             try:
                 libc = ctypes.CDLL(None)
-                _STATE['malloc'] = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+                _STATE['malloc'] = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
+                                    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
             except (OSError, AttributeError):
                 pass
     return _STATE['malloc']
