@@ -58,7 +58,7 @@ MODULES = {
     'paths': 'base',
     'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
-    'training': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
+    'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',

@@ -36,6 +36,7 @@ def fake_results():
                                              speed(40.0, 20.0, 1000.0, 2**20),
                                              speed(45.0, 25.0, 950.0, 2**20)],
         'train/resnet18/1/device/128/ours': ips(50.0),
+        'train/resnet18/2/device/512/ours': ips(44.0),
         'pytorch/resnet18/128': [speed(45.0, 20.0, 500.0, 2**20 - 10)],
         'train/simple-cnn/2/device/128/ours': [speed(3000.0, 1000.0, 200.0, 2**18)],
         'pytorch/simple-cnn/128': [speed(4000.0, 500.0, 300.0, 2**18)],
@@ -56,15 +57,16 @@ def test_every_row_is_computed_from_its_figures(bench):
         r = rows[key]
         return r['reference'], r['ours'], r['measured'], r['met']
     assert row('resnet_vs_pytorch_short') == pytest.approx((20.0, 25.0, 1.25, True))
-    assert row('resnet_vs_pytorch') == pytest.approx((45.0, 45.0, 1.0, True))
+    assert row('resnet_vs_pytorch') == pytest.approx((45.0, 45.0, 1.0, False))  # aim 1.2
+    assert row('book_batch') == pytest.approx((45.0, 44.0, 44.0 / 45.0, False))
     assert row('resnet_speedup') == pytest.approx((25.0, 45.0, 1.8, True))  # medians; 1.8 >= 1.8
     assert row('two_vs_one') == pytest.approx((50.0, 45.0, 0.9, False))
     assert row('flop_efficiency') == pytest.approx((200.0, 90.0, 0.45, False))
     assert row('cnn_vs_pytorch_short') == pytest.approx((500.0, 1000.0, 2.0, True))
     assert row('cnn_vs_pytorch') == pytest.approx((4000.0, 3000.0, 0.75, False))
-    # PyTorch's peak plus one copy of the parameters (ours' count, 4 bytes each), in MiB
-    assert row('resnet_memory') == pytest.approx((504.0, 950.0, 950.0 / 504.0, False))
-    assert row('cnn_memory') == pytest.approx((301.0, 200.0, 200.0 / 301.0, True))
+    # peak MiB against PyTorch's on the same run (aim: at most 1.2 times)
+    assert row('resnet_memory') == pytest.approx((500.0, 950.0, 950.0 / 500.0, False))
+    assert row('cnn_memory') == pytest.approx((300.0, 200.0, 200.0 / 300.0, True))
     assert row('pipeline') == pytest.approx((1000.0, 30000.0, 30.0, True))
     assert row('e2e_time') == pytest.approx((11.0, 5.0, 5.0 / 11.0, True))
     assert row('e2e_accuracy') == pytest.approx((0.80, 0.795, 0.5, True))
@@ -76,11 +78,11 @@ def test_every_row_is_computed_from_its_figures(bench):
             '>= 1.8 | yes |') in table
 
 
-def test_the_memory_aim_counts_pytorchs_parameters_when_ours_has_no_count(bench):
-    results = {**train('simple-cnn', 2, 'ours', peak_mb=101.0),
+def test_the_memory_aim_is_ours_over_pytorchs_peak(bench):
+    results = {**train('simple-cnn', 2, 'ours', peak_mb=120.0),
                f'pytorch/simple-cnn/{BATCH}': [{'peak_mb': 100.0, 'param_count': 2**18}]}
     row = {r['key']: r for r in bench.summarize(results, 1e9)}['cnn_memory']
-    assert (row['reference'], row['measured'], row['met']) == (101.0, 1.0, True)
+    assert (row['reference'], row['measured'], row['met']) == (100.0, 1.2, True)
 
 
 def results_giving(key, value):
@@ -101,10 +103,13 @@ def results_giving(key, value):
     if key == 'flop_efficiency':  # 1 GFLOP an image: GFLOP/s = images/s
         return {**train('resnet18', 2, 'ours', images_per_sec=value * base),
                 'gemm/1': [{'gflops': base / 2}], 'gemm/2': [{'gflops': base}]}
-    if key in ('resnet_memory', 'cnn_memory'):  # 2**18 float32 parameters: 1 MiB
+    if key in ('resnet_memory', 'cnn_memory'):
         model = 'resnet18' if key.startswith('resnet') else 'simple-cnn'
-        return {**train(model, 2, 'ours', peak_mb=value * (base + 1), param_count=2**18),
+        return {**train(model, 2, 'ours', peak_mb=value * base, param_count=2**18),
                 f'pytorch/{model}/{BATCH}': [{'peak_mb': base}]}
+    if key == 'book_batch':
+        return {**train('resnet18', 2, 'ours', images_per_sec=base),
+                'train/resnet18/2/device/512/ours': [{'images_per_sec': value * base}]}
     if key == 'pipeline':
         return {'pipeline/ours': [{'images_per_sec': value * base}],
                 'pipeline/book': [{'images_per_sec': base}]}

@@ -164,3 +164,32 @@ def test_the_parameter_server_model_table_is_what_tools_projection_computes():
     table = projection.table()
     assert {k: written[k] for k in table} == table
     assert written['links']['10gbit']['rows'][0]['workers'] == 1
+
+
+def test_the_readmes_main_job_output_is_the_recorded_run():
+    """The epoch lines and the closing line in the README's output block are those of
+    docs/results/main-job.json, the main job's own --json (the README's first command with
+    ``--json docs/results/main-job.json``), stamped with its machine and date."""
+    from gluon_multigpu.core.results import EpochRecord, TrainResult, epoch_line
+    data = json.loads((REPO / 'docs' / 'results' / 'main-job.json').read_text())
+    assert data['machine'] and data['date']
+    [run] = data['runs']
+    fields = set(TrainResult.__dataclass_fields__)
+    result = TrainResult(**{k: v for k, v in run.items() if k in fields and k != 'epochs'},
+                         epochs=[EpochRecord(**e) for e in run['epochs']])
+    expected = [epoch_line(r, len(result.epochs)) for r in result.epochs]
+    expected.append(result.final_line())
+    text = (REPO / 'README.md').read_text()
+    block = _output_block(text)
+    shown = [line for line in block.splitlines()
+             if line.startswith('epoch ') or line.startswith('test acc:')]
+    assert shown == expected
+
+
+def _output_block(text):
+    """The README's first code block that is not a shell block: the main job's output."""
+    parts = text.split('```')
+    for i in range(1, len(parts), 2):
+        if not parts[i].startswith(('sh', 'python', 'bash')):
+            return parts[i]
+    raise AssertionError('no output block in README.md')

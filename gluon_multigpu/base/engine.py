@@ -29,30 +29,36 @@ that configures first.
 What the settings are, and why (measured on ResNet-18 and the simple CNN,
 docs/results.md):
 
-``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space: 128 on two or
-more CPU contexts (16 per context beyond 8), MXNet's own 4 on one context,
-64 for GPUs. All the operators a thread runs, on every CPU context, share
-one pool of them (4 by default), and every operator that asks for one
-holds the copy it drew for as long as it runs: two operators that drew the same copy run one after the
-other. With 4, the backward passes of two contexts ran one after the other;
-on ResNet-18 at batch 128 on two contexts, 128 copies gave 1.2 times the
-images/s of 64, and as many as one context with both cores (docs/results.md).
-One context runs one operator at a time, so there more copies only cost
-memory: 4 copies gave 1.1 times the images/s of 64 there, and 1.45 GB peak
-instead of 2.5. With synchronised BatchNorm, 128 copies per context, at
-least 256: a layer waiting for the other contexts holds a copy, and with 32
-per context ResNet-18's contexts waited for each other forever
-(``features.sync_bn``). Each copy costs memory once drawn: MXNet grows it to
-the largest scratch size an operator has asked for, and it becomes resident
-as the operators that draw it in turn write it. So resident memory rises
-over the first steps (with 64 copies, 30 to 60 steps; epochs of 2 steps
-rose by 18 MiB an epoch up to epoch 16) and then stays flat: a cache that
-fills, not a leak (``tests/test_memory.py``). ResNet-18 at batch 128 on two
-contexts peaked at 2.5 GB with 64 copies and 3.35 GB with 128. In MXNet's
-profiler the two contexts' operators ran at the same time for 4 to 7% of
-the time with 4 to 16 copies, 30% with 32, 56 to 62% with 64 and 90% with
-128. A plan that wants fewer copies than MXNet loaded with (a GPU run, or
-one context, after a plan for two) is served by them, without a warning.
+``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space, per Python
+thread. On CPU contexts MXNet's own 4, left unset: training queues each
+context's forward and backward passes from a thread of its own
+(``core.pushers``), so each context draws from its own 4 copies, and a
+context runs one operator at a time. Queued from one thread, all contexts
+shared one pool, every operator that drew a copy held it while it ran, and
+ResNet-18's two contexts took turns (about half the images/s, unless 128
+copies at 1.6 GB more memory). With synchronised BatchNorm, 128 copies per
+context, at least 256: a layer waiting for the other contexts holds a copy,
+and with 32 per context ResNet-18's contexts waited for each other forever
+(``features.sync_bn``). For GPUs, 64. Each copy costs memory once drawn
+(MXNet grows it to the largest scratch an operator asked for), so resident
+memory rises over the first steps and then stays flat
+(``tests/test_memory.py``). A plan that wants fewer copies than MXNet
+loaded with (a GPU run after a plan for CPU contexts) is served by them,
+without a warning.
+
+Freed memory (glibc's allocator, any time, not an environment variable):
+MXNet's CPU storage allocates and frees every array with ``malloc``, and
+glibc's allocator keeps large freed blocks in its heap once it has seen
+them freed (its mmap threshold moves up), where they fragment: ResNet-18 on
+two contexts held about 0.4 GB that no array used. ``configure`` fixes the
+threshold at 4 MiB with ``mallopt`` (``return_freed_memory``): a block of
+4 MiB or more is mapped when allocated and handed back when freed. Fixing it
+also fixes glibc's trim threshold, at 128 KiB unless set: the heap's top was
+then handed back and taken again at every step, and the small CNN trained
+at 0.8 times its images/s; it is set to 256 MiB. At 1 MiB, ResNet-18's
+smaller activations were mapped and faulted in at every step as well
+(docs/results.md, "Memory": the measured memory and speed of each lever).
+A ``MALLOC_*`` variable the user set keeps glibc's own behaviour.
 
 ``OMP_NUM_THREADS`` (CPU contexts only): the cores divided among the
 contexts. MXNet's own default is half the cores, which leaves one of two
@@ -75,7 +81,9 @@ A variable set in the environment by the user always wins, and
 ``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults. (Where else the
 library reads the environment: docs/design.md, "Layers".)
 """
+import ctypes
 import os
+import platform
 import re
 import sys
 import warnings
@@ -84,7 +92,7 @@ from ..errors import GluonMultiGPUError
 
 __all__ = ['EngineError', 'EngineWarning', 'configure', 'recommended', 'check_environment',
            'cores', 'worker_cores', 'HOST_CORES', 'HOST_WORKERS', 'loaded', 'note_loading',
-           'settings']
+           'settings', 'return_freed_memory']
 
 #: Engine variables checked before MXNet loads: name -> (smallest, largest) whole value.
 #: MXNet aborts (OMP_NUM_THREADS=abc: status 134) or dies silently
@@ -133,6 +141,18 @@ class EngineWarning(UserWarning):
     """MXNet is already loaded with other engine settings than the ones asked for."""
 
 
+#: MXNet's own number of scratch copies (``MXNET_CPU_TEMP_COPY`` unset).
+MXNET_COPIES = 4
+#: What OpenMP threads other than the plan's cost (docs/results.md, "Memory").
+_OMP_COST = ('Training works, but its operators run on another number of OpenMP threads than '
+             'the cores divided among the contexts: one context on MXNet\'s half of two cores '
+             'trained ResNet-18 at about half the images/s (0.54 times, measured by '
+             'tools/levers.py, docs/results.md "Memory")')
+#: glibc's ``mallopt`` parameters, and the values ``configure`` sets: blocks of 4 MiB or more
+#: are mapped (and handed back when freed); the heap's top is trimmed past 256 MiB only.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD, TRIM_THRESHOLD = 4 << 20, 256 << 20
+
 #: Why a setting is not applied once MXNet is loaded (see the module's text).
 TOO_LATE = {
     'OMP_NUM_THREADS': 'MXNet fixed its OpenMP threads as it loaded',
@@ -144,7 +164,7 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What this process knows: the variables ``configure`` set (and that still hold them), those
 # MXNet loaded with, and the warnings already given.
-_STATE = {'applied': {}, 'loaded_with': None, 'warned': set()}
+_STATE = {'applied': {}, 'loaded_with': None, 'warned': set(), 'malloc': None}
 
 
 def cores():
@@ -169,13 +189,12 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
     See the module's text for what they are and why.
     """
     num_cores = num_cores or worker_cores(environ)
-    if cpu_devices == 1:
-        copies = 4  # MXNet's own: one engine thread runs one operator at a time
-    else:
-        copies = max(128 if cpu_devices else 64, 16 * (cpu_devices or 0))
+    env = {}
     if sync_bn:
-        copies = max(256, 128 * (cpu_devices or 2))  # as sync_bn.cpu_scratch_needed
-    env = {'MXNET_CPU_TEMP_COPY': str(copies)}
+        env['MXNET_CPU_TEMP_COPY'] = str(max(256, 128 * (cpu_devices or 2)))  # sync_bn's need
+    elif not cpu_devices:
+        env['MXNET_CPU_TEMP_COPY'] = '64'
+    # else MXNet's own 4, per thread: each CPU context's passes are queued from its own thread
     if cpu_devices:
         env['OMP_NUM_THREADS'] = str(max(1, num_cores // cpu_devices))
     return env
@@ -296,6 +315,8 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
                           'finish; unset MXNET_ENGINE_TYPE or drop `sync_bn`')
     wanted = ({} if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0'
               else recommended(cpu_devices, sync_bn=sync_bn, environ=environ))
+    if process and environ.get('GLUON_MULTIGPU_ENGINE_ENV') != '0':
+        return_freed_memory(environ)
     if process and loaded():
         _warn_if_different(wanted, cpu_devices, sync_bn)
         return {}
@@ -309,6 +330,27 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
     if process:
         _STATE['applied'] = dict(applied)
     return applied
+
+
+def return_freed_memory(environ=None):
+    """Have glibc map blocks of ``MMAP_THRESHOLD`` bytes or more and hand them back when freed,
+    and trim its heap past ``TRIM_THRESHOLD`` only (``mallopt``; see the module's text); return
+    whether this process's allocator now does.
+
+    Nothing is changed where a ``MALLOC_*`` variable is set (the user's choice of glibc's
+    behaviour), or where the C library is not glibc.
+    """
+    environ = os.environ if environ is None else environ
+    if _STATE['malloc'] is None:
+        _STATE['malloc'] = False
+        if platform.libc_ver()[0] == 'glibc' and not any(k.startswith('MALLOC_') for k in environ):
+            try:
+                libc = ctypes.CDLL(None)
+                _STATE['malloc'] = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
+                                    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+            except (OSError, AttributeError):
+                pass
+    return _STATE['malloc']
 
 
 def _stacklevel():
@@ -328,8 +370,7 @@ def _enough(name, loaded_with, wanted):
     half the cores, which may be the plan's."""
     if name == 'OMP_NUM_THREADS' and loaded_with is None:
         return int(wanted) == max(1, cores() // 2)
-    return (name == 'MXNET_CPU_TEMP_COPY' and loaded_with is not None
-            and int(loaded_with) >= int(wanted))
+    return name == 'MXNET_CPU_TEMP_COPY' and int(loaded_with or MXNET_COPIES) >= int(wanted)
 
 
 def _warn_if_different(wanted, cpu_devices, sync_bn):
@@ -352,10 +393,8 @@ def _warn_if_different(wanted, cpu_devices, sync_bn):
     why = ', '.join(f'{k}={v} ({TOO_LATE[k]})' for k, v in differ.items())
     if sync_bn and 'MXNET_CPU_TEMP_COPY' in differ:
         effect = 'Synchronised BatchNorm on several CPU contexts refuses to start with fewer copies'
-    elif 'MXNET_CPU_TEMP_COPY' in differ and (cpu_devices or 0) > 1:
-        effect = (f'Training works, but the {cpu_devices} contexts mostly take turns on the few '
-                  'scratch copies: ResNet-18 trained at about half the images/s (measured 0.5 to '
-                  '0.6x, docs/guide.md)')
+    elif 'OMP_NUM_THREADS' in differ and cpu_devices:
+        effect = _OMP_COST
     else:
         effect = 'Training works, but may run slower'
 

@@ -5,6 +5,7 @@ MXNet (the parent process sets them per variant), so nothing here imports
 MXNet or the package at module level: each measurement imports what it uses.
 """
 # pylint: disable=import-outside-toplevel
+import contextlib
 import gzip
 import os
 import resource
@@ -98,6 +99,7 @@ def throughput(spec):
     from ..core.devices import cpu_devices
     from ..core.kvstores import make_trainer
     from ..core.model import default_initializer
+    from ..core.pushers import pushers_for
     devices = cpu_devices(spec['devices'])
     batch, warmup, steps = spec['batch'], spec['warmup'], spec['steps']
     images, labels = _test_images(spec, batch * (warmup + steps))
@@ -113,12 +115,13 @@ def throughput(spec):
     trainer = make_trainer(net, LR, spec['kvstore'])
 
     def run(data):  # queue the steps of ``data``; return their images
-        if ours:
-            return training.train_epoch(net, data, loss, trainer, devices,
+        if ours:  # each CPU context's passes from a thread of its own, as ``train`` does
+            return training.train_epoch(net, data, loss, trainer, devices, pushers=pushers,
                                         max_in_flight=spec.get('max_in_flight', 1)).samples
         return book.train_epoch_book(net, data, loss, trainer, devices, batch)
-    figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),
-                       lambda: run(batches[warmup:]), npx.waitall, len(labels), start)
+    with (pushers_for(devices) if ours else contextlib.nullcontext()) as pushers:
+        figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),
+                           lambda: run(batches[warmup:]), npx.waitall, len(labels), start)
     figures['param_count'] = sum(int(p.data(devices[0]).size)
                                  for p in net.collect_params().values())
     return figures
@@ -262,6 +265,7 @@ def evaluation(spec):
     from ..core.data import ArrayLoader
     from ..core.devices import cpu_devices
     from ..core.model import default_initializer
+    from ..core.pushers import pushers_for
     from ..core.steps import evaluate_accuracy_gpus
     devices = cpu_devices(spec['devices'])
     images, labels = _test_images(spec, spec['images'])
@@ -272,12 +276,14 @@ def evaluation(spec):
         training.hybridize(net)
 
         def evaluate(net, data):
-            return evaluate_accuracy_gpus(net, data, devices)
+            return evaluate_accuracy_gpus(net, data, devices, pushers=pushers)
     else:
         evaluate = evaluate_accuracy_book
-    evaluate(net, ArrayLoader(images[:spec['batch']], labels[:spec['batch']], spec['batch']))
-    tic = time.perf_counter()
-    evaluate(net, loader)
+    with (pushers_for(devices) if spec['variant'] == 'ours' else contextlib.nullcontext()) \
+            as pushers:
+        evaluate(net, ArrayLoader(images[:spec['batch']], labels[:spec['batch']], spec['batch']))
+        tic = time.perf_counter()
+        evaluate(net, loader)
     return {'images_per_sec': len(labels) / (time.perf_counter() - tic)}
 
 

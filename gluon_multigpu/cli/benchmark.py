@@ -41,17 +41,19 @@ from ..run.targets import check_outputs, input_files
 # FULL: 2 warm-up and 10 measured steps, the issue's short run of 2 epochs of 6 batches
 FULL = {'steps': 10, 'warmup': 2, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
         'eval_images': 512, 'memory_train': 7680, 'e2e_train': None, 'e2e_test': None,
-        'batches': {'small': 32, 'target': 128, 'book': (256, 512)}}
+        'batches': {'small': 32, 'target': 128, 'book': (256, 512), 'resnet_book': 512}}
 QUICK = {'steps': 1, 'warmup': 1, 'gemm_n': 256, 'gemm_reps': 2, 'pipeline_images': 2048,
          'eval_images': 64, 'memory_train': 1024, 'e2e_train': 1024, 'e2e_test': 256,
-         'batches': {'small': 8, 'target': 16, 'book': (12, 24)}}
+         'batches': {'small': 8, 'target': 16, 'book': (12, 24), 'resnet_book': 24}}
 
 TARGETS = [  # key, what, comparison, threshold
     ('resnet_vs_pytorch_short', 'ResNet-18 short run (start-up included) images/s, ours '
      '(2 contexts) / PyTorch CPU', '>=', 1.0),
     ('resnet_vs_pytorch', 'ResNet-18 steady-state images/s, ours (2 contexts) / PyTorch CPU',
-     '>=', 1.0),
+     '>=', 1.2),
     ('resnet_speedup', 'ResNet-18 steady-state images/s, ours / book (2 contexts)', '>=', 1.8),
+    ('book_batch', 'ResNet-18 steady-state images/s, ours (2 contexts): the book\'s batch 512 '
+     '(256 a context) / batch 128', '>=', 1.0),
     ('two_vs_one', 'ResNet-18 steady-state images/s, ours: 2 contexts / 1 context (same global '
      'batch)', '>=', 0.95),
     ('flop_efficiency', 'ResNet-18 achieved GFLOP/s (ours, 2 contexts) / measured '
@@ -60,10 +62,8 @@ TARGETS = [  # key, what, comparison, threshold
      '(2 contexts) / PyTorch CPU', '>=', 1.0),
     ('cnn_vs_pytorch', 'small CNN steady-state images/s, ours (2 contexts) / PyTorch CPU',
      '>=', 1.0),
-    ('resnet_memory', 'ResNet-18 peak MiB, ours (2 contexts) / (PyTorch + one copy of the '
-     'parameters)', '<=', 1.0),
-    ('cnn_memory', 'small CNN peak MiB, ours (2 contexts) / (PyTorch + one copy of the '
-     'parameters)', '<=', 1.0),
+    ('resnet_memory', 'ResNet-18 peak MiB, ours (2 contexts) / PyTorch CPU', '<=', 1.2),
+    ('cnn_memory', 'small CNN peak MiB, ours (2 contexts) / PyTorch CPU', '<=', 1.2),
     ('pipeline', 'data pipeline images/s, ours / book-style DataLoader', '>=', 20.0),
     ('e2e_time', 'end to end (simple CNN, 2 epochs, real data): epoch wall time, ours / book',
      '<=', 0.5),
@@ -72,8 +72,8 @@ TARGETS = [  # key, what, comparison, threshold
 ]
 #: The training-speed aims are at this batch, on 2 contexts (QUICK uses its own)
 TARGET_BATCH = FULL['batches']['target']
-#: Bytes of one parameter (float32): one more copy of the parameters costs count x this
-PARAM_BYTES = 4
+#: The book's batch for ResNet-18 (256 a device on two devices): measured beside the target's
+BOOK_BATCH = FULL['batches']['resnet_book']
 INSTALL_TORCH = "pip install -e '.[bench]'"
 
 
@@ -137,6 +137,7 @@ def plan(size, data_dir):
         for variant in ('book', 'ours'):
             train(model, 2, variant, small)
         train(model, 2, 'ours', target, kvstore='local')
+    train('resnet18', 2, 'ours', size['batches']['resnet_book'])  # the book's: as fast?
     # the book's own batch sizes: 256 on one device, 512 on two (the simple CNN: cheap)
     for devices, batch in zip((1, 2), size['batches']['book']):
         for variant in ('book', 'ours'):
@@ -201,12 +202,9 @@ class _Medians:
                 _ratio(self.ours(model, field=field), self.pytorch(model, field)))
 
     def memory(self, model):
-        """PyTorch's peak plus one more copy of the parameters, ours, their ratio (MiB)."""
-        count = self.ours(model, field='param_count') or self.pytorch(model, 'param_count')
-        peak = self.pytorch(model, 'peak_mb')
-        allowed = peak + count * PARAM_BYTES / 2**20 if peak is not None and count else None
-        ours = self.ours(model, field='peak_mb')
-        return allowed, ours, _ratio(ours, allowed)
+        """PyTorch's peak, ours, their ratio (MiB, the same run)."""
+        peak, ours = self.pytorch(model, 'peak_mb'), self.ours(model, field='peak_mb')
+        return peak, ours, _ratio(ours, peak)
 
     def end_to_end(self):
         """The figures of the end-to-end runs: ``e2e_time`` and ``e2e_accuracy``."""
@@ -225,7 +223,7 @@ class _Medians:
                                  median_of(e2e_ours, 'test_acc'), acc_gap)}
 
 
-def figures(results, flops_per_image, target_batch=TARGET_BATCH):
+def figures(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
     """The aims' figures from the medians: key -> (reference, ours, measured)."""
     med = _Medians(results, target_batch)
     resnet, book = med.ours('resnet18'), med(f'train/resnet18/2/device/{target_batch}/book')
@@ -235,6 +233,8 @@ def figures(results, flops_per_image, target_batch=TARGET_BATCH):
         'resnet_vs_pytorch_short': med.versus_torch('resnet18', 'short_images_per_sec'),
         'resnet_vs_pytorch': med.versus_torch('resnet18', 'images_per_sec'),
         'resnet_speedup': (book, resnet, _ratio(resnet, book)),
+        'book_batch': (resnet, med(f'train/resnet18/2/device/{book_batch}/ours'),
+                       _ratio(med(f'train/resnet18/2/device/{book_batch}/ours'), resnet)),
         'two_vs_one': (med.ours('resnet18', 1), resnet, _ratio(resnet, med.ours('resnet18', 1))),
         'flop_efficiency': (gemm, achieved, _ratio(achieved, gemm)),
         'cnn_vs_pytorch_short': med.versus_torch('simple-cnn', 'short_images_per_sec'),
@@ -249,13 +249,13 @@ def figures(results, flops_per_image, target_batch=TARGET_BATCH):
     }
 
 
-def summarize(results, flops_per_image, target_batch=TARGET_BATCH):
+def summarize(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
     """Compute the aims' figures from the medians (``figures``); return a list of row dicts.
 
     ``results``: measurement key -> list of result dicts (one a round);
     ``target_batch``: the global batch of the training-speed aims.
     """
-    found = figures(results, flops_per_image, target_batch)
+    found = figures(results, flops_per_image, target_batch, book_batch)
     rows = []
     for key, what, op, threshold in TARGETS:
         base, value, measured = found[key]
@@ -366,7 +366,7 @@ def run(args, out=None):
             print(f'[round {round_ + 1}/{args.repeats}, {i}/{len(tasks)}] {key}: {shown} '
                   f'({time.perf_counter() - tic:.0f} s)', file=sys.stderr, flush=True)
     flops = flops_per_image()
-    rows = summarize(results, flops, size['batches']['target'])
+    rows = summarize(results, flops, size['batches']['target'], size['batches']['resnet_book'])
     no_torch = torch_missing(results)
     print(table(rows, no_torch), file=out)
     print(f"\nTraining speeds at batch {size['batches']['target']}: the short run is "

@@ -71,7 +71,7 @@ def cpu_devices(n):
     """Return ``n`` CPU contexts ``[cpu(0), ..., cpu(n-1)]``.
 
     Before MXNet loads, the engine is configured for ``n`` contexts
-    (``engine.configure``: OpenMP threads per context, scratch copies); once
+    (``engine.configure``: OpenMP threads per context); once
     it is loaded with other settings, an ``engine.EngineWarning`` says so.
 
     Parameters

@@ -7,6 +7,7 @@ and correct counts stay on the devices until an epoch's one read-back.
 Host-device sync points are marked: where they sit decides what a timing
 means. ``training`` runs these epochs with its hooks.
 """
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ __all__ = ['evaluate_accuracy_gpus', 'train_batch', 'non_finite_params', 'check_
            'EpochSteps', 'train_epoch', 'hybridize']
 
 
-def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):
+def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers=None):
     """Compute the accuracy of ``net`` on ``data_iter`` using several devices.
 
     Every sample counts once, also in a last batch that does not divide
@@ -41,6 +42,9 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):
     devices : list of Context
     split_f : callable
         ``split_f(X, y, devices) -> (X_shards, y_shards)``.
+    pushers : pushers.DevicePushers, optional
+        Queue each device's forward pass from that device's own thread
+        (``train_batch``). None: all from this thread.
 
     Returns
     -------
@@ -51,8 +55,10 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch):
     for batch in data_iter:
         features, labels = batch_pair(batch)
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
-        for i, (X_shard, y_shard) in enumerate(zip(X_shards, y_shards)):
-            correct[i].append(accuracy(net(X_shard), y_shard))
+        calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
+        counts = pushers.run(calls, 'eval') if pushers is not None else [c() for c in calls]
+        for i, count in enumerate(counts):
+            correct[i].append(count)
         total += labels.shape[0]
     if total == 0:
         raise GluonMultiGPUError('the evaluation data is empty')
@@ -65,8 +71,26 @@ def _read_sum(per_device):
                for values in per_device if values)
 
 
+def _shard_correct(net, X_shard, y_shard):
+    """One device's correct predictions on its shard (a 0-d array, not read back)."""
+    return accuracy(net(X_shard), y_shard)
+
+
+def _backward(l):
+    l.backward()
+
+
+def _shard_step(net, loss, backward, X_shard, y_shard):
+    """One device's forward and backward of a step (queued from that device's thread)."""
+    with autograd.record():
+        y_hat = net(X_shard)
+        l = loss(y_hat, y_shard)
+    backward(l)
+    return y_hat, l
+
+
 def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch,
-                after_backward=None, scaler=None):
+                after_backward=None, scaler=None, pushers=None):
     """Run one data-parallel training step on a batch.
 
     Parameters
@@ -92,6 +116,10 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
     scaler : precision.LossScaler, optional
         Scales the loss in the backward pass and divides it out in the step,
         which it skips when a gradient overflows (float16).
+    pushers : pushers.DevicePushers, optional
+        Queue each device's forward and backward from that device's own thread
+        (its own scratch copies: see ``pushers``); the same arithmetic. None:
+        all from this thread, as the text does.
 
     Returns
     -------
@@ -100,14 +128,16 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
         0-d arrays on the shard's device (not read back: no sync here).
     """
     X_shards, y_shards = split_f(X, y, devices)
-    with autograd.record():
-        y_hats = [net(X_shard) for X_shard in X_shards]
-        losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
-    for l in losses:
-        if scaler is None:
-            l.backward()
-        else:
-            scaler.backward(l)
+    backward = _backward if scaler is None else scaler.backward
+    if pushers is not None:
+        y_hats, losses = zip(*pushers.run([functools.partial(_shard_step, net, loss, backward, *s)
+                                           for s in zip(X_shards, y_shards)], 'train'))
+    else:
+        with autograd.record():
+            y_hats = [net(X_shard) for X_shard in X_shards]
+            losses = [loss(y_hat, y_shard) for y_hat, y_shard in zip(y_hats, y_shards)]
+        for l in losses:
+            backward(l)
     if after_backward is not None:
         after_backward(net, devices)
     if scaler is None:
@@ -175,7 +205,7 @@ class EpochSteps:
 
 def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
                 first_step=1, max_in_flight=None, step_scale=1, split_f=split_batch,
-                after_backward=None, scaler=None):
+                after_backward=None, scaler=None, pushers=None):
     """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
     ``totals(seconds)``).
 
@@ -200,6 +230,8 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
         How a batch is split and what runs before ``trainer.step`` (see ``train_batch``).
     scaler : precision.LossScaler, optional
         Loss scaling (see ``train_batch``).
+    pushers : pushers.DevicePushers, optional
+        The devices' threads (see ``train_batch``).
 
     A batch is checked by ``hooks_of.check(batch, first)`` (a ``checks.BatchCheck``,
     ``first``: the epoch's first batch), else only to be a pair ``(X, y)``.
@@ -209,7 +241,7 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
     for batch in train_iter:
         X, y = check(batch, steps.batches == 0) if check is not None else batch_pair(batch)
         stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f,
-                            after_backward, scaler)
+                            after_backward, scaler, pushers)
         for i, (l, c) in enumerate(stats):
             steps.losses[i].append(l)
             steps.correct[i].append(c)
@@ -226,10 +258,13 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
 
 
 def hybridize(net):
-    """Compile every ``HybridBlock`` of ``net``, with its memory planned once (``static_alloc``).
+    """Compile every ``HybridBlock`` of ``net``.
 
-    A compiled graph runs without Python between its operators and reuses
-    its buffers. ``static_shape`` is not used: in MXNet 1.9.1 it drops
+    A compiled graph runs without Python between its operators. Its memory
+    comes from MXNet's allocator at each call (``static_alloc`` is not used:
+    it keeps each block's forward and backward buffers for good, on ResNet-18
+    on two CPU contexts about 0.35 GB more at the same speed: docs/results.md,
+    "Memory"). ``static_shape`` is not used either: in MXNet 1.9.1 it drops
     BatchNorm's running-statistics update on the first steps of a block nested
     in an ``nn.Sequential`` (tests/test_fast_path.py compares with the eager loop).
     """
@@ -237,4 +272,4 @@ def hybridize(net):
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
         warnings.filterwarnings('ignore', message='All children of this Sequential layer',
                                 category=UserWarning)
-        net.hybridize(static_alloc=True)
+        net.hybridize()

@@ -20,6 +20,7 @@ from .checks import BatchCheck, check_devices, check_epochs, check_lr
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
 from .interrupt import Interruptible
+from .pushers import pushers_for
 from .live import Live
 from .kvstores import check_kvstore, kvstore_name, make_trainer
 from .recipes import recipe_of
@@ -161,6 +162,7 @@ class Training:
         self._started = False  # whether the hooks' begin has returned (a failed one runs again)
         self._live = None  # the interrupted epoch: (its batches left, its totals so far)
         self._target = None
+        self._pushers = None  # a fit's device threads (``pushers``), while it runs
         _LAST['run'] = self  # built whole: a build that raised is never the last run
 
     @property
@@ -196,7 +198,8 @@ class Training:
             for hook in run.hooks:
                 hook.enter(run)
                 entered.append(hook)
-            self._fit(run)
+            with pushers_for(run.devices) as self._pushers:
+                self._fit(run)
         except BaseException as e:
             run.error = e  # how the fit ended, for the hooks' leave
             raise
@@ -227,7 +230,7 @@ class Training:
                                 hooks_of=run, timer=timer, first_step=done + 1,
                                 max_in_flight=self.max_in_flight, step_scale=run.step_scale,
                                 split_f=run.split, after_backward=run.after_backward,
-                                scaler=run.scaler)
+                                scaler=run.scaler, pushers=self._pushers)
             npx.waitall()  # Sync point: every queued step has finished before the timer stops.
             seconds = timer.stop()
             run.call('steps_done')
@@ -241,7 +244,7 @@ class Training:
             _diverged_in(run, check_finite_params, self.net, f' by step {totals.batches}')
             tic = time.perf_counter()
             test_acc = (evaluate_accuracy_gpus(run.model, run.test_iter, run.devices,
-                                               run.eval_split)
+                                               run.eval_split, self._pushers)
                         if run.test_iter else None)
             self.result.epochs.append(_epoch_record(epoch, totals, test_acc,
                                                     time.perf_counter() - tic))

@@ -20,6 +20,7 @@ from .measure import build_net
 from ..core.data import train_loader
 from ..core.devices import devices_for
 from ..core.kvstores import make_trainer
+from ..core.pushers import pushers_for
 from ..core.recipes import MAX_IN_FLIGHT
 from ..core.steps import train_epoch
 from ..errors import TrainingDiverged
@@ -59,7 +60,13 @@ def time_steps(config, device_type, train_data, steps, seed=0, stop=None, advanc
 
     def run(n):
         return train_epoch(net, itertools.islice(batches, n), loss, trainer, devices,
-                           max_in_flight=MAX_IN_FLIGHT)
+                           max_in_flight=MAX_IN_FLIGHT, pushers=pushers)
+    with pushers_for(devices) as pushers:  # each CPU context's passes from its own thread
+        return _timed(config, device_type, run, warmup, steps)
+
+
+def _timed(config, device_type, run, warmup, steps):
+    """``time_steps``' measurement: ``run(warmup)``, then ``run(steps)`` timed."""
     try:
         if warmup:
             queued = run(warmup)

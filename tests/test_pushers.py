@@ -1,0 +1,70 @@
+"""core.pushers: each CPU context's passes queued from a thread of its own, same figures."""
+import threading
+
+import pytest
+
+import gluon_multigpu as gm
+from gluon_multigpu.core.pushers import DevicePushers, pushers_for
+
+
+def test_the_first_call_of_a_kind_runs_in_the_caller_and_later_ones_in_each_devices_thread():
+    devices = gm.cpu_devices(2)
+    where = []
+
+    def call(i):
+        return lambda: where.append((i, threading.current_thread().name)) or i * 10
+    with DevicePushers(devices) as pushers:
+        assert pushers.run([call(0), call(1)], 'train') == [0, 10]
+        first = list(where)
+        where.clear()
+        assert pushers.run([call(0), call(1)], 'train') == [0, 10]
+        later = sorted(where)
+        where.clear()
+        assert pushers.run([call(0)], 'eval') == [0]  # a new kind: the caller again
+        eval_first = list(where)
+        threads = list(pushers.threads)
+    me = threading.current_thread().name
+    assert first == [(0, me), (1, me)]  # builds the graphs one thread at a time
+    assert later == [(0, 'push-cpu(0)'), (1, 'push-cpu(1)')]
+    assert eval_first == [(0, me)]
+    assert not any(t.is_alive() for t in threads)  # closed with the with-block
+
+
+def test_a_call_that_raises_is_raised_once_every_call_has_ended():
+    devices = gm.cpu_devices(2)
+    ended = threading.Event()
+
+    def fails():
+        raise ValueError('shard 0')
+
+    def slow():
+        ended.wait(5)
+        return 'done'
+    with DevicePushers(devices) as pushers:
+        pushers.warm.add('train')
+        ended.set()
+        with pytest.raises(ValueError, match='shard 0'):
+            pushers.run([fails, slow], 'train')
+        assert pushers.run([lambda: 1, lambda: 2], 'train') == [1, 2]  # still usable
+
+
+def test_only_several_cpu_contexts_get_threads():
+    with pushers_for(gm.cpu_devices(1)) as none:
+        assert none is None
+    with pushers_for(gm.cpu_devices(2)) as pushers:
+        assert isinstance(pushers, DevicePushers) and len(pushers.threads) == 2
+
+
+def test_training_on_two_contexts_queues_from_their_threads_and_leaves_none_behind():
+    devices = gm.cpu_devices(2)
+    tr, te = gm.data.synthetic_data('fashion-mnist', 8, num_train=32, num_test=16, num_devices=2)
+    seen = set()
+
+    class Spy(gm.Hook):
+        def step_end(self, run, step, samples, timer):  # pylint: disable=unused-argument
+            seen.update(t.name for t in threading.enumerate())
+    before = {t.name for t in threading.enumerate()}
+    result = gm.train(gm.simple_cnn(), tr, te, devices, num_epochs=1, hooks=[Spy()])
+    assert {'push-cpu(0)', 'push-cpu(1)'} <= seen
+    assert {t.name for t in threading.enumerate()} == before
+    assert len(result.epochs) == 1
