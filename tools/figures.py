@@ -66,6 +66,7 @@ ALLOWED = (
     ('README.md', '13.4 s', "the book's printed time for one GPU"),
     ('README.md', '7.9 s', "the book's printed time for two GPUs"),
     ('README.md', '10 seconds', 'the progress interval, a flag default'),
+    ('docs/guide.md', '10 seconds', 'the progress interval, a flag default'),
     ('docs/guide.md', '64 MiB', "a default of the guard's memory setting"),
     ('docs/guide.md', '1 MiB', "a default of the guard's memory setting"),
     ('docs/guide.md', '32 MiB', "the size limit of a checkpoint's manifest"),

@@ -146,7 +146,7 @@ MXNET_COPIES = 4
 #: What OpenMP threads other than the plan's cost (docs/results.md, "Memory").
 _OMP_COST = ('Training works, but its operators run on another number of OpenMP threads than '
              'the cores divided among the contexts: one context on MXNet\'s half of two cores '
-             'trained ResNet-18 at about half the images/s (0.54 times, measured by '
+             'trained ResNet-18 at about half the images/s (0.53 times, measured by '
              'tools/levers.py, docs/results.md "Memory")')
 #: glibc's ``mallopt`` parameters, and the values ``configure`` sets: blocks of 4 MiB or more
 #: are mapped (and handed back when freed); the heap's top is trimmed past 256 MiB only.
