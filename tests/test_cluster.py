@@ -392,8 +392,12 @@ def test_cluster_of_a_killed_process_is_removed_by_the_next(make_cluster):
     finally:
         creator.send_signal(signal.SIGKILL)
         wait_bounded(creator, 10)
-    left = [p for ns in made['namespaces'] for p in all_pids(ns)]
-    # the two listeners and the sleep outlived their creator
+    def left_behind():
+        return [p for ns in made['namespaces'] for p in all_pids(ns)]
+    # the two listeners and the sleep outlived their creator (ssh returns once the command is forked
+    # into the background: the sleep may still be the shell or nohup for a moment)
+    wait_until(lambda: '/bin/sleep 60' in map(cmdline, left_behind()), what='the sleep to start')
+    left = left_behind()
     assert sum('[listener]' in cmdline(p) for p in left) == 2 and '/bin/sleep 60' in map(cmdline, left)
     assert set(made['namespaces']) <= netns_names() and os.path.isdir(made['workdir'])
     make_cluster(1)

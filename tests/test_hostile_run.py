@@ -398,19 +398,39 @@ def test_a_batch_larger_than_the_data_set_is_cut_to_it(train_script, fashion_dir
     assert 'batch 256 (128 per device)' in out[1]
 
 
-def test_a_batch_beyond_the_memory_available_is_refused_before_loading(train_script, tmp_path,
-                                                                       monkeypatch, capsys):
+def test_a_batch_beyond_the_memory_available_is_refused_before_loading(train_script, fashion_dir,
+                                                                       tmp_path, monkeypatch,
+                                                                       capsys):
     monkeypatch.setattr(gm.devices, 'available_memory', lambda: 3e9)
     fits = gm.model.largest_batch('resnet18', 2, 3e9)
     assert gm.model.memory_needed('resnet18', fits, 2) <= 3e9 < \
         gm.model.memory_needed('resnet18', fits + 1, 2)
     status = train_script.main(['--cpu-devices', '2', '--model', 'resnet18', '--batch-size',
-                                '512', '--data-dir', str(tmp_path / 'none'), '--json',
+                                '512', '--data-dir', str(fashion_dir), '--json',
                                 str(tmp_path / 'r.json')])
     captured = capsys.readouterr()
+    need = gm.model.memory_needed('resnet18', 512, 2) / 1e9
     assert status == 2 and captured.out == ''
-    one_line(captured.err, 'a batch of 512 on 2 CPU context(s) needs about 9.4 GB of memory for '
-             'resnet18', '3.0 GB is available', f'use a --batch-size of {fits} or less')
+    one_line(captured.err, f'a batch of 512 on 2 CPU context(s) needs about {need:.1f} GB of '
+             'memory for resnet18', '3.0 GB is available', f'use a --batch-size of {fits} or less')
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('flags, says', [
+    (['--kvstore', 'nccl'], 'nccl'),
+    (['--report', '{tmp}/r.json', '--json', '{tmp}/r.json'], '--report'),
+])
+def test_what_the_command_line_asks_is_checked_before_the_memory(train_script, fashion_dir, flags,
+                                                                 says, tmp_path, monkeypatch,
+                                                                 capsys):
+    # A mistake in the flags is named whatever the machine has: on a machine short of memory the
+    # user learns of it first, not after freeing memory for a run that could never start.
+    monkeypatch.setattr(gm.devices, 'available_memory', lambda: 1e9)
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    status = train_script.main(['--cpu-devices', '2', '--model', 'resnet18', '--batch-size', '512',
+                                '--data-dir', str(fashion_dir), *flags])
+    err = capsys.readouterr().err
+    assert status == 2 and says in err and 'of memory' not in err, err
     assert os.listdir(tmp_path) == []
 
 

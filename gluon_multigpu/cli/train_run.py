@@ -20,7 +20,7 @@ from ..core.checks import check_loop_options
 from ..core.data import DATASETS, load_data, synthetic_data
 from ..core.devices import resolve_devices, split_sizes
 from ..core.kvstores import DIST_KVSTORES, check_kvstore, kvstore_name
-from ..core.model import default_initializer, fit_batch, get_model
+from ..core.model import check_batch_memory, default_initializer, fit_batch, get_model
 from ..core.recipes import RECIPES
 from ..core.results import epoch_line
 from ..core.training import train
@@ -49,7 +49,7 @@ def check_run(args):
         check_sync_bn_options(args.model, args.split, args.book_literal)
     images = DATASETS[args.dataset]['train']
     batch_size, cut = fit_batch(args.model, devices, min(args.num_train or images, images),
-                                args.batch_size, sync_bn=args.sync_bn)
+                                args.batch_size, sync_bn=args.sync_bn, memory=False)
     if args.sync_bn:
         check_training(args.model, devices, batch_size, args.split, args.book_literal)
     kvstores = list(dict.fromkeys(args.kvstore))
@@ -57,6 +57,8 @@ def check_run(args):
         if kvstore not in DIST_KVSTORES:
             check_kvstore(kvstore, devices)
     check_outputs(args)
+    # Last: what the machine has (a run too large here) after what the command line asks.
+    check_batch_memory(args.model, devices, batch_size, args.sync_bn)
     return devices, batch_size, kvstores, [note, cut]
 
 

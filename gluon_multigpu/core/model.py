@@ -9,7 +9,8 @@ from .recipes import RECIPES
 
 __all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cnn',
            'get_model', 'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',
-           'memory_needed', 'largest_batch', 'check_memory', 'fit_batch']
+           'memory_needed', 'largest_batch', 'check_memory', 'fit_batch',
+           'check_batch_memory']
 
 
 def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
@@ -302,7 +303,7 @@ def check_memory(name, batch_size, num_devices, available, multiple=1, sync_bn=F
                       'machine with more')
 
 
-def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False):
+def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False, memory=True):
     """Return ``(batch_size, note)``: the batch of a run of model ``name``, checked before any work.
 
     ``batch_size`` None takes the model's recipe: its samples per device
@@ -312,7 +313,9 @@ def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False):
     with ``sync_bn``, for equal shards), and ``note`` says so (None
     otherwise). On CPU contexts the batch's estimated peak memory
     (``MEMORY``) must fit in the memory available (``check_memory``): past
-    it the system swaps or kills the run.
+    it the system swaps or kills the run; ``memory=False`` leaves that check to
+    a later ``check_batch_memory`` (after the checks of what a command line asks,
+    which hold whatever the machine has).
     """
     count = len(devices)
     default = batch_size is None
@@ -328,6 +331,13 @@ def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False):
         batch_size = num_train - num_train % multiple
         note = (f'{given} is more than the {num_train} training images: using a batch of '
                 f'{batch_size}')
-    if devices[0].device_type == 'cpu':
-        check_memory(name, batch_size, count, _devices.available_memory(), multiple, sync_bn)
+    if memory:
+        check_batch_memory(name, devices, batch_size, sync_bn)
     return batch_size, note
+
+
+def check_batch_memory(name, devices, batch_size, sync_bn=False):
+    """On CPU contexts, raise ``DeviceError`` unless ``batch_size`` fits in the memory available."""
+    if devices[0].device_type == 'cpu':
+        check_memory(name, batch_size, len(devices), _devices.available_memory(),
+                     len(devices) if sync_bn else 1, sync_bn)
