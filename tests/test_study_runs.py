@@ -208,11 +208,11 @@ def test_a_default_too_large_for_the_memory_is_scaled_down_with_a_line(
                            '--data-dir', str(fashion_dir), '--results',
                            str(tmp_path / 'r.json')]) == 0
     notes = [l for l in capsys.readouterr().err.splitlines() if l.startswith('note: ')]
-    # 32 per device on 4 contexts: about 3.8 GB (model.MEMORY); 8 per device: 2.3 GB fits
+    # 32 per device on 4 contexts: about 2.7 GB (model.MEMORY); 16 per device: 2.3 GB fits
     assert notes == ['note: resnet18 on 4 CPU contexts with a batch of 32 per device would '
-                     'need about 3.8 GB of memory and 2.5 GB is available: measuring 8 per '
+                     'need about 2.7 GB of memory and 2.5 GB is available: measuring 16 per '
                      'device instead'], notes
-    assert measured == [8, 8]
+    assert measured == [16, 16]
 
 
 def test_a_cpu_feature_the_machine_lacks_is_named():

@@ -40,6 +40,8 @@ LEVERS = {
     'threshold_1m': ('freed blocks of 1 MiB or more returned', {'threshold': 1 << 20}),
     'static_alloc': ('networks compiled with static_alloc', {'static_alloc': True}),
     'one_copy': ('1 scratch copy per thread', {'copies': '1'}),
+    'static_one_copy': ('static_alloc with 1 scratch copy per thread',
+                        {'static_alloc': True, 'copies': '1'}),
     'one_thread': ("one thread queues both contexts, MXNet's 4 copies (the book's device list "
                    'before this change)', {'pushers': False}),
     'previous': ('one thread, 128 copies, static_alloc, glibc default (the settings before)',

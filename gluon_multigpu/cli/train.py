@@ -37,7 +37,7 @@ or corrupt data, a non-positive number, an output directory that does not
 exist or takes no new files, a checkpoint of another run) stops before training with one line on
 stderr and exit status 2; a loss that becomes NaN stops with status 2 and
 keeps the last good checkpoint. A batch larger than the training set is cut
-to it; on CPU contexts a batch whose estimated memory (about 16 MB per sample
+to it; on CPU contexts a batch whose estimated memory (about 6 MB per sample
 for resnet18, 0.32 MB for simple-cnn, plus the process) exceeds the memory
 available is refused, naming the largest that fits. Ctrl-C (SIGINT), SIGTERM
 or SIGHUP (the terminal closed) stops after the current step (during an

@@ -242,13 +242,15 @@ def default_initializer(name):
 
 #: Peak memory (resident set) of a training run on CPU contexts, per model: (bytes for the
 #: process, bytes per device, bytes per sample of the batch). An upper bound fitted to the peak
-#: RSS of runs of three steps on Fashion-MNIST (MXNet 1.9.1, 2-core CPU; docs/guide.md):
-#: ResNet-18 0.99-1.35 GB at batch 16 on 1-2 contexts, then 12-16 MB more per sample (fast
-#: path and the text's loop; batch 512 on 2 contexts: 7.6 GB; batch 128 on 2 contexts with
-#: the 128 scratch copies set since, 3.35 GB against 3.25 estimated); the simple CNN 0.35 GB at batch
-#: 256, then 0.28-0.38 MB per sample (batch 8192: 3.3 GB, 32768: 10.0 GB; a user saw 17.3 GB
-#: at 60000).
-MEMORY = {'resnet18': (600e6, 300e6, 16e6), 'simple-cnn': (850e6, 10e6, 320e3)}
+#: RSS of runs of three steps on Fashion-MNIST (MXNet 1.9.1, 2-core CPU; docs/guide.md), each
+#: context's passes queued from its own thread with MXNet's 4 scratch copies (``pushers``):
+#: ResNet-18 0.54 GB at batch 16 on 1 context, 0.92 on 2, then 4.0-4.5 MB more per sample
+#: (2 contexts: 1.37 GB at batch 128, 1.88 at 256, 3.16 at 512; 1.49 GB at batch 96 on 3
+#: contexts, 1.89 at 128 on 4; the book's run, batch 512, 2.9 GB in its fourth epoch), with
+#: a third more per sample for what a longer run adds; the simple CNN 0.35 GB at batch 256,
+#: then 0.28-0.38 MB per sample (batch 8192: 3.3 GB, 32768: 10.0 GB; a user saw 17.3 GB at
+#: 60000).
+MEMORY = {'resnet18': (300e6, 400e6, 6e6), 'simple-cnn': (850e6, 10e6, 320e3)}
 #: The same with synchronised BatchNorm (``sync_bn``): ResNet-18 on 2 contexts 2.9 GB at
 #: batch 64 and 7.8 GB at 256, 25 MB more per sample.
 SYNC_BN_MEMORY = {'resnet18': (600e6, 300e6, 27e6)}

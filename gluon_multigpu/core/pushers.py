@@ -9,52 +9,80 @@ copies made up the speed and cost 1.6 GB). Queued from a thread of their
 own, each context has its own pool, and MXNet's 4 copies serve it: one
 context runs one operator at a time (docs/results.md, "Memory").
 
-The threads live as long as the ``DevicePushers`` that made them; each turns
-on the NumPy semantics for itself (MXNet keeps them per thread), and reads
-``MXNET_CPU_TEMP_COPY`` at its first operator, so the pools are the size the
-environment says when the threads start, whenever MXNet was loaded. A
+One thread per device for the whole process, made at its first use and
+kept (a daemon, idle between calls): MXNet keeps a thread's scratch copies
+until the process ends, so a thread per training would leave a pool behind
+at every call (about 1.1 GB of ResNet-18's each ``train`` call on two
+contexts, measured in one process). Each thread turns on the NumPy semantics
+for itself (MXNet keeps them per thread), and reads ``MXNET_CPU_TEMP_COPY``
+at its first operator. Several trainings may use a device's thread, even at
+once: its calls run one at a time, each handing back its own result. A
 network's first call of a kind (training, evaluation) builds its graph and
 must not happen in two threads at once: ``run`` makes that call in the
 caller's thread, one device after the other, and the later ones in the
 devices' threads.
 """
+import os
 import queue
 import threading
+from concurrent.futures import Future
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import npx
 
-__all__ = ['DevicePushers', 'pushers_for']
-
-_STOP = object()
+__all__ = ['DevicePushers', 'pushers_for', 'device_thread']
 
 
 class _Pusher(threading.Thread):
-    """A thread that runs the calls it is given, one at a time, and hands back each result."""
+    """A device's thread: runs the calls it is given, one at a time, each result to its Future."""
 
     def __init__(self, name):
         super().__init__(name=name, daemon=True)
-        self.calls, self.results = queue.Queue(), queue.Queue()
+        self.calls = queue.SimpleQueue()
         self.start()
 
     def run(self):
         npx.set_np()
         while True:
-            call = self.calls.get()
-            if call is _STOP:
-                return
+            call, future = self.calls.get()
             try:
-                self.results.put((True, call()))
+                future.set_result(call())
             except BaseException as e:  # pylint: disable=broad-except  (handed to the caller)
-                self.results.put((False, e))
+                future.set_exception(e)
+
+    def submit(self, call):
+        future = Future()
+        self.calls.put((call, future))
+        return future
+
+
+_THREADS = {}
+_LOCK = threading.Lock()
+
+
+def device_thread(device):
+    """The process's thread for ``device`` (made at the first call, then the same one)."""
+    name = f'push-{device}'
+    with _LOCK:
+        thread = _THREADS.get(name)
+        if thread is None:
+            thread = _THREADS[name] = _Pusher(name)
+        return thread
+
+
+def _forget_threads():  # a forked child has none of its parent's threads
+    _THREADS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_threads)
 
 
 class DevicePushers:
-    """A thread per device: ``run(calls, kind)`` runs ``calls[i]`` in thread ``i`` and returns
-    their results in order, raising the first error once every call has ended."""
+    """Each device's thread: ``run(calls, kind)`` runs ``calls[i]`` in device ``i``'s thread and
+    returns their results in order, raising the first error once every call has ended."""
 
     def __init__(self, devices):
-        self.threads = [_Pusher(f'push-{d}') for d in devices]
+        self.threads = [device_thread(d) for d in devices]
         self.warm = set()  # the kinds of call already made once (in the caller's thread)
 
     def run(self, calls, kind):
@@ -64,21 +92,15 @@ class DevicePushers:
             results = [call() for call in calls]  # builds the graphs: one thread at a time
             self.warm.add(kind)
             return results
-        for thread, call in zip(self.threads, calls):
-            thread.calls.put(call)
-        done = [thread.results.get() for thread in self.threads[:len(calls)]]
-        for ok, value in done:
-            if not ok:
-                raise value
-        return [value for _, value in done]
+        futures = [thread.submit(call) for thread, call in zip(self.threads, calls)]
+        errors = [f.exception() for f in futures]  # waits for every call
+        for error in errors:
+            if error is not None:
+                raise error
+        return [f.result() for f in futures]
 
     def close(self):
-        """End the threads (each after its call in progress)."""
-        for thread in self.threads:
-            thread.calls.put(_STOP)
-        for thread in self.threads:
-            thread.join()
-        self.threads = []
+        """Nothing to end: the threads are the process's, kept for the next training."""
 
     def __enter__(self):
         return self
