@@ -75,7 +75,7 @@ ALLOWED = (
     ('docs/guide.md', '2 minutes', "the --sync-bn watchdog's limit: a setting"),
     ('docs/guide.md', '20 times', "the --sync-bn watchdog's limit: a setting"),
     ('docs/guide.md', '3%', "the kvstore comparison's noise threshold: a setting"),
-    ('docs/guide.md', '16 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
+    ('docs/guide.md', '6 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/guide.md', '27 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/guide.md', '0.32 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/distributed.md', '2 s', "the agents' heartbeat (multihost.launch.HEARTBEAT)"),
