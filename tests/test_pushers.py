@@ -124,3 +124,16 @@ def test_training_on_two_contexts_queues_from_their_threads_and_leaves_no_other(
     gm.train(gm.simple_cnn(), tr, te, devices, num_epochs=1)
     assert sum(t.name == 'push-cpu(0)' for t in threading.enumerate()) == 1
     assert len(result.epochs) == 1
+
+
+def test_a_training_that_nothing_holds_is_freed_when_the_next_one_starts():
+    import weakref  # pylint: disable=import-outside-toplevel
+    devices = gm.cpu_devices(2)
+    tr, te = gm.data.synthetic_data('fashion-mnist', 8, num_train=16, num_test=8, num_devices=2)
+    net = gm.simple_cnn()
+    first = weakref.ref(net)
+    gm.train(net, tr, te, devices, num_epochs=1)
+    del net  # the training and its result refer to each other: only a collection frees them
+    gm.train(gm.simple_cnn(), tr, te, devices, num_epochs=1)
+    assert gm.last_run().net is not None
+    assert first() is None  # the first network went with its training

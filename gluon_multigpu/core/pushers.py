@@ -49,6 +49,8 @@ class _Pusher(threading.Thread):
                 future.set_result(call())
             except BaseException as e:  # pylint: disable=broad-except  (handed to the caller)
                 future.set_exception(e)
+            # An idle thread holds nothing of the call: its closure holds a training's network
+            call = future = e = None
 
     def submit(self, call):
         future = Future()

@@ -9,6 +9,7 @@ devices, the kvstore summing the gradients). What the section does not do
 and the data are checked as ``checks`` says. Host-device sync points are
 marked: where they sit decides what a timing means.
 """
+import gc
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -164,6 +165,15 @@ class Training:
         self._target = None
         self._pushers = None  # a fit's device threads (``pushers``), while it runs
         _LAST['run'] = self  # built whole: a build that raised is never the last run
+        # A training and its result refer to each other (``result.training``), and its hooks
+        # to its run: an earlier training that nothing holds any more still holds its
+        # network's copies and its Trainer's state until a full collection, which Python runs
+        # rarely. Free them, the last run before this one included, before this one trains
+        # (some tens of milliseconds): ResNet-18 on two contexts, five short trainings in one
+        # process, 4.7 GB resident after the fifth without this, 3.7 GB with the collection at
+        # the start of each (the address space flat at 8.4 GB, not growing).
+        gc.collect()
+
 
     @property
     def epoch(self):
