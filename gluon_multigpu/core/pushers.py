@@ -50,7 +50,7 @@ class _Pusher(threading.Thread):
             except BaseException as e:  # pylint: disable=broad-except  (handed to the caller)
                 future.set_exception(e)
             # An idle thread holds nothing of the call: its closure holds a training's network
-            call = future = e = None
+            call = future = None
 
     def submit(self, call):
         future = Future()

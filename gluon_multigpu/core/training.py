@@ -170,8 +170,8 @@ class Training:
         # network's copies and its Trainer's state until a full collection, which Python runs
         # rarely. Free them, the last run before this one included, before this one trains
         # (some tens of milliseconds): ResNet-18 on two contexts, five short trainings in one
-        # process, 4.7 GB resident after the fifth without this, 3.7 GB with the collection at
-        # the start of each (the address space flat at 8.4 GB, not growing).
+        # process, 4.7 GB resident after the fifth without this, 3.4 GB with it (the address
+        # space flat at 8.0-8.1 GB).
         gc.collect()
 
 
