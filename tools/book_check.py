@@ -30,13 +30,22 @@ from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 
+def fail(message):
+    """One line on standard error, exit status 2 (bad input)."""
+    print(f'error: {message}', file=sys.stderr)
+    raise SystemExit(2)
+
+
 def peak_mib(time_report):
     """The "Maximum resident set size (kbytes)" of a ``/usr/bin/time -v`` report, in MiB."""
-    with open(time_report, encoding='utf-8') as f:
-        found = re.search(r'Maximum resident set size \(kbytes\): (\d+)', f.read())
+    try:
+        with open(time_report, encoding='utf-8', errors='replace') as f:
+            found = re.search(r'Maximum resident set size \(kbytes\): (\d+)', f.read())
+    except OSError as e:
+        fail(f'cannot read {time_report}: {e.strerror}: give the report of /usr/bin/time -v')
     if not found:
-        raise SystemExit(f'error: {time_report} has no "Maximum resident set size" line: '
-                         'give the report of /usr/bin/time -v for the run')
+        fail(f'{time_report} has no "Maximum resident set size" line: '
+             'give the report of /usr/bin/time -v for the run')
     return int(found.group(1)) / 1024
 
 
@@ -49,6 +58,10 @@ def main(argv=None):
                         help='training images to measure the training accuracy on (default 10000)')
     parser.add_argument('--out', default='book-run-check.json', help='where to write the figures')
     args = parser.parse_args(argv)
+    peak = peak_mib(args.time) if args.time else None  # refused before minutes of evaluation
+    if not os.path.isfile(os.path.join(args.checkpoint_dir, 'manifest.json')):
+        fail(f"{args.checkpoint_dir} holds no checkpoint (manifest.json): "
+             "give the book run's --checkpoint-dir")
 
     import numpy as onp
     import mxnet as mx
@@ -68,8 +81,12 @@ def main(argv=None):
     net(np.zeros((2, 1, 28, 28), ctx=ctx))
     net.load_parameters(params, ctx=ctx)
     net.hybridize()
-    train_x, train_y = gm.read_split(args.data_dir, 'train')
-    test_x, test_y = gm.read_split(args.data_dir, 'test')
+    from gluon_multigpu.errors import DataError
+    try:
+        train_x, train_y = gm.read_split(args.data_dir, 'train')
+        test_x, test_y = gm.read_split(args.data_dir, 'test')
+    except DataError as e:
+        fail(f'{e}: give --data-dir the four Fashion-MNIST IDX .gz files')
 
     def batches(x, y, size):
         for i in range(0, len(x), size):
@@ -93,8 +110,8 @@ def main(argv=None):
           f"train acc {out['train_acc_saved_stats']:.4f}", flush=True)
     out['num_check'] = len(check)
     out['seconds'] = time.perf_counter() - start
-    if args.time:
-        out['peak_mib'] = peak_mib(args.time)
+    if peak is not None:
+        out['peak_mib'] = peak
         print(f"peak resident memory: {out['peak_mib']:,.0f} MiB")
     out.update(stamp())
     with atomic_write(args.out) as f:
