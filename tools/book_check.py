@@ -4,9 +4,10 @@ A maintainer's tool, not part of the package. For the run of docs/results.md
 ("The book's run"), from its checkpoint folder and the ``/usr/bin/time -v``
 report of the process that ran (the last segment when it was resumed):
 
-- the test accuracy of the checkpoint's weights with the BatchNorm running
-  statistics it was saved with, on one context (independent of the run's own
-  evaluation on two);
+- the test accuracy of the checkpoint's weights (with the BatchNorm running
+  statistics saved beside them), read back by the package's checkpoint code
+  in a fresh process and evaluated on one context, where the run evaluated
+  on two;
 - the training accuracy of the weights on ``--num-check`` training images;
 - the peak resident memory the time report gives.
 
@@ -14,7 +15,6 @@ report of the process that ran (the last segment when it was resumed):
         --data-dir ../shared/data/fashion-mnist --out docs/results/book-run-check.json
 """
 import argparse
-import glob
 import json
 import os
 import re
@@ -59,65 +59,50 @@ def main(argv=None):
     parser.add_argument('--out', default='book-run-check.json', help='where to write the figures')
     args = parser.parse_args(argv)
     peak = peak_mib(args.time) if args.time else None  # refused before minutes of evaluation
-    if not os.path.isfile(os.path.join(args.checkpoint_dir, 'manifest.json')):
-        fail(f"{args.checkpoint_dir} holds no checkpoint (manifest.json): "
-             "give the book run's --checkpoint-dir")
 
     import numpy as onp
     import mxnet as mx
-    from mxnet import np, npx
+    from mxnet import gluon, np, npx
     import gluon_multigpu as gm
+    from gluon_multigpu.run.checkpoint_store import CheckpointStore
     npx.set_np()
     warnings.simplefilter('ignore')  # MXNet's advice on Sequential of HybridBlocks
 
-    with open(os.path.join(args.checkpoint_dir, 'manifest.json'), encoding='utf-8') as f:
-        manifest = json.load(f)
-    params = os.path.join(args.checkpoint_dir, f"ckpt-{manifest['sequence']:06d}.params")
-    if not os.path.isfile(params):
-        params = sorted(glob.glob(os.path.join(args.checkpoint_dir, 'ckpt-*.params')))[-1]
-    ctx = mx.cpu(0)
-    net = gm.resnet18(10)
-    net.initialize(ctx=ctx)
-    net(np.zeros((2, 1, 28, 28), ctx=ctx))
-    net.load_parameters(params, ctx=ctx)
-    net.hybridize()
-    from gluon_multigpu.errors import DataError
+    devices = [mx.cpu(0)]
     try:
-        train_x, train_y = gm.read_split(args.data_dir, 'train')
-        test_x, test_y = gm.read_split(args.data_dir, 'test')
-    except DataError as e:
-        fail(f'{e}: give --data-dir the four Fashion-MNIST IDX .gz files')
-
-    def batches(x, y, size):
-        for i in range(0, len(x), size):
-            images = onp.asarray(x[i:i + size], dtype='float32').reshape(-1, 1, 28, 28) / 255
-            yield np.array(images, ctx=ctx), y[i:i + size]
-
-    def accuracy(x, y):
-        right = 0
-        for images, labels in batches(x, y, 500):
-            right += int((net(images).argmax(axis=1).asnumpy() == labels).sum())
-        return right / len(x)
+        # The package's own reading: the manifest, each file against its recorded hash.
+        state = CheckpointStore(args.checkpoint_dir, {}).load(check_config=False)
+        if state is None:
+            fail(f"{args.checkpoint_dir} holds no checkpoint: give the book run's "
+                 '--checkpoint-dir')
+        train_iter, test_iter = gm.load_data('fashion-mnist', 500, root=args.data_dir)
+        net = gm.resnet18(10)
+        net.initialize(ctx=devices)
+        net(np.zeros((2, 1, 28, 28), ctx=devices[0]))  # shapes, for the parameters to load into
+        # The Trainer only receives the optimizer state that restore loads with the weights.
+        state.restore(net, gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.2},
+                                         kvstore=None), devices)
+    except gm.GluonMultiGPUError as e:
+        fail(e)
+    net.hybridize()
 
     start = time.perf_counter()
-    order = onp.random.RandomState(1).permutation(len(train_x))
-    check = order[:args.num_check]
-    out = {'checkpoint': os.path.basename(params), 'epoch': manifest['epoch'],
-           'partial': manifest.get('partial') is not None}
-    out['test_acc_saved_stats'] = accuracy(test_x, test_y)
-    out['train_acc_saved_stats'] = accuracy(train_x[check], train_y[check])
-    print(f"saved statistics: test acc {out['test_acc_saved_stats']:.4f}, "
-          f"train acc {out['train_acc_saved_stats']:.4f}", flush=True)
-    out['num_check'] = len(check)
-    out['seconds'] = time.perf_counter() - start
+    images, labels = train_iter.images, train_iter.labels
+    check = onp.random.RandomState(1).permutation(len(labels))[:args.num_check]
+    check_iter = gm.ArrayLoader(images[check], labels[check], 500, shuffle=False)
+    out = {'checkpoint_epoch': state.epoch, 'partial': state.partial is not None,
+           'test_acc': gm.evaluate_accuracy_gpus(net, test_iter, devices),
+           'train_acc': gm.evaluate_accuracy_gpus(net, check_iter, devices),
+           'num_check': len(check), 'seconds': time.perf_counter() - start}
+    print(f"test acc {out['test_acc']:.4f}, train acc {out['train_acc']:.4f} "
+          f'on {len(check)} training images', flush=True)
     if peak is not None:
         out['peak_mib'] = peak
-        print(f"peak resident memory: {out['peak_mib']:,.0f} MiB")
+        print(f'peak resident memory: {peak:,.0f} MiB')
     out.update(stamp())
     with atomic_write(args.out) as f:
         f.write(json.dumps(out, indent=1) + '\n')
     print(f'wrote {args.out}')
-
 
 if __name__ == '__main__':
     main()
