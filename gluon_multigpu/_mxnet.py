@@ -5,17 +5,27 @@ whichever of them a program reaches first turns the semantics on, as the
 book does at the top of each section. Before MXNet loads, ``base.engine``
 checks the engine variables (a value MXNet cannot take, such as
 ``OMP_NUM_THREADS=abc``, is an ``EngineError`` here instead of an abort of
-the process) and records the ones MXNet loads with (``engine.settings()``).
-If other code loaded MXNet first, only the semantics are turned on.
+the process) and records the ones MXNet loads with (``engine.settings()``),
+and ``base.compat`` makes MXNet 1.9.1 loadable on today's NumPy and Python;
+an MXNet that still cannot load is an ``MXNetLoadError`` saying what to
+install. If other code loaded MXNet first, only the semantics and the
+after-load part of ``base.compat`` are applied.
 """
+from .base import compat as _compat
 from .base import engine as _engine
+from .errors import MXNetLoadError
 
 if not _engine.loaded():
     _engine.check_environment()
     _engine.note_loading()
+    _compat.prepare()
 
 # pylint: disable=wrong-import-position
-import mxnet  # noqa: E402,F401
+try:
+    import mxnet  # noqa: E402
+except (ImportError, OSError, AttributeError) as _error:
+    raise MXNetLoadError(_compat.load_advice(_error)) from _error
 from mxnet import npx  # noqa: E402
 
+_compat.after_load(mxnet)
 npx.set_np()

@@ -10,6 +10,7 @@ import re
 import signal
 
 __all__ = ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
+           'MXNetLoadError',
            'Interrupted', 'StoppedBetweenRuns', 'SweepStopped', 'StoppedBySignal']
 
 
@@ -48,6 +49,11 @@ class TrainingDiverged(GluonMultiGPUError):
 
 class CheckpointError(GluonMultiGPUError):
     """A checkpoint that is damaged, of another run, or cannot be written."""
+
+
+class MXNetLoadError(GluonMultiGPUError):
+    """MXNet cannot load here (not installed, a missing system library, a CUDA build without
+    its driver, a NumPy it cannot run on); the message says what to install or set."""
 
 
 class Interrupted(BaseException):

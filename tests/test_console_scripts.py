@@ -17,7 +17,7 @@ from gluon_multigpu.cli import common, console
 from conftest import REPO, run_bounded
 
 PROGRAMS = ['train', 'demo', 'inflight', 'scaling', 'bandwidth', 'bfloat16', 'balance',
-            'benchmark', 'launch', 'network', 'failover']
+            'benchmark', 'launch', 'network', 'failover', 'doctor']
 BIN = pathlib.Path(sys.executable).parent
 #: The environment of a program run as a user runs it: without this process's engine settings.
 ENV = {k: v for k, v in os.environ.items()

@@ -1,0 +1,316 @@
+"""MXNet 1.9.1 on today's NumPy (1.17 to 2.x) and on a Python without ``distutils``.
+
+MXNet 1.9.1 was released for NumPy below 1.24 and a Python that ships
+``distutils``. The package loads MXNet through ``gluon_multigpu._mxnet``,
+which calls ``prepare()`` before ``import mxnet`` and ``after_load(mxnet)``
+right after it. Everything this module changes:
+
+1. **Names NumPy removed, set again on the ``numpy`` module** (``prepare``),
+   only where NumPy no longer has them; an existing name is never replaced,
+   and on a NumPy that still has a name (with its deprecation warning), that
+   name is left as it is:
+
+   - the builtin aliases NumPy 1.24 removed: ``bool int float complex object
+     str unicode long`` (the builtins, as NumPy had them);
+   - names of NumPy 2.0's table of expired attributes
+     (``numpy._expired_attrs_2_0``) that have a plain replacement:
+     ``Inf Infinity infty PINF NINF NaN PZERO NZERO float_ complex_ cfloat
+     singlecomplex longfloat clongfloat longcomplex string_ unicode_ round_
+     alltrue sometrue mat asfarray`` (their NumPy 2 equivalents);
+   - names MXNet reads when it loads that NumPy removed without an entry in
+     that table: ``NAN`` (``nan``), and the functions of MXNet's table of
+     NumPy fallbacks: ``msort in1d trapz product cumproduct row_stack`` (the
+     NumPy 2 equivalent) and the financial
+     functions ``fv ipmt irr mirr nper npv pmt ppmt pv rate`` (removed in
+     NumPy 1.20: a stand-in that raises, naming numpy-financial, as NumPy
+     1.19 to 1.23 did).
+
+2. **``distutils.version``** where ``import distutils.version`` fails (Python
+   3.12 and newer without setuptools' copy): a module named so, holding
+   ``LooseVersion`` and ``StrictVersion`` that compare the numeric part of a
+   version as MXNet's two version checks need. Nothing is set where Python
+   or setuptools provide the real one.
+
+3. **Values MXNet writes into an operator's parameters** (``after_load``, on
+   NumPy 2 only): MXNet passes each parameter to its C library as ``str()``
+   of the value, and NumPy 2 writes a NumPy scalar as ``np.int64(4)``, which
+   the operator refuses (``_split_v2`` got ``indices="[0, np.int64(4)]"``). The
+   two functions every operator call goes through, MXNet's imperative invoke
+   and its symbol creator, are wrapped so that NumPy scalars, alone or in a
+   list or tuple, reach them as the equal Python number. NumPy's printing is
+   not touched.
+
+Nothing else changes: NumPy's print options, error settings and default
+types are the user's (``tests/test_compat.py`` checks them around a
+training). ``report()`` says what was done, for ``gluon-multigpu-doctor``.
+"""
+import builtins
+import re
+import sys
+import types
+import warnings
+
+__all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known']
+
+#: The NumPy releases this module was run against (the runtime matrix of ``tools/runtimes.py``):
+#: (oldest, newest) as (major, minor). A newer one may work; the doctor says it is untried.
+KNOWN_NUMPY = ((1, 17), (2, 5))
+
+#: The financial functions NumPy 1.20 removed and MXNet's fallback table still reads.
+FINANCIAL = ('fv', 'ipmt', 'irr', 'mirr', 'nper', 'npv', 'pmt', 'ppmt', 'pv', 'rate')
+
+_DONE = {'numpy_names': [], 'distutils': False, 'plain_values': False}
+
+
+def _replacements(numpy):
+    """name -> value for every removed name this module restores (made from NumPy itself)."""
+    def removed(name):
+        def stand_in(*args, **kwargs):
+            raise NotImplementedError(
+                f'numpy.{name} was removed from NumPy in version 1.20: '
+                f'install numpy-financial and use numpy_financial.{name}')
+        stand_in.__name__ = name
+        return stand_in
+
+    def msort(a):
+        return numpy.sort(a, axis=0)
+
+    def in1d(ar1, ar2, assume_unique=False, invert=False):
+        return numpy.isin(numpy.asarray(ar1).ravel(), ar2, assume_unique=assume_unique,
+                          invert=invert)
+
+    def asfarray(a, dtype=numpy.float64):
+        dtype = numpy.dtype(dtype)
+        return numpy.asarray(a, dtype=dtype if dtype.kind in 'fc' else numpy.float64)
+
+    found = {}
+    for name, new in (('trapz', 'trapezoid'), ('product', 'prod'), ('cumproduct', 'cumprod'),
+                      ('row_stack', 'vstack'), ('round_', 'round'), ('alltrue', 'all'),
+                      ('sometrue', 'any'), ('mat', 'asmatrix')):
+        if new in vars(numpy):
+            found[name] = vars(numpy)[new]
+    table = {
+        'bool': builtins.bool, 'int': builtins.int, 'float': builtins.float,
+        'complex': builtins.complex, 'object': builtins.object, 'str': builtins.str,
+        'unicode': builtins.str, 'long': builtins.int,
+        'Inf': numpy.inf, 'Infinity': numpy.inf, 'infty': numpy.inf, 'PINF': numpy.inf,
+        'NINF': -numpy.inf, 'NaN': numpy.nan, 'NAN': numpy.nan, 'PZERO': 0.0, 'NZERO': -0.0,
+        'float_': numpy.float64, 'complex_': numpy.complex128, 'cfloat': numpy.complex128,
+        'singlecomplex': numpy.complex64, 'longfloat': numpy.longdouble,
+        'clongfloat': numpy.clongdouble, 'longcomplex': numpy.clongdouble,
+        'string_': numpy.bytes_, 'unicode_': numpy.str_,
+        'msort': msort, 'in1d': in1d, 'asfarray': asfarray,
+    }
+    table.update(found)
+    table.update({name: removed(name) for name in FINANCIAL})
+    return table
+
+
+def _has(module, name):
+    """Whether ``module.name`` gives a value (a deprecated name that still works counts)."""
+    if name in vars(module):
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        try:
+            getattr(module, name)
+        except AttributeError:
+            return False
+    return True
+
+
+def restore_numpy_names(numpy):
+    """Set each removed name of ``_replacements`` that ``numpy`` lacks; return those set."""
+    restored = []
+    for name, value in _replacements(numpy).items():
+        if not _has(numpy, name):
+            setattr(numpy, name, value)
+            restored.append(name)
+    return restored
+
+
+def _numeric(text):
+    match = re.match(r'\s*v?(\d+(?:\.\d+)*)', str(text))
+    if match is None:
+        raise ValueError(f'invalid version number {text!r}')
+    return tuple(int(part) for part in match.group(1).split('.'))
+
+
+class _Version:
+    """A version compared by its leading numbers (``'2.4.6'`` > ``'1.17'``; ``'1.26.0rc1'`` as 1.26.0)."""
+
+    def __init__(self, vstring=None):
+        self.vstring = vstring
+        self.version = _numeric(vstring) if vstring is not None else ()
+
+    def _key(self, other):
+        other = other if isinstance(other, _Version) else type(self)(other)
+        width = max(len(self.version), len(other.version))
+        pad = (0,) * width
+        return (self.version + pad)[:width], (other.version + pad)[:width]
+
+    def __eq__(self, other):
+        a, b = self._key(other)
+        return a == b
+
+    def __lt__(self, other):
+        a, b = self._key(other)
+        return a < b
+
+    def __le__(self, other):
+        a, b = self._key(other)
+        return a <= b
+
+    def __gt__(self, other):
+        a, b = self._key(other)
+        return a > b
+
+    def __ge__(self, other):
+        a, b = self._key(other)
+        return a >= b
+
+    __hash__ = None
+
+    def __str__(self):
+        return str(self.vstring)
+
+    def __repr__(self):
+        return f'{type(self).__name__}({self.vstring!r})'
+
+
+class LooseVersion(_Version):
+    """``distutils.version.LooseVersion``, as far as MXNet uses it."""
+
+
+class StrictVersion(_Version):
+    """``distutils.version.StrictVersion``, as far as MXNet uses it."""
+
+
+def provide_distutils_version():
+    """Make ``import distutils.version`` work where it fails; return whether it had to."""
+    try:
+        import distutils.version  # noqa: F401  pylint: disable=import-outside-toplevel,deprecated-module
+        return False
+    except ImportError:
+        pass
+    package = sys.modules.get('distutils')
+    if package is None:
+        package = types.ModuleType('distutils', 'Stand-in made by gluon_multigpu.base.compat: '
+                                                'Python 3.12 removed distutils.')
+        package.__path__ = []
+        sys.modules['distutils'] = package
+    version = types.ModuleType('distutils.version', 'LooseVersion and StrictVersion, for MXNet '
+                                                    '(gluon_multigpu.base.compat).')
+    version.LooseVersion, version.StrictVersion = LooseVersion, StrictVersion
+    sys.modules['distutils.version'] = version
+    package.version = version
+    return True
+
+
+def numpy_version(text=None):
+    """(major, minor) of NumPy's version (of ``text`` if given)."""
+    if text is None:
+        import numpy  # pylint: disable=import-outside-toplevel
+        text = numpy.__version__
+    return _numeric(text)[:2]
+
+
+def numpy_is_known(text=None):
+    """Whether NumPy's version lies in the range this module was run against."""
+    return KNOWN_NUMPY[0] <= numpy_version(text) <= KNOWN_NUMPY[1]
+
+
+def prepare():
+    """What must be in place before ``import mxnet`` (items 1 and 2 of the module's text)."""
+    import numpy  # pylint: disable=import-outside-toplevel
+    _DONE['numpy_names'] = sorted(set(_DONE['numpy_names']) | set(restore_numpy_names(numpy)))
+    _DONE['distutils'] = provide_distutils_version() or _DONE['distutils']
+
+
+def plain(value, generic):
+    """``value`` with each NumPy scalar (an instance of ``generic``) made the equal Python number,
+    also inside a list or tuple; anything else as it is."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        if any(isinstance(v, generic) or type(v) in (list, tuple) for v in value):
+            return kind(plain(v, generic) for v in value)
+        return value
+    if isinstance(value, generic):
+        return value.item()
+    return value
+
+
+def _plain_values(invoke, generic, position):
+    """``invoke`` with the operator parameters it is handed (argument ``position``) made plain."""
+    def wrapped(*args, **kwargs):
+        vals = args[position]
+        for v in vals:
+            if isinstance(v, generic) or type(v) in (list, tuple):
+                args = args[:position] + ([plain(x, generic) for x in vals],) + args[position + 1:]
+                break
+        return invoke(*args, **kwargs)
+    wrapped.__wrapped__ = invoke
+    wrapped.__name__ = getattr(invoke, '__name__', 'invoke')
+    return wrapped
+
+
+def after_load(mxnet):
+    """What must follow ``import mxnet`` (item 3 of the module's text); idempotent."""
+    import numpy  # pylint: disable=import-outside-toplevel
+    if numpy_version() < (2, 0) or _DONE['plain_values']:
+        return
+    # Every operator of mxnet.nd / mxnet.np (and the internal _npi, _internal...) is made by
+    # MXNet's register modules, whose generated code calls these two names in their globals.
+    ndarray_register = sys.modules['mxnet.ndarray.register']
+    symbol_register = sys.modules['mxnet.symbol.register']
+    # _imperative_invoke(handle, ndargs, keys, vals, ...), _symbol_creator(handle, args,
+    # kwargs, keys, vals, ...)
+    ndarray_register._imperative_invoke = _plain_values(ndarray_register._imperative_invoke,
+                                                        numpy.generic, 3)
+    symbol_register._symbol_creator = _plain_values(symbol_register._symbol_creator,
+                                                    numpy.generic, 4)
+    del mxnet  # the caller's proof that MXNet is loaded; the modules are read from sys.modules
+    _DONE['plain_values'] = True
+
+
+def report():
+    """What this process changed: the NumPy names restored, whether ``distutils.version`` was
+    provided, whether operator parameters are made plain."""
+    return {'numpy_names': list(_DONE['numpy_names']), 'distutils': _DONE['distutils'],
+            'plain_values': _DONE['plain_values']}
+
+
+#: A library MXNet's own library needs, named in the loader's message -> what to do.
+LIBRARIES = (
+    ('libquadmath', 'install the GNU quad-precision library (Debian/Ubuntu: apt-get install '
+                    'libquadmath0; Fedora: dnf install libquadmath)'),
+    ('libgomp', 'install the GNU OpenMP library (Debian/Ubuntu: apt-get install libgomp1; '
+                'Fedora: dnf install libgomp)'),
+    ('libgfortran', 'install the GNU Fortran runtime (Debian/Ubuntu: apt-get install '
+                    'libgfortran5)'),
+    ('libcuda.so', "this is MXNet's CUDA build and no NVIDIA driver is installed: install the "
+                   'driver, or the CPU build: pip install --force-reinstall --no-deps '
+                   'mxnet==1.9.1'),
+    ('libcud', "MXNet's CUDA build (mxnet-cu112) needs CUDA 11.2's libraries (cudart, cublas, "
+               'cudnn) on the library path: install them, or the CPU build: pip install '
+               '--force-reinstall --no-deps mxnet==1.9.1'),
+    ('libnccl', "MXNet's CUDA build needs NCCL's library (libnccl.so.2) on the library path"),
+)
+
+
+def load_advice(error):
+    """One line saying what to install or set, for ``error`` raised by ``import mxnet``."""
+    text = f'{type(error).__name__}: {error}'.splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, ModuleNotFoundError) and (error.name or '').split('.')[0] == 'mxnet':
+        return ('MXNet is not installed in this Python: pip install mxnet==1.9.1 '
+                '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')
+    for library, advice in LIBRARIES:
+        if library in str(error):
+            return f'MXNet cannot load ({text}): {advice}'
+    if isinstance(error, AttributeError) and 'numpy' in str(error).lower():
+        import numpy  # pylint: disable=import-outside-toplevel
+        return (f'MXNet cannot load on NumPy {numpy.__version__} ({text}): this NumPy is newer '
+                f'than the ones gluon-multigpu knows (up to {".".join(map(str, KNOWN_NUMPY[1]))}); '
+                f"pip install 'numpy<{KNOWN_NUMPY[1][0]}.{KNOWN_NUMPY[1][1] + 1}'")
+    return (f'MXNet cannot load ({text}): reinstall it (pip install --force-reinstall --no-deps '
+            'mxnet==1.9.1) and run gluon-multigpu-doctor')
