@@ -34,7 +34,7 @@ downwards (docs/design.md; ``lint-imports`` checks them):
   ``allocation``, ``cluster``, ``slurm``, ``failover``, ``network`` and
   their parts;
 - ``base``, the ground floor, loading no MXNet: ``engine`` (MXNet's engine
-  settings), ``fs`` (every file change), ``reading``, ``atomic``,
+  settings), ``compat`` (MXNet 1.9.1 on today's NumPy and Python), ``fs`` (every file change), ``reading``, ``atomic``,
   ``paths``, ``signals``, ``units``, ``protocol``.
 
 Importing the package loads neither MXNet nor matplotlib: each loads when
@@ -47,7 +47,13 @@ and to ``from gluon_multigpu import ...``.
 """
 import importlib as _importlib
 
+from .base import compat as _compat
+
 __version__ = '0.1.0'
+
+# The first `import mxnet` of the process, from anywhere, finds NumPy and Python prepared
+# (base.compat: MXNet 1.9.1 on NumPy 2, Python 3.12+).
+_compat.install_hook()
 
 #: The groups of modules, each a subpackage.
 GROUPS = ('base', 'core', 'features', 'run', 'study', 'multihost')
@@ -57,6 +63,7 @@ MODULES = {
     'engine': 'base', 'machine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base',
     'paths': 'base',
     'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
+    'compat': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
@@ -100,8 +107,8 @@ NAMES = {
                  'train_epoch'],
     'utils': ['Accumulator', 'Timer', 'accuracy'],
     'errors': ['CheckpointError', 'DataError', 'DeviceError', 'GluonMultiGPUError',
-               'Interrupted', 'StoppedBetweenRuns', 'StoppedBySignal', 'SweepStopped',
-               'TrainingDiverged'],
+               'Interrupted', 'MXNetLoadError', 'StoppedBetweenRuns', 'StoppedBySignal',
+               'SweepStopped', 'TrainingDiverged'],
 }
 _WHERE = {name: module for module, names in NAMES.items() for name in names}
 

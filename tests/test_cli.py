@@ -300,6 +300,9 @@ def test_the_library_names_no_flag_and_the_cli_spells_every_argument_it_names():
     assert names <= set(common.FLAGS), names - set(common.FLAGS)
     for path in library_files():
         for node in ast_strings(path):
+            # pip's own flags, in the pip commands the library prints for an MXNet that cannot
+            # load (base.compat), are not the package's
+            node = re.sub(r'pip install(\s+--[a-z-]+)*', 'pip install', node)
             assert not re.search(r'(^|\s)--[a-z]', node), (path.name, node)
 
 

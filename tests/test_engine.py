@@ -29,6 +29,7 @@ CORES = gm.engine.cores()
 #: Helpers every probe process starts with.
 PRELUDE = '''\
 import json, os, sys, warnings
+import gluon_multigpu  # loads no MXNet; an `import mxnet` after it finds NumPy prepared (compat)
 
 def omp_team(ctx):
     """The threads a CPU operator of MXNet runs on: the OpenMP team of a parallel reduction
@@ -447,6 +448,7 @@ def test_mxnet_reads_the_scratch_copies_at_a_threads_first_operator_that_needs_t
     script = tmp_path / 'scratch.py'
     script.write_text(textwrap.dedent(f'''
         import os
+        import gluon_multigpu  # configures nothing; prepares NumPy for MXNet (base.compat)
         import mxnet as mx
         from mxnet import npx
         npx.set_np()
@@ -470,6 +472,7 @@ def test_mxnet_reads_the_scratch_copies_once_per_thread(tmp_path):
     script = tmp_path / 'scratch.py'
     script.write_text(textwrap.dedent('''
         import os, threading
+        import gluon_multigpu  # configures nothing; prepares NumPy for MXNet (base.compat)
         import mxnet as mx
         from mxnet import npx
         npx.set_np()

@@ -378,7 +378,7 @@ def test_the_mxjob_manifest_runs_the_launchers_commands():
     assert re.search(r'^kind: MXJob$', text, re.M)
     commands = mxjob_commands(text)
     assert set(commands) == {'Scheduler', 'Server', 'Worker'}
-    assert commands['Scheduler'] == commands['Server'] == ['python', '-c', 'import mxnet']
+    assert commands['Scheduler'] == commands['Server'] == ['python', '-c', 'import gluon_multigpu, mxnet']
     worker = commands['Worker']
     assert worker[:2] == ['python', 'scripts/train.py']
     args = train.build_parser().parse_args(worker[2:])

@@ -1,6 +1,7 @@
 """The ground floor: what every other group may use, and nothing above it.
 
-``engine`` (MXNet's engine settings, set before MXNet loads), ``fs`` (every
+``engine`` (MXNet's engine settings, set before MXNet loads), ``compat``
+(MXNet 1.9.1 made loadable on today's NumPy and Python), ``fs`` (every
 call that changes a file), ``reading`` (bounded reads of regular files),
 ``atomic`` (a file replaced whole), ``paths`` (where an output is written),
 ``signals`` (the stop signals, the rules of a stop request, a stop raised

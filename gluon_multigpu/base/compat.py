@@ -40,17 +40,28 @@ right after it. Everything this module changes:
    list or tuple, reach them as the equal Python number. NumPy's printing is
    not touched.
 
+When it happens: ``gluon_multigpu._mxnet`` calls both; and importing
+``gluon_multigpu`` puts a finder on ``sys.meta_path`` (``install_hook``) that
+does the same for the process's first ``import mxnet`` from anywhere (a
+script, a test, a notebook cell that imports MXNet itself after the
+package), then takes itself off. A failure of MXNet's library to load there
+(a missing system library) becomes ``MXNetLoadError`` saying what to install.
+
 Nothing else changes: NumPy's print options, error settings and default
 types are the user's (``tests/test_compat.py`` checks them around a
 training). ``report()`` says what was done, for ``gluon-multigpu-doctor``.
 """
 import builtins
+import importlib.util
 import re
 import sys
 import types
 import warnings
 
-__all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known']
+from ..errors import MXNetLoadError
+
+__all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known',
+           'install_hook', 'load_advice']
 
 #: The NumPy releases this module was run against (the runtime matrix of ``tools/runtimes.py``):
 #: (oldest, newest) as (major, minor). A newer one may work; the doctor says it is untried.
@@ -59,7 +70,7 @@ KNOWN_NUMPY = ((1, 17), (2, 5))
 #: The financial functions NumPy 1.20 removed and MXNet's fallback table still reads.
 FINANCIAL = ('fv', 'ipmt', 'irr', 'mirr', 'nper', 'npv', 'pmt', 'ppmt', 'pv', 'rate')
 
-_DONE = {'numpy_names': [], 'distutils': False, 'plain_values': False}
+_DONE = {'prepared': False, 'numpy_names': [], 'distutils': False, 'plain_values': False}
 
 
 def _replacements(numpy):
@@ -225,6 +236,7 @@ def prepare():
     import numpy  # pylint: disable=import-outside-toplevel
     _DONE['numpy_names'] = sorted(set(_DONE['numpy_names']) | set(restore_numpy_names(numpy)))
     _DONE['distutils'] = provide_distutils_version() or _DONE['distutils']
+    _DONE['prepared'] = True
 
 
 def plain(value, generic):
@@ -274,9 +286,9 @@ def after_load(mxnet):
 
 
 def report():
-    """What this process changed: the NumPy names restored, whether ``distutils.version`` was
-    provided, whether operator parameters are made plain."""
-    return {'numpy_names': list(_DONE['numpy_names']), 'distutils': _DONE['distutils'],
+    """What this process changed: whether ``prepare`` ran, the NumPy names restored, whether
+    ``distutils.version`` was provided, whether operator parameters are made plain."""
+    return {'prepared': _DONE['prepared'], 'numpy_names': list(_DONE['numpy_names']), 'distutils': _DONE['distutils'],
             'plain_values': _DONE['plain_values']}
 
 
@@ -314,3 +326,38 @@ def load_advice(error):
                 f"pip install 'numpy<{KNOWN_NUMPY[1][0]}.{KNOWN_NUMPY[1][1] + 1}'")
     return (f'MXNet cannot load ({text}): reinstall it (pip install --force-reinstall --no-deps '
             'mxnet==1.9.1) and run gluon-multigpu-doctor')
+
+
+class _BeforeMXNet:
+    """A ``sys.meta_path`` finder: at the process's first ``import mxnet``, ``prepare()`` before
+    MXNet's code runs and ``after_load`` once it has; then it is gone from ``sys.meta_path``."""
+
+    def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
+        if name != 'mxnet':
+            return None
+        remove_hook()
+        prepare()
+        spec = importlib.util.find_spec('mxnet')  # the finders after this one, as without it
+        if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            try:
+                run(module)
+            except (OSError, AttributeError) as e:  # its library, or a NumPy it cannot run on
+                raise MXNetLoadError(load_advice(e)) from e
+            after_load(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install_hook():
+    """Put the finder of ``_BeforeMXNet`` first on ``sys.meta_path`` unless MXNet is loaded."""
+    if 'mxnet' not in sys.modules and not any(isinstance(f, _BeforeMXNet) for f in sys.meta_path):
+        sys.meta_path.insert(0, _BeforeMXNet())
+
+
+def remove_hook():
+    """Take the finder of ``install_hook`` off ``sys.meta_path``."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _BeforeMXNet)]

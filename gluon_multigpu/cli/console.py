@@ -19,7 +19,8 @@ import sys
 
 from . import messages
 from .arguments import FLAGS, UsageError, engine_devices
-from ..base import engine, signals
+from ..base import compat, engine, signals
+from ..errors import MXNetLoadError
 from ..run import files
 from ..run.stopping import StopRequest
 
@@ -223,4 +224,15 @@ def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disabl
     _RUN['program'] = True
     if engine:
         prepare_engine(engine_argv)
-    sys.exit(main())
+    try:
+        status = main()
+    except MXNetLoadError as e:  # MXNet could not load, wherever the program first needed it
+        say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: {e}')
+        status = 2
+    except ModuleNotFoundError as e:
+        if (e.name or '').split('.')[0] != 'mxnet':
+            raise
+        say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: '
+                    f'{compat.load_advice(e)}')
+        status = 2
+    sys.exit(status)

@@ -16,6 +16,7 @@ import sys
 import time
 
 from ..base import compat, engine
+from ..errors import GluonMultiGPUError
 from . import console
 from .arguments import OneLineParser
 
@@ -39,8 +40,7 @@ def probe(out=None):
         engine.configure(2)
         from .. import _mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     except Exception as e:  # pylint: disable=broad-except  (reported, as the doctor's purpose)
-        cause = e.__cause__ or e
-        found['error'] = compat.load_advice(cause) if cause is not e or not str(e) else str(e)
+        found['error'] = str(e) if isinstance(e, GluonMultiGPUError) else compat.load_advice(e)
         print(MARK + json.dumps(found), file=out, flush=True)
         return
     import mxnet  # pylint: disable=import-outside-toplevel

@@ -11,7 +11,7 @@ in the middle of epoch 2 (at rank 0's first progress line of epoch 2 from
 step ``MID_STEP`` on):
 
 - ``worker-killed``: SIGKILL to train.py on host 2 (worker 0);
-- ``server-killed``: SIGKILL to the server (``python -c 'import mxnet'``) on host 1;
+- ``server-killed``: SIGKILL to the server (``python -c 'import gluon_multigpu, mxnet'``) on host 1;
 - ``scheduler-killed``: SIGKILL to the scheduler on host 0;
 - ``link-down``: host 2's link cut (``Cluster.link_down``) and left down to the end;
 - ``host-gone``: every process of host 2 killed, its sshd too, then its link

@@ -61,7 +61,7 @@ class Fault:
     silent: bool = False
 
 
-_SERVER = r' -c import mxnet$'
+_SERVER = r' -c import gluon_multigpu, mxnet$'
 #: The faults of the study, by name, in the order they run.
 FAULTS = {f.name: f for f in [
     Fault('worker-killed', 'worker killed (SIGKILL to train.py on host 2)', 'kill', 2,

@@ -150,6 +150,11 @@ def _status_words(code):
         return f'status {code}'
 
 
+#: What a scheduler or server runs: MXNet runs the role as it loads (the DMLC_* variables say
+#: which), after the package has prepared NumPy for it (base.compat), then exits.
+ROLE = 'import gluon_multigpu, mxnet'
+
+
 def plan(settings, hosts, command):
     """Return the roles: scheduler, servers, workers, in start order.
 
@@ -158,7 +163,7 @@ def plan(settings, hosts, command):
     shared = {'DMLC_PS_ROOT_URI': _address(hosts[0]),
               'DMLC_NUM_SERVER': str(settings.num_servers),
               'DMLC_NUM_WORKER': str(settings.num_workers)}
-    server = [sys.executable, '-c', 'import mxnet']  # MXNet runs the role, then exits
+    server = [sys.executable, '-c', ROLE]  # MXNet runs the role, then exits
 
     def role(kind, index, host, extra, argv):
         env = dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host), **extra)

@@ -1,0 +1,278 @@
+"""MXNet 1.9.1 on today's NumPy and Python (``gluon_multigpu.base.compat``), and the doctor.
+
+What runs here runs under whichever NumPy and Python the suite was installed on:
+``tools/runtimes.py`` runs this file (and the fast loop) under NumPy 1.23, 1.26
+and 2.x and under Python 3.12 and 3.13, where the real removals are met. The
+removals themselves are also faked here (a NumPy module without the names, a
+Python without ``distutils``, an MXNet whose library needs a missing one), so
+that each path is checked on any runtime.
+"""
+import json
+import os
+import sys
+import textwrap
+import types
+import warnings
+
+import numpy as onp
+import pytest
+
+from gluon_multigpu.base import compat
+from gluon_multigpu.cli import doctor
+from conftest import REPO, run_bounded
+
+
+def numpy_without(*names):
+    """A module holding real NumPy's attributes but ``names`` (as a NumPy that removed them)."""
+    fake = types.ModuleType('numpy')
+    fake.__dict__.update({k: v for k, v in vars(onp).items()
+                          if k not in names and k != '__getattr__'})
+    return fake
+
+
+#: Names some NumPy removed. ``trapz``'s replacement, ``trapezoid``, came with NumPy 2.0: before
+#: it, a NumPy without ``trapz`` cannot be (and never was) made.
+REMOVED = ('bool', 'int', 'float', 'object', 'PZERO', 'NINF', 'NAN', 'float_', 'unicode_',
+           'in1d', 'msort', 'product', 'alltrue', 'mirr', 'npv') + \
+    (('trapz',) if hasattr(onp, 'trapezoid') else ())
+
+
+def test_each_removed_name_is_restored_and_nothing_present_is_replaced():
+    fake = numpy_without(*REMOVED)
+    kept = {k: v for k, v in vars(fake).items()}
+    restored = compat.restore_numpy_names(fake)
+    assert set(REMOVED) <= set(restored)
+    for name, value in kept.items():
+        assert vars(fake)[name] is value, name  # nothing that was there changed
+    assert fake.bool is bool and fake.int is int and fake.object is object
+    assert fake.PZERO == 0.0 and fake.NINF == -onp.inf and onp.isnan(fake.NAN)
+    assert fake.float_ is onp.float64 and fake.unicode_ is onp.str_
+    assert compat.restore_numpy_names(fake) == []  # a second call changes nothing
+
+
+def test_a_name_numpy_still_gives_with_a_warning_is_left_as_it_is():
+    fake = numpy_without('bool')
+    served = object()
+
+    def deprecated(name):
+        if name == 'bool':
+            warnings.warn('np.bool is deprecated', DeprecationWarning)
+            return served
+        raise AttributeError(name)
+    fake.__getattr__ = deprecated
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # the check itself must not warn
+        restored = compat.restore_numpy_names(fake)
+    assert 'bool' not in restored and 'bool' not in vars(fake)
+
+
+def test_the_restored_functions_compute_what_numpy_did():
+    fake = numpy_without(*REMOVED)
+    compat.restore_numpy_names(fake)
+    a = onp.array([[3, 1], [2, 5], [1, 0]])
+    assert onp.array_equal(fake.msort(a), onp.sort(a, axis=0))
+    assert onp.array_equal(fake.in1d([[1, 2], [3, 4]], [2, 4]), [False, True, False, True])
+    assert fake.product([2, 3, 4]) == 24 and fake.alltrue([1, 1]) and not fake.alltrue([1, 0])
+    if 'trapz' in REMOVED:
+        assert fake.trapz([1.0, 2.0, 3.0]) == pytest.approx(4.0)
+    assert fake.asfarray([1, 2]).dtype == onp.float64
+    with pytest.raises(NotImplementedError, match='numpy-financial'):
+        fake.mirr([1.0], 0.1, 0.1)
+
+
+def test_this_processes_numpy_has_every_name_mxnet_reads():
+    import gluon_multigpu._mxnet  # noqa: F401  (loads MXNet through compat)
+    for name in ('bool', 'int', 'float', 'object', 'PZERO', 'NZERO', 'NINF', 'NAN', 'Inf',
+                 'float_', 'msort', 'in1d', 'trapz', 'mirr', 'npv', 'pmt'):
+        assert compat._has(onp, name), name  # pylint: disable=protected-access
+
+
+def test_mxnet_imported_directly_after_the_package_is_prepared_too():
+    # A user's script or notebook cell: `import gluon_multigpu`, then `import mxnet` itself.
+    script = textwrap.dedent('''
+        import json, numpy as onp
+        import gluon_multigpu
+        from gluon_multigpu.base import compat
+        import mxnet as mx
+        mx.npx.set_np()
+        shards = mx.np.split(mx.np.arange(6), [onp.int64(2)])
+        print(json.dumps([compat.report(), shards[1].asnumpy().tolist(),
+                          [type(f).__name__ for f in __import__('sys').meta_path]]))
+    ''')
+    proc = run_bounded([sys.executable, '-c', script], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report, shard, finders = json.loads(proc.stdout.splitlines()[-1])
+    assert report['prepared'] and shard == [2.0, 3.0, 4.0, 5.0]
+    assert report['plain_values'] == (compat.numpy_version() >= (2, 0))
+    assert '_BeforeMXNet' not in finders  # the finder took itself off
+
+
+def test_a_broken_mxnet_imported_directly_says_what_to_install(tmp_path):
+    env = fake_mxnet(tmp_path, "raise OSError('libgomp.so.1: cannot open shared object file')")
+    proc = run_bounded([sys.executable, '-c', 'import gluon_multigpu, mxnet'], timeout=60, env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith('gluon_multigpu.errors.MXNetLoadError')
+    assert 'apt-get install libgomp1' in proc.stderr
+
+
+@pytest.mark.parametrize('program', ['train.py', 'demo.py', 'balance.py'])
+def test_a_program_on_a_broken_mxnet_is_one_line_and_status_2(tmp_path, program):
+    env = fake_mxnet(tmp_path, "raise OSError('libquadmath.so.0: cannot open shared object file')")
+    argv = {'train.py': ['--cpu-devices', '2', '--num-epochs', '1'], 'demo.py': [],
+            'balance.py': []}[program]
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / program)] + argv, timeout=120,
+                       env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and 'libquadmath0' in proc.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / 'mxnet']  # nothing written
+
+
+def test_version_classes_compare_as_mxnets_checks_need():
+    lv, sv = compat.LooseVersion, compat.StrictVersion
+    assert lv('2.4.6') >= lv('1.17') and lv('1.16.6') < lv('1.17') and lv('1.17') == lv('1.17.0')
+    assert sv('1.26.4') >= sv('1.6.0') and not sv('1.5.9') >= sv('1.6.0')
+    assert lv('2.0.0rc1') >= lv('1.15') and lv('1.23.5') >= '1.15'
+    with pytest.raises(ValueError):
+        sv('not a version')
+
+
+def test_without_distutils_mxnet_loads_and_trains_two_contexts(tmp_path):
+    # As on Python 3.12 and newer without setuptools: `import distutils` fails.
+    script = textwrap.dedent('''
+        import sys
+        sys.modules['distutils'] = None      # import distutils now raises ImportError
+        import gluon_multigpu as gm
+        devices = gm.cpu_devices(2)
+        from gluon_multigpu.base import compat
+        train_iter, test_iter = gm.data.synthetic_data('fashion-mnist', 32, num_train=64,
+                                                      num_test=32)
+        result = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=1)
+        from distutils.version import LooseVersion
+        print(compat.report()['distutils'], LooseVersion('1.17') < LooseVersion('2.0'),
+              result.epochs[-1].train_loss > 0)
+    ''')
+    proc = run_bounded([sys.executable, '-c', script], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-3:] == ['True', 'True', 'True'], proc.stdout
+
+
+def test_plain_makes_numpy_scalars_python_numbers_inside_lists_and_tuples():
+    value = compat.plain([0, onp.int64(4), (onp.float32(0.5), [onp.bool_(True)])], onp.generic)
+    assert value == [0, 4, (0.5, [True])]
+    assert type(value[1]) is int and type(value[2][0]) is float and type(value[2][1][0]) is bool
+    assert 'np.' not in str(value)
+    unchanged = [1, 'a', 2.5]
+    assert compat.plain(unchanged, onp.generic) is unchanged  # nothing to do: the same object
+
+
+def test_a_wrapped_invoke_is_handed_plain_values():
+    seen = []
+
+    def invoke(handle, ndargs, keys, vals, out):
+        seen.append([str(v) for v in vals])
+        return handle
+    wrapped = compat._plain_values(invoke, onp.generic, 3)  # pylint: disable=protected-access
+    assert wrapped(7, [], ['indices', 'axis'], [[0, onp.int64(4)], onp.int32(0)], None) == 7
+    assert seen == [['[0, 4]', '0']]
+    vals = ['[0, 4]', 1]
+    assert wrapped(8, [], ['a', 'b'], vals, None) == 8 and seen[-1] == ['[0, 4]', '1']
+
+
+def test_split_at_numpy_integers_gives_numpys_shards():
+    from gluon_multigpu._mxnet import mxnet as mx
+    x = onp.arange(14, dtype='float32').reshape(7, 2)
+    shards = mx.np.split(mx.np.array(x), [onp.int64(3), onp.int64(5)], axis=0)
+    expected = onp.split(x, [3, 5])
+    assert [s.asnumpy().tolist() for s in shards] == [e.tolist() for e in expected]
+    # The wrapping is there on NumPy 2 (where the repr changed) and only there.
+    assert compat.report()['plain_values'] == (compat.numpy_version() >= (2, 0))
+
+
+def test_a_training_leaves_numpys_print_options_and_error_settings_as_they_were():
+    script = textwrap.dedent('''
+        import json, numpy
+        before = (numpy.get_printoptions(), numpy.geterr(), numpy.array([0.1]).dtype.name)
+        import gluon_multigpu as gm
+        devices = gm.cpu_devices(2)
+        train_iter, test_iter = gm.data.synthetic_data('fashion-mnist', 32, num_train=64,
+                                                      num_test=32)
+        gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=1)
+        after = (numpy.get_printoptions(), numpy.geterr(), numpy.array([0.1]).dtype.name)
+        print(json.dumps([repr(before), repr(after)]))
+    ''')
+    proc = run_bounded([sys.executable, '-c', script], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after = json.loads(proc.stdout.splitlines()[-1])
+    assert before == after
+
+
+@pytest.mark.parametrize('error, advice', [
+    (OSError('libquadmath.so.0: cannot open shared object file: No such file or directory'),
+     'apt-get install libquadmath0'),
+    (OSError('libgomp.so.1: cannot open shared object file: No such file or directory'),
+     'apt-get install libgomp1'),
+    (OSError('libcuda.so.1: cannot open shared object file: No such file or directory'),
+     'no NVIDIA driver is installed'),
+    (ModuleNotFoundError("No module named 'mxnet'", name='mxnet'), 'pip install mxnet==1.9.1'),
+    (AttributeError("module 'numpy' has no attribute 'FOO'"), "pip install 'numpy<"),
+])
+def test_an_mxnet_that_cannot_load_gets_one_line_saying_what_to_install(error, advice):
+    line = compat.load_advice(error)
+    assert advice in line and '\n' not in line
+
+
+def fake_mxnet(folder, body):
+    """A module ``mxnet`` in ``folder`` whose import does ``body`` (as a broken install would)."""
+    package = folder / 'mxnet'
+    package.mkdir()
+    (package / '__init__.py').write_text(body)
+    return {**os.environ, 'PYTHONPATH': os.pathsep.join(
+        [str(folder), str(REPO)] + os.environ.get('PYTHONPATH', '').split(os.pathsep))}
+
+
+@pytest.mark.parametrize('body, words', [
+    ("raise OSError('libquadmath.so.0: cannot open shared object file: No such file or "
+     "directory')", 'libquadmath0'),
+    ("raise OSError('libgomp.so.1: cannot open shared object file')", 'libgomp1'),
+    ("raise OSError('libcuda.so.1: cannot open shared object file')", 'NVIDIA driver'),
+    ("import os; os.abort()", 'killed by signal 6'),
+])
+def test_the_doctor_names_what_to_install_for_an_mxnet_that_cannot_load(tmp_path, body, words):
+    env = fake_mxnet(tmp_path, body)
+    proc = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor'], timeout=120, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    problems = [line for line in proc.stdout.splitlines() if line.startswith('problem')]
+    assert len(problems) == 1 and words in problems[0], proc.stdout
+    assert 'Traceback' not in proc.stdout + proc.stderr
+
+
+def test_the_doctor_says_when_numpy_is_newer_than_the_releases_it_knows(monkeypatch):
+    monkeypatch.setattr(onp, '__version__', '3.1.0')
+    facts = doctor.collect(step=False)
+    assert facts['numpy']['version'] == '3.1.0' and not facts['numpy']['known']
+    assert len(facts['problems']) == 1 and 'NumPy 3.1.0' in facts['problems'][0]
+    assert "pip install 'numpy>=1.17,<" in facts['problems'][0]
+    monkeypatch.setattr(onp, '__version__', '1.26.4')
+    assert doctor.collect(step=False)['problems'] == []
+
+
+def test_the_doctor_reports_this_machine_and_a_two_context_step():
+    proc = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor', '--json'], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    facts = json.loads(proc.stdout)
+    assert facts['problems'] == []
+    assert facts['numpy']['version'] == onp.__version__
+    assert facts['python']['version'] == '.'.join(map(str, sys.version_info[:3]))
+    probed = facts['probe']
+    assert probed['loads'] and probed['version'] == '1.9.1'
+    assert set(probed['features']) == set(doctor.FEATURES) and probed['features']['MKLDNN']
+    step = probed['step']
+    assert step['ok'] and step['same_on_both'] and step['changed'] and step['finite']
+    text = run_bounded([sys.executable, str(REPO / 'scripts' / 'doctor.py')], timeout=300)
+    assert text.returncode == 0 and 8 <= len(text.stdout.splitlines()) <= 14, text.stdout
+    assert text.stdout.splitlines()[-1] == 'problems  none'
+
+
+def test_the_doctor_refuses_a_bad_flag_in_one_line():
+    proc = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor', '--jsn'], timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
