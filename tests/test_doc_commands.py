@@ -110,6 +110,11 @@ COVERED = {
          'tests/test_readme.py::test_ci_runs_the_readme_test_command'],
     ('README.md', 'import gluon_multigpu as gm'):
         ['tests/test_readme.py::test_readme_python_in_a_fresh_session_trains_as_the_main_job'],
+    # The NumPy 2 install: tools/runtimes.py installs with it (numpy-2, python-3.13) after the
+    # suite in CI; the test ties the tool's line to this one
+    ('README.md', "python3 -m venv .venv && . .venv/bin/activate && pip install 'numpy>=2' "
+     "matplotlib requests && pip install --no-deps mxnet==1.9.1 -e '.'"):
+        ['tests/test_runtimes.py::test_the_install_lines_are_the_readmes'],
     ('README.md', 'python scripts/train.py --num-gpus 2 --data-dir ../shared/data/fashion-mnist'):
         ['tests/test_readme_commands.py::test_a_next_command_runs_as_written_from_a_fresh_clone'],
     ('docs/distributed.md', 'sbatch --nodes=3 examples/slurm/train.sbatch --kvstore dist_sync '

@@ -280,6 +280,8 @@ def main(argv=None):
         records.append(record)
         compare(records)
         say(summary(record))
+        if not record.get('ok') and record.get('log'):
+            say(f"--- the end of {record['log']}:\n{tail(record['log'], 40)}---")
     if args.json:
         kept = [{k: v for k, v in r.items() if k != 'log'} for r in records]
         with atomic_write(args.json) as f:

@@ -56,8 +56,7 @@ def check_lr(lr):
     """
     number = isinstance(lr, numbers.Real) and not isinstance(lr, (bool, onp.bool_))
     value = float(lr) if number else math.nan
-    if not (math.isfinite(value) and value > 0 and onp.float32(value) > 0
-            and value <= LR_MAX):
+    if not (math.isfinite(value) and 0 < value <= LR_MAX and onp.float32(value) > 0):
         raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
                                  f'range (at most {LR_MAX:.4g}), got {lr!r}')
     return value
