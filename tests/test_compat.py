@@ -9,6 +9,7 @@ that each path is checked on any runtime.
 """
 import json
 import os
+import re
 import sys
 import textwrap
 import types
@@ -48,6 +49,11 @@ def test_each_removed_name_is_restored_and_nothing_present_is_replaced():
     assert fake.PZERO == 0.0 and fake.NINF == -onp.inf and onp.isnan(fake.NAN)
     assert fake.float_ is onp.float64 and fake.unicode_ is onp.str_
     assert compat.restore_numpy_names(fake) == []  # a second call changes nothing
+
+
+def test_the_modules_text_lists_every_name_it_may_restore():
+    words = set(re.findall(r'[A-Za-z_][A-Za-z_0-9]*', compat.__doc__))
+    assert set(compat._replacements(onp)) <= words  # pylint: disable=protected-access
 
 
 def test_a_name_numpy_still_gives_with_a_warning_is_left_as_it_is():

@@ -30,9 +30,11 @@ def test_the_install_lines_are_the_readmes():
 
 
 def test_ci_runs_the_matrix_after_the_readme_suite():
-    ci = (REPO / '.ci' / 'run').read_text()
-    assert 'tools/runtimes.py' in ci
-    assert ci.index('python -m pytest -q') < ci.index('tools/runtimes.py')
+    lines = [l for l in (REPO / '.ci' / 'run').read_text().splitlines()
+             if l.strip() and not l.startswith('#')]
+    assert lines[-1].startswith('python tools/runtimes.py --work ')
+    assert [i for i, l in enumerate(lines) if l.endswith('python -m pytest -q')] == \
+        [len(lines) - 4]  # the README's line, then the folder for the venvs and its removal
 
 
 def test_the_reference_is_the_numpy_the_package_required_before():
