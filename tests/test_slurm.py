@@ -235,7 +235,7 @@ def test_usr1_stops_checkpoints_requeues_and_the_requeued_job_ends_equal(
 
 
 # A worker that joins the parameter server and says so: the job, without the training.
-JOIN = ('import mxnet as mx; kv = mx.kv.create("dist_sync"); '
+JOIN = ('import gluon_multigpu, mxnet as mx; kv = mx.kv.create("dist_sync"); '
         'print("joined rank", kv.rank, "of", kv.num_workers, flush=True)')
 
 
