@@ -84,7 +84,7 @@ def test_the_committed_results_say_what_ran_and_that_it_held():
         assert record['equal_to_reference'], record['name']
         assert record['fast_loop'].get('failed', 0) == 0 and record['fast_loop']['passed'] > 500
         assert record['slow_subset'].get('failed', 0) == 0
-        assert record['slow_subset']['passed'] == len(runtimes.SLOW)
+        assert record['slow_subset']['passed'] >= len(runtimes.SLOW)  # some are parametrized
 
 
 def test_bad_flags_are_refused(tmp_path):
