@@ -23,8 +23,6 @@ if not _engine.loaded():
 # pylint: disable=wrong-import-position
 try:
     import mxnet  # noqa: E402
-except MXNetLoadError:
-    raise
 except (ImportError, OSError, AttributeError) as _error:
     raise MXNetLoadError(_compat.load_advice(_error)) from _error
 from mxnet import npx  # noqa: E402

@@ -220,7 +220,7 @@ def test_a_training_leaves_numpys_print_options_and_error_settings_as_they_were(
     (OSError('libcuda.so.1: cannot open shared object file: No such file or directory'),
      'no NVIDIA driver is installed'),
     (ModuleNotFoundError("No module named 'mxnet'", name='mxnet'), 'pip install mxnet==1.9.1'),
-    (AttributeError("module 'numpy' has no attribute 'FOO'"), "pip install 'numpy<"),
+    (AttributeError("module 'numpy' has no attribute 'FOO'"), "pip install 'numpy>=1.17,<"),
 ])
 def test_an_mxnet_that_cannot_load_gets_one_line_saying_what_to_install(error, advice):
     line = compat.load_advice(error)

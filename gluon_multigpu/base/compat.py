@@ -1,55 +1,26 @@
 """MXNet 1.9.1 on today's NumPy (1.17 to 2.x) and on a Python without ``distutils``.
 
-MXNet 1.9.1 was released for NumPy below 1.24 and a Python that ships
-``distutils``. The package loads MXNet through ``gluon_multigpu._mxnet``,
-which calls ``prepare()`` before ``import mxnet`` and ``after_load(mxnet)``
-right after it. Everything this module changes:
+What it changes (docs/design.md, "Importing the package", says why):
 
-1. **Names NumPy removed, set again on the ``numpy`` module** (``prepare``),
-   only where NumPy no longer has them; an existing name is never replaced,
-   and on a NumPy that still has a name (with its deprecation warning), that
-   name is left as it is:
+1. ``prepare()``, before MXNet loads: names NumPy removed, set again on
+   ``numpy`` where NumPy lacks them (nothing present is replaced): the
+   builtin aliases ``bool int float complex object str unicode long``; from
+   NumPy 2.0's table of expired names ``Inf Infinity infty PINF NINF NaN
+   PZERO NZERO float_ complex_ cfloat singlecomplex longfloat clongfloat
+   longcomplex string_ unicode_ round_ alltrue sometrue mat asfarray``; and
+   ``NAN msort in1d trapz product cumproduct row_stack`` (as their NumPy 2
+   equivalents) and ``fv ipmt irr mirr nper npv pmt ppmt pv rate`` (stand-ins
+   that raise, naming numpy-financial). Also ``distutils.version``
+   (``LooseVersion``, ``StrictVersion``) where ``import distutils.version``
+   fails.
+2. ``after_load(mxnet)``, on NumPy 2 only: MXNet's imperative invoke and
+   symbol creator, which every operator call goes through, get NumPy scalars
+   (alone or in a list or tuple) as the equal Python numbers.
+3. ``install_hook()`` (importing ``gluon_multigpu`` calls it): the process's
+   first ``import mxnet`` from anywhere gets 1 and 2, and a library MXNet
+   cannot load becomes ``MXNetLoadError`` saying what to install.
 
-   - the builtin aliases NumPy 1.24 removed: ``bool int float complex object
-     str unicode long`` (the builtins, as NumPy had them);
-   - names of NumPy 2.0's table of expired attributes
-     (``numpy._expired_attrs_2_0``) that have a plain replacement:
-     ``Inf Infinity infty PINF NINF NaN PZERO NZERO float_ complex_ cfloat
-     singlecomplex longfloat clongfloat longcomplex string_ unicode_ round_
-     alltrue sometrue mat asfarray`` (their NumPy 2 equivalents);
-   - names MXNet reads when it loads that NumPy removed without an entry in
-     that table: ``NAN`` (``nan``), and the functions of MXNet's table of
-     NumPy fallbacks: ``msort in1d trapz product cumproduct row_stack`` (the
-     NumPy 2 equivalent) and the financial
-     functions ``fv ipmt irr mirr nper npv pmt ppmt pv rate`` (removed in
-     NumPy 1.20: a stand-in that raises, naming numpy-financial, as NumPy
-     1.19 to 1.23 did).
-
-2. **``distutils.version``** where ``import distutils.version`` fails (Python
-   3.12 and newer without setuptools' copy): a module named so, holding
-   ``LooseVersion`` and ``StrictVersion`` that compare the numeric part of a
-   version as MXNet's two version checks need. Nothing is set where Python
-   or setuptools provide the real one.
-
-3. **Values MXNet writes into an operator's parameters** (``after_load``, on
-   NumPy 2 only): MXNet passes each parameter to its C library as ``str()``
-   of the value, and NumPy 2 writes a NumPy scalar as ``np.int64(4)``, which
-   the operator refuses (``_split_v2`` got ``indices="[0, np.int64(4)]"``). The
-   two functions every operator call goes through, MXNet's imperative invoke
-   and its symbol creator, are wrapped so that NumPy scalars, alone or in a
-   list or tuple, reach them as the equal Python number. NumPy's printing is
-   not touched.
-
-When it happens: ``gluon_multigpu._mxnet`` calls both; and importing
-``gluon_multigpu`` puts a finder on ``sys.meta_path`` (``install_hook``) that
-does the same for the process's first ``import mxnet`` from anywhere (a
-script, a test, a notebook cell that imports MXNet itself after the
-package), then takes itself off. A failure of MXNet's library to load there
-(a missing system library) becomes ``MXNetLoadError`` saying what to install.
-
-Nothing else changes: NumPy's print options, error settings and default
-types are the user's (``tests/test_compat.py`` checks them around a
-training). ``report()`` says what was done, for ``gluon-multigpu-doctor``.
+NumPy's print options, error settings and default types are left as they are.
 """
 import builtins
 import importlib.util
@@ -226,6 +197,12 @@ def numpy_version(text=None):
     return _numeric(text)[:2]
 
 
+def numpy_pin():
+    """The pip requirement of the NumPy releases this module was run against."""
+    (low_major, low_minor), (major, minor) = KNOWN_NUMPY
+    return f"'numpy>={low_major}.{low_minor},<{major}.{minor + 1}'"
+
+
 def numpy_is_known(text=None):
     """Whether NumPy's version lies in the range this module was run against."""
     return KNOWN_NUMPY[0] <= numpy_version(text) <= KNOWN_NUMPY[1]
@@ -273,15 +250,13 @@ def after_load(mxnet):
         return
     # Every operator of mxnet.nd / mxnet.np (and the internal _npi, _internal...) is made by
     # MXNet's register modules, whose generated code calls these two names in their globals.
-    ndarray_register = sys.modules['mxnet.ndarray.register']
-    symbol_register = sys.modules['mxnet.symbol.register']
+    ndarray_register, symbol_register = mxnet.ndarray.register, mxnet.symbol.register
     # _imperative_invoke(handle, ndargs, keys, vals, ...), _symbol_creator(handle, args,
     # kwargs, keys, vals, ...)
     ndarray_register._imperative_invoke = _plain_values(ndarray_register._imperative_invoke,
                                                         numpy.generic, 3)
     symbol_register._symbol_creator = _plain_values(symbol_register._symbol_creator,
                                                     numpy.generic, 4)
-    del mxnet  # the caller's proof that MXNet is loaded; the modules are read from sys.modules
     _DONE['plain_values'] = True
 
 
@@ -323,7 +298,7 @@ def load_advice(error):
         import numpy  # pylint: disable=import-outside-toplevel
         return (f'MXNet cannot load on NumPy {numpy.__version__} ({text}): this NumPy is newer '
                 f'than the ones gluon-multigpu knows (up to {".".join(map(str, KNOWN_NUMPY[1]))}); '
-                f"pip install 'numpy<{KNOWN_NUMPY[1][0]}.{KNOWN_NUMPY[1][1] + 1}'")
+                f'pip install {numpy_pin()}')
     return (f'MXNet cannot load ({text}): reinstall it (pip install --force-reinstall --no-deps '
             'mxnet==1.9.1) and run gluon-multigpu-doctor')
 

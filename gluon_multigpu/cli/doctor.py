@@ -203,7 +203,7 @@ def problems(facts):
     if not facts['numpy']['known']:
         found.append(f"NumPy {facts['numpy']['version']} lies outside the releases gluon-multigpu "
                      f'was run on ({low} to {high}): if training fails, pip install '
-                     f"'numpy>={low},<{_next_minor(high)}'")
+                     f'{compat.numpy_pin()}')
     if facts['mxnet_distribution'] is None:
         found.append('no MXNet distribution is installed: pip install mxnet==1.9.1 '
                      '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')
@@ -231,11 +231,6 @@ def problems(facts):
         found.append(f'the two-context step failed ({why}): report it with gluon-multigpu-doctor '
                      '--json')
     return found
-
-
-def _next_minor(version):
-    major, minor = (int(v) for v in version.split('.')[:2])
-    return f'{major}.{minor + 1}'
 
 
 def _yes(value):
