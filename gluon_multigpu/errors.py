@@ -111,10 +111,11 @@ class Interrupted(BaseException):
 
 
 class StoppedBetweenRuns(Interrupted):
-    """A stop at the end of one run of a comparison (a kvstore's): the next runs are not begun.
+    """A stop at the end of an epoch of a comparison's runs (taken in turn): no other is begun.
 
-    ``done`` names the run that finished last, ``left`` those not begun;
-    ``num_epochs`` is the epoch each run ended with.
+    ``done`` names the epoch that finished last (``epoch 2 of kvstore
+    local``), ``left`` what was not begun, in words; ``num_epochs`` is the last
+    round every run finished.
     """
 
     def __init__(self, num_epochs, done, left, signum=None):

@@ -63,16 +63,19 @@ def test_train_says_where_it_stopped_and_how_to_go_on():
     assert messages.train_stopped(INT, gm.Interrupted(1, None, epoch_done=True)) == (
         'interrupted by SIGINT after epoch 1 had finished its steps, before epoch 2 began; no '
         'checkpoint written (add --checkpoint-dir DIR to be able to resume)')
-    between = gm.StoppedBetweenRuns(2, 'device', ['local', 'none'], TERM)
-    assert messages.train_stopped(TERM, between, kept=(['device'], ['local'], ['a.json'])) == (
-        'interrupted by SIGTERM at the end of the run with kvstore device: the runs with '
-        'local, none were not begun; the results of kvstore device are kept, marked partial, '
-        'in a.json')
-    assert messages.train_stopped(INT, stop, kept=([], ['device'], [])) == (
-        'interrupted by SIGINT during the run with kvstore device (in epoch 2 after 5 '
-        'batch(es)); no kvstore had finished: no output was written')
-    assert messages.comparison_why(INT, 'device') == (
-        'interrupted by SIGINT before kvstore device had finished')
+    between = gm.StoppedBetweenRuns(1, 'epoch 2 of kvstore device',
+                                    ['epoch 2 of kvstore local', 'epoch 3 of every kvstore'], TERM)
+    measured = 'epochs 1-2 of kvstore none, device; epoch 1 of kvstore local'
+    assert messages.train_stopped(TERM, between, kept=(measured, None, ['a.json'])) == (
+        'interrupted by SIGTERM at the end of epoch 2 of kvstore device: epoch 2 of kvstore '
+        'local and epoch 3 of every kvstore not begun; the results of epochs 1-2 of kvstore '
+        'none, device; epoch 1 of kvstore local are kept, marked partial, in a.json')
+    assert messages.train_stopped(INT, stop, kept=(None, 'epoch 2 of kvstore device', [])) == (
+        'interrupted by SIGINT during epoch 2 of kvstore device (in epoch 2 after 5 '
+        'batch(es)); no epoch had finished: no output was written')
+    assert messages.comparison_why(INT, 'epoch 2 of kvstore device') == (
+        'interrupted by SIGINT during epoch 2 of kvstore device')
+    assert messages.comparison_why(INT, None) == 'interrupted by SIGINT between two epochs'
     assert messages.train_stopped_now() == (
         'stopped at once (a second signal): the last complete checkpoint, if any, is kept')
     assert messages.train_finished_anyway(TERM, outputs=True, checkpoint=True) == (

@@ -1,11 +1,18 @@
 """The runs of one train command, one per kvstore, and the files they write (--plot, --json...).
 
-Several kvstores are compared one after another on the same data and initial
-weights: a line before each run says which it is and, once a run has
-finished, when the comparison ends (``progress.Schedule``); the outputs are
-written as each run finishes, marked partial until all have; a stop keeps
-the finished runs' results, printed and written marked partial (``kept``),
-and a stop between two runs begins no other (``StoppedBetweenRuns``).
+Several kvstores are compared in rounds on the same data and initial weights:
+epoch 1 of each kvstore, then epoch 2 of each (in the reverse order), and so
+on, so that a change of the machine's load falls on all of them alike, and
+the answer compares their epochs of the same round (``compare.recommend``,
+``study.paired``). Each
+kvstore's training is exactly what it is alone: its own network, Trainer and
+sequence of batches, which go on where they stopped at its next turn. A line
+before each epoch says whose it is and when the comparison ends
+(``progress.Schedule``); the load of each epoch is recorded
+(``paired.LoadMeter``); the outputs are written after each round, marked
+partial until the last; a stop keeps the epochs measured, printed and written
+marked partial (``kept``), and a stop between two epochs begins no other
+(``StoppedBetweenRuns``).
 """
 from . import messages
 from ..errors import Interrupted, StoppedBetweenRuns
@@ -14,6 +21,7 @@ from ..run.progress import Schedule, duration
 from ..study.charts import accuracy_chart
 from ..study.compare import recommend
 from ..study.kvstore_report import comparison_table, runs_json, write_kvstore_report
+from ..study.paired import LoadMeter
 
 __all__ = ['Comparison', 'write_outputs', 'partial_note']
 
@@ -21,8 +29,8 @@ __all__ = ['Comparison', 'write_outputs', 'partial_note']
 def write_outputs(args, results, config, tracker, pending=(), partial=None):
     """Write the ``--plot``, ``--json`` and ``--report`` files, each atomically; return their paths.
 
-    ``pending``: the kvstores compared whose runs have not finished; ``partial``
-    says why (the outputs are then marked partial).
+    ``pending``: the kvstores compared with no epoch measured; ``partial``
+    says why the outputs are incomplete (they are then marked partial).
     """
     written = []
     if args.plot:
@@ -40,91 +48,154 @@ def write_outputs(args, results, config, tracker, pending=(), partial=None):
     return written
 
 
-def partial_note(pending, finished, why=None):
-    """Why the outputs of a comparison are partial: ``why`` it stopped, or that it still runs."""
+def partial_note(rounds_done, rounds, measured=None, why=None):
+    """Why the outputs of a comparison are partial: ``why`` it stopped (with what was
+    ``measured``), or that it still runs after ``rounds_done`` of ``rounds`` rounds."""
     if why is None:
-        why = (f'written when kvstore {finished[-1]} had finished, while the comparison went on '
-               '(a later version replaces this one)')
-    return f'{why}; not measured: kvstore {", ".join(pending)}'
+        return (f'written after round {rounds_done} of {rounds} (epoch {rounds_done} of every '
+                'kvstore), while the comparison went on (a later version replaces this one)')
+    return f'{why}; measured: {measured}'
 
 
 class Comparison:
-    """The runs of ``kvstores``, one after another (one kvstore: a single run).
+    """The runs of ``kvstores``, taken in turn epoch after epoch (one kvstore: a single run).
 
     ``config`` is what the outputs record of the run (None: this process
     writes none, a worker after the first); ``tracker`` holds each run's
     parameters after every epoch; ``stop`` (a ``StopRequest``, or None) is
-    asked between two runs; the lines go to ``out``.
+    asked between two epochs; the lines go to ``out``.
     """
 
     def __init__(self, args, kvstores, config, tracker, out, stop=None):
         self.args, self.kvstores, self.config = args, kvstores, config
         self.tracker, self.out, self.stop = tracker, out, stop
-        self.results = []
-        self.schedule = Schedule(kvstores, 'kvstore comparison') if len(kvstores) > 1 else None
+        self.rounds = args.num_epochs
+        self.runs = {}  # kvstore -> its run (``train_run.KvstoreRun``)
+        self.loads = {k: {} for k in kvstores}  # kvstore -> {epoch: LoadMeter figures}
+        self.current = None  # the epoch in progress: 'epoch 2 of kvstore device'
+        self.schedule = (Schedule(kvstores, 'kvstore comparison', self.rounds)
+                         if len(kvstores) > 1 else None)
 
-    def run(self, train_one, quiet=False):
-        """Train with each kvstore (``train_one(kvstore, schedule)``); return the results.
+    @property
+    def results(self):
+        """The ``TrainResult`` of every kvstore with an epoch measured, in the order given."""
+        return [self.runs[k].result for k in self.kvstores
+                if k in self.runs and self.runs[k].result is not None
+                and self.runs[k].result.epochs]
 
-        ``quiet``: no final line per run (a worker after the first). A stop
-        raises its ``Interrupted`` with ``comparison`` set to what ``kept``
-        returned, where several kvstores were compared.
+    def run(self, start_one, quiet=False):
+        """Train with each kvstore; return the results.
+
+        ``start_one(kvstore, schedule)`` builds a kvstore's run, whose
+        ``train(epochs)`` trains that many more epochs and returns its
+        ``TrainResult``. ``quiet``: no final line per run (a worker after the
+        first). A stop raises its ``Interrupted`` with ``comparison`` set to
+        what ``kept`` returned, where several kvstores were compared.
         """
+        if self.schedule is None:
+            kvstore = self.kvstores[0]
+            self.runs[kvstore] = start_one(kvstore, None)
+            result = self.runs[kvstore].train(self.rounds)
+            if not quiet:
+                print(result.final_line(), file=self.out, flush=True)
+            self._end()
+            return self.results
+        meter = LoadMeter()
         try:
-            for kvstore in self.kvstores:
-                if self.results and self.stop is not None and self.stop():  # at the last's end
-                    raise StoppedBetweenRuns(self.args.num_epochs, self.results[-1].kvstore,
-                                             self.kvstores[len(self.results):], self.stop.signum)
-                self._begin(kvstore)
-                result = train_one(kvstore, self.schedule)
-                if self.schedule is not None:
+            for epoch in range(1, self.rounds + 1):
+                for i, kvstore in enumerate(self.order(epoch)):
+                    if self.schedule.index >= 0 and self.stop is not None and self.stop():
+                        raise self._stopped_between(epoch, i)
+                    self._begin(kvstore, epoch)
+                    if kvstore not in self.runs:
+                        # Built at its first turn, just before its first epoch: MXNet draws
+                        # the initial weights at the first forward pass, from the generator
+                        # seeded when the run is built, so nothing may draw in between.
+                        self.runs[kvstore] = start_one(kvstore, self.schedule)
+                    meter.start()
+                    result = self.runs[kvstore].train(1)
+                    self.loads[kvstore][epoch] = meter.stop()
+                    result.loads = self.loads[kvstore]
                     self.schedule.end()
-                if not quiet:
-                    print(result.final_line(), file=self.out, flush=True)
-                self.results.append(result)
-                pending = self.kvstores[len(self.results):]
-                if pending and self.config is not None:  # what is measured is kept as it comes
-                    write_outputs(self.args, self.results, self.config, self.tracker, pending,
-                                  partial_note(pending, self.kvstores[:len(self.results)]))
+                    self.current = None
+                if epoch < self.rounds and self.config is not None:  # kept as it comes
+                    write_outputs(self.args, self.results, self.config, self.tracker,
+                                  partial=partial_note(epoch, self.rounds))
         except Interrupted as e:
-            if self.schedule is not None:
-                e.comparison = self.kept()
+            e.comparison = self.kept()
             raise
+        if not quiet:
+            for result in self.results:
+                print(result.final_line(), file=self.out, flush=True)
         self._end()
         return self.results
 
-    def _begin(self, kvstore):
-        """The line before a run of several: which it is, when the comparison ends."""
-        if self.schedule is None:
-            return
+    def order(self, epoch):
+        """The kvstores in the order round ``epoch`` takes them: as given, then backwards, and
+        so on (ABC, CBA, ABC), so that no kvstore always follows the same one."""
+        return self.kvstores if epoch % 2 else self.kvstores[::-1]
+
+    def _stopped_between(self, epoch, index):
+        """The stop at the end of an epoch: what was not begun."""
+        if index:
+            order = self.order(epoch)
+            done = f'epoch {epoch} of kvstore {order[index - 1]}'
+            left = [f'epoch {epoch} of kvstore {", ".join(order[index:])}']
+        else:
+            done = f'round {epoch - 1} (epoch {epoch - 1} of every kvstore)'
+            left = []
+        if epoch < self.rounds or index == 0:
+            first = epoch + (1 if index else 0)
+            left.append(f'epoch{"s" if first < self.rounds else ""} {first}'
+                        + (f'-{self.rounds}' if first < self.rounds else '')
+                        + ' of every kvstore')
+        return StoppedBetweenRuns(epoch - (0 if index else 1), done, left,
+                                  self.stop.signum)
+
+    def _begin(self, kvstore, epoch):
+        """The line before an epoch of a run: whose it is, when the comparison ends."""
         left = self.schedule.left()
         self.schedule.begin()
-        print(f'-- kvstore {kvstore} ({self.schedule.position()}'
+        self.current = f'epoch {epoch} of kvstore {kvstore}'
+        print(f'-- kvstore {kvstore}, epoch {epoch}/{self.rounds} ({self.schedule.position()}'
               + (f'; the comparison ends in about {duration(left)}' if left is not None else '')
               + ')', file=self.out, flush=True)
 
     def _end(self):
-        """The side-by-side table of several runs; the outputs, complete."""
+        """The side-by-side table of several runs and the answer; the outputs, complete."""
         if len(self.results) > 1:
             print(comparison_table(self.results, self.tracker), file=self.out)
             print(recommend(self.results), file=self.out)
         if self.config is not None:  # the first worker writes for all
             write_outputs(self.args, self.results, self.config, self.tracker)
 
-    def kept(self):
-        """On a stop: print and write what the finished kvstores measured.
+    def measured(self):
+        """The epochs measured, in words: ``epochs 1-2 of kvstore local; epoch 1 of kvstore device, none``."""
+        counts = {}
+        for k in self.kvstores:
+            result = self.runs[k].result if k in self.runs else None
+            n = len(result.epochs) if result is not None else 0
+            counts.setdefault(n, []).append(k)
+        return '; '.join((f'epochs 1-{n}' if n > 1 else 'epoch 1' if n else 'no epoch')
+                         + f' of kvstore {", ".join(names)}'
+                         for n, names in sorted(counts.items(), reverse=True))
 
-        Returns ``(finished, pending, written)``: the kvstores whose runs
-        finished, those that did not, and the output paths written (marked partial).
+    def kept(self):
+        """On a stop: print and write what the kvstores measured.
+
+        Returns ``(measured, current, written)``: the epochs measured in words
+        (``measured``), the epoch in progress when it stopped (None between
+        two), and the output paths written (marked partial).
         """
-        finished = [r.kvstore for r in self.results]
-        pending = self.kvstores[len(self.results):]
-        if not self.results or self.config is None:
-            return finished, pending, []
-        print(comparison_table(self.results, self.tracker), file=self.out)
-        print(recommend(self.results, pending=pending), file=self.out, flush=True)
+        results = self.results
+        measured = self.measured() if results else None
+        pending = [k for k in self.kvstores if k not in {r.kvstore for r in results}]
+        if not results or self.config is None:
+            return measured, self.current, []
+        print(comparison_table(results, self.tracker), file=self.out)
+        print(recommend(results, pending=pending), file=self.out, flush=True)
         why = messages.comparison_why(self.stop.signum if self.stop is not None else None,
-                                      pending[0])
-        return finished, pending, write_outputs(self.args, self.results, self.config,
-                                                self.tracker, pending,
-                                                partial_note(pending, finished, why))
+                                      self.current)
+        return measured, self.current, write_outputs(
+            self.args, results, self.config, self.tracker, pending,
+            partial_note(None, self.rounds, measured, why))

@@ -61,37 +61,38 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None):
     """The last line of a training run stopped by ``error`` (an ``Interrupted``).
 
     Where it stopped; then what a stopped comparison kept (``kept``, from
-    ``comparison_kept``), or the ``checkpoint`` folder and the ``resume``
+    ``Comparison.kept``), or the ``checkpoint`` folder and the ``resume``
     command, or that nothing can be resumed.
     """
     name = signal_name(signum)
     done = getattr(error, 'done', None)
     if getattr(error, 'left', None) is not None:  # StoppedBetweenRuns
-        where = (f'interrupted by {name} at the end of the run with kvstore {done}: the '
-                 f'runs with {", ".join(error.left)} were not begun')
+        where = f'interrupted by {name} at the end of {done}'
+        if error.left:
+            where += f': {kept_and_written(error.left)} not begun'
     else:
         when = f'in epoch {error.epoch} after {error.batches} batch(es)'
         if error.epoch_done:
             when = (f'after epoch {error.epoch} had finished its steps, before epoch '
                     f'{error.epoch + 1} began')
         where = f'interrupted by {name} {when}'
-        if kept is not None:
-            where = f'interrupted by {name} during the run with kvstore {kept[1][0]} ({when})'
+        if kept is not None and kept[1] is not None:
+            where = f'interrupted by {name} during {kept[1]} ({when})'
     if kept is not None:
-        return f'{where}; {comparison_kept(*kept)}'
+        return f'{where}; {comparison_kept(kept[0], kept[2])}'
     if checkpoint is not None:
         return f'{where}; checkpoint in {checkpoint}; resume with: {resume}'
     return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
 
 
-def comparison_kept(finished, pending, written):  # pylint: disable=unused-argument
-    """What a stopped comparison kept: the finished kvstores' results, and where."""
-    if not finished:
-        return 'no kvstore had finished: no output was written'
-    runs = f'kvstore {", ".join(finished)}'
+def comparison_kept(measured, written):
+    """What a stopped comparison kept: the epochs ``measured`` (in words, None for none), and
+    where they were ``written``."""
+    if not measured:
+        return 'no epoch had finished: no output was written'
     if not written:
-        return f'the results of {runs} are printed above (no output was asked for)'
-    return f'the results of {runs} are kept, marked partial, in {kept_and_written(written)}'
+        return f'the results of {measured} are printed above (no output was asked for)'
+    return f'the results of {measured} are kept, marked partial, in {kept_and_written(written)}'
 
 
 def kept_and_written(paths):
@@ -99,9 +100,11 @@ def kept_and_written(paths):
     return ', '.join(paths[:-1]) + ' and ' + paths[-1] if len(paths) > 1 else paths[0]
 
 
-def comparison_why(signum, pending):
-    """Why the outputs of a stopped comparison are partial."""
-    return f'interrupted by {signal_name(signum, "a stop")} before kvstore {pending} had finished'
+def comparison_why(signum, current):
+    """Why the outputs of a stopped comparison are partial: stopped during ``current`` (the
+    epoch in progress, in words) or between two epochs (None)."""
+    during = f'during {current}' if current else 'between two epochs'
+    return f'interrupted by {signal_name(signum, "a stop")} {during}'
 
 
 def train_finished_anyway(signum, outputs=False, checkpoint=False):

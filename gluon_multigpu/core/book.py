@@ -19,7 +19,7 @@ from .results import EpochRecord, TrainResult
 from .training import check_finite_params, check_train_args
 from .utils import Accumulator, Timer, accuracy
 
-__all__ = ['resnet18', 'evaluate_accuracy_book', 'train_epoch_book', 'train_book']
+__all__ = ['resnet18', 'evaluate_accuracy_book', 'train_epoch_book', 'train_book', 'book_epochs']
 
 
 def evaluate_accuracy_book(net, data_iter, split_f=split_batch):
@@ -130,6 +130,21 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
         epoch's end (``Interrupted.epoch_done``), not in the next epoch; after
         the last epoch the run simply ends.
     """
+    result = None
+    for result in book_epochs(net, train_iter, test_iter, devices, num_epochs, lr, kvstore,
+                              batch_size, seed, initializer, on_epoch, stop):
+        pass
+    return result
+
+
+def book_epochs(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',
+                batch_size=None, seed=None, initializer=None, on_epoch=None, stop=None):
+    """``train_book`` an epoch at a time: a generator of the ``TrainResult`` after each epoch.
+
+    The arguments are ``train_book``'s; the checks and the initialisation run
+    at the first ``next``. A comparison takes the runs of several kvstores in
+    turn this way, epoch after epoch.
+    """
     devices, num_epochs, lr = check_train_args(devices, num_epochs, kvstore, lr)
     if seed is not None:
         mx.random.seed(seed)
@@ -151,4 +166,4 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
                                     tic.stop(), samples), on_epoch)  # in place of the plot
         if stop is not None and stop() and epoch + 1 < num_epochs:
             raise Interrupted(epoch + 1, batches.count, epoch_done=True)
-    return result
+        yield result

@@ -15,13 +15,16 @@ __all__ = ['Progress', 'Schedule', 'Live', 'duration', 'jupyter_shell']
 
 
 class Schedule:
-    """Runs made one after another (a kvstore comparison): which one is running, the time left.
+    """Runs made in turn (a kvstore comparison): which one is running, the time left.
 
-    ``begin`` and ``end`` bracket each run, in the order of ``names``; what a
-    run took is measured between them (its set-up, training and evaluation).
-    A run not yet begun is expected to take as long as the mean of those
-    finished, or, before any has finished, as long as the one in progress is
-    expected to take in all (``Progress`` gives its time left).
+    ``begin`` and ``end`` bracket each unit of work, in the order of
+    ``names``; with ``rounds`` above 1 a unit is one epoch of a run, and the
+    runs take turns, round after round (epoch 1 of each, then epoch 2 of
+    each, ...). What a unit took is measured between them (its training and
+    evaluation, a run's set-up too). A unit not yet begun is expected to take
+    as long as the mean of those finished, or, before any has finished, as
+    long as the one in progress is expected to take in all (``Progress``
+    gives its time left).
 
     Parameters
     ----------
@@ -29,45 +32,47 @@ class Schedule:
         The runs, in the order they are made (e.g. the kvstores).
     what : str
         What the runs make together, as the lines name it (``kvstore comparison``).
+    rounds : int
+        Epochs of every run, taken in turn; 1: each run whole, one after another.
     """
 
-    def __init__(self, names, what='comparison'):
-        self.names, self.what = list(names), what
+    def __init__(self, names, what='comparison', rounds=1):
+        self.names, self.what, self.rounds = list(names), what, rounds
         self.index, self.took, self._began = -1, [], None
         self.estimated = False  # whether the first estimate of all the runs was said
 
     @property
-    def name(self):
-        """The run in progress (or the last one begun)."""
-        return self.names[self.index]
+    def units(self):
+        """Units of work in all: runs, or with rounds, epochs of all runs."""
+        return len(self.names) * self.rounds
 
     def position(self):
-        """``2 of 3``: which run this is."""
-        return f'{self.index + 1} of {len(self.names)}'
+        """``2 of 3``: which unit this is."""
+        return f'{self.index + 1} of {self.units}'
 
     def begin(self):
-        """The next run begins."""
+        """The next unit begins."""
         self.index += 1
         self._began = time.monotonic()
 
     def end(self):
-        """The run in progress has finished."""
+        """The unit in progress has finished."""
         self.took.append(time.monotonic() - self._began)
         self._began = None
 
-    def left(self, run_left=None):
-        """Seconds left for all the runs, or None before any figure is known.
+    def left(self, unit_left=None):
+        """Seconds left for all the units, or None before any figure is known.
 
-        ``run_left``: the seconds left of the run in progress; between runs
-        (None), the runs not finished are expected to take the finished ones' mean.
+        ``unit_left``: the seconds left of the unit in progress; between units
+        (None), the units not finished are expected to take the finished ones' mean.
         """
         finished = len(self.took)
-        if self._began is None or run_left is None:
-            return (sum(self.took) / finished * (len(self.names) - finished)) if finished \
+        if self._began is None or unit_left is None:
+            return (sum(self.took) / finished * (self.units - finished)) if finished \
                 else None
         each = (sum(self.took) / finished if finished else
-                time.monotonic() - self._began + run_left)
-        return run_left + each * (len(self.names) - self.index - 1)
+                time.monotonic() - self._began + unit_left)
+        return unit_left + each * (self.units - self.index - 1)
 
 
 class Progress(Hook):
@@ -89,7 +94,7 @@ class Progress(Hook):
     interval : float
         Seconds between lines (0: no lines, the estimates only).
     label : str
-        Names the run (its kvstore and devices), first on every line.
+        Names the run (its kvstore and devices), first on every line (default: ``training``).
     num_epochs : int, optional
         Epochs of the run, for the time left of the run.
     slow_epoch : float
@@ -104,7 +109,8 @@ class Progress(Hook):
 
     def __init__(self, say, interval=10.0, label='', num_epochs=None, slow_epoch=600.0,
                  advice='', schedule=None):
-        self.say, self.interval, self.label = say, interval, label
+        # Without a label the lines still begin with a name: ``gm.Progress(print)``.
+        self.say, self.interval, self.label = say, interval, label or 'training'
         self.num_epochs, self.slow_epoch, self.advice = num_epochs, slow_epoch, advice
         self.schedule = schedule
         self._epoch = self._due = self._first = None
@@ -119,13 +125,16 @@ class Progress(Hook):
             self._evaluations.append(time.monotonic() - self._steps_done)
             self._steps_done = None
 
+    def _evaluation(self):
+        """Seconds of an evaluation: the mean of those measured (0 before any)."""
+        return (sum(self._evaluations) / len(self._evaluations)) if self._evaluations else 0
+
     def _run_left(self, run, epoch_left, epoch_steps):
         """Seconds left of the run: this epoch's steps, the later epochs' and the evaluations."""
         if not self.num_epochs:
             return None
-        evaluation = (sum(self._evaluations) / len(self._evaluations)) if self._evaluations else 0
         later = max(self.num_epochs - run.epoch, 0)
-        return epoch_left + epoch_steps * later + evaluation * (later + 1)
+        return epoch_left + epoch_steps * later + self._evaluation() * (later + 1)
 
     def step_end(self, run, step, samples, timer):
         if self._epoch != run.epoch:  # a new epoch (or the resumed part of one)
@@ -146,7 +155,12 @@ class Progress(Hook):
                      + (f', the run about {duration(per_step * total * self.num_epochs)}'
                         if self.num_epochs else '') + (f'; {self.advice}' if self.advice else ''))
         run_left = self._run_left(run, epoch_left, per_step * total) if total else None
-        all_left = self.schedule.left(run_left) if self.schedule and run_left is not None \
+        unit_left = run_left
+        if self.schedule is not None and self.schedule.rounds > 1 and epoch_left is not None:
+            # A unit is this epoch: its steps and evaluation; the run's other epochs are units
+            # of their own, and the run's time left means nothing while the runs take turns.
+            unit_left, run_left = epoch_left + self._evaluation(), None
+        all_left = self.schedule.left(unit_left) if self.schedule and unit_left is not None \
             else None
         self._estimate_schedule(run, step - self._first + 1, all_left)
         if self.interval <= 0:
@@ -169,8 +183,10 @@ class Progress(Hook):
             return
         schedule.estimated = True
         names = schedule.names
+        units = (f'{len(names)} runs, each' if schedule.rounds == 1 else
+                 f'{schedule.rounds} epochs of each, taken in turn: {schedule.units} epochs, each')
         self.say(f'the {schedule.what} of {", ".join(names[:-1])} and {names[-1]} takes about '
-                 f'{duration(all_left)} from now ({len(names)} runs, each expected to take as '
-                 f'long as this one, estimated from its first {steps} steps)')
+                 f'{duration(all_left)} from now ({units} expected to take as long as this '
+                 f'one, estimated from its first {steps} steps)')
 
 

@@ -5,17 +5,20 @@ with the same parameters whatever the kvstore: the kvstores only decide
 where the per-device gradients are summed. ``ParamTracker`` checks that
 after every epoch (the largest absolute difference to the first run, and the
 largest difference between the copies on the devices of one run), and
-``recommend`` turns the timings into a sentence.
+``recommend`` turns the timings of epochs taken in turn into a sentence
+(``paired``).
 """
 import hashlib
 
 import numpy as onp
 
-__all__ = ['param_arrays', 'fingerprint', 'device_spread', 'ParamTracker', 'epoch_noise', 'recommend',
-           'NOISE']
+from .paired import MIN_EFFECT, Paired
+
+__all__ = ['param_arrays', 'fingerprint', 'device_spread', 'ParamTracker', 'paired_epochs',
+           'recommend', 'NOISE']
 
 #: Relative differences in seconds per epoch below this are always treated as noise.
-NOISE = 0.03
+NOISE = MIN_EFFECT
 
 
 def param_arrays(net, ctx=None):
@@ -83,20 +86,32 @@ class ParamTracker:
     def __init__(self, compare=True):
         self.compare = compare
         self._saved = {}  # epoch -> the reference run's parameters
+        self._waiting = {}  # epoch -> [(run, index in its diff, parameters)] before the reference's
         self.reference = None
         self.diff, self.spread, self.stats_spread = {}, {}, {}
 
     def record(self, name, epoch, net):
-        """Note the parameters of run ``name`` after ``epoch`` (1-based)."""
+        """Note the parameters of run ``name`` after ``epoch`` (1-based).
+
+        Runs taken in turn may reach an epoch before the reference does (a
+        round in reverse order): their parameters wait, and their difference
+        is filled in when the reference's epoch is recorded.
+        """
         if self.reference is None:
             self.reference = name
+        diffs = self.diff.setdefault(name, [])
         if name == self.reference:
             if self.compare:
                 self._saved[epoch] = param_arrays(net)
+                for other, index, arrays in self._waiting.pop(epoch, []):
+                    self.diff[other][index] = _max_abs_diff(arrays, self._saved[epoch])
             diff = 0.0
-        else:
+        elif epoch in self._saved:
             diff = _max_abs_diff(param_arrays(net), self._saved[epoch])
-        self.diff.setdefault(name, []).append(diff)
+        else:
+            self._waiting.setdefault(epoch, []).append((name, len(diffs), param_arrays(net)))
+            diff = '-'  # until the reference's epoch is recorded
+        diffs.append(diff)
         self.spread.setdefault(name, []).append(device_spread(net))
         self.stats_spread.setdefault(name, []).append(device_spread(net, trainable=False))
 
@@ -109,6 +124,7 @@ class ParamTracker:
     def close(self):
         """Drop the saved reference parameters."""
         self._saved.clear()
+        self._waiting.clear()
 
     def __enter__(self):
         return self
@@ -118,53 +134,37 @@ class ParamTracker:
         return False
 
 
-def epoch_noise(results):
-    """The run-to-run noise of ``results``: the largest relative spread of one run's epoch times.
+def paired_epochs(results):
+    """A ``paired.Paired`` of the runs' epoch times: round ``e`` is every run's epoch ``e``.
 
-    Each run's spread is (slowest - fastest) / mean of its epochs' training
-    seconds; None when no run has two epochs (no spread to measure).
+    A run's ``loads`` (epoch -> ``paired.LoadMeter`` figures), where the
+    comparison recorded them, go with its epochs.
     """
-    spreads = [(max(s) - min(s)) / (sum(s) / len(s)) for s in
-               ([e.seconds for e in r.epochs] for r in results) if len(s) > 1]
-    return max(spreads) if spreads else None
+    pairs = Paired([r.kvstore for r in results])
+    for r in results:
+        loads = getattr(r, 'loads', None) or {}
+        for e in r.epochs:
+            pairs.add(r.kvstore, e.epoch, e.seconds, loads.get(e.epoch))
+    return pairs
 
 
-def recommend(results, noise=NOISE, pending=()):
+def recommend(results, pending=()):
     """Return a sentence naming the fastest kvstore of ``results`` (``TrainResult`` objects).
 
-    A difference counts only when it exceeds both ``noise`` (relative) and
-    the spread of epoch times measured within the runs (``epoch_noise``);
-    with one epoch per run there is no spread to judge by, and the sentence
-    says so instead of naming a winner. ``pending`` names the kvstores of the
-    comparison whose runs have not finished (a comparison stopped, or still
-    running): the sentence says that they are not in it.
+    The runs' epochs are rounds, taken in turn (``cli.comparison``): each
+    kvstore's time is compared with the fastest's by the ratios of their
+    epochs of the same round, and a kvstore is named slower only when the
+    interval of that ratio excludes 1 and the difference is ``NOISE`` or more
+    (``paired.Paired.answer``); the load during the runs follows. ``pending``
+    names the kvstores of the comparison that have no epoch measured (a comparison
+    stopped, or still running): the sentence says that they are not in it.
     """
     missing = f'{", ".join(pending)} not measured' if pending else ''
     if len(results) < 2:
         if pending:
-            return (f'only kvstore {results[0].kvstore} has finished ({missing}): nothing to '
-                    'compare yet.')
+            return (f'only kvstore {results[0].kvstore} has an epoch measured ({missing}): '
+                    'nothing to compare yet.')
         return f'only kvstore {results[0].kvstore} was run; give several to compare.'
-    ranked = sorted(results, key=lambda r: r.sec_per_epoch)
-    best = ranked[0]
-    where = f'on {len(best.devices)} device{"s" if len(best.devices) > 1 else ""}'
-
-    def slower(r):
-        return r.sec_per_epoch / best.sec_per_epoch - 1
-    measured = epoch_noise(results)
-    if measured is None:
-        return (f'{where}, kvstore {best.kvstore} was fastest by {slower(ranked[1]):.0%}, but '
-                'with one epoch per kvstore that cannot be told from run-to-run noise; train 3 '
-                'or more epochs to compare' + (f' ({missing}).' if missing else '.'))
-    limit = max(noise, measured)
-    close = [r.kvstore for r in ranked if slower(r) <= limit]
-    rest = '; '.join(f'{r.kvstore} takes {slower(r):.0%} longer' for r in ranked
-                     if slower(r) > limit)
-    if len(close) > 1:
-        names = f'{", ".join(close[:-1])} and {close[-1]}'
-        answer = (f'{where}, kvstores {names} are equally fast (within {limit:.0%}, the '
-                  'run-to-run noise measured across epochs)')
-    else:
-        answer = (f'{where}, kvstore {best.kvstore} is fastest (beyond the {limit:.0%} '
-                  'run-to-run noise measured across epochs)')
-    return f'{answer}{"; " + rest if rest else ""}{"; " + missing if missing else ""}.'
+    where = f'on {len(results[0].devices)} device{"s" if len(results[0].devices) > 1 else ""}'
+    answer = paired_epochs(results).answer('kvstore', where)
+    return f'{answer[:-1]}; {missing}.' if missing else answer

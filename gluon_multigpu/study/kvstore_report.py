@@ -1,9 +1,10 @@
 """The kvstore comparison: its side-by-side table and its report folder."""
 from ..base.machine import stamp
+from .compare import paired_epochs
 from ..run.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, bar_chart
 
-__all__ = ['markdown_table', 'comparison_table', 'batch_norm_sentence', 'runs_json',
+__all__ = ['markdown_table', 'comparison_table', 'rounds_table', 'batch_norm_sentence', 'runs_json',
            'write_kvstore_report']
 
 
@@ -50,6 +51,32 @@ def comparison_table(results, tracker=None):
     return '\n'.join(rows)
 
 
+def rounds_table(results):
+    """A Markdown table of every round: each kvstore's seconds for that epoch, and the load.
+
+    The load columns give the range over the round's epochs of the CPU
+    other processes used (cores) and of the load average (``paired.LoadMeter``).
+    """
+    rounds = sorted({e.epoch for r in results for e in r.epochs})
+    rows = []
+    for n in rounds:
+        cells = [str(n)]
+        loads = []
+        for r in results:
+            record = next((e for e in r.epochs if e.epoch == n), None)
+            cells.append(f'{record.seconds:.2f}' if record else '-')
+            loads.append((getattr(r, 'loads', None) or {}).get(n))
+        for key, fmt in (('others', '{:.1f}'), ('load', '{:.1f}')):
+            values = [l[key] for l in loads if l and l.get(key) is not None]
+            cells.append('-' if not values else fmt.format(values[0]) if len(values) == 1 or
+                         min(values) == max(values) else
+                         f'{fmt.format(min(values))}-{fmt.format(max(values))}')
+        rows.append(cells)
+    return markdown_table(['round (epoch)', *(f'{r.kvstore} s' for r in results),
+                           'other processes (cores)', 'load average'], rows,
+                          'r' * (len(results) + 3))
+
+
 def batch_norm_sentence(tracker, config):
     """What the report says of BatchNorm's statistics: '' for a network without BatchNorm.
 
@@ -76,8 +103,13 @@ def runs_json(results, tracker, config, partial=None):
     ``partial`` (why the comparison is incomplete, or None) is kept as is:
     ``complete`` says whether every kvstore of ``config['kvstore']`` finished.
     """
+    runs = []
+    for r in results:
+        loads = getattr(r, 'loads', None) or {}
+        runs.append(dict(tracker.run_dict(r), load=[loads.get(e.epoch) for e in r.epochs]))
     return {'config': config, 'complete': partial is None, 'partial': partial,
-            'reference': tracker.reference, 'runs': [tracker.run_dict(r) for r in results],
+            'reference': tracker.reference, 'runs': runs,
+            'paired': paired_epochs(results).to_dict() if len(results) > 1 else None,
             **stamp()}
 
 
@@ -114,6 +146,12 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         'kvstore started from the same initial weights and saw the same batches.', '',
         f'**Answer:** {answer}', '',
         comparison_table(results, tracker), '',
+        *(['The kvstores took turns, epoch after epoch (round 1 in the order above, round 2 '
+           'backwards, and so on), so that a change of the load falls on all of them; the answer '
+           'compares the epochs of the same round (paired ratios, their 95% interval; round 1, '
+           'which warms the process, is left out when later rounds exist). Each round, with '
+           'the load measured during it:', '', rounds_table(results), '']
+          if len(results) > 1 else []),
         'sec/epoch is training time only, measured up to `npx.waitall()`; samples/s is over all '
         'epochs. The parameter differences are the largest absolute difference of any weight '
         f'to the {tracker.reference} run after each epoch (float rounding when the back ends '

@@ -1,0 +1,294 @@
+"""Comparisons that survive a changing load: variants measured in turn, judged by paired ratios.
+
+A shared machine's load changes while a comparison runs. Measured one after
+the other, two variants meet different loads, and the drift between their
+runs reads as a winner. So every comparison of the package measures its
+variants in rounds (round 1 of each, then round 2 of each, ...), and judges
+each pair of variants by the ratios of their figures within a round: a load
+that changes falls on both sides of most ratios. ``Paired`` holds the figures
+and the load of every round and says which variant is faster, or that they
+are equally fast, with the interval that decides it:
+
+- the ratio of variant A to B is the median of the per-round ratios, and its
+  interval is the 95% t-interval of their geometric mean (the mean of the
+  logarithms, ``t_quantile``); one round gives no interval; the first round
+  warms the process and is left out where later rounds exist;
+- a variant is named faster only when the interval excludes 1 and the
+  median differs by at least ``min_effect``; otherwise they are equally fast
+  within the interval measured;
+- ``LoadMeter`` records, per round, the load average, the CPU time other
+  processes took and the time the hypervisor stole, and the answer says so
+  when the load changed during the run.
+"""
+import math
+import os
+import statistics
+import time
+
+__all__ = ['t_quantile', 'Ratio', 'ratio_of', 'LoadMeter', 'load_changed', 'load_note',
+           'Paired', 'MIN_EFFECT', 'CONFIDENCE']
+
+#: The smallest difference named: a ratio within 3% of 1 is "equally fast" whatever its interval.
+MIN_EFFECT = 0.03
+#: The intervals' confidence.
+CONFIDENCE = 0.95
+#: The 97.5% quantiles of Student's t for 1..30 degrees of freedom (two-sided 95%).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+#: A change of load the answer reports: other processes' CPU use changing by half a core or more,
+#: or the one-minute load average by one or more.
+LOAD_CHANGE_CORES, LOAD_CHANGE_AVERAGE = 0.5, 1.0
+
+
+def t_quantile(df):
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (``df`` >= 1).
+
+    A table up to 30, then the Cornish-Fisher expansion about the normal's
+    1.95996 (within 1e-4 from there on).
+    """
+    if df < 1:
+        raise ValueError(f'degrees of freedom must be 1 or more, got {df}')
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+class Ratio:
+    """The paired ratio of two variants' figures: per round, its median, its interval.
+
+    ``values``: one ratio per round (A's figure over B's, both "lower is
+    better", e.g. seconds). ``low``/``high``: the 95% interval of their
+    geometric mean, None with one round.
+    """
+
+    def __init__(self, values):
+        self.values = list(values)
+        self.median = statistics.median(self.values)
+        self.low = self.high = None
+        if len(self.values) > 1:
+            logs = [math.log(v) for v in self.values]
+            half = t_quantile(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+            centre = statistics.fmean(logs)
+            self.low, self.high = math.exp(centre - half), math.exp(centre + half)
+
+    @property
+    def rounds(self):
+        """How many rounds the ratio is made of."""
+        return len(self.values)
+
+    def differs(self, min_effect=MIN_EFFECT):
+        """Whether A and B differ: the interval excludes 1 and the median is ``min_effect`` or
+        more from it. With one round (no interval): never."""
+        if self.low is None:
+            return False
+        beyond = self.median >= 1 + min_effect or self.median <= 1 / (1 + min_effect)
+        return beyond and (self.low > 1 or self.high < 1)
+
+    def describe(self):
+        """``1.35x (95% interval 1.30-1.41, 3 rounds)``."""
+        if self.low is None:
+            return f'{self.median:.2f}x (1 round: no interval)'
+        return (f'{self.median:.2f}x ({CONFIDENCE:.0%} interval {self.low:.2f}-{self.high:.2f}, '
+                f'{self.rounds} rounds)')
+
+    def to_dict(self):
+        """The figures, for a results file."""
+        return {'median': self.median, 'low': self.low, 'high': self.high,
+                'rounds': self.rounds, 'per_round': self.values}
+
+
+def ratio_of(a, b):
+    """The ``Ratio`` of paired figures ``a[i] / b[i]`` (lists of one figure per round)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f'paired figures need one per round on both sides, got {len(a)} and '
+                         f'{len(b)}')
+    return Ratio(x / y for x, y in zip(a, b))
+
+
+def _cpu_jiffies():
+    """``(busy, steal, total)`` jiffies of all CPUs from /proc/stat, or None elsewhere."""
+    try:
+        with open('/proc/stat', encoding='ascii') as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return user + nice + system + irq + softirq, steal, user + nice + system + idle + iowait + \
+        irq + softirq + steal
+
+
+def _own_cpu():
+    """CPU seconds this process has used (every thread)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class LoadMeter:
+    """What else the machine did during a round: ``start()``, then ``stop()`` returns a dict.
+
+    ``load``: the one-minute load average at the round's end; ``others``:
+    the CPU time processes other than this one took during the round, in
+    cores (1.0: one core busy throughout); ``steal``: the share of CPU time
+    the hypervisor gave to other machines. A figure a system does not give is None.
+    """
+
+    def __init__(self):
+        self._start = None
+
+    def start(self):
+        """Begin a round."""
+        self._start = (time.monotonic(), _cpu_jiffies(), _own_cpu())
+
+    def stop(self):
+        """End the round: ``{'load': ..., 'others': ..., 'steal': ...}``."""
+        began, jiffies, own = self._start
+        wall = max(time.monotonic() - began, 1e-6)
+        now = _cpu_jiffies()
+        others = steal = None
+        if jiffies is not None and now is not None:
+            hertz = os.sysconf('SC_CLK_TCK')
+            busy = (now[0] - jiffies[0]) / hertz
+            others = max(0.0, busy - (_own_cpu() - own)) / wall
+            total = now[2] - jiffies[2]
+            steal = (now[1] - jiffies[1]) / total if total > 0 else 0.0
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = None
+        return {'load': load, 'others': others, 'steal': steal}
+
+
+def _span(loads, key):
+    values = [l[key] for l in loads if l and l.get(key) is not None]
+    return (min(values), max(values)) if values else None
+
+
+def load_changed(loads):
+    """Whether the load changed during the rounds (``LoadMeter.stop`` dicts)."""
+    others, average = _span(loads, 'others'), _span(loads, 'load')
+    return bool((others and others[1] - others[0] >= LOAD_CHANGE_CORES) or
+                (average and average[1] - average[0] >= LOAD_CHANGE_AVERAGE))
+
+
+def load_note(loads):
+    """A sentence on the load during the rounds: what changed, and the steal time if any."""
+    others, average, steal = (_span(loads, k) for k in ('others', 'load', 'steal'))
+    if not (others or average):
+        return ''
+    parts = []
+    if others:
+        parts.append(f'other processes used {others[0]:.1f} to {others[1]:.1f} cores')
+    if average:
+        parts.append(f'load average {average[0]:.1f} to {average[1]:.1f}')
+    if steal and steal[1] >= 0.01:
+        parts.append(f'up to {steal[1]:.0%} of the CPU time stolen by the hypervisor')
+    if load_changed(loads):
+        return ('the load changed during the run (' + ', '.join(parts) + '); each ratio is of '
+                'rounds measured side by side, so the change fell on both sides of most of them')
+    return 'the load was steady (' + ', '.join(parts) + ')'
+
+
+class Paired:
+    """The figures of several variants measured in rounds, and the answer they give.
+
+    Parameters
+    ----------
+    names : list of str
+        The variants, in the order each round measures them.
+    higher_is_better : bool
+        The figures are rates (images/s) rather than times (seconds).
+    min_effect : float
+        The smallest relative difference named (``MIN_EFFECT``).
+    warmup : int
+        Rounds left out of the ratios when later ones exist: the process's
+        first round is not like the others (oneDNN compiles its kernels for
+        the first network that needs them, and the others reuse them; memory
+        pools grow), and it would tell against whichever variant came first.
+    """
+
+    def __init__(self, names, higher_is_better=False, min_effect=MIN_EFFECT, warmup=1):
+        self.names, self.higher_is_better = list(names), higher_is_better
+        self.min_effect, self.warmup = min_effect, warmup
+        self.figures = {n: {} for n in self.names}  # name -> {round: figure}
+        self.loads = {n: {} for n in self.names}
+
+    def add(self, name, round_, figure, load=None):
+        """Round ``round_`` of variant ``name`` measured ``figure`` (``load``: LoadMeter's)."""
+        self.figures[name][round_] = figure
+        self.loads[name][round_] = load
+
+    def rounds(self, names=None):
+        """The rounds judged: those every variant of ``names`` (default: all) has a figure for,
+        in order, without the first ``warmup`` of the run where later ones exist."""
+        names = names or self.names
+        common = sorted(set.intersection(*(set(self.figures[n]) for n in names)))
+        first = min((r for n in self.names for r in self.figures[n]), default=None)
+        warm = [r for r in common if r < first + self.warmup] if first is not None else []
+        return common[len(warm):] if len(common) > len(warm) else common
+
+    def _times(self, name, rounds):
+        values = [self.figures[name][r] for r in rounds]
+        return [1 / v for v in values] if self.higher_is_better else values
+
+    def ratio(self, a, b):
+        """The ``Ratio`` of ``a``'s time to ``b``'s (above 1: ``a`` is slower), over the rounds
+        both have; None when they share none."""
+        rounds = self.rounds([a, b])
+        return ratio_of(self._times(a, rounds), self._times(b, rounds)) if rounds else None
+
+    def all_loads(self):
+        """Every round's load, of every variant."""
+        return [l for n in self.names for l in self.loads[n].values() if l]
+
+    def answer(self, noun='', where=''):
+        """The answer in one sentence: the fastest variant, those equally fast, the slower ones.
+
+        ``noun`` goes before each name (``kvstore``), ``where`` before the
+        answer (``on 2 devices``). Every named difference comes with its
+        interval; the load during the run follows.
+        """
+        label = (lambda n: f'{noun} {n}') if noun else (lambda n: n)
+        names = [n for n in self.names if self.figures[n]]
+        lead = f'{where}, ' if where else ''
+        if len(names) < 2:
+            return (f'{lead}only {label(names[0])} was measured: nothing to compare.'
+                    if names else 'nothing was measured.')
+        rounds = self.rounds(names)
+        if not rounds:
+            return f'{lead}no round measured every variant: nothing to compare yet.'
+        best = min(names, key=lambda n: statistics.median(self._times(n, rounds)))
+        others = [(n, self.ratio(n, best)) for n in names if n != best]
+        equal = [best] + [n for n, r in others if not r.differs(self.min_effect)]
+        slower = [(n, r) for n, r in others if r.differs(self.min_effect)]
+        if len(rounds) < 2:
+            answer = (f'{lead}{label(best)} was fastest in the one round judged, which cannot '
+                      'tell a difference from noise (the first round warms the process and is '
+                      'judged only alone): measure 3 or more rounds')
+        elif len(equal) > 1:
+            within = '; '.join(f'{n} vs {best} {r.describe()}' for n, r in others
+                               if n in equal)
+            names = f'{", ".join(equal[:-1])} and {equal[-1]}'
+            answer = (f'{lead}{noun + "s " if noun else ""}{names} are equally fast ({within}: '
+                      'the interval includes 1, or the difference is under '
+                      f'{self.min_effect:.0%})')
+        else:
+            answer = f'{lead}{label(best)} is fastest'
+        rest = '; '.join(f'{label(n)} takes {r.median - 1:.0%} longer ({r.describe()})'
+                         for n, r in slower)
+        note = load_note(self.all_loads())
+        return f'{answer}{"; " + rest if rest else ""}{"; " + note if note else ""}.'
+
+    def to_dict(self):
+        """Every round's figure and load, and each variant's ratio to the first, for a results
+        file."""
+        first = self.names[0]
+        return {'variants': self.names, 'higher_is_better': self.higher_is_better,
+                'min_effect': self.min_effect,
+                'rounds': {n: [{'round': r, 'figure': f, 'load': self.loads[n].get(r)}
+                               for r, f in sorted(self.figures[n].items())] for n in self.names},
+                'ratio_to_first': {n: (self.ratio(n, first).to_dict()
+                                       if self.ratio(n, first) else None)
+                                   for n in self.names[1:]},
+                'load_changed': load_changed(self.all_loads())}
