@@ -4,6 +4,7 @@ import json
 import os
 import re
 import sys
+import types
 
 import pytest
 
@@ -32,8 +33,47 @@ def test_balance_measures_every_split_in_every_scenario(tmp_path, capsys):
     assert next(r for r in rows if r['split'] == 'weights')['shares'] == '21/11'  # 2:1 of 32
     assert {r['machine'] for r in rows} == {stamp()['machine']} and rows[0]['date']
     assert (out / 'images.png').stat().st_size > 1000
-    assert 'equal: auto' in printed and 'shift: auto' in printed
+    assert 'equal: weights ' in printed and 'shift: weights ' in printed
+    assert {r['verdict'] for r in rows if r['split'] == 'even'} == {''}  # CSV: empty
+    assert all(r['verdict'] in ('faster', 'slower', 'equally fast', 'same split')
+               for r in rows if r['split'] != 'even')
+    assert all(r['vs_even_low'] == '' for r in rows)  # one round: no interval
     assert '| shift | auto |' in (out / 'report.md').read_text()
+
+
+def test_balance_judges_each_split_against_even_by_the_rounds_it_shares():
+    """Known speeds: weights 25% faster than even in every round, auto never moving the
+    shares, a load that halves every split's speed from round 3: the answer names weights
+    faster with its interval, calls auto the same split, and says the load changed."""
+    balance = load_script('balance')
+    results = []
+    for r in range(1, 5):
+        slow = 0.5 if r >= 3 else 1.0
+        load = {'load': 1.0, 'others': 1.5 if r >= 3 else 0.1, 'steal': 0.0}
+        for i, (name, speed, changes) in enumerate((('even', 1000, 0), ('weights', 1250, 0),
+                                                    ('auto', 1010, 0))):
+            unit = types.SimpleNamespace(key=f'{r}/busy/{name}')
+            wobble = 1 + 0.01 * ((r + i) % 3 - 1)  # each split's own noise
+            results.append((unit, {'speed': speed * slow * wobble,
+                                   'idle': [0.1, 0.0], 'shares': [128, 128], 'changes': changes,
+                                   'undone': 0, 'load': load}))
+    rows = balance.summarise(results, 2)
+    of = {r['split']: r for r in rows}
+    assert of['weights']['verdict'] == 'faster' and of['auto']['verdict'] == 'same split'
+    assert of['weights']['vs_even'] == pytest.approx(1.25, rel=0.03)
+    assert of['weights']['vs_even_low'] < 1.25 < of['weights']['vs_even_high']
+    lines = balance.answers(rows)
+    assert re.match(r"busy: weights faster than even \(1\.2\dx even's images/s, 95% interval "
+                    r'1\.\d\d-1\.\d\d\); ', lines[0]) and \
+        'auto never moved the shares: the same split as even, nothing to compare' in lines[0]
+    assert lines[1].startswith('The load changed during the run (other processes used 0.1 to '
+                               '1.5 cores')
+    # auto that moved the shares and gained nothing is compared, and found equal
+    for unit, result in results:
+        if unit.key.endswith('/auto'):
+            result['changes'] = 2
+    auto = next(r for r in balance.summarise(results, 2) if r['split'] == 'auto')
+    assert auto['verdict'] == 'equally fast'
 
 
 def test_balance_refuses_what_it_cannot_measure(capsys):

@@ -101,12 +101,18 @@ def test_the_load_note_says_when_the_load_changed():
                                                           'steal': 0.0}]
     assert not paired.load_changed(steady)
     assert paired.load_note(steady).startswith('the load was steady (other processes used 0.1 '
-                                               'to 0.2 cores, load average 1.0 to 1.2)')
+                                               'to 0.2 cores, load average 1.0 to 1.2, this run '
+                                               'included)')
     rising = steady + [{'load': 1.4, 'others': 1.1, 'steal': 0.05}]
     assert paired.load_changed(rising)
     note = paired.load_note(rising)
     assert note.startswith('the load changed during the run (other processes used 0.1 to 1.1 '
-                           'cores, load average 1.0 to 1.4, up to 5% of the CPU time stolen')
+                           'cores, load average 1.0 to 1.4, this run included, up to 5% of the '
+                           'CPU time stolen')
+    # The load average follows this run's own start: it decides only without the CPU figures.
+    own = [{'load': 0.2, 'others': 0.0}, {'load': 1.9, 'others': 0.1}]
+    assert not paired.load_changed(own)
+    assert paired.load_changed([{'load': 0.2, 'others': None}, {'load': 1.9, 'others': None}])
     assert paired.load_note([None, {'load': None, 'others': None, 'steal': None}]) == ''
 
 

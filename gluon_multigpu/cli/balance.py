@@ -6,9 +6,14 @@ as a device shared with another job), which makes it slower than the others.
 Scenarios: equal (no other work), busy (the last device busy throughout),
 shift (the last device busy for the first half of the steps, then the first
 device). For each, the same training steps run with --split even (the book),
-fixed weights (--weights) and auto, taken in turn, round after round; the
-table gives images/s, the ratio to even, and each device's idle share: the
-part of a timed step it waited for the slowest device.
+fixed weights (--weights) and auto, taken in turn, round after round (every
+other round backwards); the table gives images/s, the ratio to even of the
+same rounds (the median of the paired ratios, with its 95% interval: round
+1, which warms the process, is left out where later rounds exist), and each
+device's idle share: the part of a timed step it waited for the slowest
+device. A split is called faster or slower than even only when that
+interval excludes 1 and the difference is 3% or more (``study.paired``); an
+auto split that never moved the shares ran the even split, and is said to.
 """
 import os
 import statistics
@@ -48,7 +53,8 @@ scenarios (the other work is N x N matrix products, --work-size, run beside the 
 figures:
   images/s    training images per second of the run's steps (synthetic data, one epoch, the
               first step's graph compilation included for every split alike)
-  vs even     images/s / images/s of the even split in the same scenario
+  vs even     images/s / images/s of the even split in the same scenario and round: the
+              median over the rounds, and its 95% interval
   idle        per device, the share of the timed steps' time it waited for the slowest
               device (one step in --every is timed, for every split alike)
   shares      the split at the end of the run (auto: where it moved)
@@ -91,8 +97,9 @@ def build_parser():
                    help='which to measure (default: all)')
     p.add_argument('--work-size', type=int_in(16, 8192), default=512, metavar='N',
                    help='the other work: N x N matrix products, one after another (default: 512)')
-    p.add_argument('--rounds', type=int_in(1, 20), default=2, metavar='N',
-                   help='measurements of each split; medians are reported (default: 2)')
+    p.add_argument('--rounds', type=int_in(1, 20), default=4, metavar='N',
+                   help='measurements of each split, taken in turn; medians and paired ratios '
+                   'are reported, round 1 left out of the ratios (default: 4)')
     p.add_argument('--every', type=int_in(1, 1000), default=5, metavar='N',
                    help='time one step in N for the idle shares (default: 5)')
     p.add_argument('--seed', type=seed, default=0, help='seed of weights and data (default: 0)')
@@ -179,7 +186,8 @@ def make_sweep(args, devices, say):
     units = [sweep_module.Unit(f'{r + 1}/{scenario}/{name}',
                                f'round {r + 1}/{args.rounds}, {scenario}, split {name}: '
                                f'{steps} steps of {batch}', steps * batch)
-             for r in range(args.rounds) for scenario in args.scenarios for name in SPLITS]
+             for r in range(args.rounds) for scenario in args.scenarios
+             for name in (SPLITS if r % 2 == 0 else SPLITS[::-1])]  # ABC, CBA: no fixed order
     config = {'model': args.model, 'batch': batch, 'steps': steps, 'devices': len(devices),
               'device_type': devices[0].device_type, 'weights': args.weights,
               'scenarios': args.scenarios, 'work_size': args.work_size, 'every': args.every,
@@ -215,13 +223,18 @@ def measure_all(args, devices, weights, say, stop=None, out=None):
     sweep = make_sweep(args, devices, say)
 
     def measure(unit):
+        from ..study.paired import LoadMeter
         _, scenario, name = unit.key.split('/')
         split = make_split(name, weights, args.every)
+        meter = LoadMeter()
+        meter.start()
         speed = run_once(args, scenario, split, devices, data, stop)
+        load = meter.stop()
         say(f'  {unit.label}: {speed:.0f} images/s, {split.summary()}')
         return {'speed': speed, 'idle': list(split.idle()),
                 'shares': list(split.shares(batch, len(devices))),
-                'changes': getattr(split, 'changes', 0), 'undone': getattr(split, 'undone', 0)}
+                'changes': getattr(split, 'changes', 0), 'undone': getattr(split, 'undone', 0),
+                'load': load}
 
     def partial(results):
         print(common.partial_heading(sweep), file=out or sys.stdout)
@@ -231,62 +244,117 @@ def measure_all(args, devices, weights, say, stop=None, out=None):
 
 
 def summarise(results, num_devices):
-    """One row per (scenario, split) measured: medians over its rounds, the ratio to even."""
+    """One row per (scenario, split) measured: medians over its rounds, the paired ratio to even.
+
+    ``vs_even`` is the median over the rounds of the split's images/s over
+    even's in the same round, ``vs_even_low``/``vs_even_high`` its 95%
+    interval (None with one round judged), ``verdict`` what that says
+    (``faster``, ``slower``, ``equally fast``; ``same split`` for an auto
+    split that never moved the shares). ``loads``: every run's load.
+    """
+    from ..study.paired import Paired
     runs = {}
     for unit, result in results:
-        _, scenario, name = unit.key.split('/')
-        runs.setdefault((scenario, name), []).append(result)
+        r, scenario, name = unit.key.split('/')
+        runs.setdefault((scenario, name), []).append((int(r), result))
+    pairs = {}
+    for (scenario, name), measured in runs.items():
+        pairs.setdefault(scenario, Paired(SPLITS, higher_is_better=True))
+        for r, m in measured:
+            pairs[scenario].add(name, r, m['speed'], m.get('load'))
     rows = []
     for (scenario, name), measured in runs.items():
+        measured = [m for _, m in sorted(measured, key=lambda x: x[0])]
         speeds = [m['speed'] for m in measured]
         idle = [statistics.median(m['idle'][i] for m in measured) for i in range(num_devices)]
         last = measured[-1]
-        rows.append({'scenario': scenario, 'split': name,
-                     'images_per_sec': statistics.median(speeds), 'idle': idle,
-                     'shares': last['shares'], 'changes': last['changes'],
-                     'undone': last['undone'], 'rounds': speeds})
-    for row in rows:
-        even = next((r for r in rows if r['scenario'] == row['scenario'] and
-                     r['split'] == 'even'), None)
-        row['vs_even'] = row['images_per_sec'] / even['images_per_sec'] if even else None
+        row = {'scenario': scenario, 'split': name, 'images_per_sec': statistics.median(speeds),
+               'idle': idle, 'shares': last['shares'], 'changes': last['changes'],
+               'undone': last['undone'], 'rounds': speeds, 'vs_even': None,
+               'vs_even_low': None, 'vs_even_high': None, 'verdict': None,
+               'loads': [m.get('load') for m in measured]}
+        ratio = pairs[scenario].ratio('even', name) if pairs[scenario].figures['even'] else None
+        if ratio is not None:  # even's time over this split's: this split's images/s over even's
+            row.update(vs_even=ratio.median, vs_even_low=ratio.low, vs_even_high=ratio.high,
+                       verdict=_verdict(name, ratio, measured))
+        rows.append(row)
     order = {(s, n): i for i, (s, n) in enumerate((s, n) for s in SCENARIOS for n in SPLITS)}
     return sorted(rows, key=lambda r: order[r['scenario'], r['split']])
+
+
+def _verdict(name, ratio, measured):
+    """What a split's paired ratio to even says."""
+    if name == 'even':
+        return None
+    if name == 'auto' and all(m['changes'] == 0 for m in measured):
+        return 'same split'  # it never moved the shares: it ran the even split
+    if not ratio.differs():
+        return 'equally fast'
+    return 'faster' if ratio.median > 1 else 'slower'
 
 
 def table(rows, devices):
     """The Markdown table of ``rows``."""
     from ..study.kvstore_report import markdown_table
-    header = ['scenario', 'split', 'images/s', 'vs even'] + [f'idle {d}' for d in devices] + \
-        ['shares (end)', 'auto changes (undone)']
-    body = [[r['scenario'], r['split'], f"{r['images_per_sec']:.0f}",
-             '-' if r['vs_even'] is None else f"{r['vs_even']:.2f}",
+    header = ['scenario', 'split', 'images/s', 'vs even (95% interval)'] + \
+        [f'idle {d}' for d in devices] + ['shares (end)', 'auto changes (undone)']
+    body = [[r['scenario'], r['split'], f"{r['images_per_sec']:.0f}", _vs_even(r),
              *(f'{100 * i:.0f}%' for i in r['idle']), '/'.join(map(str, r['shares'])),
              f"{r['changes']} ({r['undone']})" if r['split'] == 'auto' else '-'] for r in rows]
     return markdown_table(header, body, 'llrr' + 'r' * len(devices) + 'rr')
 
 
+def _vs_even(row):
+    """``1.21 (1.15-1.27)``, ``1.21`` with one round judged, ``-`` without even."""
+    if row['vs_even'] is None:
+        return '-'
+    if row['vs_even_low'] is None or row['split'] == 'even':
+        return f"{row['vs_even']:.2f}"
+    return f"{row['vs_even']:.2f} ({row['vs_even_low']:.2f}-{row['vs_even_high']:.2f})"
+
+
 def answers(rows):
-    """One line per scenario: whether balancing paid, with the ratios measured."""
+    """One line per scenario: whether balancing paid, each split against even with its
+    interval; then the load during the runs."""
+    from ..study.paired import load_note
     lines = []
     for scenario in dict.fromkeys(r['scenario'] for r in rows):
         of = {r['split']: r for r in rows if r['scenario'] == scenario}
-        best = max(of.values(), key=lambda r: r['images_per_sec'])
-        lines.append(f"{scenario}: auto {of['auto']['vs_even']:.2f}x and weights "
-                     f"{of['weights']['vs_even']:.2f}x the even split's images/s; fastest: "
-                     f"{best['split']}")
+        if 'even' not in of:
+            lines.append(f'{scenario}: the even split was not measured: nothing to compare with')
+            continue
+        judged = [r for n, r in of.items() if n != 'even']
+        parts = []
+        for r in judged:
+            if r['verdict'] == 'same split':
+                parts.append(f"{r['split']} never moved the shares: the same split as even, "
+                             'nothing to compare')
+                continue
+            interval = ('1 round judged: no interval' if r['vs_even_low'] is None else
+                        f"95% interval {r['vs_even_low']:.2f}-{r['vs_even_high']:.2f}")
+            verdict = {'faster': 'faster than even', 'slower': 'slower than even'}.get(
+                r['verdict'], 'as fast as even within the interval')
+            parts.append(f"{r['split']} {verdict} ({r['vs_even']:.2f}x even's images/s, "
+                         f'{interval})')
+        lines.append(f'{scenario}: ' + '; '.join(parts))
+    note = load_note([l for r in rows for l in r.get('loads') or () if l])
+    if note:
+        lines.append(note[0].upper() + note[1:])
     return lines
 
 
 def write_outputs(directory, rows, devices, config):
     """report.md, balance.csv and images.png in ``directory``, all or nothing (a ReportFolder)."""
     from ..study.charts import bar_chart
-    flat = [dict(r, idle='/'.join(f'{i:.4f}' for i in r['idle']),
+    flat = [dict({k: v for k, v in r.items() if k != 'loads'},
+                 idle='/'.join(f'{i:.4f}' for i in r['idle']),
                  shares='/'.join(map(str, r['shares'])),
                  rounds='/'.join(f'{s:.1f}' for s in r['rounds'])) for r in rows]
     with ReportFolder(directory) as folder:
         write_csv(folder.path('balance.csv'), stamped(flat),
-                  ['scenario', 'split', 'images_per_sec', 'vs_even', 'idle', 'shares',
-                   'changes', 'undone', 'rounds'] + STAMP_COLUMNS)
+                  ['scenario', 'split', 'images_per_sec', 'vs_even', 'vs_even_low',
+                   'vs_even_high', 'verdict', 'idle', 'shares', 'changes', 'undone',
+                   'rounds'] + STAMP_COLUMNS)
         bar_chart(folder.path('images.png'),
                   [f"{r['scenario']}\n{r['split']}" for r in rows],
                   [r['images_per_sec'] for r in rows], 'images/s',
