@@ -6,6 +6,7 @@ import re
 import sys
 import types
 
+import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
@@ -122,18 +123,27 @@ def test_bfloat16_json_holds_the_tables_medians_with_the_machine_and_the_date(
     monkeypatch.setattr(script, 'check_bfloat16', lambda: None)
     monkeypatch.setattr(script, 'warm_steps', lambda args, model, stop: {})
     rounds = iter([(100.0, 50.0, 80.0), (300.0, 90.0, 60.0), (200.0, 70.0, 40.0)])
-    monkeypatch.setattr(script, 'measure_round', lambda runs, batch, steps, stop=None: dict(
-        zip(script.VARIANTS, next(rounds))))
+    monkeypatch.setattr(script, 'measure_round', lambda runs, batch, steps, stop=None,
+                        backwards=False: dict(zip(script.VARIANTS, next(rounds))))
     out = tmp_path / 'bfloat16.json'
     assert script.main(['--models', 'simple-cnn', '--rounds', '3', '--results',
                         str(tmp_path / 'rounds.json'), '--json', str(out)]) == 0
     written = json.loads(out.read_text())
     rows = {r['compute']: r for r in written['rows']}
     assert [rows[v]['images_per_s'] for v in script.VARIANTS] == [200.0, 70.0, 60.0]  # medians
-    assert rows['bfloat16']['vs_float32'] == pytest.approx(0.35)
+    assert rows['bfloat16']['vs_float32'] == pytest.approx(0.35)  # the median of 0.5, 0.3, 0.35
+    logs = onp.log([0.5, 0.3, 0.35])
+    half = 4.303 * logs.std(ddof=1) / onp.sqrt(3)
+    assert (rows['bfloat16']['vs_float32_low'], rows['bfloat16']['vs_float32_high']) == \
+        pytest.approx((onp.exp(logs.mean() - half), onp.exp(logs.mean() + half)))
+    assert rows['bfloat16']['verdict'] == 'slower' and rows['float32']['verdict'] is None
     assert {r['model'] for r in written['rows']} == {'simple-cnn'}
     assert (written['machine'], written['date']) == (stamp()['machine'], stamp()['date'])
-    assert '| simple-cnn | 128 | bfloat16 | 70.0 | 0.35 |' in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert re.search(r'^\| simple-cnn \| 128 \| bfloat16 \| 70\.0 \| 0\.35 \(0\.\d\d-0\.\d\d\) \| '
+                     r'slower \|$', printed, re.M), printed
+    assert re.search(r'^simple-cnn, bfloat16: 0\.35x \(95% interval 0\.\d\d-0\.\d\d, 3 rounds\): '
+                     'slower than float32$', printed, re.M), printed
 
 
 @pytest.mark.slow
@@ -147,3 +157,27 @@ def test_bfloat16_on_a_cpu_without_its_kernels_is_one_line_and_status_2():
     assert proc.returncode == 2 and proc.stdout == '' and len(err) == 1, proc.stderr
     assert err[0].startswith('error: this CPU cannot compute in bfloat16') and \
         'could not create a primitive descriptor' in err[0], err
+
+
+def test_inflight_compares_each_k_with_unbounded_in_the_same_rounds(monkeypatch, capsys):
+    """Known speeds: K=1 is 10% slower than unbounded, K=2 as fast, and the machine halves all
+    speeds from round 3 of 4: K=1 is named slower with its interval, K=2 equally fast, and K=2
+    is the smallest within the tolerance."""
+    inflight = load_script('inflight')
+    calls = []
+
+    def measure(model, k, devices):
+        calls.append(k)
+        load = 0.5 if len(calls) > 6 else 1.0
+        wobble = 1 + 0.005 * (len(calls) % 3 - 1)
+        return {1: 90.0, 2: 100.0, 0: 100.0}[k] * load * wobble, 300.0 + k
+    monkeypatch.setattr(inflight, 'measure', measure)
+    assert inflight.main(['--models', 'simple-cnn', '--values', '1', '2', '0', '--rounds', '4',
+                          '--tolerance', '0.02']) == 0
+    assert calls == [1, 2, 0, 0, 2, 1, 1, 2, 0, 0, 2, 1]  # every other round backwards
+    out = capsys.readouterr().out
+    assert re.search(r'^\| 1 \| [\d.]+ \| 0\.9\d\d \(0\.\d{3}-0\.\d{3}\) \| slower \| 301 \|$',
+                     out, re.M), out
+    assert re.search(r'^\| 2 \| [\d.]+ \| [01]\.\d{3} \([\d.]+-[\d.]+\) \| equally fast \| 302 \|$',
+                     out, re.M), out
+    assert 'smallest K within 2% of unbounded: 2' in out

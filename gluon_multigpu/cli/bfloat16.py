@@ -185,12 +185,13 @@ def warm_steps(args, model, stop):
     return runs
 
 
-def measure_round(runs, batch, steps, stop=None):
-    """Images/s of each variant in one round of ``steps`` steps, taken in turn."""
+def measure_round(runs, batch, steps, stop=None, backwards=False):
+    """Images/s of each variant in one round of ``steps`` steps, taken in turn (``backwards``:
+    in the reverse order, as every other round is, so that none always follows the same)."""
     from mxnet import npx  # pylint: disable=import-outside-toplevel
     from ..study.measure import check_stop  # pylint: disable=import-outside-toplevel
     speeds = {}
-    for variant, step in runs.items():
+    for variant, step in (list(runs.items())[::-1] if backwards else runs.items()):
         tic = time.perf_counter()
         for _ in range(steps):
             check_stop(stop)
@@ -226,28 +227,52 @@ def make_sweep(args, say):
 
 def medians(results):
     """Per model and variant of the rounds measured: ``model``, ``batch``, ``compute``, the
-    median ``images_per_s`` and its ratio to float32's (``vs_float32``)."""
+    median ``images_per_s``, and its paired ratio to float32's in the same rounds
+    (``vs_float32``, with ``vs_float32_low``/``high``, its 95% interval, and ``verdict``:
+    faster or slower only when the interval excludes 1, ``study.paired``)."""
+    from ..study.paired import Paired, versus  # pylint: disable=import-outside-toplevel
     rows = []
     for model in dict.fromkeys(u.key.split('/')[0] for u, _ in results):
-        rounds = [r for u, r in results if u.key.split('/')[0] == model]
-        median = {v: statistics.median(r[v] for r in rounds) for v in VARIANTS}
-        rows += [{'model': model, 'batch': SETTINGS[model][0], 'compute': variant,
-                  'images_per_s': median[variant],
-                  'vs_float32': median[variant] / median['float32']} for variant in VARIANTS]
+        rounds = [(int(u.key.split('/')[1]), r) for u, r in results
+                  if u.key.split('/')[0] == model]
+        pairs = Paired(VARIANTS, higher_is_better=True, warmup=0)  # every round is warmed
+        for n, r in rounds:
+            for v in VARIANTS:
+                pairs.add(v, n, r[v])
+        for variant in VARIANTS:
+            against = versus(pairs, variant, 'float32')
+            rows.append({'model': model, 'batch': SETTINGS[model][0], 'compute': variant,
+                         'images_per_s': statistics.median(r[variant] for _, r in rounds),
+                         'vs_float32': against['ratio'], 'vs_float32_low': against['low'],
+                         'vs_float32_high': against['high'], 'verdict': against['verdict'],
+                         'rounds': against['rounds']})
     return rows
 
 
 def table(results):
-    """The Markdown table of the rounds measured: medians, and the ratio to float32."""
+    """The Markdown table of the rounds measured: medians, and the paired ratio to float32."""
     from ..study.kvstore_report import markdown_table  # pylint: disable=import-outside-toplevel
     rows = [[r['model'], r['batch'], r['compute'], f"{r['images_per_s']:.1f}",
-             f"{r['vs_float32']:.2f}"] for r in medians(results)]
+             f"{r['vs_float32']:.2f}" + (f" ({r['vs_float32_low']:.2f}-{r['vs_float32_high']:.2f})"
+                                         if r['vs_float32_low'] is not None
+                                         and r['compute'] != 'float32' else ''),
+             r['verdict'] or '-'] for r in medians(results)]
     return rows, markdown_table(
-        ['model', 'batch', 'compute', 'images/s', 'vs float32'], rows, 'lrlrr')
+        ['model', 'batch', 'compute', 'images/s', 'vs float32 (95% interval)', 'verdict'], rows,
+        'lrlrrl')
+
+
+def answers(rows):
+    """One line per model and bfloat16 variant: its paired ratio to float32 and the verdict."""
+    from ..study.paired import describe_versus  # pylint: disable=import-outside-toplevel
+    return [f"{r['model']}, {r['compute']}: " + describe_versus(
+        {'ratio': r['vs_float32'], 'low': r['vs_float32_low'], 'high': r['vs_float32_high'],
+         'verdict': r['verdict'], 'rounds': r['rounds']}, 'float32')
+        for r in rows if r['compute'] != 'float32']
 
 
 def run(args, out=None, stop=None):
-    """Measure every model, each round kept in --results; print one table."""
+    """Measure every model, each round kept in --results; print one table and the answers."""
     check_bfloat16()  # a CPU without bfloat16 kernels: one line naming what it lacks, status 2
     out = out or sys.stdout
     check_outputs(files=[('--results', args.results or RESULTS), ('--json', args.json)])
@@ -257,12 +282,14 @@ def run(args, out=None, stop=None):
     runs = {}
 
     def measure(unit):
-        model, _ = unit.key.split('/')
+        model, round_ = unit.key.split('/')
         batch, steps = SETTINGS[model]
         if model not in runs:
             runs.clear()  # one model's compiled graphs at a time
             runs[model] = warm_steps(args, model, stop)
-        speeds = measure_round(runs[model], batch, args.steps or steps, stop)
+        speeds = measure_round(runs[model], batch, args.steps or steps, stop,
+                               backwards=int(round_) % 2 == 0)
+        speeds = {v: speeds[v] for v in VARIANTS}  # in the table's order
         common.say_quietly(f'  {unit.label}: ' + ', '.join(f'{v} {s:.1f}'
                                                           for v, s in speeds.items())
                            + ' images/s')
@@ -274,6 +301,7 @@ def run(args, out=None, stop=None):
     results = common.measure_sweep(sweep, measure, stop, partial)
     rows, text = table(results)
     print(text, file=out)
+    print('', *answers(medians(results)), file=out, sep='\n')
     if args.json:
         files.write_json(args.json, {'rounds': args.rounds, 'rows': medians(results),
                                      **stamp()})

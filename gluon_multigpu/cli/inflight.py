@@ -3,9 +3,12 @@
 Each measurement is one epoch of ``scripts/train.py --synthetic`` in a fresh
 process (so its peak resident memory is its own), the values of K taken in
 turn, round after round, so that all of them see the same machine state.
-Prints, per model, the median images/s and peak memory of each K and their
-ratio to the unbounded loop (K = 0), and the smallest K within --tolerance of
-its speed: the default the training script should use.
+Prints, per model, the median images/s and peak memory of each K, its ratio to
+the unbounded loop (K = 0) in the same rounds (every other round taken
+backwards) with the ratio's 95% interval and what it says (faster or slower
+only when the interval excludes 1 and the difference is 3% or more), the
+load during the runs, and the smallest K within --tolerance of its speed:
+the default the training script should use.
 
 Bad input (an output path that cannot be written) stops before measuring with
 one line and status 2. Ctrl-C or SIGTERM stops the run in progress and ends
@@ -92,12 +95,17 @@ def run(args, out=None):
     """Check the output, measure, print the tables, write the JSON; return the rows."""
     out = out or sys.stdout
     check_outputs(files=[('--json', args.json)])
+    from ..study.paired import LoadMeter  # pylint: disable=import-outside-toplevel
     rows = []
+    values = list(dict.fromkeys(args.values))
     for model in args.models:
-        figures = {k: {'speed': [], 'peak': []} for k in args.values}
+        figures = {k: {'speed': [], 'peak': [], 'load': []} for k in values}
+        meter = LoadMeter()
         for r in range(args.rounds):
-            for k in args.values:
+            for k in (values if r % 2 == 0 else values[::-1]):  # ABC, CBA: no fixed order
+                meter.start()
                 speed, peak = measure(model, k, args.cpu_devices)
+                figures[k]['load'].append(meter.stop())
                 figures[k]['speed'].append(speed)
                 figures[k]['peak'].append(peak)
                 print(f'{model}, round {r + 1}, K={k or "unbounded"}: {speed:.1f} images/s, '
@@ -118,25 +126,48 @@ def main(argv=None):
 
 
 def summarise(model, figures, args, out=None):
-    """Print one model's table to ``out``; return its rows."""
+    """Print one model's table to ``out``; return its rows.
+
+    Each K's speed is compared with the unbounded loop's of the same rounds
+    (``study.paired``: the median of the paired ratios, its 95% interval;
+    every run is a fresh process, so no round is left out as a warm-up);
+    the K chosen is the smallest whose median ratio is within --tolerance.
+    """
+    from ..study.paired import Paired, load_note, versus  # pylint: disable=import-outside-toplevel
     out = out or sys.stdout
-    base = statistics.median(figures[0]['speed']) if 0 in figures else None
+    pairs = Paired([str(k) for k in figures], higher_is_better=True, warmup=0)
+    for k, f in figures.items():
+        for r, (speed, load) in enumerate(zip(f['speed'], f.get('load') or
+                                              [None] * len(f['speed'])), 1):
+            pairs.add(str(k), r, speed, load)
     print(f'\n{model}, {args.cpu_devices} CPU contexts, batch {SETTINGS[model][1]}, '
           f'median of {args.rounds}:', file=out)
-    print('| K (steps in flight) | images/s | vs unbounded | peak memory MiB |', file=out)
-    print('| ---: | ---: | ---: | ---: |', file=out)
+    print('| K (steps in flight) | images/s | vs unbounded (95% interval) | verdict | '
+          'peak memory MiB |', file=out)
+    print('| ---: | ---: | ---: | --- | ---: |', file=out)
     rows, chosen = [], None
     for k, f in figures.items():
         speed, peak = statistics.median(f['speed']), statistics.median(f['peak'])
-        ratio = speed / base if base else None
-        shown = f'{ratio:.3f}' if ratio else ''
-        print(f'| {k or "unbounded"} | {speed:.1f} | {shown} | {peak:.0f} |', file=out)
+        against = versus(pairs, str(k), '0') if 0 in figures else None
+        ratio = against['ratio'] if against else None
+        shown = '' if ratio is None else f'{ratio:.3f}' + (
+            f" ({against['low']:.3f}-{against['high']:.3f})"
+            if against['low'] is not None and k else '')
+        verdict = (against['verdict'] or '-') if against else '-'
+        print(f'| {k or "unbounded"} | {speed:.1f} | {shown} | {verdict} | {peak:.0f} |', file=out)
         if k and ratio and ratio >= 1 - args.tolerance and (chosen is None or k < chosen):
             chosen = k
         rows.append({'model': model, 'k': k, 'images_per_sec': f['speed'],
-                     'peak_rss_mib': f['peak'], 'ratio': ratio})
+                     'peak_rss_mib': f['peak'], 'ratio': ratio,
+                     'ratio_low': against['low'] if against else None,
+                     'ratio_high': against['high'] if against else None,
+                     'verdict': against['verdict'] if against else None,
+                     'load': f.get('load')})
     if chosen:
         print(f'smallest K within {args.tolerance:.0%} of unbounded: {chosen}', file=out)
+    note = load_note(pairs.all_loads())
+    if note:
+        print(note[0].upper() + note[1:] + '.', file=out)
     return rows
 
 
