@@ -724,8 +724,8 @@ def test_a_sweep_whose_report_does_not_fit_is_one_line_and_status_1(small_disk, 
     proc = run_bounded([sys.executable, str(SCRIPTS / 'scaling.py'), '--cpu-devices', '1',
                         '--model', 'simple-cnn', '--num-epochs', '1', '--num-train', '64',
                         '--num-test', '32', '--batch-per-device', '32', '--compute-repeats', '1',
-                        '--sync-repeats', '1', '--progress-interval', '0', '--data-dir',
-                        str(fashion_dir), '--out', str(small_disk / 'sweep')])
+                        '--sync-repeats', '1', '--rounds', '1', '--progress-interval', '0',
+                        '--data-dir', str(fashion_dir), '--out', str(small_disk / 'sweep')])
     err = proc.stderr.splitlines()
     assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr
     assert err[-1].startswith(f'error: could not write {small_disk}/sweep/') and \

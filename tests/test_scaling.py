@@ -352,3 +352,27 @@ def test_help_states_definitions_and_defaults(script, capsys):
                    '(default: 0.1, the book)', '(default: 16, a p2.16xlarge)',
                    'a model, not a measurement', 'exit status 2', '(default: scaling-report)'):
         assert phrase in text
+
+
+def test_the_kvstore_answer_pairs_the_rounds_each_configuration_shares():
+    """Known speeds, each configuration measured in 4 rounds with a load that halves them all in
+    rounds 2 and 4: device 20% slower is named, an equal pair is not, one round names none."""
+    def row(kvstore, rounds):
+        return {'devices': 2, 'batch_mode': 'per-device', 'batch_size': 64, 'lr_rule': 'linear',
+                'kvstore': kvstore, 'samples_per_sec': sorted(rounds)[(len(rounds) - 1) // 2],
+                'rounds': rounds}
+    drift = [1.0, 0.5, 1.01, 0.49]
+    slower = gm.scaling_report.fastest_kvstores(
+        [row('local', [1000 * d for d in drift]), row('device', [800 * d * 1.01 for d in drift])])
+    assert slower[0].startswith('- 2 devices, batch 64, lr rule linear: **local** fastest (4 '
+                                'rounds): local ') and "95% interval of local's speed-up 1.2" \
+        in slower[0], slower
+    equal = gm.scaling_report.fastest_kvstores(
+        [row('local', [1000 * d for d in drift]),
+         row('device', [1000 * d * w for d, w in zip(drift, (1.01, 0.99, 1.0, 1.005))])])
+    assert ' equally fast (the interval includes 1, or the difference is under 3%; 4 rounds)' \
+        in equal[0], equal
+    one = gm.scaling_report.fastest_kvstores(
+        [dict(row('local', [1000]), rounds=None), dict(row('device', [800]), rounds=None)])
+    assert 'local faster in the one round measured, which cannot tell a difference from noise' \
+        in one[0], one

@@ -127,6 +127,11 @@ def build_parser():
                       'its final test accuracy too (hours with ResNet-18 on CPU contexts)')
     p.add_argument('--num-epochs', type=num_epochs, default=10, metavar='N',
                    help='epochs of every run with --full (default: 10)')
+    p.add_argument('--rounds', type=int_in(1, 20), default=2, metavar='N',
+                   help='measurements of each configuration\'s speed, the configurations taken '
+                   'in turn round after round (every other round backwards); the kvstores are '
+                   'compared by the rounds they share, and a winner named only when the interval '
+                   'excludes 1 (default: 2; --full trains each configuration once)')
     common.add_run_flags(p, MODELS, DATASETS)
     p.add_argument('--download', action='store_true',
                    help="download missing files into --data-dir from MXNet's mirror (needs "
@@ -204,10 +209,12 @@ def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data,
     if args.full:
         work = cost * args.num_epochs * (len(train_data[1]) + num_test / 3)
         units = [sweep_module.Unit(config_key(c), config_label(c), work) for c in grid]
-    else:
-        units = [sweep_module.Unit(config_key(c), f'{config_label(c)}: speed over {args.steps} '
-                                   'steps', cost * (args.steps + WARMUP_STEPS) * c.batch_size)
-                 for c in grid]
+    else:  # round after round, every other one backwards: a drifting load falls on all
+        units = [sweep_module.Unit(f'{r + 1}/{config_key(c)}',
+                                   f'round {r + 1}/{args.rounds}, {config_label(c)}: speed over '
+                                   f'{args.steps} steps',
+                                   cost * (args.steps + WARMUP_STEPS) * c.batch_size)
+                 for r in range(args.rounds) for c in (grid if r % 2 == 0 else grid[::-1])]
     if any(n >= 2 for n in counts):
         targets = device_counts(args.project_to)
         compute = sum(projection_batches(batch_mode, batches, targets))
@@ -223,7 +230,7 @@ def make_sweep(args, grid, device_type, counts, batch_mode, batches, train_data,
               'project_to': args.project_to, 'compute_repeats': args.compute_repeats,
               'sync_repeats': args.sync_repeats}
     if not args.full:  # a --full run's settings are as they were before the speed default
-        config.update(mode='speed', steps=args.steps, epochs=None)
+        config.update(mode='speed', steps=args.steps, epochs=None, rounds=args.rounds)
     return sweep_module.Sweep(
         args.results or os.path.join(args.out, 'results.json'), 'scaling', config, units, say,
         resume=args.resume, overwrite=args.overwrite, check=result_ok,
@@ -327,8 +334,9 @@ def unit_measure(args, plan, sweep, train_data, test_data, stop):
                 seed=args.seed, progress=say, stop=stop)
             return {'projection': projection, 'sync': sync_rows}
         if not args.full:
-            return speed.time_steps(configs[unit.key], plan.device_type, train_data, args.steps,
-                                    args.seed, stop, lambda done: sweep.advance(cost * done))
+            return speed.time_steps(configs[unit.key.split('/', 1)[1]], plan.device_type,
+                                    train_data, args.steps, args.seed, stop,
+                                    lambda done: sweep.advance(cost * done))
         work = measure.WorkDone(lambda done: sweep.advance(cost * done), len(train_data[1]))
         # No progress lines of its own: the sweep's line says the time left, for the whole sweep.
         return measure.train_config(configs[unit.key], plan.device_type, train_data, test_data,
@@ -337,8 +345,30 @@ def unit_measure(args, plan, sweep, train_data, test_data, stop):
 
 
 def measured_rows(results):
-    """The rows of the training runs among the sweep's ``results``, with their speedups."""
-    return add_speedups([dict(r) for u, r in results if u.key != 'projection'])
+    """The rows of the training runs among the sweep's ``results``, with their speedups.
+
+    A configuration measured in several rounds is one row: the round of its
+    median speed, with ``rounds``, its samples/s in every round (in order),
+    which the kvstore answer pairs (``scaling_report.fastest_kvstores``).
+    """
+    by_config = {}
+    for unit, r in results:
+        if unit.key == 'projection':
+            continue
+        parts = unit.key.split('/')
+        round_ = int(parts[0]) if len(parts) == 6 else 1  # a --full run's key has no round
+        by_config.setdefault('/'.join(parts[-5:]), []).append((round_, dict(r)))
+    rows = []
+    for measured in by_config.values():
+        measured.sort(key=lambda m: m[0])
+        speeds = [r['samples_per_sec'] for _, r in measured]
+        ok = sorted((r for _, r in measured if r['samples_per_sec']),
+                    key=lambda r: r['samples_per_sec'])
+        row = dict(ok[(len(ok) - 1) // 2] if ok else measured[-1][1])  # the lower median
+        if len(measured) > 1:
+            row['rounds'] = speeds
+        rows.append(row)
+    return add_speedups(rows)
 
 
 def measure_and_report(args, out, stop):

@@ -143,11 +143,15 @@ def how_many_devices(rows):
 def fastest_kvstores(rows, noise=NOISE):
     """Return the answer lines to "local or device": the fastest kvstore per device count.
 
-    Runs are compared within the same count, batch and learning-rate rule;
-    differences below ``noise`` (relative) are called a tie. One device is
-    left out: MXNet's Trainer makes no kvstore for a single device. Empty
-    when only one kvstore was run.
+    Runs are compared within the same count, batch and learning-rate rule, by
+    the rounds they share (a row's ``rounds``: its samples/s in each round,
+    the configurations taken in turn; ``study.paired``): a kvstore is named
+    faster only when the interval of its paired ratio excludes 1 and the
+    difference is ``noise`` or more; with one round each no winner is named.
+    One device is left out: MXNet's Trainer makes no kvstore for a single
+    device. Empty when only one kvstore was run.
     """
+    from .paired import Paired, versus
     ok = [r for r in rows if r['samples_per_sec'] and r['devices'] > 1]
     if len({r['kvstore'] for r in rows}) < 2:
         return []
@@ -161,13 +165,29 @@ def fastest_kvstores(rows, noise=NOISE):
             continue
         group.sort(key=lambda r: -r['samples_per_sec'])
         best = group[0]
+        pairs = Paired([r['kvstore'] for r in group], higher_is_better=True, min_effect=noise,
+                       warmup=0)  # every measurement is warmed (scaling.WARMUP_STEPS)
+        for r in group:
+            for i, speed in enumerate(r.get('rounds') or [r['samples_per_sec']], 1):
+                pairs.add(r['kvstore'], i, speed)
+        against = {r['kvstore']: versus(pairs, best['kvstore'], r['kvstore']) for r in group[1:]}
         rest = ', '.join(f"{r['kvstore']} {r['samples_per_sec']:.0f} "
-                         f"({1 - r['samples_per_sec'] / best['samples_per_sec']:.0%} slower)"
+                         f"({1 - r['samples_per_sec'] / best['samples_per_sec']:.0%} slower"
+                         + (f", 95% interval of {best['kvstore']}'s speed-up "
+                            f"{against[r['kvstore']]['low']:.2f}-"
+                            f"{against[r['kvstore']]['high']:.2f}"
+                            if against[r['kvstore']]['low'] is not None else '') + ')'
                          for r in group[1:])
-        ties = [r['kvstore'] for r in group
-                if 1 - r['samples_per_sec'] / best['samples_per_sec'] < noise]
-        verdict = (f"{' and '.join(ties)} equally fast (within {noise:.0%})" if len(ties) > 1
-                   else f"**{best['kvstore']}** fastest")
+        rounds = len(pairs.rounds())
+        if rounds < 2:
+            verdict = (f"{best['kvstore']} faster in the one round measured, which cannot tell "
+                       'a difference from noise (measure with --rounds 3 or more)')
+        else:
+            ties = [best['kvstore']] + [k for k, v in against.items()
+                                        if v['verdict'] == 'equally fast']
+            verdict = (f"{' and '.join(ties)} equally fast (the interval includes 1, or the "
+                       f'difference is under {noise:.0%}; {rounds} rounds)' if len(ties) > 1
+                       else f"**{best['kvstore']}** fastest ({rounds} rounds)")
         lines.append(f"- {_devices(n)}, batch {batch}, lr rule {rule}: {verdict}: "
                      f"{best['kvstore']} {best['samples_per_sec']:.0f} samples/s, {rest}")
     if not lines:
