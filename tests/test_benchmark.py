@@ -49,6 +49,35 @@ def fake_results():
     }
 
 
+def test_an_aim_beyond_the_noise_is_sure_and_one_inside_it_is_not(bench):
+    """Round by round: ours/book 2.0, 2.05, 2.02 (aim >= 1.8: met, interval above it); the
+    pipeline 19, 22, 21 times the book's (aim >= 20: met by the median, 20 inside the interval).
+    The intervals against NumPy: the t-interval of the log ratios' mean, t(0.975, 2) = 4.303."""
+    import numpy as onp
+    results = fake_results()
+    results['train/resnet18/2/device/128/book'] = [{'images_per_sec': 10.0}] * 3
+    results['train/resnet18/2/device/128/ours'] = [
+        dict(r, images_per_sec=v) for r, v in zip(results['train/resnet18/2/device/128/ours'],
+                                                  (20.0, 20.5, 20.2))]
+    results['pipeline/book'] = [{'images_per_sec': 1000.0}] * 3
+    results['pipeline/ours'] = [{'images_per_sec': v} for v in (19000.0, 22000.0, 21000.0)]
+    rows = {r['key']: r for r in bench.summarize(results, flops_per_image=2e9)}
+
+    def interval(ratios):
+        logs = onp.log(ratios)
+        half = 4.303 * logs.std(ddof=1) / onp.sqrt(len(logs))
+        return onp.exp(logs.mean() - half), onp.exp(logs.mean() + half)
+    speedup, pipeline = rows['resnet_speedup'], rows['pipeline']
+    assert (speedup['low'], speedup['high']) == pytest.approx(interval([2.0, 2.05, 2.02]))
+    assert speedup['met'] and speedup['sure'] and speedup['low'] > 1.8
+    assert (pipeline['low'], pipeline['high']) == pytest.approx(interval([19.0, 22.0, 21.0]))
+    assert pipeline['met'] and pipeline['sure'] is False
+    assert rows['e2e_time']['low'] is None and rows['e2e_time']['sure'] is None  # made once
+    table = bench.table(list(rows.values()))
+    assert '| data pipeline images/s, ours / book-style DataLoader | 1,000 | 21,000 | 21 (' in \
+        table and '| >= 20 | yes (inside the noise) |' in table
+
+
 def test_every_row_is_computed_from_its_figures(bench):
     rows = {r['key']: r for r in bench.summarize(fake_results(), flops_per_image=2e9)}
     assert list(rows) == [t[0] for t in bench.TARGETS]
@@ -74,8 +103,8 @@ def test_every_row_is_computed_from_its_figures(bench):
     table = bench.table(list(rows.values()))
     assert table.count('\n') == len(rows) + 1 and '| NO |' in table and '| yes |' in table
     assert table.splitlines()[0] == '| aim | reference | ours | measured | aim | met |'
-    assert ('| ResNet-18 steady-state images/s, ours / book (2 contexts) | 25 | 45 | 1.8 | '
-            '>= 1.8 | yes |') in table
+    assert ('| ResNet-18 steady-state images/s, ours / book (2 contexts) | 25 | 45 | 1.8 (') in \
+        table  # three rounds of each: the interval of the paired ratios beside the median's
 
 
 def test_the_memory_aim_is_ours_over_pytorchs_peak(bench):

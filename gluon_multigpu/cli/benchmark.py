@@ -249,20 +249,64 @@ def figures(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BOOK
     }
 
 
+def paired_ratios(results, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
+    """The aims that compare two measurements of every round: key -> ``paired.Ratio``.
+
+    Round ``i`` of a measurement is its ``i``-th result; a ratio is made of
+    the rounds where both have the figure (the end-to-end runs, made once,
+    have none). None where fewer than one round has both.
+    """
+    from ..study.paired import ratio_of  # pylint: disable=import-outside-toplevel
+    ours = f'train/resnet18/2/device/{target_batch}/ours'
+    cnn = f'train/simple-cnn/2/device/{target_batch}/ours'
+    pairs = {
+        'resnet_vs_pytorch_short': (ours, f'pytorch/resnet18/{target_batch}',
+                                    'short_images_per_sec'),
+        'resnet_vs_pytorch': (ours, f'pytorch/resnet18/{target_batch}', 'images_per_sec'),
+        'resnet_speedup': (ours, f'train/resnet18/2/device/{target_batch}/book',
+                           'images_per_sec'),
+        'book_batch': (f'train/resnet18/2/device/{book_batch}/ours', ours, 'images_per_sec'),
+        'two_vs_one': (ours, f'train/resnet18/1/device/{target_batch}/ours', 'images_per_sec'),
+        'cnn_vs_pytorch_short': (cnn, f'pytorch/simple-cnn/{target_batch}',
+                                 'short_images_per_sec'),
+        'cnn_vs_pytorch': (cnn, f'pytorch/simple-cnn/{target_batch}', 'images_per_sec'),
+        'resnet_memory': (ours, f'pytorch/resnet18/{target_batch}', 'peak_mb'),
+        'cnn_memory': (cnn, f'pytorch/simple-cnn/{target_batch}', 'peak_mb'),
+        'pipeline': ('pipeline/ours', 'pipeline/book', 'images_per_sec'),
+    }
+    found = {}
+    for key, (num, den, field) in pairs.items():
+        both = [(a[field], b[field]) for a, b in zip(results.get(num, []), results.get(den, []))
+                if a.get(field) and b.get(field)]
+        found[key] = ratio_of([a for a, _ in both], [b for _, b in both]) if both else None
+    return found
+
+
 def summarize(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
     """Compute the aims' figures from the medians (``figures``); return a list of row dicts.
 
     ``results``: measurement key -> list of result dicts (one a round);
-    ``target_batch``: the global batch of the training-speed aims.
+    ``target_batch``: the global batch of the training-speed aims. Where an
+    aim compares two measurements of every round, ``low``/``high`` is the
+    95% interval of their paired ratio (``paired_ratios``; None with one
+    round) and ``sure`` whether it lies wholly on one side of the aim's
+    threshold: ``met`` (from the medians) then holds beyond the noise;
+    ``sure`` False: the threshold is inside the interval, so whether the aim
+    is met is not known from these rounds.
     """
     found = figures(results, flops_per_image, target_batch, book_batch)
+    intervals = paired_ratios(results, target_batch, book_batch)
     rows = []
     for key, what, op, threshold in TARGETS:
         base, value, measured = found[key]
         met = None if measured is None else (measured >= threshold if op == '>=' else
                                              measured <= threshold)
+        ratio = intervals.get(key)
+        low, high = (ratio.low, ratio.high) if ratio is not None else (None, None)
+        sure = None if low is None else not low <= threshold <= high
         rows.append({'key': key, 'what': what, 'reference': base, 'ours': value,
-                     'measured': measured, 'target': f'{op} {threshold:g}', 'met': met})
+                     'measured': measured, 'target': f'{op} {threshold:g}', 'met': met,
+                     'low': low, 'high': high, 'sure': sure})
     return rows
 
 
@@ -285,8 +329,13 @@ def table(rows, no_torch=False):
              '| --- | ---: | ---: | ---: | :---: | :---: |']
     for r in rows:
         met = 'n/a' if r['met'] is None else ('yes' if r['met'] else 'NO')
+        if r.get('sure') is False:
+            met += ' (inside the noise)'
+        measured = fmt(r['measured'])
+        if r.get('low') is not None:
+            measured += f" ({fmt(r['low'])}-{fmt(r['high'])})"
         lines.append(f"| {r['what']} | {fmt(r['reference'])} | {fmt(r['ours'])} | "
-                     f"{fmt(r['measured'])} | {r['target']} | {met} |")
+                     f"{measured} | {r['target']} | {met} |")
     if no_torch:
         lines.append(f'\nPyTorch is not installed, so the rows against it are n/a: install it '
                      f'with {INSTALL_TORCH}')
@@ -355,7 +404,8 @@ def run(args, out=None):
     results = {key: [] for key, _ in tasks}
     start = time.perf_counter()
     for round_ in range(args.repeats):
-        for i, (key, spec) in enumerate(tasks, 1):
+        # Every other round backwards: no measurement always follows the same one.
+        for i, (key, spec) in enumerate(tasks if round_ % 2 == 0 else tasks[::-1], 1):
             if round_ and key.startswith('e2e/'):
                 continue  # two whole epochs each: measured once, to stay within 10 minutes
             tic = time.perf_counter()
@@ -372,8 +422,10 @@ def run(args, out=None):
     print(f"\nTraining speeds at batch {size['batches']['target']}: the short run is "
           f"{size['warmup'] + size['steps']} steps timed from just before the network is built "
           f"(start-up included), the steady state the {size['steps']} after "
-          f"{size['warmup']} warm-up; medians of {args.repeats} round(s). Memory: peak resident "
-          'MiB of the whole process.', file=out)
+          f"{size['warmup']} warm-up; medians of {args.repeats} round(s), every other round "
+          'taken backwards; beside a ratio of two measurements, the 95% interval of its paired '
+          'ratios over the rounds (from 2 rounds), and "inside the noise" where the aim\'s '
+          'threshold falls within it. Memory: peak resident MiB of the whole process.', file=out)
     print(file=out)
     print(detail_table(results), file=out)
     print(f'\nResNet-18: {flops / 1e9:.2f} GFLOP per training image (forward + backward, '
