@@ -54,6 +54,19 @@ def test_train_acknowledges_a_first_signal_at_once():
         'the launcher stops the job: stopping after step 12, as every worker does')
 
 
+def test_a_later_worker_of_a_launched_job_points_at_rank_0s_checkpoint(tmp_path):
+    """Rank 1 of an ordered stop, with --checkpoint-dir given and nothing of its own there."""
+    from gluon_multigpu.cli import train
+    line = train.interrupted_message(TERM, gm.Interrupted(1, 3), str(tmp_path),
+                                     ['--checkpoint-dir', str(tmp_path)], rank=1)
+    assert f'; rank 0 keeps the checkpoint in {tmp_path}; resume with: ' in line, line
+    assert 'no checkpoint written' not in line
+    alone = train.interrupted_message(TERM, gm.Interrupted(1, 3), str(tmp_path),
+                                      ['--checkpoint-dir', str(tmp_path)])
+    assert alone.endswith(f'; nothing was saved in {tmp_path} yet: the same command starts the '
+                          'run again from the beginning'), alone
+
+
 def test_train_says_where_it_stopped_and_how_to_go_on():
     """The record of train's last line after a stop, a second signal, or a late signal."""
     stop = gm.Interrupted(2, 5)
@@ -76,6 +89,10 @@ def test_train_says_where_it_stopped_and_how_to_go_on():
     assert messages.comparison_why(INT, 'epoch 2 of kvstore device') == (
         'interrupted by SIGINT during epoch 2 of kvstore device')
     assert messages.comparison_why(INT, None) == 'interrupted by SIGINT between two epochs'
+    # A launched job's worker after the first: rank 0 writes the checkpoint, not this one.
+    assert messages.train_stopped(TERM, stop, 'cmd --resume', 'ckpt', by_rank_0=True) == (
+        'interrupted by SIGTERM in epoch 2 after 5 batch(es); rank 0 keeps the checkpoint in '
+        'ckpt; resume with: cmd --resume')
     assert messages.train_stopped_now() == (
         'stopped at once (a second signal): the last complete checkpoint, if any, is kept')
     assert messages.train_finished_anyway(TERM, outputs=True, checkpoint=True) == (

@@ -57,12 +57,15 @@ def train_stopped_now():
     return 'stopped at once (a second signal): the last complete checkpoint, if any, is kept'
 
 
-def train_stopped(signum, error, resume=None, checkpoint=None, kept=None):
+def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_rank_0=False,
+                  saved=True):
     """The last line of a training run stopped by ``error`` (an ``Interrupted``).
 
     Where it stopped; then what a stopped comparison kept (``kept``, from
     ``Comparison.kept``), or the ``checkpoint`` folder and the ``resume``
-    command, or that nothing can be resumed.
+    command (``by_rank_0``: a parameter-server worker after the first, whose
+    first worker keeps it; not ``saved``: the folder holds nothing yet), or
+    that nothing can be resumed.
     """
     name = signal_name(signum)
     done = getattr(error, 'done', None)
@@ -80,6 +83,11 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None):
             where = f'interrupted by {name} during {kept[1]} ({when})'
     if kept is not None:
         return f'{where}; {comparison_kept(kept[0], kept[2])}'
+    if checkpoint is not None and not saved:  # stopped before the first save
+        return (f'{where}; nothing was saved in {checkpoint} yet: the same command starts the '
+                'run again from the beginning')
+    if checkpoint is not None and by_rank_0:  # a worker after the first saves none
+        return f'{where}; rank 0 keeps the checkpoint in {checkpoint}; resume with: {resume}'
     if checkpoint is not None:
         return f'{where}; checkpoint in {checkpoint}; resume with: {resume}'
     return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'

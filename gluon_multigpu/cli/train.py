@@ -45,11 +45,15 @@ evaluation: at that epoch's end), writes a checkpoint with --checkpoint-dir,
 says how to resume, and exits with 130, 143 or 129; a second Ctrl-C (half a
 second or more after the first: a wrapper such as timeout repeats one Ctrl-C)
 stops at once. A signal after the last step lets the run finish, says so, and
-exits with the same status. Several kvstores are compared one after another:
-the first measured steps give the time the whole comparison takes, each
-progress line the time left for it; the outputs are written as each kvstore
-finishes, marked partial until all have, and a stop keeps the finished
-kvstores' results (printed, and written marked partial).
+exits with the same status. Several kvstores are compared in turn, epoch after
+epoch (epoch 1 of each, then epoch 2 of each backwards, ...), so that a change
+of the machine's load falls on all of them; the answer compares the epochs of
+the same round and names a faster kvstore only when the 95% interval of the
+ratio excludes 1 and the difference is 3% or more, with the load measured
+during the run beside it. The first measured steps give the time the whole
+comparison takes, each progress line the time left for it; the outputs are
+written after each round, marked partial until the last, and a stop keeps
+every epoch measured (printed, and written marked partial).
 """.format(defaults='\n'.join(f'  {name:<12} {r.describe}' for name, r in RECIPES.items()))
 
 
@@ -156,13 +160,18 @@ def resume_command(argv):
     return console.resume_command('train', argv)
 
 
-def interrupted_message(signum, error, checkpoint_dir, argv):
-    """One line on an ``Interrupted`` stop: where it stopped, where the checkpoint is, what next."""
+def interrupted_message(signum, error, checkpoint_dir, argv, rank=0):
+    """One line on an ``Interrupted`` stop: where it stopped, where the checkpoint is, what next.
+
+    A worker after the first (``rank``) of a parameter-server job saves no
+    checkpoint: the first does, and the line says so.
+    """
     kept = getattr(error, 'comparison', None)
-    if kept is None and checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir,
-                                                                       'manifest.json')):
+    if kept is None and checkpoint_dir:
+        saved = os.path.isfile(os.path.join(checkpoint_dir, 'manifest.json'))
         return messages.train_stopped(signum, error, resume_command(argv),
-                                      os.path.abspath(checkpoint_dir))
+                                      os.path.abspath(checkpoint_dir), by_rank_0=bool(rank),
+                                      saved=saved or bool(rank))
     return messages.train_stopped(signum, error, kept=kept)
 
 
@@ -184,7 +193,7 @@ def main(argv=None):
 def _main(args, argv):
     # pylint: disable=import-outside-toplevel  (the run loads MXNet: after the engine set-up)
     from ..features.distributed import JoinError
-    from .train_run import joining, run
+    from .train_run import joining, run, worker_rank
     # Started by the launcher's agent (its control pipes are set): signals come from the launcher.
     launched = bool(os.environ.get(CONTROL_VARIABLE))
 
@@ -206,7 +215,8 @@ def _main(args, argv):
               file=sys.stderr)
         return 1
     except Interrupted as e:
-        print(interrupted_message(stop.signum, e, args.checkpoint_dir, argv), file=sys.stderr)
+        print(interrupted_message(stop.signum, e, args.checkpoint_dir, argv, worker_rank()),
+              file=sys.stderr)
         return 128 + (stop.signum or signal.SIGINT)
     except KeyboardInterrupt:
         stop_now(signal.SIGINT)

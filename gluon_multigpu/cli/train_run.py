@@ -36,7 +36,7 @@ from ..run.targets import check_outputs as check_paths, input_files
 from ..study.charts import check_chart_path
 from ..study.compare import ParamTracker, fingerprint
 
-__all__ = ['run', 'KvstoreRun', 'joining', 'per_device', 'RankPrefixed']
+__all__ = ['run', 'KvstoreRun', 'joining', 'worker_rank', 'per_device', 'RankPrefixed']
 
 
 def check_run(args):
@@ -80,6 +80,7 @@ def run(args, out=None, stop=None):
     out = out or sys.stdout
     devices, batch_size, kvstores, notes = check_run(args)
     worker = join_parameter_server(kvstores, stop)  # blocks until every worker has joined
+    _PHASE['rank'] = worker.rank
     if worker.rank:
         out = RankPrefixed(out, worker.rank)
     lr = args.lr or RECIPES[args.model].lr(batch_size * worker.count)
@@ -276,13 +277,19 @@ def per_device(split, batch_size, num_devices):
     return even + (f' at first, then --split {split}' if split else '')
 
 
-#: Whether the process waits to join the parameter server (a signal then ends it, not a step).
-_PHASE = {'joining': False}
+#: Whether the process waits to join the parameter server (a signal then ends it, not a step),
+#: and its rank once joined (0 without a parameter server).
+_PHASE = {'joining': False, 'rank': 0}
 
 
 def joining():
     """Whether the process waits to join the parameter server now."""
     return _PHASE['joining']
+
+
+def worker_rank():
+    """This process's rank among the parameter server's workers (0: the first, or alone)."""
+    return _PHASE['rank']
 
 
 def join_parameter_server(kvstores, stop=None):
