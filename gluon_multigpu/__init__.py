@@ -74,6 +74,7 @@ MODULES = {
     'locks': 'run', 'targets': 'run', 'savefolder': 'run', 'budget': 'run',
     'checkpoint_store': 'run',
     'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
+    'paired': 'study',
     'charts': 'study', 'kvstore_report': 'study', 'speed': 'study',
     'agent': 'multihost', 'launch': 'multihost', 'supervise': 'multihost',
     'cluster': 'multihost', 'netns': 'multihost', 'sshd': 'multihost', 'registry': 'multihost',

@@ -54,7 +54,7 @@ figures:
   images/s    training images per second of the run's steps (synthetic data, one epoch, the
               first step's graph compilation included for every split alike)
   vs even     images/s / images/s of the even split in the same scenario and round: the
-              median over the rounds, and its 95% interval
+              median over the rounds, and its 95%% interval
   idle        per device, the share of the timed steps' time it waited for the slowest
               device (one step in --every is timed, for every split alike)
   shares      the split at the end of the run (auto: where it moved)
@@ -308,7 +308,7 @@ def _vs_even(row):
     """``1.21 (1.15-1.27)``, ``1.21`` with one round judged, ``-`` without even."""
     if row['vs_even'] is None:
         return '-'
-    if row['vs_even_low'] is None or row['split'] == 'even':
+    if row.get('vs_even_low') is None or row['split'] == 'even':
         return f"{row['vs_even']:.2f}"
     return f"{row['vs_even']:.2f} ({row['vs_even_low']:.2f}-{row['vs_even_high']:.2f})"
 
@@ -326,14 +326,14 @@ def answers(rows):
         judged = [r for n, r in of.items() if n != 'even']
         parts = []
         for r in judged:
-            if r['verdict'] == 'same split':
+            if r.get('verdict') == 'same split':
                 parts.append(f"{r['split']} never moved the shares: the same split as even, "
                              'nothing to compare')
                 continue
-            interval = ('1 round judged: no interval' if r['vs_even_low'] is None else
+            interval = ('1 round judged: no interval' if r.get('vs_even_low') is None else
                         f"95% interval {r['vs_even_low']:.2f}-{r['vs_even_high']:.2f}")
             verdict = {'faster': 'faster than even', 'slower': 'slower than even'}.get(
-                r['verdict'], 'as fast as even within the interval')
+                r.get('verdict'), 'as fast as even within the interval')
             parts.append(f"{r['split']} {verdict} ({r['vs_even']:.2f}x even's images/s, "
                          f'{interval})')
         lines.append(f'{scenario}: ' + '; '.join(parts))

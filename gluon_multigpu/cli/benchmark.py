@@ -250,35 +250,28 @@ def figures(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BOOK
 
 
 def paired_ratios(results, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
-    """The aims that compare two measurements of every round: key -> ``paired.Ratio``.
-
-    Round ``i`` of a measurement is its ``i``-th result; a ratio is made of
-    the rounds where both have the figure (the end-to-end runs, made once,
-    have none). None where fewer than one round has both.
-    """
+    """key -> ``paired.Ratio`` of the aims comparing two measurements, round ``i`` with round
+    ``i`` (the ``i``-th results), where both have the figure (none for e2e: made once)."""
     from ..study.paired import ratio_of  # pylint: disable=import-outside-toplevel
-    ours = f'train/resnet18/2/device/{target_batch}/ours'
-    cnn = f'train/simple-cnn/2/device/{target_batch}/ours'
-    pairs = {
-        'resnet_vs_pytorch_short': (ours, f'pytorch/resnet18/{target_batch}',
-                                    'short_images_per_sec'),
-        'resnet_vs_pytorch': (ours, f'pytorch/resnet18/{target_batch}', 'images_per_sec'),
-        'resnet_speedup': (ours, f'train/resnet18/2/device/{target_batch}/book',
-                           'images_per_sec'),
-        'book_batch': (f'train/resnet18/2/device/{book_batch}/ours', ours, 'images_per_sec'),
-        'two_vs_one': (ours, f'train/resnet18/1/device/{target_batch}/ours', 'images_per_sec'),
-        'cnn_vs_pytorch_short': (cnn, f'pytorch/simple-cnn/{target_batch}',
-                                 'short_images_per_sec'),
-        'cnn_vs_pytorch': (cnn, f'pytorch/simple-cnn/{target_batch}', 'images_per_sec'),
-        'resnet_memory': (ours, f'pytorch/resnet18/{target_batch}', 'peak_mb'),
-        'cnn_memory': (cnn, f'pytorch/simple-cnn/{target_batch}', 'peak_mb'),
-        'pipeline': ('pipeline/ours', 'pipeline/book', 'images_per_sec'),
-    }
+    ours, cnn, torch, torch_cnn = (f'train/resnet18/2/device/{target_batch}/ours',
+                                   f'train/simple-cnn/2/device/{target_batch}/ours',
+                                   f'pytorch/resnet18/{target_batch}',
+                                   f'pytorch/simple-cnn/{target_batch}')
+    steady, short, peak = 'images_per_sec', 'short_images_per_sec', 'peak_mb'
     found = {}
-    for key, (num, den, field) in pairs.items():
+    for key, num, den, field in (
+            ('resnet_vs_pytorch_short', ours, torch, short),
+            ('resnet_vs_pytorch', ours, torch, steady),
+            ('resnet_speedup', ours, f'train/resnet18/2/device/{target_batch}/book', steady),
+            ('book_batch', f'train/resnet18/2/device/{book_batch}/ours', ours, steady),
+            ('two_vs_one', ours, f'train/resnet18/1/device/{target_batch}/ours', steady),
+            ('cnn_vs_pytorch_short', cnn, torch_cnn, short),
+            ('cnn_vs_pytorch', cnn, torch_cnn, steady), ('resnet_memory', ours, torch, peak),
+            ('cnn_memory', cnn, torch_cnn, peak),
+            ('pipeline', 'pipeline/ours', 'pipeline/book', steady)):
         both = [(a[field], b[field]) for a, b in zip(results.get(num, []), results.get(den, []))
                 if a.get(field) and b.get(field)]
-        found[key] = ratio_of([a for a, _ in both], [b for _, b in both]) if both else None
+        found[key] = ratio_of(*zip(*both)) if both else None
     return found
 
 
@@ -286,13 +279,9 @@ def summarize(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BO
     """Compute the aims' figures from the medians (``figures``); return a list of row dicts.
 
     ``results``: measurement key -> list of result dicts (one a round);
-    ``target_batch``: the global batch of the training-speed aims. Where an
-    aim compares two measurements of every round, ``low``/``high`` is the
-    95% interval of their paired ratio (``paired_ratios``; None with one
-    round) and ``sure`` whether it lies wholly on one side of the aim's
-    threshold: ``met`` (from the medians) then holds beyond the noise;
-    ``sure`` False: the threshold is inside the interval, so whether the aim
-    is met is not known from these rounds.
+    ``target_batch``: the global batch of the training-speed aims. ``low``/``high``:
+    the 95% interval of an aim's paired ratio (``paired_ratios``), ``sure``:
+    whether the aim's threshold is outside it (None without an interval).
     """
     found = figures(results, flops_per_image, target_batch, book_batch)
     intervals = paired_ratios(results, target_batch, book_batch)
@@ -418,16 +407,14 @@ def run(args, out=None):
     flops = flops_per_image()
     rows = summarize(results, flops, size['batches']['target'], size['batches']['resnet_book'])
     no_torch = torch_missing(results)
-    print(table(rows, no_torch), file=out)
-    print(f"\nTraining speeds at batch {size['batches']['target']}: the short run is "
-          f"{size['warmup'] + size['steps']} steps timed from just before the network is built "
-          f"(start-up included), the steady state the {size['steps']} after "
+    print(table(rows, no_torch), f"\nTraining speeds at batch {size['batches']['target']}: the "
+          f"short run is {size['warmup'] + size['steps']} steps timed from just before the "
+          f"network is built (start-up included), the steady state the {size['steps']} after "
           f"{size['warmup']} warm-up; medians of {args.repeats} round(s), every other round "
-          'taken backwards; beside a ratio of two measurements, the 95% interval of its paired '
-          'ratios over the rounds (from 2 rounds), and "inside the noise" where the aim\'s '
-          'threshold falls within it. Memory: peak resident MiB of the whole process.', file=out)
-    print(file=out)
-    print(detail_table(results), file=out)
+          'backwards; beside a ratio of two measurements, the 95% interval of its paired ratios '
+          '(from 2 rounds), "inside the noise" where the aim\'s threshold falls within it. '
+          'Memory: peak resident MiB of the whole process.\n', detail_table(results),
+          file=out, sep='\n')
     print(f'\nResNet-18: {flops / 1e9:.2f} GFLOP per training image (forward + backward, '
           f'from layer shapes); {time.perf_counter() - start:.0f} s in all; '
           f'{os.cpu_count()} CPUs', file=out)

@@ -48,8 +48,8 @@ stops at once. A signal after the last step lets the run finish, says so, and
 exits with the same status. Several kvstores are compared in turn, epoch after
 epoch (epoch 1 of each, then epoch 2 of each backwards, ...), so that a change
 of the machine's load falls on all of them; the answer compares the epochs of
-the same round and names a faster kvstore only when the 95% interval of the
-ratio excludes 1 and the difference is 3% or more, with the load measured
+the same round and names a faster kvstore only when the 95%% interval of the
+ratio excludes 1 and the difference is 3%% or more, with the load measured
 during the run beside it. The first measured steps give the time the whole
 comparison takes, each progress line the time left for it; the outputs are
 written after each round, marked partial until the last, and a stop keeps

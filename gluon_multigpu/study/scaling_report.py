@@ -181,7 +181,7 @@ def fastest_kvstores(rows, noise=NOISE):
         rounds = len(pairs.rounds())
         if rounds < 2:
             verdict = (f"{best['kvstore']} faster in the one round measured, which cannot tell "
-                       'a difference from noise (measure with --rounds 3 or more)')
+                       'a difference from noise (measure 3 rounds or more)')
         else:
             ties = [best['kvstore']] + [k for k, v in against.items()
                                         if v['verdict'] == 'equally fast']
