@@ -282,3 +282,23 @@ def test_the_doctor_reports_this_machine_and_a_two_context_step():
 def test_the_doctor_refuses_a_bad_flag_in_one_line():
     proc = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor', '--jsn'], timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_gpu_install_is_written_one_way_everywhere():
+    """README, guide, setup.cfg and every message that suggests MXNet's GPU build give the same
+    line (compat.GPU_INSTALL): an install command naming cu112 is that line, whole."""
+    import pathlib
+    from gluon_multigpu.base.compat import GPU_INSTALL
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    files = [repo / 'README.md', repo / 'docs' / 'guide.md', repo / 'setup.cfg',
+             *sorted((repo / 'gluon_multigpu').rglob('*.py'))]
+    found = 0
+    for path in files:
+        for line in path.read_text(encoding='utf-8').splitlines():
+            if 'pip install' in line and 'cu112' in line:
+                found += 1
+                assert GPU_INSTALL in line or 'GPU_INSTALL = ' in line, (path.name, line)
+    assert found >= 4  # README, guide, setup.cfg, the definition
+    for name in ('kvstores', 'train_run'):  # the messages take it from there
+        assert 'GPU_INSTALL' in (repo / 'gluon_multigpu').joinpath(
+            'core' if name == 'kvstores' else 'cli', f'{name}.py').read_text(encoding='utf-8')

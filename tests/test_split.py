@@ -112,3 +112,7 @@ def test_the_first_line_gives_the_shards_of_an_uneven_split():
     assert per_device([1.0, 3.0], 128, 2) == '32 + 96 by --split 1,3'
     assert per_device([1.0, 1.0, 2.0], 10, 3) == '3 + 2 + 5 by --split 1,1,2'  # ties: the first device
     assert per_device('auto', 128, 2) == '64 per device at first, then --split auto'
+    # a batch that does not divide evenly: the shards split_batch makes, not a fraction
+    assert per_device(None, 127, 2) == '64 + 63' and per_device(None, 10, 4) == '3 + 3 + 2 + 2'
+    X, y = mx.np.zeros((10, 1)), mx.np.zeros((10,))
+    assert [len(s) for s in gm.split_batch(X, y, gm.cpu_devices(4))[1]] == [3, 3, 2, 2]

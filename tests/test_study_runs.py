@@ -63,6 +63,8 @@ def test_a_run_says_its_estimate_and_keeps_every_measurement(fashion_dir, tmp_pa
     estimates = [l for l in err if l.startswith('estimate: the whole run (2 measurements) takes '
                                                 'about ')]
     assert len(estimates) == 1 and 'faster: ' in estimates[0], err
+    assert err[-1] == (f'the measurements are kept in {results}: --resume reuses them, '
+                       '--overwrite measures again')  # every measuring program says where
     assert [l for l in err if l.startswith('[')] == [
         '[1/2] simple-cnn on 2 cpu devices: compute of 8 per device, then one synchronisation '
         'per kvstore (local), 2 repeats each',

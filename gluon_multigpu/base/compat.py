@@ -32,7 +32,12 @@ import warnings
 from ..errors import MXNetLoadError
 
 __all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known',
-           'install_hook', 'load_advice']
+           'install_hook', 'load_advice', 'GPU_INSTALL']
+
+#: The one way to install MXNet's GPU build, written once: every message and doc gives it whole.
+#: The extra adds mxnet-cu112, which writes the same ``mxnet`` module as the CPU build the package
+#: requires; the second command makes the GPU build's files the ones in place.
+GPU_INSTALL = "pip install -e '.[cu112]' && pip install --force-reinstall --no-deps mxnet-cu112==1.9.1"
 
 #: The NumPy releases this module was run against (the runtime matrix of ``tools/runtimes.py``):
 #: (oldest, newest) as (major, minor). A newer one may work; the doctor says it is untried.

@@ -194,6 +194,12 @@ def sweep_stopped(signum, sweep, command):
     return f'interrupted by {name}: {sweep.describe()} (marked partial); continue with: {command}'
 
 
+def sweep_kept(path):
+    """The last line of a measuring program that finished: where its measurements are."""
+    return (f'the measurements are kept in {path}: --resume reuses them, --overwrite measures '
+            'again')
+
+
 def sweep_finished_anyway(signum):
     """The last line for a signal after the last measurement: the run is complete."""
     return (f'{signal_name(signum)} came after the last measurement: the run is complete and '

@@ -123,7 +123,7 @@ def results_output(results, out, report_files):
 
 
 #: The sweep being measured (``measure_sweep``): a second signal lets go of its results file.
-_ACTIVE = {'sweep': None}
+_ACTIVE = {'sweep': None, 'kept': None}  # the sweep measuring, the results file of the last
 
 
 def _stop_now(signum):  # pylint: disable=unused-argument
@@ -151,6 +151,7 @@ def measure_sweep(sweep, measure, stop, show_partial):
                 check_stop(stop)  # before its first line: nothing begins after a stop
                 sweep.begin(unit)
                 sweep.keep(unit, measure(unit))
+            _ACTIVE['kept'] = sweep.path
             return sweep.results()
     except Interrupted as e:
         signum = stop.signum or e.signum or signal.SIGINT
@@ -170,10 +171,11 @@ def sweep_main(argv, make_parser, run_script, name):
     table is printed (by ``run_script``), one line says what was kept and how
     to continue, status 128 + the signal; a second signal ends the process at
     once (the results file keeps what was finished). Bad input: one line, 2;
-    a write that fails: one line, 1.
+    a write that fails: one line, 1. Done: one line names the results file.
     """
     args = make_parser().parse_args(argv)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _ACTIVE['kept'] = None
     with quiet_console():
         try:
             with stop_request(lambda signum: say_quietly(messages.sweep_heard(signum)),
@@ -192,6 +194,8 @@ def sweep_main(argv, make_parser, run_script, name):
             say_quietly(messages.could_not_write(
                 e, 'the results file keeps what was measured before'))
             return 1
+        if _ACTIVE['kept']:  # every program says where its measurements are
+            say_quietly(messages.sweep_kept(_ACTIVE['kept']))
         if stop.signum:  # after the last measurement: the run is complete
             say_quietly(messages.sweep_finished_anyway(stop.signum))
             return 128 + stop.signum

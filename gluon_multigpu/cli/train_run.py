@@ -15,10 +15,11 @@ from . import messages
 from .arguments import FLAGS
 from .comparison import Comparison
 from .console import cores, program, resume_command, say_quietly
+from ..base.compat import GPU_INSTALL
 from ..core.book import book_epochs, resnet18 as book_resnet18
 from ..core.checks import check_loop_options
 from ..core.data import DATASETS, load_data, synthetic_data
-from ..core.devices import resolve_devices, split_sizes
+from ..core.devices import even_shares, resolve_devices, split_sizes
 from ..core.kvstores import DIST_KVSTORES, check_kvstore, kvstore_name
 from ..core.model import check_batch_memory, default_initializer, fit_batch, get_model
 from ..core.recipes import RECIPES
@@ -220,7 +221,7 @@ def faster_advice(args, devices):
     if devices[0].device_type == 'cpu' and len(devices) < max(2, cores()):
         options.append(f'--cpu-devices {max(2, cores())} uses every core')
     if devices[0].device_type == 'cpu':
-        options.append("a machine with GPUs takes seconds per epoch (pip install -e '.[cu112]')")
+        options.append(f'a machine with GPUs takes seconds per epoch ({GPU_INSTALL})')
     options.append('--num-train N trains on a subset')
     return 'faster: ' + '; '.join(options)
 
@@ -273,7 +274,7 @@ def per_device(split, batch_size, num_devices):
         sizes = split_sizes(batch_size, split)
         return (' + '.join(str(n) for n in sizes) + ' by --split '
                 + ','.join(f'{w:g}' for w in split))
-    even = f'{batch_size / num_devices:g} per device'
+    even = even_shares(batch_size, num_devices)
     return even + (f' at first, then --split {split}' if split else '')
 
 

@@ -17,7 +17,7 @@ from ..base import engine
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
            'device_counts', 'resolve_counts', 'devices_for', 'split_sizes', 'split_batch',
-           'available_memory']
+           'even_shares', 'available_memory']
 
 
 def _mx():
@@ -221,6 +221,15 @@ def split_sizes(n, weights):
             sizes[i] = 1
             sizes[sizes.index(max(sizes))] -= 1
     return sizes
+
+
+def even_shares(batch_size, num_devices):
+    """How ``split_batch`` shares a batch without weights, in words: ``64 per device``, or
+    ``64 + 63`` for a batch that does not divide evenly (the first devices take one more)."""
+    each, extra = divmod(batch_size, num_devices)
+    if not extra:
+        return f'{each} per device'
+    return ' + '.join(str(each + (i < extra)) for i in range(num_devices))
 
 
 def split_batch(X, y, devices, weights=None):

@@ -12,6 +12,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import gluon
 
+from ..base.compat import GPU_INSTALL
 from ..errors import GluonMultiGPUError
 from .checks import check_lr
 
@@ -58,8 +59,8 @@ def check_kvstore(kvstore, devices):
     if not has_nccl():
         raise GluonMultiGPUError(
             f'kvstore nccl needs an MXNet build with NCCL, and the installed mxnet '
-            f'{mx.__version__} has none; install a GPU build with NCCL (pip uninstall -y mxnet '
-            "&& pip install -e '.[cu112]') or choose local, device or none")
+            f'{mx.__version__} has none; install the GPU build, which has it ({GPU_INSTALL}), '
+            'or choose local, device or none')
     if any(d.device_type != 'gpu' for d in devices):
         raise GluonMultiGPUError('kvstore nccl sums gradients between GPUs; with CPU contexts '
                                  'choose local, device or none')

@@ -1,5 +1,6 @@
 """The kvstore comparison: its side-by-side table and its report folder."""
 from ..base.machine import stamp
+from ..core.devices import even_shares
 from .compare import paired_epochs
 from ..run.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, bar_chart
@@ -141,7 +142,7 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         f'# kvstore comparison{" (partial)" if partial else ""}: {what}', '',
         *([f'> **Partial:** {partial}', ''] if partial else []),
         f"{config['num_train']} training / {config['num_test']} test images, batch "
-        f"{config['batch_size']} ({config['batch_size'] / len(results[0].devices):g} per device), "
+        f"{config['batch_size']} ({even_shares(config['batch_size'], len(results[0].devices))}), "
         f"lr {config['lr']:g}, {len(results[0].epochs)} epoch(s), seed {config['seed']}; every "
         'kvstore started from the same initial weights and saw the same batches.', '',
         f'**Answer:** {answer}', '',
