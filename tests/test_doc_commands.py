@@ -140,7 +140,7 @@ SAME = {
     ('docs/guide.md', 'import gluon_multigpu as gm'):
         (('README.md', 'import gluon_multigpu as gm'), ()),
     ('docs/results.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs '
-     '3 --kvstore local device none \\'):
+     '4 --kvstore local device none \\'):
         (('README.md', 'python scripts/train.py --num-gpus 2 --data-dir '
           '../shared/data/fashion-mnist'), ('--report',)),
     ('docs/distributed.md', 'python scripts/launch.py -n 2 -s 1 --launcher local -- \\'):
@@ -286,13 +286,13 @@ RUNS = {
         run_fit_block,
     ('docs/exercises.md', 'python scripts/balance.py --out docs/results/balance-simple-cnn'): run_shell,
     ('docs/exercises.md', 'python scripts/balance.py --model resnet18 --scenarios equal busy '
-     '--rounds 1 \\'): run_shell,
+     '--rounds 3 \\'): run_shell,
     ('docs/exercises.md', 'python scripts/train.py --cpu-devices 4 --model resnet18 --batch-size '
      '64 --num-train 3072 \\'): run_shell,
     ('docs/exercises.md', 'python scripts/bfloat16.py --rounds 5 --data-dir '
      '../shared/data/fashion-mnist'): run_bfloat16,
-    ('docs/results.md', 'python scripts/train.py --cpu-devices 2 --model resnet18 --num-epochs 2 '
-     '--num-train 3072 --num-test 1000 \\'): run_shell,
+    ('docs/results.md', 'python scripts/train.py --cpu-devices 2 --model resnet18 --num-epochs 4 '
+     '--num-train 1536 --num-test 1000 \\'): run_shell,
     ('docs/results.md', 'python scripts/scaling.py --full --cpu-devices 4 --model simple-cnn '
      '--num-epochs 2 --batch-per-device 128 \\'): run_shell,
 }
