@@ -219,3 +219,11 @@ def test_a_shifting_load_within_rounds_still_names_the_slower_variant():
                          'device': Work('device', clock=clock(1.5))}, 6)
     assert ', kvstore local is fastest; kvstore device takes 50% longer (1.50x (95% interval' \
         in answer, answer
+
+
+def test_a_child_waited_for_is_this_runs_own_time_not_others():
+    """inflight measures in fresh processes: their CPU time, once waited for, is the run's."""
+    before = paired._own_cpu()
+    subprocess.run([sys.executable, '-c', 'import time\nend = time.process_time() + 0.5\n'
+                    'while time.process_time() < end: pass'], check=True)
+    assert paired._own_cpu() - before >= 0.45
