@@ -227,3 +227,30 @@ def test_a_child_waited_for_is_this_runs_own_time_not_others():
     subprocess.run([sys.executable, '-c', 'import time\nend = time.process_time() + 0.5\n'
                     'while time.process_time() < end: pass'], check=True)
     assert paired._own_cpu() - before >= 0.45
+
+
+def test_a_round_whose_variants_met_different_loads_is_set_aside():
+    """device is 1.3 times local's time; in round 4 the load arrived between local's epoch and
+    device's (other processes: 0.0 and 1.5 cores), and device's epoch took twice as long again.
+    Set aside, the other rounds name device slower; kept, they could not."""
+    p = paired.Paired(['local', 'device'])
+    quiet, busy = {'load': 1.0, 'others': 0.0, 'steal': 0.0}, {'load': 2.0, 'others': 1.5,
+                                                              'steal': 0.0}
+    seconds = {'local': [5, 1.0, 1.01, 1.0], 'device': [5, 1.3, 1.32, 2.6]}
+    for name, values in seconds.items():
+        for r, v in enumerate(values, 1):
+            p.add(name, r, v, busy if (r, name) == (4, 'device') else quiet)
+    assert p.uneven(4) and not p.uneven(3) and p.rounds() == [2, 3] and p.set_aside() == 1
+    answer = p.answer('kvstore')
+    assert answer.startswith('kvstore local is fastest; kvstore device takes 30% longer (1.30x '
+                             '(95% interval 1.2'), answer
+    assert answer.endswith('; 1 round set aside: the variants met different loads in it (other '
+                           "processes' CPU differed by 0.5 cores or more).")
+    kept = paired.ratio_of(seconds['device'][1:], seconds['local'][1:])
+    assert not kept.differs()  # the same rounds, that one kept: no winner
+    # Fewer than two rounds left: none is set aside.
+    q = paired.Paired(['a', 'b'])
+    for r, (la, lb) in enumerate([(quiet, quiet), (quiet, busy), (quiet, busy)], 1):
+        q.add('a', r, 1.0, la)
+        q.add('b', r, 1.0, lb)
+    assert q.rounds() == [2, 3] and q.set_aside() == 0

@@ -12,7 +12,9 @@ are equally fast, with the interval that decides it:
 - the ratio of variant A to B is the median of the per-round ratios, and its
   interval is the 95% t-interval of their geometric mean (the mean of the
   logarithms, ``t_quantile``); one round gives no interval; the first round
-  warms the process and is left out where later rounds exist;
+  warms the process and is left out where later rounds exist, and so is a
+  round whose variants met different loads (a load that came or went within
+  it), where two rounds remain;
 - a variant is named faster only when the interval excludes 1 and the
   median differs by at least ``min_effect``; otherwise they are equally fast
   within the interval measured;
@@ -233,12 +235,30 @@ class Paired:
 
     def rounds(self, names=None):
         """The rounds judged: those every variant of ``names`` (default: all) has a figure for,
-        in order, without the first ``warmup`` of the run where later ones exist."""
+        in order, without the first ``warmup`` of the run where later ones exist, and without
+        the rounds whose variants met different loads (``uneven``) where two others remain."""
         names = names or self.names
         common = sorted(set.intersection(*(set(self.figures[n]) for n in names)))
         first = min((r for n in self.names for r in self.figures[n]), default=None)
         warm = [r for r in common if r < first + self.warmup] if first is not None else []
-        return common[len(warm):] if len(common) > len(warm) else common
+        judged = common[len(warm):] if len(common) > len(warm) else common
+        even = [r for r in judged if not self.uneven(r, names)]
+        return even if len(even) >= 2 else judged
+
+    def uneven(self, round_, names=None):
+        """Whether the variants of ``names`` met different loads in ``round_``: the CPU other
+        processes took during their measurements differs by ``LOAD_CHANGE_CORES`` or more (a
+        load that came or went within the round, which tells against one side of its ratio)."""
+        others = [(self.loads[n].get(round_) or {}).get('others') for n in names or self.names]
+        others = [o for o in others if o is not None]
+        return len(others) > 1 and max(others) - min(others) >= LOAD_CHANGE_CORES
+
+    def set_aside(self, names=None):
+        """How many rounds ``rounds`` left out because their variants met different loads."""
+        names = names or self.names
+        judged = [r for r in sorted(set.intersection(*(set(self.figures[n]) for n in names)))]
+        kept = self.rounds(names)
+        return sum(1 for r in judged if r not in kept and self.uneven(r, names))
 
     def _times(self, name, rounds):
         values = [self.figures[name][r] for r in rounds]
@@ -281,8 +301,8 @@ class Paired:
         elif len(equal) > 1:
             within = '; '.join(f'{n} vs {best} {r.describe()}' for n, r in others
                                if n in equal)
-            names = f'{", ".join(equal[:-1])} and {equal[-1]}'
-            answer = (f'{lead}{noun + "s " if noun else ""}{names} are equally fast ({within}: '
+            listed = f'{", ".join(equal[:-1])} and {equal[-1]}'
+            answer = (f'{lead}{noun + "s " if noun else ""}{listed} are equally fast ({within}: '
                       'the interval includes 1, or the difference is under '
                       f'{self.min_effect:.0%})')
         else:
@@ -290,6 +310,11 @@ class Paired:
         rest = '; '.join(f'{label(n)} takes {r.median - 1:.0%} longer ({r.describe()})'
                          for n, r in slower)
         note = load_note(self.all_loads())
+        aside = self.set_aside(names)
+        if aside:
+            note += (f'{"; " if note else ""}{aside} round{"s" if aside > 1 else ""} set aside: '
+                     'the variants met different loads in it (other processes\' CPU differed '
+                     f'by {LOAD_CHANGE_CORES:g} cores or more)')
         return f'{answer}{"; " + rest if rest else ""}{"; " + note if note else ""}.'
 
     def to_dict(self):
