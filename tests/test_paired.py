@@ -119,9 +119,10 @@ def test_the_load_note_says_when_the_load_changed():
 @pytest.mark.xdist_group('timing')  # conftest.TIMING: measures the CPU others take
 def test_the_load_meter_sees_another_process_busy_and_not_this_one():
     meter = paired.LoadMeter()
-    busy = subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+    busy = subprocess.Popen([sys.executable, '-c', 'print("busy", flush=True)\nwhile True: pass'],
+                            stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert busy.stdout.readline() == 'busy\n'  # it runs: the round begins
         meter.start()
         time.sleep(1.0)
         load = meter.stop()

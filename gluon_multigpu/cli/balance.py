@@ -6,14 +6,10 @@ as a device shared with another job), which makes it slower than the others.
 Scenarios: equal (no other work), busy (the last device busy throughout),
 shift (the last device busy for the first half of the steps, then the first
 device). For each, the same training steps run with --split even (the book),
-fixed weights (--weights) and auto, taken in turn, round after round (every
-other round backwards); the table gives images/s, the ratio to even of the
-same rounds (the median of the paired ratios, with its 95% interval: round
-1, which warms the process, is left out where later rounds exist), and each
-device's idle share: the part of a timed step it waited for the slowest
-device. A split is called faster or slower than even only when that
-interval excludes 1 and the difference is 3% or more (``study.paired``); an
-auto split that never moved the shares ran the even split, and is said to.
+fixed weights (--weights) and auto, taken in turn round after round; the
+table gives images/s, each split's paired ratio to even with its interval
+(``study.paired``), and each device's idle share: the part of a timed step
+it waited for the slowest device.
 """
 import os
 import statistics
@@ -252,7 +248,7 @@ def summarise(results, num_devices):
     (``faster``, ``slower``, ``equally fast``; ``same split`` for an auto
     split that never moved the shares). ``loads``: every run's load.
     """
-    from ..study.paired import Paired
+    from ..study.paired import Paired, versus
     runs = {}
     for unit, result in results:
         r, scenario, name = unit.key.split('/')
@@ -273,24 +269,16 @@ def summarise(results, num_devices):
                'undone': last['undone'], 'rounds': speeds, 'vs_even': None,
                'vs_even_low': None, 'vs_even_high': None, 'verdict': None,
                'loads': [m.get('load') for m in measured]}
-        ratio = pairs[scenario].ratio('even', name) if pairs[scenario].figures['even'] else None
-        if ratio is not None:  # even's time over this split's: this split's images/s over even's
-            row.update(vs_even=ratio.median, vs_even_low=ratio.low, vs_even_high=ratio.high,
-                       verdict=_verdict(name, ratio, measured))
+        if pairs[scenario].figures['even']:  # this split's images/s over even's, per round
+            against = versus(pairs[scenario], name, 'even')
+            same = name == 'auto' and all(m['changes'] == 0 for m in measured)
+            row.update(vs_even=against['ratio'], vs_even_low=against['low'],
+                       vs_even_high=against['high'],
+                       # an auto split that never moved the shares ran the even split
+                       verdict='same split' if same else against['verdict'])
         rows.append(row)
     order = {(s, n): i for i, (s, n) in enumerate((s, n) for s in SCENARIOS for n in SPLITS)}
     return sorted(rows, key=lambda r: order[r['scenario'], r['split']])
-
-
-def _verdict(name, ratio, measured):
-    """What a split's paired ratio to even says."""
-    if name == 'even':
-        return None
-    if name == 'auto' and all(m['changes'] == 0 for m in measured):
-        return 'same split'  # it never moved the shares: it ran the even split
-    if not ratio.differs():
-        return 'equally fast'
-    return 'faster' if ratio.median > 1 else 'slower'
 
 
 def table(rows, devices):

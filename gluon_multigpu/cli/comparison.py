@@ -1,18 +1,10 @@
 """The runs of one train command, one per kvstore, and the files they write (--plot, --json...).
 
-Several kvstores are compared in rounds on the same data and initial weights:
-epoch 1 of each kvstore, then epoch 2 of each (in the reverse order), and so
-on, so that a change of the machine's load falls on all of them alike, and
-the answer compares their epochs of the same round (``compare.recommend``,
-``study.paired``). Each
-kvstore's training is exactly what it is alone: its own network, Trainer and
-sequence of batches, which go on where they stopped at its next turn. A line
-before each epoch says whose it is and when the comparison ends
-(``progress.Schedule``); the load of each epoch is recorded
-(``paired.LoadMeter``); the outputs are written after each round, marked
-partial until the last; a stop keeps the epochs measured, printed and written
-marked partial (``kept``), and a stop between two epochs begins no other
-(``StoppedBetweenRuns``).
+Several kvstores take turns epoch after epoch (every other round backwards),
+each training exactly as alone, and are judged by their epochs of the same
+round (``compare.recommend``; why: docs/design.md, "Comparisons on a shared
+machine"). Outputs are written after each round, marked partial until the
+last; a stop keeps every epoch measured (``kept``).
 """
 from . import messages
 from ..errors import Interrupted, StoppedBetweenRuns

@@ -256,9 +256,9 @@ class Paired:
     def set_aside(self, names=None):
         """How many rounds ``rounds`` left out because their variants met different loads."""
         names = names or self.names
-        judged = [r for r in sorted(set.intersection(*(set(self.figures[n]) for n in names)))]
-        kept = self.rounds(names)
-        return sum(1 for r in judged if r not in kept and self.uneven(r, names))
+        kept = set(self.rounds(names))
+        return sum(1 for r in set.intersection(*(set(self.figures[n]) for n in names))
+                   if r not in kept and self.uneven(r, names))
 
     def _times(self, name, rounds):
         values = [self.figures[name][r] for r in rounds]
