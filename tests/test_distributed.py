@@ -251,15 +251,19 @@ def test_a_parameter_server_run_resumes_with_the_same_workers(fashion_dir, tmp_p
 
 
 def watch_children(proc, lines, pattern=None, timeout=300):
-    """Every child process of ``proc`` seen until a line of ``lines`` matches ``pattern``
-    (None: until ``proc`` ends), within ``timeout`` s."""
-    seen, deadline = set(), time.monotonic() + timeout
+    """The processes below ``proc`` seen until a line of ``lines`` matches ``pattern`` (None:
+    until ``proc`` ends), within ``timeout`` s: ``(job, every)``, ``job`` the launcher's
+    agents and the processes they started, ``every`` all of them and anything those started
+    (importing MXNet runs NumPy's ``lscpu`` for a moment, for one)."""
+    job, every, deadline = set(), set(), time.monotonic() + timeout
     while True:
-        seen |= set(descendants(proc.pid))
+        agents = children(proc.pid)
+        job |= set(agents) | {p for a in agents for p in children(a)}
+        every |= job | set(descendants(proc.pid))
         if pattern is None and proc.poll() is not None:
-            return seen
+            return job, every
         if pattern is not None and any(re.search(pattern, l) for l in lines.text()):
-            return seen
+            return job, every
         assert time.monotonic() < deadline, f'no line {pattern!r} within {timeout} s'
         time.sleep(0.05)
 
@@ -274,22 +278,22 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
     proc = subprocess.Popen(command + ['--num-epochs', '50'], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
+        job, seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
         proc.send_signal(signal.SIGINT)
         assert wait_bounded(proc, 60) == 130
     finally:
         proc.kill()
     assert 'launch: stopped by SIGINT: every process has ended' in proc.stderr.read()
-    assert len(seen) == 8 and gone(seen)  # 4 agents, their 4 processes
+    assert len(job) == 8 and gone(seen)  # 4 agents, their 4 processes
     # a run to its end
     proc = subprocess.Popen(command + ['--num-epochs', '1'], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        seen = watch_children(proc, Lines(proc.stdout))
+        job, seen = watch_children(proc, Lines(proc.stdout))
         assert wait_bounded(proc, 120) == 0
     finally:
         proc.kill()
-    assert len(seen) == 8 and gone(seen)
+    assert len(job) == 8 and gone(seen)
 
 
 @pytest.mark.slow  # subprocesses
@@ -349,8 +353,8 @@ def test_the_launcher_hung_up_or_killed_leaves_no_process(how, fashion_dir, tmp_
                             # a SIGHUP ignored (the suite run under nohup) stays ignored: not here
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
-        seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
-        assert len(seen) == 8  # 4 agents, their 4 processes
+        job, seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
+        assert len(job) == 8  # 4 agents, their 4 processes
         proc.send_signal(how)
         status = wait_bounded(proc, 90)
     finally:
