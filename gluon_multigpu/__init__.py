@@ -26,13 +26,11 @@ downwards (docs/design.md; ``lint-imports`` checks them):
 - ``run``, what a long run needs: ``checkpoint`` (with
   ``checkpoint_store``, ``manifest``, ``states``), ``stopping`` (signals,
   stalls), ``progress``, ``files`` and ``output`` (outputs written whole),
-  ``targets`` (checks before any work), ``sweep``, ``budget``;
-- ``study``, measuring and comparing: ``measure``, ``scaling``,
-  ``scaling_report``, ``compare`` (kvstores side by side), ``charts``,
+  ``targets`` (checks before any work);
+- ``study``, kvstores side by side: ``compare``, ``paired``, ``charts``,
   ``kvstore_report``;
-- ``multihost``, the lab: ``agent``, ``launch``, ``supervise``,
-  ``allocation``, ``cluster``, ``slurm``, ``failover``, ``network`` and
-  their parts;
+- ``multihost``, jobs on several hosts: ``agent``, ``launch``,
+  ``supervise``, ``allocation``;
 - ``base``, the ground floor, loading no MXNet: ``engine`` (MXNet's engine
   settings), ``compat`` (MXNet 1.9.1 on today's NumPy and Python), ``fs`` (every file change), ``reading``, ``atomic``,
   ``paths``, ``signals``, ``units``, ``protocol``.
@@ -70,18 +68,12 @@ MODULES = {
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
     'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
-    'progress': 'run', 'files': 'run', 'sweep': 'run', 'output': 'run',
-    'locks': 'run', 'targets': 'run', 'savefolder': 'run', 'budget': 'run',
+    'progress': 'run', 'files': 'run', 'output': 'run',
+    'locks': 'run', 'targets': 'run', 'savefolder': 'run',
     'checkpoint_store': 'run',
-    'measure': 'study', 'scaling': 'study', 'scaling_report': 'study', 'compare': 'study',
-    'paired': 'study',
-    'charts': 'study', 'kvstore_report': 'study', 'speed': 'study',
+    'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
     'agent': 'multihost', 'launch': 'multihost', 'supervise': 'multihost',
-    'cluster': 'multihost', 'netns': 'multihost', 'sshd': 'multihost', 'registry': 'multihost',
-    'studies': 'multihost', 'failover': 'multihost', 'faults': 'multihost',
-    'failover_run': 'multihost', 'failover_report': 'multihost', 'network': 'multihost',
-    'network_model': 'multihost', 'network_run': 'multihost', 'network_report': 'multihost',
-    'allocation': 'multihost', 'slurm': 'multihost',
+    'allocation': 'multihost',
 }
 
 #: The package's names, by the short name of the module that defines them.

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Measure training in bfloat16 against float32 on one CPU context: the evidence behind --dtype.
 
-Starts the program ``gluon_multigpu.cli.bfloat16`` from the checkout (``--help`` says what it
-does), as the console script ``gluon-multigpu-bfloat16`` does where the package is installed.
+Starts the lab's program ``lab.commands.bfloat16`` from this checkout (``--help`` says what it
+does): the lab is not installed with the package.
 """
-from gluon_multigpu.cli import bfloat16
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+from lab.commands import bfloat16  # noqa: E402  (the checkout's lab, found above)
 
 if __name__ == '__main__':
     bfloat16.start(__file__)

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Measure parameter-server steps on a cluster with shaped links, beside the network model.
 
-Starts the program ``gluon_multigpu.cli.network`` from the checkout (``--help`` says what it
-does), as the console script ``gluon-multigpu-network`` does where the package is installed.
+Starts the lab's program ``lab.commands.network`` from this checkout (``--help`` says what it
+does): the lab is not installed with the package.
 """
-from gluon_multigpu.cli import network
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+from lab.commands import network  # noqa: E402  (the checkout's lab, found above)
 
 if __name__ == '__main__':
     network.start(__file__)

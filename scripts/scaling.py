@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Sweep device counts, batch sizes, learning-rate rules, kvstores: speed and accuracy on k devices.
 
-Starts the program ``gluon_multigpu.cli.scaling`` from the checkout (``--help`` says what it
-does), as the console script ``gluon-multigpu-scaling`` does where the package is installed.
+Starts the lab's program ``lab.commands.scaling`` from this checkout (``--help`` says what it
+does): the lab is not installed with the package.
 """
-from gluon_multigpu.cli import scaling
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+from lab.commands import scaling  # noqa: E402  (the checkout's lab, found above)
 
 if __name__ == '__main__':
     scaling.start(__file__)

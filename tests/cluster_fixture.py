@@ -1,4 +1,4 @@
-"""Fixtures making real small clusters (``gluon_multigpu.multihost.cluster``), closed at teardown.
+"""Fixtures making real small clusters (``lab.hosts.cluster``), closed at teardown.
 
 ``make_cluster`` (one test) and ``make_module_cluster`` (one module) each
 give a function ``make(num_hosts=3, **kw)`` that returns a new ``Cluster``
@@ -11,7 +11,7 @@ Use them from a test module with ``from cluster_fixture import make_cluster``
 """
 import pytest
 
-from gluon_multigpu.multihost import cluster as _cluster
+from lab.hosts import cluster as _cluster
 
 __all__ = ['ClusterFactory', 'make_cluster', 'make_module_cluster']
 

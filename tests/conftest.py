@@ -1,4 +1,5 @@
 """Shared fixtures: the real data sets beside the checkout, the programs as modules, processes."""
+import ast
 import importlib
 import os
 import pathlib
@@ -11,6 +12,7 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm  # loads no MXNet
+import lab
 
 # The tests run several CPU contexts in one process, as the programs do: the
 # same engine settings, in place before MXNet loads.
@@ -23,6 +25,9 @@ gm.engine.configure()
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The lab (lab/, not installed) is imported from the checkout: by this process (setup.cfg's
+# pythonpath) and by the programs and probes the tests start, wherever their folder.
+lab.child_env(os.environ)
 # The data sets live in ../shared/data beside the checkout (CI puts them there);
 # GLUON_MULTIGPU_DATA points elsewhere.
 DATA = pathlib.Path(os.environ.get('GLUON_MULTIGPU_DATA', REPO.parent / 'shared' / 'data'))
@@ -136,10 +141,15 @@ def truncated_dir(fashion_dir, tmp_path_factory):
 
 
 def load_script(name):
-    """The program ``scripts/<name>.py`` starts, as a module (``gluon_multigpu.cli.<name>``), so
-    tests can call its ``main(argv)`` and its functions, and patch them."""
-    assert (REPO / 'scripts' / f'{name}.py').is_file(), f'scripts/{name}.py is missing'
-    return importlib.import_module(f'gluon_multigpu.cli.{name}')
+    """The program ``scripts/<name>.py`` starts, as a module (``gluon_multigpu.cli.train``,
+    ``lab.commands.scaling``: the one the script imports), so tests can call its
+    ``main(argv)`` and its functions, and patch them."""
+    script = REPO / 'scripts' / f'{name}.py'
+    assert script.is_file(), f'scripts/{name}.py is missing'
+    found = [f'{node.module}.{alias.name}' for node in ast.walk(ast.parse(script.read_text()))
+             if isinstance(node, ast.ImportFrom) for alias in node.names]
+    assert len(found) == 1, (name, found)
+    return importlib.import_module(found[0])
 
 
 @pytest.fixture

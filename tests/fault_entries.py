@@ -15,6 +15,9 @@ import os
 import warnings
 
 import gluon_multigpu as gm
+from lab.studies import scaling_model as lab_scaling
+from lab.studies import scaling_report as lab_scaling_report
+from lab.studies import sweep as lab_sweep
 
 __all__ = ['Entry', 'ENTRIES', 'lock_name', 'user_file', 'user_folder', 'user_hardlink',
            'patched', 'write_bytes']
@@ -190,7 +193,7 @@ class ScalingReport(ReportEntry):
     name, what = 'scaling_report', 'scaling report (`study/scaling_report.py`)'
 
     def write(self, directory, new):
-        rows = [dict(dict.fromkeys(gm.scaling.MEASURED_COLUMNS), kind='measured',
+        rows = [dict(dict.fromkeys(lab_scaling.MEASURED_COLUMNS), kind='measured',
                      devices=d, kvstore='device', batch_mode='per-device', batch_size=32 * d,
                      per_device_batch=32, lr_rule='linear', lr=0.1 * d, status='ok', epochs=1,
                      samples_per_sec=(100.0 if new else 90.0) * d ** 0.9, test_acc=0.5,
@@ -199,14 +202,14 @@ class ScalingReport(ReportEntry):
                   'num_train': 64, 'num_test': 32, 'epochs': 1, 'seed': 0, 'counts': [1, 2],
                   'base_lr': 0.1, 'engine': 'harness', 'project_to': 2, 'compute_repeats': 1,
                   'sync_repeats': 1}
-        gm.scaling_report.write_scaling_outputs(directory, config, rows, [], [])
+        lab_scaling_report.write_scaling_outputs(directory, config, rows, [], [])
 
 
 class BalanceReport(ReportEntry):
     name, what = 'balance_report', 'balance report (`cli/balance.py` `write_outputs`)'
 
     def write(self, directory, new):
-        balance = __import__('gluon_multigpu.cli.balance', fromlist=['write_outputs'])
+        balance = __import__('lab.commands.balance_study', fromlist=['write_outputs'])
         rows = [{'scenario': 'equal', 'split': s, 'images_per_sec': 100.0 + new * i,
                  'vs_even': 1.0, 'idle': [0.1, 0.2], 'shares': [16, 16], 'changes': 0,
                  'undone': 0, 'rounds': [100.0]} for i, s in enumerate(balance.SPLITS)]
@@ -217,11 +220,11 @@ class BalanceReport(ReportEntry):
 # -- results files and their locks --------------------------------------------------------------
 
 def _units():
-    return [gm.sweep.Unit('u1', 'the first'), gm.sweep.Unit('u2', 'the second')]
+    return [lab_sweep.Unit('u1', 'the first'), lab_sweep.Unit('u2', 'the second')]
 
 
 def _sweep(root, resume=True):
-    return gm.sweep.Sweep(os.path.join(root, 'results.json'), 'fault-harness', {'k': 1},
+    return lab_sweep.Sweep(os.path.join(root, 'results.json'), 'fault-harness', {'k': 1},
                           _units(), say=lambda line: None, resume=resume, interval=0)
 
 

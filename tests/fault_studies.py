@@ -12,6 +12,7 @@ import struct
 import subprocess
 
 import gluon_multigpu as gm
+from lab.studies import network_study
 from fault_entries import Entry, patched, user_file, write_bytes
 
 __all__ = ['ENTRIES']
@@ -32,7 +33,7 @@ class FailoverResults(Entry):
     outputs = ('out',)
 
     def _run(self, root, faults):
-        cli = __import__('gluon_multigpu.cli.failover', fromlist=['run'])
+        cli = __import__('lab.commands.failover', fromlist=['run'])
         args = cli.build_parser().parse_args(['--out', os.path.join(root, 'out')])
         rows = [_failover_row(f) for f in faults]
         with patched(cli, 'check', lambda args: '/data'), \
@@ -58,14 +59,14 @@ class NetworkResults(Entry):
     name, what = 'network_results', '`scripts/network.py` results (`cli/network._write`)'
 
     def _write(self, root, rows):
-        cli = __import__('gluon_multigpu.cli.network', fromlist=['_write'])
+        cli = __import__('lab.commands.network', fromlist=['_write'])
         config = {'command': 'network.py --quick', 'machine': {'cpu': 'harness', 'cores': 2},
                   'date': '2026-01-01 00:00 UTC'}
         runs = [{'model': 'simple-cnn'}] * len(rows)
         cli._write(root, config, rows, runs)  # pylint: disable=protected-access
 
     def _rows(self, count):
-        return [{c: None for c in gm.network.ROW_COLUMNS} | {'model': 'simple-cnn', 'workers': 2,
+        return [{c: None for c in network_study.ROW_COLUMNS} | {'model': 'simple-cnn', 'workers': 2,
                                                               'bandwidth': '1gbit', 'status': 'ok'}
                 for _ in range(count)]
 
@@ -112,7 +113,7 @@ class NetworkLog(Entry):
     name, what = 'network_log', 'the network study\'s run log (`multihost/network.measure`)'
 
     def _measure(self, root, steps):
-        study = gm.network
+        study = network_study
         config = study.Config('simple-cnn', 2, '1gbit', 32, steps)
         os.makedirs(os.path.join(root, 'work'), exist_ok=True)
         with patched(subprocess, 'Popen', _FakeLauncher):
@@ -141,8 +142,8 @@ class ClusterFiles(Entry):
     outputs = ('cluster', 'cluster/bin')  # both folders it writes files into
 
     def _write_files(self, root, hosts):
-        cluster = __import__('gluon_multigpu.multihost.cluster', fromlist=['Cluster'])
-        sshd = __import__('gluon_multigpu.multihost.sshd', fromlist=['check'])
+        cluster = __import__('lab.hosts.cluster', fromlist=['Cluster'])
+        sshd = __import__('lab.hosts.sshd', fromlist=['check'])
         cl = cluster.Cluster.__new__(cluster.Cluster)
         cl.workdir, cl.name, cl.ssh_port = os.path.join(root, 'cluster'), 'gmharness', 22
         cl.host_cores = 1

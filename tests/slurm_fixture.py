@@ -1,4 +1,4 @@
-"""A fixture making one real Slurm (``gluon_multigpu.multihost.slurm``) for a test module.
+"""A fixture making one real Slurm (``lab.hosts.slurm_cluster``) for a test module.
 
 ``slurm_cluster`` is a ``SlurmCluster`` of three hosts (munge, slurmctld, a
 slurmd per host of a ``Cluster`` of network namespaces), shared by the
@@ -10,7 +10,8 @@ Use it from a test module with ``from slurm_fixture import slurm_cluster``.
 """
 import pytest
 
-from gluon_multigpu.multihost import cluster as _cluster, slurm as _slurm
+from lab.hosts import cluster as _cluster
+from lab.hosts import slurm_cluster as _slurm
 
 __all__ = ['slurm_cluster', 'skip_unless_slurm']
 

@@ -10,7 +10,7 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu import measure
+from lab.studies import measure
 from gluon_multigpu.base.machine import stamp
 from conftest import load_script
 

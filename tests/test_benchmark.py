@@ -179,7 +179,7 @@ def test_missing_figures_are_not_applicable_rather_than_met(bench):
 
 
 def test_the_pytorch_process_says_when_pytorch_is_missing(monkeypatch):
-    workers = importlib.import_module('gluon_multigpu.cli.bench_workers')
+    workers = importlib.import_module('lab.commands.bench_workers')
     monkeypatch.setitem(sys.modules, 'torch', None)  # ``import torch`` fails
     result = workers.torch_throughput({'model': 'simple-cnn', 'batch': 8, 'warmup': 1,
                                        'steps': 1, 'data_dir': '/nowhere'})
@@ -226,7 +226,7 @@ def test_the_pytorch_networks_have_the_packages_parameters():
     import gluon_multigpu as gm
     from mxnet import np
     nn = pytest.importorskip('torch.nn', reason="PyTorch is the '.[bench]' extra")
-    workers = importlib.import_module('gluon_multigpu.cli.bench_workers')
+    workers = importlib.import_module('lab.commands.bench_workers')
     for model, gluon_net in (('simple-cnn', gm.simple_cnn(10)), ('resnet18', gm.resnet18(10))):
         gluon_net.initialize()
         gluon_net(np.zeros((1, 1, 28, 28)))  # the shapes are known after a first batch

@@ -18,7 +18,9 @@ import pytest
 
 from cluster_fixture import make_cluster, make_module_cluster  # noqa: F401  (fixtures)
 from conftest import REPO, alive, wait_bounded
-from gluon_multigpu.multihost import cluster as gc, netns, sshd
+from lab.hosts import cluster as gc
+from lab.hosts import netns
+from lab.hosts import sshd
 
 AVAILABLE = gc.available()
 pytestmark = [pytest.mark.skipif(not AVAILABLE[0], reason=f'no cluster here: {AVAILABLE[1]}'), pytest.mark.xdist_group('serial')]
@@ -380,7 +382,7 @@ def test_failed_setup_undoes_itself(monkeypatch):
 
 def test_cluster_of_a_killed_process_is_removed_by_the_next(make_cluster):
     code = ('import json, time\n'
-            'from gluon_multigpu.multihost.cluster import Cluster\n'
+            'from lab.hosts.cluster import Cluster\n'
             'c = Cluster(2)\n'
             'assert c.ssh(0, "nohup /bin/sleep 60 >/dev/null 2>&1 &").returncode == 0\n'
             'print(json.dumps(dict(name=c.name, namespaces=c.namespaces, veths=c.veths, bridge=c.bridge,'

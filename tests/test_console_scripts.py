@@ -2,8 +2,9 @@
 
 ``pip install -e .`` puts ``gluon-multigpu-NAME`` beside the Python it installs
 into; ``scripts/NAME.py`` starts the same ``gluon_multigpu.cli.NAME`` from a
-checkout. Each sets MXNet's engine variables for its device flags before
-MXNet loads, and exits with its program's status.
+checkout, or the lab's ``lab.commands.NAME`` (not installed). Each sets MXNet's
+engine variables for its device flags before MXNet loads, and exits with its
+program's status.
 """
 import importlib
 import os
@@ -16,8 +17,15 @@ import pytest
 from gluon_multigpu.cli import common, console
 from conftest import REPO, run_bounded
 
-PROGRAMS = ['train', 'demo', 'inflight', 'scaling', 'bandwidth', 'bfloat16', 'balance',
-            'benchmark', 'launch', 'network', 'failover', 'doctor']
+#: The installed programs: console scripts, and scripts/NAME.py.
+PROGRAMS = ['train', 'demo', 'launch', 'doctor']
+#: The lab's programs: scripts/NAME.py only, starting ``lab.commands.MODULE``.
+LAB_PROGRAMS = {'inflight': 'inflight', 'scaling': 'scaling', 'bandwidth': 'bandwidth',
+                'bfloat16': 'bfloat16', 'balance': 'balance_study', 'benchmark': 'benchmark',
+                'network': 'network', 'failover': 'failover'}
+#: Every program's module.
+MODULES = [f'gluon_multigpu.cli.{name}' for name in PROGRAMS] + \
+    [f'lab.commands.{module}' for module in LAB_PROGRAMS.values()]
 BIN = pathlib.Path(sys.executable).parent
 #: The environment of a program run as a user runs it: without this process's engine settings.
 ENV = {k: v for k, v in os.environ.items()
@@ -50,26 +58,33 @@ def test_setup_cfg_installs_every_program_and_each_launcher_starts_its_own():
     text = (REPO / 'setup.cfg').read_text()
     assert re.findall(r'gluon-multigpu-(\w+) = gluon_multigpu\.cli\.(\w+):start', text) == \
         [(name, name) for name in PROGRAMS]
-    assert sorted(p.stem for p in (REPO / 'scripts').glob('[a-z]*.py')) == sorted(PROGRAMS)
+    assert sorted(p.stem for p in (REPO / 'scripts').glob('[a-z]*.py')) == \
+        sorted(PROGRAMS + list(LAB_PROGRAMS))
     for name in PROGRAMS:
         launcher = (REPO / 'scripts' / f'{name}.py').read_text()
         assert f'from gluon_multigpu.cli import {name}\n' in launcher
         assert launcher.rstrip().endswith(f'{name}.start(__file__)')
         assert callable(importlib.import_module(f'gluon_multigpu.cli.{name}').start)
+    for name, module in LAB_PROGRAMS.items():
+        launcher = (REPO / 'scripts' / f'{name}.py').read_text()
+        assert f'from lab.commands import {module}  #' in launcher
+        assert launcher.rstrip().endswith(f'{module}.start(__file__)')
+        assert callable(importlib.import_module(f'lab.commands.{module}').start)
 
 
-@pytest.mark.parametrize('name', PROGRAMS + ['common', 'bench_workers'])
-def test_no_program_loads_mxnet_when_imported(name):
+@pytest.mark.parametrize('module', MODULES + ['gluon_multigpu.cli.common',
+                                              'lab.commands.bench_workers'])
+def test_no_program_loads_mxnet_when_imported(module):
     # it must set the engine first, from its flags: the package loads MXNet when a name needs it
-    proc = run_bounded([sys.executable, '-c', f'import sys, gluon_multigpu.cli.{name}; '
+    proc = run_bounded([sys.executable, '-c', f'import sys, {module}; '
                         "print(sorted(m for m in ('mxnet', 'matplotlib') if m in sys.modules))"],
                        timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ['[]'], proc.stderr
 
 
-@pytest.mark.parametrize('name', PROGRAMS)
-def test_no_parser_takes_abbreviations(name):
-    program = importlib.import_module(f'gluon_multigpu.cli.{name}')
+@pytest.mark.parametrize('module', MODULES)
+def test_no_parser_takes_abbreviations(module):
+    program = importlib.import_module(module)
     assert program.build_parser().allow_abbrev is False
 
 

@@ -13,6 +13,7 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
+from lab.studies import scaling_model as lab_scaling
 from conftest import (REPO, Lines, alive, assert_one_step_close, children, descendants,
                       load_script,
                       run_bounded, simple_cnn_terms, wait_bounded)
@@ -215,7 +216,7 @@ def test_a_worker_shard_is_its_part_of_each_global_batch():
 
 
 def test_the_worker_projection_follows_its_formula():
-    rows = gm.scaling.worker_projection(0.05, 40e6, [1, 2, 4, 8], servers=2, gbps=1.0)
+    rows = lab_scaling.worker_projection(0.05, 40e6, [1, 2, 4, 8], servers=2, gbps=1.0)
     for r in rows:  # recomputed by hand: push, then pull, of 40 MB as one key, 2 servers
         t_net = 2 * 40e6 * max(1, r['workers'] / 2) / 1e9
         assert r['t_net_s'] == pytest.approx(t_net)
@@ -223,7 +224,7 @@ def test_the_worker_projection_follows_its_formula():
         assert r['efficiency'] == pytest.approx(r['speedup'] / r['workers'])
     assert rows[2]['t_net_s'] == rows[1]['t_net_s'] * 2  # past the servers, links fill up
     # many keys: the pulls overlap the pushes but for the largest key (10 MB of the 40)
-    keyed = gm.scaling.worker_projection(0.05, 40e6, [1, 2, 4, 8], servers=2, gbps=1.0,
+    keyed = lab_scaling.worker_projection(0.05, 40e6, [1, 2, 4, 8], servers=2, gbps=1.0,
                                          largest_bytes=10e6)
     for r, one_key in zip(keyed, rows):
         t_net = (40e6 + 10e6) * max(1, r['workers'] / 2) / 1e9

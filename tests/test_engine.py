@@ -84,10 +84,10 @@ def test_importing_the_package_loads_neither_mxnet_nor_matplotlib(tmp_path):
 def test_the_scaling_arithmetic_and_its_report_load_no_mxnet(tmp_path):
     # scaling.py says it does not import MXNet; nor does scaling_report (it draws with matplotlib)
     got = probe(tmp_path, '''
-        import gluon_multigpu as gm
-        gm.scaling.learning_rate('linear', 0.1, 512)
+        from lab.studies import scaling_model, scaling_report
+        scaling_model.learning_rate('linear', 0.1, 512)
         after_scaling = 'mxnet' in sys.modules
-        gm.scaling_report.bandwidth_table([])
+        scaling_report.bandwidth_table([])
         report(after_scaling=after_scaling, after_report='mxnet' in sys.modules,
                matplotlib='matplotlib' in sys.modules)
         ''')
@@ -97,7 +97,7 @@ def test_the_scaling_arithmetic_and_its_report_load_no_mxnet(tmp_path):
 def test_charts_load_matplotlib_only_when_used(tmp_path):
     got = probe(tmp_path, '''
         import gluon_multigpu as gm
-        gm.engine, gm.errors, gm.recipes, gm.files, gm.results, gm.scaling
+        gm.engine, gm.errors, gm.recipes, gm.files, gm.results, gm.compare
         before = 'matplotlib' in sys.modules
         gm.charts
         report(before=before, after='matplotlib' in sys.modules)

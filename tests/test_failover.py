@@ -1,4 +1,4 @@
-"""The fault study (``gluon_multigpu.multihost.failover``, ``scripts/failover.py``).
+"""The fault study (``lab.studies.failover_study``, ``scripts/failover.py``).
 
 Its reading of the launcher's output on made-up lines; its table; its command
 line's one-line errors; and one real fault on a cluster of four hosts (a worker
@@ -13,7 +13,7 @@ import pytest
 
 from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
 from conftest import REPO, run_bounded, load_script
-from gluon_multigpu.multihost import failover
+from lab.studies import failover_study as failover
 
 pytestmark = pytest.mark.xdist_group('serial')  # conftest.SERIAL: a cluster; timed
 

@@ -16,6 +16,10 @@ import time
 import pytest
 
 import gluon_multigpu as gm
+from lab.studies import measure as lab_measure
+from lab.studies import scaling_model as lab_scaling
+from lab.studies import scaling_report as lab_scaling_report
+from lab.studies import sweep as lab_sweep
 from gluon_multigpu.core.results import EpochRecord, TrainResult
 from conftest import REPO, alive, children, load_script, run_bounded, wait_bounded
 
@@ -65,9 +69,10 @@ def output_cases(tmp_path, unwritable_dir):
 
 
 def patched(module, path):
-    """What ``path`` (``name``, ``gm.module.name``) patches: the program, or a library module."""
+    """What ``path`` (``name``, ``lab_measure.name``) patches: the program, or the lab's
+    ``measure``."""
     owner = path.rpartition('.')[0]
-    return getattr(gm, owner[len('gm.'):]) if owner else module
+    return {'lab_measure': lab_measure}[owner] if owner else module
 
 
 @pytest.mark.parametrize('script, argv, patch', [
@@ -76,7 +81,7 @@ def patched(module, path):
     ('benchmark', ['--quick', '--repeats', '1', '--only', 'gemm/1', '--data-dir', '{data}',
                    '--json'], 'run_task'),
     ('bandwidth', ['--cpu-devices', '2', '--quick', '--models', 'simple-cnn', '--data-dir',
-                   '{data}', '--csv'], 'gm.measure.measure_bandwidth'),
+                   '{data}', '--csv'], 'lab_measure.measure_bandwidth'),
 ])
 def test_a_file_output_that_cannot_be_written_stops_before_measuring(
         script, argv, patch, tmp_path, unwritable_dir, fashion_dir, monkeypatch, capsys):
@@ -95,7 +100,7 @@ def test_a_file_output_that_cannot_be_written_stops_before_measuring(
 
 
 @pytest.mark.parametrize('script, argv, patch', [
-    ('scaling', ['--cpu-devices', '2', '--model', 'simple-cnn', '--out'], 'gm.measure.run_sweep'),
+    ('scaling', ['--cpu-devices', '2', '--model', 'simple-cnn', '--out'], 'lab_measure.run_sweep'),
     ('balance', ['--cpu-devices', '2', '--out'], 'measure_all'),
 ])
 def test_a_folder_output_that_cannot_be_written_stops_before_measuring(
@@ -115,7 +120,7 @@ def test_a_folder_output_that_cannot_be_written_stops_before_measuring(
 
 def test_csv_and_json_naming_the_same_file_is_refused(tmp_path, monkeypatch, capsys):
     bandwidth = load_script('bandwidth')
-    monkeypatch.setattr(gm.measure, 'measure_bandwidth', not_measured)
+    monkeypatch.setattr(lab_measure, 'measure_bandwidth', not_measured)
     same = str(tmp_path / 'bw')
     assert bandwidth.main(['--cpu-devices', '2', '--csv', same, '--json', f'{tmp_path}/./bw']) == 2
     err = capsys.readouterr().err
@@ -333,15 +338,15 @@ def test_a_signal_while_the_demo_runs_is_one_line(signal_guard, monkeypatch, cap
 
 def made_up_scaling_run(monkeypatch):
     """Patch scaling's training to one made-up run on 8 synthetic images: nothing is trained."""
-    row = dict.fromkeys(gm.scaling.MEASURED_COLUMNS)
+    row = dict.fromkeys(lab_scaling.MEASURED_COLUMNS)
     row.update(kind='measured', model='simple-cnn', device_type='cpu', devices=1,
                kvstore='device', batch_mode='per-device', batch_size=32, per_device_batch=32,
                lr_rule='linear', lr=0.1, epochs=1, samples_per_sec=100.0, test_acc=0.5,
                status='ok')
     monkeypatch.setattr(gm.data, 'load_data', lambda *a, **k: gm.data.synthetic_data(
         'fashion-mnist', 1, num_train=8, num_test=8))
-    monkeypatch.setattr(gm.measure, 'train_config', lambda *a, **k: dict(row))
-    monkeypatch.setattr(gm.measure, 'measure_projection', lambda *a, **k: ([], []))
+    monkeypatch.setattr(lab_measure, 'train_config', lambda *a, **k: dict(row))
+    monkeypatch.setattr(lab_measure, 'measure_projection', lambda *a, **k: ([], []))
 
 
 SCALING_REPORT = ['accuracy.png', 'efficiency.png', 'projection.csv', 'report.md',
@@ -353,13 +358,13 @@ def test_a_signal_while_writing_the_report_lets_it_finish(signum, tmp_path, sign
                                                           monkeypatch, capsys):
     scaling = load_script('scaling')
     made_up_scaling_run(monkeypatch)
-    chart = gm.scaling_report.accuracy_batch_chart
+    chart = lab_scaling_report.accuracy_batch_chart
 
     def signalled(*args, **kwargs):  # the signal comes while a chart of the report is drawn
         signal.pthread_kill(threading.main_thread().ident, signum)
         time.sleep(0.3)  # its handler runs at once; its acknowledgement comes from a thread
         return chart(*args, **kwargs)
-    monkeypatch.setattr(gm.scaling_report, 'accuracy_batch_chart', signalled)
+    monkeypatch.setattr(lab_scaling_report, 'accuracy_batch_chart', signalled)
     out = tmp_path / 'sweep'
     assert scaling.main(['--full', '--cpu-devices', '1', '--model', 'simple-cnn', '--out',
                          str(out)]) == \
@@ -419,8 +424,8 @@ def test_a_second_run_on_the_same_results_file_is_refused_and_sigkill_leaves_it_
     assert kept['status'] == 'partial' and 0 < len(kept['done']) < kept['total']
     # The lock the killed run held went with it: the next run takes its lock file over.
     assert (tmp_path / '.r.json.lock').exists()
-    units = [gm.sweep.Unit(d['key'], d['label']) for d in kept['done']] + [gm.sweep.Unit('x', 'x')]
-    with gm.sweep.Sweep(str(results), 'balance', kept['config'], units, lambda line: None,
+    units = [lab_sweep.Unit(d['key'], d['label']) for d in kept['done']] + [lab_sweep.Unit('x', 'x')]
+    with lab_sweep.Sweep(str(results), 'balance', kept['config'], units, lambda line: None,
                         resume=True, interval=0) as again:
         assert again.resumed == len(kept['done'])
     assert every_file(tmp_path) == ['r.json']
@@ -448,12 +453,12 @@ def test_a_results_file_that_is_a_link_is_written_through_or_refused(tmp_path, m
     # To a new file elsewhere: that file is written (and locked), the link stays.
     link.unlink()
     link.symlink_to(elsewhere / 'kept.json')
-    unit = gm.sweep.Unit('a', 'a')
-    with gm.sweep.Sweep(str(link), 'balance', {}, [unit, gm.sweep.Unit('b', 'b')],
+    unit = lab_sweep.Unit('a', 'a')
+    with lab_sweep.Sweep(str(link), 'balance', {}, [unit, lab_sweep.Unit('b', 'b')],
                         lambda line: None, interval=0) as kept:
         assert sorted(os.listdir(elsewhere)) == ['.kept.json.lock', 'notes.txt']
-        with pytest.raises(gm.sweep.SweepError, match='another run'):
-            gm.sweep.Sweep(str(elsewhere / 'kept.json'), 'balance', {}, [unit], print)
+        with pytest.raises(lab_sweep.SweepError, match='another run'):
+            lab_sweep.Sweep(str(elsewhere / 'kept.json'), 'balance', {}, [unit], print)
         kept.begin(unit)
         kept.keep(unit, 1)
     assert link.is_symlink() and read_json(elsewhere / 'kept.json')['done'][0]['result'] == 1
@@ -520,6 +525,7 @@ SLOW_STEP = """\
 import sys, time
 import gluon_multigpu as gm
 from gluon_multigpu.cli import common
+from lab.commands import sweeps
 
 def build():
     p = common.OneLineParser()
@@ -527,14 +533,14 @@ def build():
     return p
 
 def run(args, stop=None):
-    sweep = gm.sweep.Sweep(args.results, 'slow', {}, [gm.sweep.Unit(str(i), f'unit {i}')
+    sweep = lab_sweep.Sweep(args.results, 'slow', {}, [lab_sweep.Unit(str(i), f'unit {i}')
                                                      for i in range(4)], common.say_quietly)
     def measure(unit):
         time.sleep(0 if unit.key == '0' else 3)
         return int(unit.key)
-    common.measure_sweep(sweep, measure, stop, lambda results: print('partial:', results))
+    sweeps.measure_sweep(sweep, measure, stop, lambda results: print('partial:', results))
 
-sys.exit(common.sweep_main(sys.argv[1:], build, run, 'slow'))
+sys.exit(sweeps.sweep_main(sys.argv[1:], build, run, 'slow'))
 """
 
 
@@ -690,7 +696,7 @@ def test_a_chart_on_a_full_disk_names_its_file(small_disk):
 
 
 def test_scaling_outputs_on_a_full_disk_leave_nothing_and_name_the_file(small_disk):
-    rows = [dict(dict.fromkeys(gm.scaling.MEASURED_COLUMNS), devices=1, kvstore='device',
+    rows = [dict(dict.fromkeys(lab_scaling.MEASURED_COLUMNS), devices=1, kvstore='device',
                  batch_mode='per-device', batch_size=32, per_device_batch=32, lr_rule='linear',
                  lr=0.1, samples_per_sec=100.0, test_acc=0.5, status='ok', epochs=1)]
     config = {'model': 'simple-cnn', 'device_type': 'cpu', 'dataset': 'fashion-mnist',
@@ -699,7 +705,7 @@ def test_scaling_outputs_on_a_full_disk_leave_nothing_and_name_the_file(small_di
               'sync_repeats': 1}
     fill(small_disk, 8192)
     with pytest.raises(OSError) as failed:
-        gm.scaling_report.write_scaling_outputs(small_disk / 'sweep', config, rows, [], [])
+        lab_scaling_report.write_scaling_outputs(small_disk / 'sweep', config, rows, [], [])
     assert failed.value.errno == 28
     assert os.path.dirname(failed.value.filename) == str(small_disk / 'sweep')
     assert os.listdir(small_disk) == ['filler']
@@ -751,7 +757,7 @@ def test_charts_are_written_in_the_format_their_extension_names(name, magic, tmp
     rows = [{'devices': n, 'kvstore': 'device', 'batch_mode': 'per-device',
              'per_device_batch': 32, 'batch_size': 32 * n, 'lr_rule': 'linear',
              'speedup': float(n)} for n in (1, 2)]
-    gm.scaling_report.speedup_chart(str(tmp_path / f'speedup-{name}'), rows)
+    lab_scaling_report.speedup_chart(str(tmp_path / f'speedup-{name}'), rows)
     for written in (name, f'bars-{name}', f'speedup-{name}'):
         assert (tmp_path / written).read_bytes().startswith(magic), written
     assert sorted(os.listdir(tmp_path)) == sorted([name, f'bars-{name}', f'speedup-{name}'])

@@ -14,6 +14,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'gluon_multigpu')
+LAB = os.path.join(ROOT, 'lab')
 LINT = os.path.join(os.path.dirname(sys.executable), 'lint-imports')
 
 #: The longest module and the longest function the project keeps (issue 27).
@@ -29,7 +30,8 @@ def test_the_contracts_hold():
     done = lint(ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert 'broken' in done.stdout and '0 broken' in done.stdout
-    for contract in ('Floors only go down', 'loads no MXNet', 'plug-in of train of its own'):
+    for contract in ('Floors only go down', 'loads no MXNet', 'plug-in of train of its own',
+                     'never imports the lab', "The lab's floors"):
         assert contract in done.stdout
 
 
@@ -40,10 +42,13 @@ def test_the_contracts_hold():
     ('base/units.py', 'import mxnet  # noqa', 'loads no MXNet'),
     # One exercise using another.
     ('features/balance.py', 'from . import precision  # noqa', 'plug-in of train of its own'),
+    # The installed package reaching into the lab, which is not installed.
+    ('core/data.py', 'import lab.studies.sweep  # noqa', 'never imports the lab'),
 ])
 def test_an_import_that_breaks_a_contract_fails_the_build(tmp_path, module, line, broken):
-    shutil.copytree(PACKAGE, tmp_path / 'gluon_multigpu',
-                    ignore=shutil.ignore_patterns('__pycache__'))
+    for tree in (PACKAGE, LAB):
+        shutil.copytree(tree, tmp_path / os.path.basename(tree),
+                        ignore=shutil.ignore_patterns('__pycache__'))
     shutil.copy(os.path.join(ROOT, 'setup.cfg'), tmp_path / 'setup.cfg')
     with open(tmp_path / 'gluon_multigpu' / module, 'a', encoding='utf-8') as f:
         f.write('\n' + line + '\n')
@@ -60,17 +65,19 @@ def test_the_scripts_reach_the_package_only_through_its_command_line():
         with open(os.path.join(ROOT, 'scripts', name), encoding='utf-8') as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('gluon_multigpu'):
-                assert node.module == 'gluon_multigpu.cli', (name, node.module)
+            if isinstance(node, ast.ImportFrom) and (node.module or '').startswith(
+                    ('gluon_multigpu', 'lab')):
+                assert node.module in ('gluon_multigpu.cli', 'lab.commands'), (name, node.module)
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith('gluon_multigpu') for a in node.names), name
 
 
 def _sources():
-    for folder, _, files in os.walk(PACKAGE):
-        for name in sorted(files):
-            if name.endswith('.py'):
-                yield os.path.join(folder, name)
+    for tree in (PACKAGE, LAB):
+        for folder, _, files in os.walk(tree):
+            for name in sorted(files):
+                if name.endswith('.py'):
+                    yield os.path.join(folder, name)
 
 
 def test_no_module_is_longer_than_the_limit():

@@ -17,12 +17,12 @@ import pytest
 
 import gluon_multigpu as gm
 from gluon_multigpu.cli import arguments, messages
-from gluon_multigpu.cli import failover as failover_cli
-from gluon_multigpu.cli import network as network_cli
+from lab.commands import failover as failover_cli
+from lab.commands import network as network_cli
 from gluon_multigpu.cli.arguments import FLAGS, error_line
 from gluon_multigpu.core.training import _diverged_in  # pylint: disable=protected-access
 from gluon_multigpu.multihost.supervise import Job
-from gluon_multigpu.run.sweep import Sweep
+from lab.studies.sweep import Sweep
 
 INT, HUP, TERM = signal.SIGINT, signal.SIGHUP, signal.SIGTERM
 

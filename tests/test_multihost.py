@@ -1,6 +1,6 @@
 """The ssh launcher across real hosts: network namespaces on a bridge, an sshd in each.
 
-Each test builds a small cluster (``gluon_multigpu.multihost.cluster``, through
+Each test builds a small cluster (``lab.hosts.cluster``, through
 ``cluster_fixture``) and runs ``scripts/launch.py --launcher ssh`` on it as a
 user would, then checks what the issue asks: the job trains; no process of it
 is left on any host however it ends (success, a failure, Ctrl-C, the launcher

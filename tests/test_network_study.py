@@ -1,4 +1,4 @@
-"""The network model against a shaped network (``gluon_multigpu.multihost.network``, scripts/network.py).
+"""The network model against a shaped network (``lab.studies.network_study``, scripts/network.py).
 
 The predictions recomputed by hand from the models' layers and the links'
 rates; the parser of step times on a made-up launcher output; and real
@@ -17,8 +17,9 @@ import time
 import pytest
 
 from conftest import REPO, Lines, run_bounded, wait_bounded
-from gluon_multigpu.cli import network as cli
-from gluon_multigpu.multihost import cluster, network
+from lab.commands import network as cli
+from lab.hosts import cluster
+from lab.studies import network_study as network
 
 AVAILABLE = cluster.available()
 pytestmark = pytest.mark.xdist_group('serial')  # conftest.SERIAL
@@ -34,7 +35,7 @@ BITS = {'100mbit': 100e6, '1gbit': 1e9}
 
 
 def test_the_constants_are_the_built_networks():
-    from gluon_multigpu.study import measure  # loads MXNet
+    from lab.studies import measure
     import mxnet as mx
     for model, (params, largest) in PARAMS.items():
         net = measure.build_net(model, [mx.cpu()])

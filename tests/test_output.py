@@ -13,6 +13,8 @@ import signal
 import pytest
 
 import gluon_multigpu as gm
+from lab.studies import measure as lab_measure
+from lab.studies import sweep as lab_sweep
 from gluon_multigpu.base import fs
 from gluon_multigpu.run import locks, output
 from conftest import load_script
@@ -59,7 +61,7 @@ def lock(path, say=None):
 
 
 def results_file(program, config, keys, status='complete', result=1):
-    return {'format': gm.sweep.FORMAT, 'program': program, 'status': status,
+    return {'format': lab_sweep.FORMAT, 'program': program, 'status': status,
             'total': len(keys), 'config': config,
             'done': [{'key': k, 'label': k, 'result': result, 'seconds': 1.0} for k in keys]}
 
@@ -69,7 +71,7 @@ def results_file(program, config, keys, status='complete', result=1):
 def test_a_complete_results_file_is_not_replaced_by_a_run_with_other_settings(
         tmp_path, fashion_dir, monkeypatch, capsys):
     bandwidth = load_script('bandwidth')
-    monkeypatch.setattr(gm.measure, 'measure_count', not_measured)
+    monkeypatch.setattr(lab_measure, 'measure_count', not_measured)
     two = tmp_path / 'two.json'
     two.write_text(json.dumps(results_file('bandwidth', {'seed': 0}, ['a', 'b', 'c', 'd'])))
     before = two.read_bytes()
@@ -91,7 +93,7 @@ def test_overwrite_keeps_the_old_results_until_the_first_new_measurement(
     def measure_count(*args, **kwargs):
         seen.append(two.read_bytes())
         raise gm.GluonMultiGPUError('stopped in the first measurement')
-    monkeypatch.setattr(gm.measure, 'measure_count', measure_count)
+    monkeypatch.setattr(lab_measure, 'measure_count', measure_count)
     argv = [*BANDWIDTH, '--data-dir', str(fashion_dir), '--results', str(two), '--seed', '3',
             '--overwrite']
     assert bandwidth.main(argv) == 2
@@ -102,10 +104,10 @@ def test_overwrite_keeps_the_old_results_until_the_first_new_measurement(
 def test_overwrite_replaces_the_results_with_the_first_measurement(tmp_path):
     path = tmp_path / 'r.json'
     path.write_text(json.dumps(results_file('p', {'a': 1}, ['x'])))
-    units = [gm.sweep.Unit('y', 'y'), gm.sweep.Unit('z', 'z')]
-    with pytest.raises(gm.sweep.SweepError, match='overwrite=True'):
-        gm.sweep.Sweep(str(path), 'p', {'a': 2}, units, print)
-    with gm.sweep.Sweep(str(path), 'p', {'a': 2}, units, print, overwrite=True, interval=0) as s:
+    units = [lab_sweep.Unit('y', 'y'), lab_sweep.Unit('z', 'z')]
+    with pytest.raises(lab_sweep.SweepError, match='overwrite=True'):
+        lab_sweep.Sweep(str(path), 'p', {'a': 2}, units, print)
+    with lab_sweep.Sweep(str(path), 'p', {'a': 2}, units, print, overwrite=True, interval=0) as s:
         assert json.loads(path.read_text())['config'] == {'a': 1}
         s.begin(units[0])
         s.keep(units[0], 5)
@@ -113,8 +115,8 @@ def test_overwrite_replaces_the_results_with_the_first_measurement(tmp_path):
     assert kept['config'] == {'a': 2} and kept['status'] == 'partial'
     # a file that is not a results file is never replaced, even with overwrite
     path.write_text('my notes')
-    with pytest.raises(gm.sweep.SweepError, match='not a results file'):
-        gm.sweep.Sweep(str(path), 'p', {'a': 2}, units, print, overwrite=True)
+    with pytest.raises(lab_sweep.SweepError, match='not a results file'):
+        lab_sweep.Sweep(str(path), 'p', {'a': 2}, units, print, overwrite=True)
     assert path.read_text() == 'my notes'
 
 
@@ -124,9 +126,9 @@ def captured_sweep(monkeypatch, module, argv):
 
     def load(self, *args):
         caught.update(config=self.config, keys=[u.key for u in self.units])
-        raise gm.sweep.SweepError('caught')
+        raise lab_sweep.SweepError('caught')
     with monkeypatch.context() as m:
-        m.setattr(gm.sweep.Sweep, '_load', load)
+        m.setattr(lab_sweep.Sweep, '_load', load)
         assert module.main(argv) == 2
     return caught
 
@@ -152,7 +154,7 @@ def test_a_results_file_with_damaged_entries_is_one_line_on_resume(
     results.write_text(json.dumps(results_file(script, caught['config'], caught['keys'],
                                                result=damage)))
     before = results.read_bytes()
-    monkeypatch.setattr(gm.sweep.Sweep, 'run', not_measured)
+    monkeypatch.setattr(lab_sweep.Sweep, 'run', not_measured)
     assert module.main([*argv, '--resume']) == 2
     one_line(capsys, str(results), 'is damaged', '--overwrite')
     assert results.read_bytes() == before
@@ -163,7 +165,7 @@ def test_a_results_file_is_read_with_a_size_bound(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(balance, 'run_once', not_measured)
     big = tmp_path / 'r.json'
     with open(big, 'wb') as f:
-        f.truncate(gm.sweep.RESULTS_LIMIT + 1)  # sparse: no disk used
+        f.truncate(lab_sweep.RESULTS_LIMIT + 1)  # sparse: no disk used
     assert balance.main([*BALANCE, '--results', str(big), '--resume']) == 2
     one_line(capsys, str(big), 'larger than 64 MiB')
 
@@ -200,8 +202,8 @@ def test_a_hard_link_or_a_users_file_at_a_lock_name_is_left_untouched(tmp_path):
             os.link(mine, name)
         else:
             name.write_text('my own file')
-        with pytest.raises(gm.sweep.SweepError) as e:
-            gm.sweep.Sweep(str(results), 'p', {}, [gm.sweep.Unit('a', 'a')], print)
+        with pytest.raises(lab_sweep.SweepError) as e:
+            lab_sweep.Sweep(str(results), 'p', {}, [lab_sweep.Unit('a', 'a')], print)
         assert str(name) in str(e.value) and 'left as it is' in str(e.value)
         assert name.exists() and mine.read_text() == 'my notes'
         assert name.read_text() == ('my notes' if planted == 'link' else 'my own file')
@@ -212,8 +214,8 @@ def test_a_hard_link_or_a_users_file_at_a_lock_name_is_left_untouched(tmp_path):
 def test_a_fifo_at_a_lock_name_is_refused_naming_it(tmp_path):
     name = tmp_path / '.r.json.lock'
     os.mkfifo(name)
-    with pytest.raises(gm.sweep.SweepError) as e:
-        gm.sweep.Sweep(str(tmp_path / 'r.json'), 'p', {}, [gm.sweep.Unit('a', 'a')], print)
+    with pytest.raises(lab_sweep.SweepError) as e:
+        lab_sweep.Sweep(str(tmp_path / 'r.json'), 'p', {}, [lab_sweep.Unit('a', 'a')], print)
     assert str(name) in str(e.value) and 'FIFO' in str(e.value)
     assert name.is_fifo()
 
@@ -221,8 +223,8 @@ def test_a_fifo_at_a_lock_name_is_refused_naming_it(tmp_path):
 def test_two_scaling_runs_on_one_out_folder_the_second_is_refused(
         tmp_path, fashion_dir, monkeypatch, capsys):
     scaling = load_script('scaling')
-    monkeypatch.setattr(gm.sweep.Sweep, 'run', not_measured)
-    monkeypatch.setattr(gm.measure, 'train_config', not_measured)
+    monkeypatch.setattr(lab_sweep.Sweep, 'run', not_measured)
+    monkeypatch.setattr(lab_measure, 'train_config', not_measured)
     out = tmp_path / 'out'
     first = lock(tmp_path / '.out.lock').acquire()  # the first run holds its --out
     try:

@@ -13,9 +13,10 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu import scaling
+from lab.studies import scaling_report as lab_scaling_report
+from lab.studies import scaling_model as scaling
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.cli import scaling as scaling_cli
+from lab.commands import scaling as scaling_cli
 from conftest import load_script
 
 
@@ -136,7 +137,7 @@ def test_report_has_every_run_and_answers_from_the_measurements(per_device):
     for png in ('speedup.png', 'efficiency.png', 'accuracy.png'):
         assert f']({png})' in text
     assert '## Projection to more devices (a model, not a measurement)' in text
-    assert per_device['printed'].startswith(gm.scaling_report.scaling_table(rows).splitlines()[0])
+    assert per_device['printed'].startswith(lab_scaling_report.scaling_table(rows).splitlines()[0])
 
 
 def least_squares_slope(points):
@@ -233,7 +234,7 @@ def test_the_default_measures_each_configurations_speed_over_a_few_steps(fixed_g
     assert 'Not measured: this sweep measured speed' in text and '`--full`' in text
     assert 'accuracy.png' not in text and 'test acc' not in text
     assert fixed_global['printed'].startswith(
-        gm.scaling_report.scaling_table(rows).splitlines()[0])
+        lab_scaling_report.scaling_table(rows).splitlines()[0])
 
 
 def test_a_diverging_run_is_recorded_and_no_count_of_two_means_no_projection(
@@ -309,11 +310,11 @@ def test_bad_input_is_one_line_status_2_and_no_files(script, argv, message, tmp_
 def test_a_failure_while_writing_leaves_no_files(per_device, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError('disk full')
-    monkeypatch.setattr(gm.scaling_report, 'accuracy_batch_chart', broken)
+    monkeypatch.setattr(lab_scaling_report, 'accuracy_batch_chart', broken)
     rows, projection, sync = per_device['rows'], per_device['projection'], per_device['sync']
     config = {'model': 'simple-cnn', 'device_type': 'cpu'}
     with pytest.raises(OSError):
-        gm.scaling_report.write_scaling_outputs(tmp_path / 'new', config, rows, projection, sync)
+        lab_scaling_report.write_scaling_outputs(tmp_path / 'new', config, rows, projection, sync)
     assert os.listdir(tmp_path) == []
 
 
@@ -362,17 +363,17 @@ def test_the_kvstore_answer_pairs_the_rounds_each_configuration_shares():
                 'kvstore': kvstore, 'samples_per_sec': sorted(rounds)[(len(rounds) - 1) // 2],
                 'rounds': rounds}
     drift = [1.0, 0.5, 1.01, 0.49]
-    slower = gm.scaling_report.fastest_kvstores(
+    slower = lab_scaling_report.fastest_kvstores(
         [row('local', [1000 * d for d in drift]), row('device', [800 * d * 1.01 for d in drift])])
     assert slower[0].startswith('- 2 devices, batch 64, lr rule linear: **local** fastest (4 '
                                 'rounds): local ') and "95% interval of local's speed-up 1.2" \
         in slower[0], slower
-    equal = gm.scaling_report.fastest_kvstores(
+    equal = lab_scaling_report.fastest_kvstores(
         [row('local', [1000 * d for d in drift]),
          row('device', [1000 * d * w for d, w in zip(drift, (1.01, 0.99, 1.0, 1.005))])])
     assert ' equally fast (the interval includes 1, or the difference is under 3%; 4 rounds)' \
         in equal[0], equal
-    one = gm.scaling_report.fastest_kvstores(
+    one = lab_scaling_report.fastest_kvstores(
         [dict(row('local', [1000]), rounds=None), dict(row('device', [800]), rounds=None)])
     assert 'local faster in the one round measured, which cannot tell a difference from noise' \
         in one[0], one

@@ -24,7 +24,8 @@ import pytest
 from slurm_fixture import skip_unless_slurm, slurm_cluster  # noqa: F401  (fixture)
 from conftest import REPO, alive, wait_bounded
 from process_state import wait_until
-from gluon_multigpu.multihost import cluster as gc, slurm as gs
+from lab.hosts import cluster as gc
+from lab.hosts import slurm_cluster as gs
 
 
 def cmdline(pid):

@@ -1,7 +1,7 @@
 """The measuring programs as long runs: an estimate, results kept as measured, Ctrl-C, --resume,
 --data-dir and --download, memory.
 
-scripts/bandwidth.py, scaling.py, balance.py and bfloat16.py share ``gluon_multigpu.run.sweep``:
+scripts/bandwidth.py, scaling.py, balance.py and bfloat16.py share ``lab.studies.sweep``:
 every measurement is written to the results file as soon as it is made (marked partial until
 the last), a signal is acknowledged at once and keeps what was measured, and ``--resume``
 measures only what is missing. Every run here is tiny (real Fashion-MNIST from ../shared).
@@ -16,8 +16,11 @@ import time
 import pytest
 
 import gluon_multigpu as gm
+from lab.studies import measure as lab_measure
+from lab.studies import scaling_model as lab_scaling
 from gluon_multigpu.cli import common
-from gluon_multigpu.run import sweep
+from lab.commands import sweeps
+from lab.studies import sweep
 from conftest import REPO, load_script
 
 SCRIPTS = REPO / 'scripts'
@@ -186,7 +189,7 @@ def test_every_program_takes_data_dir_and_download(name, tmp_path, monkeypatch, 
 def test_what_would_not_fit_in_memory_is_refused_in_one_line(name, argv, fashion_dir, tmp_path,
                                                              monkeypatch, capsys):
     # GLUON_MULTIGPU_MEMORY_AVAILABLE stands for the system's MemAvailable: a 4 GB machine
-    monkeypatch.setenv(common.MEMORY_VARIABLE, '4e9')
+    monkeypatch.setenv(sweeps.MEMORY_VARIABLE, '4e9')
     script = load_script(name)
     results = tmp_path / 'r.json'
     extra = [] if name == 'balance' else ['--data-dir', str(fashion_dir)]
@@ -199,12 +202,12 @@ def test_what_would_not_fit_in_memory_is_refused_in_one_line(name, argv, fashion
 
 def test_a_default_too_large_for_the_memory_is_scaled_down_with_a_line(
         fashion_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(common.MEMORY_VARIABLE, '2.5e9')
+    monkeypatch.setenv(sweeps.MEMORY_VARIABLE, '2.5e9')
     bandwidth = load_script('bandwidth')
     measured = []
-    monkeypatch.setattr(gm.measure, 'measure_count', lambda model, device_type, n, kvstores,
+    monkeypatch.setattr(lab_measure, 'measure_count', lambda model, device_type, n, kvstores,
                         batch, *a, **k: measured.append(batch) or [
-                            gm.scaling.bandwidth_row(model, device_type, n, 'local', 10, 40,
+                            lab_scaling.bandwidth_row(model, device_type, n, 'local', 10, 40,
                                                      [1.0], [2.0], batch)])
     assert bandwidth.main(['--cpu-devices', '4', '--models', 'resnet18', '--kvstores', 'local',
                            '--data-dir', str(fashion_dir), '--results',

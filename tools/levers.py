@@ -79,7 +79,7 @@ def worker(spec):
     if spec.get('copies'):
         os.environ['MXNET_CPU_TEMP_COPY'] = spec['copies']
     engine.configure(cpu_devices=devices_n)  # before anything below loads MXNet
-    from gluon_multigpu.cli.bench_workers import _test_images
+    from lab.commands.bench_workers import _test_images
     from gluon_multigpu.core import steps as steps_mod
     from gluon_multigpu.core.data import ArrayLoader
     from gluon_multigpu.core.devices import cpu_devices

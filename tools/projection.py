@@ -1,7 +1,7 @@
 """The parameter-server model's table of docs/distributed.md ("What to expect: a model").
 
 A maintainer's tool, not part of the package. It computes, with
-``gluon_multigpu.study.scaling.worker_projection``, what the model predicts for
+``lab.studies.scaling_model.worker_projection``, what the model predicts for
 ResNet-18 on one GPU per worker at the book's speed, with 4 servers, on
 10 Gbit/s and 100 Gbit/s links, and writes the inputs and the rows to
 ``docs/results/worker-projection.json`` (with this machine and the date, as
@@ -20,9 +20,9 @@ if ROOT not in sys.path:  # run as a file: the checkout's package
 
 from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
-from gluon_multigpu.multihost.network_model import (  # noqa: E402
+from lab.studies.network_model import (  # noqa: E402
     GRAD_BYTES, LARGEST_KEY_BYTES, PAYLOAD)
-from gluon_multigpu.study.scaling import worker_projection  # noqa: E402
+from lab.studies.scaling_model import worker_projection  # noqa: E402
 
 PATH = os.path.join(ROOT, 'docs', 'results', 'worker-projection.json')
 #: The book's ResNet-18 speed on one GPU (images/s) and its batch of a step.

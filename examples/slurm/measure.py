@@ -2,7 +2,7 @@
 
 Run as root from the checkout, with the Slurm and munge packages installed (as CI installs
 them): ``python examples/slurm/measure.py --data-dir ../shared/data/fashion-mnist``. It makes a
-cluster of network namespaces with a Slurm on it (``gluon_multigpu.multihost.slurm``), then
+cluster of network namespaces with a Slurm on it (``lab.hosts.slurm_cluster``), then
 
 1. times the same small run started by ``sbatch examples/slurm/train.sbatch`` and by
    ``scripts/launch.py --launcher ssh`` on the same hosts: from the command to rank 0's first
@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
-from gluon_multigpu.multihost import cluster as gc, slurm as gs  # noqa: E402
+from lab.hosts import cluster as gc
+from lab.hosts import slurm_cluster as gs
 
 STAGES = [('stop', r'the launcher stops the job: stopping after step'),
           ('checkpoint', r'rank 0\] interrupted by SIGTERM .*checkpoint in'),

@@ -1,14 +1,13 @@
 """The command-line programs: parse, render the library's messages as flags, print.
 
-Each module is one program (``train``, ``demo``, ``bandwidth``, ``scaling``,
-``balance``, ``bfloat16``, ``inflight``, ``benchmark``, ``launch``),
+Each module is one program (``train``, ``demo``, ``launch``, ``doctor``),
 installed as the console script ``gluon-multigpu-NAME`` and started from a
 checkout as ``python scripts/NAME.py``. What they share lives by
 responsibility, and ``common`` names all of it in one place: ``arguments``
 (argument types, parsers, how errors name the flags), ``console`` (a
-program's start, its console streams, its stop request), ``messages`` (what
-the programs say when they stop), ``sweeps`` (the measuring programs' mains).
-``train_run`` and ``comparison`` are what a train command does once parsed.
-Importing a program loads no MXNet: it sets MXNet's engine variables for
-its device flags first (``console.prepare_engine``).
+program's start, its console streams, its stop request, its main),
+``messages`` (what the programs say when they stop). ``train_run`` and
+``comparison`` are what a train command does once parsed. Importing a
+program loads no MXNet: it sets MXNet's engine variables for its device
+flags first (``console.prepare_engine``).
 """

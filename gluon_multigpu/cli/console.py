@@ -15,12 +15,13 @@ Nothing in this module loads MXNet.
 import contextlib
 import os
 import shlex
+import signal
 import sys
 
 from . import messages
-from .arguments import FLAGS, UsageError, engine_devices
+from .arguments import FLAGS, UsageError, engine_devices, error_line
 from ..base import compat, engine, signals
-from ..errors import MXNetLoadError
+from ..errors import GluonMultiGPUError, MXNetLoadError, StoppedBySignal
 from ..run import files
 from ..run.stopping import StopRequest
 
@@ -236,3 +237,43 @@ def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disabl
                     f'{compat.load_advice(e)}')
         status = 2
     sys.exit(status)
+
+
+def run_main(argv, build_parser, run):
+    """The ``main`` of a measuring program; return its exit status.
+
+    Parses ``argv`` and calls ``run(args)``: 0 when done, 2 with one line for
+    bad input, 130 when interrupted.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except GluonMultiGPUError as e:
+        print(error_line(e), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print('interrupted', file=sys.stderr)
+        return 130
+    return 0
+
+
+def stopping_main(argv, make_parser, run_script):
+    """``run_main`` that also ends cleanly on a signal and on a failed write; the status.
+
+    The main of every program but train, launch and the sweeps. SIGINT,
+    SIGTERM and SIGHUP unwind the run (``signals.raising``) and end it with
+    one line and 128 + the signal; an ``OSError`` (a disk that fills, a
+    file-size limit) with one line naming the file, and 1. Bad input is
+    ``run_main``'s: one line and 2.
+    """
+    # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    with signals.raising():
+        try:
+            return run_main(argv, make_parser, run_script)
+        except StoppedBySignal as e:
+            print(messages.nothing_written(e), file=sys.stderr)
+            return 128 + e.signum
+        except OSError as e:
+            print(messages.could_not_write(e, 'nothing was written'), file=sys.stderr)
+            return 1

@@ -1,4 +1,1 @@
-"""What a long run needs: engine settings, checkpoints, stopping, progress, safe files.
-
-``engine`` loads no MXNet: it configures MXNet before it loads.
-"""
+"""What a long run needs: checkpoints, stopping, progress, safe files."""

@@ -1,1 +1,2 @@
-"""Measuring and comparing: timings, scaling, kvstores side by side, charts and reports."""
+"""Kvstores side by side: ``compare`` (the answer), ``paired`` (interleaved rounds, ratios and
+their intervals, the load), ``kvstore_report`` and ``charts``."""
