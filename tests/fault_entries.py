@@ -190,7 +190,7 @@ class KvstoreReport(ReportEntry):
 
 
 class ScalingReport(ReportEntry):
-    name, what = 'scaling_report', 'scaling report (`study/scaling_report.py`)'
+    name, what = 'scaling_report', 'scaling report (`lab/studies/scaling_report.py`)'
 
     def write(self, directory, new):
         rows = [dict(dict.fromkeys(lab_scaling.MEASURED_COLUMNS), kind='measured',
@@ -206,7 +206,7 @@ class ScalingReport(ReportEntry):
 
 
 class BalanceReport(ReportEntry):
-    name, what = 'balance_report', 'balance report (`cli/balance.py` `write_outputs`)'
+    name, what = 'balance_report', 'balance report (`lab/commands/balance_study.py` `write_outputs`)'
 
     def write(self, directory, new):
         balance = __import__('lab.commands.balance_study', fromlist=['write_outputs'])
@@ -229,7 +229,7 @@ def _sweep(root, resume=True):
 
 
 class SweepResults(Entry):
-    name, what = 'sweep_results', 'a sweep\'s results file (`run/sweep.Sweep`: open, keep, close)'
+    name, what = 'sweep_results', 'a sweep\'s results file (`lab/studies/sweep.Sweep`: open, keep, close)'
 
     def previous(self, root):
         with _sweep(root, resume=False) as sweep:

@@ -29,7 +29,7 @@ def _failover_row(fault):
 
 
 class FailoverResults(Entry):
-    name, what = 'failover_results', '`scripts/failover.py` results (`cli/failover.run`)'
+    name, what = 'failover_results', '`scripts/failover.py` results (`lab/commands/failover.run`)'
     outputs = ('out',)
 
     def _run(self, root, faults):
@@ -56,7 +56,7 @@ class FailoverResults(Entry):
 
 
 class NetworkResults(Entry):
-    name, what = 'network_results', '`scripts/network.py` results (`cli/network._write`)'
+    name, what = 'network_results', '`scripts/network.py` results (`lab/commands/network._write`)'
 
     def _write(self, root, rows):
         cli = __import__('lab.commands.network', fromlist=['_write'])
@@ -110,7 +110,7 @@ class _FakeLauncher:
 
 
 class NetworkLog(Entry):
-    name, what = 'network_log', 'the network study\'s run log (`multihost/network.measure`)'
+    name, what = 'network_log', 'the network study\'s run log (`lab/studies/network_study.measure`)'
 
     def _measure(self, root, steps):
         study = network_study
@@ -138,7 +138,7 @@ def _fake_keygen(argv, **kwargs):  # pylint: disable=unused-argument
 
 
 class ClusterFiles(Entry):
-    name, what = 'cluster_hostfile', 'a cluster\'s host file and ssh files (`multihost/cluster`)'
+    name, what = 'cluster_hostfile', 'a cluster\'s host file and ssh files (`lab/hosts/cluster`)'
     outputs = ('cluster', 'cluster/bin')  # both folders it writes files into
 
     def _write_files(self, root, hosts):

@@ -526,6 +526,7 @@ import sys, time
 import gluon_multigpu as gm
 from gluon_multigpu.cli import common
 from lab.commands import sweeps
+from lab.studies import sweep as lab_sweep
 
 def build():
     p = common.OneLineParser()
@@ -534,7 +535,7 @@ def build():
 
 def run(args, stop=None):
     sweep = lab_sweep.Sweep(args.results, 'slow', {}, [lab_sweep.Unit(str(i), f'unit {i}')
-                                                     for i in range(4)], common.say_quietly)
+                                                        for i in range(4)], common.say_quietly)
     def measure(unit):
         time.sleep(0 if unit.key == '0' else 3)
         return int(unit.key)

@@ -82,7 +82,7 @@ def test_close_ends_every_daemon_and_job_and_removes_the_folder():
 def test_slurm_of_a_killed_process_is_ended_by_the_next():
     skip_unless_slurm()
     code = ('import json, time\n'
-            'from gluon_multigpu.multihost import cluster, slurm\n'
+            'from lab.hosts import cluster, slurm_cluster as slurm\n'
             'c = cluster.Cluster(1)\n'
             's = slurm.SlurmCluster(c)\n'
             'print(json.dumps(dict(folder=s.folder, pids=[p.pid for p in s._procs.values()])),'

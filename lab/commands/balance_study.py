@@ -404,7 +404,7 @@ def main(argv=None):
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-balance``, or ``scripts/balance.py`` (``launcher``).
+    """The program: ``python scripts/balance.py`` (``launcher``: its path).
 
     Before MXNet loads (it reads OMP_NUM_THREADS once): without device flags
     and GPUs, this program measures 2 CPU contexts, and the engine is set up

@@ -234,7 +234,7 @@ def main(argv=None):
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-bandwidth``, or ``scripts/bandwidth.py`` (``launcher``)."""
+    """The program: ``python scripts/bandwidth.py`` (``launcher``: its path)."""
     common.start(main, launcher)
 
 

@@ -424,7 +424,7 @@ def flops_per_image():
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-benchmark``, or ``scripts/benchmark.py`` (``launcher``).
+    """The program: ``python scripts/benchmark.py`` (``launcher``: its path).
 
     The parent loads MXNet too (for its checks): Ctrl-C or SIGTERM meanwhile
     is one line. A measurement process (``--worker``) starts from

@@ -320,7 +320,7 @@ def main(argv=None):
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-bfloat16``, or ``scripts/bfloat16.py`` (``launcher``)."""
+    """The program: ``python scripts/bfloat16.py`` (``launcher``: its path)."""
     common.start(main, launcher, engine_argv=['--cpu-devices', '1'])  # one context, every core
 
 

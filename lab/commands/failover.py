@@ -199,7 +199,7 @@ def main(argv=None):
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-failover``, or ``scripts/failover.py`` (``launcher``); it
+    """The program: ``python scripts/failover.py`` (``launcher``: its path); it
     loads no MXNet, so it sets no engine."""
     common.start(main, launcher, engine=False)
 

@@ -172,7 +172,7 @@ def summarise(model, figures, args, out=None):
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-inflight``, or ``scripts/inflight.py`` (``launcher``)."""
+    """The program: ``python scripts/inflight.py`` (``launcher``: its path)."""
     common.start(main, launcher, engine_argv=[])  # Ctrl-C while MXNet loads is one line
 
 

@@ -205,7 +205,7 @@ def main(argv=None):
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-network``, or ``scripts/network.py`` (``launcher``)."""
+    """The program: ``python scripts/network.py`` (``launcher``: its path)."""
     common.start(main, launcher, engine=False)
 
 

@@ -414,7 +414,7 @@ def main(argv=None):
 
 
 def start(launcher=None):
-    """The program: ``gluon-multigpu-scaling``, or ``scripts/scaling.py`` (``launcher``)."""
+    """The program: ``python scripts/scaling.py`` (``launcher``: its path)."""
     common.start(main, launcher)
 
 
