@@ -1,7 +1,324 @@
-"""``python -m gluon_multigpu.doctor``: the doctor of ``gluon_multigpu.cli.doctor``."""
-from .cli.doctor import main, start
+"""Check that this machine can train: Python, NumPy, MXNet and its build, devices, a two-context step.
 
-__all__ = ['main', 'start']
+Prints a dozen lines and, for each problem found, one line saying what to
+install or set; ``--json`` prints the same as one JSON object, for a bug
+report. MXNet is loaded in a child process (``probe``), so that an MXNet
+that cannot load, or aborts while loading, is reported instead of ending
+the doctor. Exit status 0 when no problem was found, 1 when one was, 2 for
+bad flags.
+"""
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from .base import compat, engine
+from .cli import console
+from .cli.arguments import OneLineParser
+from .errors import GluonMultiGPUError
+
+__all__ = ['collect', 'problems', 'render', 'probe', 'run_probe', 'main', 'start']
+
+#: The features of MXNet's build the doctor reports (``mxnet.runtime.Features``).
+FEATURES = ('MKLDNN', 'CUDA', 'CUDNN', 'NCCL', 'DIST_KVSTORE')
+#: Seconds the child process may take to load MXNet and run its two-context step.
+PROBE_SECONDS = 300
+#: Printed by the child before its JSON, so that whatever MXNet prints while loading is skipped.
+MARK = 'gluon-multigpu-doctor-probe:'
+
+
+def probe(out=None):
+    """In a child process: load MXNet as the package does, read its build and devices, and run
+    one two-context training step; print ``MARK`` and the findings as JSON."""
+    out = out or sys.stdout
+    found = {'loads': False}
+    began = time.perf_counter()
+    try:
+        engine.configure(2)
+        from . import _mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except Exception as e:  # pylint: disable=broad-except  (reported, as the doctor's purpose)
+        found['error'] = str(e) if isinstance(e, GluonMultiGPUError) else compat.load_advice(e)
+        print(MARK + json.dumps(found), file=out, flush=True)
+        return
+    import mxnet  # pylint: disable=import-outside-toplevel
+    found.update(loads=True, version=mxnet.__version__, load_seconds=time.perf_counter() - began,
+                 compat=compat.report())
+    features = mxnet.runtime.Features()
+    found['features'] = {name: bool(features.is_enabled(name)) for name in FEATURES}
+    found['cuda_version'] = _cuda_runtime_version() if found['features']['CUDA'] else None
+    try:
+        found['gpus'] = mxnet.context.num_gpus()
+    except mxnet.base.MXNetError as e:
+        found['gpus'] = 0
+        found['gpu_error'] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    found['step'] = two_context_step()
+    print(MARK + json.dumps(found), file=out, flush=True)
+
+
+def _cuda_runtime_version():
+    """CUDA's runtime version as 'major.minor', read from the library MXNet's build loads."""
+    import ctypes  # pylint: disable=import-outside-toplevel
+    for name in ('libcudart.so', 'libcudart.so.11.0', 'libcudart.so.12'):
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int()
+        if library.cudaRuntimeGetVersion(ctypes.byref(version)) == 0:
+            return f'{version.value // 1000}.{version.value % 1000 // 10}'
+    return None
+
+
+def two_context_step():
+    """One step of a small network with BatchNorm on cpu(0) and cpu(1), split_and_load and a
+    Trainer on kvstore ``device``: whether both contexts hold the same parameters afterwards,
+    changed by the step, and the seconds it took."""
+    import numpy as onp  # pylint: disable=import-outside-toplevel
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon, np  # pylint: disable=import-outside-toplevel
+    began = time.perf_counter()
+    try:
+        devices = [mx.cpu(0), mx.cpu(1)]
+        mx.random.seed(0)
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Dense(16, activation='relu', in_units=20),
+                gluon.nn.BatchNorm(in_channels=16), gluon.nn.Dense(10, in_units=16))
+        net.initialize(mx.init.Xavier(), ctx=devices)
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                                kvstore='device')
+        rng = onp.random.RandomState(0)
+        x = np.array(rng.uniform(size=(8, 20)).astype('float32'))
+        y = np.array(rng.randint(0, 10, size=8).astype('float32'))
+        before = net[0].weight.data(devices[0]).asnumpy()
+        xs = gluon.utils.split_and_load(x, devices)
+        ys = gluon.utils.split_and_load(y, devices)
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()
+        with autograd.record():
+            losses = [loss(net(a), b) for a, b in zip(xs, ys)]
+        for value in losses:
+            value.backward()
+        trainer.step(8)
+        mx.npx.waitall()
+        first = [p.data(devices[0]).asnumpy() for p in net.collect_params().values()]
+        second = [p.data(devices[1]).asnumpy() for p in net.collect_params().values()]
+        same = all(onp.array_equal(a, b) for a, b in zip(first, second))
+        moved = not onp.array_equal(before, first[0])
+        finite = all(onp.isfinite(a).all() for a in first)
+        return {'ok': bool(same and moved and finite), 'same_on_both': bool(same),
+                'changed': bool(moved), 'finite': bool(finite),
+                'seconds': time.perf_counter() - began}
+    except Exception as e:  # pylint: disable=broad-except  (reported, as the doctor's purpose)
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+        return {'ok': False, 'error': f'{type(e).__name__}: {text}' if text else type(e).__name__,
+                'seconds': time.perf_counter() - began}
+
+
+def run_probe(python=None, timeout=PROBE_SECONDS, environ=None):
+    """Run ``probe`` in a child process of ``python``; its findings, or why there are none."""
+    command = [python or sys.executable, '-c',
+               'from gluon_multigpu import doctor; doctor.probe()']
+    env = dict(os.environ if environ is None else environ)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return {'loads': False, 'error': f'loading MXNet and one step took more than {timeout} s: '
+                                         'run gluon-multigpu-doctor again on a quieter machine'}
+    for line in done.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    last = (done.stderr.strip().splitlines() or [''])[-1]
+    if done.returncode < 0:
+        why = f'the process was killed by signal {-done.returncode} while loading MXNet'
+    else:
+        why = f'the process ended with status {done.returncode} while loading MXNet'
+    return {'loads': False, 'error': f'{why} ({last}): reinstall it (pip install '
+                                     '--force-reinstall --no-deps mxnet==1.9.1)'}
+
+
+def mxnet_distribution():
+    """(name, version) of the installed distribution that provides ``mxnet`` (mxnet,
+    mxnet-cu112, ...), or None."""
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata['Name'] or '').lower()
+        if name == 'mxnet' or name.startswith('mxnet-') or name.startswith('mxnet_'):
+            return name, dist.version
+    return None
+
+
+def memory():
+    """(total, available) bytes from /proc/meminfo, or (None, None)."""
+    found = {}
+    try:
+        with open('/proc/meminfo', encoding='ascii') as f:
+            for line in f:
+                key, _, rest = line.partition(':')
+                if key in ('MemTotal', 'MemAvailable'):
+                    found[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return found.get('MemTotal'), found.get('MemAvailable')
+
+
+def collect(step=True, python=None):
+    """Everything the doctor reports, as a dict; ``problems`` lists one line for each."""
+    import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
+    total, available = memory()
+    facts = {
+        'package': _package_version(),
+        'python': {'version': platform.python_version(), 'executable': python or sys.executable},
+        'numpy': {'version': numpy.__version__, 'known': _known(numpy.__version__),
+                  'known_range': ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]},
+        'mxnet_distribution': mxnet_distribution(),
+        'cores': engine.cores(),
+        'memory': {'total': total, 'available': available},
+        'engine': engine.recommended(cpu_devices=2),
+    }
+    facts['probe'] = run_probe(python) if step else None
+    facts['problems'] = problems(facts)
+    return facts
+
+
+def _known(version):
+    try:
+        return compat.numpy_is_known(version)
+    except ValueError:
+        return False
+
+
+def _package_version():
+    try:
+        return importlib.metadata.version('gluon-multigpu')
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def problems(facts):
+    """One line for each problem in ``facts`` (what ``collect`` found), saying what to do."""
+    found = []
+    low, high = facts['numpy']['known_range']
+    if not facts['numpy']['known']:
+        found.append(f"NumPy {facts['numpy']['version']} lies outside the releases gluon-multigpu "
+                     f'was run on ({low} to {high}): if training fails, pip install '
+                     f'{compat.numpy_pin()}')
+    if facts['mxnet_distribution'] is None:
+        found.append('no MXNet distribution is installed: pip install mxnet==1.9.1 '
+                     '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')
+    elif facts['mxnet_distribution'][1] != '1.9.1':
+        found.append(f"MXNet {facts['mxnet_distribution'][1]} is installed; gluon-multigpu is made "
+                     'for 1.9.1: pip install --force-reinstall --no-deps mxnet==1.9.1')
+    probed = facts.get('probe')
+    if probed is None:
+        return found
+    if not probed.get('loads'):
+        found.append(probed.get('error', 'MXNet cannot load'))
+        return found
+    features = probed.get('features', {})
+    if features.get('CUDA') and not probed.get('gpus'):
+        found.append("MXNet's CUDA build sees no GPU (" + probed.get('gpu_error', 'none found') +
+                     '): install the NVIDIA driver and check nvidia-smi, or use the CPU build: '
+                     'pip install --force-reinstall --no-deps mxnet==1.9.1')
+    step = probed.get('step') or {}
+    if not step.get('ok'):
+        why = step.get('error') or ', '.join(
+            what for what, good in (('parameters differ between the contexts',
+                                     step.get('same_on_both')),
+                                    ('the step changed no parameter', step.get('changed')),
+                                    ('a parameter is not finite', step.get('finite'))) if not good)
+        found.append(f'the two-context step failed ({why}): report it with gluon-multigpu-doctor '
+                     '--json')
+    return found
+
+
+def _yes(value):
+    return 'yes' if value else 'no'
+
+
+def render(facts):
+    """The report as lines of text."""
+    gib = 1 << 30
+    lines = [f"gluon-multigpu {facts['package'] or '(not installed)'}: doctor"]
+    python = facts['python']
+    lines.append(f"python    {python['version']} ({python['executable']})")
+    numpy = facts['numpy']
+    known = 'known' if numpy['known'] else 'not among the known'
+    lines.append(f"numpy     {numpy['version']} ({known}: {numpy['known_range'][0]} to "
+                 f"{numpy['known_range'][1]})")
+    dist = facts['mxnet_distribution']
+    probed = facts.get('probe') or {}
+    loads = ('loads' if probed.get('loads') else 'does not load') if facts.get('probe') else ''
+    seconds = f" in {probed['load_seconds']:.1f} s" if probed.get('load_seconds') else ''
+    lines.append(f"mxnet     {dist[1] + ' (' + dist[0] + ')' if dist else 'not installed'}"
+                 f"{', ' + loads + seconds if loads else ''}")
+    if probed.get('compat'):
+        restored = probed['compat']['numpy_names']
+        changes = [f'{len(restored)} NumPy names restored' if restored else 'no NumPy name restored',
+                   'distutils.version provided' if probed['compat']['distutils'] else
+                   'distutils as installed',
+                   'operator values made plain' if probed['compat']['plain_values'] else
+                   'operator values as given']
+        lines.append('compat    ' + ', '.join(changes))
+    if probed.get('features'):
+        features = probed['features']
+        cuda = features['CUDA'] and probed.get('cuda_version')
+        lines.append('build     ' + ', '.join(
+            f"{name} {_yes(features[name])}{' ' + cuda if name == 'CUDA' and cuda else ''}"
+            for name in FEATURES))
+        lines.append(f"devices   {probed.get('gpus', 0)} GPU(s); CPU contexts cpu(0), cpu(1), ...")
+    total, available = facts['memory']['total'], facts['memory']['available']
+    mem = (f'{total / gib:.1f} GiB memory ({available / gib:.1f} available)' if total and available
+           else 'memory unknown')
+    lines.append(f"machine   {facts['cores']} cores, {mem}")
+    settings = ', '.join(f'{k}={v}' for k, v in sorted(facts['engine'].items())) or \
+        "MXNet's defaults"
+    lines.append(f'engine    for 2 CPU contexts: {settings} (a variable already set wins)')
+    step = probed.get('step')
+    if step:
+        lines.append('step      ' + (f"cpu(0) and cpu(1) trained one step (kvstore device) to the "
+                                     f"same parameters in {step['seconds']:.2f} s"
+                                     if step.get('ok') else 'failed'))
+    lines.extend(f'problem   {line}' for line in facts['problems'])
+    if not facts['problems']:
+        lines.append('problems  none')
+    return lines
+
+
+def build_parser():
+    """Return the argument parser of the doctor."""
+    p = OneLineParser(prog='gluon-multigpu-doctor', description=__doc__.splitlines()[0])
+    p.add_argument('--json', action='store_true', help='print the findings as one JSON object')
+    p.add_argument('--no-step', action='store_true',
+                   help='do not load MXNet nor run the two-context step (versions and machine only)')
+    return p
+
+
+def main(argv=None):
+    """Run the doctor; return 0 (no problem found), 1 (a problem found) or 2 (bad flags)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    facts = collect(step=not args.no_step)
+    if args.json:
+        print(json.dumps(facts, indent=2, sort_keys=True))
+    else:
+        print('\n'.join(render(facts)))
+    return 1 if facts['problems'] else 0
+
+
+def start(launcher=None):
+    """The program: ``gluon-multigpu-doctor``, ``python -m gluon_multigpu.doctor``, or
+    ``scripts/doctor.py`` (``launcher``). It loads no MXNet itself: no engine settings."""
+    try:
+        console.start(main, launcher, engine=False)
+    except KeyboardInterrupt:
+        print('doctor: interrupted', file=sys.stderr)
+        sys.exit(130)
+
 
 if __name__ == '__main__':
     start()
+

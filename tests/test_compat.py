@@ -19,7 +19,7 @@ import numpy as onp
 import pytest
 
 from gluon_multigpu.base import compat
-from gluon_multigpu.cli import doctor
+from gluon_multigpu import doctor
 from conftest import REPO, run_bounded
 
 

@@ -17,14 +17,16 @@ import pytest
 from gluon_multigpu.cli import common, console
 from conftest import REPO, run_bounded
 
-#: The installed programs: console scripts, and scripts/NAME.py.
+#: The installed programs: console scripts, and scripts/NAME.py; each starts
+#: ``gluon_multigpu.cli.NAME``, but the doctor, ``gluon_multigpu.doctor`` (also ``python -m``).
 PROGRAMS = ['train', 'demo', 'launch', 'doctor']
+WHERE = {name: 'gluon_multigpu' if name == 'doctor' else 'gluon_multigpu.cli' for name in PROGRAMS}
 #: The lab's programs: scripts/NAME.py only, starting ``lab.commands.MODULE``.
 LAB_PROGRAMS = {'inflight': 'inflight', 'scaling': 'scaling', 'bandwidth': 'bandwidth',
                 'bfloat16': 'bfloat16', 'balance': 'balance_study', 'benchmark': 'benchmark',
                 'network': 'network', 'failover': 'failover'}
 #: Every program's module.
-MODULES = [f'gluon_multigpu.cli.{name}' for name in PROGRAMS] + \
+MODULES = [f'{WHERE[name]}.{name}' for name in PROGRAMS] + \
     [f'lab.commands.{module}' for module in LAB_PROGRAMS.values()]
 BIN = pathlib.Path(sys.executable).parent
 #: The environment of a program run as a user runs it: without this process's engine settings.
@@ -56,15 +58,15 @@ def console_script(name):
 
 def test_setup_cfg_installs_every_program_and_each_launcher_starts_its_own():
     text = (REPO / 'setup.cfg').read_text()
-    assert re.findall(r'gluon-multigpu-(\w+) = gluon_multigpu\.cli\.(\w+):start', text) == \
-        [(name, name) for name in PROGRAMS]
+    assert re.findall(r'gluon-multigpu-(\w+) = ([\w.]+)\.(\w+):start', text) == \
+        [(name, WHERE[name], name) for name in PROGRAMS]
     assert sorted(p.stem for p in (REPO / 'scripts').glob('[a-z]*.py')) == \
         sorted(PROGRAMS + list(LAB_PROGRAMS))
     for name in PROGRAMS:
         launcher = (REPO / 'scripts' / f'{name}.py').read_text()
-        assert f'from gluon_multigpu.cli import {name}\n' in launcher
+        assert f'from {WHERE[name]} import {name}\n' in launcher
         assert launcher.rstrip().endswith(f'{name}.start(__file__)')
-        assert callable(importlib.import_module(f'gluon_multigpu.cli.{name}').start)
+        assert callable(importlib.import_module(f'{WHERE[name]}.{name}').start)
     for name, module in LAB_PROGRAMS.items():
         launcher = (REPO / 'scripts' / f'{name}.py').read_text()
         assert f'from lab.commands import {module}  #' in launcher

@@ -23,6 +23,7 @@ from gluon_multigpu.cli.arguments import FLAGS, error_line
 from gluon_multigpu.core.training import _diverged_in  # pylint: disable=protected-access
 from gluon_multigpu.multihost.supervise import Job
 from lab.studies.sweep import Sweep
+from lab.commands import sweeps
 
 INT, HUP, TERM = signal.SIGINT, signal.SIGHUP, signal.SIGTERM
 
@@ -113,26 +114,26 @@ def test_any_program_stopped_while_starting_or_where_its_code_was():
 
 def test_the_sweeps_stop_lines():
     """The record of the measuring programs' stop lines: first, second, last, late, failed write."""
-    assert messages.sweep_heard(INT) == (
+    assert sweeps.sweep_heard(INT) == (
         'Ctrl-C: stopping after the current step; every measurement finished is kept (Ctrl-C '
         'again to stop now)')
-    assert messages.sweep_stopped(TERM, sweep(0, 4), 'x') == (
+    assert sweeps.sweep_stopped(TERM, sweep(0, 4), 'x') == (
         'interrupted by SIGTERM: nothing had been measured yet, nothing was written')
-    assert messages.sweep_stopped(INT, sweep(2, 4), 'python scripts/scaling.py --resume') == (
+    assert sweeps.sweep_stopped(INT, sweep(2, 4), 'python scripts/scaling.py --resume') == (
         'interrupted by SIGINT: 2 of 4 measurements in out/results.json (marked partial); '
         'continue with: python scripts/scaling.py --resume')
-    assert messages.sweep_stopped_now(sweep(1, 4)) == (
+    assert sweeps.sweep_stopped_now(sweep(1, 4)) == (
         'stopped at once (a second signal): 1 of 4 measurements in out/results.json (marked '
         'partial)')
-    assert messages.sweep_stopped_now(sweep(4, 4, complete=True), whole=False) == (
+    assert sweeps.sweep_stopped_now(sweep(4, 4, complete=True), whole=False) == (
         'stopped at once (a second signal): 4 of 4 measurements in out/results.json (complete); '
         'a write of it was still in progress: it holds the measurements before the last')
-    assert messages.sweep_stopped_now(sweep(0, 4)) == (
+    assert sweeps.sweep_stopped_now(sweep(0, 4)) == (
         'stopped at once (a second signal): nothing had been measured yet, nothing was written')
-    assert messages.sweep_stopped_now() == (
+    assert sweeps.sweep_stopped_now() == (
         'stopped at once (a second signal): the measurements finished before are kept in the '
         'results file')
-    assert messages.sweep_finished_anyway(HUP) == (
+    assert sweeps.sweep_finished_anyway(HUP) == (
         'SIGHUP came after the last measurement: the run is complete and written; exit status '
         '129')
     assert messages.partial_heading(sweep(1, 4)) == (

@@ -160,52 +160,6 @@ def launch_resume(command):
     return f'resume with: {command}'
 
 
-# -- the measuring programs (a sweep of measurements kept as they are made) -------------------
-
-def sweep_heard(signum):
-    """The line at once on a first signal: every measurement finished is kept."""
-    return (f'{heard(signum)}: stopping after the current step; every measurement finished is '
-            'kept (Ctrl-C again to stop now)')
-
-
-def sweep_stopped_now(sweep=None, whole=True):
-    """The line before a second signal ends a measuring program at once.
-
-    ``sweep``: the sweep measured (None: not begun); ``whole``: whether its
-    results file was complete when the process let go of it.
-    """
-    if sweep is None:
-        return ('stopped at once (a second signal): the measurements finished before are kept '
-                'in the results file')
-    if not sweep.done:
-        return ('stopped at once (a second signal): nothing had been measured yet, nothing was '
-                'written')
-    kept = 'complete' if sweep.complete else 'marked partial'
-    return (f'stopped at once (a second signal): {sweep.describe()} ({kept})'
-            + ('' if whole else '; a write of it was still in progress: it holds the '
-               'measurements before the last'))
-
-
-def sweep_stopped(signum, sweep, command):
-    """The last line of a measuring run stopped by a signal: what it kept, how to go on."""
-    name = signal_name(signum)
-    if sweep is None or not sweep.done:
-        return f'interrupted by {name}: nothing had been measured yet, nothing was written'
-    return f'interrupted by {name}: {sweep.describe()} (marked partial); continue with: {command}'
-
-
-def sweep_kept(path):
-    """The last line of a measuring program that finished: where its measurements are."""
-    return (f'the measurements are kept in {path}: --resume reuses them, --overwrite measures '
-            'again')
-
-
-def sweep_finished_anyway(signum):
-    """The last line for a signal after the last measurement: the run is complete."""
-    return (f'{signal_name(signum)} came after the last measurement: the run is complete and '
-            f'written; exit status {128 + signum}')
-
-
 def partial_heading(sweep):
     """The line above a partial table."""
     return (f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} '

@@ -1,14 +1,10 @@
-"""The mains of the measuring programs: a sweep kept as it is measured, its stops, its files.
+"""The main of the measuring programs that keep every measurement as it is made, and their words.
 
-Every program but train and launch ends through one of three mains, by how
-it stops. ``run_main``: bad input is one line and status 2. ``stopping_main``:
-also a stop signal unwinds the run where its code is (``signals.raising``:
-temporary files, threads, child processes and report folders are cleaned up
-on the way), and a failed write is one line and 1. ``sweep_main``: a program
-that keeps every measurement in a results file as it is made
-(``measure_sweep``): a first signal stops after the current step and says
-what was kept and how to continue; a second ends the process at once. The
-wording is ``messages``'. Nothing here loads MXNet before a run needs it.
+``sweep_main``: a program that keeps every measurement in a results file as
+it is made (``measure_sweep``): a first signal stops after the current step
+and says what was kept and how to continue; a second ends the process at
+once. The programs that keep nothing end through ``console.stopping_main``.
+Nothing here loads MXNet before a run needs it.
 """
 import math
 import os
@@ -16,6 +12,7 @@ import signal
 import sys
 
 from gluon_multigpu.cli import messages
+from gluon_multigpu.cli.messages import heard, signal_name
 from gluon_multigpu.cli.arguments import UsageError, error_line
 from gluon_multigpu.cli.console import quiet_console, resume_command, say_quietly, stop_request
 from gluon_multigpu.base import signals
@@ -25,6 +22,52 @@ from gluon_multigpu.run.stopping import check_stop
 #: An environment variable the measuring programs read instead of the system's MemAvailable,
 #: in bytes (e.g. ``2e9``): to try, or test, how they answer on a machine with less memory.
 MEMORY_VARIABLE = 'GLUON_MULTIGPU_MEMORY_AVAILABLE'
+
+
+# -- what the measuring programs say when they stop ---------------------------------------------
+
+def sweep_heard(signum):
+    """The line at once on a first signal: every measurement finished is kept."""
+    return (f'{heard(signum)}: stopping after the current step; every measurement finished is '
+            'kept (Ctrl-C again to stop now)')
+
+
+def sweep_stopped_now(sweep=None, whole=True):
+    """The line before a second signal ends a measuring program at once.
+
+    ``sweep``: the sweep measured (None: not begun); ``whole``: whether its
+    results file was complete when the process let go of it.
+    """
+    if sweep is None:
+        return ('stopped at once (a second signal): the measurements finished before are kept '
+                'in the results file')
+    if not sweep.done:
+        return ('stopped at once (a second signal): nothing had been measured yet, nothing was '
+                'written')
+    kept = 'complete' if sweep.complete else 'marked partial'
+    return (f'stopped at once (a second signal): {sweep.describe()} ({kept})'
+            + ('' if whole else '; a write of it was still in progress: it holds the '
+               'measurements before the last'))
+
+
+def sweep_stopped(signum, sweep, command):
+    """The last line of a measuring run stopped by a signal: what it kept, how to go on."""
+    name = signal_name(signum)
+    if sweep is None or not sweep.done:
+        return f'interrupted by {name}: nothing had been measured yet, nothing was written'
+    return f'interrupted by {name}: {sweep.describe()} (marked partial); continue with: {command}'
+
+
+def sweep_kept(path):
+    """The last line of a measuring program that finished: where its measurements are."""
+    return (f'the measurements are kept in {path}: --resume reuses them, --overwrite measures '
+            'again')
+
+
+def sweep_finished_anyway(signum):
+    """The last line for a signal after the last measurement: the run is complete."""
+    return (f'{signal_name(signum)} came after the last measurement: the run is complete and '
+            f'written; exit status {128 + signum}')
 
 
 def available_memory(environ=None):
@@ -90,10 +133,10 @@ def _stop_now(signum):  # pylint: disable=unused-argument
     """Before a second signal ends the process (``StopRequest``, from its thread)."""
     sweep = _ACTIVE['sweep']
     if sweep is None:
-        say_quietly(messages.sweep_stopped_now())
+        say_quietly(sweep_stopped_now())
         return
     whole = sweep.abandon()  # waits for a write of the results file in progress
-    say_quietly(messages.sweep_stopped_now(sweep, whole))
+    say_quietly(sweep_stopped_now(sweep, whole))
 
 
 def measure_sweep(sweep, measure, stop, show_partial):
@@ -138,11 +181,11 @@ def sweep_main(argv, make_parser, run_script, name):
     _ACTIVE['kept'] = None
     with quiet_console():
         try:
-            with stop_request(lambda signum: say_quietly(messages.sweep_heard(signum)),
+            with stop_request(lambda signum: say_quietly(sweep_heard(signum)),
                               _stop_now) as stop:
                 run_script(args, stop=stop)
         except SweepStopped as e:
-            say_quietly(messages.sweep_stopped(e.signum, e.sweep, resume_command(name, argv)))
+            say_quietly(sweep_stopped(e.signum, e.sweep, resume_command(name, argv)))
             return 128 + e.signum
         except GluonMultiGPUError as e:
             say_quietly(error_line(e))
@@ -155,9 +198,9 @@ def sweep_main(argv, make_parser, run_script, name):
                 e, 'the results file keeps what was measured before'))
             return 1
         if _ACTIVE['kept']:  # every program says where its measurements are
-            say_quietly(messages.sweep_kept(_ACTIVE['kept']))
+            say_quietly(sweep_kept(_ACTIVE['kept']))
         if stop.signum:  # after the last measurement: the run is complete
-            say_quietly(messages.sweep_finished_anyway(stop.signum))
+            say_quietly(sweep_finished_anyway(stop.signum))
             return 128 + stop.signum
     return 0
 
