@@ -23,13 +23,13 @@ downwards (docs/design.md; ``lint-imports`` checks them):
 - ``features``, the exercises, each a plug-in of ``train``: ``balance``
   (uneven splits), ``precision`` (float16), ``sync_bn`` (synchronised
   BatchNorm), ``distributed`` (the parameter server);
-- ``run``, what a long run needs: ``checkpoint`` (with
-  ``checkpoint_store``, ``manifest``, ``states``), ``stopping`` (signals,
-  stalls), ``progress``, ``files`` and ``output`` (outputs written whole),
-  ``targets`` (checks before any work);
+- ``checkpoints``: ``checkpoint`` (with ``checkpoint_store``, ``manifest``,
+  ``states``, ``savefolder``); ``outputs``: ``files`` and ``output`` (outputs
+  written whole), ``targets`` (checks before any work), ``locks``; ``run``:
+  ``stopping`` (signals, stalls), ``progress``;
 - ``study``, kvstores side by side: ``compare``, ``paired``, ``charts``,
   ``kvstore_report``;
-- ``multihost``, jobs on several hosts: ``agent``, ``launch``,
+- ``multihost``, jobs on several hosts: ``agent``, ``plan``,
   ``supervise``, ``allocation``;
 - ``base``, the ground floor, loading no MXNet: ``engine`` (MXNet's engine
   settings), ``compat`` (MXNet 1.9.1 on today's NumPy and Python), ``fs`` (every file change), ``reading``, ``atomic``,
@@ -54,7 +54,7 @@ __version__ = '0.1.0'
 _compat.install_hook()
 
 #: The groups of modules, each a subpackage.
-GROUPS = ('base', 'core', 'features', 'run', 'study', 'multihost')
+GROUPS = ('base', 'core', 'features', 'outputs', 'checkpoints', 'run', 'study', 'multihost')
 
 #: Where each module lives: short name -> group.
 MODULES = {
@@ -67,12 +67,12 @@ MODULES = {
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
-    'checkpoint': 'run', 'manifest': 'run', 'states': 'run', 'stopping': 'run',
-    'progress': 'run', 'files': 'run', 'output': 'run',
-    'locks': 'run', 'targets': 'run', 'savefolder': 'run',
-    'checkpoint_store': 'run',
+    'checkpoint': 'checkpoints', 'manifest': 'checkpoints', 'states': 'checkpoints',
+    'savefolder': 'checkpoints', 'checkpoint_store': 'checkpoints',
+    'files': 'outputs', 'output': 'outputs', 'locks': 'outputs', 'targets': 'outputs',
+    'stopping': 'run', 'progress': 'run',
     'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
-    'agent': 'multihost', 'launch': 'multihost', 'supervise': 'multihost',
+    'agent': 'multihost', 'plan': 'multihost', 'supervise': 'multihost',
     'allocation': 'multihost',
 }
 

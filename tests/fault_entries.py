@@ -26,7 +26,7 @@ __all__ = ['Entry', 'ENTRIES', 'lock_name', 'user_file', 'user_folder', 'user_ha
 def lock_name(target):
     """The name of the lock beside ``target`` (the output layer's, where it says one)."""
     try:
-        from gluon_multigpu.run import locks  # pylint: disable=import-outside-toplevel
+        from gluon_multigpu.outputs import locks
     except ImportError:
         locks = None
     for attribute in ('lock_path', 'lock_name', 'path_of'):
@@ -95,7 +95,7 @@ class Entry:
     def recover(self, root):
         """After a kill: ``output.recover`` on each of ``outputs`` (nothing without the layer)."""
         try:
-            from gluon_multigpu.run import output  # pylint: disable=import-outside-toplevel
+            from gluon_multigpu.outputs import output
         except ImportError:
             return
         for rel in self.outputs if hasattr(output, 'recover') else ():
@@ -279,7 +279,7 @@ def _history(epochs):
 
 
 class CheckpointSave(Entry):
-    name, what = 'checkpoint_save', 'a checkpoint save over the last one (`run/checkpoint`)'
+    name, what = 'checkpoint_save', 'a checkpoint save over the last one (`checkpoints/checkpoint`)'
     outputs = ('ckpt',)
     config = {'model': 'dense', 'seed': 0}
 

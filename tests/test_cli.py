@@ -263,17 +263,15 @@ def test_book_literal_keeps_no_checkpoints(train_script, tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
-#: The launcher's library, whose messages name the launcher's own flags, and the studies of the
-#: programs themselves: they run scripts/launch.py and scripts/train.py with their flags across
-#: a cluster, and their tables name the flags each run was given.
-PROGRAM_STUDIES = ('multihost/launch.py', 'multihost/supervise.py', 'multihost/failover.py',
-                   'multihost/faults.py', 'multihost/network.py', 'multihost/network_model.py',
-                   'multihost/network_run.py')
+#: The launcher's library, whose messages name the launcher's own flags (the studies of the
+#: programs themselves, which run scripts/launch.py and scripts/train.py with their flags across
+#: a cluster, are the lab's, outside the package).
+PROGRAM_STUDIES = ('multihost/plan.py', 'multihost/supervise.py', 'doctor.py')
 
 
 def library_files():
-    """The library's source files: the package but its command line (gluon_multigpu/cli) and
-    the studies that drive the command line (``PROGRAM_STUDIES``)."""
+    """The library's source files: the package but its command line (gluon_multigpu/cli, the
+    doctor) and the launcher's library (``PROGRAM_STUDIES``)."""
     package = REPO / 'gluon_multigpu'
     return [p for p in package.rglob('*.py') if p.relative_to(package).parts[0] != 'cli'
             and p.relative_to(package).as_posix() not in PROGRAM_STUDIES]

@@ -17,7 +17,7 @@ from lab.studies import scaling_model as lab_scaling
 from conftest import (REPO, Lines, alive, assert_one_step_close, children, descendants,
                       load_script,
                       run_bounded, simple_cnn_terms, wait_bounded)
-from gluon_multigpu.multihost.launch import TERM_WAIT
+from gluon_multigpu.multihost.plan import TERM_WAIT
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
 

@@ -74,7 +74,7 @@ def test_importing_the_package_loads_neither_mxnet_nor_matplotlib(tmp_path):
     got = probe(tmp_path, '''
         import gluon_multigpu as gm
         seen = [gm.engine, gm.errors, gm.recipes, gm.devices, gm.RECIPES, gm.DeviceError,
-                gm.engine.recommended(2), dir(gm), gm.core, gm.features, gm.run, gm.study]
+                gm.engine.recommended(2), dir(gm), gm.core, gm.features, gm.run, gm.outputs, gm.checkpoints, gm.study]
         report(mxnet='mxnet' in sys.modules, matplotlib='matplotlib' in sys.modules,
                loaded=gm.engine.loaded(), settings=gm.engine.settings())
         ''')
@@ -181,7 +181,7 @@ def test_a_workers_threads_are_its_hosts_cores_shared_among_the_hosts_workers():
 
 
 def test_the_launcher_tells_each_worker_how_many_workers_share_its_host():
-    from gluon_multigpu.multihost import launch  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.multihost import plan as launch
     settings = launch.Settings(num_workers=3, num_servers=1)
     workers = [r for r in launch.plan(settings, ['a', 'b'], ['train']) if r.kind == 'worker']
     # scheduler on a; server on b; workers on a, b, a

@@ -21,7 +21,7 @@ import pytest
 
 from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
 from conftest import REPO, Lines, run_bounded, wait_bounded
-from gluon_multigpu.multihost.launch import TERM_WAIT
+from gluon_multigpu.multihost.plan import TERM_WAIT
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('serial')]  # serial: conftest.SERIAL

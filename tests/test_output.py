@@ -1,4 +1,4 @@
-"""The output layer (``run/output.py``, ``run/locks.py``): its rules, and the findings they fix.
+"""The output layer (``outputs/output.py``, ``outputs/locks.py``): its rules, and the findings they fix.
 
 Every file the package writes goes through one layer: a file it did not write is never replaced,
 truncated or deleted (its own are told by content), a write of several files is all or nothing
@@ -16,7 +16,8 @@ import gluon_multigpu as gm
 from lab.studies import measure as lab_measure
 from lab.studies import sweep as lab_sweep
 from gluon_multigpu.base import fs
-from gluon_multigpu.run import locks, output
+from gluon_multigpu.outputs import locks
+from gluon_multigpu.outputs import output
 from conftest import load_script
 
 BALANCE = ['--cpu-devices', '2', '--steps', '4', '--batch-size', '16', '--rounds', '1',
@@ -481,7 +482,7 @@ def test_recover_removes_an_empty_staging_folder_and_keeps_a_non_empty_one(tmp_p
 
 def test_the_writable_probe_names_no_file_where_unnamed_files_are_supported(tmp_path,
                                                                             monkeypatch):
-    from gluon_multigpu.run import targets
+    from gluon_multigpu.outputs import targets
     opened = []
     monkeypatch.setattr(fs, 'hook', lambda operation, where: opened.append((operation, where)))
     targets.check_writable(str(tmp_path), '--out')

@@ -64,7 +64,7 @@ def main(argv=None):
     import mxnet as mx
     from mxnet import gluon, np, npx
     import gluon_multigpu as gm
-    from gluon_multigpu.run.checkpoint_store import CheckpointStore
+    from gluon_multigpu.checkpoints.checkpoint_store import CheckpointStore
     npx.set_np()
     warnings.simplefilter('ignore')  # MXNet's advice on Sequential of HybridBlocks
 

@@ -78,9 +78,9 @@ ALLOWED = (
     ('docs/guide.md', '6 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/guide.md', '27 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
     ('docs/guide.md', '0.32 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
-    ('docs/distributed.md', '2 s', "the agents' heartbeat (multihost.launch.HEARTBEAT)"),
+    ('docs/distributed.md', '2 s', "the agents' heartbeat (multihost.plan.HEARTBEAT)"),
     ('docs/distributed.md', '64 KiB', "the agent's longest line (multihost.agent.LINE_LIMIT)"),
-    ('docs/distributed.md', '3 s', 'SIGTERM to SIGKILL (multihost.launch.TERM_WAIT)'),
+    ('docs/distributed.md', '3 s', 'SIGTERM to SIGKILL (multihost.plan.TERM_WAIT)'),
     ('docs/distributed.md', '120 s', "settings: the join timeout's default, Slurm's "
                                      '--signal=B:USR1@120 and cred_expire default'),
     ('docs/distributed.md', '60 s', "--grace's default; the Slurm test's bound on a lost host"),

@@ -1,7 +1,7 @@
 """Where an output named by the user is written: its name checked, its symbolic links followed.
 
 The ground floor of the file layer: ``atomic`` resolves every output through
-``resolve_output``, and the pre-run checks (``run.targets``) use both.
+``resolve_output``, and the pre-run checks (``outputs.targets``) use both.
 """
 import os
 

@@ -8,7 +8,7 @@ last; a stop keeps every epoch measured (``kept``).
 """
 from . import messages
 from ..errors import Interrupted, StoppedBetweenRuns
-from ..run.files import write_json
+from ..outputs.files import write_json
 from ..run.progress import Schedule, duration
 from ..study.charts import accuracy_chart
 from ..study.compare import recommend

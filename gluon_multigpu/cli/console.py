@@ -22,7 +22,7 @@ from . import messages
 from .arguments import FLAGS, UsageError, engine_devices, error_line
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, MXNetLoadError, StoppedBySignal
-from ..run import files
+from ..outputs import files
 from ..run.stopping import StopRequest
 
 

@@ -25,7 +25,7 @@ cannot be reached, a port in use) stops before any process starts, with one
 line and status 2.
 
 This module reads the command line and the host file and wires the signals;
-the plan and the processes are ``gluon_multigpu.multihost.launch``'s, the
+the plan and the processes are ``gluon_multigpu.multihost.plan``'s, the
 supervision and the restarts ``gluon_multigpu.multihost.supervise``'s.
 """
 import argparse
@@ -37,7 +37,7 @@ from . import common, messages
 from ..errors import GluonMultiGPUError
 from ..base import reading, signals
 from ..multihost.allocation import allocation
-from ..multihost.launch import GRACE, TIMEOUT, LaunchError, Settings, keeps_checkpoints
+from ..multihost.plan import GRACE, TIMEOUT, LaunchError, Settings, keeps_checkpoints
 from ..multihost.supervise import launch
 
 EPILOG = """\

@@ -30,10 +30,10 @@ from ..features.balance import TimedSplit, make_split
 from ..features.distributed import Control, StepScale, join
 from ..features.precision import check_dtype, make_precision
 from ..features.sync_bn import check_options as check_sync_bn_options, check_training, sync_batch_norm
-from ..run.checkpoint import for_run, run_config
+from ..checkpoints.checkpoint import for_run, run_config
 from ..run.progress import Progress
 from ..run.stopping import StallGuard, StopRequest
-from ..run.targets import check_outputs as check_paths, input_files
+from ..outputs.targets import check_outputs as check_paths, input_files
 from ..study.charts import check_chart_path
 from ..study.compare import ParamTracker, fingerprint
 

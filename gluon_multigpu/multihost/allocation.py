@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 
-from .launch import LaunchError
+from .plan import LaunchError
 
 __all__ = ['allocation']
 

@@ -21,8 +21,7 @@ import threading
 import time
 
 from . import agent
-from .launch import (HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight,
-                     relay, spawn, with_resume)
+from .plan import HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight, relay, spawn, with_resume
 
 __all__ = ['Job', 'launch', 'say']
 

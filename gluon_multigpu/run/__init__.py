@@ -1,1 +1,2 @@
-"""What a long run needs: checkpoints, stopping, progress, safe files."""
+"""A run's progress and its stops: ``progress`` (the programs' progress lines) and ``stopping``
+(``StopRequest``, ``check_stop``, ``StallGuard``)."""

@@ -47,7 +47,7 @@ from ..base.signals import SAME_REQUEST, STOP_SIGNALS
 from ..core.hooks import Hook
 from ..core.interrupt import Interruptible
 from ..errors import StoppedBySignal
-from .files import discard_unfinished
+from ..outputs.files import discard_unfinished
 
 __all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
            'STOP_SIGNALS']

@@ -27,9 +27,9 @@ from gluon_multigpu.errors import DeviceError, GluonMultiGPUError
 from lab.studies import sweep as sweep_module
 from lab.studies.budget import check_memory
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamped
-from gluon_multigpu.run.files import write_csv
-from gluon_multigpu.run.output import ReportFolder
-from gluon_multigpu.run.targets import check_outputs
+from gluon_multigpu.outputs.files import write_csv
+from gluon_multigpu.outputs.output import ReportFolder
+from gluon_multigpu.outputs.targets import check_outputs
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
 SETTINGS = {'simple-cnn': (256, 80), 'resnet18': (64, 16)}

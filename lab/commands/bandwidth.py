@@ -20,9 +20,9 @@ from gluon_multigpu.core.devices import devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as _sweep
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
-from gluon_multigpu.run.files import write_csv, write_json
-from gluon_multigpu.run.output import replace_together
-from gluon_multigpu.run.targets import check_outputs, input_files
+from gluon_multigpu.outputs.files import write_csv, write_json
+from gluon_multigpu.outputs.output import replace_together
+from gluon_multigpu.outputs.targets import check_outputs, input_files
 from lab.studies.scaling_model import BANDWIDTH_COLUMNS
 
 EPILOG = """\

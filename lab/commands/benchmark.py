@@ -23,8 +23,8 @@ from gluon_multigpu.cli import common
 from lab.commands import bench_workers
 from gluon_multigpu.errors import DataError, GluonMultiGPUError
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.run.files import write_json
-from gluon_multigpu.run.targets import check_outputs, input_files
+from gluon_multigpu.outputs.files import write_json
+from gluon_multigpu.outputs.targets import check_outputs, input_files
 
 # FULL: 2 warm-up and 10 measured steps, the short run of 2 epochs of 6 batches
 FULL = {'steps': 10, 'warmup': 2, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,

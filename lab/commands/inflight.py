@@ -23,8 +23,8 @@ import tempfile
 
 from gluon_multigpu.cli import common
 from gluon_multigpu.cli.common import stopping_main
-from gluon_multigpu.run.files import write_json
-from gluon_multigpu.run.targets import check_outputs
+from gluon_multigpu.outputs.files import write_json
+from gluon_multigpu.outputs.targets import check_outputs
 
 #: The environment of the measured runs: this process's before its own engine settings
 #: (``start``; each run sets those of its --cpu-devices itself).

@@ -24,8 +24,8 @@ from gluon_multigpu.cli.common import int_in, non_negative_float, num_epochs, po
 from gluon_multigpu.core.devices import device_counts, devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as sweep_module
-from gluon_multigpu.run.locks import Lock
-from gluon_multigpu.run.targets import check_outputs, input_files
+from gluon_multigpu.outputs.locks import Lock
+from gluon_multigpu.outputs.targets import check_outputs, input_files
 from lab.studies.scaling_model import LR_RULES, MEASURED_COLUMNS, PROJECTION_COLUMNS, SYNC_COLUMNS, \
     WARMUP_STEPS, add_speedups, build_grid, projection_batches
 

@@ -46,7 +46,7 @@ from lab.hosts import sshd
 from lab.hosts.netns import ClusterError, rate_bytes
 from lab.hosts.registry import REGISTRY, remove_stale
 from gluon_multigpu.base import engine, fs
-from gluon_multigpu.run import output
+from gluon_multigpu.outputs import output
 
 __all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program',
            'REGISTRY']

@@ -17,7 +17,8 @@ from lab.hosts import netns
 from lab.hosts.netns import ClusterError
 from gluon_multigpu.errors import GluonMultiGPUError
 from gluon_multigpu.base import fs, reading
-from gluon_multigpu.run import locks, output
+from gluon_multigpu.outputs import locks
+from gluon_multigpu.outputs import output
 
 __all__ = ['REGISTRY', 'remove_stale', 'reserve', 'live_workdirs']
 

@@ -47,7 +47,7 @@ from gluon_multigpu.multihost import agent
 from lab.hosts import registry
 from lab.hosts.netns import ClusterError
 from gluon_multigpu.base import engine, fs
-from gluon_multigpu.run import output
+from gluon_multigpu.outputs import output
 
 __all__ = ['SLURMCTLD', 'SLURMD', 'MUNGED', 'CLIENTS', 'available', 'SlurmCluster', 'remove_stale']
 

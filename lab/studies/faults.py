@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from lab.hosts import cluster as _cluster
-from gluon_multigpu.multihost.launch import TERM_WAIT
+from gluon_multigpu.multihost.plan import TERM_WAIT
 from lab.studies.jobs import StudyError
 
 __all__ = ['HOSTS', 'WORKERS', 'SERVERS', 'EPOCHS', 'STEPS', 'BATCH', 'FAULT_EPOCH', 'MID_STEP',

@@ -20,7 +20,7 @@ from lab.studies.jobs import StudyError, stop_launcher
 from gluon_multigpu.errors import GluonMultiGPUError
 from gluon_multigpu.base import fs, reading
 from gluon_multigpu.base.background import Background
-from gluon_multigpu.run.files import append_text
+from gluon_multigpu.outputs.files import append_text
 
 __all__ = ['parse_epochs', 'step_seconds', 'OthersCPU', 'others_cores', 'Measurement', 'measure']
 

@@ -23,7 +23,7 @@ two replacing each other's measurements. The kernel drops the lock with the
 process, so a run killed outright (SIGKILL) leaves a lock file that the next
 run takes over, with a line saying so. A results file already there, partial
 or complete, is never replaced unless asked: ``resume`` continues it,
-``overwrite`` replaces it (``run/output.py``, rule 5). The results file is
+``overwrite`` replaces it (``gluon_multigpu/outputs/output.py``, rule 5). The results file is
 checked before anything is measured: a symbolic link is written through (the file it leads to is replaced, as every
 output of the package), a folder that does not exist or cannot be written, a
 device or pipe, or a file that is not a results file of the same program is
@@ -41,9 +41,9 @@ import time
 
 from gluon_multigpu.errors import GluonMultiGPUError
 from gluon_multigpu.base import fs, reading
-from gluon_multigpu.run import targets
-from gluon_multigpu.run.files import write_json
-from gluon_multigpu.run.locks import Lock
+from gluon_multigpu.outputs import targets
+from gluon_multigpu.outputs.files import write_json
+from gluon_multigpu.outputs.locks import Lock
 from lab.studies.budget import check_memory, duration, fit_to_memory, size  # noqa: F401 (kept importable from here)
 
 __all__ = ['Unit', 'Sweep', 'SweepError', 'check_memory', 'fit_to_memory', 'size', 'duration',

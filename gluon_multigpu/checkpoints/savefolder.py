@@ -30,7 +30,7 @@ import secrets
 import stat
 
 from ..base import fs, reading
-from .files import CHECKPOINT_FILE
+from ..outputs.files import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
            'leftovers', 'write_file', 'fsync', 'open_regular', 'sha256', 'is_regular']

@@ -26,8 +26,8 @@ from ..errors import CheckpointError, GluonMultiGPUError
 from ..base import fs
 from . import savefolder
 from .checkpoint_store import MANIFEST, CheckpointState, CheckpointStore
-from .files import CHECKPOINT_FILE, check_output_dir
-from .locks import Lock
+from ..outputs.files import CHECKPOINT_FILE, check_output_dir
+from ..outputs.locks import Lock
 from .manifest import FORMAT
 from ..core.data import DATASETS, ArrayLoader
 from ..core.training import Hook
