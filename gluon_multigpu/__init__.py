@@ -9,39 +9,7 @@ In a notebook or a script::
     result = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2)
     print(result.final_line())       # test acc: 0.85, 17.5 sec/epoch on [cpu(0), cpu(1)]
 
-The modules are grouped by what they are for, in floors that only import
-downwards (docs/design.md; ``lint-imports`` checks them):
-
-- ``core``, the section: ``devices`` (device lists, splitting a batch),
-  ``model`` (ResNet-18, the simple CNN), ``recipes`` (each model's measured
-  settings), ``data`` (Fashion-MNIST/MNIST), ``kvstores`` (the Trainer and
-  where gradients are summed), ``steps`` (one step, one epoch,
-  evaluation), ``training`` (``train``, ``Training``), ``hooks`` (what a
-  hook of ``train`` sees), ``interrupt`` and ``live`` (the hooks ``train``
-  adds by itself), ``checks`` (arguments and data refused in one line),
-  ``results``, ``book`` (the text's own loop), ``utils``;
-- ``features``, the exercises, each a plug-in of ``train``: ``balance``
-  (uneven splits), ``precision`` (float16), ``sync_bn`` (synchronised
-  BatchNorm), ``distributed`` (the parameter server);
-- ``checkpoints``: ``checkpoint`` (with ``checkpoint_store``, ``manifest``,
-  ``states``, ``savefolder``); ``outputs``: ``files`` and ``output`` (outputs
-  written whole), ``targets`` (checks before any work), ``locks``; ``run``:
-  ``stopping`` (signals, stalls), ``progress``;
-- ``study``, kvstores side by side: ``compare``, ``paired``, ``charts``,
-  ``kvstore_report``;
-- ``multihost``, jobs on several hosts: ``agent``, ``plan``,
-  ``supervise``, ``allocation``;
-- ``base``, the ground floor, loading no MXNet: ``engine`` (MXNet's engine
-  settings), ``compat`` (MXNet 1.9.1 on today's NumPy and Python), ``fs`` (every file change), ``reading``, ``atomic``,
-  ``paths``, ``signals``, ``units``, ``protocol``.
-
-Importing the package loads neither MXNet nor matplotlib: each loads when
-a name that needs it is first used (``gm.cpu_devices`` configures the
-engine for the devices first: MXNet reads ``OMP_NUM_THREADS`` once, when it
-loads; ``gm.engine.settings()`` says what it loaded with). Every group
-(``gm.core``, ...), every short module name (``gm.balance``,
-``gm.checkpoint``, ...) and every name below is available as an attribute
-and to ``from gluon_multigpu import ...``.
+More in docs/design.md, "Notes on the code".
 """
 import importlib as _importlib
 

@@ -67,27 +67,7 @@ class Interrupted(BaseException):
     signal handler raises it in the middle of the code. ``signum`` is the
     signal that caused the stop (None: a hook's or a launcher's request).
 
-    A ``BaseException``, as ``KeyboardInterrupt`` and ``asyncio.CancelledError``
-    are: a stop is a request, not a failure. Code that handles failures with
-    ``except Exception`` (a user's retry loop, the package's own clean-ups that
-    must not fail) must not swallow it: a swallowed stop raised by a handler
-    that acts once leaves a process that no longer stops on SIGINT or SIGTERM,
-    and one raised after a step would turn the user's stop into a failure
-    handled as such. Catch it by name: ``except gm.Interrupted``.
-
-    Attributes
-    ----------
-    epoch, batches : int
-        The epoch in progress and how many of its batches had finished.
-    epoch_done : bool
-        The request came at the epoch's end (in its last step or its
-        evaluation): the epoch is complete, evaluated and recorded, and the
-        next one was not begun.
-    training : training.Training or None
-        The run, intact: ``training.fit()`` goes on from where it stopped,
-        ``training.result`` holds the epochs done.
-    signum : int or None
-        The signal that caused the stop, where one did.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     epoch = batches = training = signum = None

@@ -19,6 +19,9 @@ LINT = os.path.join(os.path.dirname(sys.executable), 'lint-imports')
 
 #: The longest module and the longest function the project keeps (issue 27).
 MODULE_LINES, FUNCTION_LINES = 450, 60
+#: The longest docstring of a module (or class) and of a function: the reasoning behind them is
+#: in docs/design.md, "Notes on the code" (issue 40).
+MODULE_DOC_LINES, FUNCTION_DOC_LINES = 15, 12
 
 
 def lint(cwd, env=None):
@@ -103,6 +106,28 @@ def test_no_function_is_longer_than_the_limit():
                 if lines > FUNCTION_LINES:
                     long[f'{os.path.relpath(path, ROOT)}:{node.name}'] = lines
     assert not long, f'functions over {FUNCTION_LINES} lines: {long}'
+
+
+def test_no_docstring_is_longer_than_the_limit():
+    long = {}
+    for path in _sources():
+        with open(path, encoding='utf-8') as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                     ast.AsyncFunctionDef)):
+                continue
+            first = node.body[0] if node.body else None
+            if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                continue
+            lines = first.end_lineno - first.lineno + 1
+            limit = FUNCTION_DOC_LINES if isinstance(node, (ast.FunctionDef,
+                                                            ast.AsyncFunctionDef)) \
+                else MODULE_DOC_LINES
+            if lines > limit:
+                long[f'{os.path.relpath(path, ROOT)}:{getattr(node, "name", "")}'] = lines
+    assert not long, f'docstrings over their limit: {long}'
 
 
 def test_the_readmes_map_of_the_section_names_what_each_file_defines():

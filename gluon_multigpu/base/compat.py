@@ -2,25 +2,7 @@
 
 What it changes (docs/design.md, "Importing the package", says why):
 
-1. ``prepare()``, before MXNet loads: names NumPy removed, set again on
-   ``numpy`` where NumPy lacks them (nothing present is replaced): the
-   builtin aliases ``bool int float complex object str unicode long``; from
-   NumPy 2.0's table of expired names ``Inf Infinity infty PINF NINF NaN
-   PZERO NZERO float_ complex_ cfloat singlecomplex longfloat clongfloat
-   longcomplex string_ unicode_ round_ alltrue sometrue mat asfarray``; and
-   ``NAN msort in1d trapz product cumproduct row_stack`` (as their NumPy 2
-   equivalents) and ``fv ipmt irr mirr nper npv pmt ppmt pv rate`` (stand-ins
-   that raise, naming numpy-financial). Also ``distutils.version``
-   (``LooseVersion``, ``StrictVersion``) where ``import distutils.version``
-   fails.
-2. ``after_load(mxnet)``, on NumPy 2 only: MXNet's imperative invoke and
-   symbol creator, which every operator call goes through, get NumPy scalars
-   (alone or in a list or tuple) as the equal Python numbers.
-3. ``install_hook()`` (importing ``gluon_multigpu`` calls it): the process's
-   first ``import mxnet`` from anywhere gets 1 and 2, and a library MXNet
-   cannot load becomes ``MXNetLoadError`` saying what to install.
-
-NumPy's print options, error settings and default types are left as they are.
+More in docs/design.md, "Notes on the code".
 """
 import builtins
 import importlib.util

@@ -10,76 +10,7 @@ When MXNet reads them (MXNet 1.9.1, measured: ``tests/test_engine.py``):
   ``npx.set_np()``, ``np.ones`` and ``npx.relu`` do not). A value set after
   that is used only by threads that have run no such operator yet.
 
-So the settings must be in the environment before MXNet is imported. This
-module imports neither MXNet nor anything that does: ``configure`` is the
-one place the settings are computed, and scripts, tests and notebooks call
-it (or ``gm.cpu_devices(n)``, which calls it) before MXNet loads::
-
-    import gluon_multigpu as gm
-    devices = gm.cpu_devices(2)      # configures the engine for 2 contexts, then loads MXNet
-
-Called once MXNet is loaded, ``configure`` changes nothing in the
-environment (whether this thread has run an operator, which would make a
-new ``MXNET_CPU_TEMP_COPY`` a false record of what MXNet uses, cannot be
-told). If the settings MXNet loaded with differ from the plan's, one
-``EngineWarning`` (per plan, pointing at the caller's line) says which are
-not applied, why, and how to get them: a new process (restart the kernel)
-that configures first.
-
-What the settings are, and why (measured on ResNet-18 and the simple CNN,
-docs/results.md):
-
-``MXNET_CPU_TEMP_COPY``: copies of the CPU scratch space, per Python
-thread. On CPU contexts MXNet's own 4, left unset: training queues each
-context's forward and backward passes from a thread of its own
-(``core.pushers``), so each context draws from its own 4 copies, and a
-context runs one operator at a time. Queued from one thread, all contexts
-shared one pool, every operator that drew a copy held it while it ran, and
-ResNet-18's two contexts took turns (about half the images/s, unless 128
-copies at 1.6 GB more memory). With synchronised BatchNorm, 128 copies per
-context, at least 256: a layer waiting for the other contexts holds a copy,
-and with 32 per context ResNet-18's contexts waited for each other forever
-(``features.sync_bn``). For GPUs, 64. Each copy costs memory once drawn
-(MXNet grows it to the largest scratch an operator asked for), so resident
-memory rises over the first steps and then stays flat
-(``tests/test_memory.py``). A plan that wants fewer copies than MXNet
-loaded with (a GPU run after a plan for CPU contexts) is served by them,
-without a warning.
-
-Freed memory (glibc's allocator, any time, not an environment variable):
-MXNet's CPU storage allocates and frees every array with ``malloc``, and
-glibc's allocator keeps large freed blocks in its heap once it has seen
-them freed (its mmap threshold moves up), where they fragment: ResNet-18 on
-two contexts held about 0.4 GB that no array used. ``configure`` fixes the
-threshold at 4 MiB with ``mallopt`` (``return_freed_memory``): a block of
-4 MiB or more is mapped when allocated and handed back when freed. Fixing it
-also fixes glibc's trim threshold, at 128 KiB unless set: the heap's top was
-then handed back and taken again at every step, and the small CNN trained
-at 0.8 times its images/s; it is set to 256 MiB. At 1 MiB, ResNet-18's
-smaller activations were mapped and faulted in at every step as well
-(docs/results.md, "Memory": the measured memory and speed of each lever).
-A ``MALLOC_*`` variable the user set keeps glibc's own behaviour.
-
-``OMP_NUM_THREADS`` (CPU contexts only): the cores divided among the
-contexts. MXNet's own default is half the cores, which leaves one of two
-cores idle when a single context trains. All cores for every context
-measured about 15% faster on ResNet-18 with two contexts, but MXNet's
-OpenMP-threaded OpenBLAS then hung in ``np.dot`` on two contexts at once.
-
-A machine that runs several workers of one job (the launcher's local
-placement, or more workers than hosts) divides its cores among them first:
-the launcher tells each worker how many the host runs
-(``GLUON_MULTIGPU_HOST_WORKERS``), and a host that has fewer cores than the
-machine it runs on (a host of the namespace lab, which shares this
-machine's) says how many (``GLUON_MULTIGPU_HOST_CORES``). Two workers on two
-cores each with two OpenMP threads trained the simple CNN (dist_sync, batch
-64) at 132 samples/s a worker; with one thread each, at 653 (5x): OpenMP's
-threads spin while they wait, and four of them on two cores wait for each
-other.
-
-A variable set in the environment by the user always wins, and
-``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults. (Where else the
-library reads the environment: docs/design.md, "Layers".)
+More in docs/design.md, "Notes on the code".
 """
 import ctypes
 import os
@@ -277,32 +208,7 @@ def _call_text(cpu_devices, sync_bn):
 def configure(cpu_devices=None, sync_bn=False, environ=None):
     """Set the engine variables for training on ``cpu_devices`` CPU contexts; return those set.
 
-    Call before MXNet loads (``gm.cpu_devices(n)`` calls it for you). A
-    variable already in the environment (set by the user) is kept. Called
-    again before MXNet loads, with another plan, it replaces only what it
-    set itself and still holds (a value changed since is the user's):
-    a variable of the earlier plan that the new one does not want is
-    removed. Raises ``EngineError`` for an engine variable MXNet cannot load
-    with, and for synchronised BatchNorm on several devices under MXNet's
-    naive engine (one operation at a time: its devices would wait for each
-    other forever).
-
-    Once MXNet is loaded the environment is left as it is: if the settings
-    MXNet loaded with differ from this plan's (a variable the user set
-    counts as wanted), one ``EngineWarning`` per plan says which are not
-    applied, why, and how to get them. ``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps
-    MXNet's own defaults (and removes what an earlier call set).
-
-    Parameters
-    ----------
-    cpu_devices : int, optional
-        CPU contexts trained on side by side; 0 or None for GPUs (or not known).
-    sync_bn : bool
-        Synchronised BatchNorm: more scratch copies.
-    environ : dict, optional
-        The environment to check and change (``os.environ``). Another
-        mapping is treated as a process's environment before MXNet loads,
-        every variable in it the user's.
+    (More: docs/design.md, "Notes on the code".)
     """
     process = environ is None or environ is os.environ
     environ = os.environ if process else environ

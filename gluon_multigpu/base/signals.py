@@ -11,13 +11,7 @@ notebook's: Ctrl-C stops after the step, and never ends the process), and
 and ``finally`` on the way, and the signals after it are ignored, so that
 they cannot break into the clean-up it started).
 
-A signal within ``SAME_REQUEST`` seconds of the first is the same request, not a
-second one (one Ctrl-C can arrive several times within milliseconds: the
-terminal sends SIGINT to the whole foreground process group, and a wrapper in
-it that forwards signals to its child delivers it again). A hook or a program
-hands its handlers back only once that window has passed (``wait_out``), so a
-repeat never reaches the handler that was there before. ``run.stopping``,
-``core.interrupt`` and the programs' stops (``cli``) build on these.
+More in docs/design.md, "Notes on the code".
 """
 import signal
 import socket

@@ -6,16 +6,7 @@ so that a crash, SIGKILL or full disk leaves the last complete one intact is
 ``checkpoint_store``'s (``CheckpointStore``, which it extends); this module
 says whether a run may use a directory, and locks it while it does.
 
-Nothing in the directory is removed but what this package owns (see
-``checkpoint_store``). Any other ``ckpt-NNNNNN.params`` or ``.states`` is
-someone else's: a run refuses to start beside it rather than delete it. Nor
-does a run write over another run's checkpoint: a Checkpointer without
-``resume`` refuses a directory that holds a checkpoint, and with it one of
-other settings, before it writes anything (``check_directory``, or its first
-``begin`` or ``save``). A lock (``flock`` on ``.lock``) held while a run uses
-the directory refuses a second run; the operating system drops it when the
-process ends, however it ends, so a ``.lock`` left by a killed run is simply
-taken over. ``recover`` removes what killed saves left, as the next run would.
+More in docs/design.md, "Notes on the code".
 """
 import os
 
@@ -113,17 +104,7 @@ class Checkpointer(CheckpointStore, Hook):
     ``check_resumable``): other data is refused before the first step.
     ``for_run`` makes the Checkpointer of a run from its settings (``run_config``).
 
-    Parameters
-    ----------
-    directory : str
-        Created if missing (its parent must exist).
-    config : dict
-        The settings that must match for a checkpoint to be resumed (model,
-        data, batch size, learning rate, seed, ...); JSON-serialisable.
-    resume : bool
-        Continue from the checkpoint in ``directory``, if it holds one. A
-        checkpoint there is refused without it, and one of other ``config``
-        with it (``check_directory``; else at the first ``begin`` or ``save``).
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, directory, config, resume=False):

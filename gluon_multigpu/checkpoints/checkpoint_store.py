@@ -8,27 +8,7 @@ optimizer state (``save_states``), the epochs done, the batches done in the
 next epoch when it was stopped part-way (with that part's running totals),
 the data order's seed, the history so far, and the settings of the run.
 
-A save writes its files into a private folder it makes in the directory
-(``savefolder``: an unpredictable name, mode 0700, marked as the package's by
-a marker file written first), fsyncs them, records there the names and hashes
-it is about to place, renames them into the directory, and renames the
-manifest in last, naming its files by content hash: until the new manifest
-has been renamed into place, the old one still describes files that are all
-still there. A crash, SIGKILL or full disk at any moment therefore leaves the
-last complete checkpoint intact; a failed save removes what it had placed.
-Every change to the directory goes through ``fs`` (MXNet's own writes are
-announced there), so that a fault can be put into each of them in tests.
-
-Nothing is written through a link, nothing outside the directory is touched,
-and nothing in it is removed but what this package owns: the files of the
-checkpoint being replaced (named in its manifest), and what a killed save
-left (its private folder, recognised by its marker, never by its name alone,
-and files it had placed, recognised by the names and hashes it recorded).
-
-The optimizer state is an array file (``states``), not MXNet's pickle:
-loading a checkpoint runs no code, whoever wrote it. A checkpoint from
-elsewhere can still hold any weights it likes, and its hashes only say that
-its files are the ones its manifest names, not who wrote them.
+More in docs/design.md, "Notes on the code".
 """
 import datetime
 import errno

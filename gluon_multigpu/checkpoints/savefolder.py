@@ -7,19 +7,7 @@ file ``save-marker``: ``gluon-multigpu-checkpoint-save, pid N``. Then its files 
 
 A folder with such a name is the package's, and may be removed, only when
 
-- it holds the whole marker, and nothing but the marker and ``FILES``; or
-- it holds nothing but a marker cut short (empty, or a beginning of one): a save killed while
-  writing its marker; or
-- it is empty (``rmdir`` cannot lose anything).
-
-A user's folder of the same name, or one with anything else in it, is never touched. It is
-removed file by file, the marker last, so that a removal killed half-way leaves a folder that
-is still recognised. Every change goes through ``fs``.
-
-A save records in its folder (``placed.json``) the names, sizes and hashes of
-the files it is about to move into the directory, and those of the checkpoint
-it replaces: killed after the move, its files are still recognised as its own
-while they are as it recorded them.
+More in docs/design.md, "Notes on the code".
 """
 import errno
 import hashlib

@@ -6,16 +6,7 @@ holds: a planted file would run its code on resume. Here the state is
 written with ``mx.nd.save``, MXNet's array file (names and arrays, nothing
 else), and read back with ``mx.nd.load``:
 
-- ``layout``: int64 rows ``(index, kind, length, numpy)`` per parameter
-  index; kind 0 is no state (the package's plain SGD), 1 one array, 2 a
-  tuple of ``length`` entries, each an array or None (momentum and a float32
-  master copy, say); ``numpy`` 1 when the arrays were ``mxnet.numpy`` arrays.
-- ``state:I`` (kind 1) and ``state:I:K`` (entry K of kind 2): the arrays.
-- ``counts``: int64 rows ``(device, index, updates)``, the optimizer's update
-  count per device and parameter; ``num_update``: its overall count.
-
-Reading checks every name, index and shape against the Trainer's parameters
-before it changes anything.
+More in docs/design.md, "Notes on the code".
 """
 import numpy as onp
 

@@ -1,32 +1,6 @@
 """Start a training on MXNet's parameter server: scheduler, servers and workers, supervised.
 
-The roles take their part and addresses from the documented DMLC_* variables
-(DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER,
-DMLC_NUM_WORKER). The scheduler and the servers are MXNet itself (importing
-mxnet with DMLC_ROLE=server runs a server until the workers are done); every
-worker runs the command given after ``--``. Each process runs under an agent
-on its host (``gluon_multigpu.multihost.agent``, over ssh with ``--launcher ssh``)
-that relays its lines, reports it, and ends it when the launcher says so or
-is gone: no process of the job outlives the launcher on any host, however the
-launcher ends. With ``--launcher slurm``, inside a Slurm allocation (``sbatch``,
-``salloc``), the hosts are the allocation's nodes and each agent runs as a job
-step (``srun``) instead of over ssh. Every line comes out behind its role, host and, once the
-worker has joined, its rank: ``[worker 1@198.18.0.3 as rank 0]`` (the launcher's worker 1,
-MXNet's rank 0: the help says what each number is).
-
-A process that fails, a host that is not heard for --timeout seconds (its
-link down, the host gone) or a process stopped (SIGSTOP) that long stops the
-job: exit status 1 naming it, or, with --max-restarts, a restart from the
-workers' checkpoint. Ctrl-C, SIGTERM or SIGHUP stop the job in order: the
-workers stop after one step, the same for all, and rank 0 writes
-its checkpoint; then the servers and the scheduler. A second Ctrl-C stops
-every process at once. Bad input (a command that is not there, a host that
-cannot be reached, a port in use) stops before any process starts, with one
-line and status 2.
-
-This module reads the command line and the host file and wires the signals;
-the plan and the processes are ``gluon_multigpu.multihost.plan``'s, the
-supervision and the restarts ``gluon_multigpu.multihost.supervise``'s.
+More in docs/design.md, "Notes on the code".
 """
 import argparse
 import os

@@ -104,31 +104,7 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     parameters are checked to be finite (one read-back), so a diverged run
     stops with ``TrainingDiverged``, and ``stop`` is asked between steps.
 
-    Parameters
-    ----------
-    net : Block
-        Typically ``resnet18(10)``; never hybridized here.
-    train_iter, test_iter : iterable of (X, y)
-    devices : list of Context
-    num_epochs : int
-    lr : float
-    kvstore : {'local', 'device', 'nccl', 'none', None}
-        The text uses the Trainer's default, ``device``.
-    batch_size : int, optional
-        Passed to ``trainer.step`` as the text does; defaults to each batch's size.
-    seed : int, optional
-        Seeds MXNet's generators before initialisation.
-    initializer : Initializer, optional
-        Defaults to the text's ``init.Normal(sigma=0.01)``.
-    on_epoch : callable, optional
-        Called with each ``EpochRecord`` (``train_loss`` and ``train_acc`` None).
-    stop : callable, optional
-        Asked (a Python flag, no wait for the devices) after every step and
-        after every epoch, e.g. a ``stopping.StopRequest``: True ends the run
-        there with ``Interrupted``, once the queued steps have finished. A stop
-        in an epoch's last step or its evaluation ends the run at that
-        epoch's end (``Interrupted.epoch_done``), not in the next epoch; after
-        the last epoch the run simply ends.
+    (More: docs/design.md, "Notes on the code".)
     """
     result = None
     for result in book_epochs(net, train_iter, test_iter, devices, num_epochs, lr, kvstore,

@@ -142,22 +142,7 @@ def resolve_counts(num_gpus_wanted=None, cpu_devices_wanted=None, counts=None, m
                    cpu_default=(1,)):
     """Decide the device type and the device counts of a sweep.
 
-    Parameters
-    ----------
-    num_gpus_wanted, cpu_devices_wanted : int, optional
-        GPUs or CPU contexts, counts up to that many.
-    counts : list of int, optional
-        Explicit counts; otherwise 1 (or ``minimum``), 2, 4, ... up to the maximum.
-    minimum : int
-        Smallest count that makes sense (2 for a synchronisation).
-    cpu_default : list of int
-        Counts without GPUs and without a wish.
-
-    Returns
-    -------
-    (str, list of int, str or None)
-        ``'gpu'`` or ``'cpu'``, the sorted counts, and a note saying what was
-        chosen when no wish decided it.
+    (More: docs/design.md, "Notes on the code".)
     """
     counts = sorted(set(counts)) if counts else None
     if counts and counts[0] < minimum:
@@ -241,19 +226,7 @@ def split_batch(X, y, devices, weights=None):
     faster devices can take more. Either way every sample is used exactly once,
     in order.
 
-    Parameters
-    ----------
-    X, y : mxnet.np.ndarray
-        Features and labels with the same first dimension.
-    devices : list of mxnet.Context
-        Where the shards go, one shard each, in order.
-    weights : list of float, optional
-        Relative shares of the devices.
-
-    Returns
-    -------
-    (list, list)
-        Feature shards and label shards; shard ``i`` lives on ``devices[i]``.
+    (More: docs/design.md, "Notes on the code".)
     """
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')

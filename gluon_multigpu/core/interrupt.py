@@ -12,43 +12,7 @@ __all__ = ['Interruptible']
 class Interruptible(Hook):
     """Ctrl-C (SIGINT) stops ``train`` after the current step, and never ends the process.
 
-    What ``train`` and ``Training`` add unless a hook of the caller handles
-    signals (the scripts bring ``StopRequest``): in a notebook, a Python
-    session or a program of your own. During each ``fit`` the first SIGINT
-    (Ctrl-C, a notebook's stop button, ``kill -INT``) is acknowledged with
-    one line and asks the loop to stop after the step in progress; it then
-    raises ``Interrupted`` (or, in the epoch's last step or evaluation, stops
-    at that epoch's end), and ``fit()`` goes on from there. Further SIGINTs
-    neither end the process nor raise ``KeyboardInterrupt`` in the middle of a
-    step: they say that the run is still stopping (at most once a second); one
-    within ``SAME_REQUEST`` seconds of the first is the same request also
-    after ``fit`` has raised (the handler stays until then).
-
-    The acknowledgement comes at once, even while the main thread waits
-    inside MXNet for a long step: a thread reads the signal wake-up file
-    descriptor (as ``StopRequest`` does; only SIGINT's bytes count), where no
-    one else uses it (an event loop's stays theirs: the handler then speaks,
-    once the step returns to Python). The handler is installed in ``enter``
-    and the one before it (in a Jupyter kernel, the kernel's own, which raises
-    ``KeyboardInterrupt`` in the cell) comes back in ``leave``, also when
-    ``fit`` raises. It replaces only the handler that interrupts Python
-    (``KeyboardInterrupt``: Python's own, or a Jupyter kernel's): a program
-    that handles SIGINT itself (the scripts: their handlers unwind and clean
-    up), ignores it (started in the background with it ignored) or handles it
-    outside Python keeps its way. Nothing is installed outside the main
-    thread (signals reach only it).
-
-    Parameters
-    ----------
-    say : callable
-        Takes one line of text (``print``: in a notebook it shows in the cell).
-
-    Attributes
-    ----------
-    signum : int or None
-        The first SIGINT of the current ``fit`` (None: none came).
-    requests : int
-        The SIGINTs the handler has received during the current ``fit``.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     handles_signals = True

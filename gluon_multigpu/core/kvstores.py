@@ -101,16 +101,7 @@ class ReducingTrainer(gluon.Trainer):
 def make_trainer(net, lr, kvstore, multi_precision=False):
     """Return the book's SGD ``gluon.Trainer`` with the chosen kvstore.
 
-    Parameters
-    ----------
-    lr : float
-        Learning rate, positive.
-    kvstore : {'local', 'device', 'nccl', 'none', None}
-        Where gradients are summed: ``local`` on the CPU, ``device`` on the
-        devices, ``nccl`` by NCCL between GPUs, ``none``/``None`` by a
-        ``ReducingTrainer``.
-    multi_precision : bool
-        Keep a float32 copy of every float16 weight and update that (mixed precision).
+    (More: docs/design.md, "Notes on the code".)
     """
     options = {'learning_rate': check_lr(lr)}
     if multi_precision:

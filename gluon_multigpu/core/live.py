@@ -55,22 +55,7 @@ class Live(Hook):
     Outside a Jupyter kernel (a script, a terminal, the tests) it shows
     nothing: the scripts print their own lines (``Progress``).
 
-    Parameters
-    ----------
-    interval : float
-        Seconds between two drawings (the last one of a fit is always drawn).
-    keep : int
-        Epoch lines shown; earlier ones are counted in one line.
-    display : callable, optional
-        ``display(bundle) -> handle``, ``handle.update(bundle, raw=True)``,
-        with ``bundle`` a dict of MIME type -> text (``text/plain``,
-        ``text/html``). None: IPython's ``display`` in a Jupyter kernel,
-        nothing elsewhere.
-
-    Attributes
-    ----------
-    lines : list of str
-        What the display shows now, as text (its ``text/plain``).
+    (More: docs/design.md, "Notes on the code".)
     """
 
     shows_progress = True

@@ -9,18 +9,7 @@ copies made up the speed and cost 1.6 GB). Queued from a thread of their
 own, each context has its own pool, and MXNet's 4 copies serve it: one
 context runs one operator at a time (docs/results.md, "Memory").
 
-One thread per device for the whole process, made at its first use and
-kept (a daemon, idle between calls): MXNet keeps a thread's scratch copies
-until the process ends, so a thread per training would leave a pool behind
-at every call (about 1.1 GB of ResNet-18's each ``train`` call on two
-contexts, measured in one process). Each thread turns on the NumPy semantics
-for itself (MXNet keeps them per thread), and reads ``MXNET_CPU_TEMP_COPY``
-at its first operator. Several trainings may use a device's thread, even at
-once: its calls run one at a time, each handing back its own result. A
-network's first call of a kind (training, evaluation) builds its graph and
-must not happen in two threads at once: ``run`` makes that call in the
-caller's thread, one device after the other, and the later ones in the
-devices' threads.
+More in docs/design.md, "Notes on the code".
 """
 import os
 import queue

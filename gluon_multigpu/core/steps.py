@@ -34,22 +34,7 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
     devices only. Unlike the text's version (``book.evaluate_accuracy_book``),
     the counts stay on the devices until the end: one read-back per device.
 
-    Parameters
-    ----------
-    net : Block
-        A network initialised on ``devices``.
-    data_iter : iterable of (X, y)
-    devices : list of Context
-    split_f : callable
-        ``split_f(X, y, devices) -> (X_shards, y_shards)``.
-    pushers : pushers.DevicePushers, optional
-        Queue each device's forward pass from that device's own thread
-        (``train_batch``). None: all from this thread.
-
-    Returns
-    -------
-    float
-        Fraction of correct predictions.
+    (More: docs/design.md, "Notes on the code".)
     """
     correct, total = [[] for _ in devices], 0
     for batch in data_iter:
@@ -93,39 +78,7 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
                 after_backward=None, scaler=None, pushers=None):
     """Run one data-parallel training step on a batch.
 
-    Parameters
-    ----------
-    net : Block
-        Initialised on ``devices``.
-    X, y : mxnet.np.ndarray
-        The whole batch; it is split across ``devices``.
-    loss : Loss
-        Per-sample loss, e.g. ``SoftmaxCrossEntropyLoss``.
-    trainer : gluon.Trainer
-        Owns the parameters and the kvstore that sums the gradients.
-    devices : list of Context
-    batch_size : int, optional
-        What ``trainer.step`` normalises the gradient by; defaults to the
-        samples actually in the batch (the text passes its fixed batch size).
-    split_f : callable
-        ``split_f(X, y, devices) -> (X_shards, y_shards)``, e.g. a ``balance.Split``.
-    after_backward : callable, optional
-        ``after_backward(net, devices)``, called once the backward passes are
-        queued and before ``trainer.step`` sums the gradients: where each
-        device's own work of the step ends (``balance.TimedSplit`` times it there).
-    scaler : precision.LossScaler, optional
-        Scales the loss in the backward pass and divides it out in the step,
-        which it skips when a gradient overflows (float16).
-    pushers : pushers.DevicePushers, optional
-        Queue each device's forward and backward from that device's own thread
-        (its own scratch copies: see ``pushers``); the same arithmetic. None:
-        all from this thread, as the text does.
-
-    Returns
-    -------
-    list of (ndarray, ndarray)
-        Per shard, the loss sum and the number of correct predictions, as
-        0-d arrays on the shard's device (not read back: no sync here).
+    (More: docs/design.md, "Notes on the code".)
     """
     X_shards, y_shards = split_f(X, y, devices)
     backward = _backward if scaler is None else scaler.backward
@@ -209,32 +162,7 @@ def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer
     """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
     ``totals(seconds)``).
 
-    Parameters
-    ----------
-    hooks_of : Run, optional
-        Its hooks' ``step_end`` is called after every step; one returning
-        True ends the epoch there (``stopped=True``).
-    timer : Timer, optional
-        The epoch's timer, handed to the hooks.
-    first_step : int
-        Number of the first step, for messages (a resumed epoch starts later).
-    max_in_flight : int, optional
-        After queuing step ``i``, wait until the first device has computed the
-        loss of step ``i - max_in_flight + 1`` (which needs the update of the
-        step before it), so the engine never runs more than that many steps
-        behind Python (None or 0: as far as it likes, the book's way).
-    step_scale : int
-        ``trainer.step`` normalises by a batch's samples times this: the
-        workers of a synchronous parameter server (``distributed.step_scale``).
-    split_f, after_backward : callable
-        How a batch is split and what runs before ``trainer.step`` (see ``train_batch``).
-    scaler : precision.LossScaler, optional
-        Loss scaling (see ``train_batch``).
-    pushers : pushers.DevicePushers, optional
-        The devices' threads (see ``train_batch``).
-
-    A batch is checked by ``hooks_of.check(batch, first)`` (a ``checks.BatchCheck``,
-    ``first``: the epoch's first batch), else only to be a pair ``(X, y)``.
+    (More: docs/design.md, "Notes on the code".)
     """
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
     check = getattr(hooks_of, 'check', None)

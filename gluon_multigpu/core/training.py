@@ -110,19 +110,7 @@ class Training:
         # Ctrl-C during fit: it stops after the current step and raises Interrupted;
         run.fit()       # finishes the interrupted epoch and the rest of that fit's epochs
 
-    The parameters are ``train``'s, but ``num_epochs``, which each ``fit`` takes.
-    A ``Training`` is built whole or not at all: when making it raises (a
-    hook's ``setup``, an argument refused), ``last_run()`` stays what it was.
-
-    Attributes
-    ----------
-    net, trainer, devices : the network, its Trainer, the devices
-    result : TrainResult
-        The history so far (``result.training`` is this object).
-    epoch : int
-        The last epoch completed.
-    recipe : recipes.Recipe
-        Where the settings not given came from.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore='device', *,
@@ -275,50 +263,7 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
     (``distributed.StepScale``), checkpoints (``checkpoint.Checkpointer``);
     synchronised BatchNorm is part of the network (``sync_bn.sync_batch_norm``).
 
-    Parameters
-    ----------
-    net : Block
-        A network; it is (re-)initialised on ``devices``.
-    train_iter, test_iter : iterable of (X, y)
-        Batches; any iterable of pairs (the package's loaders, a Gluon
-        ``DataLoader``, a list); labels outside the network's classes and inputs
-        it cannot take are refused in one line (``checks.BatchCheck``). ``test_iter``
-        None: no evaluation (``test_acc`` None), as on a parameter server's workers
-        but the first.
-    devices : list of Context
-        Distinct devices that exist (``try_all_gpus()``, ``cpu_devices(2)``), else ``DeviceError``.
-    num_epochs : int
-    lr : float, optional
-        SGD learning rate, positive and within float32's range (NumPy scalars
-        too, not bools); None: the recipe's for the batch size of ``train_iter``.
-    kvstore : {'local', 'device', 'nccl', 'none', None}
-        Gradient-synchronisation back end of the Trainer (see ``kvstores.make_trainer``).
-    seed : int or None
-        Seeds MXNet's generators before initialisation, for identical weights (None: not).
-    initializer : Initializer, optional
-        None: the recipe's (``Uniform(0.07)`` for the simple CNN, else the book's ``Normal(0.01)``).
-    hybrid : bool
-        Hybridize the network (see ``hybridize``): the fast path, same arithmetic.
-    max_in_flight : int, optional
-        Steps the engine may run behind Python (see ``train_epoch``); None:
-        the recipe's (1 for the package's networks), 0: unbounded (the book's loop).
-    hooks : list of Hook
-        Features, checkpoints, stopping, progress, ... (see ``Hook``). Unless
-        one of them does it, ``train`` adds ``interrupt.Interruptible`` (Ctrl-C
-        stops after the current step; a second never kills the process) and
-        ``live.Live`` (a display updated in place in a notebook).
-    on_epoch : callable, optional
-        Called with each ``EpochRecord`` once the epoch is evaluated.
-
-    Returns
-    -------
-    TrainResult
-        ``result.training.fit(2)`` trains two more epochs. An interrupt
-        raises ``Interrupted``, whose ``training.fit()`` goes on.
-
-    It works from any thread: it turns MXNet's NumPy semantics on in the calling
-    thread, as the model builders do in theirs (MXNet keeps them per thread; a layer
-    takes them when made); outside the main thread no signal handler is installed.
+    (More: docs/design.md, "Notes on the code".)
     """
     num_epochs = check_epochs(num_epochs)  # before any work; Training checks the rest
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed, hooks=hooks,

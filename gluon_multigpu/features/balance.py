@@ -83,16 +83,7 @@ class TimedSplit(Split):
     device took from the step's start. The slowest device sets the step's
     time; the others wait for it in ``trainer.step`` (their idle time).
 
-    Parameters
-    ----------
-    weights : list of float, optional
-        Fixed shares (None: even).
-    every : int
-        Time one step in ``every`` (the first step of a run is never timed:
-        it builds the compiled graph).
-
-    ``train`` calls ``start`` (which learns the parameters to wait for) and
-    ``after_backward``; a loop of your own calls them as ``train`` does.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, weights=None, every=10):
@@ -176,23 +167,7 @@ class AutoSplit(TimedSplit):
     ``tolerance``, moves to them. Speeds that drift (a device that takes on
     other work) are followed the same way.
 
-    A change is a prediction (a device's time in proportion to its samples),
-    so the window after it checks it: unless the step's time per sample fell
-    by at least half of ``tolerance``, the shares go back and stay for
-    ``hold`` windows (doubled after each change undone) before another try.
-    Measured on ResNet-18 over two CPU contexts: one context stayed the slower
-    with a third of the samples, and moving more samples away made it slower.
-
-    Parameters
-    ----------
-    every : int
-        Once settled, time one step in ``every``.
-    window : int
-        Timed steps behind each decision.
-    tolerance : float
-        Smallest predicted gain (a fraction of the step's time) worth a change.
-    hold : int
-        Windows to keep the shares after a change that did not pay.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, every=10, window=3, tolerance=0.05, hold=5):

@@ -274,13 +274,7 @@ class WorkerShard(ArrayLoader):
     (rank + 1) * batch_size)`` of each. Every sample of an epoch goes to at
     most one worker, in the order one process would see it.
 
-    Parameters
-    ----------
-    images, labels : numpy.ndarray
-    batch_size : int
-        Samples per step on this worker (over its devices).
-    rank, num_workers : int
-    seed : int
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, images, labels, batch_size, rank, num_workers, seed=0):

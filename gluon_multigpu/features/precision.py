@@ -7,15 +7,7 @@ before the backward pass so that small gradients do not vanish in float16;
 ``trainer.step`` divides the scale out again. A step whose gradients overflow
 is skipped and the scale halved (``LossScaler``).
 
-On CPU contexts float16 does not apply: MXNet 1.9.1 has no float16 matrix
-multiply on the CPU (its convolutions and dense layers stop with "FP16 gemm on
-cpu not implemented"). bfloat16 on the CPU trains only through a converted
-graph in MXNet 1.9.1, outside ``train``: slower than float32 for the simple
-CNN, and for ResNet-18 until its residual block used oneDNN's ReLU and an
-element-wise sum (then 1.7x float32 on a CPU with AVX512-BF16, accuracy not
-yet measured), so it is not offered through ``dtype`` (docs/exercises.md).
-Whether a CPU can compute in bfloat16 at all depends on its instruction set:
-``check_bfloat16`` tries.
+More in docs/design.md, "Notes on the code".
 """
 import functools
 import warnings
@@ -137,16 +129,7 @@ class LossScaler:
     without one multiply it by ``factor``. With powers of two the scaling
     itself is exact: in float32 a scaled step equals an unscaled one.
 
-    Parameters
-    ----------
-    scale : float
-        The first scale (2**15 as in MXNet's AMP).
-    factor : float
-        How much an overflow lowers the scale and a quiet window raises it.
-    window : int
-        Steps without overflow before the scale grows.
-    min_scale : float
-        The scale never drops below this.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, scale=2.0 ** 15, factor=2.0, window=2000, min_scale=1.0):

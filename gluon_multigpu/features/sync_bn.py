@@ -8,22 +8,7 @@ devices' shards together (MXNet's ``_contrib_SyncBatchNorm``): a step on N
 devices normalises as one device would with the whole batch, and every device
 keeps the same running statistics.
 
-MXNet 1.9.1's own ``gluon.contrib.nn.SyncBatchNorm`` fails in NumPy mode (its
-operator takes legacy arrays only); this one converts to legacy arrays and
-back around the operator. What the operator asks of its caller:
-
-- In training mode each layer waits in a barrier until all ``num_devices``
-  devices have reached it, in the forward and in the backward pass: a step
-  must reach every device (a batch on fewer would wait forever). Prediction
-  uses the running statistics and needs no barrier, so evaluation may run
-  on fewer devices.
-- The devices' statistics are averaged with equal weights, not by shard size:
-  shards must be equal for the statistics to be the whole batch's.
-- On CPU contexts, a layer waiting in its barrier holds one of the scratch
-  spaces that all CPU contexts share (``MXNET_CPU_TEMP_COPY`` of them); with
-  too few, another context's operator needs the held one and never reaches
-  the barrier. ResNet-18 hung with 32 copies per context and ran with 64
-  (docs/exercises.md); ``check_cpu_scratch`` asks for ``SCRATCH_PER_CPU_CONTEXT``.
+More in docs/design.md, "Notes on the code".
 """
 import functools
 import itertools

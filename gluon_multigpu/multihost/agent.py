@@ -4,34 +4,7 @@
 workers) through an agent, on this machine or over ssh, as
 ``python -m gluon_multigpu.multihost.agent [options] -- COMMAND``. The agent
 
-- runs COMMAND in a session of its own (``setsid``), set to die with the agent, and is
-  the subreaper of its descendants (``PR_SET_CHILD_SUBREAPER``): a daemon that leaves
-  the session is re-parented to the agent, and ended with the rest;
-- copies the command's output to its own standard output, lines cut at ``LINE_LIMIT``
-  (64 KiB) with a marker ``... [line cut: N bytes more]``, control characters shown as
-  ``^X`` (ESC as ``^[``, the record separator as ``^^``), so that no line of the
-  command can begin with ``CONTROL`` or reach a terminal raw; and adds control
-  lines that begin with ``CONTROL`` (``beat``, ``step N``, ``rank R W``,
-  ``exit STATUS``) for the launcher;
-- reads the launcher's lines on its standard input (at most ``INPUT_LIMIT`` bytes
-  each; a longer one is ignored with a note): ``ping`` (the launcher is
-  alive), ``stop-at S`` (passed to a worker: stop after step S, see
-  ``distributed.Control``), ``term`` (SIGTERM to the command's session),
-  ``kill`` (SIGKILL);
-- ends the command (SIGTERM, then SIGKILL after ``--grace`` seconds) when its
-  standard input closes (the launcher, or its ssh connection, is gone) or
-  when the launcher has not been heard for ``--timeout`` seconds (a link
-  down): so no process of a job outlives its launcher on any host;
-- sends ``beat`` every ``--heartbeat`` seconds, ``beat stopped`` while the
-  command is stopped (SIGSTOP), so the launcher can tell a silent host or a
-  stopped process within its own timeout.
-
-With ``--check`` it runs nothing: it says in one JSON line whether COMMAND's
-program can be found here (and, with ``--port``, a free TCP port, or whether
-the one given is free), for the launcher's checks before any process starts.
-
-Its exit status is the command's (128 + the signal number if a signal ended
-it), 124 when it ended the command because the launcher was gone.
+More in docs/design.md, "Notes on the code".
 """
 import argparse
 import ctypes

@@ -6,15 +6,7 @@ system has no ``O_TMPFILE``, ``O_CREAT | O_EXCL | O_NOFOLLOW``): never opened on
 file, never seen empty after a kill. It holds the marker line ``MARKER``, the process id and the host, and held with
 ``flock`` while the process lives. When the name is taken:
 
-* a lock of ours (a regular file with the marker, one link) whose ``flock`` is held: refused
-  in one line naming the holder's process;
-* a lock of ours that nobody holds (its process died, SIGKILL): taken over, with a line to
-  ``say``, after checking that the name still leads to the same file;
-* anything else (a user's file, a hard link to one, a folder, a FIFO, a symbolic link): refused
-  in one line that names the file, and the file is left as it is.
-
-``release`` removes the file only if the name still leads to the file this process made. The
-kernel drops the ``flock`` with the process, which is how a stale lock is told from a held one.
+More in docs/design.md, "Notes on the code".
 """
 import errno
 import fcntl
@@ -57,22 +49,7 @@ def _flocked(fd):
 class Lock:
     """The lock file ``path``: ``acquire`` (or ``with``) takes it, ``release`` lets it go.
 
-    Parameters
-    ----------
-    path : str
-        The lock file.
-    held : callable
-        ``held(who)`` gives the message when another process holds the lock; ``who`` is
-        `` (process 123)`` or empty.
-    fix : str
-        What to do instead when the name is taken by something that is not our lock (ends the
-        message: ``...; move it away, or FIX``).
-    error : type
-        The ``GluonMultiGPUError`` subclass raised.
-    say : callable
-        Takes the line said when a stale lock is taken over (None: not said).
-    wait : float
-        Seconds to wait for a held lock before refusing (0: refuse at once).
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, path, held, fix, error=GluonMultiGPUError, say=None, wait=0.0):

@@ -3,40 +3,7 @@
 The rules, for every file the package writes (checkpoints, results files, reports, ``--json``,
 ``--plot``, ``--csv``, locks, the studies' and the launcher's outputs):
 
-1. It never replaces, truncates or deletes a file it did not write there. What is its own is
-   recognised by its content (a format marker inside: a lock's first line, a staging folder's
-   journal, a results file's ``format``, a temporary's content hash), never by its name alone;
-   a temporary file is removed by the process that created it only while it is still the same
-   file, and after a kill only if its content has the hash its name carries. The one exception
-   is a file the user names as an output (``--json out.json``, ``--results`` with
-   ``--overwrite``): it is replaced at the user's request, through its
-   symbolic links (the file a link leads to is replaced, the link stays), and only if it is a
-   regular file (a folder, device, pipe or socket is refused).
-2. A file appears complete or not at all (``atomic_write``): its content is written to a
-   temporary file in the same folder, fsynced, renamed over the name, and the folder fsynced.
-   The temporary has no name while it is written (``O_TMPFILE``: a kill leaves nothing); once
-   complete it is linked as ``.NAME.<random>.<sha256 of content, 16 hex>.tmp``, which
-   ``recover`` and the next write of NAME remove if the content matches. Where the file system
-   cannot do that, an ``O_EXCL`` named temporary (a kill there may leave it).
-3. A write of several files (a report: ``ReportSet``) is all or nothing, also when the process
-   is killed: afterwards the previous set of files is byte-identical, or the new set complete.
-   The new files are staged in a hidden folder ``.report-XXXXXXXX.tmp`` holding a journal
-   (``JOURNAL``, with the marker ``STAGING_FORMAT``); each old file to be replaced is hard-linked
-   into it as a backup; the commit is the journal atomically replaced by a ``committed`` one;
-   then the files are moved into place. A failure during the moves rolls back from the backups.
-   After a kill, ``recover(directory)`` (called by the next ``ReportSet`` on that folder) rolls a
-   committed staging folder forward and discards one that was not committed. The journal is
-   linked whole into the folder (unnamed first), and an EMPTY ``.report-XXXXXXXX.tmp`` folder
-   is removed with ``rmdir``; a non-empty folder that merely has a staging-like name, without a
-   journal of ours, is never touched.
-4. A lock (``locks.Lock``) is created exclusively, never opened on an existing file; a stale
-   lock of a dead process is taken over with a line saying so.
-5. A complete or partial results file is replaced only with ``--overwrite`` (``run/sweep.py``).
-6. Every file the package reads is opened without blocking, checked to be a regular file and
-   read with a size bound (``base/reading.py``).
-
-Every change goes through ``base/fs.py``, so that the fault-injection harness
-(``tests/test_fault_harness.py``) can fail or kill the process at any call.
+More in docs/design.md, "Notes on the code".
 """
 import json
 import os

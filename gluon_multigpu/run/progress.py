@@ -26,14 +26,7 @@ class Schedule:
     long as the one in progress is expected to take in all (``Progress``
     gives its time left).
 
-    Parameters
-    ----------
-    names : list of str
-        The runs, in the order they are made (e.g. the kvstores).
-    what : str
-        What the runs make together, as the lines name it (``kvstore comparison``).
-    rounds : int
-        Epochs of every run, taken in turn; 1: each run whole, one after another.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, names, what='comparison', rounds=1):
@@ -87,22 +80,7 @@ class Progress(Hook):
     and ``advice``; in the first run of a schedule, the first measured steps
     also give one line with the estimate for all its runs.
 
-    Parameters
-    ----------
-    say : callable
-        Takes one line of text.
-    interval : float
-        Seconds between lines (0: no lines, the estimates only).
-    label : str
-        Names the run (its kvstore and devices), first on every line (default: ``training``).
-    num_epochs : int, optional
-        Epochs of the run, for the time left of the run.
-    slow_epoch : float
-        Seconds per epoch above which the estimate is said.
-    advice : str
-        What to do instead of a slow run.
-    schedule : Schedule, optional
-        The runs this one is one of (begun by the caller before this run).
+    (More: docs/design.md, "Notes on the code".)
     """
 
     shows_progress = True

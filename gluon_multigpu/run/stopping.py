@@ -5,37 +5,7 @@ line, where a second Ctrl-C may end the process); ``Interruptible`` is what
 ``train`` adds everywhere else (a notebook, a Python session): Ctrl-C stops
 after the current step, and no number of Ctrl-Cs ends the process.
 
-Python runs a signal handler only between bytecodes, and the training loop
-spends most of its time blocked inside MXNet (``wait_to_read``,
-``npx.waitall``), so a handler alone may act only a step later. ``StopRequest``
-therefore also listens on the signal wake-up file descriptor from a thread:
-the first signal is acknowledged at once (``on_signal``) and the loop stops
-after the current step; a second signal ends the process at once (``os._exit``,
-status 128 + the signal), after ``on_second`` has said so. A checkpoint in
-the middle of being written is then left as its last complete version.
-Python writes a byte to that descriptor for every signal that has a Python
-handler (SIGCHLD, SIGWINCH, ... where a library installed one); only the
-bytes of the signals ``StopRequest`` handles count. Inside a Jupyter kernel a
-second signal does not end the process (the kernel would die with the run):
-the run still stops after the current step.
-
-A signal within ``SAME_REQUEST`` seconds of the first is the same request,
-not a second one, for both hooks, and also once the run has stopped: a hook
-hands the signals back (``__exit__``, ``leave``) only once that window has
-passed, so a repeat never reaches the handler that was there before
-(Python's, which would raise ``KeyboardInterrupt`` in the caller's code).
-One Ctrl-C can arrive several times within milliseconds: the terminal sends
-SIGINT to the whole foreground process group, so a wrapper in that group
-that forwards signals to its child (``timeout``, which forwards it to the
-child and again to its process group) delivers it again. Nobody
-presses Ctrl-C twice within half a second meaning "now" rather than "stop".
-
-SIGHUP (the terminal or the ssh session closed) stops like SIGTERM. A
-repeated SIGHUP is not a second request: a closing session may send it more
-than once, and nobody is there to ask twice. A SIGHUP that was ignored when
-the context was entered (``nohup``) stays ignored. (SIGINT is handled even
-where a shell started the run in the background with SIGINT ignored:
-``kill -INT`` still stops it after a step, as before.)
+More in docs/design.md, "Notes on the code".
 """
 import os
 import signal
@@ -61,21 +31,7 @@ class StopRequest(Hook):
 
     Use as a context manager in the main thread: the previous handlers come back on exit.
 
-    Parameters
-    ----------
-    on_signal : callable, optional
-        Called with the signal number as soon as the first signal arrives (from a thread).
-    on_second : callable, optional
-        Called with the signal number before a second signal ends the process.
-    exit_on_second : bool, optional
-        Whether a second signal ends the process (``os._exit``): a command
-        line's behaviour. None (default): yes, except inside a Jupyter kernel,
-        which must outlive the run (there a second signal changes nothing).
-
-    Attributes
-    ----------
-    signum : int or None
-        The first signal received.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     SIGNALS = STOP_SIGNALS

@@ -50,15 +50,7 @@ class Animator:
     line, and ``X``/``Y`` hold the data (``animator.Y[0][-1]`` is the last
     value of the first line). ``save(path)`` draws the figure and writes it.
 
-    Parameters
-    ----------
-    xlabel, ylabel : str, optional
-    legend : list of str, optional
-        One name per line.
-    xlim, ylim : (float, float), optional
-    title : str, optional
-    figsize : (float, float)
-        Inches.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None, ylim=None,

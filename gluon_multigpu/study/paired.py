@@ -9,18 +9,7 @@ that changes falls on both sides of most ratios. ``Paired`` holds the figures
 and the load of every round and says which variant is faster, or that they
 are equally fast, with the interval that decides it:
 
-- the ratio of variant A to B is the median of the per-round ratios, and its
-  interval is the 95% t-interval of their geometric mean (the mean of the
-  logarithms, ``t_quantile``); one round gives no interval; the first round
-  warms the process and is left out where later rounds exist, and so is a
-  round whose variants met different loads (a load that came or went within
-  it), where two rounds remain;
-- a variant is named faster only when the interval excludes 1 and the
-  median differs by at least ``min_effect``; otherwise they are equally fast
-  within the interval measured;
-- ``LoadMeter`` records, per round, the load average, the CPU time other
-  processes took and the time the hypervisor stole, and the answer says so
-  when the load changed during the run.
+More in docs/design.md, "Notes on the code".
 """
 import math
 import os
@@ -207,19 +196,7 @@ def load_note(loads):
 class Paired:
     """The figures of several variants measured in rounds, and the answer they give.
 
-    Parameters
-    ----------
-    names : list of str
-        The variants, in the order each round measures them.
-    higher_is_better : bool
-        The figures are rates (images/s) rather than times (seconds).
-    min_effect : float
-        The smallest relative difference named (``MIN_EFFECT``).
-    warmup : int
-        Rounds left out of the ratios when later ones exist: the process's
-        first round is not like the others (oneDNN compiles its kernels for
-        the first network that needs them, and the others reuse them; memory
-        pools grow), and it would tell against whichever variant came first.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, names, higher_is_better=False, min_effect=MIN_EFFECT, warmup=1):

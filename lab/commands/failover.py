@@ -1,18 +1,6 @@
 """Measure what each fault costs a training job on a cluster: detection, recovery, what is left.
 
-The table of the issue "Faults, measured". On a cluster of four hosts made on
-this machine (``lab.hosts.cluster``: network namespaces on a bridge,
-an sshd in each), ``scripts/launch.py --launcher ssh`` runs a small dist_sync
-job of ``scripts/train.py`` (the simple CNN, two workers of one CPU context,
-one server, three epochs of 20 steps, a checkpoint every epoch, --max-restarts
-2, --timeout 5): the scheduler, the server and each worker alone on a host.
-One run goes uninterrupted; then each fault is injected in the middle of epoch
-2, each on a fresh cluster: a worker, the server or the scheduler killed
-(SIGKILL), a worker host's link cut, a worker host gone, and a worker killed
-with --max-restarts 0. Each row says how long the launcher took to detect the
-fault and to recover, the exit status, whether the final parameters equal the
-uninterrupted run's, and whether any process of the job was left on a host
-(``lab.studies.failover_study`` defines every figure).
+More in docs/design.md, "Notes on the code".
 """
 import argparse
 import os

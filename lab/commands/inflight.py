@@ -10,9 +10,7 @@ only when the interval excludes 1 and the difference is 3% or more), the
 load during the runs, and the smallest K within --tolerance of its speed:
 the default the training script should use.
 
-Bad input (an output path that cannot be written) stops before measuring with
-one line and status 2. Ctrl-C or SIGTERM stops the run in progress and ends
-with one line and status 130 or 143, writing nothing.
+More in docs/design.md, "Notes on the code".
 """
 import json
 import os

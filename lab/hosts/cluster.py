@@ -9,28 +9,7 @@ launcher here reaches every host with plain ``ssh HOST CMD`` (through
 this machine's filesystem and processes' view of it: the same checkout and the
 same Python (``sys.executable``) work on every host; only the network differs.
 
-Only addresses of 198.18.0.0/15 (the benchmarking range, RFC 2544) are used,
-one /24 per cluster, chosen so that clusters of several processes at once
-never collide. Nothing leaves the machine: the bridge has no other port, and a
-routing rule in the root namespace answers "unreachable" to any packet from the
-bridge that is not for an address of this machine, so the hosts' default route
-(via the bridge address) never forwards anything, even where IP forwarding is
-on.
-
-Links can be cut and restored (``link_down``, ``link_up``), shaped with a
-token bucket (``shape``; ``bandwidth`` for every link from the start) and a
-host can be made to vanish (``kill_host``). ``close`` (also at the end of a
-``with`` block and at exit) kills every process left in the namespaces and
-removes every namespace, link, rule and file it made. A cluster whose creating
-process died without closing it (SIGKILL) is removed by the next one: each
-cluster is registered in ``/run/gluon-multigpu-clusters`` with its creator's
-process id and start time.
-
-Needs root, iproute2 (``ip netns``, ``tc``) and OpenSSH (``/usr/sbin/sshd``,
-``ssh``, ``ssh-keygen``); ``available()`` says whether all are there. Pure
-standard library: it loads neither MXNet nor NumPy. Its parts: ``netns``
-(the network: namespaces, links, shaping), ``sshd`` (keys, configurations,
-the servers) and ``registry`` (the live clusters, the stale ones removed).
+More in docs/design.md, "Notes on the code".
 """
 import atexit
 import contextlib
@@ -99,29 +78,7 @@ def available():
 class Cluster:
     """N hosts (network namespaces) on a bridge, each with its own sshd; a context manager.
 
-    ``hosts`` are their addresses (``198.18.K.2``, ...), ``hostfile`` a file
-    listing them one a line, ``ssh_config`` an ssh client configuration
-    (``ssh -F``) that logs into each as root with no prompt, ``identity``
-    its private key, and ``bin_dir`` a folder whose ``ssh`` runs
-    ``ssh -F ssh_config``; ``env()`` puts it first on PATH. The hosts share
-    this machine's cores: a session over ssh is told its host has
-    ``host_cores`` of them (the cores divided among the hosts, at least
-    one), so that a worker there takes that many threads, not all. ``bandwidth``
-    (a tc rate, e.g. ``'100mbit'``) shapes every host's link in both
-    directions; ``ssh_port`` is where each sshd listens. Keys, configurations
-    and the sshd logs (``sshd-<i>.log``) go to ``workdir``, by default a
-    fresh temporary folder removed by ``close``; a folder given is left as
-    it is.
-
-    Also: ``name`` (the prefix of every namespace and interface, e.g.
-    ``gmc17``), ``subnet`` (``198.18.17.0/24``), ``gateway`` (the bridge's
-    address, ``198.18.17.1``), ``namespaces`` (host i's is
-    ``namespaces[i]``), ``bridge``, ``veths`` (the root namespace's end of
-    each host's link; the host's own end is ``eth0`` in its namespace).
-
-    Setup that fails removes what it made and raises ``ClusterError``.
-    ``close`` tears everything down, however the ``with`` block ends (and at
-    exit, if never called).
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, num_hosts=3, *, bandwidth=None, ssh_port=22, workdir=None):

@@ -4,33 +4,7 @@ For tests of the launcher's ``slurm`` placement and of ``sbatch`` jobs
 without a Slurm installation of several machines. Given a ``Cluster``
 (``cluster.py``), ``SlurmCluster`` starts
 
-- ``munged`` with its own key and socket (Slurm's authentication), in the
-  root namespace;
-- ``slurmctld`` in the root namespace, reached by the hosts at the bridge's
-  address (``SlurmctldHost=<this machine's name>(<gateway>)``), on a free port;
-- one ``slurmd`` in each host's namespace, entered with ``nsenter`` (``ip
-  netns exec`` remounts /sys, where slurmd then finds no cgroup file system),
-  node ``n<i>`` at the host's address;
-
-and waits until ``sinfo`` shows every node idle. Its configuration, keys,
-state, spool folders, pid files and logs are in ``<workdir>/slurm`` of the
-cluster; ``env()`` gives the variables under which ``srun``, ``sbatch``,
-``sinfo``, ... talk to it (``SLURM_CONF``). Two of them at once share
-nothing.
-
-``close`` (also at exit, if never called) ends every process of the Slurm
-(the daemons, and every job step left on the hosts) and removes its folder;
-it never raises. Daemons whose creator died unclosed (SIGKILL) are ended by
-the next ``SlurmCluster`` (``remove_stale``): the ones in the hosts'
-namespaces go with their cluster (``registry.remove_stale``); munged and
-slurmctld, in the root namespace, are found by their configuration's folder
-and ended when that folder's cluster is no longer alive. Each daemon is also
-set to get SIGKILL when its creator dies (SIGKILL: a daemon that saved its
-state as it ended would write into the folder while it is removed).
-
-Needs root, the Debian packages ``slurmctld slurmd slurm-client munge``
-(Slurm 22.05 is what it was made with) and ``nsenter``; ``available()``
-says whether all are there.
+More in docs/design.md, "Notes on the code".
 """
 import atexit
 import contextlib

@@ -59,19 +59,7 @@ def parse_times(lines, fault_at=0.0):
     (its own, ``launch: ...``) together. Only lines from ``fault_at`` on
     count. Keys (None where the output does not say):
 
-    - ``detect_s``: the first ``launch: ...; stopping the job`` line, from the fault;
-    - ``detected_by``: what that line says, e.g. ``worker 0@198.18.7.4 as rank 1
-      failed (signal SIGKILL)``;
-    - ``restarts``: the ``launch: restart K of N`` lines;
-    - ``restart_s``: the first of them, from the fault;
-    - ``restart_hosts``: the hosts it names;
-    - ``recover_s``: the first progress or epoch line of any worker after
-      that restart line, from the fault;
-    - ``resumed_from``: where rank 0 resumed from (``epoch 1``);
-    - ``rank0_before``, ``rank0_after``: the host of rank 0 before the fault
-      and after the restart;
-    - ``gave_up``: whether the launcher said it gave up (restarts spent);
-    - ``fingerprint``: rank 0's last parameter fingerprint.
+    (More: docs/design.md, "Notes on the code".)
     """
     lines = sorted(lines, key=lambda tl: tl[0])
     times = dict.fromkeys(['detect_s', 'detected_by', 'restart_s', 'restart_hosts', 'recover_s',
@@ -192,29 +180,7 @@ def run_job(cl, fault, data_dir, workdir, reference=None, timeout=TIMEOUT, epoch
             limit=RUN_LIMIT, log=None):
     """Run the job on cluster ``cl`` (``HOSTS`` hosts) with ``fault`` (None: the reference); a row.
 
-    The launcher runs from the checkout with the cluster's ``env()``; the
-    checkpoint goes to a fresh folder in ``workdir`` (every host shares this
-    machine's files). ``reference`` is the reference's row: its duration and
-    fingerprint give ``lost_s`` and ``equal``. A run that lasts past ``limit``
-    seconds is stopped and its row says ``hung``. ``log`` (a path) takes the
-    command and every line of the launcher with its time from the start.
-    Ctrl-C (or any exception) stops the launcher and passes on; the caller
-    closes the cluster, which ends whatever is left.
-
-    The row: ``fault``, ``label``, ``host`` (the address the fault hit),
-    ``max_restarts``, ``timeout``, ``injected_at`` (e.g. ``epoch 2, step
-    8/20``; None if it was not: ``error`` says why), ``parse_times``'s
-    keys, ``duration_s``, ``lost_s`` (None unless the job restarted and
-    ended with 0), ``status`` (the launcher's exit status, None if hung),
-    ``hung``, ``equal`` (the final fingerprint against the reference's;
-    None without either), ``host_empty_s`` (from the fault until its host
-    first had no process of the job), ``left`` (``{host: [pid and command
-    line]}`` still there after the wait), ``cleared_s`` (seconds after the
-    launcher's exit until the last of the job's processes ended; None if
-    some stayed), ``sshd_sessions``, ``load`` (the 1-minute load average
-    before and after), ``problems`` (where the run ended otherwise than a
-    fault handled well: not injected, not detected, not recovered, other
-    final parameters, processes left, an unexpected exit status, hung).
+    (More: docs/design.md, "Notes on the code".)
     """
     name = fault.name if fault else 'reference'
     ckpt = os.path.join(workdir, f'ckpt-{name}')

@@ -10,40 +10,7 @@ uninterrupted, the reference; then each fault runs on a fresh cluster, injected
 in the middle of epoch 2 (at rank 0's first progress line of epoch 2 from
 step ``MID_STEP`` on):
 
-- ``worker-killed``: SIGKILL to train.py on host 2 (worker 0);
-- ``server-killed``: SIGKILL to the server (``python -c 'import gluon_multigpu, mxnet'``) on host 1;
-- ``scheduler-killed``: SIGKILL to the scheduler on host 0;
-- ``link-down``: host 2's link cut (``Cluster.link_down``) and left down to the end;
-- ``host-gone``: every process of host 2 killed, its sshd too, then its link
-  cut (``Cluster.kill_host``);
-- ``worker-killed-no-restart``: as ``worker-killed``, with ``--max-restarts 0``.
-
-Every time is counted from the fault: ``time.monotonic()`` in this process
-just before the call that injects it. A line's time is when this process
-read it from the launcher's output (stdout and stderr, each read by a thread).
-
-- ``detect_s``: until the launcher's ``launch: ...; stopping the job`` line;
-- ``recover_s``: until the first progress or epoch line of a worker after the
-  launcher's ``launch: restart 1 of N`` line. A worker prints a progress line
-  once it has completed a step and ``PROGRESS_INTERVAL`` s of the epoch have
-  passed, so this is when the restarted job has completed its first steps,
-  late by at most that interval and one step;
-- ``lost_s``: the job's duration (the launcher's start to its exit) minus the
-  reference's: what the fault cost the job in all, the epoch done again
-  from the checkpoint included.
-
-After the launcher has exited the hosts are watched for up to
-``timeout + TERM_WAIT + 5`` s until none has a process of the job left: any
-process in a host's namespace but its sshd listener and sshd's session
-processes (``sshd: root@notty``, which sshd keeps until it has told the client
-that its command ended: across a cut link, until TCP gives up; they are the
-ssh server's, not the job's, and are counted apart in ``sshd_sessions``).
-
-Its parts: ``faults`` (the faults, the job they hit, what is left on the
-hosts), ``failover_run`` (one run and its figures) and ``failover_report``
-(the table); ``study`` runs the reference and the faults in turn, and this
-module names all of their public parts. It runs subprocesses only: it loads
-neither MXNet nor NumPy.
+More in docs/design.md, "Notes on the code".
 """
 import os
 

@@ -157,31 +157,7 @@ def measure_bandwidth(model, device_type, counts, kvstores, batch_per_device, im
                       repeats, compute_repeats=None, seed=0, progress=None, stop=None):
     """Measure one synchronisation per (count, kvstore), and the compute of one step per count.
 
-    Parameters
-    ----------
-    model : str
-        ``resnet18`` or ``simple-cnn``.
-    counts : list of int
-        Device counts, each at least 2.
-    kvstores : list of str
-    batch_per_device : int
-        Samples per device of the forward and backward pass that fills the
-        gradients and is timed as the compute of a step.
-    images, labels : numpy.ndarray
-        Real images (uint8) and labels for that pass.
-    repeats : int
-        Timed synchronisations per configuration.
-    compute_repeats : int, optional
-        Timed compute steps (default ``repeats``; 0 fills the gradients only).
-    progress : callable, optional
-        Called with a line of text after each measurement.
-    stop : StopRequest, optional
-        Asked between repeats: ``StoppedBySignal`` when it was asked to stop.
-
-    Returns
-    -------
-    list of dict
-        ``scaling.bandwidth_row`` per (count, kvstore).
+    (More: docs/design.md, "Notes on the code".)
     """
     rows = []
     for n in counts:
@@ -274,15 +250,7 @@ def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
     order. A run whose loss becomes NaN or infinite is recorded with status
     ``diverged`` and the sweep goes on: that is a result about its learning rate.
 
-    Parameters
-    ----------
-    grid : list of scaling.Config
-    train_data, test_data : (numpy.ndarray, numpy.ndarray)
-        uint8 images and int32 labels.
-    progress : callable, optional
-        Called with lines of text: each run's start, its epochs, its progress within an epoch.
-    hooks : list of Hook
-        More hooks of every run (a ``StopRequest``).
+    (More: docs/design.md, "Notes on the code".)
     """
     say = progress or (lambda line: None)
     rows = []

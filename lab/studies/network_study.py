@@ -9,40 +9,7 @@ link) runs ``scripts/launch.py --launcher ssh`` with ``scripts/train.py
 shape (``--synthetic``), once with every link unshaped and once with every
 link shaped (tbf, both directions) to each bandwidth.
 
-The hosts are namespaces of one machine: all workers, the server and the
-scheduler share its cores. The unshaped run measures what a step costs under
-that sharing with a network that costs next to nothing, ``t_unshaped(W)``;
-the prediction for a shaped run adds the model's network time to it::
-
-    t_step(W, B) = t_unshaped(W) + t_net(W, B)
-
-with ``t_net`` from ``scaling.worker_projection`` (one server), given the
-model's gradient bytes G, its largest key L and the TCP payload of the
-link's rate B (``PAYLOAD``): ``t_net(W) = (G + L) W / B``. Beside it: the
-step if the network hid entirely behind the compute or the compute behind
-the network, ``max(t_unshaped, t_net)``, and the model as it was before
-this study, ``t_unshaped + 2 G W / rate`` (push, then pull).
-
-Each worker runs with ``OMP_NUM_THREADS=1`` (``WORKER_THREADS``): with a
-thread per core, W workers' 2W threads on two cores wait for each other,
-and the unshaped step measures that contention rather than the compute.
-
-A step's time is rank 0's training seconds of the second epoch (its
-``--json``) divided by the epoch's steps: the first epoch also builds the
-graph, creates the kvstore and sends every worker the initial weights.
-Rank 0 evaluates between the epochs, on one test image, so that the other
-workers' head start into the second epoch is a few milliseconds.
-
-Every run also records how much CPU the machine's other processes used
-meanwhile (``OthersCPU``): the unshaped runs are compute, and other work on
-the same cores makes them slow; ``study`` measures a run again when others
-used more than it allows.
-
-Its parts: ``network_model`` (the runs, their commands, the prediction),
-``network_run`` (one run measured) and ``network_report`` (the table);
-``study`` runs the plan, cluster by cluster, and this module names all of
-their public parts. It runs subprocesses only: it loads neither MXNet nor
-NumPy.
+More in docs/design.md, "Notes on the code".
 """
 import dataclasses
 import os
@@ -65,17 +32,7 @@ __all__ = ['MODELS', 'GRAD_BYTES', 'LARGEST_KEY_BYTES', 'PAYLOAD', 'DEFAULT_BATC
 def study(runs, workdir, say=None, log_dir=None, max_others=0.25, retries=2, quiet_wait=120.0):
     """Run the study; yield ``(row, measurements)`` for each shaped run as it is measured.
 
-    ``runs`` is ``plan``'s ``{W: [Config, ...]}``: one cluster of W + 2 hosts
-    per worker count, closed before the next. ``say`` takes progress lines
-    (configuration, estimate of the time left). A run during which the
-    machine's other processes used more than ``max_others`` cores, or that
-    failed, is measured again, up to ``retries`` times, after waiting up to
-    ``quiet_wait`` seconds for them to quieten; the one with a step time that
-    they disturbed least is kept. ``log_dir`` gets each run's launcher output
-    (``<name>.log``, every attempt).
-    ``row`` is ``table_row``'s (the unshaped run of the same model and
-    workers supplies ``unshaped_s``); ``measurements`` are the ``Measurement``
-    dicts of the runs it was made of, last the shaped one.
+    (More: docs/design.md, "Notes on the code".)
     """
     say = say or (lambda line: None)
     ok, why = _cluster.available()

@@ -6,18 +6,7 @@ feed them are in ``measure``. This module does not import MXNet.
 
 Definitions used throughout:
 
-* *gradient bytes*: 4 bytes (float32) times the trainable parameters, what
-  one synchronisation has to sum.
-* *algorithm bandwidth*: gradient bytes / seconds of one synchronisation;
-  *bus bandwidth*: that times ``2 (N - 1) / N``, the share of the data an
-  all-reduce over N devices moves across each link (the usual all-reduce
-  convention, applied to every back end so they can be compared). GB = 1e9 bytes.
-* *speedup* of a run on N devices: its training samples/s divided by the
-  samples/s of the 1-device run of the same series (same model, kvstore,
-  learning-rate rule and per-device batch, or the same global batch when the
-  global batch is fixed); *efficiency*: speedup / N.
-* *projection*: ``t_step(N) = t_compute(b) + t_sync(N)`` with
-  ``t_sync(N) = s (N - 1)``; see ``fit_sync_slope`` and ``projection_rows``.
+More in docs/design.md, "Notes on the code".
 """
 import math
 import statistics
@@ -81,16 +70,7 @@ def bandwidth_row(model, device_type, num_devices, kvstore, params, grad_bytes, 
                   compute_times=None, batch_per_device=None):
     """Return one configuration's figures as a dict (``BANDWIDTH_COLUMNS`` and the raw times).
 
-    Parameters
-    ----------
-    params, grad_bytes : int
-        Trainable parameters and the bytes of their gradients.
-    sync_times : list of float
-        Seconds of each timed synchronisation; the median is reported.
-    compute_times : list of float, optional
-        Seconds of each timed forward + backward on all devices.
-    batch_per_device : int, optional
-        Samples per device in the compute timing.
+    (More: docs/design.md, "Notes on the code".)
     """
     sync_s = statistics.median(sync_times)
     alg, bus = bandwidth(grad_bytes, sync_s, num_devices)
@@ -140,16 +120,7 @@ def build_grid(model, counts, kvstores, lr_rules, base_lr, epochs, batches,
                batch_mode='per-device'):
     """Return every configuration of the sweep, one series after the other.
 
-    Parameters
-    ----------
-    counts : list of int
-        Device counts.
-    kvstores, lr_rules : list of str
-    base_lr : float
-        Learning rate at a global batch of 256 (see ``learning_rate``).
-    batches : list of int
-        Per-device batches (``batch_mode='per-device'``: global = per-device x N)
-        or global batches (``'global'``: each device gets global / N).
+    (More: docs/design.md, "Notes on the code".)
     """
     if batch_mode not in BATCH_MODES:
         raise GluonMultiGPUError(f'unknown batch mode {batch_mode!r}')
@@ -294,13 +265,7 @@ def projection_rows(model, device_type, kvstore, batch_mode, batch, compute_s, s
     global batch (``batch x N``, or ``batch``). Counts that cannot split a
     fixed global batch are left out.
 
-    Parameters
-    ----------
-    compute_s : dict of int -> float
-        Seconds of one training step (forward, backward, update) on one
-        device, per per-device batch.
-    slope : float
-        ``s`` of ``fit_sync_slope``, seconds per additional device.
+    (More: docs/design.md, "Notes on the code".)
     """
     rows = []
     for n in counts:
@@ -325,43 +290,7 @@ def projection_rows(model, device_type, kvstore, batch_mode, batch, compute_s, s
 def worker_projection(t_step_s, grad_bytes, workers, servers, gbps, largest_bytes=None):
     """Project a parameter-server run to ``workers`` machines (a model, not a measurement).
 
-    Every step, each worker pushes its summed gradient (``grad_bytes``, one
-    key per parameter) and pulls the updated weights back; the servers share
-    the keys, so each server's link carries ``grad_bytes workers / servers``
-    in and as much out, and each worker's ``grad_bytes`` each way. Links
-    send and receive at once, at ``gbps`` GB/s each way. With ``dist_sync``
-    the server answers a key's push with its updated weights once every
-    worker's push of the key has arrived, while the next keys are still
-    being pushed: the pushes and the pulls are the two stages of a pipeline
-    over the keys, which ends all the pushes plus the pull of the largest
-    key (``largest_bytes``) after it begins (a two-stage flow shop whose
-    stages take the same time for each key). With no overlap of
-    communication with computation::
-
-        t_net(W) = (grad_bytes + largest_bytes) max(1, W / S) / bandwidth
-        speedup(W) = W t_step / (t_step + t_net(W))
-
-    against one machine without a parameter server, where ``t_step_s`` is one
-    worker's step (its devices' compute and their local synchronisation).
-    ``largest_bytes`` defaults to ``grad_bytes``, all the gradients as one
-    key: the push, then the pull, ``2 grad_bytes max(1, W / S) / bandwidth``.
-    ``bandwidth`` is what the links carry of the gradients: TCP's payload,
-    1448 bytes of every 1514-byte Ethernet frame (95.6% of the link's rate).
-
-    The model assumes that the workers' pushes share a server's link
-    equally; where one worker's get ahead, each key waits for the slowest
-    worker's push of it (at worst ``(2 W - 1) grad_bytes / bandwidth`` with
-    one server). It leaves out that MXNet pushes a gradient as soon as the
-    backward pass has computed it, so that part of the network time hides
-    behind the rest of the backward pass: ``t_step_min_s``, ``max(t_step,
-    t_net(W))``, is the step if either hid entirely behind the other.
-
-    Returns
-    -------
-    list of dict
-        Per worker count: ``workers``, ``servers``, ``gbps``, ``t_net_s``,
-        ``t_step_s`` (``t_step_s + t_net``), ``t_step_min_s``, ``speedup``,
-        ``efficiency``.
+    (More: docs/design.md, "Notes on the code".)
     """
     largest = grad_bytes if largest_bytes is None else largest_bytes
     rows = []

@@ -305,20 +305,7 @@ def accuracy_batch_chart(path, rows, title=None):
 def scaling_report(config, rows, projection, sync_rows, notes=()):
     """Return ``report.md`` of a sweep as text.
 
-    Parameters
-    ----------
-    config : dict
-        ``model``, ``dataset``, ``num_train``, ``num_test``, ``epochs``, ``seed``,
-        ``device_type``, ``counts``, ``base_lr``, ``engine``, ``project_to``,
-        ``compute_repeats``, ``sync_repeats``.
-    rows : list of dict
-        ``measured_row`` dicts with speedups.
-    projection : list of dict
-        ``projection_rows`` dicts (empty when no count >= 2 was measured).
-    sync_rows : list of dict
-        ``bandwidth_row`` dicts the projection was fitted to.
-    notes : list of str
-        Remarks to print first (e.g. no 1-device run).
+    (More: docs/design.md, "Notes on the code".)
     """
     speed = config.get('mode') == 'speed'
     lines = _report_header(config, notes) + _report_answer(rows, speed) + \

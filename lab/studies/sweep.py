@@ -4,35 +4,7 @@
 each take many measurements, minutes to hours in all. A ``Sweep`` is such a
 run cut into units (one configuration each) that it measures in turn:
 
-* after each unit its result is written to the results file (JSON, replaced
-  atomically, ``status`` ``partial`` until the last unit is in, then
-  ``complete``), so a run stopped by Ctrl-C, a closed terminal or a crash
-  keeps every measurement finished before;
-* with ``resume``, the units already in that file (of the same configuration)
-  are not measured again;
-* once the first unit has run for a few seconds (``advance``) or has ended,
-  ``say`` gets an estimate of the whole run with the faster alternatives, and
-  while a unit runs a line every ``interval`` seconds names it, with the time
-  left.
-
-While a ``Sweep`` is open (from its creation to the end of its ``with``
-block, or ``close``), it holds an exclusive lock on its results file
-(``locks.Lock`` on ``.NAME.lock`` beside it, created exclusively): a second
-run on the same file is refused with one line (``SweepError``) instead of the
-two replacing each other's measurements. The kernel drops the lock with the
-process, so a run killed outright (SIGKILL) leaves a lock file that the next
-run takes over, with a line saying so. A results file already there, partial
-or complete, is never replaced unless asked: ``resume`` continues it,
-``overwrite`` replaces it (``gluon_multigpu/outputs/output.py``, rule 5). The results file is
-checked before anything is measured: a symbolic link is written through (the file it leads to is replaced, as every
-output of the package), a folder that does not exist or cannot be written, a
-device or pipe, or a file that is not a results file of the same program is
-refused with one line.
-
-Units carry a relative amount of ``work`` (e.g. samples times a model's cost):
-the estimate is the seconds per unit of work measured so far times the work
-left. Nothing here loads MXNet; the library reads no environment: the memory
-available is passed in (``budget.check_memory``).
+More in docs/design.md, "Notes on the code".
 """
 import json
 import os
@@ -96,38 +68,7 @@ class Sweep:
     ``interval`` seconds which unit is being measured. ``run`` measures the
     units not yet done, in order.
 
-    Parameters
-    ----------
-    path : str
-        The results file (JSON), written after every unit, atomically.
-    program : str
-        Which program's results these are (a file of another is not continued).
-    config : dict
-        What the measurements depend on: a resume needs the same (JSON values).
-    units : list of Unit
-    say : callable
-        Takes one line of text (progress and the estimate).
-    resume : bool
-        Continue the run in ``path``: its units are not measured again (each
-        checked by ``check``). Without it or ``overwrite``, a results file
-        already there, partial or complete, is refused (``SweepError``).
-    advice : str
-        The faster alternatives, said with the estimate (``--quick`` ...).
-    interval : float
-        Seconds between progress lines (0: none).
-    first_estimate : float
-        Seconds of the first unit after which the estimate is said, if ``advance``
-        reports its progress.
-    overwrite : bool
-        Replace the results file already there (if it is one of ``program``):
-        it stays as it was until this run's first measurement is written.
-    check : callable
-        ``check(unit, result)``: whether a result read back from the file
-        is one ``measure`` returns (a damaged one is refused on resume).
-    make_folder : bool
-        Create the results file's folder if it is missing (a report folder
-        that the run creates; removed again, if still empty, by ``close``).
-        Without it, a folder that does not exist is refused.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, path, program, config, units, say, resume=False, advice='',
