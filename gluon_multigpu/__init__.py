@@ -68,8 +68,7 @@ NAMES = {
                  'train_epoch'],
     'utils': ['Accumulator', 'Timer', 'accuracy'],
     'errors': ['CheckpointError', 'DataError', 'DeviceError', 'GluonMultiGPUError',
-               'Interrupted', 'MXNetLoadError', 'StoppedBetweenRuns', 'StoppedBySignal',
-               'SweepStopped', 'TrainingDiverged'],
+               'Interrupted', 'MXNetLoadError', 'TrainingDiverged'],
 }
 _WHERE = {name: module for module, names in NAMES.items() for name in names}
 

@@ -1,4 +1,4 @@
-"""Errors that mean "the input is wrong", and the family of stops (``Interrupted``).
+"""Errors that mean "the input is wrong", and the one stop exception (``Interrupted``).
 
 The errors: scripts print them as one line and exit 2.
 
@@ -10,8 +10,7 @@ import re
 import signal
 
 __all__ = ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
-           'MXNetLoadError',
-           'Interrupted', 'StoppedBetweenRuns', 'SweepStopped', 'StoppedBySignal']
+           'MXNetLoadError', 'Interrupted']
 
 
 class GluonMultiGPUError(ValueError):
@@ -57,24 +56,30 @@ class MXNetLoadError(GluonMultiGPUError):
 
 
 class Interrupted(BaseException):
-    """A run stopped on request: the base of the package's stops (training's own, as below).
+    """A stop was asked, and work ended on it: the package's one stop exception.
 
-    The package raises one of this family wherever a stop request ends work:
-    ``Interrupted`` itself when ``train`` stops after a step (a hook's
-    ``step_end`` or ``epoch_end``: Ctrl-C in a notebook, a script's signal),
-    ``StoppedBetweenRuns`` between two runs of a comparison, ``SweepStopped``
-    when a measuring program's sweep stops, and ``StoppedBySignal`` where a
-    signal handler raises it in the middle of the code. ``signum`` is the
-    signal that caused the stop (None: a hook's or a launcher's request).
+    Raised wherever a stop request ends work: when ``train`` stops after a
+    step (Ctrl-C in a notebook, a script's signal), between the epochs of a
+    comparison (``between_runs``), when a sweep of measurements stops
+    (``sweep_stopped``), where a signal handler raises it in the middle of
+    the code (``by_signal``), and while a worker waits to join the parameter
+    server (``joining``). ``signum``: the signal that asked (None: a hook's
+    or a launcher's request); ``str(e)``: the reason, in one line.
 
     (More: docs/design.md, "Notes on the code".)
     """
 
     epoch = batches = training = signum = None
-    epoch_done = False
+    #: ``joining``: asked while a worker waited to join the parameter server; ``now``: a second
+    #: request, which ends the process without the first one's clean stop.
+    epoch_done = joining = now = False
+    #: A comparison's stop: the epoch that finished last and what was not begun, in words.
+    done = left = None
+    #: A measuring program's stop: its sweep, which keeps what it measured.
+    sweep = None
 
     def __init__(self, epoch=None, batches=None, epoch_done=False, training=None, *, signum=None,
-                 message=None):
+                 message=None, **details):
         if message is None:
             where = (f'after epoch {epoch}, before the next began' if epoch_done else
                      f'in epoch {epoch} after {batches} batch(es)')
@@ -84,36 +89,29 @@ class Interrupted(BaseException):
         super().__init__(message)
         self.epoch, self.batches, self.epoch_done = epoch, batches, epoch_done
         self.training, self.signum = training, signum
+        for name, value in details.items():
+            if not hasattr(type(self), name):
+                raise TypeError(f'Interrupted has no detail {name!r}')
+            setattr(self, name, value)
+
+    @classmethod
+    def by_signal(cls, signum):
+        """Raised where the code was: by a signal handler (``signals.raising``), or where work
+        asks a stop request between its steps (``stopping.check_stop``)."""
+        return cls(signum=signum, message=f'interrupted by {signal.Signals(signum).name}')
+
+    @classmethod
+    def between_runs(cls, num_epochs, done, left, signum=None):
+        """A comparison's stop at the end of an epoch of its runs (taken in turn): ``done`` names
+        the epoch that finished last, ``left`` what was not begun; ``num_epochs`` is the last
+        round every run finished."""
+        return cls(num_epochs, None, epoch_done=True, signum=signum, done=done, left=left)
+
+    @classmethod
+    def sweep_stopped(cls, sweep, signum):
+        """A measuring program's sweep stopped by ``signum``: ``sweep`` keeps what it measured."""
+        return cls(signum=signum, message='stopped', sweep=sweep)
 
     def _render_traceback_(self):
         """What IPython shows for it in a notebook: the one line, not a traceback."""
         return [f'{type(self).__name__}: {self}']
-
-
-class StoppedBetweenRuns(Interrupted):
-    """A stop at the end of an epoch of a comparison's runs (taken in turn): no other is begun.
-
-    ``done`` names the epoch that finished last (``epoch 2 of kvstore
-    local``), ``left`` what was not begun, in words; ``num_epochs`` is the last
-    round every run finished.
-    """
-
-    def __init__(self, num_epochs, done, left, signum=None):
-        super().__init__(num_epochs, None, epoch_done=True, signum=signum)
-        self.done, self.left = done, left
-
-
-class SweepStopped(Interrupted):
-    """A measuring program's sweep stopped by a signal: ``sweep`` keeps what it measured."""
-
-    def __init__(self, sweep, signum):
-        super().__init__(signum=signum, message='stopped')
-        self.sweep = sweep
-
-
-class StoppedBySignal(Interrupted):
-    """A stop raised where the code was: by a signal handler (``signals.raising``), or where
-    work asks a stop request between its steps (``measure.check_stop``)."""
-
-    def __init__(self, signum):
-        super().__init__(signum=signum, message=f'interrupted by {signal.Signals(signum).name}')

@@ -406,14 +406,15 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
     assert os.listdir(out) == ['kept.md'] and (out / 'kept.md').read_text() == 'old'
 
 
-# The family of stops, and the stop that raises where the code is.
+# The one stop exception, and the stop that raises where the code is.
 
 def test_every_stop_is_an_interrupted_that_except_exception_does_not_catch():
     stops = [gm.Interrupted(1, 2, signum=signal.SIGINT),
-             gm.StoppedBetweenRuns(2, 'device', ['local'], signal.SIGTERM),
-             gm.SweepStopped(None, signal.SIGHUP), gm.StoppedBySignal(signal.SIGTERM)]
+             gm.Interrupted.between_runs(2, 'device', ['local'], signal.SIGTERM),
+             gm.Interrupted.sweep_stopped(None, signal.SIGHUP),
+             gm.Interrupted.by_signal(signal.SIGTERM)]
     for stop in stops:
-        assert isinstance(stop, gm.Interrupted) and stop.signum is not None
+        assert type(stop) is gm.Interrupted and stop.signum is not None  # one class
         with pytest.raises(gm.Interrupted):
             try:
                 raise stop
@@ -421,13 +422,13 @@ def test_every_stop_is_an_interrupted_that_except_exception_does_not_catch():
                 pytest.fail(f'{type(stop).__name__} was caught as a failure')
     assert 'epoch 2 after 5 batch(es)' in str(gm.Interrupted(2, 5))  # wording: test_messages
     assert gm.Interrupted(2, 5).signum is None  # a hook's request: no signal
-    assert str(gm.StoppedBySignal(signal.SIGTERM)) == 'interrupted by SIGTERM'
+    assert str(gm.Interrupted.by_signal(signal.SIGTERM)) == 'interrupted by SIGTERM'
 
 
 def test_a_raising_stop_acts_once_and_hands_the_signals_back():
     before = signal.getsignal(signal.SIGTERM)
     cleaned = []
-    with pytest.raises(gm.StoppedBySignal) as stopped:
+    with pytest.raises(gm.Interrupted) as stopped:
         with gm.signals.raising() as stop:
             try:
                 signal.raise_signal(signal.SIGTERM)

@@ -77,7 +77,7 @@ def test_train_says_where_it_stopped_and_how_to_go_on():
     assert messages.train_stopped(INT, gm.Interrupted(1, None, epoch_done=True)) == (
         'interrupted by SIGINT after epoch 1 had finished its steps, before epoch 2 began; no '
         'checkpoint written (add --checkpoint-dir DIR to be able to resume)')
-    between = gm.StoppedBetweenRuns(1, 'epoch 2 of kvstore device',
+    between = gm.Interrupted.between_runs(1, 'epoch 2 of kvstore device',
                                     ['epoch 2 of kvstore local', 'epoch 3 of every kvstore'], TERM)
     measured = 'epochs 1-2 of kvstore none, device; epoch 1 of kvstore local'
     assert messages.train_stopped(TERM, between, kept=(measured, None, ['a.json'])) == (
@@ -107,7 +107,7 @@ def test_any_program_stopped_while_starting_or_where_its_code_was():
         'interrupted while starting: nothing was written')
     assert messages.while_starting(TERM, began=True) == (
         'SIGTERM came as the run was ending: its results are as printed')
-    assert messages.nothing_written(gm.StoppedBySignal(TERM)) == (
+    assert messages.nothing_written(gm.Interrupted.by_signal(TERM)) == (
         'interrupted by SIGTERM: nothing was written')
     assert str(gm.Interrupted(2, 5)) == 'interrupted in epoch 2 after 5 batch(es)'
 

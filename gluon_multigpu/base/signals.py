@@ -7,7 +7,7 @@ installed (``nohup``) stays ignored (``install``). Three ways build on them:
 second signal ends the process), ``core.interrupt.Interruptible`` (a
 notebook's: Ctrl-C stops after the step, and never ends the process), and
 ``raising`` here (stop where the code is: the first signal raises
-``errors.StoppedBySignal`` in the main thread, which unwinds every ``with``
+``errors.Interrupted`` in the main thread, which unwinds every ``with``
 and ``finally`` on the way, and the signals after it are ignored, so that
 they cannot break into the clean-up it started).
 
@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from ..errors import StoppedBySignal
+from ..errors import Interrupted
 
 __all__ = ['STOP_SIGNALS', 'SAME_REQUEST', 'install', 'restore', 'ignore', 'raising',
            'WakeupReader', 'repeated', 'wait_out', 'interrupts_python', 'quietly']
@@ -65,13 +65,14 @@ def quietly(say, signum):
         pass
 
 
-def install(handler, signums=STOP_SIGNALS):
+def install(handler, signums=STOP_SIGNALS, nohup=True):
     """Make ``handler`` the handler of each of ``signums``; return ``{signum: previous}``.
 
-    A SIGHUP ignored now (``nohup``) stays ignored and is left out. Main thread only.
+    The one place of the package that sets a signal's handler. A SIGHUP ignored now
+    (``nohup``) stays ignored and is left out, unless ``nohup`` is False. Main thread only.
     """
     return {s: signal.signal(s, handler) for s in signums
-            if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
+            if not nohup or s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
 
 
 def restore(previous):
@@ -81,13 +82,14 @@ def restore(previous):
 
 
 def ignore(signums=STOP_SIGNALS):
-    """Ignore ``signums`` from now on (a program that has stopped and only ends)."""
+    """Ignore ``signums`` from now on: a program that has stopped and only ends; SIGXFSZ, so
+    that a write past a file-size limit fails (EFBIG) instead of killing the process."""
     for signum in signums:
         signal.signal(signum, signal.SIG_IGN)
 
 
 class raising:  # pylint: disable=invalid-name
-    """Context manager (main thread): the first stop signal raises ``StoppedBySignal`` where the
+    """Context manager (main thread): the first stop signal raises ``Interrupted`` where the
     code is; those after it are ignored; the previous handlers come back on exit.
 
     Python runs the handler between bytecodes, so a wait inside MXNet ends
@@ -101,7 +103,7 @@ class raising:  # pylint: disable=invalid-name
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         if self.signum is None:
             self.signum = signum
-            raise StoppedBySignal(signum)
+            raise Interrupted.by_signal(signum)
 
     def __enter__(self):
         self._previous = install(self._handle, self.signums)

@@ -7,7 +7,7 @@ machine"). Outputs are written after each round, marked partial until the
 last; a stop keeps every epoch measured (``kept``).
 """
 from . import messages
-from ..errors import Interrupted, StoppedBetweenRuns
+from ..errors import Interrupted
 from ..outputs.files import write_json
 from ..run.progress import Schedule, duration
 from ..study.charts import accuracy_chart
@@ -141,7 +141,7 @@ class Comparison:
             left.append(f'epoch{"s" if first < self.rounds else ""} {first}'
                         + (f'-{self.rounds}' if first < self.rounds else '')
                         + ' of every kvstore')
-        return StoppedBetweenRuns(epoch - (0 if index else 1), done, left,
+        return Interrupted.between_runs(epoch - (0 if index else 1), done, left,
                                   self.stop.signum)
 
     def _begin(self, kvstore, epoch):

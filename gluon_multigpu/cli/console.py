@@ -21,7 +21,7 @@ import sys
 from . import messages
 from .arguments import FLAGS, UsageError, engine_devices, error_line
 from ..base import compat, engine, signals
-from ..errors import GluonMultiGPUError, MXNetLoadError, StoppedBySignal
+from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError
 from ..outputs import files
 from ..run.stopping import StopRequest
 
@@ -267,11 +267,12 @@ def stopping_main(argv, make_parser, run_script):
     ``run_main``'s: one line and 2.
     """
     # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signals.ignore((signal.SIGXFSZ,))
     with signals.raising():
         try:
             return run_main(argv, make_parser, run_script)
-        except StoppedBySignal as e:
+        except Interrupted as e:
+            e.signum = e.signum or signal.SIGINT  # a request without a signal: as Ctrl-C
             print(messages.nothing_written(e), file=sys.stderr)
             return 128 + e.signum
         except OSError as e:

@@ -69,7 +69,7 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_ran
     """
     name = signal_name(signum)
     done = getattr(error, 'done', None)
-    if getattr(error, 'left', None) is not None:  # StoppedBetweenRuns
+    if getattr(error, 'left', None) is not None:  # Interrupted.between_runs
         where = f'interrupted by {name} at the end of {done}'
         if error.left:
             where += f': {kept_and_written(error.left)} not begun'
@@ -169,7 +169,7 @@ def partial_heading(sweep):
 # -- any program ------------------------------------------------------------------------------
 
 def nothing_written(error):
-    """The last line of a program stopped where its code was (``StoppedBySignal``)."""
+    """The last line of a program stopped where its code was (``Interrupted.by_signal``)."""
     return f'{error}: nothing was written'
 
 

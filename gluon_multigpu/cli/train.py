@@ -15,9 +15,10 @@ import signal
 import sys
 
 from . import console, messages
-from .arguments import (FLAGS, add_run_flags, batch_size, error_line, int_in, non_negative_float,
+from .arguments import (add_run_flags, batch_size, error_line, int_in, non_negative_float,
                         num_epochs, path_of, positive_float, script_parser, split_weights)
 from .console import quiet_console, say_quietly, stop_request
+from ..base import signals
 from ..base.protocol import CONTROL_VARIABLE
 from ..core.recipes import MAX_IN_FLIGHT, RECIPES
 from ..errors import GluonMultiGPUError, Interrupted
@@ -185,7 +186,7 @@ def main(argv=None):
     """
     args = parse_args(argv)
     # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signals.ignore((signal.SIGXFSZ,))
     with quiet_console():  # a closed terminal (SIGHUP) must not turn a print into an error
         return _main(args, argv)
 
@@ -204,9 +205,7 @@ def _main(args, argv):
             run(args, stop=stop)
     except JoinError as e:
         # MXNet's join cannot be called off: end the process, whose thread waits there for good.
-        print(e.describe(FLAGS) if e.signum else error_line(e), file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(128 + e.signum if e.signum else 1)  # pylint: disable=protected-access
+        _end_joining(error_line(e), 1)
     except GluonMultiGPUError as e:
         print(error_line(e), file=sys.stderr)
         return 2
@@ -215,6 +214,11 @@ def _main(args, argv):
               file=sys.stderr)
         return 1
     except Interrupted as e:
+        if e.joining:  # as after a time-out: the thread that waits to join stays blocked
+            _end_joining(str(e), 128 + (e.signum or signal.SIGINT))
+        if e.now:  # a second request, heard without a reader: no checkpoint, no outputs
+            stop_now(e.signum)
+            return 128 + e.signum
         print(interrupted_message(stop.signum, e, args.checkpoint_dir, argv, worker_rank()),
               file=sys.stderr)
         return 128 + (stop.signum or signal.SIGINT)
@@ -227,6 +231,14 @@ def _main(args, argv):
                                              bool(args.checkpoint_dir)), file=sys.stderr)
         return 128 + stop.signum
     return 0
+
+
+def _end_joining(line, status):
+    """Say ``line`` and end the process with ``status`` at once: MXNet's join cannot be called
+    off, and its thread would keep the process alive."""
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(status)  # pylint: disable=protected-access
 
 
 def stop_now(signum):  # pylint: disable=unused-argument

@@ -296,7 +296,8 @@ def worker_rank():
 def join_parameter_server(kvstores, stop=None):
     """Join the parameter server if a dist kvstore was asked for; return this ``Worker``.
 
-    A signal (``stop``) or the join's time-out raises ``distributed.JoinError``.
+    A signal (``stop``) raises ``Interrupted`` (``joining``); the join's time-out,
+    ``distributed.JoinError``.
     """
     dist = next((k for k in kvstores if k in DIST_KVSTORES), None)
     _PHASE['joining'] = dist is not None

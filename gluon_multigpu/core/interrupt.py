@@ -76,7 +76,7 @@ class Interruptible(Hook):
         previous = signal.getsignal(signal.SIGINT)
         if not signals.interrupts_python(previous):
             return  # a program's own handler, ignored, or outside Python: left as it is
-        signal.signal(signal.SIGINT, self._handle)
+        signals.install(self._handle, (signal.SIGINT,))
         self._previous, self._installed = previous, True
         self._heard_count = 0
         self._reader.start(only_if_free=True)  # an event loop's stays theirs: the handler speaks
@@ -88,7 +88,7 @@ class Interruptible(Hook):
                 signals.wait_out(self._first_at)  # a repeat of this SIGINT still finds the handler
                 self._reader.stop()
             finally:
-                signal.signal(signal.SIGINT, self._previous)
+                signals.restore({signal.SIGINT: self._previous})
                 self._previous = None
         self._flush()
         epochs = run.result.epochs if run.result is not None else []

@@ -21,7 +21,7 @@ import mxnet as mx
 
 from ..base.protocol import CONTROL_VARIABLE
 from ..core.data import ArrayLoader
-from ..errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError, Interrupted
 from ..core.kvstores import DIST_KVSTORES
 from ..core.training import Hook
 
@@ -36,16 +36,12 @@ JOIN_TIMEOUT = 120.0
 
 
 class JoinError(GluonMultiGPUError):
-    """The parameter server could not be joined (in time), or the wait was interrupted.
+    """The parameter server could not be joined in time.
 
     MXNet's join cannot be called off: the thread that waits in it stays
-    blocked, so a program should end its process (``os._exit``) after saying so.
-    ``signum`` is the signal that interrupted the wait, or None for a time-out.
+    blocked, so a program should end its process (``os._exit``) after saying so;
+    likewise after an ``Interrupted`` whose ``joining`` is true (a stop asked during the wait).
     """
-
-    def __init__(self, message, signum=None):
-        super().__init__(message)
-        self.signum = signum
 
 
 class Worker(NamedTuple):
@@ -115,8 +111,8 @@ def connect(name, stop=None, timeout=None, environ=None):
     The process must have been started with the DMLC_* variables of a worker
     (``scripts/launch.py`` sets them); MXNet reads them here. MXNet waits for
     the scheduler and every other process without a bound and cannot be
-    interrupted there, so the wait runs in a thread: ``JoinError`` when
-    ``stop()`` (a ``StopRequest``) turns true or after ``timeout`` seconds
+    interrupted there, so the wait runs in a thread: ``Interrupted`` (``joining``) when
+    ``stop()`` (a ``StopRequest``) turns true, ``JoinError`` after ``timeout`` seconds
     (default ``GLUON_MULTIGPU_JOIN_TIMEOUT``, else ``JOIN_TIMEOUT``).
     """
     if name not in DIST_KVSTORES:
@@ -140,8 +136,9 @@ def connect(name, stop=None, timeout=None, environ=None):
         thread.join(0.1)
         if stop is not None and stop() and thread.is_alive():
             signum = getattr(stop, 'signum', None) or signal.SIGINT
-            raise JoinError(f'interrupted by {signal.Signals(signum).name} while joining the '
-                            f'parameter server at {where}: nothing was trained', signum)
+            raise Interrupted(signum=signum, joining=True, message=(
+                f'interrupted by {signal.Signals(signum).name} while joining the parameter '
+                f'server at {where}: nothing was trained'))
         if time.monotonic() > deadline and thread.is_alive():
             raise JoinError(f'could not join the parameter server at {where} within {timeout:g} '
                             's: the scheduler is not reachable from this host, or not every '

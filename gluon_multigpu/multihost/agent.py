@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+from ..base import signals
 from ..base.protocol import CONTROL, CONTROL_VARIABLE
 
 #: Exit status when the launcher was gone and the agent ended the command.
@@ -311,9 +312,8 @@ def main(argv=None):
 
     def gone(signum, frame):  # pylint: disable=unused-argument
         agent.launcher_gone = True
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(s, gone)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signals.install(gone, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), nohup=False)
+    signals.ignore((signal.SIGPIPE,))
     return agent.run()
 
 

@@ -16,7 +16,7 @@ from ..base.background import Background
 from ..base.signals import SAME_REQUEST, STOP_SIGNALS
 from ..core.hooks import Hook
 from ..core.interrupt import Interruptible
-from ..errors import StoppedBySignal
+from ..errors import Interrupted
 from ..outputs.files import discard_unfinished
 
 __all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
@@ -62,7 +62,8 @@ class StopRequest(Hook):
                 self._first_at = time.monotonic()
         elif (not self._watching and signum != signal.SIGHUP and self._exit
               and not signals.repeated(self._first_at)):  # no reader: a second request ends it here
-            raise KeyboardInterrupt
+            raise Interrupted(signum=signum, now=True,
+                              message=f'stopped at once by a second {signal.Signals(signum).name}')
 
     def _heard(self, signum):
         """A signal as it arrives (the reader's thread), also while the main thread is in MXNet."""
@@ -97,12 +98,12 @@ class StopRequest(Hook):
 
 
 def check_stop(stop):
-    """Raise ``StoppedBySignal`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop.
+    """Raise ``Interrupted`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop.
 
     What work that is not a training run asks between its steps (a measurement's repeats).
     """
     if stop is not None and stop():
-        raise StoppedBySignal(stop.signum or signal.SIGINT)
+        raise Interrupted.by_signal(stop.signum or signal.SIGINT)
 
 
 class StallGuard(Background, Hook):

@@ -11,7 +11,7 @@ import tempfile
 
 from gluon_multigpu.cli import common
 from gluon_multigpu.cli.common import positive_float
-from gluon_multigpu.errors import GluonMultiGPUError, StoppedBySignal
+from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.base import signals
 from gluon_multigpu.outputs import files
 from lab.hosts import cluster
@@ -174,7 +174,7 @@ def main(argv=None):
         except (common.UsageError, failover.StudyError) as e:
             say(f'error: {e}')
             return 2
-        except (StoppedBySignal, KeyboardInterrupt) as e:
+        except (Interrupted, KeyboardInterrupt) as e:
             signum = getattr(e, 'signum', signal.SIGINT)
             say(f'{signal.Signals(signum).name}: stopped the run in progress; the {len(done)} '
                 f'row(s) measured before it are in {os.path.abspath(args.out)}')

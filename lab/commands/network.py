@@ -21,7 +21,7 @@ import time
 
 from gluon_multigpu.cli import common
 from gluon_multigpu.cli.common import int_in, non_negative_float
-from gluon_multigpu.errors import GluonMultiGPUError, StoppedBySignal
+from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.base import signals
 from gluon_multigpu.outputs import files
 from lab.hosts import cluster
@@ -196,7 +196,7 @@ def main(argv=None):
             where = f' {e.filename}' if e.filename else ''
             common.say_quietly(f'error: could not write{where}: {e.strerror or e}')
             return 1
-        except (KeyboardInterrupt, StoppedBySignal) as e:
+        except (KeyboardInterrupt, Interrupted) as e:
             signum = getattr(e, 'signum', signal.SIGINT)
             kept = f'; the rows measured are in {args.out}' if args.out else ''
             common.say_quietly(f'interrupted by {signal.Signals(signum).name}: stopped the run '

@@ -16,7 +16,7 @@ from gluon_multigpu.cli.messages import heard, signal_name
 from gluon_multigpu.cli.arguments import UsageError, error_line
 from gluon_multigpu.cli.console import quiet_console, resume_command, say_quietly, stop_request
 from gluon_multigpu.base import signals
-from gluon_multigpu.errors import GluonMultiGPUError, Interrupted, StoppedBySignal, SweepStopped
+from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.run.stopping import check_stop
 
 #: An environment variable the measuring programs read instead of the system's MemAvailable,
@@ -143,9 +143,9 @@ def measure_sweep(sweep, measure, stop, show_partial):
     """Measure the pending units of ``sweep`` with ``measure(unit)``; return its results.
 
     ``stop`` is asked before every unit; when it stops the run (any
-    ``Interrupted``: ``StoppedBySignal`` between steps, training's own after
+    ``Interrupted``: raised between steps, or training's own after
     one), ``show_partial(results)`` prints what was measured, and
-    ``SweepStopped`` is raised.
+    ``Interrupted.sweep_stopped`` is raised.
     """
     _ACTIVE['sweep'] = sweep
     try:
@@ -160,7 +160,7 @@ def measure_sweep(sweep, measure, stop, show_partial):
         signum = stop.signum or e.signum or signal.SIGINT
         if sweep.done:
             show_partial(sweep.results())
-        raise SweepStopped(sweep, signum) from None
+        raise Interrupted.sweep_stopped(sweep, signum) from None
     finally:
         sweep.close()  # also when ``with`` was never reached
 
@@ -169,7 +169,7 @@ def sweep_main(argv, make_parser, run_script, name):
     """The ``main`` of a measuring program that keeps its results as it goes; its exit status.
 
     ``run_script(args, stop)`` measures, asking ``stop`` (a ``StopRequest``)
-    between steps, and raises ``SweepStopped`` when it stopped. Ctrl-C,
+    between steps, and raises ``Interrupted.sweep_stopped`` when it stopped. Ctrl-C,
     SIGTERM or SIGHUP: one line at once, the current step ends, the partial
     table is printed (by ``run_script``), one line says what was kept and how
     to continue, status 128 + the signal; a second signal ends the process at
@@ -177,16 +177,17 @@ def sweep_main(argv, make_parser, run_script, name):
     a write that fails: one line, 1. Done: one line names the results file.
     """
     args = make_parser().parse_args(argv)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signals.ignore((signal.SIGXFSZ,))
     _ACTIVE['kept'] = None
     with quiet_console():
         try:
             with stop_request(lambda signum: say_quietly(sweep_heard(signum)),
                               _stop_now) as stop:
                 run_script(args, stop=stop)
-        except SweepStopped as e:
-            say_quietly(sweep_stopped(e.signum, e.sweep, resume_command(name, argv)))
-            return 128 + e.signum
+        except Interrupted as e:
+            signum = e.signum or stop.signum or signal.SIGINT
+            say_quietly(sweep_stopped(signum, e.sweep, resume_command(name, argv)))
+            return 128 + signum
         except GluonMultiGPUError as e:
             say_quietly(error_line(e))
             return 2

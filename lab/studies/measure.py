@@ -11,7 +11,7 @@ A measurement takes minutes; a stop request (``StopRequest``) is asked
 between its steps (``check_stop``), and a program that stops where the code
 is (``base.signals.raising``) unwinds through every ``with`` and ``finally``
 on the way (temporary files, threads, child processes): both raise
-``errors.StoppedBySignal``.
+``errors.Interrupted``.
 """
 import statistics
 import time
