@@ -77,6 +77,8 @@ class Interrupted(BaseException):
     done = left = None
     #: A measuring program's stop: its sweep, which keeps what it measured.
     sweep = None
+    #: A comparison's stop, once it kept what its kvstores measured (``Comparison.kept``).
+    comparison = None
 
     def __init__(self, epoch=None, batches=None, epoch_done=False, training=None, *, signum=None,
                  message=None, **details):

@@ -259,7 +259,7 @@ def test_a_non_finite_loss_is_named_by_its_step(fashion_test):
             return out * float('nan') if NanAtThree.calls in (5, 6) else out
     with pytest.raises(gm.TrainingDiverged, match='^the training loss became non-finite at step '
                                                   '3$') as stop:
-        steps = gm.train_epoch(net, batches, NanAtThree(), trainer, gm.cpu_devices(2))
+        steps = gm.train_epoch(gm.Step(net, NanAtThree(), trainer, gm.cpu_devices(2)), batches)
         assert steps.batches == 4 and steps.samples == 256  # queued: nothing read back yet
         mx.npx.waitall()
         steps.totals(1.0)

@@ -42,9 +42,9 @@ def test_the_natural_call_takes_the_models_recipe(monkeypatch):
     seen = {}
     original = gm.training.train_epoch
 
-    def spy(*args, **kwargs):
-        seen['max_in_flight'] = kwargs['max_in_flight']
-        return original(*args, **kwargs)
+    def spy(step, *args, **kwargs):
+        seen['max_in_flight'] = step.max_in_flight
+        return original(step, *args, **kwargs)
 
     monkeypatch.setattr(gm.training, 'train_epoch', spy)
     train_iter, test_iter = small_data(batch=64, steps=2)

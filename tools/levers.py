@@ -102,11 +102,12 @@ def worker(spec):
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     use = pushers_for(devices) if spec.get('pushers', True) else contextlib.nullcontext()
     with use as pushers:
-        steps_mod.train_epoch(net, batches[:WARMUP], loss, trainer, devices, pushers=pushers)
+        steps_mod.train_epoch(steps_mod.Step(net, loss, trainer, devices, pushers=pushers),
+                              batches[:WARMUP])
         npx.waitall()
         tic = time.perf_counter()
-        steps_mod.train_epoch(net, batches[WARMUP:], loss, trainer, devices, pushers=pushers,
-                              max_in_flight=1)
+        steps_mod.train_epoch(steps_mod.Step(net, loss, trainer, devices, pushers=pushers,
+                                             max_in_flight=1), batches[WARMUP:])
         npx.waitall()  # sync point: every timed step done
         seconds = time.perf_counter() - tic
     return {'images_per_sec': steps * BATCH / seconds,

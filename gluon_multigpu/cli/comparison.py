@@ -62,7 +62,7 @@ class Comparison:
         self.args, self.kvstores, self.config = args, kvstores, config
         self.tracker, self.out, self.stop = tracker, out, stop
         self.rounds = args.num_epochs
-        self.runs = {}  # kvstore -> its run (``train_run.KvstoreRun``)
+        self.runs = {}  # kvstore -> its run (``kvstore_run.KvstoreRun``)
         self.loads = {k: {} for k in kvstores}  # kvstore -> {epoch: LoadMeter figures}
         self.current = None  # the epoch in progress: 'epoch 2 of kvstore device'
         self.schedule = (Schedule(kvstores, 'kvstore comparison', self.rounds)
@@ -87,11 +87,8 @@ class Comparison:
         if self.schedule is None:
             kvstore = self.kvstores[0]
             self.runs[kvstore] = start_one(kvstore, None)
-            result = self.runs[kvstore].train(self.rounds)
-            if not quiet:
-                print(result.final_line(), file=self.out, flush=True)
-            self._end()
-            return self.results
+            self.runs[kvstore].train(self.rounds)
+            return self.finish(quiet)
         meter = LoadMeter()
         try:
             for epoch in range(1, self.rounds + 1):
@@ -116,6 +113,11 @@ class Comparison:
         except Interrupted as e:
             e.comparison = self.kept()
             raise
+        return self.finish(quiet)
+
+    def finish(self, quiet=False):
+        """Once every run trained: each one's final line (``quiet``: none, a worker after the
+        first), the table and the answer of several, the outputs; return the results."""
         if not quiet:
             for result in self.results:
                 print(result.final_line(), file=self.out, flush=True)

@@ -216,6 +216,17 @@ def resume_command(name, argv=None):
 def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
     """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
 
+    ``launcher``, ``engine``, ``engine_argv``: as ``command`` takes them.
+    """
+    with command(launcher, engine, engine_argv):
+        sys.exit(main())
+
+
+@contextlib.contextmanager
+def command(launcher=None, engine=True, engine_argv=None):
+    """Within the block, the program's body: its engine set up before, MXNet's load errors one
+    line and exit status 2 after.
+
     ``launcher``: the path of the ``scripts/NAME.py`` that started it (None:
     its console script). ``engine``: set the engine for the device flags of
     ``engine_argv`` (None: the command line's) before MXNet loads; False for
@@ -226,17 +237,16 @@ def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disabl
     if engine:
         prepare_engine(engine_argv)
     try:
-        status = main()
+        yield
     except MXNetLoadError as e:  # MXNet could not load, wherever the program first needed it
         say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: {e}')
-        status = 2
+        sys.exit(2)
     except ModuleNotFoundError as e:
         if (e.name or '').split('.')[0] != 'mxnet':
             raise
         say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: '
                     f'{compat.load_advice(e)}')
-        status = 2
-    sys.exit(status)
+        sys.exit(2)
 
 
 def run_main(argv, build_parser, run):

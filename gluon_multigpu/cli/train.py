@@ -187,50 +187,55 @@ def main(argv=None):
     args = parse_args(argv)
     # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
     signals.ignore((signal.SIGXFSZ,))
-    with quiet_console():  # a closed terminal (SIGHUP) must not turn a print into an error
-        return _main(args, argv)
-
-
-def _main(args, argv):
     # pylint: disable=import-outside-toplevel  (the run loads MXNet: after the engine set-up)
-    from ..features.distributed import JoinError
-    from .train_run import joining, run, worker_rank
+    from .train_run import joining, run
     # Started by the launcher's agent (its control pipes are set): signals come from the launcher.
     launched = bool(os.environ.get(CONTROL_VARIABLE))
 
     def heard(signum):
         say_quietly(messages.train_heard(signum, args.book_literal, launched, joining()))
-    try:
-        with stop_request(heard, stop_now, ignore_after=True) as stop:
-            run(args, stop=stop)
-    except JoinError as e:
+    stop = None
+    with quiet_console():  # a closed terminal (SIGHUP) must not turn a print into an error
+        try:
+            with stop_request(heard, stop_now, ignore_after=True) as stop:
+                run(args, stop=stop)
+        except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
+            return _ended(e, stop, args, argv)
+        if stop.signum:  # in the last evaluation, or while the outputs were written
+            print(messages.train_finished_anyway(stop.signum, bool(args.json or args.plot or
+                                                                   args.report),
+                                                 bool(args.checkpoint_dir)), file=sys.stderr)
+            return 128 + stop.signum
+    return 0
+
+
+def _ended(error, stop, args, argv):
+    """Say how the run ended on ``error`` (caught once, in ``main``); return the exit status."""
+    # pylint: disable=import-outside-toplevel  (MXNet is loaded by now)
+    from ..features.distributed import JoinError
+    from .train_run import worker_rank
+    signum = getattr(stop, 'signum', None)
+    if isinstance(error, JoinError):
         # MXNet's join cannot be called off: end the process, whose thread waits there for good.
-        _end_joining(error_line(e), 1)
-    except GluonMultiGPUError as e:
-        print(error_line(e), file=sys.stderr)
+        _end_joining(error_line(error), 1)
+    if isinstance(error, GluonMultiGPUError):
+        print(error_line(error), file=sys.stderr)
         return 2
-    except OSError as e:  # a disk that fills, a file-size limit, ... while writing
-        print(messages.could_not_write(e, 'the last complete checkpoint, if any, is kept'),
+    if isinstance(error, OSError):  # a disk that fills, a file-size limit, ... while writing
+        print(messages.could_not_write(error, 'the last complete checkpoint, if any, is kept'),
               file=sys.stderr)
         return 1
-    except Interrupted as e:
-        if e.joining:  # as after a time-out: the thread that waits to join stays blocked
-            _end_joining(str(e), 128 + (e.signum or signal.SIGINT))
-        if e.now:  # a second request, heard without a reader: no checkpoint, no outputs
-            stop_now(e.signum)
-            return 128 + e.signum
-        print(interrupted_message(stop.signum, e, args.checkpoint_dir, argv, worker_rank()),
-              file=sys.stderr)
-        return 128 + (stop.signum or signal.SIGINT)
-    except KeyboardInterrupt:
+    if isinstance(error, KeyboardInterrupt):
         stop_now(signal.SIGINT)
         return 130
-    if stop.signum:  # in the last evaluation, or while the outputs were written
-        print(messages.train_finished_anyway(stop.signum, bool(args.json or args.plot or
-                                                               args.report),
-                                             bool(args.checkpoint_dir)), file=sys.stderr)
-        return 128 + stop.signum
-    return 0
+    if error.joining:  # as after a time-out: the thread that waits to join stays blocked
+        _end_joining(str(error), 128 + (error.signum or signal.SIGINT))
+    if error.now:  # a second request, heard without a reader: no checkpoint, no outputs
+        stop_now(error.signum)
+        return 128 + error.signum
+    print(interrupted_message(signum, error, args.checkpoint_dir, argv, worker_rank()),
+          file=sys.stderr)
+    return 128 + (signum or signal.SIGINT)
 
 
 def _end_joining(line, status):
@@ -248,7 +253,8 @@ def stop_now(signum):  # pylint: disable=unused-argument
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
-    console.start(main, launcher)
+    with console.command(launcher):  # the engine set up first; MXNet's load errors in one line
+        sys.exit(main())
 
 
 if __name__ == '__main__':

@@ -14,30 +14,26 @@ import sys
 from . import messages
 from .arguments import FLAGS
 from .comparison import Comparison
-from .console import cores, program, resume_command, say_quietly
-from ..base.compat import GPU_INSTALL
-from ..core.book import book_epochs, resnet18 as book_resnet18
+from .kvstore_run import RunMaker
+from .console import program, resume_command, say_quietly
 from ..core.checks import check_loop_options
 from ..core.data import DATASETS, load_data, synthetic_data
 from ..core.devices import even_shares, resolve_devices, split_sizes
-from ..core.kvstores import DIST_KVSTORES, check_kvstore, kvstore_name
-from ..core.model import check_batch_memory, default_initializer, fit_batch, get_model
+from ..core.kvstores import DIST_KVSTORES, check_kvstore
+from ..core.model import check_batch_memory, fit_batch
 from ..core.recipes import RECIPES
 from ..core.results import epoch_line
-from ..core.training import Training
 from ..errors import GluonMultiGPUError
-from ..features.balance import TimedSplit, make_split
-from ..features.distributed import Control, StepScale, join
-from ..features.precision import check_dtype, make_precision
-from ..features.sync_bn import check_options as check_sync_bn_options, check_training, sync_batch_norm
+from ..features.distributed import Control, join
+from ..features.precision import check_dtype
+from ..features.sync_bn import check_options as check_sync_bn_options, check_training
 from ..checkpoints.checkpoint import for_run, run_config
-from ..run.progress import Progress
 from ..run.stopping import StallGuard, StopRequest
 from ..outputs.targets import check_outputs as check_paths, input_files
 from ..study.charts import check_chart_path
-from ..study.compare import ParamTracker, fingerprint
+from ..study.compare import ParamTracker
 
-__all__ = ['run', 'KvstoreRun', 'joining', 'worker_rank', 'per_device', 'RankPrefixed']
+__all__ = ['run', 'joining', 'worker_rank', 'per_device', 'RankPrefixed']
 
 
 def check_run(args):
@@ -111,11 +107,17 @@ def run(args, out=None, stop=None):
             devices=[str(d) for d in devices], num_train=train_iter.num_samples,
             num_test=len(test_iter.labels), workers=worker.count)
         hooks = [h for h in (checkpoint, stop, control, guard) if h is not None]
-        return Comparison(args, kvstores, config, tracker, out, stop).run(
-            lambda kvstore, schedule: KvstoreRun(args, worker.kvstore or kvstore, devices, lr,
-                                                 train_iter, test_iter, out, tracker, hooks,
-                                                 worker, schedule),
-            quiet=bool(worker.rank))
+        runs = RunMaker(args, worker, devices, lr, train_iter, test_iter, out, tracker, hooks)
+        comparison = Comparison(args, kvstores, config, tracker, out, stop)
+        if len(kvstores) > 1:  # the kvstores take turns, epoch after epoch
+            return comparison.run(runs, quiet=bool(worker.rank))
+        one = comparison.runs[kvstores[0]] = runs(kvstores[0])
+        if one.training is None:  # the text's own loop (--book-literal)
+            one.train(args.num_epochs)
+        else:  # the section's loop, called directly
+            one.result = one.training.fit(args.num_epochs)
+            one.result.workers = worker.count
+        return comparison.finish(quiet=bool(worker.rank))
 
 
 def make_loaders(args, batch_size, num_devices, worker):
@@ -143,87 +145,6 @@ def make_loaders(args, batch_size, num_devices, worker):
         note = (f'dropping the last {dropped} training sample(s) of each epoch: '
                 f'fewer than the {num_devices} devices')
     return train_iter, test_iter, note
-
-
-class KvstoreRun:
-    """A fresh model (or a resumed one) trained with one kvstore: ``train(epochs)`` trains more.
-
-    Built whole at once (the network initialised, the Trainer made); each
-    ``train`` goes on from where the last stopped, with this run's own
-    sequence of batches, so that the runs of a comparison can take turns
-    epoch after epoch and each train exactly as alone. Each epoch is printed;
-    after it ``tracker`` records the parameters, for the comparison;
-    ``schedule`` (a ``progress.Schedule``) holds the runs compared, for the
-    progress lines' time left.
-    """
-
-    def __init__(self, args, kvstore, devices, lr, train_iter, test_iter, out, tracker,
-                 hooks=(), worker=None, schedule=None):
-        self.train_iter, self.worker, self.result = train_iter, worker, None
-        train_iter.epoch = 0  # every kvstore sees the same sequence of batches
-        classes = DATASETS[args.dataset]['classes']
-        if args.book_literal and args.model == 'resnet18':
-            net = book_resnet18(classes)  # the text's: nn.Block residuals
-        else:
-            net = get_model(args.model, classes,
-                            sync_batch_norm(len(devices)) if args.sync_bn else None)
-        split = make_split(args.split)
-
-        def on_epoch(record):
-            line = epoch_line(record, args.num_epochs)
-            if worker is not None and worker.count > 1:  # the workers must agree: show it
-                line += f', parameters {fingerprint(net)}'
-            print(line, file=out, flush=True)
-            if isinstance(split, TimedSplit):
-                print(f'  {split.summary()}', file=out, flush=True)
-                split.reset_stats()
-            tracker.record(kvstore_name(kvstore), record.epoch, net)
-
-        settings = dict(lr=lr, kvstore=kvstore, seed=args.seed,
-                        initializer=default_initializer(args.model), on_epoch=on_epoch)
-        self._book = self.training = None
-        if args.book_literal:  # the text's loop, asking the stop request between steps
-            stop = next((h for h in hooks if isinstance(h, StopRequest)), None)
-            self._book = book_epochs(net, train_iter, test_iter, devices, args.num_epochs,
-                                     batch_size=train_iter.batch_size, stop=stop, **settings)
-            return
-        label = (f'kvstore {kvstore_name(kvstore)} on {len(devices)} '
-                 f'{devices[0].device_type.upper()}' + ('s' if len(devices) > 1 else ''))
-        progress = Progress(say_quietly, args.progress_interval, label, args.num_epochs,
-                            advice=faster_advice(args, devices), schedule=schedule)
-        features = [split, make_precision(args.dtype, devices)]
-        if worker and worker.count > 1:
-            features.append(StepScale(kvstore, worker.count))
-        self.training = Training(net, train_iter, test_iter, devices,
-                                 hooks=[f for f in features if f is not None]
-                                 + [*hooks, progress],
-                                 max_in_flight=args.max_in_flight, **settings)
-
-    def train(self, epochs):
-        """Train ``epochs`` more epochs; return the ``TrainResult`` so far."""
-        # This run's next epoch, whatever the other runs of a comparison trained meanwhile (a
-        # checkpoint's resume sets it again, in the training's ``begin``).
-        self.train_iter.epoch = len(self.result.epochs) if self.result is not None else 0
-        if self._book is not None:
-            for _ in range(epochs):
-                self.result = next(self._book)
-        else:
-            self.result = self.training.fit(epochs)
-        self.result.workers = self.worker.count if self.worker else 1
-        return self.result
-
-
-def faster_advice(args, devices):
-    """What to try when a run would take long: a smaller model, more contexts, GPUs."""
-    options = []
-    if args.model != 'simple-cnn':
-        options.append('--model simple-cnn trains about 60 times faster')
-    if devices[0].device_type == 'cpu' and len(devices) < max(2, cores()):
-        options.append(f'--cpu-devices {max(2, cores())} uses every core')
-    if devices[0].device_type == 'cpu':
-        options.append(f'a machine with GPUs takes seconds per epoch ({GPU_INSTALL})')
-    options.append('--num-train N trains on a subset')
-    return 'faster: ' + '; '.join(options)
 
 
 def make_checkpointer(args, batch_size, lr, kvstores, worker):

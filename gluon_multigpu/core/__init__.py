@@ -1,1 +1,13 @@
-"""The section itself: devices, the networks and their recipes, the data, the kvstores, the loop."""
+"""The section itself (d2l 13.6), its four pieces first:
+
+- the step: split the batch, forward and backward on every device, ``trainer.step``:
+  ``steps.train_batch`` (with ``train_epoch``, ``evaluate_accuracy_gpus``);
+- the split, a batch cut into one shard per device: ``devices.split_batch``;
+- the Trainer, and the kvstore that sums the gradients: ``kvstores.make_trainer``;
+- the text's loop, as printed: ``book.train_book``.
+
+Around them: ``model`` and ``recipes`` (the networks and their settings), ``data``,
+``training`` (the loop made resumable and open to hooks: ``train``), ``hooks``,
+``interrupt`` and ``live`` (the hooks ``train`` adds by itself), ``pushers``,
+``checks``, ``results``, ``utils``.
+"""

@@ -23,7 +23,7 @@ from .results import EpochTotals
 from .utils import accuracy
 
 __all__ = ['evaluate_accuracy_gpus', 'train_batch', 'non_finite_params', 'check_finite_params',
-           'EpochSteps', 'train_epoch', 'hybridize']
+           'EpochSteps', 'Step', 'train_epoch', 'hybridize']
 
 
 def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers=None):
@@ -156,20 +156,42 @@ class EpochSteps:
                            seconds, self.batches, self.stopped)
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, *, hooks_of=None, timer=None,
-                first_step=1, max_in_flight=None, step_scale=1, split_f=split_batch,
-                after_backward=None, scaler=None, pushers=None):
-    """Queue one epoch of steps; return its ``EpochSteps`` (call ``npx.waitall()``, then
-    ``totals(seconds)``).
+@dataclass
+class Step:
+    """What every step of an epoch needs, given once: ``train_batch``'s arguments.
+
+    ``net``, ``loss``, ``trainer``, ``devices`` and ``split_f`` as the text has
+    them; the features' ``after_backward`` and ``scaler``; ``pushers`` (a thread
+    per device); ``step_scale`` (``trainer.step`` normalises by a batch's samples
+    times this: a parameter server's workers); ``max_in_flight`` (steps the engine
+    may run behind Python; None or 0: unbounded, as the text).
+    """
+    net: object
+    loss: object
+    trainer: object
+    devices: list
+    split_f: object = split_batch
+    after_backward: object = None
+    scaler: object = None
+    pushers: object = None
+    step_scale: int = 1
+    max_in_flight: object = None
+
+
+def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
+    """Queue one epoch of steps (``step``: a ``Step``); return its ``EpochSteps`` (call
+    ``npx.waitall()``, then ``totals(seconds)``).
 
     (More: docs/design.md, "Notes on the code".)
     """
+    devices, max_in_flight = step.devices, step.max_in_flight
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
     check = getattr(hooks_of, 'check', None)
     for batch in train_iter:
         X, y = check(batch, steps.batches == 0) if check is not None else batch_pair(batch)
-        stats = train_batch(net, X, y, loss, trainer, devices, X.shape[0] * step_scale, split_f,
-                            after_backward, scaler, pushers)
+        stats = train_batch(step.net, X, y, step.loss, step.trainer, devices,
+                            X.shape[0] * step.step_scale, step.split_f, step.after_backward,
+                            step.scaler, step.pushers)
         for i, (l, c) in enumerate(stats):
             steps.losses[i].append(l)
             steps.correct[i].append(c)

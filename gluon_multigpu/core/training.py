@@ -26,7 +26,7 @@ from .live import Live
 from .kvstores import check_kvstore, kvstore_name, make_trainer
 from .recipes import recipe_of
 from .results import EpochRecord, TrainResult
-from .steps import (EpochSteps, check_finite_params, evaluate_accuracy_gpus, hybridize,
+from .steps import (EpochSteps, Step, check_finite_params, evaluate_accuracy_gpus, hybridize,
                     train_batch, train_epoch)
 from .devices import split_batch
 from .utils import Timer
@@ -219,16 +219,14 @@ class Training:
         if first_epoch > self._target:  # a resumed run that had done them all
             return
         timer = Timer()
+        step = Step(run.model, self.loss, run.trainer, run.devices, run.split, run.after_backward,
+                    run.scaler, self._pushers, run.step_scale, self.max_in_flight)
         for epoch in range(first_epoch, self._target + 1):
             run.epoch = epoch
             done = partial.batches if partial else 0
             batches = batches if batches is not None else iter(run.train_iter)
             timer.start()
-            steps = train_epoch(run.model, batches, self.loss, run.trainer, run.devices,
-                                hooks_of=run, timer=timer, first_step=done + 1,
-                                max_in_flight=self.max_in_flight, step_scale=run.step_scale,
-                                split_f=run.split, after_backward=run.after_backward,
-                                scaler=run.scaler, pushers=self._pushers)
+            steps = train_epoch(step, batches, hooks_of=run, timer=timer, first_step=done + 1)
             npx.waitall()  # Sync point: every queued step has finished before the timer stops.
             seconds = timer.stop()
             run.call('steps_done')

@@ -116,8 +116,9 @@ def throughput(spec):
 
     def run(data):  # queue the steps of ``data``; return their images
         if ours:  # each CPU context's passes from a thread of its own, as ``train`` does
-            return training.train_epoch(net, data, loss, trainer, devices, pushers=pushers,
-                                        max_in_flight=spec.get('max_in_flight', 1)).samples
+            step = training.Step(net, loss, trainer, devices, pushers=pushers,
+                                 max_in_flight=spec.get('max_in_flight', 1))
+            return training.train_epoch(step, data).samples
         return book.train_epoch_book(net, data, loss, trainer, devices, batch)
     with (pushers_for(devices) if ours else contextlib.nullcontext()) as pushers:
         figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),

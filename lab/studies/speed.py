@@ -22,7 +22,7 @@ from gluon_multigpu.core.devices import devices_for
 from gluon_multigpu.core.kvstores import make_trainer
 from gluon_multigpu.core.pushers import pushers_for
 from gluon_multigpu.core.recipes import MAX_IN_FLIGHT
-from gluon_multigpu.core.steps import train_epoch
+from gluon_multigpu.core.steps import Step, train_epoch
 from gluon_multigpu.errors import TrainingDiverged
 from gluon_multigpu.run.stopping import check_stop
 
@@ -59,8 +59,8 @@ def time_steps(config, device_type, train_data, steps, seed=0, stop=None, advanc
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
     def run(n):
-        return train_epoch(net, itertools.islice(batches, n), loss, trainer, devices,
-                           max_in_flight=MAX_IN_FLIGHT, pushers=pushers)
+        return train_epoch(Step(net, loss, trainer, devices, pushers=pushers,
+                                max_in_flight=MAX_IN_FLIGHT), itertools.islice(batches, n))
     with pushers_for(devices) as pushers:  # each CPU context's passes from its own thread
         return _timed(config, device_type, run, warmup, steps)
 
