@@ -302,6 +302,6 @@ def test_the_gpu_install_is_written_one_way_everywhere():
                 found += 1
                 assert GPU_INSTALL in line or 'GPU_INSTALL = ' in line, (path.name, line)
     assert found >= 4  # README, guide, setup.cfg, the definition
-    for name in ('kvstores', 'train_run'):  # the messages take it from there
+    for name in ('kvstores', 'kvstore_run'):  # the messages take it from there
         assert 'GPU_INSTALL' in (repo / 'gluon_multigpu').joinpath(
             'core' if name == 'kvstores' else 'cli', f'{name}.py').read_text(encoding='utf-8')

@@ -15,6 +15,7 @@ import pytest
 import gluon_multigpu as gm
 from lab.studies import scaling_report as lab_scaling_report
 from lab.studies import scaling_model as scaling
+from lab.studies import counts as lab_counts
 from gluon_multigpu.base.machine import stamp
 from lab.commands import scaling as scaling_cli
 from conftest import load_script
@@ -265,9 +266,9 @@ def test_without_a_one_device_run_speedup_is_left_empty_and_said(script, fashion
 
 
 def test_device_counts_and_learning_rate_rules():
-    assert gm.devices.device_counts(6) == [1, 2, 4, 6]
-    assert gm.devices.device_counts(16) == [1, 2, 4, 8, 16]
-    assert gm.devices.device_counts(4, minimum=2) == [2, 4] and gm.devices.device_counts(1, 2) == []
+    assert lab_counts.device_counts(6) == [1, 2, 4, 6]
+    assert lab_counts.device_counts(16) == [1, 2, 4, 8, 16]
+    assert lab_counts.device_counts(4, minimum=2) == [2, 4] and lab_counts.device_counts(1, 2) == []
     assert scaling.learning_rate('linear', 0.1, 512) == pytest.approx(0.2)  # the book's 2 GPUs
     assert scaling.learning_rate('sqrt', 0.1, 1024) == pytest.approx(0.2)
     assert scaling.learning_rate('fixed', 0.1, 1024) == 0.1
@@ -277,7 +278,7 @@ def test_device_counts_and_learning_rate_rules():
 
 @pytest.mark.skipif(gm.num_gpus() > 0, reason='checks the fallback without a GPU')
 def test_without_gpus_or_flags_the_sweep_uses_cpu_contexts_and_says_so():
-    kind, counts, note = gm.devices.resolve_counts(cpu_default=[1, 2])
+    kind, counts, note = lab_counts.resolve_counts(cpu_default=[1, 2])
     assert (kind, counts) == ('cpu', [1, 2]) and note.startswith('no GPU found')
 
 

@@ -20,11 +20,8 @@ from .output import (ReportFolder, ReportSet, atomic_write, discard_unfinished, 
 __all__ = ['atomic_write', 'write_json', 'write_csv', 'read_csv', 'check_writable',
            'check_output_dir', 'check_output_path', 'check_outputs', 'input_files',
            'resolve_output', 'is_checkpoint_folder', 'ReportFolder', 'ReportSet', 'recover',
-           'naming', 'discard_unfinished', 'makedirs', 'write_text',
-           'append_text']
+           'naming', 'discard_unfinished', 'makedirs', 'write_text']
 
-#: The most a log file added to (``append_text``) may hold before.
-LOG_LIMIT = 256 << 20
 #: The most a CSV file read back (``read_csv``) may hold.
 CSV_LIMIT = 256 << 20
 
@@ -33,16 +30,6 @@ def write_text(path, text):
     """Write ``text`` to ``path``, atomically."""
     with atomic_write(path, 'w') as f:
         f.write(text)
-
-
-def append_text(path, text, limit=LOG_LIMIT):
-    """Add ``text`` at the end of the log ``path`` (made if missing): the file is replaced
-    atomically by its old content and ``text``, so that it is never left half-written."""
-    try:
-        old = reading.read_text(path, limit, 'log file')
-    except FileNotFoundError:
-        old = ''
-    write_text(path, old + text)
 
 
 def write_json(path, obj):

@@ -17,7 +17,7 @@ import statistics
 import time
 
 __all__ = ['t_quantile', 'Ratio', 'ratio_of', 'LoadMeter', 'load_changed', 'load_note',
-           'Paired', 'versus', 'describe_versus', 'MIN_EFFECT', 'CONFIDENCE']
+           'Paired', 'MIN_EFFECT', 'CONFIDENCE']
 
 #: The smallest difference named: a ratio within 3% of 1 is "equally fast" whatever its interval.
 MIN_EFFECT = 0.03
@@ -308,32 +308,3 @@ class Paired:
                 'load_changed': load_changed(self.all_loads())}
 
 
-def versus(pairs, name, reference):
-    """``name`` against ``reference`` in ``pairs`` (a ``Paired``), as a speed-up: a dict.
-
-    ``ratio``: the median over the rounds both have of ``reference``'s time
-    over ``name``'s (above 1: ``name`` is faster; for rates, ``name``'s rate
-    over ``reference``'s); ``low``/``high``: its 95% interval (None with one
-    round); ``verdict``: ``faster``, ``slower`` or ``equally fast`` (None for
-    the reference itself or with no round in common); ``rounds``: how many.
-    """
-    r = pairs.ratio(reference, name)
-    if r is None:
-        return {'ratio': None, 'low': None, 'high': None, 'verdict': None, 'rounds': 0}
-    verdict = None
-    if name != reference:
-        verdict = ('equally fast' if not r.differs(pairs.min_effect) else
-                   'faster' if r.median > 1 else 'slower')
-    return {'ratio': r.median, 'low': r.low, 'high': r.high, 'verdict': verdict,
-            'rounds': r.rounds}
-
-
-def describe_versus(v, reference):
-    """``1.35x (95% interval 1.30-1.41, 4 rounds): faster than float32``, from ``versus``."""
-    if v['ratio'] is None:
-        return f'not measured beside {reference}'
-    interval = ('1 round: no interval' if v['low'] is None else
-                f"{CONFIDENCE:.0%} interval {v['low']:.2f}-{v['high']:.2f}, {v['rounds']} rounds")
-    verdict = {'faster': f'faster than {reference}', 'slower': f'slower than {reference}'}.get(
-        v['verdict'], f'as fast as {reference} within the interval')
-    return f"{v['ratio']:.2f}x ({interval}): {verdict}"

@@ -249,7 +249,8 @@ def summarise(results, num_devices):
     (``faster``, ``slower``, ``equally fast``; ``same split`` for an auto
     split that never moved the shares). ``loads``: every run's load.
     """
-    from gluon_multigpu.study.paired import Paired, versus
+    from gluon_multigpu.study.paired import Paired
+    from lab.studies.verdicts import versus
     runs = {}
     for unit, result in results:
         r, scenario, name = unit.key.split('/')

@@ -16,7 +16,7 @@ import sys
 from gluon_multigpu.cli import common
 from lab.commands import sweeps
 from gluon_multigpu.cli.common import int_in, seed
-from gluon_multigpu.core.devices import devices_for, resolve_counts
+from lab.studies.counts import devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as _sweep
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped

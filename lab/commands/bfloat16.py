@@ -232,7 +232,8 @@ def medians(results):
     median ``images_per_s``, and its paired ratio to float32's in the same rounds
     (``vs_float32``, with ``vs_float32_low``/``high``, its 95% interval, and ``verdict``:
     faster or slower only when the interval excludes 1, ``study.paired``)."""
-    from gluon_multigpu.study.paired import Paired, versus  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.study.paired import Paired  # pylint: disable=import-outside-toplevel
+    from lab.studies.verdicts import versus  # pylint: disable=import-outside-toplevel
     rows = []
     for model in dict.fromkeys(u.key.split('/')[0] for u, _ in results):
         rounds = [(int(u.key.split('/')[1]), r) for u, r in results
@@ -266,7 +267,7 @@ def table(results):
 
 def answers(rows):
     """One line per model and bfloat16 variant: its paired ratio to float32 and the verdict."""
-    from gluon_multigpu.study.paired import describe_versus  # pylint: disable=import-outside-toplevel
+    from lab.studies.verdicts import describe_versus  # pylint: disable=import-outside-toplevel
     return [f"{r['model']}, {r['compute']}: " + describe_versus(
         {'ratio': r['vs_float32'], 'low': r['vs_float32_low'], 'high': r['vs_float32_high'],
          'verdict': r['verdict'], 'rounds': r['rounds']}, 'float32')

@@ -131,7 +131,8 @@ def summarise(model, figures, args, out=None):
     every run is a fresh process, so no round is left out as a warm-up);
     the K chosen is the smallest whose median ratio is within --tolerance.
     """
-    from gluon_multigpu.study.paired import Paired, load_note, versus  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.study.paired import Paired, load_note
+    from lab.studies.verdicts import versus  # pylint: disable=import-outside-toplevel
     out = out or sys.stdout
     pairs = Paired([str(k) for k in figures], higher_is_better=True, warmup=0)
     for k, f in figures.items():

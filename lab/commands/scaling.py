@@ -21,7 +21,7 @@ from gluon_multigpu.cli import common
 from lab.commands import sweeps
 from lab.commands.bandwidth import engine_description
 from gluon_multigpu.cli.common import int_in, non_negative_float, num_epochs, positive_float
-from gluon_multigpu.core.devices import device_counts, devices_for, resolve_counts
+from lab.studies.counts import device_counts, devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as sweep_module
 from gluon_multigpu.outputs.locks import Lock

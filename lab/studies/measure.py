@@ -23,7 +23,8 @@ from mxnet import autograd, gluon, np, npx
 
 from lab.studies import scaling_model as scaling
 from gluon_multigpu.core.data import ArrayLoader, train_loader
-from gluon_multigpu.core.devices import device_counts, devices_for, split_batch
+from gluon_multigpu.core.devices import split_batch
+from lab.studies.counts import device_counts, devices_for
 from gluon_multigpu.base.background import Background
 from gluon_multigpu.errors import TrainingDiverged
 from gluon_multigpu.core.model import default_initializer, get_model, memory_needed

@@ -20,7 +20,8 @@ from lab.studies.jobs import StudyError, stop_launcher
 from gluon_multigpu.errors import GluonMultiGPUError
 from gluon_multigpu.base import fs, reading
 from gluon_multigpu.base.background import Background
-from gluon_multigpu.outputs.files import append_text
+from gluon_multigpu.base import reading as _reading
+from gluon_multigpu.outputs.files import write_text
 
 __all__ = ['parse_epochs', 'step_seconds', 'OthersCPU', 'others_cores', 'Measurement', 'measure']
 
@@ -252,3 +253,17 @@ def _leftover(cl, wait=10.0):
         time.sleep(0.2)
         leftover = cl.job_pids()
     return leftover
+
+
+#: The longest run log read back before a line is added to it.
+LOG_LIMIT = 256 << 20
+
+
+def append_text(path, text, limit=LOG_LIMIT):
+    """Add ``text`` at the end of the log ``path`` (made if missing): the file is replaced
+    atomically by its old content and ``text``, so that it is never left half-written."""
+    try:
+        old = _reading.read_text(path, limit, 'log file')
+    except FileNotFoundError:
+        old = ''
+    write_text(path, old + text)

@@ -16,7 +16,7 @@ from gluon_multigpu.outputs.files import atomic_write, write_csv
 from gluon_multigpu.outputs.files import ReportFolder
 from gluon_multigpu.study.charts import check_chart_path, save_figure
 from gluon_multigpu.study.kvstore_report import markdown_table
-from gluon_multigpu.core.devices import device_counts
+from lab.studies.counts import device_counts
 from lab.studies.scaling_model import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS, \
     WARMUP_STEPS
 
@@ -151,7 +151,8 @@ def fastest_kvstores(rows, noise=NOISE):
     One device is left out: MXNet's Trainer makes no kvstore for a single
     device. Empty when only one kvstore was run.
     """
-    from gluon_multigpu.study.paired import Paired, versus
+    from gluon_multigpu.study.paired import Paired
+    from lab.studies.verdicts import versus
     ok = [r for r in rows if r['samples_per_sec'] and r['devices'] > 1]
     if len({r['kvstore'] for r in rows}) < 2:
         return []

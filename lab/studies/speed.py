@@ -18,7 +18,7 @@ from mxnet import gluon, npx
 from lab.studies import scaling_model as scaling
 from lab.studies.measure import build_net
 from gluon_multigpu.core.data import train_loader
-from gluon_multigpu.core.devices import devices_for
+from lab.studies.counts import devices_for
 from gluon_multigpu.core.kvstores import make_trainer
 from gluon_multigpu.core.pushers import pushers_for
 from gluon_multigpu.core.recipes import MAX_IN_FLIGHT
