@@ -1,6 +1,6 @@
 """One training step with synchronised BatchNorm against one device on the whole batch.
 
-Run as a process of its own (tests/test_sync_bn.py): a synchronisation that
+Run as a process of its own (tests/training/test_sync_bn.py): a synchronisation that
 went wrong would wait forever, and the test's deadline ends it. Prints JSON:
 for 2-device SyncBatchNorm and, as the contrast, 2-device nn.BatchNorm: after
 one step, the largest difference of the running statistics to the 1-device

@@ -43,7 +43,7 @@ if ROOT not in sys.path:  # run as a file: the checkout's package (its ground fl
 from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 
-#: The README's install command, and its NumPy 2 line (tests/test_runtimes.py ties both to the
+#: The README's install command, and its NumPy 2 line (tests/docs/test_runtimes.py ties both to the
 #: README's text). ``{extras}`` is where the test extra goes.
 README_INSTALL = "pip install -e '.{extras}'"
 NUMPY2_INSTALL = ("pip install 'numpy>=2' matplotlib requests && "
@@ -62,14 +62,14 @@ RUNTIMES = (
 #: The slow tests run beside the fast loop: the main job's network on the real data, a checkpoint
 #: round trip through a SIGKILL, the launcher's two workers, the notebook in a real kernel.
 SLOW = (
-    'tests/test_real_training.py::test_simple_cnn_on_two_cpu_contexts_learns_fashion_mnist',
-    'tests/test_checkpoint.py::test_sigkill_in_the_middle_of_an_epoch_then_resume_matches',
-    'tests/test_distributed.py::test_two_workers_equal_one_process_on_their_devices',
-    'tests/test_notebook.py::test_the_notebook_runs_end_to_end_in_a_real_kernel',
+    'tests/training/test_real_training.py::test_simple_cnn_on_two_cpu_contexts_learns_fashion_mnist',
+    'tests/training/test_checkpoint.py::test_sigkill_in_the_middle_of_an_epoch_then_resume_matches',
+    'tests/launch/test_distributed.py::test_two_workers_equal_one_process_on_their_devices',
+    'tests/docs/test_notebook.py::test_the_notebook_runs_end_to_end_in_a_real_kernel',
 )
 
 #: The tests that read what this tool writes: not run by it (the README's suite runs them).
-OWN_RESULTS = ('tests/test_runtimes.py', 'tests/test_doc_figures.py')
+OWN_RESULTS = ('tests/docs/test_runtimes.py', 'tests/docs/test_doc_figures.py')
 
 #: The main job, as the README's first command runs it (the data folder beside the checkout).
 MAIN_JOB = ['scripts/train.py', '--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs',
@@ -184,8 +184,8 @@ def run_runtime(name, python, install, extra, work, data_dir, tests=True):
     record['versions'] = versions(venv)
     if tests:
         began = time.perf_counter()
-        # What reads this tool's own results (tests/test_runtimes.py, and the docs' figures of
-        # tests/test_doc_figures.py, the README's among them) is the README suite's to run:
+        # What reads this tool's own results (tests/docs/test_runtimes.py, and the docs' figures of
+        # tests/docs/test_doc_figures.py, the README's among them) is the README suite's to run:
         # here it would read them before they exist. The rest of the fast loop runs.
         fast = shell('python -m pytest -q -p no:cacheprovider -m "not slow and not soak" '
                      + ' '.join(f'--ignore={path}' for path in OWN_RESULTS), venv, log, 1800)

@@ -1,6 +1,6 @@
 """The engine settings: what MXNet reads once, chosen for the devices a program trains on.
 
-When MXNet reads them (MXNet 1.9.1, measured: ``tests/test_engine.py``):
+When MXNet reads them (MXNet 1.9.1, measured: ``tests/training/test_engine.py``):
 
 - ``OMP_NUM_THREADS`` as its library loads (``import mxnet``): the OpenMP
   threads of every CPU operator are fixed then.

@@ -7,7 +7,7 @@ these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link`` (
 ``mkdir``, ``rmdir`` (``remove_tree`` is made of ``unlink`` and ``rmdir``). A writer that is not
 Python's (MXNet's ``save_parameters``) announces its write with ``external`` before it starts.
 Each call first passes its name and path to ``hook`` (None but in tests): the fault-injection
-harness (``tests/test_fault_harness.py``) sets it to count the calls of an entry point, then to
+harness (``tests/outputs/test_fault_harness.py``) sets it to count the calls of an entry point, then to
 fail the n-th (``ENOSPC``, ``EIO``) or to kill the process there (SIGKILL).
 """
 import ctypes

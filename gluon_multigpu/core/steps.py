@@ -216,7 +216,7 @@ def hybridize(net):
     on two CPU contexts about 0.35 GB more at the same speed: docs/results.md,
     "Memory"). ``static_shape`` is not used either: in MXNet 1.9.1 it drops
     BatchNorm's running-statistics update on the first steps of a block nested
-    in an ``nn.Sequential`` (tests/test_fast_path.py compares with the eager loop).
+    in an ``nn.Sequential`` (tests/section/test_fast_path.py compares with the eager loop).
     """
     with warnings.catch_warnings():
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.

@@ -7,7 +7,7 @@ shares that follow each device's measured speed. ``TimedSplit`` measures
 without acting, to see how long each device waits for the others.
 
 The update is the same whatever the shares: the loss is a sum over samples
-and ``trainer.step`` divides by the whole batch (tests/test_split.py).
+and ``trainer.step`` divides by the whole batch (tests/training/test_split.py).
 """
 import statistics
 import threading

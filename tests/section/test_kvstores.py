@@ -211,7 +211,7 @@ def result(kvstore, *seconds):
 
 def test_recommend_names_the_fastest_only_beyond_the_interval_of_the_paired_ratios():
     """Epochs of the same round are compared (round 1, the warm-up, left out): study/paired.py
-    computes the intervals (tests/test_paired.py checks them against NumPy)."""
+    computes the intervals (tests/training/test_paired.py checks them against NumPy)."""
     steady = {'local': (1.0, 1.01, 0.99, 1.0), 'device': (1.01, 1.0, 1.02, 1.01),
               'none': (0.99, 0.99, 1.0, 0.995)}
     answer = gm.recommend([result(k, *v) for k, v in steady.items()])

@@ -14,6 +14,7 @@ from mxnet import np
 
 import gluon_multigpu as gm
 from gluon_multigpu.base import fs
+from checkpoint_files import assert_same_run, figures, manifest, saved_params
 from conftest import REPO, load_script, run_bounded, wait_bounded
 
 SCRIPT = str(REPO / 'scripts' / 'train.py')
@@ -27,32 +28,6 @@ def argv(fashion_dir, ckpt, *extra, epochs=3, devices=2):
 
 def run(args, **kw):
     return run_bounded([sys.executable, SCRIPT, *args], timeout=600, **kw)
-
-
-def manifest(ckpt):
-    return json.loads((ckpt / 'manifest.json').read_text())
-
-
-def saved_params(ckpt):
-    m = manifest(ckpt)
-    arrays = mx.npx.load(str(ckpt / m['files']['params']['name']))
-    return {k: v.asnumpy() for k, v in arrays.items()}
-
-
-def figures(history):
-    """What a repeated run must reproduce: everything but the timings."""
-    return [(e['epoch'], e['train_loss'], e['train_acc'], e['test_acc'], e['samples'])
-            for e in history]
-
-
-def assert_same_run(a, b, rtol=1e-5):
-    ha, hb = figures(manifest(a)['history']), figures(manifest(b)['history'])
-    assert [h[0] for h in ha] == [h[0] for h in hb] and [h[4] for h in ha] == [h[4] for h in hb]
-    onp.testing.assert_allclose(onp.array(ha)[:, 1:4], onp.array(hb)[:, 1:4], rtol=rtol, atol=2e-3)
-    pa, pb = saved_params(a), saved_params(b)
-    assert sorted(pa) == sorted(pb)
-    for k in pa:
-        onp.testing.assert_allclose(pa[k], pb[k], rtol=rtol * 10, atol=1e-5, err_msg=k)
 
 
 @pytest.fixture(scope='module')
@@ -216,7 +191,7 @@ def test_divergence_stops_naming_the_step_and_keeps_the_last_good_checkpoint(fas
     # MXNet's ReLU maps NaN to 0, so the loss stays finite: the parameters show it, at the
     # epoch's end (the one read-back of the epoch: no check adds work to every step)
     first = list(net.collect_params().values())[0].name  # the layer that saw the NaN
-    said = str(stop.value)  # (the wording: tests/test_messages.py)
+    said = str(stop.value)  # (the wording: tests/training/test_messages.py)
     assert said.startswith(f'parameter {first} became non-finite by step 4 in epoch 2; ')
     assert 'it is 0.1' in said and f'checkpoint (epoch 1, in {tmp_path / "ckpt"}) is kept' in said
     assert stop.value.epoch == 2

@@ -18,7 +18,7 @@ comment after it):
 
 A block that is none of these fails ``test_every_command_block_is_run_or_marked``, and so does
 an entry of these tables that no block has any more (they cannot go stale). The notebook's code
-cells run end to end in a real kernel in ``tests/test_notebook.py`` (not again here); its
+cells run end to end in a real kernel in ``tests/docs/test_notebook.py`` (not again here); its
 markdown cells go by the rules above.
 """
 import json
@@ -104,33 +104,33 @@ COVERED = {
     ('README.md', "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && python "
      'scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs 2 --data-dir '
      '../shared/data/fashion-mnist'):
-        ['tests/test_readme.py::test_readme_python_in_a_fresh_session_trains_as_the_main_job',
+        ['tests/docs/test_readme.py::test_readme_python_in_a_fresh_session_trains_as_the_main_job',
          # line 2 is .ci/run's last line (so CI installs and runs the suite as written);
          # line 1's install is line 2's without the test extra
-         'tests/test_readme.py::test_ci_runs_the_readme_test_command'],
+         'tests/docs/test_readme.py::test_ci_runs_the_readme_test_command'],
     ('README.md', 'import gluon_multigpu as gm'):
-        ['tests/test_readme.py::test_readme_python_in_a_fresh_session_trains_as_the_main_job'],
+        ['tests/docs/test_readme.py::test_readme_python_in_a_fresh_session_trains_as_the_main_job'],
     # The NumPy 2 install: tools/runtimes.py installs with it (numpy-2, python-3.13) after the
     # suite in CI; the test ties the tool's line to this one
     ('README.md', "python3 -m venv .venv && . .venv/bin/activate && pip install 'numpy>=2' "
      "matplotlib requests && pip install --no-deps mxnet==1.9.1 -e '.'"):
-        ['tests/test_runtimes.py::test_the_install_lines_are_the_readmes'],
+        ['tests/docs/test_runtimes.py::test_the_install_lines_are_the_readmes'],
     ('README.md', 'python scripts/train.py --num-gpus 2 --data-dir ../shared/data/fashion-mnist'):
-        ['tests/test_readme_commands.py::test_a_next_command_runs_as_written_from_a_fresh_clone'],
+        ['tests/docs/test_readme_commands.py::test_a_next_command_runs_as_written_from_a_fresh_clone'],
     ('docs/distributed.md', 'sbatch --nodes=3 examples/slurm/train.sbatch --kvstore dist_sync '
      '--cpu-devices 1 \\'):
-        ['tests/test_slurm.py::test_sbatch_trains_on_every_node_and_prints_the_book_line'],
+        ['tests/launch/test_slurm.py::test_sbatch_trains_on_every_node_and_prints_the_book_line'],
     ('docs/distributed.md', 'salloc --nodes=3 python scripts/launch.py -n 3 -s 3 --launcher '
      'slurm -- \\'):
-        ['tests/test_slurm.py::test_salloc_then_the_launcher_runs_the_roles_as_job_steps',
-         'tests/test_slurm.py::test_sbatch_trains_on_every_node_and_prints_the_book_line'],
+        ['tests/launch/test_slurm.py::test_salloc_then_the_launcher_runs_the_roles_as_job_steps',
+         'tests/launch/test_slurm.py::test_sbatch_trains_on_every_node_and_prints_the_book_line'],
     ('docs/distributed.md', 'python scripts/failover.py --data-dir ../shared/data/fashion-mnist '
      '--out /tmp/faults'):
-        ['tests/test_failover.py::test_a_worker_killed_is_detected_at_once_and_the_restarted_job'
+        ['tests/lab/test_failover.py::test_a_worker_killed_is_detected_at_once_and_the_restarted_job'
          '_ends_as_the_uninterrupted'],
     ('docs/guide.md', 'python tests/fault_harness.py --table'):
-        ['tests/test_fault_harness.py::test_docs_guide_holds_the_table_the_harness_makes',
-         'tests/test_fault_harness.py::test_an_entry_point_keeps_the_old_state_or_makes_the_new_'
+        ['tests/outputs/test_fault_harness.py::test_docs_guide_holds_the_table_the_harness_makes',
+         'tests/outputs/test_fault_harness.py::test_an_entry_point_keeps_the_old_state_or_makes_the_new_'
          'one'],  # and its third line is the suite's own file
 }
 
@@ -151,7 +151,7 @@ SAME = {
 #: Flags appended to a program's command to bound its size (ResNet-18 runs: fewer images). A
 #: comparison or a sweep is cut to one kvstore, one learning-rate rule, two device counts and
 #: one scenario: its other runs are the same code with another value, and the README's
-#: comparison of three kvstores runs whole in tests/test_readme_commands.py.
+#: comparison of three kvstores runs whole in tests/docs/test_readme_commands.py.
 BOUNDS = {
     'train': ['--num-train', '256', '--num-test', '64', '--num-epochs', '1',
               '--progress-interval', '0'],
@@ -384,7 +384,7 @@ def test_a_block_that_shares_runs_has_the_commands_of_its_block():
 
 
 def test_the_notebooks_code_cells_run_in_test_notebook():
-    text = (REPO / 'tests' / 'test_notebook.py').read_text()
+    text = (REPO / 'tests' / 'docs' / 'test_notebook.py').read_text()
     assert "'multiple_gpus_concise.ipynb'" in text
     assert 'def test_the_notebook_runs_end_to_end_in_a_real_kernel(' in text
 

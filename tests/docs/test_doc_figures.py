@@ -19,7 +19,7 @@ import pytest
 
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location('figures', REPO / 'tools' / 'figures.py')
 figures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(figures)

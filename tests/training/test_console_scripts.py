@@ -136,7 +136,7 @@ def test_the_console_script_trains_as_scripts_train_does(fashion_dir, tmp_path):
 ])
 def test_the_console_script_exits_with_the_programs_status_and_names_itself(argv, status, begins,
                                                                             says, tmp_path):
-    """One line naming the flag and the console programs; the wording: tests/test_messages.py."""
+    """One line naming the flag and the console programs; the wording: tests/training/test_messages.py."""
     env = {k: v for k, v in ENV.items() if not k.startswith('DMLC_')}
     proc = run_bounded([console_script('train'), *argv], env=env, cwd=tmp_path, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr.count('\n')) == (status, '', 1), proc.stderr

@@ -123,7 +123,7 @@ def series(snapshots, key):
 
 
 def test_many_epochs_on_four_contexts_stay_in_sync_and_do_not_grow(fashion_dir):
-    # (that every kvstore gives the same parameters is tests/test_kvstores.py's)
+    # (that every kvstore gives the same parameters is tests/section/test_kvstores.py's)
     result, snapshots = soak(fashion_dir, 'device')
     assert len(snapshots) == EPOCHS  # the parameters were compared after every epoch
     # It learned: one class for all would score 0.14 on these 200 test images.

@@ -22,7 +22,7 @@ import pytest
 
 import gluon_multigpu as gm
 from conftest import REPO, Lines, run_bounded, wait_bounded
-from test_checkpoint import assert_same_run, manifest
+from checkpoint_files import assert_same_run, manifest
 
 pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
 

@@ -21,7 +21,7 @@ from lab.studies import scaling_model as lab_scaling
 from lab.studies import scaling_report as lab_scaling_report
 from lab.studies import sweep as lab_sweep
 from gluon_multigpu.core.results import EpochRecord, TrainResult
-from conftest import REPO, alive, children, load_script, run_bounded, wait_bounded
+from conftest import REPO, Lines, alive, children, load_script, run_bounded, wait_bounded
 
 SCRIPTS = REPO / 'scripts'
 PNG, SVG, PDF = b'\x89PNG\r\n\x1a\n', b'<?xml', b'%PDF'
@@ -360,9 +360,16 @@ def test_a_signal_while_writing_the_report_lets_it_finish(signum, tmp_path, sign
     made_up_scaling_run(monkeypatch)
     chart = lab_scaling_report.accuracy_batch_chart
 
+    heard, words = threading.Event(), sweeps.sweep_heard
+
+    def acknowledged(signum):  # what the stop request's reader thread prints, at once
+        heard.set()
+        return words(signum)
+    monkeypatch.setattr(sweeps, 'sweep_heard', acknowledged)
+
     def signalled(*args, **kwargs):  # the signal comes while a chart of the report is drawn
         signal.pthread_kill(threading.main_thread().ident, signum)
-        time.sleep(0.3)  # its handler runs at once; its acknowledgement comes from a thread
+        assert heard.wait(30), 'the signal was not acknowledged'
         return chart(*args, **kwargs)
     monkeypatch.setattr(lab_scaling_report, 'accuracy_batch_chart', signalled)
     out = tmp_path / 'sweep'
@@ -537,6 +544,7 @@ def run(args, stop=None):
     sweep = lab_sweep.Sweep(args.results, 'slow', {}, [lab_sweep.Unit(str(i), f'unit {i}')
                                                         for i in range(4)], common.say_quietly)
     def measure(unit):
+        print('measuring', unit.key, flush=True)
         time.sleep(0 if unit.key == '0' else 3)
         return int(unit.key)
     sweeps.measure_sweep(sweep, measure, stop, lambda results: print('partial:', results))
@@ -556,17 +564,20 @@ def test_ctrl_c_twice(gap, second, tmp_path):
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
-        deadline = time.monotonic() + 60
-        while not (results.exists() and read_json(results)['done']):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.02)
-        time.sleep(0.2)  # into the second measurement's step
+        lines = Lines(proc.stdout)
+        lines.wait_for(r'^measuring 1$', timeout=60)  # in the second measurement's step
         proc.send_signal(signal.SIGINT)
-        time.sleep(gap)
+        time.sleep(gap)  # the gap between the two Ctrl-C is what the test is about
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        wait_bounded(proc, 30)
+        err = proc.stderr.read()
     finally:
         proc.kill()
+    deadline = time.monotonic() + 30
+    while not lines.ended():  # the reader has read every line the program wrote
+        assert time.monotonic() < deadline, 'standard output did not end'
+        time.sleep(0.01)
+    out = '\n'.join(l for l in lines.text() if not l.startswith('measuring '))
     err = err.splitlines()
     assert proc.returncode == 130 and 'Traceback' not in '\n'.join(err), err
     assert len(acknowledged(err, signal.SIGINT)) == 1, err

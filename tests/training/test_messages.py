@@ -7,7 +7,7 @@ The behavioural tests elsewhere assert what a message must say in their
 situation (the flag, the path, the signal, the status); a deliberate rewording
 changes the test of its family here, and no other. The book's epoch and final
 lines (``core/results.py``) are the product's contract with the text: they are
-pinned where they are tested (tests/test_reporting.py).
+pinned where they are tested (tests/outputs/test_reporting.py).
 """
 import signal
 import types

@@ -21,7 +21,7 @@ import time
 import numpy as onp
 import pytest
 
-from gluon_multigpu.cli import common, console
+from gluon_multigpu.cli import common, console, messages
 import gluon_multigpu as gm
 from conftest import REPO, load_script, run_bounded, wait_bounded
 from process_state import handles, has_mapped, wait_until
@@ -192,8 +192,7 @@ def test_a_closed_terminal_is_no_traceback_and_the_checkpoint_is_written(fashion
                     break
         assert b'epoch 1/200' in seen, (seen, output.err)
         os.close(master)  # the terminal is gone: writes to it fail with EIO from now on
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGHUP)  # after the close: the order is the program's own
         proc.send_signal(signal.SIGHUP)  # a closing session may repeat it: not "stop now"
         status = wait_bounded(proc, 120)
     finally:
@@ -262,14 +261,20 @@ def test_a_quiet_console_survives_a_closed_terminal():
 
 def signal_in_evaluation(monkeypatch, sig, epochs):
     """Make ``sig`` arrive during the evaluation of each epoch in ``epochs``."""
-    original = gm.training.evaluate_accuracy_gpus
-    calls = []
+    original, words = gm.training.evaluate_accuracy_gpus, messages.train_heard
+    calls, heard = [], threading.Event()
+
+    def acknowledged(*args, **kwargs):  # the line the stop request's reader prints, at once
+        heard.set()
+        return words(*args, **kwargs)
+    monkeypatch.setattr(messages, 'train_heard', acknowledged)
 
     def evaluate(*args, **kwargs):
         calls.append(1)
         if len(calls) in epochs:
+            heard.clear()
             os.kill(os.getpid(), sig)
-            time.sleep(0.2)  # the handler runs, and the watcher acknowledges
+            assert heard.wait(30), 'the signal was not acknowledged'
         return original(*args, **kwargs)
     monkeypatch.setattr(gm.training, 'evaluate_accuracy_gpus', evaluate)
 

@@ -11,7 +11,7 @@ import fault_harness
 from fault_entries import Entry, user_file
 from gluon_multigpu.base import fs
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 CASES = [(e.name, kind) for e in fault_harness.ENTRIES for kind in fault_harness.KINDS]
 
 

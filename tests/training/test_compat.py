@@ -292,7 +292,7 @@ def test_the_gpu_install_is_written_one_way_everywhere():
     line (compat.GPU_INSTALL): an install command naming cu112 is that line, whole."""
     import pathlib
     from gluon_multigpu.base.compat import GPU_INSTALL
-    repo = pathlib.Path(__file__).resolve().parents[1]
+    repo = pathlib.Path(__file__).resolve().parents[2]
     files = [repo / 'README.md', repo / 'docs' / 'guide.md', repo / 'setup.cfg',
              *sorted((repo / 'gluon_multigpu').rglob('*.py'))]
     found = 0

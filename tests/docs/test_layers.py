@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, 'gluon_multigpu')
 LAB = os.path.join(ROOT, 'lab')
 LINT = os.path.join(os.path.dirname(sys.executable), 'lint-imports')

@@ -83,7 +83,7 @@ def test_first_sigint_stops_after_the_step_and_later_ones_only_say_so():
     hook = interruptible(run)
     assert hook.requests == 3 and hook.signum == signal.SIGINT
     # Said once, and once more for the presses that followed (at most once a second).
-    # (the wording of both lines: tests/test_messages.py)
+    # (the wording of both lines: tests/training/test_messages.py)
     assert len(said) == 2, said
     assert said[0].startswith('interrupted: stopping after the current step')
     assert 'fit() goes on from there' in said[0]
