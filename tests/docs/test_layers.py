@@ -61,6 +61,25 @@ def test_an_import_that_breaks_a_contract_fails_the_build(tmp_path, module, line
     assert f'{broken}' in done.stdout and 'BROKEN' in done.stdout, done.stdout
 
 
+def test_the_import_drawing_finds_every_arrow_going_down_and_catches_one_going_up(tmp_path):
+    # tools/imports.py: the same floors read with ast, imports inside functions too
+    drawing = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'imports.py')],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert drawing.returncode == 0 and '0 arrow(s) against the floors' in drawing.stdout, \
+        drawing.stdout
+    assert 'gluon_multigpu.core ' in drawing.stdout and 'lab.hosts ' in drawing.stdout
+    for tree in (PACKAGE, LAB, os.path.join(ROOT, 'tools')):
+        shutil.copytree(tree, tmp_path / os.path.basename(tree),
+                        ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copy(os.path.join(ROOT, 'setup.cfg'), tmp_path / 'setup.cfg')
+    with open(tmp_path / 'gluon_multigpu' / 'core' / 'steps.py', 'a', encoding='utf-8') as f:
+        f.write('\n\ndef _late():\n    from ..checkpoints import checkpoint  # noqa\n')
+    drawing = subprocess.run([sys.executable, str(tmp_path / 'tools' / 'imports.py')],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert drawing.returncode == 1, drawing.stdout
+    assert 'UP: gluon_multigpu.core imports gluon_multigpu.checkpoints' in drawing.stdout
+
+
 def test_the_scripts_reach_the_package_only_through_its_command_line():
     for name in sorted(os.listdir(os.path.join(ROOT, 'scripts'))):
         if not name.endswith('.py'):
