@@ -127,6 +127,18 @@ def test_no_function_is_longer_than_the_limit():
     assert not long, f'functions over {FUNCTION_LINES} lines: {long}'
 
 
+def test_no_two_modules_share_a_name():
+    # a name says what a room holds: balance, scaling, launch, ... once each (packages count too)
+    names = {}
+    for path in _sources():
+        name = os.path.basename(path)[:-3]
+        if name == '__init__':
+            name = os.path.basename(os.path.dirname(path))
+        names.setdefault(name, []).append(os.path.relpath(path, ROOT))
+    twice = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not twice, twice
+
+
 def test_no_docstring_is_longer_than_the_limit():
     long = {}
     for path in _sources():
