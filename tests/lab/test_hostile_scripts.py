@@ -16,6 +16,7 @@ import time
 import pytest
 
 import gluon_multigpu as gm
+from lab.commands import sweeps
 from lab.studies import measure as lab_measure
 from lab.studies import scaling_model as lab_scaling
 from lab.studies import scaling_report as lab_scaling_report
@@ -362,10 +363,10 @@ def test_a_signal_while_writing_the_report_lets_it_finish(signum, tmp_path, sign
 
     heard, words = threading.Event(), sweeps.sweep_heard
 
-    def acknowledged(signum):  # what the stop request's reader thread prints, at once
+    def saying(signum):  # what the stop request's reader thread prints, at once
         heard.set()
         return words(signum)
-    monkeypatch.setattr(sweeps, 'sweep_heard', acknowledged)
+    monkeypatch.setattr(sweeps, 'sweep_heard', saying)
 
     def signalled(*args, **kwargs):  # the signal comes while a chart of the report is drawn
         signal.pthread_kill(threading.main_thread().ident, signum)
