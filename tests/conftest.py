@@ -50,7 +50,8 @@ SERIAL, TIMING = 'serial', 'timing'
 #: took 149 CPU-s of the suite's 1,451, alone 31).
 LONGEST_FIRST = ('test_fault_harness', SERIAL, 'test_readme', 'test_slurm', 'test_memory', TIMING,
                  'test_distributed', 'test_notebook', 'test_faults', 'test_hostile_run',
-                 'test_hostile_checkpoints')
+                 'test_hostile_checkpoints', 'test_checkpoint', 'test_doc_commands',
+                 'test_hostile_scripts', 'test_study_runs', 'test_engine')
 
 
 def xdist_group_of(item):
