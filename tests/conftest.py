@@ -4,6 +4,7 @@ import importlib
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -89,6 +90,23 @@ def name_group(item):
     except ImportError:  # before pytest 9: xdist's own _nodeid is read
         return
     item._id = coerce_node_id(wanted)  # pylint: disable=protected-access
+
+
+@pytest.fixture(autouse=True)
+def stop_handlers_as_found():
+    """Every test leaves the stop signals' handlers as it found them.
+
+    A program run in-process installs its start-up handler and, once it has stopped a run,
+    ignores the stop signals (as a process about to end would): left in place, they decided what
+    a later test on the same worker saw (``Interruptible`` leaves a handler that is not Python's
+    alone, so its Ctrl-C never came).
+    """
+    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.getsignal(s) for s in signums}
+    yield
+    for signum, handler in before.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
 
 
 def data_dir(name):
