@@ -51,8 +51,7 @@ SERIAL, TIMING = 'serial', 'timing'
 #: took 149 CPU-s of the suite's 1,451, alone 31).
 LONGEST_FIRST = ('test_fault_harness', SERIAL, 'test_readme', 'test_slurm', 'test_memory', TIMING,
                  'test_distributed', 'test_notebook', 'test_faults', 'test_hostile_run',
-                 'test_hostile_checkpoints', 'test_checkpoint', 'test_doc_commands',
-                 'test_hostile_scripts', 'test_study_runs', 'test_engine')
+                 'test_hostile_checkpoints')
 
 
 def xdist_group_of(item):
@@ -92,21 +91,26 @@ def name_group(item):
     item._id = coerce_node_id(wanted)  # pylint: disable=protected-access
 
 
+#: The stop signals' handlers as this process (a worker) began, before any test.
+STOP_HANDLERS = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
 @pytest.fixture(autouse=True)
 def stop_handlers_as_found():
-    """Every test leaves the stop signals' handlers as it found them.
+    """Every test begins and ends with the stop signals' handlers the worker began with.
 
     A program run in-process installs its start-up handler and, once it has stopped a run,
-    ignores the stop signals (as a process about to end would): left in place, they decided what
-    a later test on the same worker saw (``Interruptible`` leaves a handler that is not Python's
-    alone, so its Ctrl-C never came).
+    ignores the stop signals (as a process about to end would); a module's fixture may too.
+    Left in place, they decided what a later test on the same worker saw (``Interruptible``
+    leaves a handler that is not Python's alone, so its Ctrl-C never came).
     """
-    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    before = {s: signal.getsignal(s) for s in signums}
+    def reset():
+        for signum, handler in STOP_HANDLERS.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+    reset()
     yield
-    for signum, handler in before.items():
-        if handler is not None and signal.getsignal(signum) is not handler:
-            signal.signal(signum, handler)
+    reset()
 
 
 def data_dir(name):
