@@ -91,13 +91,16 @@ def name_group(item):
     item._id = coerce_node_id(wanted)  # pylint: disable=protected-access
 
 
-#: The stop signals' handlers as this process (a worker) began, before any test.
-STOP_HANDLERS = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+#: The stop signals' handlers every test begins with: Python's own. Not the ones the process
+#: inherited: a suite started in the background by a shell (``pytest ... &``) inherits SIGINT
+#: ignored, and then no Ctrl-C test could stop anything, here or in the programs it starts.
+STOP_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                 signal.SIGHUP: signal.SIG_DFL}
 
 
 @pytest.fixture(autouse=True)
 def stop_handlers_as_found():
-    """Every test begins and ends with the stop signals' handlers the worker began with.
+    """Every test begins and ends with Python's own handlers of the stop signals.
 
     A program run in-process installs its start-up handler and, once it has stopped a run,
     ignores the stop signals (as a process about to end would); a module's fixture may too.
