@@ -323,6 +323,12 @@ class Lines:
                     raise AssertionError(f'no line {pattern!r} within {timeout} s')
                 self._cond.wait(left)
 
+    def wait_ended(self, timeout=30):
+        """Wait until the stream has ended (every line read); fail after ``timeout`` s."""
+        with self._cond:
+            if not self._cond.wait_for(self.ended, timeout):
+                raise AssertionError(f'the stream did not end within {timeout} s')
+
     def ended(self):
         """Whether the stream has ended (the process closed it, or ended)."""
         with self._cond:

@@ -574,10 +574,7 @@ def test_ctrl_c_twice(gap, second, tmp_path):
         err = proc.stderr.read()
     finally:
         proc.kill()
-    deadline = time.monotonic() + 30
-    while not lines.ended():  # the reader has read every line the program wrote
-        assert time.monotonic() < deadline, 'standard output did not end'
-        time.sleep(0.01)
+    lines.wait_ended()  # the reader has read every line the program wrote
     out = '\n'.join(l for l in lines.text() if not l.startswith('measuring '))
     err = err.splitlines()
     assert proc.returncode == 130 and 'Traceback' not in '\n'.join(err), err
