@@ -49,7 +49,7 @@ def _create_empty(path):
     os.close(fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
 
 
-def _states_writer(trainer):
+def _states_writer(net, trainer):
     """How to write ``trainer``'s optimizer state to a path (``states.save_trainer_states``).
 
     A parameter server keeps the optimizer on its servers, where a worker
@@ -65,7 +65,7 @@ def _states_writer(trainer):
 
     def write(path):
         fs.external(path)  # MXNet's array file (``mx.nd.save``)
-        save_trainer_states(trainer, path)
+        save_trainer_states(net, trainer, path)
     return write
 
 
@@ -106,7 +106,7 @@ class CheckpointState:
                            f'({str(e).strip()[:200]})') from None
         if files['states']['bytes']:  # empty: the servers of a parameter server held it
             try:
-                load_trainer_states(trainer, os.path.join(self.directory, states))
+                load_trainer_states(net, trainer, os.path.join(self.directory, states))
             except CheckpointError as e:
                 raise _damaged(self.directory, f'{states} is not an optimizer state of this '
                                f'network: {e}') from None
@@ -223,7 +223,7 @@ class CheckpointStore:
         the new manifest is in place, this save leaves them for the next to remove.
         """
         entries = {}
-        for role, write in (('params', _write_params(net)), ('states', _states_writer(trainer))):
+        for role, write in (('params', _write_params(net)), ('states', _states_writer(net, trainer))):
             tmp = os.path.join(work, role)
             try:
                 write(tmp)

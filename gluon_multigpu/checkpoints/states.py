@@ -45,14 +45,40 @@ def _to_file(array):
     return array.as_in_context(mx.cpu())
 
 
-def save_trainer_states(trainer, path):
-    """Write ``trainer``'s optimizer state to ``path`` (see the module's description)."""
+#: Version 2 keys each state by its parameter's place in the network; version 1
+#: (no ``version`` table) by the Trainer's index, which follows the sorted names.
+VERSION = 2
+
+
+def _places(net, trainer):
+    """For each of ``trainer``'s indices, its parameter's place in ``net.collect_params()``.
+
+    A Trainer orders its parameters by their names, and the names carry
+    counters global to the process (``dense9_`` then ``dense10_``): two
+    copies of one network can order alike-shaped parameters differently.
+    The place in the network (its structure's order) is the same for both.
+    """
+    place_of = {id(param): place for place, param in enumerate(net.collect_params().values())}
+    places = []
+    for param in trainer._params:  # pylint: disable=protected-access
+        if id(param) not in place_of:
+            raise CheckpointError(f'the Trainer updates {param.name}, which is not a parameter '
+                                  'of the network given')
+        places.append(place_of[id(param)])
+    return places
+
+
+def save_trainer_states(net, trainer, path):
+    """Write ``trainer``'s optimizer state for ``net``'s parameters to ``path`` (see the
+    module's description)."""
     updater = _updaters(trainer)[0]
+    places = _places(net, trainer)
     arrays, layout = {}, []
     for index, state in sorted(updater.states.items(), key=lambda item: str(item[0])):
-        if not isinstance(index, int):
+        if not isinstance(index, int) or not 0 <= index < len(places):
             raise CheckpointError(f'the optimizer state is keyed by {index!r}, not by a '
                                   'parameter index; a checkpoint cannot save it')
+        index = places[index]
         if state is None:
             layout.append((index, _NO_STATE, 0, 0))
         elif isinstance(state, nd.NDArray):
@@ -69,12 +95,14 @@ def save_trainer_states(trainer, path):
             raise CheckpointError(f'the optimizer state of parameter {index} is a '
                                   f'{type(state).__name__}, which a checkpoint cannot save')
     optimizer = updater.optimizer
-    counts = sorted((device, i, n) for device, per_index in
+    counts = sorted((device, places[i], n) for device, per_index in
                     optimizer._all_index_update_counts.items()  # pylint: disable=protected-access
-                    for i, n in per_index.items() if isinstance(i, int) and isinstance(device, int))
+                    for i, n in per_index.items()
+                    if isinstance(i, int) and 0 <= i < len(places) and isinstance(device, int))
     arrays['layout'] = nd.array(onp.array(layout, dtype='int64').reshape(-1), dtype='int64')
     arrays['counts'] = nd.array(onp.array(counts, dtype='int64').reshape(-1), dtype='int64')
     arrays['num_update'] = nd.array([optimizer.num_update], dtype='int64')
+    arrays['version'] = nd.array([VERSION], dtype='int64')
     nd.save(path, arrays)
 
 
@@ -135,8 +163,38 @@ def _copy(state):
     return state.copy()
 
 
-def load_trainer_states(trainer, path):
-    """Give ``trainer`` the optimizer state written to ``path`` by ``save_trainer_states``.
+def _version(arrays):
+    if 'version' not in arrays:
+        return 1  # written before states were keyed by place
+    rows = _rows(arrays, 'version', 1)
+    if rows != [[VERSION]]:
+        raise CheckpointError(f'it is of version {rows}, and this package reads 1 and {VERSION}')
+    return VERSION
+
+
+def _to_trainer(net, trainer, version):
+    """The parameters in the file's order, and the Trainer's index of each."""
+    params = trainer._params  # pylint: disable=protected-access
+    if version == 1:
+        return params, list(range(len(params)))
+    placed = list(net.collect_params().values())
+    index_of = {id(param): i for i, param in enumerate(params)}
+    return placed, [index_of.get(id(param)) for param in placed]
+
+
+def _remap(states, counts, indices):
+    """``states`` and ``counts`` keyed by the Trainer's indices instead of the file's."""
+    for key in list(states) + [k for per in counts.values() for k in per]:
+        if indices[key] is None:
+            raise CheckpointError(f'it holds a state for parameter {key} of the network, which '
+                                  'this Trainer does not update')
+    return ({indices[k]: state for k, state in states.items()},
+            {device: {indices[k]: n for k, n in per.items()} for device, per in counts.items()})
+
+
+def load_trainer_states(net, trainer, path):
+    """Give ``trainer`` the optimizer state for ``net`` written to ``path`` by
+    ``save_trainer_states``.
 
     Raises ``CheckpointError`` saying what is wrong with a file that is not
     one (MXNet's reader refuses what is not an array file); nothing in the
@@ -148,7 +206,10 @@ def load_trainer_states(trainer, path):
         raise CheckpointError('it is not an array file MXNet can read') from None
     if not isinstance(arrays, dict):
         raise CheckpointError('it holds a list of arrays, not named ones')
-    states, counts, num_update = _decode(dict(arrays), trainer._params)  # pylint: disable=protected-access
+    arrays = dict(arrays)
+    params, indices = _to_trainer(net, trainer, _version(arrays))
+    states, counts, num_update = _decode(arrays, params)
+    states, counts = _remap(states, counts, indices)
     for i, updater in enumerate(_updaters(trainer)):
         updater.states = states if i == 0 else {k: _copy(s) for k, s in states.items()}
         updater.states_synced = dict.fromkeys(states, False)  # moved to each device on first use

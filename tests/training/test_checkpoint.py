@@ -339,17 +339,64 @@ def test_the_optimizer_state_file_continues_training_exactly(tmp_path, optimizer
     net, trainer = make()
     steps(net, trainer)
     net.save_parameters(str(tmp_path / 'p'))
-    gm.states.save_trainer_states(trainer, str(tmp_path / 's'))
+    gm.states.save_trainer_states(net, trainer, str(tmp_path / 's'))
     assert (tmp_path / 's').read_bytes()[:1] != b'\x80'  # not a pickle
     whole = steps(net, trainer)
     resumed, fresh = make(), make()
     for n, t in (resumed, fresh):
         n.load_parameters(str(tmp_path / 'p'), ctx=devices)
-    gm.states.load_trainer_states(resumed[1], str(tmp_path / 's'))
+    gm.states.load_trainer_states(*resumed, str(tmp_path / 's'))
     for a, b in zip(whole, steps(*resumed)):
         onp.testing.assert_array_equal(a, b)  # the same operations on the same numbers
     # and the state mattered: without it the steps differ
     assert max(float(abs(a - b).max()) for a, b in zip(whole, steps(*fresh))) > 1e-4
+
+
+def _next_counter(make_block):
+    """The counter the next block of this kind gets in its name (``conv41_`` -> 41)."""
+    return int(re.search(r'(\d+)_$', make_block().prefix).group(1)) + 1
+
+
+@pytest.mark.parametrize('kvstore', ['device', 'none'])
+def test_the_state_follows_the_network_when_a_names_counter_crosses_a_power_of_ten(
+        tmp_path, kvstore):
+    """A Trainer orders parameters by name, and ``conv9_`` sorts after ``conv10_``: the saving
+    network has its two convolutions at conv9/conv10, the resuming one at conv11/conv12, and
+    the momentum still reaches each parameter (keyed by place in the network, checked by
+    value against the saving Trainer's own)."""
+    devices = gm.cpu_devices(2)
+    conv = lambda: mx.gluon.nn.Conv2D(1, 1)  # noqa: E731  (a block to move the counter)
+    for _ in range((9 - _next_counter(conv)) % 10):
+        conv()
+    loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = onp.random.RandomState(0)
+    X = np.array(rng.rand(16, 1, 28, 28).astype('float32'))
+    y = np.array(rng.randint(0, 10, 16).astype('int32'))
+
+    def make():
+        net = gm.simple_cnn()
+        net.initialize(gm.default_initializer('simple-cnn'), ctx=devices)
+        options = {'learning_rate': 0.05, 'momentum': 0.9}
+        if kvstore == 'none':
+            return net, gm.kvstores.ReducingTrainer(net.collect_params(), 'sgd', options)
+        return net, mx.gluon.Trainer(net.collect_params(), 'sgd', options, kvstore=kvstore)
+    net, trainer = make()
+    names = [p.name for p in net.collect_params().values()]
+    assert re.match(r'conv\d*9_', names[0])  # and conv10_ sorts first in its Trainer
+    gm.train_batch(net, X, y, loss, trainer, devices)
+    gm.states.save_trainer_states(net, trainer, str(tmp_path / 's'))
+    net.save_parameters(str(tmp_path / 'p'))
+    other, resumed = make()
+    shapes = lambda t: [p.shape for p in t._params]  # noqa: E731  (in the Trainer's order)
+    assert shapes(trainer) != shapes(resumed)  # an index names another parameter in each
+    other.load_parameters(str(tmp_path / 'p'), ctx=devices)
+    gm.states.load_trainer_states(other, resumed, str(tmp_path / 's'))
+    saved = gm.states._updaters(trainer)[0].states
+    loaded = gm.states._updaters(resumed)[0].states
+    for mine, theirs in zip(net.collect_params().values(), other.collect_params().values()):
+        a = saved[trainer._param2idx[mine.name]]
+        b = loaded[resumed._param2idx[theirs.name]]
+        onp.testing.assert_array_equal(a.asnumpy(), b.asnumpy())  # its own momentum
 
 
 class KilledAfterItsManifest(gm.Checkpointer):
@@ -381,3 +428,34 @@ def test_a_save_killed_after_its_manifest_leaves_nothing_foreign(tmp_path):
         resumed.save(net, trainer, history, 3)
     assert sorted(os.listdir(tmp_path)) == ['ckpt-000003.params', 'ckpt-000003.states',
                                             'manifest.json']
+
+
+def test_a_states_file_of_version_1_is_read_by_the_trainers_index(tmp_path):
+    """Files written before version 2 key the state by the Trainer's index: still read so."""
+    devices = gm.cpu_devices(2)
+    net = gm.simple_cnn()
+    net.initialize(gm.default_initializer('simple-cnn'), ctx=devices)
+    trainer = mx.gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.05,
+                                                               'momentum': 0.9})
+    X = np.array(onp.random.RandomState(0).rand(8, 1, 28, 28).astype('float32'))
+    gm.train_batch(net, X, np.zeros(8, dtype='int32'), mx.gluon.loss.SoftmaxCrossEntropyLoss(),
+                   trainer, devices)
+    gm.states.save_trainer_states(net, trainer, str(tmp_path / 'v2'))
+    arrays = mx.nd.load(str(tmp_path / 'v2'))
+    index_of = {place: i for i, place in enumerate(gm.states._places(net, trainer))}
+    layout = arrays.pop('layout').asnumpy().reshape(-1, 4)
+    old = {f'state:{index_of[k]}': arrays.pop(f'state:{k}') for k, *_ in layout}
+    layout[:, 0] = [index_of[k] for k in layout[:, 0]]
+    counts = arrays.pop('counts').asnumpy().reshape(-1, 3)
+    counts[:, 1] = [index_of[k] for k in counts[:, 1]]
+    del arrays['version']
+    old.update(arrays, layout=mx.nd.array(layout.reshape(-1), dtype='int64'),
+               counts=mx.nd.array(counts.reshape(-1), dtype='int64'))
+    mx.nd.save(str(tmp_path / 'v1'), old)
+    fresh = mx.gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.05,
+                                                             'momentum': 0.9})
+    gm.states.load_trainer_states(net, fresh, str(tmp_path / 'v1'))
+    saved, loaded = (gm.states._updaters(t)[0].states for t in (trainer, fresh))
+    assert sorted(saved) == sorted(loaded) == list(range(len(trainer._params)))
+    for i in saved:
+        onp.testing.assert_array_equal(saved[i].asnumpy(), loaded[i].asnumpy())
