@@ -7,14 +7,16 @@ More in docs/design.md, "Notes on the code".
 import builtins
 import importlib.util
 import re
+import contextlib
 import sys
+import threading
 import types
 import warnings
 
 from ..errors import MXNetLoadError
 
 __all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known',
-           'install_hook', 'load_advice', 'GPU_INSTALL']
+           'install_hook', 'load_advice', 'GPU_INSTALL', 'quiet']
 
 #: The one way to install MXNet's GPU build, written once: every message and doc gives it whole.
 #: The extra adds mxnet-cu112, which writes the same ``mxnet`` module as the CPU build the package
@@ -28,7 +30,10 @@ KNOWN_NUMPY = ((1, 17), (2, 5))
 #: The financial functions NumPy 1.20 removed and MXNet's fallback table still reads.
 FINANCIAL = ('fv', 'ipmt', 'irr', 'mirr', 'nper', 'npv', 'pmt', 'ppmt', 'pv', 'rate')
 
-_DONE = {'prepared': False, 'numpy_names': [], 'distutils': False, 'plain_values': False}
+_DONE = {'prepared': False, 'numpy_names': [], 'distutils': False, 'plain_values': False,
+         'quiet_prints': False}
+#: Per thread: whether MXNet's diagnostic prints are dropped (inside ``quiet()``).
+_QUIET = threading.local()
 
 
 def _replacements(numpy):
@@ -230,9 +235,31 @@ def _plain_values(invoke, generic, position):
     return wrapped
 
 
+def _quiet_print(*args, **kwargs):
+    """``print``, but nothing in a thread inside ``quiet()``."""
+    if not getattr(_QUIET, 'on', False):
+        builtins.print(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def quiet():
+    """In this thread only: MXNet's shape and type inference prints nothing (item 3)."""
+    was = getattr(_QUIET, 'on', False)
+    _QUIET.on = True
+    try:
+        yield
+    finally:
+        _QUIET.on = was
+
+
 def after_load(mxnet):
-    """What must follow ``import mxnet`` (item 3 of the module's text); idempotent."""
+    """What must follow ``import mxnet`` (items 3 and 4 of the module's text); idempotent."""
     import numpy  # pylint: disable=import-outside-toplevel
+    if not _DONE['quiet_prints']:
+        # The failing inference prints its arguments before it raises; the name ``print`` of
+        # that module, not the process's stdout, is what a thread can quieten for itself.
+        mxnet.symbol.symbol.print = _quiet_print
+        _DONE['quiet_prints'] = True
     if numpy_version() < (2, 0) or _DONE['plain_values']:
         return
     # Every operator of mxnet.nd / mxnet.np (and the internal _npi, _internal...) is made by
@@ -250,8 +277,9 @@ def after_load(mxnet):
 def report():
     """What this process changed: whether ``prepare`` ran, the NumPy names restored, whether
     ``distutils.version`` was provided, whether operator parameters are made plain."""
-    return {'prepared': _DONE['prepared'], 'numpy_names': list(_DONE['numpy_names']), 'distutils': _DONE['distutils'],
-            'plain_values': _DONE['plain_values']}
+    return {'prepared': _DONE['prepared'], 'numpy_names': list(_DONE['numpy_names']),
+            'distutils': _DONE['distutils'], 'plain_values': _DONE['plain_values'],
+            'quiet_prints': _DONE['quiet_prints']}
 
 
 #: A library MXNet's own library needs, named in the loader's message -> what to do.

@@ -13,11 +13,8 @@ shapes Python already holds. A study that trains on the same images at every
 count of devices checks that they can be split across the most
 (``check_train_count``).
 """
-import contextlib
-import io
 import math
 import numbers
-import sys
 
 import numpy as onp
 
@@ -25,6 +22,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd
 
+from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
 
 __all__ = ['check_epochs', 'check_lr', 'check_devices', 'check_train_count', 'check_loop_options',
@@ -198,12 +196,11 @@ class BatchCheck:
     def _probe(self, X):
         """Run one sample through the model: the shape it takes and the classes it has.
 
-        MXNet prints the arguments of a shape it cannot infer: said only when
-        the forward pass succeeds (the model's own output), else the error says it.
+        MXNet prints the arguments of a shape it cannot infer, then raises: the
+        error says it, and ``compat.quiet`` keeps the print out (in this thread only).
         """
-        printed = io.StringIO()
         try:
-            with autograd.predict_mode(), contextlib.redirect_stdout(printed):
+            with autograd.predict_mode(), compat.quiet():
                 sample = X[:1]  # a NumPy batch too, as split_and_load takes it
                 sample = sample.as_in_ctx(self.device) if hasattr(sample, 'as_in_ctx') else \
                     mx.np.array(sample, ctx=self.device)
@@ -219,5 +216,4 @@ class BatchCheck:
             raise DataError(f'the network cannot take inputs of shape {tuple(X.shape)} '
                             f'(samples shaped {tuple(X.shape[1:])}); give it inputs of the '
                             'shape it was built for') from e
-        sys.stdout.write(printed.getvalue())
         self.num_classes = out.shape[-1] if len(out.shape) == 2 else None

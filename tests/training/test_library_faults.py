@@ -243,6 +243,45 @@ def test_train_works_in_a_thread_that_builds_the_network():
     assert len(outcome[0].epochs) == 1
 
 
+def _process_state():
+    """What a training must leave as it found it: the streams, the stop signals' handlers, the
+    environment, NumPy's settings, the threads."""
+    return (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__,
+            [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)],
+            dict(os.environ), onp.get_printoptions(), onp.geterr(), threading.active_count())
+
+
+@pytest.mark.parametrize('at_once', [2, 4])
+def test_trainings_from_threads_at_once_each_get_their_own_result_and_leave_the_process(
+        at_once):
+    """20 times, ``at_once`` trainings from as many threads: each equals the same training
+    run alone, and nothing process-wide changed (the network's first-batch check used to swap
+    ``sys.stdout`` from several threads and could leave it a StringIO)."""
+    devices = gm.cpu_devices(2)
+
+    def one():
+        train_iter, test_iter = data()
+        epochs = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2).epochs
+        return [(e.train_loss, e.train_acc, e.test_acc) for e in epochs]
+    alone = one()
+    before = _process_state()
+    for _ in range(20):
+        results = [None] * at_once
+
+        def work(k):
+            try:
+                results[k] = one()
+            except BaseException as e:  # pylint: disable=broad-except
+                results[k] = e
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(at_once)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [alone] * at_once
+        assert _process_state() == before
+
+
 def test_a_network_built_without_numpy_semantics_is_one_line():
     built = []
 
