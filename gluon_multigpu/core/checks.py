@@ -25,9 +25,8 @@ from mxnet import autograd
 from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
 
-__all__ = ['check_epochs', 'check_lr', 'check_devices', 'check_train_count', 'check_loop_options',
-           'batch_pair',
-           'BatchCheck']
+__all__ = ['check_epochs', 'check_seed', 'MAX_SEED', 'check_lr', 'check_devices',
+           'check_train_count', 'check_loop_options', 'batch_pair', 'BatchCheck', 'check_whole']
 
 #: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
 LR_MAX = float(onp.finfo(onp.float32).max)
@@ -44,6 +43,21 @@ def check_epochs(num_epochs):
     if not _integer(num_epochs) or num_epochs < 1:
         raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
     return int(num_epochs)
+
+
+#: The largest seed (MXNet's and NumPy's seeds are 32-bit): the CLI's ``--seed`` and ``train``'s.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed):
+    """Return ``seed`` as an ``int`` (None passes: no seeding); raise unless it is a whole
+    number 0 to ``MAX_SEED``, as the CLI's ``--seed`` takes it."""
+    if seed is None:
+        return None
+    if not _integer(seed) or not 0 <= seed <= MAX_SEED:
+        raise GluonMultiGPUError(f'seed must be a whole number 0 to {MAX_SEED} (or None: not '
+                                 f'seeded), got {seed!r}')
+    return int(seed)
 
 
 def check_lr(lr):
@@ -135,11 +149,23 @@ def _host(array):
     return array.asnumpy() if hasattr(array, 'asnumpy') else onp.asarray(array)
 
 
+def check_whole(labels, where):
+    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a whole number."""
+    labels = onp.asarray(labels)
+    if labels.size and labels.dtype.kind not in 'iub':
+        whole = onp.isfinite(labels) & (labels == onp.round(labels)) if \
+            labels.dtype.kind == 'f' else onp.zeros(labels.shape, bool)
+        if not whole.all():
+            raise DataError(f'label {labels[~whole].flat[0].item()!r} in {where} is not a class '
+                            'number; give whole numbers from 0 (integers)')
+
+
 def check_labels(labels, num_classes, where):
     """Raise ``DataError`` if a label of ``labels`` (on the host) is not a class 0..n-1."""
     labels = onp.asarray(labels)
     if labels.size == 0:
         return
+    check_whole(labels, where)
     low, high = labels.min(), labels.max()
     bad = low if low < 0 else high if high >= num_classes else None
     if bad is not None:

@@ -12,11 +12,13 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import numpy as onp
+
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, np
 
-from .checks import batch_pair
+from .checks import batch_pair, check_whole
 from .devices import split_batch
 from ..errors import GluonMultiGPUError, TrainingDiverged
 from .results import EpochTotals
@@ -39,6 +41,10 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
     correct, total = [[] for _ in devices], 0
     for batch in data_iter:
         features, labels = batch_pair(batch)
+        if total == 0 and getattr(labels, 'dtype', None) is not None and \
+                onp.dtype(labels.dtype).kind == 'f':  # whole numbers? (one read, the first batch)
+            check_whole(labels.asnumpy() if hasattr(labels, 'asnumpy') else labels,
+                        'the evaluation data')
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
         counts = pushers.run(calls, 'eval') if pushers is not None else [c() for c in calls]

@@ -9,6 +9,7 @@ devices, the kvstore summing the gradients). What the section does not do
 and the data are checked as ``checks`` says. Host-device sync points are
 marked: where they sit decides what a timing means.
 """
+import collections.abc
 import gc
 import time
 
@@ -17,7 +18,7 @@ import mxnet as mx
 from mxnet import gluon, npx
 
 from ..base import engine
-from .checks import BatchCheck, check_devices, check_epochs, check_lr
+from .checks import BatchCheck, check_devices, check_epochs, check_lr, check_seed
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
 from .interrupt import Interruptible
@@ -118,6 +119,7 @@ class Training:
                  on_epoch=None):
         npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
         devices, _, lr = check_train_args(devices, None, kvstore, lr)
+        seed = check_seed(seed)
         if all(d.device_type == 'cpu' for d in devices):
             # Devices the caller built after MXNet loaded unconfigured (``[mx.cpu(0), mx.cpu(1)]``
             # as the book writes them): one warning, with the cost and the line that avoids it.
@@ -152,6 +154,7 @@ class Training:
         self._live = None  # the interrupted epoch: (its batches left, its totals so far)
         self._target = None
         self._pushers = None  # a fit's device threads (``pushers``), while it runs
+        self._iterated = False  # whether an epoch has begun going through the training data
         _LAST['run'] = self  # built whole: a build that raised is never the last run
         # A training and its result refer to each other (``result.training``), and its hooks
         # to its run: an earlier training that nothing holds any more still holds its
@@ -190,6 +193,8 @@ class Training:
             self._target = self.epoch + num_epochs  # an interrupted epoch is the first of them
         npx.set_np()  # for the thread that calls fit (MXNet keeps the semantics per thread)
         run = self.run
+        _check_once_through(run.train_iter, self._target - self.epoch - bool(self._live),
+                            self._iterated)
         run.num_epochs, run.error = self._target, None
         entered = []
         try:
@@ -211,7 +216,8 @@ class Training:
             first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
             self._started = True  # only now: a begin that raised is called again by fit()
             if partial is not None:
-                batches = iter(run.batches(partial.batches))
+                batches = _epoch_batches(run, first_epoch, partial.batches)
+                self._iterated = True
         elif self._live is not None:
             batches, partial = self._live
             first_epoch = run.epoch
@@ -224,7 +230,8 @@ class Training:
         for epoch in range(first_epoch, self._target + 1):
             run.epoch = epoch
             done = partial.batches if partial else 0
-            batches = batches if batches is not None else iter(run.train_iter)
+            if batches is None:
+                batches, self._iterated = _epoch_batches(run, epoch), True
             timer.start()
             steps = train_epoch(step, batches, hooks_of=run, timer=timer, first_step=done + 1)
             npx.waitall()  # Sync point: every queued step has finished before the timer stops.
@@ -267,6 +274,28 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed, hooks=hooks,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
                     on_epoch=on_epoch).fit(num_epochs)
+
+
+def _epoch_batches(run, epoch, skip=0):
+    """The batches of ``epoch`` (1-based), without the first ``skip``.
+
+    A loader that counts its epochs (``epoch``, as the package's ``ArrayLoader``) is set to
+    this one first: its order then follows the run's epoch, not how often it was used before.
+    """
+    if isinstance(getattr(run.train_iter, 'epoch', None), int):
+        run.train_iter.epoch = epoch - 1
+    return iter(run.batches(skip))
+
+
+def _check_once_through(data, epochs, iterated):
+    """Refuse an iterator (a generator, say) as training data where it must be gone through
+    again: ``epochs`` more to start, ``iterated`` whether one was gone through already."""
+    if isinstance(data, collections.abc.Iterator) and epochs > (0 if iterated else 1):
+        used = 'was used up by the epochs trained so far' if iterated else \
+            f'is gone through once, and {epochs} epochs were asked for'
+        raise GluonMultiGPUError(f'the training data is an iterator (a generator, say), which '
+                                 f'{used}; give data that can be gone through again each '
+                                 'epoch: a list of batches, a DataLoader or a package loader')
 
 
 def _leave_all(run, entered):

@@ -7,6 +7,7 @@ input shapes and batches are one-line ``GluonMultiGPUError``s naming the
 value; ``train`` works in any thread; a SIGINT repeated within the window is
 the same request, also once the fit has raised.
 """
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from mxnet import np as mnp
 from mxnet.gluon import nn
 
 import gluon_multigpu as gm
+from gluon_multigpu.cli import common
 from gluon_multigpu.run import stopping
 from conftest import REPO, Lines, wait_bounded
 
@@ -222,6 +224,63 @@ def test_batches_that_are_not_pairs_are_one_line(make, named):
     assert named in one_line(error)
     with pytest.raises(gm.DataError, match='pair'):  # evaluation takes the same
         gm.evaluate_accuracy_gpus(gm.simple_cnn(), [make(X, y)], gm.cpu_devices(2))
+
+
+@pytest.mark.parametrize('make', [
+    lambda y: y + 0.5,                               # NumPy float64 labels
+    lambda y: mnp.array(y, dtype='float32') + 0.5,   # MXNet float32 labels
+    lambda y: onp.full(y.shape, onp.nan, 'float32'),
+])
+def test_labels_that_are_not_whole_numbers_are_one_line_in_training_and_evaluation(make):
+    """Float labels used to train silently to accuracy 0; whole floats still train."""
+    labels = onp.arange(8) % 10
+    with pytest.raises(gm.DataError) as error:
+        gm.train(gm.simple_cnn(), [(mnp.array(images()), make(labels))] * 2, None,
+                 gm.cpu_devices(2), num_epochs=1, lr=0.1)
+    assert 'in the training data is not a class number' in one_line(error)
+    good = batches_of(images(), labels.astype('int32'))
+    with pytest.raises(gm.DataError) as error:
+        gm.train(gm.simple_cnn(), good, [(mnp.array(images()), make(labels))], gm.cpu_devices(2),
+                 num_epochs=1, lr=0.1)
+    assert 'in the evaluation data is not a class number' in one_line(error)
+    whole = [(mnp.array(images()), labels.astype('float32'))] * 2
+    result = gm.train(gm.simple_cnn(), whole, whole, gm.cpu_devices(2), num_epochs=1, lr=0.1)
+    assert result.epochs[0].test_acc is not None
+
+
+def test_an_iterator_as_training_data_is_refused_where_it_would_be_used_up():
+    """A generator used to give 'the training data is empty' in epoch 2."""
+    good = batches_of(images(), onp.arange(8, dtype='int32'))
+    with pytest.raises(gm.GluonMultiGPUError) as error:
+        gm.train(gm.simple_cnn(), iter(good), None, gm.cpu_devices(2), num_epochs=2, lr=0.1)
+    assert 'is gone through once, and 2 epochs were asked for' in one_line(error)
+    run = gm.Training(gm.simple_cnn(), (b for b in good), None, gm.cpu_devices(2), lr=0.1)
+    assert len(run.fit(1).epochs) == 1  # one epoch: it is gone through once
+    with pytest.raises(gm.GluonMultiGPUError) as error:
+        run.fit(1)
+    assert 'was used up by the epochs trained so far' in one_line(error)
+
+
+@pytest.mark.parametrize('seed', [-1, 2**32, 1.5, True, '0'])
+def test_a_seed_the_cli_refuses_is_refused_by_the_library(seed):
+    with pytest.raises(gm.GluonMultiGPUError) as error:
+        gm.train(gm.simple_cnn(), batches_of(images(), onp.zeros(8, 'int32')), None,
+                 gm.cpu_devices(2), num_epochs=1, lr=0.1, seed=seed)
+    assert f'seed must be a whole number 0 to {common.MAX_SEED}' in one_line(error)
+
+
+def test_one_seed_gives_one_run_whether_or_not_the_loader_was_used_before():
+    """Each epoch's order follows the training's epoch: the loader's own count of its uses
+    (2.05806 against 2.0612 when it carried over) no longer matters."""
+    train_iter, test_iter = data()
+    runs = [gm.train(gm.simple_cnn(), train_iter, test_iter, gm.cpu_devices(2), num_epochs=2,
+                     seed=0).epochs for _ in range(2)]
+    list(train_iter)  # used once more by the user
+    runs.append(gm.train(gm.simple_cnn(), train_iter, test_iter, gm.cpu_devices(2),
+                         num_epochs=2, seed=0).epochs)
+    assert runs[0] == [dataclasses.replace(r, seconds=a.seconds, eval_seconds=a.eval_seconds)
+                       for a, r in zip(runs[0], runs[1])]
+    assert [e.train_loss for e in runs[0]] == [e.train_loss for e in runs[2]]
 
 
 # -- 6. any thread -------------------------------------------------------------------------------
