@@ -9,6 +9,7 @@ last; a stop keeps every epoch measured (``kept``).
 from . import messages
 from ..errors import Interrupted
 from ..outputs.files import write_json
+from ..outputs.output import replace_together
 from ..run.progress import Schedule, duration
 from ..study.charts import accuracy_chart
 from ..study.compare import recommend
@@ -19,24 +20,29 @@ __all__ = ['Comparison', 'write_outputs', 'partial_note']
 
 
 def write_outputs(args, results, config, tracker, pending=(), partial=None):
-    """Write the ``--plot``, ``--json`` and ``--report`` files, each atomically; return their paths.
+    """Write the ``--plot``, ``--json`` and ``--report`` files together; return their paths.
 
+    Each is written atomically, and all are replaced together (``replace_together``): a write
+    that fails puts back what the others held, so no two runs' outputs sit side by side.
     ``pending``: the kvstores compared with no epoch measured; ``partial``
     says why the outputs are incomplete (they are then marked partial).
     """
     written = []
-    if args.plot:
-        devices = ', '.join(results[0].devices)
-        accuracy_chart(args.plot, results, title=f'{args.model} on {args.dataset}, [{devices}]'
-                       + (' (partial)' if partial else ''))
-        written.append(args.plot)
-    if args.json:
-        write_json(args.json, runs_json(results, tracker, config, partial))
-        written.append(args.json)
-    if args.report:
-        write_kvstore_report(args.report, results, tracker, config,
-                             recommend(results, pending=pending), partial)
-        written.append(args.report.rstrip('/') + '/')
+
+    def write():
+        if args.plot:
+            devices = ', '.join(results[0].devices)
+            accuracy_chart(args.plot, results, title=f'{args.model} on {args.dataset}, '
+                           f'[{devices}]' + (' (partial)' if partial else ''))
+            written.append(args.plot)
+        if args.json:
+            write_json(args.json, runs_json(results, tracker, config, partial))
+            written.append(args.json)
+        if args.report:  # last: its folder is replaced as a whole, or not at all
+            write_kvstore_report(args.report, results, tracker, config,
+                                 recommend(results, pending=pending), partial)
+            written.append(args.report.rstrip('/') + '/')
+    replace_together([p for p in (args.plot, args.json) if p], write)
     return written
 
 

@@ -52,9 +52,10 @@ def train_heard(signum, book=False, launched=False, joining=False):
     return f'{name}: stopping {when}' + ('' if launched else '; Ctrl-C again to stop now')
 
 
-def train_stopped_now():
-    """The line before a second signal ends a training run at once."""
-    return 'stopped at once (a second signal): the last complete checkpoint, if any, is kept'
+def train_stopped_now(kept=None):
+    """The line before a second signal ends a training run at once; ``kept`` names what is
+    left (the checkpoint), None: nothing is said of it."""
+    return 'stopped at once (a second signal)' + (f': {kept}' if kept else '')
 
 
 def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_rank_0=False,

@@ -10,6 +10,7 @@ library's); what it says when it stops, ``messages``'. Importing this module
 loads no MXNet: the program sets the engine up first (``console.start``), and
 the parser and the run load the package's modules only when called.
 """
+import functools
 import os
 import signal
 import sys
@@ -197,7 +198,8 @@ def main(argv=None):
     stop = None
     with quiet_console():  # a closed terminal (SIGHUP) must not turn a print into an error
         try:
-            with stop_request(heard, stop_now, ignore_after=True) as stop:
+            with stop_request(heard, functools.partial(stop_now, args=args), ignore_after=True) \
+                    as stop:
                 run(args, stop=stop)
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, args, argv)
@@ -222,20 +224,41 @@ def _ended(error, stop, args, argv):
         print(error_line(error), file=sys.stderr)
         return 2
     if isinstance(error, OSError):  # a disk that fills, a file-size limit, ... while writing
-        print(messages.could_not_write(error, 'the last complete checkpoint, if any, is kept'),
-              file=sys.stderr)
+        print(messages.could_not_write(error, _kept(args, argv)), file=sys.stderr)
         return 1
     if isinstance(error, KeyboardInterrupt):
-        stop_now(signal.SIGINT)
+        stop_now(signal.SIGINT, args)
         return 130
     if error.joining:  # as after a time-out: the thread that waits to join stays blocked
         _end_joining(str(error), 128 + (error.signum or signal.SIGINT))
     if error.now:  # a second request, heard without a reader: no checkpoint, no outputs
-        stop_now(error.signum)
+        stop_now(error.signum, args)
         return 128 + error.signum
     print(interrupted_message(signum, error, args.checkpoint_dir, argv, worker_rank()),
           file=sys.stderr)
     return 128 + (signum or signal.SIGINT)
+
+
+def _kept(args, argv):
+    """What a failed write left as it was, naming only what exists."""
+    said = []
+    outputs = [flag for flag, path in (('--plot', args.plot), ('--json', args.json),
+                                       ('--report', args.report)) if path]
+    if outputs:
+        said.append(f'{", ".join(outputs)}: as before this write')
+    if args.checkpoint_dir:
+        said.append(_checkpoint_kept(args, argv))
+    return '; '.join(said) or 'no other file was asked for'
+
+
+def _checkpoint_kept(args, argv=None):
+    """What is left of ``--checkpoint-dir``, named only if it exists (None: none asked for)."""
+    if not args.checkpoint_dir:
+        return None
+    if os.path.isfile(os.path.join(args.checkpoint_dir, 'manifest.json')):
+        return (f'the last complete checkpoint in {args.checkpoint_dir} is kept; resume with: '
+                f'{resume_command(argv)}')
+    return f'no checkpoint was saved in {args.checkpoint_dir}'
 
 
 def _end_joining(line, status):
@@ -246,9 +269,9 @@ def _end_joining(line, status):
     os._exit(status)  # pylint: disable=protected-access
 
 
-def stop_now(signum):  # pylint: disable=unused-argument
-    """Say that a second signal ends the run at once."""
-    say_quietly(messages.train_stopped_now())
+def stop_now(signum, args=None):  # pylint: disable=unused-argument
+    """Say that a second signal ends the run at once, and what checkpoint is left."""
+    say_quietly(messages.train_stopped_now(_checkpoint_kept(args) if args else None))
 
 
 def start(launcher=None):

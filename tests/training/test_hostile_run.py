@@ -609,3 +609,52 @@ def test_sync_bn_on_the_naive_engine_is_refused_before_mxnet_loads():
     with pytest.raises(common.UsageError, match='unset MXNET_ENGINE_TYPE or drop --sync-bn'):
         common.apply_engine_settings(2, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
     assert common.apply_engine_settings(1, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
+
+
+@pytest.mark.parametrize('fails', ['json', 'report'])
+def test_a_failed_write_of_one_output_leaves_every_output_of_the_earlier_run(
+        train_script, fashion_dir, tmp_path, monkeypatch, capsys, fails):
+    """--plot, --json and --report are replaced together: a disk that fills while the second
+    or the third is written leaves all three as the earlier run wrote them (the new plot beside
+    the old JSON before), and the line names only what exists (no checkpoint asked for)."""
+    outputs = ['--plot', tmp_path / 'acc.png', '--json', tmp_path / 'runs.json',
+               '--report', tmp_path / 'report']
+    argv = quick(fashion_dir, '--num-epochs', 1, *outputs)
+    assert train_script.main([str(a) for a in argv]) == 0
+    before = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+    assert {p.name for p in before} >= {'acc.png', 'runs.json', 'report.md'}
+    argv += ['--lr', '0.05']  # another run: other figures in every output
+    capsys.readouterr()
+
+    def hook(operation, path):
+        if operation == 'write' and fails in path:
+            raise OSError(28, 'No space left on device', path)
+    monkeypatch.setattr(gm.fs, 'hook', hook)
+    assert train_script.main([str(a) for a in argv]) == 1
+    monkeypatch.setattr(gm.fs, 'hook', None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith('error: could not write ') and err[-1].endswith(
+        '--plot, --json, --report: as before this write)'), err[-1]
+    assert 'checkpoint' not in err[-1]
+    after = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+    assert after == before
+
+
+@pytest.mark.parametrize('fails, said', [
+    ('runs.json', 'the last complete checkpoint in {ckpt} is kept; resume with: '),
+    ('/params', 'no checkpoint was saved in {ckpt}'),
+])
+def test_a_failed_write_names_the_checkpoint_only_as_it_is(train_script, fashion_dir, tmp_path,
+                                                          monkeypatch, capsys, fails, said):
+    ckpt = tmp_path / 'ckpt'
+    argv = quick(fashion_dir, '--num-epochs', 1, '--json', tmp_path / 'runs.json',
+                 '--checkpoint-dir', ckpt)
+
+    def hook(operation, path):
+        if operation == 'write' and fails in path:
+            raise OSError(28, 'No space left on device', path)
+    monkeypatch.setattr(gm.fs, 'hook', hook)
+    assert train_script.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.format(ckpt=ckpt) in err and 'if any' not in err, err
+    assert ('--json: as before this write' in err) and not (tmp_path / 'runs.json').exists()

@@ -94,8 +94,9 @@ def test_train_says_where_it_stopped_and_how_to_go_on():
     assert messages.train_stopped(TERM, stop, 'cmd --resume', 'ckpt', by_rank_0=True) == (
         'interrupted by SIGTERM in epoch 2 after 5 batch(es); rank 0 keeps the checkpoint in '
         'ckpt; resume with: cmd --resume')
-    assert messages.train_stopped_now() == (
-        'stopped at once (a second signal): the last complete checkpoint, if any, is kept')
+    assert messages.train_stopped_now() == 'stopped at once (a second signal)'
+    assert messages.train_stopped_now('no checkpoint was saved in ckpt') == (
+        'stopped at once (a second signal): no checkpoint was saved in ckpt')
     assert messages.train_finished_anyway(TERM, outputs=True, checkpoint=True) == (
         'SIGTERM came after the last step: the run is complete, its outputs are written and its '
         'checkpoint holds it; exit status 143, as for any stop by a signal')
