@@ -13,6 +13,7 @@ import fcntl
 import os
 import socket
 import stat
+import sys
 import time
 
 from ..errors import GluonMultiGPUError
@@ -46,6 +47,10 @@ def _flocked(fd):
     return True
 
 
+def _say_on_stderr(line):
+    print(line, file=sys.stderr, flush=True)
+
+
 class Lock:
     """The lock file ``path``: ``acquire`` (or ``with``) takes it, ``release`` lets it go.
 
@@ -54,7 +59,9 @@ class Lock:
 
     def __init__(self, path, held, fix, error=GluonMultiGPUError, say=None, wait=0.0):
         self.path, self.held, self.fix = os.path.abspath(os.fspath(path)), held, fix
-        self.error, self.say, self.wait = error, say, wait
+        # A stale lock taken over is always said (the output rules promise it): on stderr
+        # unless the program gives its own way to say it.
+        self.error, self.say, self.wait = error, say or _say_on_stderr, wait
         self._fd, self._inode = None, None
 
     @property
@@ -90,6 +97,7 @@ class Lock:
         try:
             _flocked(fd)  # new, so nobody else holds it
             fs.write(fd, self._content(), self.path)
+            fs.fsync(fd, self.path)  # whole after a power cut too, not an empty file
             try:
                 fs.link_unnamed(fd, self.path)
             except FileExistsError:
@@ -165,9 +173,8 @@ class Lock:
                 return None
             if (same.st_dev, same.st_ino) == (st.st_dev, st.st_ino):
                 fs.unlink(self.path)  # ours, stale, and still under its name: taken over
-                if self.say is not None:
-                    self.say(f'note: took over the lock {self.path} of a run that ended without '
-                             f'letting it go{self._who(text)}')
+                self.say(f'note: took over the lock {self.path} of a run that ended without '
+                         f'letting it go{self._who(text)}')
             return None
         finally:
             os.close(fd)

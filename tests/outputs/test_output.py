@@ -289,6 +289,17 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_line(tmp_path):
     assert not path.exists()
 
 
+def test_a_checkpoints_stale_lock_is_taken_over_with_the_note_on_stderr(tmp_path, capsys):
+    """A lock whose program gives no way to say things (the Checkpointer's) still says it: the
+    takeover was silent there."""
+    (tmp_path / gm.checkpoint.LOCK).write_text(f'{locks.MARKER}\npid 999999\nhost elsewhere\n')
+    with gm.Checkpointer(tmp_path, {'k': 1}):
+        pass
+    err = capsys.readouterr().err
+    assert f'note: took over the lock {tmp_path / gm.checkpoint.LOCK} of a run that ended ' \
+        'without letting it go (process 999999)' in err, err
+
+
 def test_a_stale_lock_with_a_second_name_is_not_taken_over(tmp_path):
     path = tmp_path / 'x.lock'
     path.write_text(f'{locks.MARKER}\npid 999999\n')
