@@ -19,7 +19,11 @@ passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES`
    stale ``*.lock`` file after a kill, which the next run takes over, and the file whose
    removal was the call that failed), and
    (d) a failed call surfaces as ``OSError`` or ``GluonMultiGPUError``, never as a success
-   with another state than the new one.
+   with another state than the new one;
+4. cuts the power before the first call and after each (``power_cut``): every state a power cut
+   may leave there, built in memory from the unfaulted run's record (each call's changes, what
+   each fsync made durable), is recovered in a fresh folder and checked for (a) to (c) as after
+   a kill; after a run that returned, only the new state will do.
 
 The unfaulted run is a case too: it must leave the decoys as they were and raise nothing but a
 ``GluonMultiGPUError`` (a refusal). An entry point that makes no ``fs`` call cannot be faulted:
@@ -53,14 +57,15 @@ from gluon_multigpu.errors import GluonMultiGPUError  # noqa: E402
 from gluon_multigpu.base import fs  # noqa: E402
 import fault_entries  # noqa: E402
 import fault_studies  # noqa: E402
+import power_cut  # noqa: E402
 
 __all__ = ['ENTRIES', 'FAULTS', 'KINDS', 'Case', 'results', 'table', 'describe', 'TABLE_START',
            'TABLE_END']
 
 #: The faults put at each call: an errno raised there, or the process killed there.
 FAULTS = {'ENOSPC': errno.ENOSPC, 'EIO': errno.EIO, 'SIGKILL': None}
-#: The kinds of case: the unfaulted run, then the faults.
-KINDS = ('unfaulted', *FAULTS)
+#: The kinds of case: the unfaulted run, the faults, then the power cut (``power_cut``).
+KINDS = ('unfaulted', *FAULTS, 'power cut')
 #: Seconds a killed child may take before it counts as hung (a bound for a broken case only).
 CHILD_DEADLINE = 120.0
 TABLE_START, TABLE_END = '<!-- fault-table -->', '<!-- /fault-table -->'
@@ -238,12 +243,14 @@ def _killed(entry, root, n):
 
 
 class Reference:
-    """An entry point run unfaulted: its calls (relative paths), the new state, its problems."""
+    """An entry point run unfaulted: its calls (relative paths), the new state, its problems;
+    the previous state, the decoys and the run's record (``power_cut``)."""
 
     def __init__(self, entry, base):
         stage = _Stage(entry, base)
-        calls = []
-        error = _act(entry, stage.root, _hook(calls), record=True)
+        calls, self.old, self.decoys, self.states = [], stage.old, stage.decoys, 0
+        with power_cut.Recorder(stage.root) as self.recorder:
+            error = _act(entry, stage.root, _hook(calls), record=True)
         self.new = snapshot(stage.root, entry)
         self.calls = [(op, os.path.relpath(p, stage.root) if p else '') for op, p in calls]
         self.problems = _decoy_problems(stage, self.new)
@@ -372,6 +379,8 @@ def results(name, kind):
             _RESULTS[name, kind] = (0, [Case(kind, 0, '', '', [
                 'it made no call through gluon_multigpu.base.fs, so no fault could be put '
                 'into it (its writer is not on the output layer)'])])
+        elif kind == 'power cut':
+            _RESULTS[name, kind] = power_cut.results(entry, ref, sys.modules[__name__])
         else:
             failed = []
             for n, (operation, path) in enumerate(ref.calls, start=1):
@@ -386,7 +395,8 @@ def describe(name, kind, failed, limit=4):
     """Lines naming the first ``limit`` cases in ``failed``: n, the call there, what differed."""
     lines = [f'{name}, {kind}: {len(failed)} case(s) did not hold']
     for case in failed[:limit]:
-        where = f' at call {case.n} ({case.operation} {case.path})' if case.n else ''
+        at, cut = ('after', ' before any call') if case.kind == 'power cut' else ('at', '')
+        where = f' {at} call {case.n} ({case.operation} {case.path})' if case.n else cut
         lines.append(f'  {case.kind}{where}: {"; ".join(case.problems)}')
     if len(failed) > limit:
         lines.append(f'  ... and {len(failed) - limit} more')
@@ -394,21 +404,25 @@ def describe(name, kind, failed, limit=4):
 
 
 def table(names=None):
-    """The Markdown table of docs/guide.md: entry point, faults, cases run, cases that held."""
-    rows = ['| entry point | faults | cases run | held |', '| --- | --- | ---: | --- |']
+    """The Markdown table of docs/guide.md: entry point, faults, cases run (of every kind), cases
+    that held; of the power cut, the points that held and the distinct states checked."""
+    rows = ['| entry point | faults | cases run | held | power cuts held (states) |',
+            '| --- | --- | ---: | --- | --- |']
     for entry in ENTRIES:
         if names and entry.name not in names:
             continue
         counts = [results(entry.name, kind) for kind in KINDS]
         calls = len(reference(entry.name).calls)
-        faults = (f'none; {", ".join(FAULTS)} at each of its {calls} '
-                  f'call{"s" if calls > 1 else ""}' if calls else
+        faults = (f'none; {", ".join(FAULTS)} at each of its {calls} call{"s" if calls > 1 else ""}'
+                  '; a power cut before them and after each' if calls else
                   'none (it makes no call through `base/fs`)')
         run = sum(c[0] for c in counts)
         held = run - sum(len(c[1]) for c in counts if c[0])
         said = 'all' if held == run and calls else f'{held} of {run}' + \
             ('' if calls else '; no fault could be put')
-        rows.append(f'| `{entry.name}`: {entry.what} | {faults} | {run} | {said} |')
+        power = power_cut.cell(*results(entry.name, 'power cut'), reference(entry.name)) \
+            if calls else 'none'
+        rows.append(f'| `{entry.name}`: {entry.what} | {faults} | {run} | {said} | {power} |')
     return '\n'.join(rows)
 
 

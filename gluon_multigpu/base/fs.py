@@ -8,14 +8,16 @@ these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link`` (
 Python's (MXNet's ``save_parameters``) announces its write with ``external`` before it starts.
 Each call first passes its name and path to ``hook`` (None but in tests): the fault-injection
 harness (``tests/outputs/test_fault_harness.py``) sets it to count the calls of an entry point, then to
-fail the n-th (``ENOSPC``, ``EIO``) or to kill the process there (SIGKILL).
+fail the n-th (``ENOSPC``, ``EIO``) or to kill the process there (SIGKILL). ``trace`` (tests only)
+also gets the file descriptor of a ``write``, ``fsync`` or ``link_unnamed``: the harness's
+power-cut model learns from it which file or folder an fsync makes durable.
 """
 import ctypes
 import errno
 import os
 
-__all__ = ['hook', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink', 'mkdir',
-           'rmdir', 'remove_tree', 'external', 'OPERATIONS']
+__all__ = ['hook', 'trace', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink',
+           'mkdir', 'rmdir', 'remove_tree', 'external', 'OPERATIONS']
 
 #: The names passed to ``hook``.
 OPERATIONS = ('open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir')
@@ -23,11 +25,16 @@ OPERATIONS = ('open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'r
 #: Called as ``hook(operation, path)`` before each call; it may raise ``OSError`` (or end the
 #: process) to stand for a fault there. Tests only.
 hook = None
+#: Called as ``trace(operation, path, fd)`` after ``hook`` (``fd``: the file descriptor of a
+#: ``write``, ``fsync`` or ``link_unnamed``, else None). Tests only.
+trace = None
 
 
-def _before(operation, path):
+def _before(operation, path, fd=None):
     if hook is not None:
         hook(operation, os.fspath(path))
+    if trace is not None:
+        trace(operation, os.fspath(path), fd)
 
 
 def open(path, flags, mode=0o666):  # pylint: disable=redefined-builtin
@@ -40,14 +47,14 @@ def write(fd, data, path=''):
     """Write all of ``data`` (bytes) to ``fd``; ``path`` names the file for the hook."""
     view = memoryview(data)
     while view:
-        _before('write', path)
+        _before('write', path, fd)
         done = os.write(fd, view)
         view = view[done:]
 
 
 def fsync(fd, path=''):
     """``os.fsync``; ``path`` names the file (or folder) for the hook."""
-    _before('fsync', path)
+    _before('fsync', path, fd)
     os.fsync(fd)
 
 
@@ -71,7 +78,7 @@ def link_unnamed(fd, target):
     unless given a folder descriptor, would link the symbolic link itself: EXDEV), else
     ``linkat`` with ``AT_EMPTY_PATH`` (where /proc refuses). Hooked as ``link``.
     """
-    _before('link', target)
+    _before('link', target, fd)
     root = os.open('/', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.link(f'/proc/self/fd/{fd}', target, src_dir_fd=root, follow_symlinks=True)

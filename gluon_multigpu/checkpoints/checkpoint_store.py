@@ -288,6 +288,7 @@ class CheckpointStore:
             text = json.dumps(self._manifest(epoch, partial, history, files), indent=2) + '\n'
             savefolder.write_file(staged, text.encode())
             made = os.lstat(staged).st_ino
+            savefolder.fsync(self.directory)  # the files placed durable before what names them
             fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here
         except BaseException:
             if not self._committed(made):
@@ -347,6 +348,8 @@ class CheckpointStore:
             if _is_regular(os.path.join(self.directory, name)):
                 _remove(os.path.join(self.directory, name))
                 removed.append(name)
+        if removed and folders:  # durable before the records naming them go
+            savefolder.fsync(self.directory)
         for folder in folders:
             savefolder.remove(folder)
             removed.append(os.path.basename(folder))

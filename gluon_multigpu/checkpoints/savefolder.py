@@ -98,6 +98,8 @@ def make(directory):
             continue
     try:
         write_file(os.path.join(path, MARKER), _MARK + f'{os.getpid()}\n'.encode())
+        fsync(path)  # the marker, then the folder, durable before anything else is put in it
+        fsync(directory)
     except BaseException:
         try:
             remove(path)
@@ -169,6 +171,8 @@ def remove(path):
     """Remove the save folder ``path`` (``removable``): its files, the marker last, the folder."""
     names = _entries(path) or set()
     for name in (*FILES, MARKER):
+        if name == MARKER and names & set(FILES):
+            fsync(path)  # the removals durable first: a power cut keeps them in order
         if name in names:
             try:
                 fs.unlink(os.path.join(path, name))

@@ -5,6 +5,7 @@ The rules, for every file the package writes (checkpoints, results files, report
 
 More in docs/design.md, "Notes on the code".
 """
+import errno
 import json
 import os
 import re
@@ -111,6 +112,7 @@ def _clear(staging):
         if root != staging:
             fs.rmdir(root)
     if os.path.lexists(os.path.join(staging, JOURNAL)):
+        fsync_directory(staging)  # the removals durable first: a power cut keeps them in order
         fs.unlink(os.path.join(staging, JOURNAL))  # last: until here the folder is ours
     fs.rmdir(staging)
 
@@ -152,6 +154,20 @@ def recover(directory):
             if _settle(path) or (_STAGING_NAME.match(name) and _remove_empty(path)):
                 settled.append(name)
     return settled
+
+
+def _fsync_file(path):
+    """fsync the regular file ``path`` (a link is left as it is)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return
+        raise
+    try:
+        fs.fsync(fd, path)
+    finally:
+        os.close(fd)
 
 
 def _remove_empty(path):
@@ -215,6 +231,8 @@ class ReportSet:
                 except OSError:
                     pass
                 raise
+            fsync_directory(path)  # the journal, then the folder, durable before anything is staged
+            fsync_directory(self.directory)
             _UNFINISHED[path] = _inode(path)
             return path
 
@@ -264,6 +282,9 @@ class ReportSet:
     def _commit(self):
         try:
             entries = self._entries()
+            for name, _, _, _ in entries:  # whoever wrote them (ssh-keygen does not fsync)
+                self._current = os.path.join(self.directory, name)
+                _fsync_file(os.path.join(self._staging, name))
             for i, (name, _, _, has_old) in enumerate(entries):
                 if has_old:  # a backup, until the new set is complete
                     self._current = os.path.join(self.directory, name)

@@ -1,13 +1,15 @@
 """Every entry point that writes, failed (ENOSPC, EIO) or killed (SIGKILL) at each of its
-file-system calls: the previous state or the complete new one, the user's files untouched,
-nothing left (``fault_harness``). And the harness itself: it holds for a writer that keeps the
-rules and catches one that does not; docs/guide.md has its table."""
+file-system calls, or its power cut before any and after each (``power_cut``): the previous
+state or the complete new one, the user's files untouched, nothing left (``fault_harness``). And
+the harness itself: it holds for a writer that keeps the rules and catches one that does not
+(the classic three of the power cut included); docs/guide.md has its table."""
 import os
 import pathlib
 
 import pytest
 
 import fault_harness
+import power_cut
 from fault_entries import Entry, user_file
 from gluon_multigpu.base import fs
 
@@ -35,26 +37,39 @@ def test_docs_guide_holds_the_table_the_harness_makes():
 
 # -- the harness on writers of its own --------------------------------------------------------
 
-def _write_through_fs(path, data, atomic):
-    """Write ``data`` to ``path`` with ``fs`` calls: through a temporary file, or in place."""
+def _write_through_fs(path, data, atomic, mistake=None):
+    """Write ``data`` to ``path`` with ``fs`` calls: through a temporary file (fsynced, renamed,
+    the folder fsynced), or in place. ``mistake`` plants one of the classic three in the first:
+    no ``'file fsync'`` before the rename, no ``'folder fsync'`` after it, or the rename made
+    before the data is written (``'rename first'``)."""
     target = path + '.tmp-own' if atomic else path
     fd = fs.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        if mistake == 'rename first':
+            fs.replace(target, path)
+            target = path
         fs.write(fd, data[:4], target)
         fs.write(fd, data[4:], target)
-        fs.fsync(fd, target)
+        if mistake != 'file fsync':
+            fs.fsync(fd, target)
     except BaseException:
         os.close(fd)
-        if atomic:
+        if target != path:
             fs.unlink(target)
         raise
     os.close(fd)
-    if atomic:
+    if target != path:
         try:
             fs.replace(target, path)
         except BaseException:
             fs.unlink(target)
             raise
+    if atomic and mistake != 'folder fsync':
+        folder = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fs.fsync(folder, os.path.dirname(path))
+        finally:
+            os.close(folder)
 
 
 class Atomic(Entry):
@@ -113,6 +128,25 @@ class Locking(Atomic):
             fs.unlink(lock)
 
 
+class WholeLocking(Atomic):
+    """A writer holding a lock made whole before it has its name, as the package's locks are:
+    written unnamed (``O_TMPFILE``), fsynced (``synced``), then linked."""
+    name, what, synced = 'whole_locking', 'a writer holding a lock linked whole', True
+
+    def act(self, root):
+        lock = os.path.join(root, '.out.txt.lock')
+        fd = fs.open(root, os.O_TMPFILE | os.O_WRONLY, 0o644)
+        try:
+            fs.write(fd, b'123\n', lock)
+            if self.synced:
+                fs.fsync(fd, lock)
+            fs.link_unnamed(fd, lock)
+            super().act(root)
+        finally:
+            os.close(fd)
+            fs.unlink(lock)
+
+
 class Progressive(Atomic):
     name, what = 'progressive', 'a writer that keeps its rows as it goes'
 
@@ -124,9 +158,34 @@ class Progressive(Atomic):
         return [lambda root: self.act(root, rows=1)]
 
 
+class Careless(Atomic):
+    """A writer through a temporary file that makes one of the classic mistakes (``mistake``)."""
+    mistake = None
+
+    def act(self, root):
+        _write_through_fs(os.path.join(root, 'out.txt'), b'the new text, longer\n', True,
+                          self.mistake)
+
+
+class NoFileFsync(Careless):
+    name, what, mistake = 'no_file_fsync', 'a writer that renames data it never fsynced', \
+        'file fsync'
+
+
+class NoFolderFsync(Careless):
+    name, what, mistake = 'no_folder_fsync', 'a writer that never fsyncs the folder', \
+        'folder fsync'
+
+
+class RenameFirst(Careless):
+    name, what, mistake = 'rename_first', 'a writer that renames before it writes', \
+        'rename first'
+
+
 @pytest.fixture
 def own_entries(monkeypatch):
-    entries = [Atomic(), InPlace(), Swallowing(), Tidying(), Locking(), Progressive()]
+    entries = [Atomic(), InPlace(), Swallowing(), Tidying(), Locking(), WholeLocking(),
+               Progressive(), NoFileFsync(), NoFolderFsync(), RenameFirst()]
     monkeypatch.setattr(fault_harness, 'ENTRIES', entries)
     monkeypatch.setattr(fault_harness, '_REFERENCES', {})
     monkeypatch.setattr(fault_harness, '_RESULTS', {})
@@ -137,10 +196,11 @@ def own_entries(monkeypatch):
 def test_the_harness_holds_for_a_writer_that_keeps_the_rules(own_entries):
     assert fault_harness.reference('atomic').calls == [
         ('open', 'out.txt.tmp-own'), ('write', 'out.txt.tmp-own'), ('write', 'out.txt.tmp-own'),
-        ('fsync', 'out.txt.tmp-own'), ('replace', 'out.txt')]
+        ('fsync', 'out.txt.tmp-own'), ('replace', 'out.txt'), ('fsync', '.')]
     for kind in fault_harness.KINDS:
         run, failed = fault_harness.results('atomic', kind)
-        assert (run, failed) == (1 if kind == 'unfaulted' else 5, []), failed
+        # a power cut after each of the 6 calls, the last after it returned, and before any
+        assert (run, failed) == ({'unfaulted': 1, 'power cut': 7}.get(kind, 6), []), failed
 
 
 def test_the_harness_catches_a_writer_that_writes_in_place(own_entries):
@@ -171,11 +231,60 @@ def test_the_harness_says_when_an_entry_point_makes_no_fs_call(own_entries, monk
 
 def test_a_stale_lock_after_a_kill_a_failed_removal_and_a_shorter_run_are_no_failures(
         own_entries, monkeypatch):
-    for name, calls in (('locking', 8), ('progressive', 10)):
-        for kind in fault_harness.FAULTS:
-            assert fault_harness.results(name, kind) == (calls, []), (name, kind)
+    for name, calls in (('locking', 9), ('whole_locking', 11), ('progressive', 12)):
+        for kind in (*fault_harness.FAULTS, 'power cut'):
+            assert fault_harness.results(name, kind) == (calls + (kind == 'power cut'), []), \
+                (name, kind)
     monkeypatch.setattr(Progressive, 'partial_runs', lambda self: [])
+    monkeypatch.setattr(WholeLocking, 'synced', False)  # a power cut may leave it empty
     monkeypatch.setattr(fault_harness, '_REFERENCES', {})
     monkeypatch.setattr(fault_harness, '_RESULTS', {})
     _, failed = fault_harness.results('progressive', 'SIGKILL')
-    assert [c.n for c in failed] == [6, 7, 8, 9, 10]  # the first row kept, the second not yet
+    assert [c.n for c in failed] == [6, 7, 8, 9, 10, 11]  # the first row kept, the second not yet
+    _, failed = fault_harness.results('progressive', 'power cut')
+    assert [c.n for c in failed] == [5, 6, 7, 8, 9, 10, 11]  # from the first row's rename on
+    # a stale lock is excused as it is after a kill, not one emptied by a power cut (refused)
+    assert fault_harness.results('whole_locking', 'SIGKILL')[1] == []
+    _, failed = fault_harness.results('whole_locking', 'power cut')
+    assert [c.n for c in failed] == [3, 4, 5, 6, 7, 8, 9, 10], failed
+    assert failed[0].problems == ['.out.txt.lock is left empty, as no kill leaves it (its content '
+                                  'was never fsynced): the next run refuses it'], failed
+
+
+# -- the power cut: what only an fsync makes certain ---------------------------------------------
+
+def test_a_power_cut_after_a_rename_of_data_never_fsynced_leaves_an_empty_file(own_entries):
+    assert fault_harness.results('no_file_fsync', 'SIGKILL') == (5, [])  # a kill cannot tell
+    run, failed = fault_harness.results('no_file_fsync', 'power cut')
+    assert run == 6 and [c.n for c in failed] == [4, 5], failed  # renamed: certain, or not yet
+    assert failed[-1].problems == ['neither the previous state nor the new one: out.txt neither '
+                                   'old nor new'], failed  # empty: the data was never synced
+    assert 'power cut after call 4 (replace out.txt)' in \
+        fault_harness.describe('no_file_fsync', 'power cut', failed)
+
+
+def test_a_power_cut_after_a_save_that_never_fsyncs_the_folder_loses_it(own_entries):
+    assert fault_harness.results('no_folder_fsync', 'SIGKILL') == (5, [])
+    run, failed = fault_harness.results('no_folder_fsync', 'power cut')
+    assert run == 6 and [c.n for c in failed] == [5], failed  # only after it returned
+    assert failed[0].problems == ['the entry point had returned, yet the new state did not '
+                                  'outlive the power cut: out.txt old'], failed
+
+
+def test_a_power_cut_after_a_rename_made_before_the_data_leaves_an_empty_file(own_entries):
+    run, failed = fault_harness.results('rename_first', 'power cut')
+    assert run == 7 and [c.n for c in failed] == [2, 3, 4], failed  # renamed, not yet synced
+    assert all('out.txt neither old nor new' in c.problems[0] for c in failed), failed
+    assert fault_harness.results('rename_first', 'power cut')[1] == failed  # made once
+
+
+def test_a_power_cut_model_keeps_what_each_fsync_made_certain(own_entries):
+    model = power_cut.Model(fault_harness.reference('atomic').recorder)
+    assert model.points == 7 and model.pending(0) == []
+    assert len(model.pending(5)) == 2  # the temporary made, then renamed: the folder not synced
+    assert model.pending(6) == []  # the folder fsynced: all certain
+    old, new = b'the previous text\n', b'the new text, longer\n'
+    files = [{path: payload for path, kind, payload, _ in state if kind == 'file'}
+             for state in model.states(5)]
+    assert sorted(f['out.txt'] for f in files) == [new, new, old, old]  # each subset of two
+    assert {f.get('out.txt.tmp-own') for f in files} == {None, new}
