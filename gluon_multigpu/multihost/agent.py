@@ -3,13 +3,17 @@
 ``launch`` starts every role of a parameter-server job (scheduler, servers,
 workers) through an agent, on this machine or over ssh, as
 ``python -m gluon_multigpu.multihost.agent [options] -- COMMAND``. The agent
+runs COMMAND under a keeper (``keep``, this module run with ``--keeper``), which
+ends COMMAND's whole tree should the agent die, even by SIGKILL.
 
 More in docs/design.md, "Notes on the code".
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -109,9 +113,105 @@ def on_parent_death(signum):
 
 
 def _die_with_parent():
-    """In the child: SIGKILL when the agent dies (Linux); its session is its own
-    (``start_new_session``)."""
+    """In the command, before it runs: SIGKILL when its keeper dies (Linux); its session is its
+    own (``start_new_session``)."""
     on_parent_death(signal.SIGKILL)
+
+
+def _subreaper():
+    """Make this process the subreaper of its descendants (Linux): an orphan below it comes
+    back to it, not to init."""
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except (OSError, AttributeError):
+        pass
+
+
+def keeper_argv(link, fds, command):
+    """The command that runs ``command`` under a keeper (``keep``): ``link``, the keeper's end
+    of the agent's socket; ``fds``, the descriptors the command is given."""
+    return [sys.executable, '-m', 'gluon_multigpu.multihost.agent', '--keeper', str(link),
+            '--pass-fds', ','.join(map(str, fds)), '--', *command]
+
+
+def keep(link, fds, command):
+    """The keeper between the agent and ``command`` (see docs/design.md): run it, tell the agent
+    its pid on ``link``, end its whole tree when it ends or when ``link`` closes (the agent is
+    gone); return (or end by) the command's status."""
+    _subreaper()
+    link = socket.socket(fileno=link)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    # SIGCHLD wakes the wait below; a stop signal reaches the command's session from the agent.
+    signals.install(lambda signum, frame: None, (signal.SIGCHLD, *signals.STOP_SIGNALS),
+                    nohup=False)
+    try:
+        proc = subprocess.Popen(command, start_new_session=True, pass_fds=fds,
+                                preexec_fn=_die_with_parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            link.sendall(f'error {e.strerror or e}\n'.encode())
+        return 127
+    for fd in fds:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        link.sendall(f'pid {proc.pid}\n'.encode())
+    while proc.returncode is None:
+        ready = select.select([link, wake_r], [], [], 1.0)[0]
+        if link in ready and not _heard(link):  # the agent is gone
+            _end_tree(proc.pid)
+            return LAUNCHER_GONE
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        proc.returncode = _reaped(proc.pid)
+    _end_tree(proc.pid)
+    return _end_as(proc.returncode)
+
+
+def _heard(link):
+    """What the agent sent on ``link`` (b'' once it is gone)."""
+    try:
+        return link.recv(4096)
+    except OSError:
+        return b''
+
+
+def _reaped(pid):
+    """Reap every ended child; the exit code of ``pid`` (``-N``: signal N) if it ended, or None."""
+    with contextlib.suppress(ChildProcessError):
+        while (done := os.waitpid(-1, os.WNOHANG))[0]:
+            if done[0] == pid:  # as os.waitstatus_to_exitcode (Python 3.9) says it
+                status = done[1]
+                return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return None
+
+
+def _end_tree(group):
+    """SIGKILL the session ``group`` and every process below this one, until none is left (each
+    orphan comes back to this process, the subreaper, and is ended in its turn)."""
+    with contextlib.suppress(OSError):
+        os.killpg(group, signal.SIGKILL)
+    while True:
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _end_as(code):
+    """``code`` if it is an exit status; else end this process by the same signal (no core)."""
+    if code >= 0:
+        return code
+    with contextlib.suppress(OSError, ValueError):
+        import resource  # pylint: disable=import-outside-toplevel
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        signals.install(signal.SIG_DFL, (-code,), nohup=False)
+    os.kill(os.getpid(), -code)
+    return 128 - code
 
 
 def find_program(name):
@@ -156,12 +256,9 @@ class Agent:
         self.lock = threading.Lock()
         self.heard = time.monotonic()
         self.launcher_gone = False
-        self.proc = None
+        self.proc = self.pid = self._link = None  # the keeper; the command's pid; the socket
         self._to_job = None
-        try:  # daemonised descendants come back to the agent, which can then end them all
-            ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
-        except (OSError, AttributeError):
-            pass
+        _subreaper()  # daemonised descendants come back to the agent, which can then end them all
 
     def say(self, message):
         """Write one control line (quietly nothing once the launcher's end is closed)."""
@@ -176,24 +273,35 @@ class Agent:
                 pass
 
     def start(self):
-        """Start the command with its control pipes; return False (and say why) if it cannot."""
+        """Start the command under its keeper with its control pipes; return False (and say why)
+        if it cannot."""
         to_job_r, to_job_w = os.pipe()
         from_job_r, from_job_w = os.pipe()
+        self._link, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONUNBUFFERED=os.environ.get('PYTHONUNBUFFERED', '1'))
         env[CONTROL_VARIABLE] = f'{to_job_r},{from_job_w}'
         try:
             self.proc = subprocess.Popen(
-                self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                pass_fds=(to_job_r, from_job_w), preexec_fn=_die_with_parent)
+                keeper_argv(theirs.fileno(), (to_job_r, from_job_w), self.command),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True, pass_fds=(to_job_r, from_job_w, theirs.fileno()))
         except OSError as e:
             self.write(f'could not start {self.command[0]}: {e.strerror or e}\n'.encode())
             return False
         finally:
             os.close(to_job_r)
             os.close(from_job_w)
+            theirs.close()
+        reply = read_line(self._link.makefile('rb'), INPUT_LIMIT)  # 'pid N' or 'error WHY'
+        kind, _, said = reply[0].decode(errors='replace').partition(' ') if reply else ('', '', '')
+        if kind != 'pid':
+            self._relay_output()  # what the keeper wrote, if it could not start
+            why = said if kind == 'error' else f'its keeper ended (status {self.proc.wait()})'
+            self.write(f'could not start {self.command[0]}: {why}\n'.encode())
+            return False
+        self.pid = int(said)
         self._to_job = os.fdopen(to_job_w, 'w', buffering=1)
-        self.say(f'started {self.proc.pid}')
+        self.say(f'started {self.pid}')
         self._output = threading.Thread(target=self._relay_output, daemon=True)
         self._output.start()
         threading.Thread(target=self._relay_control, args=(from_job_r,), daemon=True).start()
@@ -238,7 +346,7 @@ class Agent:
         every process below the agent too (daemons that left the session come back to it as
         their subreaper)."""
         try:
-            os.killpg(self.proc.pid, signum)
+            os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
         for pid in _descendants(os.getpid()) if everything else ():
@@ -276,7 +384,7 @@ class Agent:
                 self.end()
                 return LAUNCHER_GONE
             if now >= next_beat:
-                self.say('beat stopped' if _state(self.proc.pid) in ('T', 't') else 'beat')
+                self.say('beat stopped' if _state(self.pid) in ('T', 't') else 'beat')
                 next_beat = now + self.heartbeat
             time.sleep(0.1)
 
@@ -291,6 +399,8 @@ def build_parser():
     p.add_argument('--port', type=int)
     p.add_argument('--hold-port', type=int, help='take this port for the job before starting '
                    '(the scheduler); exit with PORT_TAKEN if another holds it')
+    p.add_argument('--keeper', type=int, help=argparse.SUPPRESS)  # keep(): the socket's fd
+    p.add_argument('--pass-fds', default='', help=argparse.SUPPRESS)
     p.add_argument('command', nargs=argparse.REMAINDER)
     return p
 
@@ -298,6 +408,8 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
+    if args.keeper is not None:
+        return keep(args.keeper, [int(fd) for fd in args.pass_fds.split(',') if fd], command)
     if args.check:
         answer = check(command, args.port)
         print(json.dumps(answer), flush=True)

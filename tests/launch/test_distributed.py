@@ -143,8 +143,9 @@ def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path
         agents = children(proc.pid)
         assert len(agents) == 4  # scheduler, server, two workers, each under its agent
         everything = descendants(proc.pid)
-        assert len(everything) == 8
-        worker = children(agents[-1])[0]
+        assert len(everything) == 12  # and under each agent its keeper, and under that its process
+        keeper, = children(agents[-1])
+        worker, = children(keeper)
         killed = time.monotonic()
         os.kill(worker, signal.SIGKILL)
         status = wait_bounded(proc, 60)
@@ -254,12 +255,13 @@ def test_a_parameter_server_run_resumes_with_the_same_workers(fashion_dir, tmp_p
 def watch_children(proc, lines, pattern=None, timeout=300):
     """The processes below ``proc`` seen until a line of ``lines`` matches ``pattern`` (None:
     until ``proc`` ends), within ``timeout`` s: ``(job, every)``, ``job`` the launcher's
-    agents and the processes they started, ``every`` all of them and anything those started
-    (importing MXNet runs NumPy's ``lscpu`` for a moment, for one)."""
+    agents, their keepers and the processes those started, ``every`` all of them and anything
+    those started (importing MXNet runs NumPy's ``lscpu`` for a moment, for one)."""
     job, every, deadline = set(), set(), time.monotonic() + timeout
     while True:
         agents = children(proc.pid)
-        job |= set(agents) | {p for a in agents for p in children(a)}
+        keepers = {p for a in agents for p in children(a)}
+        job |= set(agents) | keepers | {p for k in keepers for p in children(k)}
         every |= job | set(descendants(proc.pid))
         if pattern is None and proc.poll() is not None:
             return job, every
@@ -285,7 +287,7 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
     finally:
         proc.kill()
     assert 'launch: stopped by SIGINT: every process has ended' in proc.stderr.read()
-    assert len(job) == 8 and gone(seen)  # 4 agents, their 4 processes
+    assert len(job) == 12 and gone(seen)  # 4 agents, their 4 keepers, the keepers' 4 processes
     # a run to its end
     proc = subprocess.Popen(command + ['--num-epochs', '1'], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -294,7 +296,7 @@ def test_ctrl_c_stops_every_process_and_a_finished_run_leaves_none(fashion_dir, 
         assert wait_bounded(proc, 120) == 0
     finally:
         proc.kill()
-    assert len(job) == 8 and gone(seen)
+    assert len(job) == 12 and gone(seen)
 
 
 @pytest.mark.slow  # subprocesses
@@ -355,7 +357,7 @@ def test_the_launcher_hung_up_or_killed_leaves_no_process(how, fashion_dir, tmp_
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         job, seen = watch_children(proc, Lines(proc.stdout), r'epoch (1/50: |\d+: \d+/\d+ batches)')
-        assert len(job) == 8  # 4 agents, their 4 processes
+        assert len(job) == 12  # 4 agents, their 4 keepers, the keepers' 4 processes
         proc.send_signal(how)
         status = wait_bounded(proc, 90)
     finally:

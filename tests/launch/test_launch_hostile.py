@@ -2,13 +2,14 @@
 import io
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, alive, descendants, wait_bounded
+from conftest import REPO, alive, children, descendants, wait_bounded
 from process_state import wait_until
 from gluon_multigpu.multihost import agent
 
@@ -48,6 +49,37 @@ def test_sigkill_of_the_local_launcher_ends_grandchildren_and_daemons():
     finally:
         for pid in left():
             os.kill(pid, signal.SIGKILL)
+
+
+def tree_script(tag):
+    """A worker's shell command that starts a child in its session and a double-forked daemon
+    in a session of its own, then waits; the sleeps' arguments, each found by ``_with_arg``."""
+    child, daemon = f'{tag}1.{random.randrange(10**6)}', f'{tag}2.{random.randrange(10**6)}'
+    return f'sleep {child} & (setsid sleep {daemon} &); echo ready; wait', child, daemon
+
+
+def test_sigkill_of_a_workers_agent_ends_its_whole_tree_and_stops_the_job():
+    script, child, daemon = tree_script(302)
+    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher', 'local',
+                             '--', 'bash', '-c', script], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(proc, 'the job started', lambda: _with_arg(child) and _with_arg(daemon), 120)
+        agent_pid, = [p for p in children(proc.pid) if p in _with_arg(script)]
+        tree = descendants(agent_pid)  # its keeper, bash, the two sleeps
+        os.kill(agent_pid, signal.SIGKILL)
+        status = wait_bounded(proc, 60)
+    finally:
+        proc.kill()
+    left = lambda: _with_arg(child) + _with_arg(daemon) + [p for p in tree if alive(p)]
+    try:
+        wait_until(None, 'every process of the worker ended', lambda: not left(), 10)
+    finally:
+        for pid in left():
+            os.kill(pid, signal.SIGKILL)
+    err = proc.stderr.read()
+    assert status == 1 and re.search(r'^launch: worker 0@127\.0\.0\.1 its agent ended \(signal '
+                                     r'SIGKILL\); stopping the job$', err, re.M), err
 
 
 def _launch_ssh(hostfile):

@@ -11,6 +11,7 @@ uninterrupted one. Skipped, with the reason, where no cluster can be made
 (not root, no ``ip netns``, no sshd): CI installs sshd so they run there.
 """
 import os
+import random
 import re
 import signal
 import subprocess
@@ -20,7 +21,8 @@ import time
 import pytest
 
 from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
-from conftest import REPO, Lines, run_bounded, wait_bounded
+from conftest import REPO, Lines, alive, descendants, run_bounded, wait_bounded
+from process_state import wait_until
 from gluon_multigpu.multihost.plan import TERM_WAIT
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
@@ -219,6 +221,47 @@ def test_the_launcher_killed_leaves_no_process_on_any_host(make_cluster, fashion
         assert nothing_left(cluster, 10), job_processes(cluster)
     finally:
         proc.kill()
+
+
+def cmdline(pid):
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read().replace(b'\0', b' ').decode(errors='replace')
+    except OSError:
+        return ''
+
+
+def test_an_agent_killed_on_its_host_leaves_nothing_of_its_worker(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    # a child in the worker's session, and a double-forked daemon in a session of its own
+    child, daemon = (f'30{i}.{random.randrange(10**6)}' for i in (3, 4))
+    script = f'sleep {child} & (setsid sleep {daemon} &); echo ready; wait'
+    proc, out, err = start(cluster, [sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher',
+                                     'ssh', '-H', cluster.hostfile, '--', '/bin/bash', '-c',
+                                     script], tmp_path)
+    mine = lambda: [p for pids in cluster.job_pids().values() for p in pids
+                    if cmdline(p) in (f'sleep {child} ', f'sleep {daemon} ')]
+    try:
+        out.wait_for(r'^\[worker 0@.*\] ready$', timeout=120)
+        wait_until(proc, 'both sleeps running', lambda: len(mine()) == 2, 30)
+        agent, = [p for pids in cluster.job_pids().values() for p in pids
+                  if cmdline(p).startswith(f'{sys.executable} -m gluon_multigpu.multihost.agent ')
+                  and daemon in cmdline(p) and '--keeper' not in cmdline(p)]
+        tree = descendants(agent)  # its keeper, bash, the two sleeps
+        os.kill(agent, signal.SIGKILL)  # on the worker's host
+        # ssh says that its remote command was killed as it says a broken link: status 255
+        err.wait_for(r'^launch: worker 0@(\S+) its connection to \1 ended \(ssh status 255\); '
+                     r'stopping the job$', timeout=30)
+        assert wait_bounded(proc, 60) == 1
+    finally:
+        proc.kill()
+    left = lambda: mine() + [p for p in tree if alive(p)]
+    try:
+        wait_until(None, 'every process of the worker ended', lambda: not left(), 10)
+    finally:
+        for pid in left():
+            os.kill(pid, signal.SIGKILL)
+    assert nothing_left(cluster, 10), job_processes(cluster)
 
 
 def test_a_stopped_worker_is_found_and_a_second_ctrl_c_kills_at_once(

@@ -12,6 +12,7 @@ Skipped, with the reason, where Slurm cannot be had (not root, no slurmctld,
 ...): CI installs it.
 """
 import json
+import random
 import re
 import shlex
 import os
@@ -22,7 +23,7 @@ import sys
 import pytest
 
 from slurm_fixture import skip_unless_slurm, slurm_cluster  # noqa: F401  (fixture)
-from conftest import REPO, alive, wait_bounded
+from conftest import REPO, alive, descendants, wait_bounded
 from process_state import wait_until
 from lab.hosts import cluster as gc
 from lab.hosts import slurm_cluster as gs
@@ -316,6 +317,38 @@ def test_scancel_batch_term_stops_the_job_in_order_without_a_requeue(slurm_clust
                      text), text[-3000:]
     assert re.search(r'^launch: stopped by SIGTERM: every process has ended$', text, re.M)
     assert 'requeueing' not in text
+    assert nothing_left(slurm_cluster)
+
+
+@pytest.mark.slow  # jobs on a Slurm of its own: the full suite's
+def test_an_agent_killed_on_its_node_leaves_nothing_of_its_worker(slurm_cluster, tmp_path):
+    out = tmp_path / 'job.out'
+    # a child in the worker's session, and a double-forked daemon in a session of its own
+    child, daemon = (f'30{i}.{random.randrange(10**6)}' for i in (5, 6))
+    script = f'sleep {child} & (setsid sleep {daemon} &); echo ready; wait'
+    launch = [sys.executable, LAUNCH, '-n', '1', '-s', '1', '--launcher', 'slurm', '--',
+              '/bin/bash', '-c', script]
+    job = submit(slurm_cluster, out, '--nodes=2', '--wrap', shlex.join(launch))
+    wait_for(out, r'^\[worker 0@\S+\] ready$', slurm_cluster, job)
+    everywhere = lambda: [p for pids in slurm_cluster.job_pids().values() for p in pids]
+    mine = lambda: [p for p in everywhere() if cmdline(p) in (f'sleep {child} ',
+                                                              f'sleep {daemon} ')]
+    wait_until(None, 'both sleeps running', lambda: len(mine()) == 2, 30, 0.1)
+    agent, = [p for p in everywhere() if daemon in cmdline(p) and '--keeper' not in cmdline(p)
+              and cmdline(p).startswith(f'{sys.executable} -m gluon_multigpu.multihost.agent ')]
+    tree = descendants(agent)  # its keeper, bash, the two sleeps
+    os.kill(agent, signal.SIGKILL)  # on the worker's node
+    left = lambda: mine() + [p for p in tree if alive(p)]
+    try:  # by its keeper, not by Slurm as the job ends
+        wait_until(None, 'every process of the worker ended', lambda: not left(), 10, 0.1)
+    finally:
+        for pid in left():
+            os.kill(pid, signal.SIGKILL)
+    state = wait_job(slurm_cluster, job, out, 60)
+    text = out.read_text()
+    assert state == ('FAILED', '1:0'), (state, text[-3000:])
+    assert re.search(r'^launch: worker 0@\S+ its agent ended \(signal SIGKILL\); stopping the '
+                     r'job$', text, re.M), text[-3000:]
     assert nothing_left(slurm_cluster)
 
 
