@@ -320,7 +320,7 @@ def test_trainings_from_threads_at_once_each_get_their_own_result_and_leave_the_
 
     def one():
         train_iter, test_iter = data()
-        epochs = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2).epochs
+        epochs = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=1).epochs
         return [(e.train_loss, e.train_acc, e.test_acc) for e in epochs]
     alone = one()
     before = _process_state()
