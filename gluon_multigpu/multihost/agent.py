@@ -138,8 +138,12 @@ def keep(link, fds, command):
     """The keeper between the agent and ``command`` (see docs/design.md): run it, tell the agent
     its pid on ``link``, end its whole tree when it ends or when ``link`` closes (the agent is
     gone); return (or end by) the command's status."""
+    try:
+        link = socket.socket(fileno=link)
+    except OSError as e:  # an option of the agent's own, not for people: one line all the same
+        print(f'error: --keeper {link}: not the agent\'s socket ({e.strerror})', file=sys.stderr)
+        return 2
     _subreaper()
-    link = socket.socket(fileno=link)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
@@ -409,7 +413,11 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
     if args.keeper is not None:
-        return keep(args.keeper, [int(fd) for fd in args.pass_fds.split(',') if fd], command)
+        fds = args.pass_fds.split(',') if args.pass_fds else []
+        if not all(fd.isdigit() for fd in fds):
+            print(f'error: --pass-fds {args.pass_fds}: not descriptors N,M', file=sys.stderr)
+            return 2
+        return keep(args.keeper, [int(fd) for fd in fds], command)
     if args.check:
         answer = check(command, args.port)
         print(json.dumps(answer), flush=True)
