@@ -253,8 +253,12 @@ class ArrayLoader:
         return onp.random.default_rng([self.seed, epoch]).permutation(len(self.labels))
 
     def __iter__(self):
-        order = self.order(self.epoch)
         self.epoch += 1
+        return self.batches_of(self.epoch - 1)
+
+    def batches_of(self, epoch):
+        """The batches of ``epoch`` (counted from 0), whatever ``epoch`` says now."""
+        order = self.order(epoch)
         for i in range(len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
             yield self._to_batch(idx[:len(idx) - len(idx) % self.multiple])

@@ -11,6 +11,7 @@ marked: where they sit decides what a timing means.
 """
 import collections.abc
 import gc
+import itertools
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -279,11 +280,15 @@ def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='
 def _epoch_batches(run, epoch, skip=0):
     """The batches of ``epoch`` (1-based), without the first ``skip``.
 
-    A loader that counts its epochs (``epoch``, as the package's ``ArrayLoader``) is set to
-    this one first: its order then follows the run's epoch, not how often it was used before.
+    A loader that counts its epochs (``epoch``, as the package's ``ArrayLoader``) gives this
+    one's order, not the one of how often it was used before (nor of another thread's use).
     """
-    if isinstance(getattr(run.train_iter, 'epoch', None), int):
-        run.train_iter.epoch = epoch - 1
+    data = run.train_iter
+    if isinstance(getattr(data, 'epoch', None), int) and hasattr(data, 'batches_of'):
+        data.epoch = epoch  # as if iterated: what it counts stays true
+        return itertools.islice(data.batches_of(epoch - 1), skip, None)
+    if isinstance(getattr(data, 'epoch', None), int):
+        data.epoch = epoch - 1
     return iter(run.batches(skip))
 
 

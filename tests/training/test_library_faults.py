@@ -341,6 +341,29 @@ def test_trainings_from_threads_at_once_each_get_their_own_result_and_leave_the_
         assert _process_state() == before
 
 
+def test_two_trainings_at_once_on_the_same_loaders_each_get_the_result_alone():
+    """The epoch's order is the run's epoch's, read from the loader without its count: two
+    threads that share the loaders do not shuffle each other's epochs."""
+    devices = gm.cpu_devices(2)
+    train_iter, test_iter = data()
+
+    def one():
+        epochs = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2).epochs
+        return [(e.train_loss, e.train_acc, e.test_acc) for e in epochs]
+    alone = one()
+    for _ in range(5):
+        results = [None, None]
+
+        def work(k):
+            results[k] = one()
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [alone, alone]
+
+
 def test_a_network_built_without_numpy_semantics_is_one_line():
     built = []
 
