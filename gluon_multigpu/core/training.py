@@ -20,6 +20,7 @@ from mxnet import gluon, npx
 
 from ..base import engine
 from .checks import BatchCheck, check_devices, check_epochs, check_lr, check_seed
+from .data import ArrayLoader
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
 from .interrupt import Interruptible
@@ -284,7 +285,8 @@ def _epoch_batches(run, epoch, skip=0):
     one's order, not the one of how often it was used before (nor of another thread's use).
     """
     data = run.train_iter
-    if isinstance(getattr(data, 'epoch', None), int) and hasattr(data, 'batches_of'):
+    if isinstance(data, ArrayLoader) and type(data).__iter__ is ArrayLoader.__iter__:
+        # (a subclass whose own ``__iter__`` says what an epoch is goes the way below)
         data.epoch = epoch  # as if iterated: what it counts stays true
         return itertools.islice(data.batches_of(epoch - 1), skip, None)
     if isinstance(getattr(data, 'epoch', None), int):

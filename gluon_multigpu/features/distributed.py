@@ -293,9 +293,9 @@ class WorkerShard(ArrayLoader):
         """Samples this worker sees per epoch."""
         return len(self) * self.batch_size
 
-    def __iter__(self):
-        order = self.order(self.epoch)
-        self.epoch += 1
+    def batches_of(self, epoch):
+        """This worker's batches of ``epoch`` (counted from 0)."""
+        order = self.order(epoch)
         step = self.batch_size * self.num_workers
         for i in range(len(self)):
             start = i * step + self.rank * self.batch_size

@@ -141,7 +141,8 @@ def keep(link, fds, command):
     try:
         link = socket.socket(fileno=link)
     except OSError as e:  # an option of the agent's own, not for people: one line all the same
-        print(f'error: --keeper {link}: not the agent\'s socket ({e.strerror})', file=sys.stderr)
+        print(f'error: descriptor {link} is not the agent\'s socket for a keeper ({e.strerror})',
+              file=sys.stderr)
         return 2
     _subreaper()
     wake_r, wake_w = os.pipe()
@@ -415,7 +416,8 @@ def main(argv=None):
     if args.keeper is not None:
         fds = args.pass_fds.split(',') if args.pass_fds else []
         if not all(fd.isdigit() for fd in fds):
-            print(f'error: --pass-fds {args.pass_fds}: not descriptors N,M', file=sys.stderr)
+            print(f'error: the keeper\'s descriptors {args.pass_fds!r} are not N,M,...',
+                  file=sys.stderr)
             return 2
         return keep(args.keeper, [int(fd) for fd in fds], command)
     if args.check:

@@ -364,6 +364,19 @@ def test_two_trainings_at_once_on_the_same_loaders_each_get_the_result_alone():
         assert results == [alone, alone]
 
 
+def test_a_loader_subclass_with_its_own_iter_is_gone_through_its_own_way():
+    """A subclass that says what an epoch is in ``__iter__`` (as the parameter server's
+    ``WorkerShard`` did) is iterated, not read around by the run's epoch order."""
+    class FirstBatchOnly(gm.data.ArrayLoader):
+        def __iter__(self):
+            self.epoch += 1
+            yield next(iter(self.batches_of(self.epoch - 1)))
+    labels = onp.arange(64, dtype='int32') % 10
+    loader = FirstBatchOnly(onp.zeros((64, 28, 28), 'uint8'), labels, 16, shuffle=True)
+    result = gm.train(gm.simple_cnn(), loader, None, gm.cpu_devices(2), num_epochs=2, lr=0.1)
+    assert [e.samples for e in result.epochs] == [16, 16] and loader.epoch == 2
+
+
 def test_a_network_built_without_numpy_semantics_is_one_line():
     built = []
 
