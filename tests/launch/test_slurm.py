@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -114,7 +115,15 @@ def test_remove_stale_ends_a_daemon_of_no_live_cluster(tmp_path):
                                f'--log-file={folder}/log', f'--seed-file={folder}/seed'],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert munged.pid in gs.remove_stale()
+        # munged up (its socket made) before it is looked for: a daemon still starting, or one
+        # that ended at once, says nothing of remove_stale
+        deadline = time.monotonic() + 10
+        while not (folder / 'munge.socket').exists() and munged.poll() is None and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = (folder / 'log').read_text() if (folder / 'log').exists() else ''
+        assert munged.poll() is None and (folder / 'munge.socket').exists(), log[-500:]
+        assert munged.pid in gs.remove_stale(), log[-500:]
         assert wait_bounded(munged, 10) == -signal.SIGKILL
     finally:
         munged.kill()
