@@ -44,3 +44,12 @@ def wait_until(proc, what, check, timeout=120, interval=0.005):
         if time.monotonic() > deadline:
             raise AssertionError(f'not {what() if callable(what) else what} within {timeout} s')
         time.sleep(interval)  # a polling interval, not an ordering: the check decides
+
+
+def cmdline(pid):
+    """The command line of process ``pid``, its arguments joined by spaces ('' if gone)."""
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read().replace(b'\0', b' ').decode(errors='replace')
+    except OSError:
+        return ''

@@ -43,9 +43,15 @@ def test_sigkill_of_the_local_launcher_ends_grandchildren_and_daemons():
     finally:
         proc.kill()
         wait_bounded(proc)
-    left = lambda: _with_arg(child) + _with_arg(daemon) + [p for p in tree if alive(p)]
+    _none_left(child, daemon, tree, 'every process of the job ended', 60)
+
+
+def _none_left(child, daemon, tree, what, timeout):
+    """Wait until no sleep of ``tree_script`` and no process of ``tree`` is left (those left
+    then are killed, and the test fails)."""
+    left = lambda: _with_arg(child) + _with_arg(daemon) + [p for p in tree if alive(p)]  # noqa: E731
     try:
-        wait_until(None, 'every process of the job ended', lambda: not left(), 60)
+        wait_until(None, what, lambda: not left(), timeout)
     finally:
         for pid in left():
             os.kill(pid, signal.SIGKILL)
@@ -71,12 +77,7 @@ def test_sigkill_of_a_workers_agent_ends_its_whole_tree_and_stops_the_job():
         status = wait_bounded(proc, 60)
     finally:
         proc.kill()
-    left = lambda: _with_arg(child) + _with_arg(daemon) + [p for p in tree if alive(p)]
-    try:
-        wait_until(None, 'every process of the worker ended', lambda: not left(), 10)
-    finally:
-        for pid in left():
-            os.kill(pid, signal.SIGKILL)
+    _none_left(child, daemon, tree, 'every process of the worker ended', 10)
     err = proc.stderr.read()
     assert status == 1 and re.search(r'^launch: worker 0@127\.0\.0\.1 its agent ended \(signal '
                                      r'SIGKILL\); stopping the job$', err, re.M), err

@@ -22,7 +22,7 @@ import pytest
 
 from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
 from conftest import REPO, Lines, alive, descendants, run_bounded, wait_bounded
-from process_state import wait_until
+from process_state import cmdline, wait_until
 from gluon_multigpu.multihost.plan import TERM_WAIT
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
@@ -221,14 +221,6 @@ def test_the_launcher_killed_leaves_no_process_on_any_host(make_cluster, fashion
         assert nothing_left(cluster, 10), job_processes(cluster)
     finally:
         proc.kill()
-
-
-def cmdline(pid):
-    try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            return f.read().replace(b'\0', b' ').decode(errors='replace')
-    except OSError:
-        return ''
 
 
 def test_an_agent_killed_on_its_host_leaves_nothing_of_its_worker(make_cluster, tmp_path):

@@ -19,23 +19,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from slurm_fixture import skip_unless_slurm, slurm_cluster  # noqa: F401  (fixture)
 from conftest import REPO, alive, descendants, wait_bounded
-from process_state import wait_until
+from process_state import cmdline, wait_until
 from lab.hosts import cluster as gc
 from lab.hosts import slurm_cluster as gs
-
-
-def cmdline(pid):
-    try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            return f.read().replace(b'\0', b' ').decode(errors='replace')
-    except OSError:
-        return ''
 
 
 def slurm_pids(folder):
@@ -117,13 +108,10 @@ def test_remove_stale_ends_a_daemon_of_no_live_cluster(tmp_path):
     try:
         # munged up (its socket made) before it is looked for: a daemon still starting, or one
         # that ended at once, says nothing of remove_stale
-        deadline = time.monotonic() + 10
-        while not (folder / 'munge.socket').exists() and munged.poll() is None and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
-        log = (folder / 'log').read_text() if (folder / 'log').exists() else ''
-        assert munged.poll() is None and (folder / 'munge.socket').exists(), log[-500:]
-        assert munged.pid in gs.remove_stale(), log[-500:]
+        log = lambda: (folder / 'log').read_text()[-500:] if (folder / 'log').exists() else ''  # noqa: E731
+        wait_until(munged, lambda: f'munged up (its socket made); its log: {log()}',
+                   lambda: (folder / 'munge.socket').exists(), 10)
+        assert munged.pid in gs.remove_stale(), log()
         assert wait_bounded(munged, 10) == -signal.SIGKILL
     finally:
         munged.kill()

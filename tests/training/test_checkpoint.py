@@ -312,6 +312,24 @@ def test_sigterm_without_a_checkpoint_dir_says_how_to_keep_one(fashion_dir):
                     r'written \(add --checkpoint-dir DIR to be able to resume\)$', err[-1])
 
 
+def _batch():
+    """16 random images and labels (the same every call)."""
+    rng = onp.random.RandomState(0)
+    return (np.array(rng.rand(16, 1, 28, 28).astype('float32')),
+            np.array(rng.randint(0, 10, 16).astype('int32')))
+
+
+def _trained_pair(devices, kvstore, optimizer, options, seed=None):
+    """A simple CNN on ``devices`` and its Trainer (the package's own for kvstore 'none')."""
+    net = gm.simple_cnn()
+    if seed is not None:
+        mx.random.seed(seed)
+    net.initialize(gm.default_initializer('simple-cnn'), ctx=devices)
+    if kvstore == 'none':
+        return net, gm.kvstores.ReducingTrainer(net.collect_params(), optimizer, options)
+    return net, mx.gluon.Trainer(net.collect_params(), optimizer, options, kvstore=kvstore)
+
+
 @pytest.mark.parametrize('optimizer, options', [('sgd', {'learning_rate': 0.05, 'momentum': 0.9}),
                                                 ('adam', {'learning_rate': 0.001})])
 @pytest.mark.parametrize('kvstore', ['device', 'none'])
@@ -320,17 +338,10 @@ def test_the_optimizer_state_file_continues_training_exactly(tmp_path, optimizer
     """Momentum and Adam's moments and step counts go through the array file, not a pickle."""
     devices = gm.cpu_devices(2)
     loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = onp.random.RandomState(0)
-    X = np.array(rng.rand(16, 1, 28, 28).astype('float32'))
-    y = np.array(rng.randint(0, 10, 16).astype('int32'))
+    X, y = _batch()
 
     def make():
-        net = gm.simple_cnn()
-        mx.random.seed(1)
-        net.initialize(gm.default_initializer('simple-cnn'), ctx=devices)
-        if kvstore == 'none':
-            return net, gm.kvstores.ReducingTrainer(net.collect_params(), optimizer, options)
-        return net, mx.gluon.Trainer(net.collect_params(), optimizer, options, kvstore=kvstore)
+        return _trained_pair(devices, kvstore, optimizer, options, seed=1)
 
     def steps(net, trainer, n=3):
         for _ in range(n):
@@ -369,17 +380,10 @@ def test_the_state_follows_the_network_when_a_names_counter_crosses_a_power_of_t
     for _ in range((9 - _next_counter(conv)) % 10):
         conv()
     loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = onp.random.RandomState(0)
-    X = np.array(rng.rand(16, 1, 28, 28).astype('float32'))
-    y = np.array(rng.randint(0, 10, 16).astype('int32'))
+    X, y = _batch()
 
     def make():
-        net = gm.simple_cnn()
-        net.initialize(gm.default_initializer('simple-cnn'), ctx=devices)
-        options = {'learning_rate': 0.05, 'momentum': 0.9}
-        if kvstore == 'none':
-            return net, gm.kvstores.ReducingTrainer(net.collect_params(), 'sgd', options)
-        return net, mx.gluon.Trainer(net.collect_params(), 'sgd', options, kvstore=kvstore)
+        return _trained_pair(devices, kvstore, 'sgd', {'learning_rate': 0.05, 'momentum': 0.9})
     net, trainer = make()
     names = [p.name for p in net.collect_params().values()]
     assert re.match(r'conv\d*9_', names[0])  # and conv10_ sorts first in its Trainer
