@@ -102,10 +102,8 @@ def last_run():
 class Training:
     """A data-parallel run that can go on: ``fit`` trains, and calling it again continues.
 
-    ``train(...)`` is ``Training(...).fit(num_epochs)``. Keep the object to
-    train more epochs, or to finish an interrupted one, without
-    re-initialising anything (the Trainer's state, the data's order, the
-    history all go on)::
+    ``train(...)`` is ``Training(...).fit(num_epochs)``; the Trainer's state, the
+    data's order and the history go on from one ``fit`` to the next::
 
         run = gm.Training(gm.simple_cnn(), train_iter, test_iter, gm.cpu_devices(2))
         run.fit(2)      # epochs 1-2

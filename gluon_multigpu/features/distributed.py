@@ -152,16 +152,11 @@ def connect(name, stop=None, timeout=None, environ=None):
 class Control(Hook):
     """The launcher's line to one of its workers (``launch``, through ``multihost.agent``).
 
-    The worker reports its rank once joined and every step it has queued; the
-    launcher may ask it to stop after step S (``stop-at S``), the same S for
-    every worker, so that a stopped synchronous run ends on one step
-    everywhere (a worker stopping a step earlier than another would leave that
-    one waiting for its gradients forever) and its first worker writes the
-    checkpoint of that step. ``stop`` (a ``StopRequest``) is then marked
-    as stopped by SIGTERM, the launcher's request, and ``on_stop`` says so.
-
-    Made from the ``CONTROL_VARIABLE`` the agent sets (``from_environment``);
-    nothing outside a launched job.
+    The worker reports its rank once joined and every step it has queued; told
+    ``stop-at S``, it stops after step S, ``stop`` (a ``StopRequest``) is marked
+    as stopped by SIGTERM, and ``on_stop`` says so. Made from the
+    ``CONTROL_VARIABLE`` the agent sets (``from_environment``); nothing outside
+    a launched job. (Why one S for all: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, read_fd, write_fd, stop=None, on_stop=None):
