@@ -79,10 +79,14 @@ def build_parser():
                    f'launcher for this long ends its process (default: {TIMEOUT:g})')
     p.add_argument('--step-timeout', type=common.non_negative_float, default=0.0,
                    metavar='SECONDS',
-                   help='a worker that has trained but queued no step for this long is hung '
-                   '(deadlocked, or waiting for a process that cannot answer), and stops the '
-                   'job; leave room for rank 0\'s evaluation at each epoch\'s end, '
-                   'during which the others wait (default: 0, not watched)')
+                   help='when no worker has queued a step for this long (from the first step '
+                   'reported; train.py\'s workers leave their evaluation out), the job is hung '
+                   '(deadlocked, or waiting for a '
+                   'process that cannot answer): every worker writes its Python stack, the '
+                   'launcher names the worker behind (the fewest steps) with its host, rank and '
+                   'step, and stops the job with status 3; a worker command\'s own '
+                   '--stall-timeout asks for the same, and the shorter time wins '
+                   '(default: 0, not watched)')
     p.add_argument('--ssh-port', type=common.int_in(1, 65535), metavar='PORT',
                    help="the hosts' ssh port (default: ssh's configuration, else 22)")
     p.add_argument('--ssh-identity', metavar='FILE', help='the private key ssh logs in with')
@@ -180,8 +184,8 @@ def settings_of(args):
 
 def main(argv=None):
     """Run the script; return the exit status (0; 1 if a process failed or a host was lost; 2
-    for bad input, the launcher's or, as a worker said with status 2, the command's; 128 + the
-    signal number when stopped by SIGINT, SIGTERM or SIGHUP).
+    for bad input, the launcher's or, as a worker said with status 2, the command's; 3 when the
+    workers' steps stalled; 128 + the signal number when stopped by SIGINT, SIGTERM or SIGHUP).
 
     Each stop signal's number (``base.signals.STOP_SIGNALS``; a SIGHUP
     ignored, as under ``nohup``, stays ignored) is appended to a list that the

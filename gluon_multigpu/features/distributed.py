@@ -19,10 +19,12 @@ from typing import NamedTuple
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
-from ..base.protocol import CONTROL_VARIABLE
+from ..base import stacks
+from ..base.protocol import control_fds
 from ..core.data import ArrayLoader
 from ..errors import GluonMultiGPUError, Interrupted
 from ..core.kvstores import DIST_KVSTORES
+from ..core.stall import StepReports
 from ..core.training import Hook
 
 __all__ = ['DIST_KVSTORES', 'DMLC_VARIABLES', 'Worker', 'join', 'connect', 'JoinError',
@@ -149,19 +151,22 @@ def connect(name, stop=None, timeout=None, environ=None):
     return box['kv']
 
 
-class Control(Hook):
+class Control(StepReports):
     """The launcher's line to one of its workers (``launch``, through ``multihost.agent``).
 
-    The worker reports its rank once joined and every step it has queued; told
-    ``stop-at S``, it stops after step S, ``stop`` (a ``StopRequest``) is marked
-    as stopped by SIGTERM, and ``on_stop`` says so. Made from the
-    ``CONTROL_VARIABLE`` the agent sets (``from_environment``); nothing outside
-    a launched job. (Why one S for all: docs/design.md, "Notes on the code".)
+    The worker reports its rank once joined and its steps (``StepReports``: the
+    launcher watches them for a stall); told ``stop-at S``, it stops after
+    step S, ``stop`` (a ``StopRequest``) is marked as stopped by SIGTERM, and
+    ``on_stop`` says so. Made from the ``CONTROL_VARIABLE`` the agent sets
+    (``from_environment``), which also makes ``stacks.DUMP_SIGNAL`` write the
+    stacks; nothing outside a launched job. (Why one S for all: docs/design.md,
+    "Notes on the code".)
     """
 
     def __init__(self, read_fd, write_fd, stop=None, on_stop=None):
-        self.steps, self.stop_at, self.stop, self.on_stop = 0, None, stop, on_stop
-        self._read_fd, self._write_fd = read_fd, write_fd
+        super().__init__(write_fd)
+        self.stop_at, self.stop, self.on_stop = None, stop, on_stop
+        self._read_fd = read_fd
         self._said, self._pending = False, b''
         # Read between steps, never by a thread: a thread blocked in a read when the process
         # exits makes MXNet's parameter server end it with "terminate called" (SIGABRT).
@@ -170,18 +175,15 @@ class Control(Hook):
     @classmethod
     def from_environment(cls, environ=None, **kw):
         """The ``Control`` of this process if a launcher's agent started it, else None."""
-        environ = os.environ if environ is None else environ
         global _CONTROL  # pylint: disable=global-statement
-        if _CONTROL is None and environ.get(CONTROL_VARIABLE):
-            try:
-                read_fd, write_fd = (int(x) for x in environ[CONTROL_VARIABLE].split(','))
-                os.fstat(read_fd), os.fstat(write_fd)
-            except (ValueError, OSError):
+        if _CONTROL is None:
+            fds = control_fds(environ)
+            if fds is None:
                 return None
-            _CONTROL = cls(read_fd, write_fd)
-        if _CONTROL is not None:
-            for k, v in kw.items():
-                setattr(_CONTROL, k, v)
+            _CONTROL = cls(*fds)
+            stacks.dump_on_signal()  # the launcher asks for the stacks of a hung job
+        for k, v in kw.items():
+            setattr(_CONTROL, k, v)
         return _CONTROL
 
     def _listen(self):
@@ -200,13 +202,6 @@ class Control(Hook):
                 if len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
                     self.stop_at = int(words[1])
 
-    def report(self, message):
-        """Send one line to the launcher (quietly nothing if it cannot be)."""
-        try:
-            os.write(self._write_fd, (message + '\n').encode())
-        except OSError:
-            pass
-
     def _reached(self):
         self._listen()
         if self.stop_at is None or self.steps < self.stop_at:
@@ -220,11 +215,11 @@ class Control(Hook):
         return True
 
     def step_end(self, run, step, samples, timer):
-        self.steps += 1
-        self.report(f'step {self.steps}')
+        super().step_end(run, step, samples, timer)
         return self._reached()
 
     def epoch_end(self, run, record):
+        super().epoch_end(run, record)
         return self._reached()
 
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from ..base import signals
+from ..base import signals, stacks
 from ..base.protocol import CONTROL, CONTROL_VARIABLE
 
 #: Exit status when the launcher was gone and the agent ended the command.
@@ -344,6 +344,8 @@ class Agent:
                     pass
             elif words[0] in ('term', 'kill'):
                 self.signal(signal.SIGTERM if words[0] == 'term' else signal.SIGKILL)
+            elif words[0] == 'dump':  # a hung job: the stacks of the processes that write them
+                stacks.send_dump(_descendants(os.getpid()))
         self.launcher_gone = True
 
     def signal(self, signum, everything=False):

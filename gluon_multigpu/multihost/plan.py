@@ -92,6 +92,8 @@ class Role:
         self.rank = None
         self.steps = 0
         self.stepped = None     # when its step count last changed (None: no step yet)
+        self.resting = False    # its epoch's steps are done (evaluation): not watched
+        self.stall = None       # the stall time its command asked for (seconds), if any
         self.status = None      # the exit status its agent reported
         self.started = False    # its agent has started its command
         self.heard = time.monotonic()
@@ -280,13 +282,27 @@ def _take_control(role, words):
         else:
             role.stopped_since = None
     elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
-        role.steps, role.stepped = int(words[1]), time.monotonic()
+        role.steps, role.stepped, role.resting = int(words[1]), time.monotonic(), False
+    elif words[:1] in (['rest'], ['watch']):  # an epoch's steps done; the next epoch's ahead
+        role.resting = words[0] == 'rest'
+        role.stepped = role.stepped and time.monotonic()
+    elif words[:1] == ['stall'] and words[1:2]:
+        role.stall = _seconds(words[1])
     elif words[:1] == ['rank'] and words[1:2] and words[1].isdigit():
         role.rank = int(words[1])
     elif words[:1] == ['started']:
         role.started = True
     elif words[:1] == ['exit'] and words[1:2] and words[1].isdigit():
         role.status = int(words[1])
+
+
+def _seconds(word):
+    """A positive finite number of seconds from an agent's line, or None."""
+    try:
+        value = float(word)
+    except ValueError:
+        return None
+    return value if 0 < value < float('inf') else None
 
 
 # -- the checks before anything starts ----------------------------------------------------------

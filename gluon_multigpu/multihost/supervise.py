@@ -3,15 +3,15 @@
 ``Job`` is one attempt: it starts the roles of ``launch.plan`` under their
 agents (the scheduler first, the others once its agent holds the port),
 pings the agents, takes a host not heard for ``timeout`` seconds as lost and a
-process stopped (SIGSTOP) that long, or a worker that queued no step for
-``step_timeout`` seconds, as hung, and stops the job when a process fails.
+process stopped (SIGSTOP) that long as hung, stops the job when a process
+fails, and when no worker queued a step for the stall time names the worker
+behind, with every worker's Python stack, and stops it (``hung``, status 3).
 A signal stops it in order: the workers after a common step (their
 checkpoint written), then the servers and the scheduler; a second signal
 kills every process at once. ``launch`` runs attempts until one ends, up to
 ``max_restarts`` restarts from the workers' checkpoint without the hosts
-that were lost. Its own lines go to standard error as ``launch: ...``; what
-its stop lines say is the caller's (``words``: the command line's
-``cli.messages``, where every program's stop wording is made).
+that were lost. Its lines go to standard error as ``launch: ...``; its stop
+lines are the caller's (``words``: the command line's ``cli.messages``).
 """
 import os
 import signal
@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from . import agent
+from . import agent, hung
 from .plan import HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight, relay, spawn, with_resume
 
 __all__ = ['Job', 'launch', 'say']
@@ -105,23 +105,22 @@ class Job:
         return None
 
     def _watch(self, r, now):
-        """Mark role ``r`` lost (not heard) or hung (stopped, or no step), the first reason kept."""
-        timeout, step_timeout = self.settings.timeout, self.settings.step_timeout
+        """Mark role ``r`` lost (not heard) or hung (stopped), the first reason kept."""
+        timeout = self.settings.timeout
         if now - r.heard > timeout:
             r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
         elif r.hung:  # already taken as hung: keep the first reason
             return
         elif r.stopped_since and now - r.stopped_since > timeout:
             r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
-        elif step_timeout and r.stepped and now - r.stepped > step_timeout:
-            r.hung = f'queued no step for {step_timeout:g} s after step {r.steps} (hung)'
 
     def run(self):
         """Start the job and watch it; return ``(status, failed_role)``.
 
         ``status``: 0 when every worker ended with 0; 1 when a process failed
-        or a host was lost (``failed_role`` says which); 128 + the signal
-        number when stopped by a signal.
+        or a host was lost (``failed_role`` says which); 3 when the steps
+        stalled (``failed_role``: the worker behind); 128 + the signal number
+        when stopped by a signal.
         """
         try:
             self.start()
@@ -133,6 +132,9 @@ class Job:
             signum = self.tick()
             if signum is not None:
                 return self.stop_on_signal(signum), None
+            stall = hung.find(self.workers, hung.stall_seconds(self.settings, self.workers))
+            if stall is not None:
+                return self.stop_stalled(stall), stall.behind[0]
             failed = next((r for r in self.roles if r.failure()), None)
             if failed is not None:
                 self.say(f'{failed.label} {failed.failure()}; stopping the job')
@@ -152,6 +154,16 @@ class Job:
                  'command never joined the parameter server (train.py joins it with --kvstore '
                  'dist_sync, dist_device_sync or dist_async)')
         return 1
+
+    def stop_stalled(self, stall):
+        """Ask every process for its Python stack, name the workers behind (``stall``, a
+        ``hung.Stall``), stop the job; return ``hung.STALLED``."""
+        for r in self.roles:
+            r.send('dump')
+        time.sleep(hung.DUMP_WAIT)  # the stacks are written from a signal handler, at once
+        self.say(stall.describe())
+        self.stop(coordinated=False)
+        return hung.STALLED
 
     def stop_on_signal(self, signum):
         """Stop the job in order on a first signal; return its exit status, 128 + ``signum``."""
@@ -231,10 +243,10 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
 
     0 when every worker ended with 0; 1 if a process failed or a host was lost
     (restarts spent), or a restart cannot start; 2 when a worker stopped on bad
-    input (status 2); 128 + the signal number when stopped by one of
-    ``signals`` (see ``Job``). ``resume``: the command line that continues the
-    job, said after a stop by a signal when the workers keep checkpoints;
-    ``words``: the stop lines (see ``Job``).
+    input (status 2); 3 when the steps stalled (restarts spent); 128 + the
+    signal number when stopped by one of ``signals`` (see ``Job``). ``resume``:
+    the command line that continues the job, said after a stop by a signal
+    when the workers keep checkpoints; ``words``: the stop lines (see ``Job``).
     Raises ``LaunchError`` when the first attempt's checks fail or the
     scheduler's port was taken: nothing of the job is left running.
     """
@@ -275,8 +287,8 @@ def _ended(job, settings, status, failed, restarts):
             job.say(f'{failed.label} stopped on bad input (status 2), which a restart would '
                     'meet again: not restarting')
         return 2  # the command's input is bad: its status
-    if status != 1 or restarts >= settings.max_restarts or job.signals:
-        if status == 1 and settings.max_restarts:
+    if status not in (1, hung.STALLED) or restarts >= settings.max_restarts or job.signals:
+        if status in (1, hung.STALLED) and settings.max_restarts:
             job.say(f'gave up after {restarts} restart(s) (--max-restarts '
                     f'{settings.max_restarts})')
         return status

@@ -1,4 +1,5 @@
-"""Stopping a run on SIGINT, SIGTERM or SIGHUP after the current step, or when its steps stall.
+"""Stopping a run on SIGINT, SIGTERM or SIGHUP after the current step (and ``StallGuard``,
+which ends a run whose steps stalled, from ``core.stall``).
 
 Two hooks stop a run on a signal. ``StopRequest`` is the scripts' (a command
 line, where a second Ctrl-C may end the process); ``Interruptible`` is what
@@ -12,10 +13,10 @@ import signal
 import time
 
 from ..base import signals
-from ..base.background import Background
 from ..base.signals import SAME_REQUEST, STOP_SIGNALS
 from ..core.hooks import Hook
 from ..core.interrupt import Interruptible
+from ..core.stall import StallGuard
 from ..errors import Interrupted
 from ..outputs.files import discard_unfinished
 
@@ -104,48 +105,3 @@ def check_stop(stop):
     """
     if stop is not None and stop():
         raise Interrupted.by_signal(stop.signum or signal.SIGINT)
-
-
-class StallGuard(Background, Hook):
-    """Calls ``on_stall`` when no training step has finished for a long time: a deadlock.
-
-    MXNet's synchronised BatchNorm waits in a barrier without a time limit,
-    and on CPU contexts it has been seen to wait forever (``sync_bn``); a
-    process stuck there cannot be interrupted from Python. A thread of this
-    guard checks, once a second, the time since the last step was queued
-    (with steps in flight bounded, that is also the time since the step
-    before it finished), from an epoch's first step until its steps are done;
-    evaluation is not watched. Past ``max(seconds, factor x the longest step
-    so far)`` it calls ``on_stall(seconds_waited)``, which should end the
-    process. Use as a context manager (the thread ends with it), and only
-    with steps in flight bounded: an unbounded loop legitimately waits a
-    whole epoch at its end.
-    """
-
-    thread_name = 'stall-guard'
-
-    def __init__(self, on_stall, seconds=120.0, factor=20.0):
-        self.on_stall, self.seconds, self.factor = on_stall, seconds, factor
-        self._last = None  # when the last step was queued; None: not watching
-        self._longest = 0.0
-
-    def work(self):
-        while not self.finished.wait(1.0):
-            last = self._last
-            if last is None:
-                continue
-            waited = time.monotonic() - last
-            if waited > max(self.seconds, self.factor * self._longest):
-                self._last = None
-                self.on_stall(waited)
-
-    def step_end(self, run, step, samples, timer):
-        now = time.monotonic()
-        if self._last is not None:
-            self._longest = max(self._longest, now - self._last)
-        self._last = now
-
-    def _rest(self, *args):
-        self._last = None
-
-    steps_done = stopped = epoch_end = diverged = _rest

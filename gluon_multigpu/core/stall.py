@@ -1,0 +1,219 @@
+"""A run whose steps stopped (a stall): found, its stacks written, and ended, or its launcher told.
+
+``StallGuard`` is the watch: a thread that calls ``on_stall`` when no step
+was queued for a long time. ``stall_hook(seconds)`` is what ``train``'s
+``stall_timeout`` adds. In a process of its own (``StallHook``) a stall
+writes every thread's Python stack (``base.stacks``), one line, and ends the
+process with status 3 (``STALLED``): a step stuck inside MXNet cannot be
+called off, and every later MXNet call, a read of the parameters included,
+would wait on it too. Under ``scripts/launch.py`` (``LaunchedStall``) the
+launcher watches every worker's steps (``StepReports``) and names the one
+behind; the hook tells it the time, and lets it ask for the stacks.
+(More: docs/design.md, "Notes on the code".)
+"""
+import math
+import numbers
+import os
+import sys
+import time
+
+from ..base import protocol, stacks
+from ..base.background import Background
+from ..errors import GluonMultiGPUError
+from .hooks import Hook
+
+__all__ = ['STALLED', 'StallGuard', 'StepReports', 'StallHook', 'LaunchedStall', 'stall_hook',
+           'check_stall_timeout', 'stall_line']
+
+#: The exit status of a process, and of a launched job, whose steps stalled.
+STALLED = 3
+
+
+class StallGuard(Background, Hook):
+    """Calls ``on_stall`` when no training step has finished for a long time: a deadlock.
+
+    MXNet's synchronised BatchNorm waits in a barrier without a time limit,
+    and on CPU contexts it has been seen to wait forever (``sync_bn``); a
+    process stuck there cannot be interrupted from Python. A thread of this
+    guard checks, once a second, the time since the last step was queued
+    (with steps in flight bounded, that is also the time since the step
+    before it finished), from an epoch's first step until its steps are done;
+    evaluation is not watched. Past ``max(seconds, factor x the longest step
+    so far)`` it calls ``on_stall(seconds_waited)``, which should end the
+    process. Use as a context manager (the thread ends with it), and only
+    with steps in flight bounded: an unbounded loop legitimately waits a
+    whole epoch at its end.
+    """
+
+    thread_name = 'stall-guard'
+
+    def __init__(self, on_stall, seconds=120.0, factor=20.0):
+        self.on_stall, self.seconds, self.factor = on_stall, seconds, factor
+        self._last = None  # when the last step was queued; None: not watching
+        self._longest = 0.0
+
+    def work(self):
+        while not self.finished.wait(1.0):
+            last = self._last
+            if last is None:
+                continue
+            waited = time.monotonic() - last
+            if waited > max(self.seconds, self.factor * self._longest):
+                self._last = None
+                self.on_stall(waited)
+
+    def step_end(self, run, step, samples, timer):
+        now = time.monotonic()
+        if self._last is not None:
+            self._longest = max(self._longest, now - self._last)
+        self._last = now
+
+    def _rest(self, *args):
+        self._last = None
+
+    steps_done = stopped = epoch_end = diverged = _rest
+
+
+def check_stall_timeout(seconds):
+    """``seconds`` as a float, 0.0 for None (not watched); raise ``GluonMultiGPUError`` unless
+    it is a finite number of 0 or more."""
+    if seconds is None:
+        return 0.0
+    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
+            or not math.isfinite(seconds) or seconds < 0):
+        raise GluonMultiGPUError(f'`stall_timeout` {seconds!r} is not a number of seconds of 0 '
+                                 'or more; give the longest wait for a step, or 0 or None for '
+                                 'no watch')
+    return float(seconds)
+
+
+def stall_line(seconds, waited):
+    """What a stalled process says (its arguments in backquotes, as the library names them)."""
+    return (f'no training step was queued for {waited:.0f} s (`stall_timeout` {seconds:g}): '
+            "the run is stuck (every thread's Python stack is above); ending the process with "
+            f'status {STALLED}: a step stuck inside MXNet cannot be called off')
+
+
+def _check_bounded(run):
+    """Refuse a watch of the time between steps when nothing bounds the steps in flight."""
+    training = getattr(run.result, 'training', None)
+    if training is not None and not getattr(training, 'max_in_flight', 1):
+        raise GluonMultiGPUError('`stall_timeout` watches the time between steps, and with '
+                                 '`max_in_flight` None or 0 a whole epoch is queued at once '
+                                 'and waited for at its end; give `max_in_flight` 1')
+
+
+class StepReports(Hook):
+    """A launched worker's steps, told to its launcher on the control pipe ``write_fd``.
+
+    ``step N`` as each is queued (N counts every step of the process), ``rest``
+    once an epoch's steps are done (evaluation and the epoch's end are not
+    watched), ``watch`` at an epoch's end when another follows. One hook of a
+    run says them (``reports_steps``): ``distributed.Control``, else
+    ``LaunchedStall``.
+    """
+
+    reports_steps = True
+
+    def __init__(self, write_fd):
+        self.steps, self._write_fd = 0, write_fd
+
+    def report(self, message):
+        """Send one line to the launcher (quietly nothing if it cannot be)."""
+        try:
+            os.write(self._write_fd, (message + '\n').encode())
+        except OSError:
+            pass
+
+    def step_end(self, run, step, samples, timer):
+        self.steps += 1
+        self.report(f'step {self.steps}')
+
+    def steps_done(self, run):
+        self.report('rest')
+
+    def stopped(self, run, totals):
+        self.report('rest')
+
+    def epoch_end(self, run, record):
+        if run.epoch < run.num_epochs:
+            self.report('watch')
+
+
+class StallHook(StallGuard):
+    """``stall_hook`` in a process of its own: on a stall, the stacks, one line, status 3.
+
+    Each ``fit`` is watched from its first step until its epoch's steps are
+    done, and again from an epoch's end to the next epoch's first step. ``line(waited)`` is
+    the line said (default: ``stall_line``).
+    """
+
+    def __init__(self, seconds, line=None):
+        super().__init__(self._stalled, seconds=seconds, factor=0.0)
+        self.line = line or (lambda waited: f'error: {stall_line(seconds, waited)}')
+
+    def enter(self, run):
+        _check_bounded(run)
+        self.__enter__()
+
+    def leave(self, run):
+        self.__exit__(None, None, None)
+
+    def epoch_end(self, run, record):
+        self._last = time.monotonic() if run.epoch < run.num_epochs else None
+
+    def _stalled(self, waited):
+        stacks.dump()
+        print(self.line(waited), file=sys.stderr, flush=True)
+        os._exit(STALLED)  # pylint: disable=protected-access  (the engine cannot be unblocked)
+
+
+class LaunchedStall(StepReports):
+    """``stall_hook`` under ``scripts/launch.py``: the launcher watches the workers' steps.
+
+    It tells the launcher the time (``stall S``), makes ``stacks.DUMP_SIGNAL``
+    write the stacks, and reports the steps itself unless another hook of the
+    run does (``distributed.Control``).
+    """
+
+    def __init__(self, seconds, write_fd):
+        super().__init__(write_fd)
+        self.seconds, self.active = seconds, True
+
+    def enter(self, run):
+        _check_bounded(run)
+        stacks.dump_on_signal()
+        self.active = not any(getattr(h, 'reports_steps', False) for h in run.hooks
+                              if h is not self)
+        self.report(f'stall {self.seconds:g}')
+
+    def step_end(self, run, step, samples, timer):
+        if self.active:
+            super().step_end(run, step, samples, timer)
+
+    def steps_done(self, run):
+        if self.active:
+            super().steps_done(run)
+
+    def stopped(self, run, totals):
+        if self.active:
+            super().stopped(run, totals)
+
+    def epoch_end(self, run, record):
+        if self.active:
+            super().epoch_end(run, record)
+
+
+def stall_hook(seconds, line=None, environ=None):
+    """The hook of ``train``'s ``stall_timeout``: ``seconds`` without a step ends the run.
+
+    None for None or 0 (not watched); ``StallHook`` in a process of its own
+    (``line``: what it says, see there), ``LaunchedStall`` under
+    ``scripts/launch.py`` (``environ``: where to look, default ``os.environ``).
+    Raises ``GluonMultiGPUError`` for a value that is not a time.
+    """
+    seconds = check_stall_timeout(seconds)
+    if not seconds:
+        return None
+    fds = protocol.control_fds(environ)
+    return LaunchedStall(seconds, fds[1]) if fds else StallHook(seconds, line)
