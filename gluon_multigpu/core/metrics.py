@@ -1,0 +1,304 @@
+"""Figures a dashboard reads: ``Metrics``, a hook of ``train`` that writes TensorBoard event files
+(through tensorboardX) and JSON lines.
+
+Every ``every`` global steps it reads back the training loss and accuracy of the steps since its
+last figures, the learning rate, images/s and the gradient norm (one sync point for all); after
+each epoch, the epoch's figures. The global step of step ``s`` of epoch ``e`` is
+``(e - 1) * steps per epoch + s``. A run resumed from a checkpoint continues the same curves:
+the first step it runs is the purge step, at or after which what the earlier run wrote is
+dropped (TensorBoard's reader does it for an event file with a purge step; the JSON lines are
+rewritten whole without those lines, then appended to). Only ``rank`` 0 writes (the first worker
+of a parameter server). tensorboardX loads only when ``tensorboard`` is given.
+"""
+import json
+import math
+import os
+import time
+
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
+import mxnet as mx
+from mxnet import np
+
+from ..base import atomic, fs, reading
+from ..base.paths import resolve_output
+from ..errors import GluonMultiGPUError
+from .hooks import Hook
+
+__all__ = ['Metrics', 'STEP_FIGURES', 'EPOCH_FIGURES', 'check_every']
+
+#: The figures of a ``step`` record (the steps since the last one) and of an ``epoch`` record.
+STEP_FIGURES = ('loss', 'accuracy', 'learning_rate', 'images_per_sec', 'grad_norm')
+EPOCH_FIGURES = ('train_loss', 'train_accuracy', 'test_accuracy', 'seconds', 'images_per_sec')
+#: The largest metrics file read back when a run resumes (a line is some 200 bytes).
+MAX_LINES_FILE = 1 << 30
+#: The most steps between two figures.
+MAX_EVERY = 10**6
+INSTALL = "pip install tensorboardX (or pip install 'gluon-multigpu[tensorboard]')"
+
+
+def check_every(every):
+    """Return ``every`` (the steps between two step records) if it is a whole number in range."""
+    if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY:
+        raise GluonMultiGPUError(f'`log_every` is {every!r}: give the steps between two logged '
+                                 f'figures, a whole number from 1 to {MAX_EVERY}')
+    return every
+
+
+def _check_path(value, name, folder):
+    """Return ``value`` as an absolute path, or raise naming the argument ``name``.
+
+    ``folder``: a folder (made if missing, its parent must exist); else a file name.
+    """
+    kind = 'a folder' if folder else 'a file name'
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str):
+        raise GluonMultiGPUError(f'`{name}` is {type(value).__name__}: give {kind} (a str or a '
+                                 'path)')
+    if not path.strip():
+        raise GluonMultiGPUError(f'`{name}` is an empty path; give {kind}')
+    if folder:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise GluonMultiGPUError(f'`{name}` {path} is a file; give a folder')
+        parent = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    else:
+        if os.path.isdir(path):
+            raise GluonMultiGPUError(f'`{name}` {path} is a directory; give a file name')
+        parent = os.path.dirname(resolve_output(path, f'`{name}`'))
+    if not os.path.isdir(parent):
+        raise GluonMultiGPUError(f'`{name}` {path}: directory {parent} does not exist; create it '
+                                 'first')
+    return os.path.abspath(path)
+
+
+def _summary_writer():
+    """tensorboardX's ``SummaryWriter``, or one line saying how to install it."""
+    try:
+        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise GluonMultiGPUError(f'`tensorboard` needs the tensorboardX package, which is not '
+                                 f'installed here: {INSTALL}') from None
+    return SummaryWriter
+
+
+def _finite(value):
+    """``value`` for JSON: a non-finite float is null."""
+    return value if value is None or math.isfinite(value) else None
+
+
+class JsonLines:
+    """The JSON-lines file: one object per line, each line written (unbuffered) as it comes.
+
+    ``open(purge)`` drops the lines at or after global step ``purge`` (and a line a kill cut
+    short), replacing the file whole, then appends; ``sync`` fsyncs (after each epoch).
+    """
+
+    def __init__(self, path):
+        self.path, self._fd, self._target = path, None, None
+
+    def open(self, purge):
+        self._target = target = resolve_output(self.path, '`metrics`')
+        kept = []
+        try:
+            text = reading.read_bytes(target, MAX_LINES_FILE, '`metrics`').decode('utf-8',
+                                                                                  'replace')
+        except FileNotFoundError:
+            text = ''
+        for line in text.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # cut short by a kill, or not a record
+            if isinstance(record, dict) and isinstance(record.get('step'), int) and \
+                    record['step'] < purge:
+                kept.append(line + '\n')
+        with atomic.naming(self.path):
+            atomic.write_file(target, ''.join(kept).encode('utf-8'))
+            self._fd = fs.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+
+    def write(self, kind, step, epoch, values):
+        record = {'kind': kind, 'step': step, 'epoch': epoch, 'time': round(time.time(), 3),
+                  'values': {k: _finite(v) for k, v in values.items()}}
+        with atomic.naming(self.path):
+            fs.write(self._fd, (json.dumps(record, allow_nan=False) + '\n').encode('utf-8'),
+                     self._target)
+
+    def sync(self):
+        with atomic.naming(self.path):
+            fs.fsync(self._fd, self._target)
+
+    def close(self):
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+class EventFiles:
+    """A TensorBoard event file (tensorboardX's ``SummaryWriter``); a new file each ``open``.
+
+    Tags are ``step/<figure>`` and ``epoch/<figure>``. The file's purge step makes TensorBoard's
+    reader drop the events at or after it that earlier files hold. tensorboardX writes the file
+    itself (not through ``fs``).
+    """
+
+    def __init__(self, folder, factory):
+        self.folder, self._factory, self._writer = folder, factory, None
+
+    def open(self, purge):
+        atomic.makedirs(self.folder)
+        # The name sorts by time to the nanosecond: a resumed run's file comes after the
+        # stopped one's, in the order TensorBoard's reader goes through them.
+        self._writer = self._factory(self.folder, purge_step=purge, flush_secs=30,
+                                     filename_suffix=f'.{time.time_ns():020d}')
+
+    def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
+        for name, value in values.items():
+            self._writer.add_scalar(f'{kind}/{name}', value, step)
+        self._writer.flush()
+
+    def sync(self):
+        self._writer.flush()
+
+    def close(self):
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            writer.close()
+
+
+class Metrics(Hook):
+    """Write a run's figures for a dashboard: TensorBoard event files in the folder
+    ``tensorboard`` (made if missing) and/or JSON lines in the file ``path``.
+
+    ``every``: global steps between two step records (loss and accuracy of the steps since the
+    last record, learning rate, images/s, gradient norm before clipping); an epoch record
+    follows each epoch (train loss and accuracy, test accuracy, seconds, images/s). JSON
+    lines: ``{"kind": "step"|"epoch", "step": global step, "epoch": E, "time": unix seconds,
+    "values": {...}}``. ``rank``: this worker's rank (only 0 writes); ``writer``: the
+    ``SummaryWriter`` class (default tensorboardX's, loaded here).
+    """
+
+    def __init__(self, tensorboard=None, path=None, every=50, *, rank=0, writer=None):
+        self.every = check_every(every)
+        self.tensorboard = None if tensorboard is None else _check_path(tensorboard,
+                                                                        'tensorboard', True)
+        self.path = None if path is None else _check_path(path, 'metrics', False)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise GluonMultiGPUError(f'the rank is {rank!r}: give a whole number of 0 or more')
+        self.rank = rank
+        self._writer = (writer or _summary_writer()) if tensorboard is not None else None
+        self._sinks = []  # the open files (one fit's)
+        self._epoch = None  # the epoch whose steps are being counted (None: none yet this fit)
+        self._per_epoch = None  # steps per epoch (None: the data has no length)
+        self._offset = self._last = 0  # global steps before this epoch (no length), last seen
+        self._window = None  # (first step, samples before it, time it began) of the next record
+
+    @property
+    def writes(self):
+        """Whether this hook writes anything (an output given, rank 0)."""
+        return self.rank == 0 and (self.tensorboard is not None or self.path is not None)
+
+    def setup(self, run):
+        """Ask the step for the gradient norm of every update (``run.want_grad_norm``); not
+        with loss scaling (float16), whose step keeps its own update."""
+        if self.writes and run.scaler is None:
+            run.want_grad_norm = True
+
+    def enter(self, run):
+        """A fit begins: its first step starts the count again (nothing is opened yet)."""
+        self._epoch = None
+
+    def step_end(self, run, step, samples, timer):
+        """Count step ``step``; at every ``every``-th global step, write a step record."""
+        if not self.writes:
+            return
+        if run.epoch != self._epoch:  # the first step of an epoch, or of this fit
+            self._start_epoch(run, step, timer)
+        self._last = self._global(run, step)
+        if not self._sinks:  # the first step of this fit: the earlier curves end before it
+            self._open(self._last)
+        if self._last % self.every == 0:
+            self._write('step', self._last, run.epoch, self._step_values(run, step, samples))
+
+    def epoch_end(self, run, record):
+        """Write the epoch record at the epoch's last global step, and make the files durable."""
+        if not self.writes:
+            return
+        step = run.epoch * self._per_epoch if self._per_epoch else self._last
+        if not self._sinks:
+            self._open(step)
+        values = {'train_loss': record.train_loss, 'train_accuracy': record.train_acc,
+                  'test_accuracy': record.test_acc, 'seconds': record.seconds,
+                  'images_per_sec': record.samples_per_sec}
+        self._write('epoch', step, record.epoch, values)
+        for sink in self._sinks:
+            sink.sync()
+        if not self._per_epoch:
+            self._offset = step
+        self._epoch = None  # the next epoch starts its own count
+
+    def leave(self, run):
+        """Close the files (every fit ends so, also on a stop or an error)."""
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            sink.close()
+
+    # -- the counting ---------------------------------------------------------------------
+
+    def _start_epoch(self, run, step, timer):
+        self._epoch = run.epoch
+        self._per_epoch = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
+        elapsed = timer.elapsed() if timer is not None else 0.0
+        self._window = (step, 0, time.perf_counter() - elapsed)
+
+    def _global(self, run, step):
+        if self._per_epoch:
+            return (run.epoch - 1) * self._per_epoch + step
+        return self._offset + step
+
+    def _open(self, purge):
+        if self.path is not None:
+            self._sinks.append(JsonLines(self.path))
+        if self.tensorboard is not None:
+            self._sinks.append(EventFiles(self.tensorboard, self._writer))
+        for sink in self._sinks:
+            sink.open(purge)
+
+    def _write(self, kind, step, epoch, values):
+        values = {k: v for k, v in values.items() if v is not None}  # a figure not known here
+        for sink in self._sinks:
+            sink.write(kind, step, epoch, values)
+
+    def _step_values(self, run, step, samples):
+        """The step record of the steps since the last one, up to ``step`` (one sync point)."""
+        first, before, began = self._window
+        steps = getattr(run, 'steps', None)
+        values = dict.fromkeys(STEP_FIGURES)
+        if steps is not None:
+            a, b = first - steps.first_step, step - steps.first_step + 1
+            norms = getattr(steps, 'norms', None) or []
+            loss, correct, norm = _read([[l[a:b] for l in steps.losses],
+                                         [c[a:b] for c in steps.correct], [norms[-1:]]])
+            count = samples - before
+            values.update(loss=loss / count, accuracy=correct / count,
+                          grad_norm=norm if norms else None)
+        rates = getattr(steps, 'rates', None)
+        values['learning_rate'] = rates[-1] if rates else \
+            getattr(run.trainer, 'learning_rate', None)
+        now = time.perf_counter()
+        values['images_per_sec'] = (samples - before) / max(now - began, 1e-9)
+        self._window = (step + 1, samples, now)
+        return {k: (None if v is None else float(v)) for k, v in values.items()}
+
+
+def _read(groups):
+    """The sum of each group (lists of lists of 0-d arrays, on any devices), read back at once."""
+    cpu, sums, owners = mx.cpu(), [], []
+    for g, group in enumerate(groups):
+        for arrays in group:
+            if arrays:
+                sums.append(np.stack([a.astype('float32') for a in arrays]).sum().as_in_ctx(cpu))
+                owners.append(g)
+    totals = [0.0] * len(groups)
+    if sums:
+        for g, value in zip(owners, np.stack(sums).asnumpy().astype('float64').tolist()):
+            totals[g] += value
+    return totals
