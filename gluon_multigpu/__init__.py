@@ -29,10 +29,13 @@ MODULES = {
     'engine': 'base', 'machine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base',
     'paths': 'base',
     'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
-    'compat': 'base',
+    'compat': 'base', 'stacks': 'base', 'schedule': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
+    'stall': 'core', 'updates': 'core', 'optional': 'core',
+    'metrics': 'core',
+    'profile': 'core',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
     'checkpoint': 'checkpoints', 'manifest': 'checkpoints', 'states': 'checkpoints',
@@ -41,7 +44,7 @@ MODULES = {
     'stopping': 'run', 'progress': 'run',
     'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
     'agent': 'multihost', 'plan': 'multihost', 'supervise': 'multihost',
-    'allocation': 'multihost',
+    'allocation': 'multihost', 'hung': 'multihost',
 }
 
 #: The package's names, by the short name of the module that defines them.
@@ -61,6 +64,9 @@ NAMES = {
     'interrupt': ['Interruptible'],
     'progress': ['Progress'],
     'live': ['Live'],
+    'metrics': ['Metrics'],
+    'profile': ['Profile'],
+    'updates': ['Schedule'],
     'charts': ['Animator', 'bar_chart'],
     'kvstore_report': ['comparison_table', 'write_kvstore_report'],
     'results': ['EpochRecord', 'TrainResult', 'epoch_line'],

@@ -30,13 +30,13 @@ LOCK = '.lock'
 
 
 def run_config(model, dataset, batch_size, lr, seed=0, num_train=None, num_test=None, *,
-               book_literal=False, workers=1, dtype='float32', sync_bn=False):
+               book_literal=False, workers=1, dtype='float32', sync_bn=False, updates=None):
     """The settings of a run that its checkpoint records and a resumed run must match.
 
     ``num_train``/``num_test`` None: the whole data set. ``workers``,
-    ``dtype`` and ``sync_bn`` are recorded only when they differ from a
-    plain run (1, float32, off), so that checkpoints of plain runs stay as
-    they were; absent, they still count (``Checkpointer.load``).
+    ``dtype``, ``sync_bn`` and ``updates`` are recorded only when they differ
+    from a plain run (1, float32, off, none), so that checkpoints of plain
+    runs stay as they were; absent, they still count (``Checkpointer.load``).
     """
     config = {'model': model, 'dataset': dataset, 'batch_size': batch_size, 'lr': lr,
               'seed': seed, 'num_train': num_train or DATASETS[dataset]['train'],
@@ -47,6 +47,8 @@ def run_config(model, dataset, batch_size, lr, seed=0, num_train=None, num_test=
         config['dtype'] = dtype
     if sync_bn:
         config['sync_bn'] = True
+    if updates:
+        config['updates'] = dict(updates)  # accumulated, clipped, scheduled (``updates``)
     return config
 
 

@@ -250,7 +250,7 @@ class CheckpointStore:
             'format': FORMAT, 'sequence': self._sequence,
             'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'epoch': epoch, 'partial': partial._asdict() if partial is not None else None,
-            'history': [vars(r) for r in history], 'config': self.config, 'files': files,
+            'history': [r.to_dict() for r in history], 'config': self.config, 'files': files,
             'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
         }
 

@@ -75,6 +75,21 @@ _RECORD_TYPES = {'epoch': _WHOLE, 'train_loss': _NONNEG, 'train_acc': _SHARE, 't
                  'seconds': _POSITIVE, 'eval_seconds': _NONNEG, 'samples': _WHOLE}
 
 
+#: Fields of an epoch's record that only some runs write (``results.OPTIONAL_FIELDS``): lists
+#: of finite numbers (the rate of each update, each update's gradient norm).
+_OPTIONAL = ('rates', 'grad_norms')
+
+
+def _check_lists(record, where):
+    for name in _OPTIONAL:
+        if name not in record:
+            continue
+        values = record[name]
+        if not (isinstance(values, list) and all(
+                (_is(v, float) or _is(v, int)) and math.isfinite(v) and v >= 0 for v in values)):
+            raise CheckpointError(f'{where}: field {name} must be a list of numbers 0 or more')
+
+
 def validate_manifest(manifest):
     """Raise ``CheckpointError`` naming the first field of ``manifest`` that is missing or wrong."""
     if isinstance(manifest, dict) and manifest.get('format') == _PICKLED:
@@ -99,7 +114,10 @@ def validate_manifest(manifest):
     if not isinstance(manifest['history'], list) or len(manifest['history']) != manifest['epoch']:
         raise CheckpointError(f'its field history must list {manifest["epoch"]} epoch(s)')
     for i, record in enumerate(manifest['history'], 1):
-        _check_record(record, _RECORD_TYPES, f'its field history[{i - 1}]')
+        _check_record({k: v for k, v in record.items() if k not in _OPTIONAL}
+                      if isinstance(record, dict) else record, _RECORD_TYPES,
+                      f'its field history[{i - 1}]')
+        _check_lists(record, f'its field history[{i - 1}]')
         if record['epoch'] != i:
             raise CheckpointError(f'its field history[{i - 1}].epoch must be {i}')
     if not isinstance(manifest['config'], dict):

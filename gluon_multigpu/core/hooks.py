@@ -43,6 +43,8 @@ class Run:
     trainer_options: dict = field(default_factory=dict)
     error: object = None  # what ended the last fit, for the hooks' ``leave`` (None: it returned)
     check: object = None  # checks each batch as the loop takes it (``checks.BatchCheck``)
+    want_grad_norm: bool = False  # a hook's ``setup`` asks for each update's gradient norm
+    steps: object = None  # the epoch in progress (``steps.EpochSteps``): what it has queued
 
     def batches(self, skip=0):
         """The epoch's batches, without the first ``skip`` (done before a resumed stop)."""

@@ -98,17 +98,24 @@ class ReducingTrainer(gluon.Trainer):
                     allreduce(grads)
 
 
-def make_trainer(net, lr, kvstore, multi_precision=False):
+def make_trainer(net, lr, kvstore, multi_precision=False, lr_scheduler=None,
+                 update_on_kvstore=None):
     """Return the book's SGD ``gluon.Trainer`` with the chosen kvstore.
+
+    ``lr_scheduler`` gives each update's rate (``updates.Schedule``);
+    ``update_on_kvstore`` False: the kvstore only sums (``updates.Update`` clips).
 
     (More: docs/design.md, "Notes on the code".)
     """
     options = {'learning_rate': check_lr(lr)}
     if multi_precision:
         options['multi_precision'] = True
+    if lr_scheduler is not None:
+        options['lr_scheduler'] = lr_scheduler
     if kvstore_name(kvstore) == 'none':
         return ReducingTrainer(net.collect_params(), 'sgd', options)
     # With a parameter server MXNet updates on the servers and the workers pull
     # the weights. (Pulling summed gradients instead, update_on_kvstore=False,
     # let the workers' parameters drift apart in MXNet 1.9.1: measured.)
-    return gluon.Trainer(net.collect_params(), 'sgd', options, kvstore=kvstore)
+    return gluon.Trainer(net.collect_params(), 'sgd', options, kvstore=kvstore,
+                         update_on_kvstore=update_on_kvstore)

@@ -2,7 +2,10 @@
 from dataclasses import asdict, dataclass, field
 from typing import List, NamedTuple, Optional
 
-__all__ = ['EpochRecord', 'TrainResult', 'EpochTotals']
+__all__ = ['EpochRecord', 'TrainResult', 'EpochTotals', 'OPTIONAL_FIELDS']
+
+#: The fields of an ``EpochRecord`` that only some runs have (None where not).
+OPTIONAL_FIELDS = ('rates', 'grad_norms')
 
 
 @dataclass
@@ -19,6 +22,18 @@ class EpochRecord:
     seconds: float
     eval_seconds: float
     samples: int
+    #: With an accumulated, clipped or scheduled update (``updates``): the rate of each update,
+    #: and the global gradient norm before clipping of each one trained in this process.
+    rates: Optional[List[float]] = None
+    grad_norms: Optional[List[float]] = None
+
+    def to_dict(self):
+        """The figures as plain data, without the optional ones a run did not make."""
+        d = dict(vars(self))
+        for name in OPTIONAL_FIELDS:
+            if d[name] is None:
+                del d[name]
+        return d
 
     @property
     def samples_per_sec(self):
@@ -63,6 +78,7 @@ class TrainResult:
     def to_dict(self):
         """Return every figure as plain JSON-ready data."""
         d = asdict(self)
+        d['epochs'] = [e.to_dict() for e in self.epochs]
         d['sec_per_epoch'] = self.sec_per_epoch
         d['samples_per_sec'] = self.samples_per_sec
         return d

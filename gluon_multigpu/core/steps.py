@@ -81,7 +81,7 @@ def _shard_step(net, loss, backward, X_shard, y_shard):
 
 
 def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch,
-                after_backward=None, scaler=None, pushers=None):
+                after_backward=None, scaler=None, pushers=None, update=None):
     """Run one data-parallel training step on a batch.
 
     (More: docs/design.md, "Notes on the code".)
@@ -99,7 +99,9 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
             backward(l)
     if after_backward is not None:
         after_backward(net, devices)
-    if scaler is None:
+    if update is not None:  # accumulated, clipped or scheduled (``updates.Update``)
+        update(trainer, batch_size or X.shape[0])
+    elif scaler is None:
         trainer.step(batch_size or X.shape[0])
     else:  # Sync point: an overflowing step is skipped
         scaler.step(trainer, batch_size or X.shape[0], devices)
@@ -142,6 +144,8 @@ class EpochSteps:
     batches: int = 0
     stopped: bool = False
     first_step: int = 1
+    rates: list = None  # with an ``Update``: the rate of each update, and its norm (0-d arrays)
+    norms: list = None
 
     def totals(self, seconds):
         """Return the epoch's ``EpochTotals`` (sync point: one read-back per device).
@@ -182,6 +186,7 @@ class Step:
     pushers: object = None
     step_scale: int = 1
     max_in_flight: object = None
+    update: object = None
 
 
 def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
@@ -190,14 +195,19 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
 
     (More: docs/design.md, "Notes on the code".)
     """
-    devices, max_in_flight = step.devices, step.max_in_flight
+    devices, max_in_flight, update = step.devices, step.max_in_flight, step.update
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)
+    if update is not None:
+        update.rates, update.norms = steps.rates, steps.norms = [], []
+    if hooks_of is not None:
+        hooks_of.steps = steps  # what the hooks may read of the epoch in progress
     check = getattr(hooks_of, 'check', None)
+    stop = False
     for batch in train_iter:
         X, y = check(batch, steps.batches == 0) if check is not None else batch_pair(batch)
         stats = train_batch(step.net, X, y, step.loss, step.trainer, devices,
                             X.shape[0] * step.step_scale, step.split_f, step.after_backward,
-                            step.scaler, step.pushers)
+                            step.scaler, step.pushers, update)
         for i, (l, c) in enumerate(stats):
             steps.losses[i].append(l)
             steps.correct[i].append(c)
@@ -208,8 +218,12 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
             steps.losses[0][steps.batches - max_in_flight].wait_to_read()
         if hooks_of is not None and hooks_of.call('step_end', first_step - 1 + steps.batches,
                                                   steps.samples, timer):
+            stop = True
+        if stop and (update is None or not update.pending):  # a stop waits for its update
             steps.stopped = True
             break
+    if update is not None and not steps.stopped:
+        update.finish(step.trainer)  # an epoch's last, shorter group
     return steps
 
 

@@ -16,7 +16,7 @@ import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
-from mxnet import gluon, npx
+from mxnet import gluon, np, npx
 
 from ..base import engine
 from .checks import BatchCheck, check_devices, check_epochs, check_lr, check_seed
@@ -32,6 +32,9 @@ from .results import EpochRecord, TrainResult
 from .steps import (EpochSteps, Step, check_finite_params, evaluate_accuracy_gpus, hybridize,
                     train_batch, train_epoch)
 from .devices import split_batch
+from .optional import optional_hooks
+from .updates import (check_accumulate, check_clip, epoch_rates, make_schedule, plan_updates,
+                      start_updates)
 from .utils import Timer
 
 __all__ = ['Hook', 'Run', 'EpochSteps', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
@@ -116,10 +119,18 @@ class Training:
 
     def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore='device', *,
                  seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(),
-                 on_epoch=None):
+                 on_epoch=None, accumulate=1, clip_grad_norm=None, lr_schedule='constant',
+                 warmup_steps=0, tensorboard=None, metrics=None, log_every=50, profile=None,
+                 stall_timeout=None):
         npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
         devices, _, lr = check_train_args(devices, None, kvstore, lr)
         seed = check_seed(seed)
+        updates = dict(accumulate=check_accumulate(accumulate), clip=check_clip(clip_grad_norm),
+                       schedule=(lr_schedule, warmup_steps))
+        make_schedule(lr_schedule, 1.0, warmup_steps)  # its arguments checked before any work
+        hooks = list(hooks) + optional_hooks(tensorboard=tensorboard, metrics=metrics,
+                                             log_every=log_every, profile=profile,
+                                             stall_timeout=stall_timeout)
         if all(d.device_type == 'cpu' for d in devices):
             # Devices the caller built after MXNet loaded unconfigured (``[mx.cpu(0), mx.cpu(1)]``
             # as the book writes them): one warning, with the cost and the line that avoids it.
@@ -128,7 +139,7 @@ class Training:
         if lr is None:
             lr = check_lr(self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices))))
         self.max_in_flight = self.recipe.max_in_flight if max_in_flight is None else max_in_flight
-        hooks = list(hooks) + ([_EpochCallback(on_epoch)] if on_epoch else [])
+        hooks += [_EpochCallback(on_epoch)] if on_epoch else []
         hooks += _default_hooks(hooks)
         self.net, self.devices = net, devices
         self.result = TrainResult(devices=[str(d) for d in devices],
@@ -146,6 +157,7 @@ class Training:
         if run.split is None:
             run.split, run.eval_split = split_batch, split_batch
         run.eval_split = run.eval_split or run.split
+        self._update = plan_updates(run, kvstore, lr, **updates)
         run.trainer = make_trainer(net, lr, kvstore, **run.trainer_options)
         self.trainer = run.trainer
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -155,6 +167,7 @@ class Training:
         self._target = None
         self._pushers = None  # a fit's device threads (``pushers``), while it runs
         self._iterated = False  # whether an epoch has begun going through the training data
+        self._norms = []  # the epoch's gradient norms so far (an interrupted one's too)
         _LAST['run'] = self  # built whole: a build that raised is never the last run
         # A training and its result refer to each other (``result.training``), and its hooks
         # to its run: an earlier training that nothing holds any more still holds its
@@ -165,6 +178,14 @@ class Training:
         # space flat at 8.0-8.1 GB).
         gc.collect()
 
+
+    def _note_updates(self, record):
+        """Give ``record`` the rate of each update of its epoch and the norms measured."""
+        if self._update is not None:
+            record.rates = epoch_rates(self._update, record.epoch, self.run.train_iter)
+            if self._update.norm:
+                record.grad_norms = self._norms
+        self._norms = []
 
     @property
     def epoch(self):
@@ -214,6 +235,8 @@ class Training:
         first_epoch, partial, batches = self.epoch + 1, None, None
         if not self._started:
             first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
+            start_updates(self._update, run.trainer, run.train_iter, self._target, first_epoch,
+                          partial)
             self._started = True  # only now: a begin that raised is called again by fit()
             if partial is not None:
                 batches = _epoch_batches(run, first_epoch, partial.batches)
@@ -226,7 +249,7 @@ class Training:
             return
         timer = Timer()
         step = Step(run.model, self.loss, run.trainer, run.devices, run.split, run.after_backward,
-                    run.scaler, self._pushers, run.step_scale, self.max_in_flight)
+                    run.scaler, self._pushers, run.step_scale, self.max_in_flight, self._update)
         for epoch in range(first_epoch, self._target + 1):
             run.epoch = epoch
             done = partial.batches if partial else 0
@@ -238,6 +261,7 @@ class Training:
             seconds = timer.stop()
             run.call('steps_done')
             totals = _diverged_in(run, steps.totals, seconds)  # the epoch's one read-back
+            self._norms += _read_norms(steps.norms)
             totals, partial = (partial + totals if partial else totals), None
             if totals.stopped and not _whole_epoch(run, totals):
                 run.call('stopped', totals)
@@ -251,6 +275,7 @@ class Training:
                         if run.test_iter else None)
             self.result.epochs.append(_epoch_record(epoch, totals, test_acc,
                                                     time.perf_counter() - tic))
+            self._note_updates(self.result.epochs[-1])
             stop = run.call('epoch_end', self.result.epochs[-1])  # every hook: the checkpoint
             # A stop asked for in the epoch's last step or its evaluation: at the epoch's end.
             if (stop or totals.stopped) and epoch < self._target:
@@ -258,22 +283,23 @@ class Training:
 
 
 def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='device', *,
-          seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None):
+          seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None,
+          **options):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
     Every setting not given comes from the network's recipe (``recipes``: measured
-    ones for the package's networks, the book's for any other). Features plug in as
-    hooks: an uneven split (``balance.Split``, ``balance.AutoSplit``), float16
-    (``precision.MixedPrecision``), a parameter-server worker's step
-    (``distributed.StepScale``), checkpoints (``checkpoint.Checkpointer``);
-    synchronised BatchNorm is part of the network (``sync_bn.sync_batch_norm``).
+    ones for the package's networks, the book's for any other). ``options`` are
+    ``Training``'s: ``accumulate``, ``clip_grad_norm``, ``lr_schedule``,
+    ``warmup_steps``, ``tensorboard``, ``metrics``, ``log_every``, ``profile``,
+    ``stall_timeout``. Features plug in as hooks (``balance``, ``precision``,
+    ``distributed``, ``checkpoint``); synchronised BatchNorm is part of the network.
 
     (More: docs/design.md, "Notes on the code".)
     """
     num_epochs = check_epochs(num_epochs)  # before any work; Training checks the rest
     return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed, hooks=hooks,
                     initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
-                    on_epoch=on_epoch).fit(num_epochs)
+                    on_epoch=on_epoch, **options).fit(num_epochs)
 
 
 def _epoch_batches(run, epoch, skip=0):
@@ -290,6 +316,13 @@ def _epoch_batches(run, epoch, skip=0):
     if isinstance(getattr(data, 'epoch', None), int):
         data.epoch = epoch - 1
     return iter(run.batches(skip))
+
+
+def _read_norms(norms):
+    """The gradient norms of an epoch's updates as floats (sync point: one read-back)."""
+    if not norms:
+        return []
+    return [float(v) for v in np.stack(norms).asnumpy().astype('float64')]
 
 
 def _check_once_through(data, epochs, iterated):

@@ -68,6 +68,14 @@ class Schedule:
         return unit_left + each * (self.units - self.index - 1)
 
 
+def update_figures(steps):
+    """``, lr 0.05, grad norm 1.37``: the last update's rate and norm before clipping, where
+    the run's updates are accumulated, clipped or scheduled (read back: the devices synced)."""
+    rates, norms = getattr(steps, 'rates', None), getattr(steps, 'norms', None)
+    text = f', lr {rates[-1]:.3g}' if rates else ''
+    return text + (f', grad norm {float(norms[-1]):.3g}' if norms else '')
+
+
 class Progress(Hook):
     """A ``train`` hook that reports progress within an epoch, at most every ``interval`` s.
 
@@ -152,7 +160,7 @@ class Progress(Hook):
                 left += f', {self.schedule.what} in {duration(all_left)}'
         where = f' ({self.schedule.position()})' if self.schedule else ''
         self.say(f'  {self.label}{where}: epoch {run.epoch}: {step}/{total or "?"} batches, '
-                 f'{samples / seconds:.0f} images/s{left}')
+                 f'{samples / seconds:.0f} images/s{update_figures(run.steps)}{left}')
 
     def _estimate_schedule(self, run, steps, all_left):
         """Say once, from the first run's first measured steps, how long all the runs take."""

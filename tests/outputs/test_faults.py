@@ -38,10 +38,19 @@ def argv(fashion_dir, ckpt, *extra):
             *map(str, extra)]
 
 
+#: Updates other than the book's: 4 batches an update, the rate of each from a schedule that
+#: spans the 8 epochs, the gradient clipped (a resumed run must take each where it stood).
+UPDATES = ('--accumulate', '4', '--lr-schedule', 'onecycle', '--warmup-steps', '5',
+           '--clip-grad-norm', '0.5')
+
+
 @pytest.mark.slow
-def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir, tmp_path):
+@pytest.mark.parametrize('updates', [(), UPDATES], ids=['book', 'updates'])
+def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir, tmp_path,
+                                                                    updates):
     whole = tmp_path / 'whole'
-    assert run_bounded([sys.executable, SCRIPT, *argv(fashion_dir, whole)]).returncode == 0
+    assert run_bounded([sys.executable, SCRIPT,
+                        *argv(fashion_dir, whole, *updates)]).returncode == 0
     # Kill times are drawn in units of this machine's epoch (measured by the run above, so a
     # fast or a loaded machine gets as many kills): at most 1.5 epochs of training a try,
     # and some tries are killed while the script starts (MXNet loading, data, first save).
@@ -50,7 +59,7 @@ def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir,
     rng = random.Random(1234)  # the same choices on every run of the test
     kills = 0
     for attempt in range(5):
-        extra = ['--resume'] if attempt else []
+        extra = [*updates, '--resume'] if attempt else list(updates)
         proc = subprocess.Popen([sys.executable, SCRIPT, *argv(fashion_dir, ckpt, *extra)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines = Lines(proc.stdout)
@@ -70,7 +79,7 @@ def test_random_sigkills_then_resume_reach_the_uninterrupted_result(fashion_dir,
         assert status == -signal.SIGKILL, (status, err)
         if (ckpt / 'manifest.json').exists():
             assert manifest(ckpt)['format'] == gm.checkpoint.FORMAT
-    final = run_bounded([sys.executable, SCRIPT, *argv(fashion_dir, ckpt, '--resume')])
+    final = run_bounded([sys.executable, SCRIPT, *argv(fashion_dir, ckpt, *updates, '--resume')])
     assert final.returncode == 0, final.stderr
     assert kills >= 3, kills  # the test killed runs, not only watched them finish
     assert_same_run(ckpt, whole)

@@ -147,7 +147,9 @@ def test_two_plug_ins_for_the_same_part_of_the_step_are_refused():
 def test_features_plug_in_without_parameters_of_train():
     import inspect
     # (train_epoch and train_batch take `pushers`: how a step is queued, not a feature)
-    for function, most in ((gm.train, 13), (gm.train_epoch, 14), (gm.train_batch, 11)):
+    # (train: 13 and ``options``, the keyword arguments of Training that add what users of
+    # training tools ask for: accumulation, clipping, schedules, metrics, a profile, a watch)
+    for function, most in ((gm.train, 14), (gm.train_epoch, 14), (gm.train_batch, 12)):
         assert len(inspect.signature(function).parameters) <= most, function
     assert not {'split', 'precision', 'step_scale'} & set(inspect.signature(gm.train).parameters)
     split = gm.balance.Split([1, 3])

@@ -1,0 +1,236 @@
+"""How a run's gradients become updates: accumulated, clipped by their global norm, scheduled.
+
+The section updates after every batch at one rate. ``Update`` sums the
+gradients of ``accumulate`` batches before one update (normalised by all
+their samples), and may clip the summed gradient by its norm over every
+parameter; ``Schedule`` gives the rate of each update (an MXNet learning-rate
+scheduler, so that a parameter server's servers follow it too). Nothing here
+reads a value back from a device: the norm and the factor that clips stay
+there until the epoch ends. More in docs/design.md, "Notes on the code".
+"""
+import math
+import numbers
+
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
+from mxnet import np
+
+from ..base.schedule import SCHEDULES, Schedule
+from ..errors import GluonMultiGPUError
+
+__all__ = ['SCHEDULES', 'Schedule', 'Update', 'check_accumulate', 'check_clip', 'make_schedule',
+           'set_position', 'updates_per_epoch', 'check_options', 'plan_updates', 'start_updates', 'epoch_rates']
+
+#: The largest number of batches summed into one update.
+MAX_ACCUMULATE = 10**4
+
+
+def _whole(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_accumulate(accumulate):
+    """Return ``accumulate`` as an ``int``; raise unless it is 1 to ``MAX_ACCUMULATE``."""
+    if not _whole(accumulate) or not 1 <= accumulate <= MAX_ACCUMULATE:
+        raise GluonMultiGPUError(f'`accumulate` must be a whole number 1 to {MAX_ACCUMULATE} (the '
+                                 f'batches summed into one update), got {accumulate!r}')
+    return int(accumulate)
+
+
+def check_clip(clip):
+    """Return ``clip`` as a ``float`` (None: no clipping); raise unless positive and finite."""
+    if clip is None:
+        return None
+    value = float(clip) if isinstance(clip, numbers.Real) and not isinstance(clip, bool) \
+        else math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise GluonMultiGPUError(f'`clip_grad_norm` must be a positive number (the largest '
+                                 f'global gradient norm an update uses), got {clip!r}')
+    return value
+
+
+def check_options(kvstores, clip=None, book_literal=False, changed=False):
+    """Refuse what a run's updates cannot go with, before any work: the text's loop (which
+    updates after each batch at one rate: ``changed``) and clipping on a parameter server."""
+    if book_literal and changed:
+        raise GluonMultiGPUError("`book_literal` runs the text's update after every batch at one "
+                                 'rate; drop `accumulate`, `clip_grad_norm`, `lr_schedule` and '
+                                 '`warmup_steps`, or `book_literal`')
+    if clip is not None and any(str(k).startswith('dist') for k in kvstores):
+        raise GluonMultiGPUError(_NO_DIST_CLIP)
+
+
+_NO_DIST_CLIP = ('`clip_grad_norm` needs the summed gradient before the update, and a parameter '
+                 "server's servers update each parameter on its own as its gradients arrive; "
+                 'train on one machine to clip (docs/guide.md, "Updates")')
+
+
+def updates_per_epoch(batches, accumulate):
+    """Updates in an epoch of ``batches`` batches (a last, shorter group is an update too)."""
+    return -(-batches // accumulate)
+
+
+def make_schedule(name, lr, warmup_steps=0):
+    """A ``Schedule`` (its length set when the run's epochs are known), or None: a constant rate."""
+    if name not in SCHEDULES:
+        raise GluonMultiGPUError(f'`lr_schedule` {name!r} is not one of '
+                                 f'{", ".join(SCHEDULES)}; give one of them')
+    if not _whole(warmup_steps) or not 0 <= warmup_steps <= 10**8:
+        raise GluonMultiGPUError(f'`warmup_steps` must be a whole number 0 or more (the updates '
+                                 f'whose rate rises to the learning rate), got {warmup_steps!r}')
+    if name == 'constant' and not warmup_steps:
+        return None
+    return Schedule(name, lr, int(warmup_steps))
+
+
+def set_position(trainer, done):
+    """Make ``trainer``'s optimizer count ``done`` updates made (a resumed run's schedule)."""
+    opt = trainer._optimizer  # pylint: disable=protected-access
+    opt.begin_num_update = opt.num_update = done
+    opt._all_index_update_counts = {0: {}}  # pylint: disable=protected-access
+    opt._index_update_count = opt._all_index_update_counts[0]  # pylint: disable=protected-access
+
+
+def _fixed_scale(trainer):
+    """Whether ``trainer`` normalises every update by the first one's samples (MXNet's
+    parameter server, which updates on its servers)."""
+    return bool(getattr(trainer, '_distributed', False) and
+                getattr(trainer, '_update_on_kvstore', False))
+
+
+class Update:
+    """``update(trainer, samples)`` after each batch's backward: an update every ``accumulate``.
+
+    The parameters' gradients add up (``grad_req`` 'add') until the last batch
+    of a group; ``finish`` updates with a group cut short (an epoch's end).
+    The step is normalised by the group's samples. With ``clip`` (or ``norm``
+    wanted), the Trainer only sums the gradients (``allreduce_grads``); the
+    global norm of the summed gradient per sample, as one device would compute
+    it, is kept per update in ``norms`` (on the first device) and the gradients
+    are scaled by ``min(1, clip / norm)`` before ``trainer.update``.
+    """
+
+    def __init__(self, net, devices, accumulate=1, clip=None, norm=False, schedule=None,
+                 lr=None):
+        self.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+        self.devices, self.accumulate, self.clip = devices, accumulate, clip
+        self.norm = norm or clip is not None
+        self.schedule, self.lr = schedule, lr
+        self.count = self.samples = self.done = 0  # ``done``: updates made in the run
+        self.batch = None  # a batch's samples (the first's): a whole group is ``accumulate``
+        self.rates, self.norms = [], []  # per update: its rate, its norm before clipping
+        if accumulate > 1:
+            for p in self.params:
+                p.grad_req = 'add'
+
+    @property
+    def pending(self):
+        """Whether batches wait in a group (no update made of them yet)."""
+        return self.count > 0
+
+    def __call__(self, trainer, samples):
+        """One batch's gradients are in; update if its group is whole. Return whether it did."""
+        self.count += 1
+        self.samples += samples
+        self.batch = self.batch or samples
+        if self.count < self.accumulate:
+            return False
+        self.finish(trainer)
+        return True
+
+    def finish(self, trainer):
+        """Update with the batches of the group so far (none: nothing)."""
+        if not self.count:
+            return
+        samples, count, self.count, self.samples = self.samples, self.count, 0, 0
+        self.done += 1
+        self.rates.append(self.schedule.rate(self.done) if self.schedule else self.lr)
+        if not self.norm and _fixed_scale(trainer) and count < self.accumulate:
+            # A parameter server's servers normalise every update alike: a shorter group's
+            # gradients are scaled up to a whole group's (its batches are all of one size).
+            whole = self.batch * self.accumulate
+            for p in self.params:
+                for g in p.list_grad():
+                    g *= whole / samples
+            samples = whole
+        if not self.norm:
+            trainer.step(samples)
+        else:
+            trainer.allreduce_grads()
+            self._clip(samples)
+            trainer.update(samples)
+        if self.accumulate > 1:  # (``Parameter.zero_grad`` fails on NumPy-mode arrays in 1.9.1)
+            for p in self.params:
+                for g in p.list_grad():
+                    g[:] = 0
+
+    def _clip(self, samples):
+        """Keep the summed gradient's global norm per sample; scale the gradients to ``clip``."""
+        first = self.devices[0]
+        squares = [(p.list_grad()[0].astype('float32') ** 2).sum() for p in self.params]
+        norm = np.sqrt(np.stack(squares).sum()) / samples
+        self.norms.append(norm)
+        if self.clip is None:
+            return
+        factor = np.minimum(norm * 0 + 1, self.clip / (norm + 1e-12))
+        factors = {str(first): factor}
+        for p in self.params:
+            for g in p.list_grad():
+                f = factors.setdefault(str(g.ctx), factor.as_in_ctx(g.ctx))
+                g *= f.astype(g.dtype)
+
+
+def plan_updates(run, kvstore, lr, accumulate=1, clip=None, schedule=('constant', 0)):
+    """The ``Update`` of a run (None: the section's step after every batch), its Trainer's
+    options set in ``run.trainer_options``; raise for what cannot go together."""
+    rates = make_schedule(schedule[0], lr, schedule[1])
+    dist = isinstance(kvstore, str) and kvstore.startswith('dist')
+    if clip is not None and dist:
+        raise GluonMultiGPUError(_NO_DIST_CLIP)
+    # (a norm only for the metrics: not where the loss is scaled, nor on a parameter server)
+    norm = clip is not None or (bool(getattr(run, 'want_grad_norm', False)) and not dist
+                                and run.scaler is None)
+    if accumulate == 1 and not norm and rates is None:
+        return None
+    if run.scaler is not None:
+        raise GluonMultiGPUError('`accumulate`, `clip_grad_norm` and `lr_schedule` do not go '
+                                 "with float16's loss scaling; train in float32 to use them")
+    if rates is not None:
+        run.trainer_options['lr_scheduler'] = rates
+    if norm:
+        run.trainer_options['update_on_kvstore'] = False  # the kvstore sums; ``Update`` updates
+    return Update(run.net, run.devices, accumulate, clip, norm, rates, lr)
+
+
+def start_updates(update, trainer, data, target, first_epoch, partial):
+    """Set ``update``'s schedule length for ``target`` epochs of ``data`` (once) and its count
+    of updates made before ``first_epoch`` (and ``partial``'s batches of it)."""
+    if update is None:
+        return
+    batches = len(data) if hasattr(data, '__len__') else None
+    per_epoch = updates_per_epoch(batches, update.accumulate) if batches else None
+    schedule = update.schedule
+    if schedule is not None and schedule.total is None:
+        if per_epoch is None and (schedule.name != 'constant'):
+            raise GluonMultiGPUError(f'`lr_schedule` {schedule.name} needs the number of '
+                                     'batches of an epoch, which this training data does not '
+                                     'say (no len()); give a list of batches or a package loader')
+        schedule.total = target * per_epoch if per_epoch else None
+    if first_epoch > 1 or partial is not None:  # resumed from a checkpoint
+        done = (first_epoch - 1) * (per_epoch or 0) + (
+            updates_per_epoch(partial.batches, update.accumulate) if partial else 0)
+        update.done = done
+        if schedule is not None:
+            set_position(trainer, done)
+
+
+def epoch_rates(update, epoch, data):
+    """The rate of each update of ``epoch`` (1-based), from the schedule (None: no ``update``)."""
+    if update is None:
+        return None
+    if not hasattr(data, '__len__'):
+        return list(update.rates)
+    per_epoch = updates_per_epoch(len(data), update.accumulate)
+    if update.schedule is None:
+        return [update.lr] * per_epoch
+    first = (epoch - 1) * per_epoch
+    return [update.schedule.rate(k) for k in range(first + 1, first + per_epoch + 1)]
