@@ -244,7 +244,12 @@ FLAGS = {'cpu_devices': '--cpu-devices', 'num_gpus': '--num-gpus',
          'sync_bn': '--sync-bn', 'model': '--model', 'book_literal': '--book-literal',
          'batch_per_device': '--batch-per-device', 'results': '--results', 'quick': '--quick',
          'models': '--models', 'steps': '--steps', 'rounds': '--rounds',
-         'num_test': '--num-test', 'project_to': '--project-to'}
+         'num_test': '--num-test', 'stall_timeout': '--stall-timeout',
+         'max_in_flight': '--max-in-flight', 'project_to': '--project-to',
+         'accumulate': '--accumulate', 'clip_grad_norm': '--clip-grad-norm',
+         'lr_schedule': '--lr-schedule', 'warmup_steps': '--warmup-steps',
+         'tensorboard': '--tensorboard', 'metrics': '--metrics', 'log_every': '--log-every',
+         'profile': '--profile', 'profile_file': '--profile-file'}
 
 
 def error_line(error):

@@ -75,6 +75,8 @@ class KvstoreRun:
 
         settings = dict(lr=lr, kvstore=kvstore, seed=args.seed,
                         initializer=default_initializer(args.model), on_epoch=on_epoch)
+        updates = dict(accumulate=args.accumulate, clip_grad_norm=args.clip_grad_norm,
+                       lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps)
         self._book = self.training = None
         if args.book_literal:  # the text's loop, asking the stop request between steps
             stop = next((h for h in hooks if isinstance(h, StopRequest)), None)
@@ -91,7 +93,7 @@ class KvstoreRun:
         self.training = Training(net, train_iter, test_iter, devices,
                                  hooks=[f for f in features if f is not None]
                                  + [*hooks, progress],
-                                 max_in_flight=args.max_in_flight, **settings)
+                                 max_in_flight=args.max_in_flight, **settings, **updates)
 
     def train(self, epochs):
         """Train ``epochs`` more epochs; return the ``TrainResult`` so far."""

@@ -90,7 +90,10 @@ def build_parser():
     p.add_argument('--download', action='store_true',
                    help="download missing files from MXNet's mirror (needs internet)")
     add_output_flags(p)
+    add_metrics_flags(p)
+    add_profile_flags(p)
     add_loop_flags(p, DTYPES)
+    add_update_flags(p)
     return p
 
 
@@ -112,6 +115,69 @@ def add_output_flags(p):
     p.add_argument('--resume', action='store_true',
                    help='continue from the checkpoint in --checkpoint-dir (on any number of '
                    'devices); without one there, start at epoch 1')
+
+
+def add_profile_flags(p):
+    """A profile of chosen steps: --profile, --profile-file."""
+    p.add_argument('--profile', metavar='START:STOP',
+                   help="profile training steps START to STOP with MXNet's profiler (steps "
+                   'count from 1 across epochs: step S of epoch E is (E-1) x steps per epoch + '
+                   'S; N alone: step N): only their operators, one at a time (no bulking), '
+                   'written to --profile-file as a Chrome trace (JSON, for Perfetto or '
+                   'chrome://tracing) with a track per device, and the ten costliest '
+                   'operators printed when the profile ends; a stop inside the range writes the '
+                   'steps profiled and says so. One kvstore, not with --book-literal; on a '
+                   'parameter server the first worker profiles (default: no profile)')
+    p.add_argument('--profile-file', metavar='PATH', type=path_of('a file name'),
+                   help='where --profile writes its trace, replaced whole (default: '
+                   'profile.json)')
+
+
+def add_metrics_flags(p):
+    """Figures for a dashboard: --tensorboard, --metrics, --log-every."""
+    p.add_argument('--tensorboard', metavar='DIR', type=path_of('a directory'),
+                   help='write TensorBoard event files into DIR, created if missing (needs '
+                   'pip install tensorboardX): every --log-every steps the training loss and '
+                   'accuracy of the steps since the last figures, the learning rate, images/s '
+                   'and the gradient norm; after each epoch its train loss and accuracy, test '
+                   'accuracy, seconds and images/s. A run continued with --resume goes on with '
+                   'the same curves (what the stopped run wrote past its checkpoint is dropped). '
+                   'On a parameter server the first worker writes')
+    p.add_argument('--metrics', metavar='PATH', type=path_of('a file name'),
+                   help='write the same figures as JSON lines to PATH, one object per line '
+                   '({"kind": "step" or "epoch", "step": global step, "epoch", "time", '
+                   '"values"}), each line written as it comes; replaced at the start of a run, '
+                   'continued by --resume')
+    p.add_argument('--log-every', type=int_in(1, 10**6), default=50, metavar='N',
+                   help='steps between two step figures of --tensorboard and --metrics; reading '
+                   'them waits for the devices once (default: 50)')
+
+
+def add_update_flags(p):
+    """How gradients become updates: --accumulate, --clip-grad-norm, --lr-schedule, --warmup-steps."""
+    # pylint: disable=import-outside-toplevel  (loads MXNet: after the engine set-up)
+    from ..core.updates import MAX_ACCUMULATE, SCHEDULES
+    p.add_argument('--accumulate', type=int_in(1, MAX_ACCUMULATE), default=1, metavar='K',
+                   help='sum the gradients of K batches before one update, normalised by all '
+                   'their samples: the update of one batch K times as large, in the memory of '
+                   'one (an epoch\'s last, shorter group is an update too; a stop waits for '
+                   'the group to end). Without BatchNorm equal to the large batch; with it each '
+                   'batch keeps its own statistics (default: 1, the book)')
+    p.add_argument('--clip-grad-norm', type=positive_float, metavar='X',
+                   help='scale each update\'s summed gradient down to global norm X when it is '
+                   'larger: the norm over every parameter of the gradient per sample, as one '
+                   'device with the whole batch would compute it; the norm before clipping is in '
+                   'the progress lines and --json (not on a parameter server: its servers update '
+                   'each parameter on its own)')
+    p.add_argument('--lr-schedule', choices=SCHEDULES, default='constant',
+                   help='learning rate of each update: constant (the book); step (divided by 10 '
+                   'at half and three quarters of the run); cosine (down to 0 along a half '
+                   'cosine); onecycle (up from LR/25, then down to LR/10^4). The run\'s length '
+                   'is --num-epochs: a resumed run must keep it. The rate of every update is in '
+                   '--json (default: constant)')
+    p.add_argument('--warmup-steps', type=int_in(0, 10**8), default=0, metavar='N',
+                   help='updates whose rate rises linearly to --lr before the schedule '
+                   '(onecycle: its rise; default: 0)')
 
 
 def add_loop_flags(p, dtypes):
@@ -150,6 +216,13 @@ def add_loop_flags(p, dtypes):
                    metavar='SECONDS',
                    help='seconds between progress lines within an epoch on stderr; '
                    '0 turns them off (default: 10)')
+    p.add_argument('--stall-timeout', type=non_negative_float, default=0.0, metavar='SECONDS',
+                   help='a run that queues no training step for this long is stuck (a deadlock, '
+                   'a worker or server that cannot answer): every thread\'s Python stack is '
+                   'printed, then one line, and the exit status is 3; evaluation is not watched; '
+                   'under scripts/launch.py the launcher watches every worker and names the one '
+                   'behind, on its host and rank, with its step; needs --max-in-flight 1 or more '
+                   '(default: 0, not watched)')
 
 
 def parse_args(argv=None):
@@ -181,7 +254,8 @@ def main(argv=None):
     """Run the script; return the exit status.
 
     0 when done, 2 for bad input or a diverged run, 1 when an output cannot be
-    written (disk full, file too large), 3 when the steps stalled (``stall_guard``),
+    written (disk full, file too large), 3 when the steps stalled
+    (``--stall-timeout``, ``train_run.stall_guard``),
     128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP) when a
     signal came, also after the last step (the run is then complete, and says so).
     """

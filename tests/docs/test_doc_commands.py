@@ -276,6 +276,35 @@ def run_fit_block(block, capsys):
     assert [r.epoch for r in space['result'].training.result.epochs] == [1, 2, 3]
 
 
+def run_metrics_example(block, capsys):
+    """The run, bounded: its JSON lines end with the epoch's record, and runs/ has an event file."""
+    run_shell(block, capsys)
+    with open('metrics.jsonl', encoding='utf-8') as f:
+        last = json.loads(f.read().splitlines()[-1])
+    assert (last['kind'], last['epoch']) == ('epoch', 1) and 'train_loss' in last['values']
+    assert any(name.startswith('events.out.tfevents.') for name in os.listdir('runs'))
+
+
+def run_updates_example(block, capsys):
+    """The run, bounded: --json holds each update's rate (the warm-up's) and its norm."""
+    run_shell(block, capsys)
+    with open('run.json', encoding='utf-8') as f:
+        epoch = json.load(f)['runs'][0]['epochs'][0]
+    assert len(epoch['rates']) == len(epoch['grad_norms']) == 1  # 256 images: 2 batches, 1 update
+    assert epoch['rates'][0] == pytest.approx(0.3 / 20)  # the first of 20 warm-up updates
+
+
+def run_profile_example(block, capsys):
+    """The run on 3840 images (30 steps of 128, the range's last step 30): the trace is written
+    and the table printed."""
+    (words,) = commands(block)
+    main_of(words, bounded(words, ['--num-train', '3840']), capsys)
+    assert 'profile of steps 21-30 on cpu(0), cpu(1): written to profile.json' in \
+        capsys.readouterr().out
+    with open('profile.json', encoding='utf-8') as f:
+        assert json.load(f)['otherData']['profiled'] == '21:30'
+
+
 #: (file, first line) -> how this test runs the block.
 RUNS = {
     ('docs/guide.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --batch-size '
@@ -284,6 +313,14 @@ RUNS = {
      "'lr': 0.2, 'seed': 0},"): run_checkpointer,
     ('docs/guide.md', 'run = gm.Training(gm.simple_cnn(), train_iter, test_iter, devices)'):
         run_fit_block,
+    ('docs/guide.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs 1 '
+     '--profile 21:30 --data-dir ../shared/data/fashion-mnist'): run_profile_example,
+    ('docs/guide.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs 2 '
+     '--tensorboard runs --metrics metrics.jsonl --log-every 50 --data-dir '
+     '../shared/data/fashion-mnist'): run_metrics_example,
+    ('docs/guide.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs 4 '
+     '--accumulate 4 --clip-grad-norm 1 --lr-schedule cosine --warmup-steps 20 --json run.json '
+     '--data-dir ../shared/data/fashion-mnist'): run_updates_example,
     ('docs/exercises.md', 'python scripts/balance.py --out docs/results/balance-simple-cnn'): run_shell,
     ('docs/exercises.md', 'python scripts/balance.py --model resnet18 --scenarios equal busy '
      '--rounds 3 \\'): run_shell,
