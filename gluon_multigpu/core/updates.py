@@ -15,6 +15,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import np
 
 from ..base.schedule import SCHEDULES, Schedule
+from .kvstores import kvstore_name
 from ..errors import GluonMultiGPUError
 
 __all__ = ['SCHEDULES', 'Schedule', 'Update', 'check_accumulate', 'check_clip', 'make_schedule',
@@ -183,7 +184,7 @@ def plan_updates(run, kvstore, lr, accumulate=1, clip=None, schedule=('constant'
     """The ``Update`` of a run (None: the section's step after every batch), its Trainer's
     options set in ``run.trainer_options``; raise for what cannot go together."""
     rates = make_schedule(schedule[0], lr, schedule[1])
-    dist = isinstance(kvstore, str) and kvstore.startswith('dist')
+    dist = kvstore_name(kvstore).startswith('dist')  # (a worker's is a KVStore object)
     if clip is not None and dist:
         raise GluonMultiGPUError(_NO_DIST_CLIP)
     # (a norm only for the metrics: not where the loss is scaled, nor on a parameter server)

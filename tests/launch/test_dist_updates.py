@@ -7,7 +7,8 @@ import numpy as onp
 import pytest
 
 from conftest import Lines, run_bounded, wait_bounded
-from test_distributed import LAUNCH, ONE_STEP, TRAIN, launch, saved_params, train_args
+from test_distributed import (LAUNCH, ONE_STEP, TRAIN, launch, saved_params, train_args,
+                              worker_hashes)
 
 pytestmark = pytest.mark.slow  # subprocesses: a scheduler, a server and two workers
 
@@ -39,8 +40,14 @@ def test_a_stopped_parameter_server_run_resumes_its_schedule_exactly(fashion_dir
                 '--kvstore', 'dist_sync', '--cpu-devices', '1', '--batch-size', '32',
                 '--accumulate', '3', '--lr-schedule', 'step', '--warmup-steps', '3',
                 *train_args(fashion_dir, '--checkpoint-dir', ckpt, *extra)]
-    whole = run_bounded(command(tmp_path / 'whole'), cwd=tmp_path)
+    # (the first worker writes metrics, the other does not: both must update alike)
+    whole = run_bounded(command(tmp_path / 'whole', '--metrics', tmp_path / 'm.jsonl'),
+                        cwd=tmp_path)
     assert whole.returncode == 0, whole.stdout[-2000:]
+    prints = worker_hashes(whole.stdout)
+    assert len(prints) == 4 and all(len({p for e, p in prints if e == epoch}) == 1
+                                    for epoch in ('1', '2')), prints
+    assert '"grad_norm"' not in (tmp_path / 'm.jsonl').read_text()  # no summed gradient here
     parts = tmp_path / 'parts'
     proc = subprocess.Popen(command(parts, '--progress-interval', '0.2'), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
