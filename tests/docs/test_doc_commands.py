@@ -321,6 +321,8 @@ RUNS = {
     ('docs/guide.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs 4 '
      '--accumulate 4 --clip-grad-norm 1 --lr-schedule cosine --warmup-steps 20 --json run.json '
      '--data-dir ../shared/data/fashion-mnist'): run_updates_example,
+    ('docs/guide.md', 'python scripts/train.py --cpu-devices 2 --model simple-cnn --num-epochs 2 '
+     '--stall-timeout 60 --data-dir ../shared/data/fashion-mnist'): run_shell,
     ('docs/exercises.md', 'python scripts/balance.py --out docs/results/balance-simple-cnn'): run_shell,
     ('docs/exercises.md', 'python scripts/balance.py --model resnet18 --scenarios equal busy '
      '--rounds 3 \\'): run_shell,
