@@ -320,6 +320,10 @@ def _kept(args, argv):
                                        ('--report', args.report)) if path]
     if outputs:
         said.append(f'{", ".join(outputs)}: as before this write')
+    logs = [flag for flag, path in (('--metrics', getattr(args, 'metrics', None)),
+                                    ('--tensorboard', getattr(args, 'tensorboard', None))) if path]
+    if logs:
+        said.append(f'{", ".join(logs)}: the figures written before it')
     if args.checkpoint_dir:
         said.append(_checkpoint_kept(args, argv))
     return '; '.join(said) or 'no other file was asked for'
