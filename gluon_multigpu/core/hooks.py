@@ -71,9 +71,10 @@ class Hook:
     ``distributed.StepScale``: they plug into the step in ``setup``),
     ``checkpoint.Checkpointer`` (save, resume), ``stopping.StopRequest``
     (stop on SIGINT/SIGTERM/SIGHUP, the scripts'), ``interrupt.Interruptible``
-    (Ctrl-C in a notebook or a Python session), ``stopping.StallGuard`` (end a
-    deadlocked run), ``progress.Progress`` (progress lines), ``live.Live``
-    (a progress display in a notebook).
+    (Ctrl-C in a notebook or a Python session), ``stall`` (end a deadlocked
+    run), ``progress.Progress`` (progress lines), ``live.Live`` (a progress
+    display in a notebook), ``metrics.Metrics`` (TensorBoard, JSON lines),
+    ``profile.Profile`` (a profile of chosen steps).
     """
 
     #: A hook that handles SIGINT itself: ``train`` then adds no ``Interruptible``.
