@@ -487,15 +487,18 @@ def test_with_equal_shards_the_last_batch_divides_among_the_devices():
 
 @pytest.mark.slow
 def test_sync_bn_drops_the_samples_that_make_the_last_batch_uneven(fashion_dir):
+    # 10 images in batches of 6 on 3 devices: the last batch, 4, loses 1 and trains as 3 (1 per
+    # device), as the last of 64 images in batches of 33 lost 1 and trained as 30; those (and 30
+    # test images), ResNet-18's steps being long, made the run twice as long for the same lines
     proc = run_bounded([sys.executable, SCRIPT, '--cpu-devices', '3', '--sync-bn', '--batch-size',
-                        '33', '--num-train', '64', '--num-test', '30', '--num-epochs', '1',
+                        '6', '--num-train', '10', '--num-test', '6', '--num-epochs', '1',
                         '--data-dir', str(fashion_dir), '--progress-interval', '0'], timeout=300,
                        env=ENV)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith('dropping the last 1 training sample(s) of each epoch') and \
         '--sync-bn' in lines[0] and 'the 3 devices' in lines[0], lines[0]
-    assert '63 train / 30 test images, batch 33 (11 per device)' in lines[1]
+    assert '9 train / 6 test images, batch 6 (2 per device)' in lines[1]
 
 
 # -- 6. engine variables ----------------------------------------------------------------------
