@@ -30,19 +30,13 @@ STALLED = 3
 
 
 class StallGuard(Background, Hook):
-    """Calls ``on_stall`` when no training step has finished for a long time: a deadlock.
+    """Calls ``on_stall(seconds_waited)`` when no training step was queued for
+    ``max(seconds, factor x the longest step so far)``: a deadlock.
 
-    MXNet's synchronised BatchNorm waits in a barrier without a time limit,
-    and on CPU contexts it has been seen to wait forever (``sync_bn``); a
-    process stuck there cannot be interrupted from Python. A thread of this
-    guard checks, once a second, the time since the last step was queued
-    (with steps in flight bounded, that is also the time since the step
-    before it finished), from an epoch's first step until its steps are done;
-    evaluation is not watched. Past ``max(seconds, factor x the longest step
-    so far)`` it calls ``on_stall(seconds_waited)``, which should end the
-    process. Use as a context manager (the thread ends with it), and only
-    with steps in flight bounded: an unbounded loop legitimately waits a
-    whole epoch at its end.
+    Watched from an epoch's first step until its steps are done (not the
+    evaluation), by a thread that looks once a second. A context manager (the
+    thread ends with it); only for steps in flight bounded.
+    (More: docs/design.md, "Notes on the code".)
     """
 
     thread_name = 'stall-guard'

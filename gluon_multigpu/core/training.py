@@ -103,18 +103,11 @@ def last_run():
 
 
 class Training:
-    """A data-parallel run that can go on: ``fit`` trains, and calling it again continues.
+    """A data-parallel run that can go on: ``fit(n)`` trains n more epochs, ``fit()``
+    finishes an interrupted one (``train(...)`` is ``Training(...).fit(num_epochs)``).
 
-    ``train(...)`` is ``Training(...).fit(num_epochs)``; the Trainer's state, the
-    data's order and the history go on from one ``fit`` to the next::
-
-        run = gm.Training(gm.simple_cnn(), train_iter, test_iter, gm.cpu_devices(2))
-        run.fit(2)      # epochs 1-2
-        run.fit(3)      # epochs 3-5
-        # Ctrl-C during fit: it stops after the current step and raises Interrupted;
-        run.fit()       # finishes the interrupted epoch and the rest of that fit's epochs
-
-    (More: docs/design.md, "Notes on the code".)
+    The Trainer's state, the data's order and the history go on from one ``fit``
+    to the next. (More, with an example: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore='device', *,

@@ -172,7 +172,7 @@ class Update:
         self.norms.append(norm)
         if self.clip is None:
             return
-        factor = np.minimum(norm * 0 + 1, self.clip / (norm + 1e-12))
+        factor = np.minimum(self.clip / (norm + 1e-12), 1.0)
         factors = {str(first): factor}
         for p in self.params:
             for g in p.list_grad():

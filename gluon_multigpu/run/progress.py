@@ -17,16 +17,9 @@ __all__ = ['Progress', 'Schedule', 'Live', 'duration', 'jupyter_shell']
 class Schedule:
     """Runs made in turn (a kvstore comparison): which one is running, the time left.
 
-    ``begin`` and ``end`` bracket each unit of work, in the order of
-    ``names``; with ``rounds`` above 1 a unit is one epoch of a run, and the
-    runs take turns, round after round (epoch 1 of each, then epoch 2 of
-    each, ...). What a unit took is measured between them (its training and
-    evaluation, a run's set-up too). A unit not yet begun is expected to take
-    as long as the mean of those finished, or, before any has finished, as
-    long as the one in progress is expected to take in all (``Progress``
-    gives its time left).
-
-    (More: docs/design.md, "Notes on the code".)
+    ``begin`` and ``end`` bracket each unit of work (a run, or with ``rounds``
+    above 1 one epoch of a run, the runs taking turns round after round).
+    (How the time left is estimated: docs/design.md, "Notes on the code".)
     """
 
     def __init__(self, names, what='comparison', rounds=1):
@@ -77,18 +70,12 @@ def update_figures(steps):
 
 
 class Progress(Hook):
-    """A ``train`` hook that reports progress within an epoch, at most every ``interval`` s.
+    """A ``train`` hook that says a progress line within an epoch, at most every ``interval`` s.
 
-    A line gives the run's label, the epoch, the steps done of the epoch's,
-    images/s, and the estimated time left for the epoch and for the run
-    (its epochs' steps and evaluations, each evaluation as long as the ones
-    measured so far); with a ``schedule``, also which of its runs this is and
-    the time left for all of them. Once per run, when the first measured
-    steps put an epoch above ``slow_epoch`` seconds, ``say`` gets the estimate
-    and ``advice``; in the first run of a schedule, the first measured steps
-    also give one line with the estimate for all its runs.
-
-    (More: docs/design.md, "Notes on the code".)
+    The line: label, epoch, steps done, images/s, the update's rate and norm
+    where there are any, and the time left (with a ``schedule``, for all its
+    runs too). An epoch estimated above ``slow_epoch`` s is said once, with
+    ``advice``. (What each figure counts: docs/design.md, "Notes on the code".)
     """
 
     shows_progress = True
