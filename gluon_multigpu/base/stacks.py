@@ -45,6 +45,9 @@ def dump_on_signal():
     """Make ``DUMP_SIGNAL`` write every thread's Python stack to standard error (this process)."""
     stream = _stream()
     if stream is not None:
+        # faulthandler re-installs its handler only if it thinks it has none: after another
+        # handler replaced it (``signal.signal``), a second ``register`` alone would not.
+        faulthandler.unregister(DUMP_SIGNAL)
         faulthandler.register(DUMP_SIGNAL, file=stream, all_threads=True)
 
 

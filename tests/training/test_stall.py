@@ -200,6 +200,23 @@ def fake_run(hooks, epoch=1, num_epochs=2):
                                  result=types.SimpleNamespace(training=None))
 
 
+def test_the_stacks_signal_is_caught_again_after_another_handler_replaced_faulthandlers():
+    """A handler set with ``signal.signal`` after faulthandler's (a test's, a user's) and put
+    back to the default: faulthandler still thinks it holds the signal, and a plain second
+    ``register`` would leave it uncaught (the launcher would then not ask for the stacks)."""
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        stacks.dump_on_signal()
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        assert not stacks.catches(os.getpid(), signal.SIGUSR1)
+        stacks.dump_on_signal()
+        assert stacks.catches(os.getpid(), signal.SIGUSR1)
+    finally:
+        faulthandler.unregister(signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_under_the_launcher_the_hook_tells_the_time_reports_steps_and_writes_stacks_on_a_signal():
     environ, ours, fds = control_pipe()
     hook = stall_hook(10, environ=environ)
