@@ -29,7 +29,7 @@ MODULES = {
     'engine': 'base', 'machine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base',
     'paths': 'base',
     'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
-    'compat': 'base', 'stacks': 'base', 'schedule': 'base',
+    'compat': 'base', 'opcache': 'base', 'stacks': 'base', 'schedule': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from .base import compat, engine
+from .base import compat, engine, opcache
 from .cli import console
 from .cli.arguments import OneLineParser
 from .errors import GluonMultiGPUError
@@ -28,6 +28,17 @@ FEATURES = ('MKLDNN', 'CUDA', 'CUDNN', 'NCCL', 'DIST_KVSTORE')
 PROBE_SECONDS = 300
 #: Printed by the child before its JSON, so that whatever MXNet prints while loading is skipped.
 MARK = 'gluon-multigpu-doctor-probe:'
+
+
+def _op_cache_line(cache):
+    """What the probe's MXNet import took from the operator functions' cache (``base.opcache``)."""
+    if not cache.get('installed'):
+        return f'off ({opcache.ENV}=0, or MXNet loaded before the package)'
+    if not cache.get('path'):
+        return 'no cache folder (no home folder, nor an absolute XDG_CACHE_HOME)'
+    if cache.get('misses'):
+        return f"{cache['misses']} operator functions made and kept in {cache['path']}"
+    return f"{cache['hits']} operator functions read from {cache['path']}"
 
 
 def probe(out=None):
@@ -261,6 +272,7 @@ def render(facts):
                    'operator values made plain' if probed['compat']['plain_values'] else
                    'operator values as given']
         lines.append('compat    ' + ', '.join(changes))
+        lines.append('op cache  ' + _op_cache_line(probed['compat'].get('op_cache') or {}))
     if probed.get('features'):
         features = probed['features']
         cuda = features['CUDA'] and probed.get('cuda_version')

@@ -14,6 +14,7 @@ import types
 import warnings
 
 from ..errors import MXNetLoadError
+from . import opcache
 
 __all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known',
            'install_hook', 'load_advice', 'GPU_INSTALL', 'quiet']
@@ -205,6 +206,7 @@ def prepare():
     import numpy  # pylint: disable=import-outside-toplevel
     _DONE['numpy_names'] = sorted(set(_DONE['numpy_names']) | set(restore_numpy_names(numpy)))
     _DONE['distutils'] = provide_distutils_version() or _DONE['distutils']
+    opcache.install()
     _DONE['prepared'] = True
 
 
@@ -255,6 +257,7 @@ def quiet():
 def after_load(mxnet):
     """What must follow ``import mxnet`` (items 3 and 4 of the module's text); idempotent."""
     import numpy  # pylint: disable=import-outside-toplevel
+    opcache.save()
     if not _DONE['quiet_prints']:
         # The failing inference prints its arguments before it raises; the name ``print`` of
         # that module, not the process's stdout, is what a thread can quieten for itself.
@@ -276,10 +279,11 @@ def after_load(mxnet):
 
 def report():
     """What this process changed: whether ``prepare`` ran, the NumPy names restored, whether
-    ``distutils.version`` was provided, whether operator parameters are made plain."""
+    ``distutils.version`` was provided, whether operator parameters are made plain, and the
+    operator functions' cache (``opcache.stats``)."""
     return {'prepared': _DONE['prepared'], 'numpy_names': list(_DONE['numpy_names']),
             'distutils': _DONE['distutils'], 'plain_values': _DONE['plain_values'],
-            'quiet_prints': _DONE['quiet_prints']}
+            'quiet_prints': _DONE['quiet_prints'], 'op_cache': opcache.stats()}
 
 
 #: A library MXNet's own library needs, named in the loader's message -> what to do.

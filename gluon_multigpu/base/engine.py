@@ -53,7 +53,10 @@ CHOICES = {
     'MXNET_ENGINE_TYPE': (('ThreadedEnginePerDevice', 'ThreadedEngine', 'NaiveEngine'),
                           "set it to one of them (MXNet's default is the first) or unset it"),
     'GLUON_MULTIGPU_ENGINE_ENV': (('0', '1'), "set 0 to keep MXNet's own engine settings, or 1 "
-                                  "(or unset it) for the package's (docs/guide.md)")}
+                                  "(or unset it) for the package's (docs/guide.md)"),
+    'GLUON_MULTIGPU_OP_CACHE': (('0', '1'), "set 0 to turn the cache of MXNet's operator "
+                                "functions off, or 1 (or unset it) to keep it on "
+                                '(docs/guide.md, "Python and NumPy")')}
 #: What MXNet's parser skips around a number (C's isspace; not Unicode spaces).
 _C_SPACE = ' \t\n\r\v\f'
 #: The variables ``recommended`` chooses.

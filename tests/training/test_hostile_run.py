@@ -510,6 +510,8 @@ def test_sync_bn_drops_the_samples_that_make_the_last_batch_uneven(fashion_dir):
     ({'OMP_NUM_THREADS': '\u0662'}, "OMP_NUM_THREADS='\u0662' is not a whole number from 1 to "),
     ({'MXNET_CPU_WORKER_NTHREADS': '\u00a02'}, 'MXNET_CPU_WORKER_NTHREADS'),
     ({'GLUON_MULTIGPU_ENGINE_ENV': 'off'}, "GLUON_MULTIGPU_ENGINE_ENV='off' is none of 0, 1"),
+    ({'GLUON_MULTIGPU_OP_CACHE': 'no'}, "GLUON_MULTIGPU_OP_CACHE='no' is none of 0, 1; set 0 "
+                                        "to turn the cache of MXNet's operator functions off"),
     ({'MXNET_EXEC_BULK_EXEC_TRAIN': 'abc'}, 'MXNET_EXEC_BULK_EXEC_TRAIN'),
     ({'MXNET_MKLDNN_ENABLED': 'yes'}, "MXNET_MKLDNN_ENABLED='yes' is not a boolean"),
     ({'MXNET_OPTIMIZER_AGGREGATION_SIZE': 'four'}, 'MXNET_OPTIMIZER_AGGREGATION_SIZE'),
@@ -523,7 +525,8 @@ def test_an_engine_variable_mxnet_cannot_take_is_refused(env, phrase):
 def test_engine_variables_mxnet_takes_pass():
     gm.engine.check_environment({'OMP_NUM_THREADS': ' 2 ', 'MXNET_ENGINE_TYPE': 'NaiveEngine',
                            'MXNET_EXEC_BULK_EXEC_TRAIN': 'TRUE', 'MXNET_ENGINE_INFO': '0',
-                           'GLUON_MULTIGPU_ENGINE_ENV': '1', 'MXNET_MKLDNN_CACHE_NUM': '-1'})
+                           'GLUON_MULTIGPU_ENGINE_ENV': '1', 'MXNET_MKLDNN_CACHE_NUM': '-1',
+                           'GLUON_MULTIGPU_OP_CACHE': '0'})
 
 
 @pytest.mark.slow
