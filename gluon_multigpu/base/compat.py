@@ -5,7 +5,9 @@ What it changes (docs/design.md, "Importing the package", says why):
 More in docs/design.md, "Notes on the code".
 """
 import builtins
+import importlib.machinery
 import importlib.util
+import os
 import re
 import contextlib
 import sys
@@ -31,6 +33,8 @@ KNOWN_NUMPY = ((1, 17), (2, 5))
 #: The financial functions NumPy 1.20 removed and MXNet's fallback table still reads.
 FINANCIAL = ('fv', 'ipmt', 'irr', 'mirr', 'nper', 'npv', 'pmt', 'ppmt', 'pv', 'rate')
 
+#: The ``distutils`` stand-ins of ``provide_distutils_version``, and whether to withdraw them.
+_STAND_IN = {}
 _DONE = {'prepared': False, 'numpy_names': [], 'distutils': False, 'plain_values': False,
          'quiet_prints': False}
 #: Per thread: whether MXNet's diagnostic prints are dropped (inside ``quiet()``).
@@ -161,13 +165,34 @@ class StrictVersion(_Version):
     """``distutils.version.StrictVersion``, as far as MXNet uses it."""
 
 
+def _real_distutils():
+    """Whether ``import distutils`` would find a real one: the standard library's (Python 3.11
+    and older) or setuptools' (its ``_distutils_hack``); found without importing it."""
+    if 'distutils' in sys.modules:
+        return sys.modules['distutils'] is not None  # None: the import is blocked
+    hack = any(type(f).__name__ == 'DistutilsMetaFinder' for f in sys.meta_path)
+    return (importlib.machinery.PathFinder.find_spec('distutils') is not None or
+            (hack and os.environ.get('SETUPTOOLS_USE_DISTUTILS', 'local') == 'local'))
+
+
 def provide_distutils_version():
-    """Make ``import distutils.version`` work where it fails; return whether it had to."""
-    try:
-        import distutils.version  # noqa: F401  pylint: disable=import-outside-toplevel,deprecated-module
+    """Have MXNet's ``import distutils.version`` take this module's classes; return whether.
+
+    Importing the real one costs setuptools' import (a quarter of a second)
+    where setuptools provides it: the stand-ins serve MXNet's import, and are
+    withdrawn after it (``after_load``) where a real one exists.
+    """
+    if sys.modules.get('distutils.version') is not None:
         return False
-    except ImportError:
-        pass
+    _STAND_IN['withdraw'] = _real_distutils()
+    if sys.modules.get('distutils') is not None:  # a real package, already loaded: cheap
+        try:
+            import distutils.version  # noqa: F401  pylint: disable=import-outside-toplevel,deprecated-module
+            return False
+        except ImportError:
+            pass
+    _STAND_IN['before'] = {n: sys.modules[n] for n in ('distutils', 'distutils.version')
+                           if n in sys.modules}
     package = sys.modules.get('distutils')
     if package is None:
         package = types.ModuleType('distutils', 'Stand-in made by gluon_multigpu.base.compat: '
@@ -179,6 +204,23 @@ def provide_distutils_version():
     version.LooseVersion, version.StrictVersion = LooseVersion, StrictVersion
     sys.modules['distutils.version'] = version
     package.version = version
+    _STAND_IN['modules'] = {'distutils': package, 'distutils.version': version}
+    return True
+
+
+def withdraw_distutils_stand_in():
+    """Once MXNet has loaded: the stand-ins out of ``sys.modules`` where a real ``distutils``
+    exists, so that other code imports that one; return whether they were withdrawn."""
+    ours = _STAND_IN.pop('modules', None)
+    if not ours or not _STAND_IN.get('withdraw'):
+        return False
+    before = _STAND_IN.pop('before', {})
+    for name, module in ours.items():
+        if sys.modules.get(name) is module:
+            if name in before:
+                sys.modules[name] = before[name]
+            else:
+                del sys.modules[name]
     return True
 
 
@@ -258,6 +300,7 @@ def after_load(mxnet):
     """What must follow ``import mxnet`` (items 3 and 4 of the module's text); idempotent."""
     import numpy  # pylint: disable=import-outside-toplevel
     opcache.save()
+    withdraw_distutils_stand_in()
     if not _DONE['quiet_prints']:
         # The failing inference prints its arguments before it raises; the name ``print`` of
         # that module, not the process's stdout, is what a thread can quieten for itself.
