@@ -62,37 +62,52 @@ def _net(variant, model):
     return simple_cnn(10)
 
 
-def _clocked(first_step, warmup_rest, measured, sync, images, start):
+#: When this module was imported: a process's launch where its parent did not say (``launched``).
+_IMPORTED = time.time()
+
+
+def launched_at(spec):
+    """The wall-clock time (``time.time()``) at which the parent started this process."""
+    return spec.get('launched') or _IMPORTED
+
+
+def _clocked(first_step, warmup_rest, measured, sync, images, launched, ready):
     """Run the three parts of a training-speed measurement; return its figures.
 
-    ``start``: the clock just before the network was built. ``first_step``,
-    ``warmup_rest`` and ``measured`` run the first warm-up step, the other
-    warm-up steps and the measured steps, each returning its images; ``sync``
-    waits for every queued step. ``images``: those of all the steps.
+    ``launched``: the wall-clock time the process was started at (a user's
+    run: the interpreter, the imports, reading the images, building the
+    network all count). ``first_step``, ``warmup_rest`` and ``measured`` run
+    the first warm-up step, the other warm-up steps and the measured steps,
+    each returning its images; ``sync`` waits for every queued step.
+    ``images``: those of all the steps. ``ready``: the wall-clock time just
+    before the network was built (``ready_s`` after the launch: the imports
+    and the images, what an earlier short run left out).
     """
     first_step()
     sync()
-    first = time.perf_counter()
+    first = time.time()
     warmup_rest()
     sync()  # the end of the warm-up: the steady-state clock starts here
     tic = time.perf_counter()
     steady = measured()
     sync()  # the final sync point: both clocks stop here
-    end = time.perf_counter()
-    return {'images_per_sec': steady / (end - tic), 'short_images_per_sec': images / (end - start),
-            'startup_s': first - start, 'peak_mb': _peak_rss_mb()}
+    end, end_wall = time.perf_counter(), time.time()
+    return {'images_per_sec': steady / (end - tic),
+            'short_images_per_sec': images / (end_wall - launched),
+            'startup_s': first - launched, 'ready_s': ready - launched,
+            'total_s': end_wall - launched, 'peak_mb': _peak_rss_mb()}
 
 
 def throughput(spec):
     """Training images/s of one variant, the library's own epoch functions on real images.
 
     Steady state (``images_per_sec``): the steps after the warm-up. The short
-    run (``short_images_per_sec``): every step's images over the time from
-    just before the network is built (building, initialising, compiling
-    included). ``startup_s``: building and the first step; ``peak_mb``: the
-    process's peak resident memory.
+    run (``short_images_per_sec``): every step's images over the process's
+    whole time, from its launch (``launched_at``: the interpreter, importing
+    MXNet, reading the images, building, initialising and compiling count, as
+    in a user's run). ``startup_s``: the launch to the end of the first step;
+    ``peak_mb``: the process's peak resident memory.
     """
-    # Every module the measurement uses is loaded here, before the clock starts: not timed.
     from mxnet import gluon, npx
     from gluon_multigpu.core import book, training
     from gluon_multigpu.core.data import ArrayLoader
@@ -107,7 +122,7 @@ def throughput(spec):
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     ours = spec['variant'] == 'ours'
     npx.waitall()
-    start = time.perf_counter()  # the short run's clock: the network is built from here
+    ready = time.time()
     net = _net(spec['variant'], spec['model'])
     net.initialize(default_initializer(spec['model']), ctx=devices)
     if ours:
@@ -122,7 +137,8 @@ def throughput(spec):
         return book.train_epoch_book(net, data, loss, trainer, devices, batch)
     with (pushers_for(devices) if ours else contextlib.nullcontext()) as pushers:
         figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),
-                           lambda: run(batches[warmup:]), npx.waitall, len(labels), start)
+                           lambda: run(batches[warmup:]), npx.waitall, len(labels),
+                           launched_at(spec), ready)
     figures['param_count'] = sum(int(p.data(devices[0]).size)
                                  for p in net.collect_params().values())
     return figures
@@ -192,8 +208,10 @@ TORCH_MODELS = {'resnet18': _torch_resnet18, 'simple-cnn': _torch_simple_cnn}
 def torch_throughput(spec):
     """PyTorch CPU (eager) training figures for the same model, batch, steps and learning rate.
 
-    The same figures as ``throughput``, on every core this process may use;
-    or why it could not run (``torch_missing``: PyTorch is not installed).
+    The same figures as ``throughput``, on every core this process may use
+    (importing PyTorch, and the modules it loads with its first optimizer,
+    count in the short run as MXNet's import does in ours); or why it could
+    not run (``torch_missing``: PyTorch is not installed).
     """
     try:
         import torch
@@ -210,9 +228,9 @@ def torch_throughput(spec):
     batches = list(zip(X.split(batch), y.split(batch)))
     loss = nn.CrossEntropyLoss()
     # PyTorch loads its compiler's modules when the first optimizer is made (a second or so):
-    # that is importing, not building the network, so it is done before the clock as well
+    # importing, so before ``ready``, and inside the short run as every import is
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=LR)
-    start = time.perf_counter()  # the short run's clock: the network is built from here
+    ready = time.time()
     net = TORCH_MODELS[spec.get('model', 'resnet18')](nn)
     opt = torch.optim.SGD(net.parameters(), lr=LR)
 
@@ -223,7 +241,8 @@ def torch_throughput(spec):
             opt.step()
         return sum(len(yb) for _, yb in data)
     figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),
-                       lambda: run(batches[warmup:]), lambda: None, len(labels), start)
+                       lambda: run(batches[warmup:]), lambda: None, len(labels),
+                       launched_at(spec), ready)
     return dict(figures, param_count=sum(p.numel() for p in net.parameters()),
                 threads=torch.get_num_threads(), version=torch.__version__)
 

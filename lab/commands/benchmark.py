@@ -26,11 +26,14 @@ from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.outputs.files import write_json
 from gluon_multigpu.outputs.targets import check_outputs, input_files
 
-# FULL: 2 warm-up and 10 measured steps, the issue's short run of 2 epochs of 6 batches
-FULL = {'steps': 10, 'warmup': 2, 'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
+# FULL: ResNet-18's 2 warm-up and 10 measured steps, the issue's short run of 2 epochs of 6
+# batches; the small CNN's steps take a fortieth of ResNet-18's, so it runs 10 and 100 (cnn_*)
+FULL = {'steps': 10, 'warmup': 2, 'cnn_steps': 100, 'cnn_warmup': 10,
+        'gemm_n': 2048, 'gemm_reps': 5, 'pipeline_images': 60000,
         'eval_images': 512, 'memory_train': 7680, 'e2e_train': None, 'e2e_test': None,
         'batches': {'small': 32, 'target': 128, 'book': (256, 512), 'resnet_book': 512}}
-QUICK = {'steps': 1, 'warmup': 1, 'gemm_n': 256, 'gemm_reps': 2, 'pipeline_images': 2048,
+QUICK = {'steps': 1, 'warmup': 1, 'cnn_steps': 1, 'cnn_warmup': 1,
+         'gemm_n': 256, 'gemm_reps': 2, 'pipeline_images': 2048,
          'eval_images': 64, 'memory_train': 1024, 'e2e_train': 1024, 'e2e_test': 256,
          'batches': {'small': 8, 'target': 16, 'book': (12, 24), 'resnet_book': 24}}
 
@@ -109,18 +112,22 @@ def plan(size, data_dir):
 
     def add(key, kind, variant, **spec):
         tasks.append((key, dict(spec, kind=kind, variant=variant, data_dir=data_dir)))
-    steps = {'steps': size['steps'], 'warmup': size['warmup']}
     target, small = size['batches']['target'], size['batches']['small']
+
+    def steps(model):
+        if model == 'simple-cnn':
+            return {'steps': size['cnn_steps'], 'warmup': size['cnn_warmup']}
+        return {'steps': size['steps'], 'warmup': size['warmup']}
 
     def train(model, devices, variant, batch, kvstore='device'):
         add(f'train/{model}/{devices}/{kvstore}/{batch}/{variant}', 'throughput', variant,
-            model=model, devices=devices, kvstore=kvstore, batch=batch, **steps)
+            model=model, devices=devices, kvstore=kvstore, batch=batch, **steps(model))
     for model in ('resnet18', 'simple-cnn'):
         # the aims' four at the target batch, alternated within each round
         train(model, 2, 'book', target)
         train(model, 2, 'ours', target)
         add(f'pytorch/{model}/{target}', 'torch_throughput', 'pytorch', model=model,
-            batch=target, **steps)
+            batch=target, **steps(model))
         train(model, 1, 'ours', target)
         for variant in ('book', 'ours'):
             train(model, 2, variant, small)
@@ -148,10 +155,10 @@ def plan(size, data_dir):
 def run_task(spec):
     """Run one measurement in a fresh process; return its result dict."""
     env = variant_env()
-    try:
+    try:  # the short run's clock starts as the process is launched (bench_workers.launched_at)
         proc = subprocess.run([sys.executable, '-m', 'lab.commands.benchmark', '--worker',
-                               json.dumps(spec)], capture_output=True, text=True, env=env,
-                              timeout=900)
+                               json.dumps(dict(spec, launched=time.time()))],
+                              capture_output=True, text=True, env=env, timeout=900)
     except subprocess.TimeoutExpired:
         return {'error': 'took more than 900 s'}
     for line in proc.stdout.splitlines():
@@ -396,9 +403,11 @@ def run(args, out=None):
     rows = summarize(results, flops, size['batches']['target'], size['batches']['resnet_book'])
     no_torch = torch_missing(results)
     print(table(rows, no_torch), f"\nTraining speeds at batch {size['batches']['target']}: the "
-          f"short run is {size['warmup'] + size['steps']} steps timed from just before the "
-          f"network is built (start-up included), the steady state the {size['steps']} after "
-          f"{size['warmup']} warm-up; medians of {args.repeats} round(s), every other round "
+          f"short run is every step's images over the process's whole time, from its launch "
+          f"(importing, reading the images, building: a user's run), the steady state the steps "
+          f"after the warm-up (ResNet-18: {size['steps']} after {size['warmup']}, the small CNN: "
+          f"{size['cnn_steps']} after {size['cnn_warmup']}); medians of {args.repeats} "
+          f"round(s), every other round "
           'backwards; beside a ratio of two measurements, the 95% interval of its paired ratios '
           '(from 2 rounds), "inside the noise" where the aim\'s threshold falls within it. '
           'Memory: peak resident MiB of the whole process.\n', detail_table(results),

@@ -1,7 +1,9 @@
 """scripts/benchmark.py: the bookkeeping of its table, and quick runs end to end (no timings)."""
 import importlib
 import json
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -215,7 +217,9 @@ def test_the_plan_alternates_the_four_at_the_target_batch_in_every_round(bench):
     specs = dict(bench.plan(bench.FULL, '/data'))
     assert specs['pytorch/simple-cnn/128'] == {
         'kind': 'torch_throughput', 'variant': 'pytorch', 'model': 'simple-cnn', 'batch': 128,
-        'steps': 10, 'warmup': 2, 'data_dir': '/data'}
+        'steps': 100, 'warmup': 10, 'data_dir': '/data'}  # the small CNN's: 40 times shorter
+    assert specs['train/simple-cnn/2/device/128/ours']['steps'] == 100
+    assert specs['train/resnet18/2/device/128/ours']['steps'] == 10
     for kept in ('train/resnet18/2/device/32/ours', 'train/resnet18/2/local/128/ours',
                  'train/simple-cnn/2/device/512/book', 'gemm/2', 'pipeline/ours',
                  'eval/resnet18/2/book', 'memory/ours', 'e2e/book'):
@@ -294,3 +298,28 @@ def test_bad_data_dir_is_one_line_and_status_2(tmp_path):
                            '--data-dir', str(tmp_path)])
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
     assert 'point --data-dir' in proc.stderr
+
+
+def test_the_short_run_is_timed_from_the_process_launch_as_a_users_run(bench, monkeypatch):
+    """A user's run pays for starting Python, importing MXNet or PyTorch and building the
+    network: the short run's clock starts when the parent launches the measurement process."""
+    workers = importlib.import_module('lab.commands.bench_workers')
+    launched = time.time() - 2.0  # a process started two seconds ago
+
+    def step(n):
+        return lambda: time.sleep(0.01) or n
+    figures = workers._clocked(step(8), step(8), step(16), lambda: None, 32, launched,
+                               launched + 1.5)
+    assert figures['startup_s'] >= 2.0 and figures['short_images_per_sec'] <= 32 / 2.0
+    assert figures['ready_s'] == pytest.approx(1.5) and figures['total_s'] >= 2.03
+    assert figures['images_per_sec'] > 32 / 2.0  # the steady state: the measured steps alone
+    seen = []
+
+    def fake_run(argv, **kwargs):
+        seen.append(json.loads(argv[-1]))
+        return subprocess.CompletedProcess(argv, 0, 'RESULT {"images_per_sec": 1.0}\n', '')
+    monkeypatch.setattr(bench.subprocess, 'run', fake_run)
+    before = time.time()
+    assert bench.run_task({'kind': 'throughput'}) == {'images_per_sec': 1.0}
+    assert before <= seen[0]['launched'] <= time.time()
+    assert workers.launched_at(seen[0]) == seen[0]['launched']
