@@ -129,11 +129,14 @@ def main(argv=None):
                 runs[key].append(benchmark(variant, args.data_dir,
                                            *(OLD if harness == 'benchmark12' else ())))
             print(f'[round {round_ + 1}/{args.rounds}] {key}: {runs[key][-1]}', flush=True)
-    medians = {key: {f: statistics.median(r[f] for r in rs) for f in rs[0]}
-               for key, rs in runs.items()}
-    ratios = {harness: {f: medians[f'{harness}/ours'][f] / medians[f'{harness}/pytorch'][f]
+    medians = {}  # harness -> variant -> field -> median
+    for key, rs in runs.items():
+        harness, variant = key.split('/')
+        medians.setdefault(harness, {})[variant] = {
+            f: statistics.median(r[f] for r in rs) for f in rs[0]}
+    ratios = {harness: {f: medians[harness]['ours'][f] / medians[harness]['pytorch'][f]
                         for f in ('steady', 'user', 'from_build')}
-              for harness in ('benchmark', 'benchmark12', 'script')}
+              for harness in medians}
     with atomic_write(args.json) as f:
         json.dump({'runs': runs, 'medians': medians, 'ratios': ratios, 'rounds': args.rounds,
                    'steps': STEPS, 'warmup': WARMUP, 'batches': BATCHES, 'epochs': EPOCHS,
