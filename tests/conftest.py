@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 
 import numpy as onp
 import pytest
@@ -246,9 +247,20 @@ def run_bounded(args, timeout=300, **kwargs):
 
 
 def wait_bounded(proc, timeout=120):
-    """``proc.wait()`` with a deadline: past it the process is killed and the test fails."""
+    """``proc.wait()`` with a deadline: past it the process is killed and the test fails.
+
+    Once it has ended, the ``Lines`` reading its output have read it to the end (a few
+    seconds at most: a child it left may hold the pipe), so that what the test reads next
+    is all it wrote: a loaded machine had left a process's last line unread (an empty
+    ``Lines.text()`` after a status 130 whose line had been written).
+    """
     try:
-        return proc.wait(timeout=timeout)
+        status = proc.wait(timeout=timeout)
+        for stream in (proc.stdout, proc.stderr):
+            reader = Lines.OF.get(stream) if stream is not None else None
+            if reader is not None:
+                reader.settle()
+        return status
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -293,8 +305,12 @@ class Lines:
     ``wait_for`` waits for a line with a deadline, and fails if the stream ends first.
     """
 
+    #: The ``Lines`` of each stream read (``wait_bounded`` lets them read to the end).
+    OF = weakref.WeakKeyDictionary()
+
     def __init__(self, stream):
         self.lines, self._cond = [], threading.Condition()
+        Lines.OF[stream] = self
         threading.Thread(target=self._read, args=(stream,), daemon=True).start()
 
     def _read(self, stream):
@@ -328,6 +344,11 @@ class Lines:
         with self._cond:
             if not self._cond.wait_for(self.ended, timeout):
                 raise AssertionError(f'the stream did not end within {timeout} s')
+
+    def settle(self, timeout=10):
+        """Wait up to ``timeout`` s for the stream's end; whether it ended (no failure)."""
+        with self._cond:
+            return self._cond.wait_for(self.ended, timeout)
 
     def ended(self):
         """Whether the stream has ended (the process closed it, or ended)."""

@@ -20,6 +20,7 @@ import marshal
 import os
 import sys
 import tempfile
+import time
 import types
 
 __all__ = ['install', 'save', 'stats', 'cache_path', 'ENV']
@@ -28,6 +29,8 @@ __all__ = ['install', 'save', 'stats', 'cache_path', 'ENV']
 ENV = 'GLUON_MULTIGPU_OP_CACHE'
 #: Bump when what a file holds changes: a file of another format is another file.
 FORMAT = 1
+#: The start of a file being written, and the age past which one is a killed writer's (s).
+TEMPORARY, STALE = '.mxnet-ops-', 600
 #: The generators of MXNet's register modules, by the module that makes the functions.
 _GENERATORS = {'mxnet.ndarray.register': '_generate_ndarray_function_code',
                'mxnet.symbol.register': '_generate_symbol_function_code'}
@@ -187,6 +190,18 @@ def install(environ=None):
     return True
 
 
+def _remove_stale(folder):
+    """Remove the temporary files of writers that were killed (older than ``STALE`` s)."""
+    for name in os.listdir(folder):
+        if name.startswith(TEMPORARY):
+            path = os.path.join(folder, name)
+            try:
+                if os.stat(path).st_mtime < time.time() - STALE:
+                    os.unlink(path)
+            except OSError:
+                continue  # another process's, gone already
+
+
 def save():
     """After MXNet loaded: write the functions made anew to the cache file; whether it wrote."""
     made, path = _STATE['made'], _STATE['path']
@@ -201,7 +216,8 @@ def save():
         os.makedirs(folder, mode=0o700, exist_ok=True)
         if not _mine(folder):
             return False
-        fd, temporary = tempfile.mkstemp(prefix='.mxnet-ops-', dir=folder)
+        _remove_stale(folder)
+        fd, temporary = tempfile.mkstemp(prefix=TEMPORARY, dir=folder)
         try:
             with os.fdopen(fd, 'wb') as f:
                 marshal.dump(table, f)

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -192,3 +193,17 @@ def test_two_processes_writing_at_once_leave_one_whole_file(tmp_path):
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
     assert [f.name[:10] for f in cache_files(home)] == ['mxnet-ops-']  # no temporary left
     assert probe(home, tmp_path, LIGHT)['stats']['misses'] == 0
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_writer(tmp_path):
+    home = tmp_path / 'home'
+    folder = home / 'gluon-multigpu'
+    folder.mkdir(parents=True, mode=0o700)
+    old, fresh = folder / '.mxnet-ops-killed', folder / '.mxnet-ops-writing'
+    for path in (old, fresh):
+        path.write_bytes(b'half a file')
+    os.utime(old, (time.time() - 3600, time.time() - 3600))  # an hour ago: its writer is gone
+    assert probe(home, tmp_path, LIGHT)['stats']['misses'] > 2000  # it writes the cache
+    names = sorted(p.name for p in folder.iterdir())
+    assert names[0] == '.mxnet-ops-writing' and names[1].startswith('mxnet-ops-')
+    assert len(names) == 2  # the old one removed, the one another process may be writing kept
