@@ -31,6 +31,7 @@ if ROOT not in sys.path:  # run as a file: the checkout's package
 
 from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
+from lab.commands import benchmark as bench  # noqa: E402
 
 STEPS, WARMUP, BATCH, EPOCHS, BATCHES = 100, 10, 128, 2, 60
 #: The benchmark's steps before: 10 after 2 (``benchmark12``), as ResNet-18's still are.
@@ -75,8 +76,8 @@ print('RESULT ' + json.dumps({'ready_s': ready - launched, 'total_s': end - laun
 ''' % (BATCH, BATCHES, EPOCHS)
 
 
-def _result(argv, env=None):
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+def _result(argv):
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
     for line in proc.stdout.splitlines():
         if line.startswith('RESULT '):
             return json.loads(line[len('RESULT '):])
@@ -84,14 +85,14 @@ def _result(argv, env=None):
 
 
 def benchmark(variant, data_dir, steps=STEPS, warmup=WARMUP):
-    """The benchmark's measurement (``bench_workers``), with its process's times."""
+    """The benchmark's measurement, run as the benchmark runs it (``run_task``: a fresh process
+    with its engine environment, timed from its launch), with its process's times."""
     kind = 'throughput' if variant == 'ours' else 'torch_throughput'
-    spec = {'kind': kind, 'variant': variant, 'model': 'simple-cnn', 'devices': 2,
-            'kvstore': 'device', 'batch': BATCH, 'steps': steps, 'warmup': warmup,
-            'data_dir': data_dir, 'launched': time.time()}
-    env = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS',)}
-    r = _result([sys.executable, '-m', 'lab.commands.benchmark', '--worker', json.dumps(spec)],
-                env=env)
+    r = bench.run_task({'kind': kind, 'variant': variant, 'model': 'simple-cnn', 'devices': 2,
+                        'kvstore': 'device', 'batch': BATCH, 'steps': steps, 'warmup': warmup,
+                        'data_dir': data_dir})
+    if 'error' in r:
+        raise SystemExit(f'benchmark/{variant}: {r["error"]}')
     images = BATCH * (steps + warmup)
     return {'steady': r['images_per_sec'], 'user': r['short_images_per_sec'],
             # the benchmark's short run until now: from just before the network was built

@@ -134,14 +134,14 @@ HASHED = re.compile(r'^\.(.+)\.[0-9a-f]{8}\.([0-9a-f]{16})\.tmp$')
 _NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL)
 
 
-def open_unnamed(directory):
+def open_unnamed(directory, mode=0o666):
     """A new file without a name in ``directory`` (``O_TMPFILE``), open for writing; None where
     the file system (or /proc, needed to link it) does not support that. A kill before it is
     linked leaves nothing."""
     if not hasattr(os, 'O_TMPFILE') or not os.path.isdir('/proc/self/fd'):
         return None
     try:
-        return fs.open(directory or '.', os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        return fs.open(directory or '.', os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, mode)
     except OSError as e:
         if e.errno in _NO_TMPFILE:
             return None
@@ -210,10 +210,10 @@ def _write_unnamed(fd, data, path):
         raise
 
 
-def write_file(path, data, check=None):
+def write_file(path, data, check=None, mode=0o666):
     """Write ``data`` (bytes, or an iterable of bytes chunks) to ``path`` atomically (rule 2);
     ``check(temporary path)``, if given, runs on the complete file before the rename (an error
-    there leaves nothing).
+    there leaves nothing); ``mode``: the new file's permissions (less the umask).
 
     The temporary is unnamed (``O_TMPFILE``) until written and fsynced, then linked as
     ``.NAME.<random>.<hash of content>.tmp`` and renamed over ``path``: a kill in between leaves
@@ -225,9 +225,9 @@ def write_file(path, data, check=None):
     directory, name = os.path.split(path)
     remove_hashed(directory, name)  # what a killed write of this file left
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-    fd = open_unnamed(directory)
+    fd = open_unnamed(directory, mode)
     if fd is None:
-        return _write_named(path, chunks, check)
+        return _write_named(path, chunks, check, mode)
     digest = hashlib.sha256()
     try:
         for chunk in chunks:
@@ -242,7 +242,7 @@ def write_file(path, data, check=None):
             if e.errno not in _NO_LINK:
                 raise
             os.lseek(fd, 0, os.SEEK_SET)  # nothing was named: copy it to a named temporary
-            return _write_named(path, iter(lambda: os.read(fd, 1 << 20), b''), check)
+            return _write_named(path, iter(lambda: os.read(fd, 1 << 20), b''), check, mode)
     finally:
         os.close(fd)
     return _finish(tmp, path, check)
@@ -263,11 +263,11 @@ def _finish(tmp, path, check):
     fsync_directory(os.path.dirname(path))
 
 
-def _write_named(path, chunks, check):
+def _write_named(path, chunks, check, mode=0o666):
     """``write_file`` through an ``O_EXCL`` named temporary (no ``O_TMPFILE`` here)."""
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
-    fd = fs.open(tmp, _FLAGS, 0o666)
+    fd = fs.open(tmp, _FLAGS, mode)
     made = UNFINISHED[tmp] = _inode(tmp)
     try:
         try:

@@ -19,18 +19,14 @@ import importlib.util
 import marshal
 import os
 import sys
-import tempfile
-import time
 import types
 
-__all__ = ['install', 'save', 'stats', 'cache_path', 'ENV']
+__all__ = ['install', 'save', 'write_table', 'stats', 'cache_path', 'ENV']
 
 #: The environment variable that turns the cache off (``0``).
 ENV = 'GLUON_MULTIGPU_OP_CACHE'
 #: Bump when what a file holds changes: a file of another format is another file.
 FORMAT = 1
-#: The start of a file being written, and the age past which one is a killed writer's (s).
-TEMPORARY, STALE = '.mxnet-ops-', 600
 #: The generators of MXNet's register modules, by the module that makes the functions.
 _GENERATORS = {'mxnet.ndarray.register': '_generate_ndarray_function_code',
                'mxnet.symbol.register': '_generate_symbol_function_code'}
@@ -190,41 +186,25 @@ def install(environ=None):
     return True
 
 
-def _remove_stale(folder):
-    """Remove the temporary files of writers that were killed (older than ``STALE`` s)."""
-    for name in os.listdir(folder):
-        if name.startswith(TEMPORARY):
-            path = os.path.join(folder, name)
-            try:
-                if os.stat(path).st_mtime < time.time() - STALE:
-                    os.unlink(path)
-            except OSError:
-                continue  # another process's, gone already
+def write_table(path, table):
+    """Write ``table`` to the cache file ``path`` through the output layer (``atomic``: whole or
+    not at all, what a killed writer left removed first); False where it cannot be written."""
+    from . import atomic  # pylint: disable=import-outside-toplevel  (only when writing)
+    folder = os.path.dirname(path)
+    try:
+        atomic.makedirs(folder, 0o700)
+        if not _mine(folder):
+            return False
+        atomic.write_file(path, marshal.dumps(table), mode=0o600)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def save():
     """After MXNet loaded: write the functions made anew to the cache file; whether it wrote."""
     made, path = _STATE['made'], _STATE['path']
     _STATE['made'] = {}
-    if not made or path is None:
-        _STATE['read'] = {}
-        return False
     table = {**_STATE['read'], **made}
     _STATE['read'] = {}
-    folder = os.path.dirname(path)
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        if not _mine(folder):
-            return False
-        _remove_stale(folder)
-        fd, temporary = tempfile.mkstemp(prefix=TEMPORARY, dir=folder)
-        try:
-            with os.fdopen(fd, 'wb') as f:
-                marshal.dump(table, f)
-            os.replace(temporary, path)  # whole or not at all, whoever else writes it
-        except BaseException:
-            os.unlink(temporary)
-            raise
-    except (OSError, ValueError):
-        return False
-    return True
+    return bool(made) and path is not None and write_table(path, table)

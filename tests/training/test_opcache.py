@@ -5,11 +5,11 @@ folder of the test's own (``XDG_CACHE_HOME``): the first writes the file, the
 next take every function from it. What they make is compared with what MXNet
 makes with the cache off, and with MXNet's own generator run again beside it.
 """
+import hashlib
 import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -195,15 +195,20 @@ def test_two_processes_writing_at_once_leave_one_whole_file(tmp_path):
     assert probe(home, tmp_path, LIGHT)['stats']['misses'] == 0
 
 
-def test_a_killed_writers_temporary_file_is_removed_by_the_next_writer(tmp_path):
+def test_what_a_killed_writer_left_is_removed_by_the_next_and_nothing_else(tmp_path):
+    """The cache file is written by the output layer (``atomic.write_file``): a writer killed
+    after linking its temporary leaves ``.NAME.<random>.<hash of content>.tmp``, which the next
+    writer recognises by its content and removes; a file of that form whose content does not
+    match is not the package's, and stays."""
     home = tmp_path / 'home'
+    probe(home, tmp_path, LIGHT)  # writes the cache file: its name
     folder = home / 'gluon-multigpu'
-    folder.mkdir(parents=True, mode=0o700)
-    old, fresh = folder / '.mxnet-ops-killed', folder / '.mxnet-ops-writing'
-    for path in (old, fresh):
-        path.write_bytes(b'half a file')
-    os.utime(old, (time.time() - 3600, time.time() - 3600))  # an hour ago: its writer is gone
+    name, = [p.name for p in folder.iterdir()]
+    (folder / name).unlink()  # the next process writes it again
+    killed = folder / f'.{name}.0123abcd.{hashlib.sha256(b"half a table").hexdigest()[:16]}.tmp'
+    killed.write_bytes(b'half a table')
+    other = folder / f'.{name}.89abcdef.{"0" * 16}.tmp'
+    other.write_bytes(b'not what its name says')
     assert probe(home, tmp_path, LIGHT)['stats']['misses'] > 2000  # it writes the cache
-    names = sorted(p.name for p in folder.iterdir())
-    assert names[0] == '.mxnet-ops-writing' and names[1].startswith('mxnet-ops-')
-    assert len(names) == 2  # the old one removed, the one another process may be writing kept
+    assert sorted(p.name for p in folder.iterdir()) == sorted([name, other.name])
+    assert oct((folder / name).stat().st_mode & 0o777) == '0o600'
