@@ -33,8 +33,8 @@ from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 #: name -> (what changes from the package's settings, the configuration)
 LEVERS = {
-    'package': ('the package: a thread per context, 4 scratch copies each, no static_alloc, '
-                'freed blocks of 4 MiB or more returned', {}),
+    'package': ('the package: a thread per context, 4 scratch copies each, no static_alloc '
+                "(ResNet-18's recipe), freed blocks of 4 MiB or more returned", {}),
     'glibc_default': ("glibc's own allocator behaviour (freed blocks kept in its heap)",
                       {'malloc': False}),
     'threshold_1m': ('freed blocks of 1 MiB or more returned', {'threshold': 1 << 20}),
@@ -50,7 +50,10 @@ LEVERS = {
                     {'devices': 1}),
     'one_context_half': ("one context, MXNet's own OpenMP threads (half the cores)",
                          {'devices': 1, 'omp': None}),
-    'cnn_package': ('the small CNN, the package', {'model': 'simple-cnn'}),
+    'cnn_package': ('the small CNN, the package (its recipe: static_alloc)',
+                    {'model': 'simple-cnn'}),
+    'cnn_dynamic': ('the small CNN without static_alloc (its recipe before)',
+                    {'model': 'simple-cnn', 'static_alloc': False}),
     'cnn_glibc_default': ("the small CNN, glibc's own allocator behaviour",
                           {'model': 'simple-cnn', 'malloc': False}),
     'cnn_threshold_1m': ('the small CNN, freed blocks of 1 MiB or more returned',
@@ -94,8 +97,8 @@ def worker(spec):
     batches = list(ArrayLoader(images, labels, BATCH))
     net = get_model(model, 10)
     net.initialize(default_initializer(model), ctx=devices)
-    if spec.get('static_alloc'):
-        net.hybridize(static_alloc=True)
+    if 'static_alloc' in spec:  # the lever, whatever the model's recipe says
+        net.hybridize(static_alloc=spec['static_alloc'])
     else:
         steps_mod.hybridize(net)
     trainer = make_trainer(net, 0.1, 'device')

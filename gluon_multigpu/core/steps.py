@@ -19,6 +19,7 @@ import mxnet as mx
 from mxnet import autograd, np
 
 from .checks import batch_pair, check_whole
+from .recipes import recipe_of
 from .devices import split_batch
 from ..errors import GluonMultiGPUError, TrainingDiverged
 from .results import EpochTotals
@@ -228,18 +229,19 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
 
 
 def hybridize(net):
-    """Compile every ``HybridBlock`` of ``net``.
+    """Compile every ``HybridBlock`` of ``net``, as its recipe says (``recipes.recipe_of``).
 
-    A compiled graph runs without Python between its operators. Its memory
-    comes from MXNet's allocator at each call (``static_alloc`` is not used:
-    it keeps each block's forward and backward buffers for good, on ResNet-18
-    on two CPU contexts about 0.35 GB more at the same speed: docs/results.md,
-    "Memory"). ``static_shape`` is not used either: in MXNet 1.9.1 it drops
-    BatchNorm's running-statistics update on the first steps of a block nested
-    in an ``nn.Sequential`` (tests/section/test_fast_path.py compares with the eager loop).
+    A compiled graph runs without Python between its operators. With the
+    recipe's ``static_alloc`` (the small CNN's) each block keeps its forward
+    and backward buffers between calls: its small operators' steps 1.07x as
+    fast; without it (ResNet-18's) memory comes from MXNet's allocator at each
+    call: kept for good, its buffers were 1.25x the memory for 1.03x the speed
+    (docs/results.md, "Levers"). ``static_shape`` is not used: in MXNet 1.9.1
+    it drops BatchNorm's running-statistics update on the first steps of a
+    block nested in an ``nn.Sequential`` (tests/section/test_fast_path.py).
     """
     with warnings.catch_warnings():
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
         warnings.filterwarnings('ignore', message='All children of this Sequential layer',
                                 category=UserWarning)
-        net.hybridize()
+        net.hybridize(static_alloc=recipe_of(net).static_alloc)

@@ -1,4 +1,5 @@
 """The fast path computes what the text's loop computes: same model, parameters and update."""
+import dataclasses
 import os
 import sys
 import textwrap
@@ -144,3 +145,31 @@ def test_a_script_sets_the_engine_from_its_device_flags_before_mxnet_loads(tmp_p
     copies = 'None'  # scratch copies: MXNet's own 4 per thread (engine.recommended)
     assert proc.stdout.split() == ['False', 'False', threads, copies, threads, 'True'], \
         proc.stderr
+
+
+def _compiled_flags(net):
+    """The ``static_alloc`` flag each compiled block of ``net`` was hybridized with."""
+    blocks = [b for b in [net] + list(net._children.values()) if getattr(b, '_flags', None)]
+    return {dict(b._flags).get('static_alloc', False) for b in blocks}
+
+
+def test_each_recipe_compiles_as_it_says_and_static_alloc_changes_no_number(fashion_test):
+    # The small CNN's recipe keeps its buffers between calls (static_alloc), ResNet-18's not;
+    # the same training either way, to the bit, an epoch's last shorter batch included.
+    batches = real_batches(fashion_test, 296, 64)  # 4 batches of 64 and one of 40
+    devices = gm.cpu_devices(2)
+    runs = {}
+    for static in (True, False):
+        net = gm.simple_cnn()
+        assert net.recipe.static_alloc is True
+        net.recipe = dataclasses.replace(net.recipe, static_alloc=static)
+        result = gm.train(net, batches, batches, devices, num_epochs=2, lr=0.2, seed=3)
+        assert _compiled_flags(net) == {static}
+        runs[static] = (params(net, devices[1]), [e.train_loss for e in result.epochs])
+    assert runs[True][1] == runs[False][1]
+    for a, b in zip(runs[True][0], runs[False][0]):
+        assert onp.array_equal(a, b)
+    resnet = gm.resnet18(10)
+    resnet.initialize(ctx=devices)
+    training.hybridize(resnet)
+    assert resnet.recipe.static_alloc is False and _compiled_flags(resnet) == {False}
