@@ -33,8 +33,10 @@ from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 #: name -> (what changes from the package's settings, the configuration)
 LEVERS = {
-    'package': ('the package: a thread per context, 4 scratch copies each, no static_alloc '
+    'package': ('the package: a thread per context, 1 scratch copy each, static_alloc '
                 "(ResNet-18's recipe), freed blocks of 4 MiB or more returned", {}),
+    'before_43': ("without static_alloc, MXNet's 4 scratch copies (the package before issue 43)",
+                  {'static_alloc': False, 'copies': '4'}),
     'glibc_default': ("glibc's own allocator behaviour (freed blocks kept in its heap)",
                       {'malloc': False}),
     'threshold_1m': ('freed blocks of 1 MiB or more returned', {'threshold': 1 << 20}),
@@ -50,10 +52,13 @@ LEVERS = {
                     {'devices': 1}),
     'one_context_half': ("one context, MXNet's own OpenMP threads (half the cores)",
                          {'devices': 1, 'omp': None}),
-    'cnn_package': ('the small CNN, the package (its recipe: static_alloc)',
-                    {'model': 'simple-cnn'}),
-    'cnn_dynamic': ('the small CNN without static_alloc (its recipe before)',
-                    {'model': 'simple-cnn', 'static_alloc': False}),
+    'cnn_package': ('the small CNN, the package', {'model': 'simple-cnn'}),
+    'cnn_static_alloc': ('the small CNN compiled with static_alloc',
+                         {'model': 'simple-cnn', 'static_alloc': True}),
+    'cnn_one_copy': ('the small CNN, 1 scratch copy per thread',
+                     {'model': 'simple-cnn', 'copies': '1'}),
+    'cnn_one_thread': ('the small CNN, one thread queues both contexts',
+                       {'model': 'simple-cnn', 'pushers': False}),
     'cnn_glibc_default': ("the small CNN, glibc's own allocator behaviour",
                           {'model': 'simple-cnn', 'malloc': False}),
     'cnn_threshold_1m': ('the small CNN, freed blocks of 1 MiB or more returned',
@@ -132,12 +137,26 @@ def measure(name, data_dir):
     return {'error': (proc.stderr.strip().splitlines() or ['no output'])[-1]}
 
 
+def kept_rows(path):
+    """The rows of ``path`` still in ``LEVERS`` (each with its rounds), if it was measured on
+    this machine today; otherwise a one-line error (a file's figures come from one machine)."""
+    with open(path) as f:
+        old = json.load(f)
+    if (old.get('machine'), old.get('date')) != (stamp()['machine'], stamp()['date']):
+        raise SystemExit(f"error: {path} was measured on {old.get('machine')} on "
+                         f"{old.get('date')}; measure every lever again (without --update)")
+    return {name: dict(row, rounds=row.get('rounds', old['rounds']))
+            for name, row in old['levers'].items() if name in LEVERS}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--data-dir', default='../shared/data/fashion-mnist')
     parser.add_argument('--rounds', type=int, default=2)
     parser.add_argument('--only', nargs='+', choices=sorted(LEVERS), help='these levers only')
     parser.add_argument('--out', default=os.path.join(ROOT, 'docs', 'results', 'levers.json'))
+    parser.add_argument('--update', action='store_true', help="replace only the levers measured "
+                        "in --out's rows (same machine and day), keep the others")
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -150,15 +169,17 @@ def main(argv=None):
             result = measure(name, args.data_dir)
             runs[name].append(result)
             print(f'[round {r + 1}/{args.rounds}] {name}: {result}', flush=True)
-    rows = {}
+    rows = kept_rows(args.out) if args.update else {}
     for name in names:
         good = [x for x in runs[name] if 'error' not in x]
-        rows[name] = {'what': LEVERS[name][0], 'runs': runs[name],
+        rows[name] = {'what': LEVERS[name][0], 'runs': runs[name], 'rounds': args.rounds,
                       'images_per_sec': statistics.median(x['images_per_sec'] for x in good)
                       if good else None,
                       'peak_mib': statistics.median(x['peak_mib'] for x in good) if good else None}
+    rows = {name: rows[name] for name in LEVERS if name in rows}  # the table's order
     result = dict(stamp(), batch=BATCH, warmup=WARMUP, steps=TIMED['resnet18'],
-                  cnn_steps=TIMED['simple-cnn'], rounds=args.rounds,
+                  cnn_steps=TIMED['simple-cnn'],
+                  rounds=min(row.get('rounds', args.rounds) for row in rows.values()),
                   levers=rows)
     with atomic_write(args.out) as f:
         f.write(json.dumps(result, indent=1) + '\n')

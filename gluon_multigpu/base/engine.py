@@ -77,6 +77,9 @@ class EngineWarning(UserWarning):
 
 #: MXNet's own number of scratch copies (``MXNET_CPU_TEMP_COPY`` unset).
 MXNET_COPIES = 4
+#: The scratch copies per thread the plan for CPU contexts sets: as fast as MXNet's 4, and
+#: 0.87 times the memory on ResNet-18 (tools/levers.py; docs/results.md, "Memory").
+CPU_COPIES = 1
 #: What OpenMP threads other than the plan's cost (docs/results.md, "Memory").
 _OMP_COST = ('Training works, but its operators run on another number of OpenMP threads than '
              'the cores divided among the contexts: one context on MXNet\'s half of two cores '
@@ -128,7 +131,9 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
         env['MXNET_CPU_TEMP_COPY'] = str(max(256, 128 * (cpu_devices or 2)))  # sync_bn's need
     elif not cpu_devices:
         env['MXNET_CPU_TEMP_COPY'] = '64'
-    # else MXNet's own 4, per thread: each CPU context's passes are queued from its own thread
+    else:  # per thread, and each CPU context's passes are queued from a thread of its own: one
+        # copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc (recipes)
+        env['MXNET_CPU_TEMP_COPY'] = str(CPU_COPIES)
     if cpu_devices:
         env['OMP_NUM_THREADS'] = str(max(1, num_cores // cpu_devices))
     return env
@@ -298,7 +303,7 @@ def _warn_if_different(wanted, cpu_devices, sync_bn):
         return
     _STATE['warned'].add(key)
     had = ', '.join(f'{k}={loaded_with[k]}' if loaded_with.get(k) is not None else f'{k} unset'
-                    for k in CHOSEN if k in wanted)
+                    for k in CHOSEN if k in differ)
     why = ', '.join(f'{k}={v} ({TOO_LATE[k]})' for k, v in differ.items())
     if sync_bn and 'MXNET_CPU_TEMP_COPY' in differ:
         effect = 'Synchronised BatchNorm on several CPU contexts refuses to start with fewer copies'

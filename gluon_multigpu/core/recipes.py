@@ -30,8 +30,8 @@ class Recipe:
     initializer: Callable[[], object]
     max_in_flight: Optional[int]
     describe: str
-    #: Compile with ``static_alloc`` (buffers kept between calls): faster where a step's
-    #: operators are small, dearer in memory where they are large (docs/results.md, "Levers")
+    #: Compile with ``static_alloc`` (each block's buffers kept between calls): ResNet-18's
+    #: steps gain by it, the small CNN's not (docs/results.md, "Memory")
     static_alloc: bool = False
 
     def batch_size(self, num_devices):
@@ -52,14 +52,15 @@ def _uniform():
 #: Per model. ResNet-18 keeps the book's settings (batch 256 per GPU, lr 0.1 per 256 samples,
 #: Normal(0.01), which BatchNorm rescales); the simple CNN's were measured (docs/guide.md):
 #: without BatchNorm, Normal(0.01) leaves it near chance for epochs, MXNet's Uniform(0.07)
-#: (the lab's) does not. ``static_alloc``: 1.07x the small CNN's steps at a few MiB;
-#: ResNet-18's steps gained 1.03x for 1.25x the memory (tools/levers.py).
+#: (the lab's) does not. ResNet-18 compiles with ``static_alloc``: with one scratch copy a
+#: thread (``engine.CPU_COPIES``) 1.06x its images/s at 1.13x its memory (tools/levers.py,
+#: interval 1.01 to 1.12); the small CNN gained nothing established by it.
 RECIPES = {
     'resnet18': Recipe('resnet18', 256, lambda batch: 0.1 * batch / 256, _normal, MAX_IN_FLIGHT,
                        '256 per device, lr 0.1 per 256 samples (the book: batch 512 and lr 0.2 '
-                       'on two GPUs)'),
+                       'on two GPUs)', static_alloc=True),
     'simple-cnn': Recipe('simple-cnn', 64, lambda batch: 0.3, _uniform, MAX_IN_FLIGHT,
-                         '64 per device, lr 0.3 (the Gluon multi-GPU lab)', static_alloc=True),
+                         '64 per device, lr 0.3 (the Gluon multi-GPU lab)'),
 }
 #: A network without a recipe: the book's section as printed (lr 0.1 at batch 256 per device).
 BOOK = Recipe('book', 256, lambda batch: 0.1, _normal, None,

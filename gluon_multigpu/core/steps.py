@@ -232,11 +232,11 @@ def hybridize(net):
     """Compile every ``HybridBlock`` of ``net``, as its recipe says (``recipes.recipe_of``).
 
     A compiled graph runs without Python between its operators. With the
-    recipe's ``static_alloc`` (the small CNN's) each block keeps its forward
-    and backward buffers between calls: its small operators' steps 1.07x as
-    fast; without it (ResNet-18's) memory comes from MXNet's allocator at each
-    call: kept for good, its buffers were 1.25x the memory for 1.03x the speed
-    (docs/results.md, "Levers"). ``static_shape`` is not used: in MXNet 1.9.1
+    recipe's ``static_alloc`` (ResNet-18's) each block keeps its forward and
+    backward buffers between calls: with one scratch copy a thread, 1.06x the
+    images/s at 1.13x the memory; without it (the small CNN's, which gained
+    nothing established) memory comes from MXNet's allocator at each call
+    (docs/results.md, "Memory"). ``static_shape`` is not used: in MXNet 1.9.1
     it drops BatchNorm's running-statistics update on the first steps of a
     block nested in an ``nn.Sequential`` (tests/section/test_fast_path.py).
     """

@@ -153,13 +153,14 @@ def test_an_unknown_name_is_an_ordinary_attribute_error():
 
 # -- what the settings are ----------------------------------------------------------------------
 
-def test_recommended_divides_the_cores_among_contexts_and_leaves_mxnets_scratch_copies():
+def test_recommended_divides_the_cores_among_contexts_and_gives_each_thread_one_scratch_copy():
     # CPU contexts: each context's passes are queued from a thread of its own (core.pushers),
-    # each thread has MXNet's own 4 copies, and a context runs one operator at a time
-    assert gm.engine.recommended(2, num_cores=8) == {'OMP_NUM_THREADS': '4'}
-    assert gm.engine.recommended(3, num_cores=2) == {'OMP_NUM_THREADS': '1'}
-    assert gm.engine.recommended(16, num_cores=8) == {'OMP_NUM_THREADS': '1'}
-    assert gm.engine.recommended(1, num_cores=2) == {'OMP_NUM_THREADS': '2'}
+    # each thread has one scratch copy, and a context runs one operator at a time
+    one = {'MXNET_CPU_TEMP_COPY': '1'}
+    assert gm.engine.recommended(2, num_cores=8) == {'OMP_NUM_THREADS': '4', **one}
+    assert gm.engine.recommended(3, num_cores=2) == {'OMP_NUM_THREADS': '1', **one}
+    assert gm.engine.recommended(16, num_cores=8) == {'OMP_NUM_THREADS': '1', **one}
+    assert gm.engine.recommended(1, num_cores=2) == {'OMP_NUM_THREADS': '2', **one}
     assert gm.engine.recommended(num_cores=2) == {'MXNET_CPU_TEMP_COPY': '64'}  # count unknown
     assert gm.engine.recommended(0) == {'MXNET_CPU_TEMP_COPY': '64'}  # GPUs: threads untouched
     assert gm.engine.recommended(2, sync_bn=True, num_cores=2) == {'OMP_NUM_THREADS': '1',
@@ -175,7 +176,8 @@ def test_a_workers_threads_are_its_hosts_cores_shared_among_the_hosts_workers():
     assert gm.engine.worker_cores(dict(host, GLUON_MULTIGPU_HOST_WORKERS='16')) == 1  # at least
     assert gm.engine.worker_cores({'GLUON_MULTIGPU_HOST_WORKERS': '1'}) == gm.engine.cores()
     environ = dict(host, GLUON_MULTIGPU_HOST_WORKERS='2')
-    assert gm.engine.configure(cpu_devices=2, environ=environ) == {'OMP_NUM_THREADS': '2'}
+    assert gm.engine.configure(cpu_devices=2, environ=environ) == {'OMP_NUM_THREADS': '2',
+                                                                   'MXNET_CPU_TEMP_COPY': '1'}
     with pytest.raises(gm.engine.EngineError, match='GLUON_MULTIGPU_HOST_WORKERS'):
         gm.engine.configure(cpu_devices=1, environ={'GLUON_MULTIGPU_HOST_WORKERS': '0'})
 
@@ -251,7 +253,8 @@ def test_a_second_plan_replaces_only_what_configure_set(tmp_path):
                off={k: os.environ.get(k) for k in engine.CHOSEN}, mxnet='mxnet' in sys.modules)
         ''')
     half, every = str(max(1, CORES // 2)), str(CORES)
-    assert got['steps'] == [{'MXNET_CPU_TEMP_COPY': '64'}, {'OMP_NUM_THREADS': half},
+    assert got['steps'] == [{'MXNET_CPU_TEMP_COPY': '64'},
+                            {'OMP_NUM_THREADS': half, 'MXNET_CPU_TEMP_COPY': '1'},
                             {'OMP_NUM_THREADS': every}, {}]
     assert got['first'] == {'OMP_NUM_THREADS': every, 'MXNET_CPU_TEMP_COPY': '100'}
     assert got['second'] == {'OMP_NUM_THREADS': None, 'MXNET_CPU_TEMP_COPY': '100'}
@@ -270,7 +273,7 @@ def test_try_all_gpus_without_gpus_gives_one_context_every_core(tmp_path):
                team=omp_team(devices[0]))
         ''')
     assert got['devices'] == ['cpu(0)']
-    assert got['settings'] == {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': None}
+    assert got['settings'] == {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '1'}
     assert got['team'] == CORES  # MXNet's own default is half the cores
 
 
@@ -286,7 +289,7 @@ def test_cpu_devices_configures_the_engine_before_mxnet_loads(tmp_path, contexts
                env={{k: os.environ.get(k) for k in gm.engine.CHOSEN}}, team=omp_team(devices[0]))
         ''')
     threads = max(1, CORES // contexts)
-    wanted = {'OMP_NUM_THREADS': str(threads), 'MXNET_CPU_TEMP_COPY': None}  # MXNet's 4
+    wanted = {'OMP_NUM_THREADS': str(threads), 'MXNET_CPU_TEMP_COPY': '1'}  # one a thread
     assert got['before'] is False and got['np'] is True
     assert got['settings'] == wanted and got['env'] == wanted
     assert got['team'] == threads  # what a CPU operator runs on (MXNet's own: half the cores)
@@ -302,8 +305,8 @@ def test_a_users_omp_num_threads_wins(tmp_path):
         devices = gm.cpu_devices(2)
         report(applied=applied, settings=gm.engine.settings(), team=omp_team(devices[0]))
         ''', env=fresh_env(OMP_NUM_THREADS=str(mine)))
-    assert got['applied'] == {}
-    assert got['settings'] == {'OMP_NUM_THREADS': str(mine), 'MXNET_CPU_TEMP_COPY': None}
+    assert got['applied'] == {'MXNET_CPU_TEMP_COPY': '1'}  # the plan's copies, the user's threads
+    assert got['settings'] == {'OMP_NUM_THREADS': str(mine), 'MXNET_CPU_TEMP_COPY': '1'}
     assert got['team'] == mine
 
 
