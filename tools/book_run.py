@@ -38,8 +38,10 @@ def fail(message):
     raise SystemExit(2)
 
 
-def git(*args, cwd=ROOT):
-    """A git command's standard output, stripped; a failure is a one-line error."""
+def git(*args, cwd=None):
+    """A git command's standard output, stripped (in ``cwd``, else the checkout); a failure
+    is a one-line error."""
+    cwd = cwd or ROOT
     proc = subprocess.run(['git', *args], cwd=cwd, capture_output=True, text=True, check=False)
     if proc.returncode:
         fail(f"git {' '.join(args)} in {cwd}: {proc.stderr.strip() or 'failed'}")
@@ -92,7 +94,8 @@ def run_segment(args, src, commit):
                    extra=args.extra, status='running')
     segments.append(segment)
     save(seg_path, segments)
-    command = ['/usr/bin/time', '-v', '-o', os.path.join(args.work, 'time.txt'), sys.executable,
+    timed = ['/usr/bin/time', '-v', '-o', os.path.join(args.work, 'time.txt')]  # the peak memory
+    command = [*(timed if os.path.exists(timed[0]) else []), sys.executable,
                os.path.join(src, 'scripts', 'train.py'), *BOOK, '--data-dir',
                os.path.abspath(args.data_dir), '--checkpoint-dir', os.path.join(args.work, 'ckpt'),
                '--resume', '--json', run_json, *args.extra]
