@@ -6,8 +6,9 @@ operators. Queued from one thread, two contexts share one pool and wait for
 each other on the copies they happen to share (with MXNet's 4, ResNet-18 on
 two contexts trained at about half the images/s; a pool widened to 128
 copies made up the speed and cost 1.6 GB). Queued from a thread of their
-own, each context has its own pool, and MXNet's 4 copies serve it: one
-context runs one operator at a time (docs/results.md, "Memory").
+own, each context has its own pool, and one copy serves it (``engine``'s
+plan for CPU contexts): one context runs one operator at a time
+(docs/results.md, "Memory").
 
 More in docs/design.md, "Notes on the code".
 """
