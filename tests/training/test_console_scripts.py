@@ -93,7 +93,7 @@ def test_no_parser_takes_abbreviations(module):
 @pytest.mark.slow
 @pytest.mark.parametrize('how', ['console script', 'scripts/train.py'])
 @pytest.mark.parametrize('flags, threads, copies', [
-    (['--cpu-devices', '2'], None, 'None'),  # scratch copies: MXNet's own 4 (unset)
+    (['--cpu-devices', '2'], None, '1'),  # scratch copies: one a thread (engine.recommended)
     (['--cpu-devices', '1', '--sync-bn'], 'all', '256')])
 def test_the_engine_is_set_from_the_device_flags_before_mxnet_loads(tmp_path, how, flags,
                                                                     threads, copies):
