@@ -76,10 +76,10 @@ def save(path, value):
         f.write(json.dumps(value, indent=1) + '\n')
 
 
-def epochs_done(path):
-    """Epochs the run's ``--json`` holds (0 before its first write)."""
-    runs = load(path, {}).get('runs') or [{}]
-    return len(runs[0].get('epochs') or [])
+def epochs_done(work):
+    """Whole epochs the run's checkpoint holds (its manifest's history; 0 before the first:
+    the ``--json`` is written only when a run ends)."""
+    return len(load(os.path.join(work, 'ckpt', 'manifest.json'), {}).get('history') or [])
 
 
 def run_segment(args, src, commit):
@@ -90,7 +90,7 @@ def run_segment(args, src, commit):
         if seg['status'] == 'running':
             seg['status'] = 'killed'  # its tool did not come back to record its end
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
-    segment = dict(stamp(), commit=commit, start=now, epochs_before=epochs_done(run_json),
+    segment = dict(stamp(), commit=commit, start=now, epochs_before=epochs_done(args.work),
                    extra=args.extra, status='running')
     segments.append(segment)
     save(seg_path, segments)
@@ -102,7 +102,7 @@ def run_segment(args, src, commit):
     env = dict(os.environ, PYTHONPATH=src)  # the clone's package, not an installed one
     status = subprocess.call(command, env=env)
     segment.update(end=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                   epochs_after=epochs_done(run_json), status=f'exit {status}')
+                   epochs_after=epochs_done(args.work), status=f'exit {status}')
     save(seg_path, segments)
     return status, segments
 

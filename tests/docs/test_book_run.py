@@ -20,14 +20,18 @@ _spec = importlib.util.spec_from_file_location('book_run', REPO / 'tools' / 'boo
 book_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(book_run)
 
-#: Stands for scripts/train.py: writes its --json (complete when EPOCHS is in its environment).
+#: Stands for scripts/train.py: a checkpoint after epoch 1, its --json when COMPLETE=1.
 TRAIN = textwrap.dedent('''\
     import json, os, sys
     out = sys.argv[sys.argv.index('--json') + 1]
     epochs = [{'epoch': 1, 'train_loss': 1.0, 'where': os.path.abspath(__file__)}]
-    with open(out, 'w') as f:
-        json.dump({'complete': os.environ.get('COMPLETE') == '1', 'argv': sys.argv[1:],
-                   'runs': [{'epochs': epochs}]}, f)
+    ckpt = sys.argv[sys.argv.index('--checkpoint-dir') + 1]
+    os.makedirs(ckpt, exist_ok=True)
+    with open(os.path.join(ckpt, 'manifest.json'), 'w') as f:  # as a checkpoint after epoch 1
+        json.dump({'history': epochs}, f)
+    if os.environ.get('COMPLETE') == '1':  # as train.py: the --json only when a run ends
+        with open(out, 'w') as f:
+            json.dump({'complete': True, 'argv': sys.argv[1:], 'runs': [{'epochs': epochs}]}, f)
     sys.exit(int(os.environ.get('STATUS', '0')))
     ''')
 
@@ -64,6 +68,8 @@ def test_each_segment_runs_from_the_first_calls_commit_and_the_record_names_it(
     record = json.loads(out.read_text())
     assert record['commit'] == first != git(checkout, 'rev-parse', 'HEAD')
     assert [s['status'] for s in record['segments']] == ['exit 137', 'exit 0']
+    assert [(s['epochs_before'], s['epochs_after']) for s in record['segments']] == \
+        [(0, 1), (1, 1)]  # from the checkpoint: the killed segment had ended epoch 1
     assert {s['commit'] for s in record['segments']} == {first}
     assert record['runs'][0]['epochs'][0]['where'] == str(work / 'src' / 'scripts' / 'train.py')
     argv = record['argv']
