@@ -31,18 +31,9 @@ def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
 class Residual(nn.Block):
     """The residual block of ResNet as the text writes it (d2l 8.6): an ``nn.Block``, run eagerly.
 
-    Two 3x3 convolutions with batch norm, and the input added back.
-
-    Parameters
-    ----------
-    num_channels : int
-        Output channels of both convolutions.
-    use_1x1conv : bool
-        Pass the input through a 1x1 convolution so that it matches the output shape.
-    strides : int
-        Stride of the first 3x3 convolution (and of the 1x1 convolution).
-    norm : callable
-        Makes a batch-normalisation layer (default ``nn.BatchNorm``, the book's).
+    Two 3x3 convolutions of ``num_channels`` with batch norm (``norm`` makes
+    each layer; ``nn.BatchNorm``, the book's), the first with ``strides``, and
+    the input added back, through a 1x1 convolution if ``use_1x1conv``.
     """
 
     def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
