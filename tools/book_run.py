@@ -76,33 +76,34 @@ def save(path, value):
         f.write(json.dumps(value, indent=1) + '\n')
 
 
-def epochs_done(work):
-    """Whole epochs the run's checkpoint holds (its manifest's history; 0 before the first:
-    the ``--json`` is written only when a run ends)."""
-    return len(load(os.path.join(work, 'ckpt', 'manifest.json'), {}).get('history') or [])
+def epochs_done(ckpt):
+    """Whole epochs the run's checkpoint folder holds (its manifest's history; 0 before the
+    first: the ``--json`` is written only when a run ends)."""
+    return len(load(os.path.join(ckpt, 'manifest.json'), {}).get('history') or [])
 
 
 def run_segment(args, src, commit):
     """Train (resuming) from ``src`` under ``/usr/bin/time -v``; record the segment."""
     seg_path, run_json = os.path.join(args.work, 'segments.json'), os.path.join(args.work, 'run.json')
+    ckpt = os.path.join(args.work, 'ckpt')
     segments = load(seg_path, [])
     for seg in segments:
         if seg['status'] == 'running':
             seg['status'] = 'killed'  # its tool did not come back to record its end
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
-    segment = dict(stamp(), commit=commit, start=now, epochs_before=epochs_done(args.work),
+    segment = dict(stamp(), commit=commit, start=now, epochs_before=epochs_done(ckpt),
                    extra=args.extra, status='running')
     segments.append(segment)
     save(seg_path, segments)
     timed = ['/usr/bin/time', '-v', '-o', os.path.join(args.work, 'time.txt')]  # the peak memory
     command = [*(timed if os.path.exists(timed[0]) else []), sys.executable,
                os.path.join(src, 'scripts', 'train.py'), *BOOK, '--data-dir',
-               os.path.abspath(args.data_dir), '--checkpoint-dir', os.path.join(args.work, 'ckpt'),
+               os.path.abspath(args.data_dir), '--checkpoint-dir', ckpt,
                '--resume', '--json', run_json, *args.extra]
     env = dict(os.environ, PYTHONPATH=src)  # the clone's package, not an installed one
     status = subprocess.call(command, env=env)
     segment.update(end=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                   epochs_after=epochs_done(args.work), status=f'exit {status}')
+                   epochs_after=epochs_done(ckpt), status=f'exit {status}')
     save(seg_path, segments)
     return status, segments
 
