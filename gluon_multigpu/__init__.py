@@ -34,7 +34,7 @@ MODULES = {
     'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
     'stall': 'core', 'updates': 'core', 'optional': 'core',
-    'metrics': 'core',
+    'metrics': 'core', 'config': 'core',
     'profile': 'core',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
@@ -51,6 +51,7 @@ MODULES = {
 NAMES = {
     'book': ['evaluate_accuracy_book', 'train_book'],
     'checkpoint': ['Checkpointer'],
+    'config': ['RunConfig', 'TrainConfig'],
     'compare': ['ParamTracker', 'device_spread', 'recommend'],
     'data': ['DATASETS', 'ArrayLoader', 'load_data', 'load_data_fashion_mnist', 'load_data_mnist',
              'read_idx', 'read_split'],

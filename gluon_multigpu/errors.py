@@ -9,17 +9,24 @@ scripts pass their flags), so the library never names a command-line flag.
 import re
 import signal
 
-__all__ = ['GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
+__all__ = ['flag', 'GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
            'MXNetLoadError', 'Interrupted']
+
+
+def flag(name):
+    """How a command line spells the argument ``name`` (``resume=True``: ``--resume``)."""
+    return '--' + name.split('=')[0].replace('_', '-')
 
 
 class GluonMultiGPUError(ValueError):
     """Base of the package's user-facing errors; the message says what to do next."""
 
     def describe(self, names=None):
-        """The message with each backquoted argument spelled as ``names`` maps it (else as is)."""
-        names = names or {}
-        return re.sub(r'`([^`]+)`', lambda m: names.get(m.group(1), m.group(1)), str(self))
+        """The message with each backquoted argument spelled as ``names`` says: a mapping (a
+        name it lacks stays as is) or a function such as ``flag`` (a command line's spelling).
+        """
+        spell = names if callable(names) else (lambda name: (names or {}).get(name, name))
+        return re.sub(r'`([a-z_]+(?:=True)?)`', lambda m: spell(m.group(1)), str(self))
 
 
 class DeviceError(GluonMultiGPUError):

@@ -20,40 +20,17 @@ from .checkpoint_store import MANIFEST, CheckpointState, CheckpointStore
 from ..outputs.files import CHECKPOINT_FILE, check_output_dir
 from ..outputs.locks import Lock
 from .manifest import FORMAT
-from ..core.data import DATASETS, ArrayLoader
+from ..core.data import ArrayLoader
 from ..core.training import Hook
 
 __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT',
-           'run_config', 'for_run', 'check_resumable', 'recover']
+           'for_run', 'check_resumable', 'recover']
 
 LOCK = '.lock'
 
 
-def run_config(model, dataset, batch_size, lr, seed=0, num_train=None, num_test=None, *,
-               book_literal=False, workers=1, dtype='float32', sync_bn=False, updates=None):
-    """The settings of a run that its checkpoint records and a resumed run must match.
-
-    ``num_train``/``num_test`` None: the whole data set. ``workers``,
-    ``dtype``, ``sync_bn`` and ``updates`` are recorded only when they differ
-    from a plain run (1, float32, off, none), so that checkpoints of plain
-    runs stay as they were; absent, they still count (``Checkpointer.load``).
-    """
-    config = {'model': model, 'dataset': dataset, 'batch_size': batch_size, 'lr': lr,
-              'seed': seed, 'num_train': num_train or DATASETS[dataset]['train'],
-              'num_test': num_test or DATASETS[dataset]['test'], 'book_literal': book_literal}
-    if workers > 1:
-        config['workers'] = workers  # a resumed run needs as many
-    if dtype != 'float32':
-        config['dtype'] = dtype
-    if sync_bn:
-        config['sync_bn'] = True
-    if updates:
-        config['updates'] = dict(updates)  # accumulated, clipped, scheduled (``updates``)
-    return config
-
-
 def for_run(checkpoint_dir, config, resume=False, kvstores=('device',), rank=0):
-    """The checkpoint hook of a run with settings ``config`` (``run_config``), or None without
+    """The checkpoint hook of a run with settings ``config`` (``RunConfig.recorded``), or None without
     ``checkpoint_dir``.
 
     Refuses (``GluonMultiGPUError``) what a checkpoint cannot follow: several
@@ -104,7 +81,7 @@ class Checkpointer(CheckpointStore, Hook):
     A resumed run replays the order of the training batches, so the data
     must be the package's loaders (``load_data``, ``data.ArrayLoader``; see
     ``check_resumable``): other data is refused before the first step.
-    ``for_run`` makes the Checkpointer of a run from its settings (``run_config``).
+    ``for_run`` makes the Checkpointer of a run from its settings (``RunConfig.recorded``).
 
     (More: docs/design.md, "Notes on the code".)
     """

@@ -10,6 +10,7 @@ the data order's seed, the history so far, and the settings of the run.
 
 More in docs/design.md, "Notes on the code".
 """
+import dataclasses
 import datetime
 import errno
 import json
@@ -25,6 +26,7 @@ from .savefolder import is_regular as _is_regular, open_regular as _open_regular
     sha256 as _sha256
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
+from ..core.config import RunConfig
 from ..core.results import EpochRecord, EpochTotals
 
 __all__ = ['CheckpointStore', 'CheckpointState', 'MANIFEST']
@@ -67,6 +69,29 @@ def _states_writer(net, trainer):
         fs.external(path)  # MXNet's array file (``mx.nd.save``)
         save_trainer_states(net, trainer, path)
     return write
+
+
+def _settings(config):
+    """``config`` with the updates it records as settings of their own."""
+    flat = {k: v for k, v in config.items() if k != 'updates'}
+    for key, value in (config.get('updates') or {}).items():
+        flat['num_epochs' if key == 'schedule_epochs' else key] = value
+    return flat
+
+
+def _shown(value):
+    return value if isinstance(value, str) else repr(value)
+
+
+def config_differences(saved, now):
+    """The settings in which a checkpoint's recorded ``saved`` config and ``now`` differ,
+    each as ``name saved (now value)``, a setting of ``RunConfig`` named in backquotes (so a
+    command line spells it as its flag). Settings that only some runs record (workers,
+    sync_bn, dtype, updates) count when absent too."""
+    saved, now = _settings(saved), _settings(now)
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    return [f'{f"`{k}`" if k in names else k} {_shown(saved.get(k))} (now {_shown(now.get(k))})'
+            for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
 
 
 class CheckpointState:
@@ -201,11 +226,7 @@ class CheckpointStore:
             self._loaded = (stamp, CheckpointState(self.directory, manifest))
         state = self._loaded[1]
         if check_config:
-            saved = state.manifest['config']
-            # Settings that only some runs record (workers, sync_bn, dtype) count when absent too.
-            differ = [f'{k} {saved.get(k)!r} (now {self.config.get(k)!r})'
-                      for k in sorted(set(self.config) | set(saved))
-                      if saved.get(k) != self.config.get(k)]
+            differ = config_differences(state.manifest['config'], self.config)
             if differ:
                 raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
                                       f'{", ".join(differ)}; use the same settings, choose '

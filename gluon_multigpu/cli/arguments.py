@@ -4,20 +4,21 @@ Every program parses with a ``OneLineParser`` (a bad argument: one line,
 status 2), whose types say what is wrong with a value and what to give
 instead. ``engine_devices`` reads the device flags alone, before the package
 loads MXNet (``console.prepare_engine``). The library names its arguments in
-backquotes (`checkpoint_dir`); ``FLAGS`` spells them as these command lines
-do (``error_line``). Nothing in this module loads MXNet.
+backquotes (`checkpoint_dir`); ``errors.flag`` spells them as these command
+lines do (``error_line``). ``add_config_flags`` makes a flag of each field of a
+config (``config.RunConfig``). Nothing in this module loads MXNet.
 """
 import argparse
-import math
+import dataclasses
 import os
 
-#: Most CPU contexts a script accepts: MXNet starts a worker thread per
-#: context, and past this many the contexts only share the same cores.
-MAX_CPU_DEVICES = 64
-#: Most GPUs a script accepts (MXNet's peer-to-peer code assumes far fewer).
-MAX_GPUS = 64
-#: Largest seed: MXNet's generator takes a 32-bit unsigned seed.
-MAX_SEED = 2**32 - 1
+from ..core import config
+from ..errors import GluonMultiGPUError, flag
+
+MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED = config.MAX_CPU_DEVICES, config.MAX_GPUS, config.MAX_SEED
+int_in, positive_float, non_negative_float = config.int_in, config.positive_float, \
+    config.non_negative_float
+path_of, split_weights = config.path_of, config.split_weights
 
 
 class UsageError(Exception):
@@ -40,80 +41,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
 
 
-def _number(text, kind, low, high, wanted, above_low=False):
-    """Parse ``text`` as ``kind`` in ``[low, high]`` (``(low, high]`` with ``above_low``).
-
-    Raises ``ArgumentTypeError`` saying what is wrong and what to give instead.
-    """
-    try:
-        value = kind(text)
-    except ValueError:
-        noun = 'an integer' if kind is int else 'a number'
-        raise argparse.ArgumentTypeError(f'{text!r} is not {noun}; give {wanted}') from None
-    if kind is float and not (math.isfinite(value) and value >= low and
-                              not (above_low and value == low)):
-        problem = ('is not a positive finite number' if above_low else
-                   f'is not a finite number of {low:g} or more')
-    elif value < low:
-        problem = {0: 'is negative', 1: 'is not positive'}.get(low, f'is below {low}')
-    elif value > high:
-        problem = f'is above {high}' if kind is int else f'is above {high:g}'.replace('e+0', 'e')
-    else:
-        return value
-    raise argparse.ArgumentTypeError(f'{text} {problem}; give {wanted}')
-
-
-def int_in(low, high):
-    """argparse type: a whole number from ``low`` to ``high``."""
-    def parse(text):
-        return _number(text, int, low, high, f'a whole number from {low} to {high}')
-    parse.__name__ = 'integer'
-    return parse
-
-
-def positive_float(text):
-    """argparse type: a number greater than 0, at most 1e6."""
-    return _number(text, float, 0, 1e6, 'a number greater than 0 and at most 1e6', True)
-
-
-def non_negative_float(text):
-    """argparse type: a number from 0 to 1e6."""
-    return _number(text, float, 0, 1e6, 'a number from 0 to 1e6')
-
-
-def path_of(kind):
-    """argparse type: a path that is not empty (``''`` would mean the current folder, or none).
-
-    ``kind`` says what to give instead ("a directory", "a file name").
-    """
-    def parse(text):
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f'{text!r} is an empty path; give {kind}')
-        return text
-    parse.__name__ = 'path'
-    return parse
-
-
 #: Samples per batch, epochs: more than any run here could use, small enough to stay exact.
 batch_size = int_in(1, 10**6)
 num_epochs = int_in(1, 10**5)
 seed = int_in(0, MAX_SEED)
-
-
-def split_weights(text):
-    """argparse type of --split: ``even`` (None), ``auto``, or positive weights ``W1,W2,...``."""
-    if text == 'even':
-        return None
-    if text == 'auto':
-        return text
-    try:
-        weights = [float(w) for w in text.split(',')]
-    except ValueError:
-        weights = []
-    if not weights or not all(math.isfinite(w) and 0 < w <= 1e6 for w in weights):
-        raise argparse.ArgumentTypeError(f'{text!r} is neither even, auto nor positive weights; '
-                                         'give even, auto or one weight per device, e.g. 1,3')
-    return weights
 
 
 def add_device_flags(p, gpu_help, cpu_help):
@@ -233,25 +164,37 @@ def add_sweep_flags(p, default):
                    'an existing results file is refused')
 
 
-#: How the library's argument names read on the command line (see ``GluonMultiGPUError``).
-FLAGS = {'cpu_devices': '--cpu-devices', 'num_gpus': '--num-gpus',
-         'checkpoint_dir': '--checkpoint-dir', 'resume=True': '--resume',
-         'overwrite=True': '--overwrite',
-         'num_epochs': '--num-epochs', 'data_dir': '--data-dir', 'download=True': '--download',
-         'dataset': '--dataset', 'batch_size': '--batch-size', 'num_train': '--num-train',
-         'lr': '--lr', 'counts': '--counts', 'kvstore': '--kvstore',
-         'global_batch': '--global-batch', 'dtype': '--dtype', 'split': '--split',
-         'sync_bn': '--sync-bn', 'model': '--model', 'book_literal': '--book-literal',
-         'batch_per_device': '--batch-per-device', 'results': '--results', 'quick': '--quick',
-         'models': '--models', 'steps': '--steps', 'rounds': '--rounds',
-         'num_test': '--num-test', 'stall_timeout': '--stall-timeout',
-         'max_in_flight': '--max-in-flight', 'project_to': '--project-to',
-         'accumulate': '--accumulate', 'clip_grad_norm': '--clip-grad-norm',
-         'lr_schedule': '--lr-schedule', 'warmup_steps': '--warmup-steps',
-         'tensorboard': '--tensorboard', 'metrics': '--metrics', 'log_every': '--log-every',
-         'profile': '--profile', 'profile_file': '--profile-file'}
+def add_config_flags(p, config_class, exclusive=()):
+    """Add a flag for each field of ``config_class`` (``config.RunConfig``) to parser ``p``,
+    in argument groups by the fields' ``group``; the fields named in ``exclusive`` exclude
+    each other. The flag of ``batch_size`` is ``--batch-size``; its help, type and choices
+    are the field's."""
+    groups = {name: p.add_argument_group(name) for name in config.GROUPS}
+    either = {}
+    own = list(vars(config_class).get('__annotations__', {}))  # a subclass's own fields first
+    for f in sorted(dataclasses.fields(config_class),
+                    key=lambda f: own.index(f.name) if f.name in own else len(own)):
+        meta = f.metadata
+        if 'group' not in meta:
+            continue
+        where = groups[meta['group']]
+        if f.name in exclusive:
+            where = either.setdefault(meta['group'], where.add_mutually_exclusive_group())
+        shown = f.default if not isinstance(f.default, tuple) else ' '.join(f.default)
+        text = meta['help'] + ('' if shown in (None, False) or 'default:' in meta['help']
+                               else f' (default: {shown})')
+        text = GluonMultiGPUError(text).describe(flag)  # `lr`: --lr
+        options = dict(dest=f.name, help=text.replace('%', '%%'))
+        if f.default is False:
+            options['action'] = 'store_true'
+        else:
+            options.update(default=list(f.default) if isinstance(f.default, tuple) else f.default,
+                           type=meta['parse'], metavar=meta['metavar'], choices=meta['choices'],
+                           nargs=meta['nargs'])
+            options = {k: v for k, v in options.items() if v is not None or k == 'default'}
+        where.add_argument(flag(f.name), **options)
 
 
 def error_line(error):
     """The one line printed for a ``GluonMultiGPUError``: its message with the CLI's flag names."""
-    return f'error: {error.describe(FLAGS)}'
+    return f'error: {error.describe(flag)}'

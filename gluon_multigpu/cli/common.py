@@ -4,7 +4,7 @@ Each piece lives in the module of its responsibility, and is named here too,
 so that a program imports what it shares from one place:
 
 - ``arguments``: argument types and parsers, the device and run flags,
-  ``FLAGS`` and ``error_line`` (how an error names the flags);
+  ``error_line`` and ``flag`` (how an error names the flags);
 - ``console``: the start of a program (engine settings before MXNet loads,
   the handlers until its own), quiet console streams, how it was started
   (``program``, ``command_line``), and its ``stop_request``;
@@ -13,7 +13,8 @@ so that a program imports what it shares from one place:
 Nothing in this module loads MXNet.
 """
 from ..base.signals import STOP_SIGNALS
-from .arguments import (FLAGS, MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, OneLineParser, UsageError,
+from ..errors import flag
+from .arguments import (MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, OneLineParser, UsageError,
                         add_data_flags, add_device_flags, add_run_flags, add_sweep_flags,
                         batch_size, engine_devices, error_line, int_in, non_negative_float,
                         num_epochs, path_of, positive_float, script_parser, seed, split_weights,
@@ -23,7 +24,7 @@ from .console import (CHECKOUT_SCRIPTS, apply_engine_settings, command_line, cor
                       run_main, say_quietly, start, started, stop_request, stopping_main)
 from .messages import partial_heading
 
-__all__ = ['STOP_SIGNALS', 'FLAGS', 'MAX_CPU_DEVICES', 'MAX_GPUS', 'MAX_SEED', 'OneLineParser',
+__all__ = ['STOP_SIGNALS', 'flag', 'MAX_CPU_DEVICES', 'MAX_GPUS', 'MAX_SEED', 'OneLineParser',
            'UsageError', 'add_data_flags', 'add_device_flags', 'add_run_flags', 'add_sweep_flags',
            'batch_size', 'engine_devices', 'error_line', 'int_in', 'non_negative_float',
            'num_epochs', 'path_of', 'positive_float', 'script_parser', 'seed', 'split_weights',

@@ -19,30 +19,31 @@ from ..study.paired import LoadMeter
 __all__ = ['Comparison', 'write_outputs', 'partial_note']
 
 
-def write_outputs(args, results, config, tracker, pending=(), partial=None):
+def write_outputs(config, results, record, tracker, pending=(), partial=None):
     """Write the ``--plot``, ``--json`` and ``--report`` files together; return their paths.
 
     Each is written atomically, and all are replaced together (``replace_together``): a write
     that fails puts back what the others held, so no two runs' outputs sit side by side.
-    ``pending``: the kvstores compared with no epoch measured; ``partial``
+    ``record`` is what ``--json`` and the report say of the run (``config``'s settings as
+    the run resolved them); ``pending``: the kvstores compared with no epoch measured; ``partial``
     says why the outputs are incomplete (they are then marked partial).
     """
     written = []
 
     def write():
-        if args.plot:
+        if config.plot:
             devices = ', '.join(results[0].devices)
-            accuracy_chart(args.plot, results, title=f'{args.model} on {args.dataset}, '
+            accuracy_chart(config.plot, results, title=f'{config.model} on {config.dataset}, '
                            f'[{devices}]' + (' (partial)' if partial else ''))
-            written.append(args.plot)
-        if args.json:
-            write_json(args.json, runs_json(results, tracker, config, partial))
-            written.append(args.json)
-        if args.report:  # last: its folder is replaced as a whole, or not at all
-            write_kvstore_report(args.report, results, tracker, config,
+            written.append(config.plot)
+        if config.json:
+            write_json(config.json, runs_json(results, tracker, record, partial))
+            written.append(config.json)
+        if config.report:  # last: its folder is replaced as a whole, or not at all
+            write_kvstore_report(config.report, results, tracker, record,
                                  recommend(results, pending=pending), partial)
-            written.append(args.report.rstrip('/') + '/')
-    replace_together([p for p in (args.plot, args.json) if p], write)
+            written.append(config.report.rstrip('/') + '/')
+    replace_together([p for p in (config.plot, config.json) if p], write)
     return written
 
 
@@ -58,21 +59,22 @@ def partial_note(rounds_done, rounds, measured=None, why=None):
 class Comparison:
     """The runs of ``kvstores``, taken in turn epoch after epoch (one kvstore: a single run).
 
-    ``config`` is what the outputs record of the run (None: this process
-    writes none, a worker after the first); ``tracker`` holds each run's
+    ``config`` is the run's ``RunConfig`` (its kvstores, epochs and outputs), ``record``
+    what the outputs record of the run (None: this process writes none, a worker after
+    the first); ``tracker`` holds each run's
     parameters after every epoch; ``stop`` (a ``StopRequest``, or None) is
     asked between two epochs; the lines go to ``out``.
     """
 
-    def __init__(self, args, kvstores, config, tracker, out, stop=None):
-        self.args, self.kvstores, self.config = args, kvstores, config
+    def __init__(self, config, record, tracker, out, stop=None):
+        self.config, self.kvstores, self.record = config, list(config.kvstore), record
         self.tracker, self.out, self.stop = tracker, out, stop
-        self.rounds = args.num_epochs
+        self.rounds = config.num_epochs
         self.runs = {}  # kvstore -> its run (``kvstore_run.KvstoreRun``)
-        self.loads = {k: {} for k in kvstores}  # kvstore -> {epoch: LoadMeter figures}
+        self.loads = {k: {} for k in self.kvstores}  # kvstore -> {epoch: LoadMeter figures}
         self.current = None  # the epoch in progress: 'epoch 2 of kvstore device'
-        self.schedule = (Schedule(kvstores, 'kvstore comparison', self.rounds)
-                         if len(kvstores) > 1 else None)
+        self.schedule = (Schedule(self.kvstores, 'kvstore comparison', self.rounds)
+                         if len(self.kvstores) > 1 else None)
 
     @property
     def results(self):
@@ -113,8 +115,8 @@ class Comparison:
                     result.loads = self.loads[kvstore]
                     self.schedule.end()
                     self.current = None
-                if epoch < self.rounds and self.config is not None:  # kept as it comes
-                    write_outputs(self.args, self.results, self.config, self.tracker,
+                if epoch < self.rounds and self.record is not None:  # kept as it comes
+                    write_outputs(self.config, self.results, self.record, self.tracker,
                                   partial=partial_note(epoch, self.rounds))
         except Interrupted as e:
             e.comparison = self.kept()
@@ -166,8 +168,8 @@ class Comparison:
         if len(self.results) > 1:
             print(comparison_table(self.results, self.tracker), file=self.out)
             print(recommend(self.results), file=self.out)
-        if self.config is not None:  # the first worker writes for all
-            write_outputs(self.args, self.results, self.config, self.tracker)
+        if self.record is not None:  # the first worker writes for all
+            write_outputs(self.config, self.results, self.record, self.tracker)
 
     def measured(self):
         """The epochs measured, in words: ``epochs 1-2 of kvstore local; epoch 1 of kvstore device, none``."""
@@ -190,12 +192,12 @@ class Comparison:
         results = self.results
         measured = self.measured() if results else None
         pending = [k for k in self.kvstores if k not in {r.kvstore for r in results}]
-        if not results or self.config is None:
+        if not results or self.record is None:
             return measured, self.current, []
         print(comparison_table(results, self.tracker), file=self.out)
         print(recommend(results, pending=pending), file=self.out, flush=True)
         why = messages.comparison_why(self.stop.signum if self.stop is not None else None,
                                       self.current)
         return measured, self.current, write_outputs(
-            self.args, results, self.config, self.tracker, pending,
+            self.config, results, self.record, self.tracker, pending,
             partial_note(None, self.rounds, measured, why))

@@ -19,7 +19,8 @@ import signal
 import sys
 
 from . import messages
-from .arguments import FLAGS, UsageError, engine_devices, error_line
+from .arguments import UsageError, engine_devices, error_line
+from ..errors import flag
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError
 from ..outputs import files
@@ -39,7 +40,7 @@ def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
     try:
         return engine.configure(num_cpu_devices, sync_bn=sync_bn, environ=environ)
     except engine.EngineError as e:
-        raise UsageError(e.describe(FLAGS)) from None
+        raise UsageError(e.describe(flag)) from None
 
 
 def say_quietly(line, stream=None):

@@ -28,13 +28,13 @@ class RunMaker:
     """``maker(kvstore, schedule=None)``: a ``KvstoreRun`` of one command's kvstore, with the
     settings every run of the command shares (given once, here)."""
 
-    def __init__(self, args, worker, devices, lr, train_iter, test_iter, out, tracker, hooks):
-        self.args, self.worker, self.devices, self.lr = args, worker, devices, lr
+    def __init__(self, config, worker, devices, lr, train_iter, test_iter, out, tracker, hooks):
+        self.config, self.worker, self.devices, self.lr = config, worker, devices, lr
         self.train_iter, self.test_iter, self.out = train_iter, test_iter, out
         self.tracker, self.hooks = tracker, hooks
 
     def __call__(self, kvstore, schedule=None):
-        return KvstoreRun(self.args, self.worker.kvstore or kvstore, self.devices, self.lr,
+        return KvstoreRun(self.config, self.worker.kvstore or kvstore, self.devices, self.lr,
                           self.train_iter, self.test_iter, self.out, self.tracker, self.hooks,
                           self.worker, schedule)
 
@@ -51,20 +51,20 @@ class KvstoreRun:
     progress lines' time left.
     """
 
-    def __init__(self, args, kvstore, devices, lr, train_iter, test_iter, out, tracker,
+    def __init__(self, config, kvstore, devices, lr, train_iter, test_iter, out, tracker,
                  hooks=(), worker=None, schedule=None):
         self.train_iter, self.worker, self.result = train_iter, worker, None
         train_iter.epoch = 0  # every kvstore sees the same sequence of batches
-        classes = DATASETS[args.dataset]['classes']
-        if args.book_literal and args.model == 'resnet18':
+        classes = DATASETS[config.dataset]['classes']
+        if config.book_literal and config.model == 'resnet18':
             net = book_resnet18(classes)  # the text's: nn.Block residuals
         else:
-            net = get_model(args.model, classes,
-                            sync_batch_norm(len(devices)) if args.sync_bn else None)
-        split = make_split(args.split)
+            net = get_model(config.model, classes,
+                            sync_batch_norm(len(devices)) if config.sync_bn else None)
+        split = make_split(config.split)
 
         def on_epoch(record):
-            line = epoch_line(record, args.num_epochs)
+            line = epoch_line(record, config.num_epochs)
             if worker is not None and worker.count > 1:  # the workers must agree: show it
                 line += f', parameters {fingerprint(net)}'
             print(line, file=out, flush=True)
@@ -73,27 +73,26 @@ class KvstoreRun:
                 split.reset_stats()
             tracker.record(kvstore_name(kvstore), record.epoch, net)
 
-        settings = dict(lr=lr, kvstore=kvstore, seed=args.seed,
-                        initializer=default_initializer(args.model), on_epoch=on_epoch)
-        updates = dict(accumulate=args.accumulate, clip_grad_norm=args.clip_grad_norm,
-                       lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps)
+        initializer = default_initializer(config.model)
         self._book = self.training = None
-        if args.book_literal:  # the text's loop, asking the stop request between steps
+        if config.book_literal:  # the text's loop, asking the stop request between steps
             stop = next((h for h in hooks if isinstance(h, StopRequest)), None)
-            self._book = book_epochs(net, train_iter, test_iter, devices, args.num_epochs,
-                                     batch_size=train_iter.batch_size, stop=stop, **settings)
+            self._book = book_epochs(net, train_iter, test_iter, devices, config.num_epochs,
+                                     batch_size=train_iter.batch_size, stop=stop, lr=lr,
+                                     kvstore=kvstore, seed=config.seed, initializer=initializer,
+                                     on_epoch=on_epoch)
             return
         label = (f'kvstore {kvstore_name(kvstore)} on {len(devices)} '
                  f'{devices[0].device_type.upper()}' + ('s' if len(devices) > 1 else ''))
-        progress = Progress(say_quietly, args.progress_interval, label, args.num_epochs,
-                            advice=faster_advice(args, devices), schedule=schedule)
-        features = [split, make_precision(args.dtype, devices)]
+        progress = Progress(say_quietly, config.progress_interval, label, config.num_epochs,
+                            advice=faster_advice(config, devices), schedule=schedule)
+        features = [split, make_precision(config.dtype, devices)]
         if worker and worker.count > 1:
             features.append(StepScale(kvstore, worker.count))
         self.training = Training(net, train_iter, test_iter, devices,
-                                 hooks=[f for f in features if f is not None]
-                                 + [*hooks, progress],
-                                 max_in_flight=args.max_in_flight, **settings, **updates)
+                                 config=config.training(kvstore, lr), initializer=initializer,
+                                 on_epoch=on_epoch, hooks=[f for f in features if f is not None]
+                                 + [*hooks, progress])
 
     def train(self, epochs):
         """Train ``epochs`` more epochs; return the ``TrainResult`` so far."""
@@ -109,10 +108,10 @@ class KvstoreRun:
         return self.result
 
 
-def faster_advice(args, devices):
+def faster_advice(config, devices):
     """What to try when a run would take long: a smaller model, more contexts, GPUs."""
     options = []
-    if args.model != 'simple-cnn':
+    if config.model != 'simple-cnn':
         options.append('--model simple-cnn trains about 60 times faster')
     if devices[0].device_type == 'cpu' and len(devices) < max(2, cores()):
         options.append(f'--cpu-devices {max(2, cores())} uses every core')

@@ -13,8 +13,6 @@ shapes Python already holds. A study that trains on the same images at every
 count of devices checks that they can be split across the most
 (``check_train_count``).
 """
-import math
-import numbers
 
 import numpy as onp
 
@@ -24,55 +22,10 @@ from mxnet import autograd
 
 from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
+from .config import LR_MAX, MAX_SEED, check_epochs, check_lr, check_seed  # noqa: F401
 
 __all__ = ['check_epochs', 'check_seed', 'MAX_SEED', 'check_lr', 'check_devices',
-           'check_train_count', 'check_loop_options', 'batch_pair', 'BatchCheck', 'check_whole']
-
-#: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
-LR_MAX = float(onp.finfo(onp.float32).max)
-
-
-def _integer(value):
-    """Whether ``value`` is an integer (a NumPy one included), not a bool."""
-    return (isinstance(value, numbers.Integral) and
-            not isinstance(value, (bool, onp.bool_)))
-
-
-def check_epochs(num_epochs):
-    """Return ``num_epochs`` as an ``int``; raise unless it is a positive integer."""
-    if not _integer(num_epochs) or num_epochs < 1:
-        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
-    return int(num_epochs)
-
-
-#: The largest seed (MXNet's and NumPy's seeds are 32-bit): the CLI's ``--seed`` and ``train``'s.
-MAX_SEED = 2**32 - 1
-
-
-def check_seed(seed):
-    """Return ``seed`` as an ``int`` (None passes: no seeding); raise unless it is a whole
-    number 0 to ``MAX_SEED``, as the CLI's ``--seed`` takes it."""
-    if seed is None:
-        return None
-    if not _integer(seed) or not 0 <= seed <= MAX_SEED:
-        raise GluonMultiGPUError(f'seed must be a whole number 0 to {MAX_SEED} (or None: not '
-                                 f'seeded), got {seed!r}')
-    return int(seed)
-
-
-def check_lr(lr):
-    """Return ``lr`` as a ``float``; raise unless it is a positive number float32 can hold.
-
-    NumPy scalars count as numbers; bools do not. A rate that float32
-    rounds to 0 or to infinity would update nothing or everything.
-    """
-    number = isinstance(lr, numbers.Real) and not isinstance(lr, (bool, onp.bool_))
-    value = float(lr) if number else math.nan
-    if not (math.isfinite(value) and 0 < value <= LR_MAX and onp.float32(value) > 0):
-        raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
-                                 f'range (at most {LR_MAX:.4g}), got {lr!r}')
-    return value
-
+           'check_train_count', 'check_split', 'batch_pair', 'BatchCheck', 'check_whole']
 
 def check_devices(devices):
     """Return ``devices`` as a list; raise ``DeviceError`` unless MXNet can train on them.
@@ -111,19 +64,11 @@ def check_train_count(num_train, num_devices):
                                  f'{num_devices} devices; raise `num_train`')
 
 
-def check_loop_options(devices, split=None, dtype='float32', book_literal=False):
-    """Refuse choices of a run that do not go together, before any work.
-
-    ``split``'s weights are one per device; the text's loop (``book_literal``,
-    ``book.train_book``) runs the even split in float32, as the book does.
-    """
+def check_split(devices, split=None):
+    """Raise ``DeviceError`` unless ``split``'s weights (if weights) are one per device."""
     if isinstance(split, (list, tuple)) and len(split) != len(devices):
         raise DeviceError(f'`split` gives {len(split)} weights for {len(devices)} devices; give '
                           'one weight per device')
-    if split is not None and book_literal:
-        raise GluonMultiGPUError("`book_literal` runs the text's even split; drop `split`")
-    if dtype != 'float32' and book_literal:
-        raise GluonMultiGPUError("`book_literal` runs the text's float32 loop; drop `dtype`")
 
 
 def _gpu_count():

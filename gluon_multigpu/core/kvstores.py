@@ -14,15 +14,16 @@ from mxnet import gluon
 
 from ..base.compat import GPU_INSTALL
 from ..errors import GluonMultiGPUError
+from . import config
 from .checks import check_lr
 
 __all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer']
 
 #: Gradient-synchronisation back ends of one machine accepted by ``train``.
-KVSTORES = ('local', 'device', 'nccl', 'none')
+KVSTORES = config.KVSTORES
 #: The parameter-server kvstores (a worker of ``scripts/launch.py``).
-DIST_KVSTORES = ('dist_sync', 'dist_device_sync', 'dist_async')
+DIST_KVSTORES = config.DIST_KVSTORES
 
 
 def kvstore_name(kvstore):

@@ -10,6 +10,7 @@ and the data are checked as ``checks`` says. Host-device sync points are
 marked: where they sit decides what a timing means.
 """
 import collections.abc
+import dataclasses
 import gc
 import itertools
 import time
@@ -19,7 +20,8 @@ import mxnet as mx
 from mxnet import gluon, np, npx
 
 from ..base import engine
-from .checks import BatchCheck, check_devices, check_epochs, check_lr, check_seed
+from .checks import BatchCheck, check_devices
+from .config import TrainConfig, check_epochs, check_lr
 from .data import ArrayLoader
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
@@ -33,8 +35,7 @@ from .steps import (EpochSteps, Step, check_finite_params, evaluate_accuracy_gpu
                     train_batch, train_epoch)
 from .devices import split_batch
 from .optional import optional_hooks
-from .updates import (check_accumulate, check_clip, epoch_rates, make_schedule, plan_updates,
-                      start_updates)
+from .updates import epoch_rates, plan_updates, start_updates
 from .utils import Timer
 
 __all__ = ['Hook', 'Run', 'EpochSteps', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
@@ -102,36 +103,73 @@ def last_run():
     return _LAST['run']
 
 
+def _config(config, given, settings):
+    """``TrainConfig.of`` with the arguments given (not None) among ``given``."""
+    return TrainConfig.of(config, **{k: v for k, v in given.items() if v is not None},
+                          **settings)
+
+
 class Training:
     """A data-parallel run that can go on: ``fit(n)`` trains n more epochs, ``fit()``
     finishes an interrupted one (``train(...)`` is ``Training(...).fit(num_epochs)``).
 
     The Trainer's state, the data's order and the history go on from one ``fit``
-    to the next. (More, with an example: docs/design.md, "Notes on the code".)
+    to the next; after a stop (Ctrl-C, a hook's request) ``fit()`` goes on from
+    the step where it stopped.
+
+    Parameters
+    ----------
+    net : Block
+        The network; it is initialised on every device (``initializer``, or its
+        recipe's) and hybridized unless ``hybrid`` is False.
+    train_iter, test_iter : iterable
+        Batches ``(X, y)`` to train on and to evaluate after each epoch
+        (``test_iter`` None: no evaluation).
+    devices : list of Context
+        Where the network trains, e.g. ``gm.cpu_devices(2)``.
+    lr, kvstore : float, str
+        As ``TrainConfig``'s fields of those names.
+    config : TrainConfig or None
+        The settings; None: ``TrainConfig()``'s defaults.
+    initializer : Initializer or None
+        MXNet initializer of the weights; None: the network's recipe's.
+    hybrid : bool
+        Whether to hybridize the network.
+    hooks : sequence of Hook
+        Objects the loop calls (``hooks.Hook``): checkpoints, progress, features.
+    on_epoch : callable or None
+        Called with each epoch's ``EpochRecord``.
+    **settings
+        Any other field of ``TrainConfig`` (``seed``, ``accumulate``,
+        ``clip_grad_norm``, ``lr_schedule``, ``warmup_steps``, ``max_in_flight``,
+        ``tensorboard``, ``metrics``, ``log_every``, ``profile``, ``stall_timeout``),
+        set over ``config``'s.
     """
 
-    def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore='device', *,
-                 seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(),
-                 on_epoch=None, accumulate=1, clip_grad_norm=None, lr_schedule='constant',
-                 warmup_steps=0, tensorboard=None, metrics=None, log_every=50, profile=None,
-                 stall_timeout=None):
+    def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore=None, *,
+                 config=None, initializer=None, hybrid=True, hooks=(), on_epoch=None,
+                 **settings):
         npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
-        devices, _, lr = check_train_args(devices, None, kvstore, lr)
-        seed = check_seed(seed)
-        updates = dict(accumulate=check_accumulate(accumulate), clip=check_clip(clip_grad_norm),
-                       schedule=(lr_schedule, warmup_steps))
-        make_schedule(lr_schedule, 1.0, warmup_steps)  # its arguments checked before any work
-        hooks = list(hooks) + optional_hooks(tensorboard=tensorboard, metrics=metrics,
-                                             log_every=log_every, profile=profile,
-                                             stall_timeout=stall_timeout)
+        config = _config(config, dict(lr=lr, kvstore=kvstore), settings)
+        devices = check_devices(devices)
+        check_kvstore(config.kvstore, devices)
+        seed, kvstore = config.seed, config.kvstore
+        updates = dict(accumulate=config.accumulate, clip=config.clip_grad_norm,
+                       schedule=(config.lr_schedule, config.warmup_steps))
+        hooks = list(hooks) + optional_hooks(
+            tensorboard=config.tensorboard, metrics=config.metrics, log_every=config.log_every,
+            profile=config.profile, stall_timeout=config.stall_timeout)
         if all(d.device_type == 'cpu' for d in devices):
             # Devices the caller built after MXNet loaded unconfigured (``[mx.cpu(0), mx.cpu(1)]``
             # as the book writes them): one warning, with the cost and the line that avoids it.
             engine.configure(cpu_devices=len(devices))
         self.recipe = recipe_of(net)
+        lr = config.lr
         if lr is None:
             lr = check_lr(self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices))))
-        self.max_in_flight = self.recipe.max_in_flight if max_in_flight is None else max_in_flight
+        self.max_in_flight = (self.recipe.max_in_flight if config.max_in_flight is None
+                              else config.max_in_flight)
+        self.config = dataclasses.replace(config, lr=lr)
         hooks += [_EpochCallback(on_epoch)] if on_epoch else []
         hooks += _default_hooks(hooks)
         self.net, self.devices = net, devices
@@ -275,24 +313,33 @@ class Training:
                 raise Interrupted(epoch, totals.batches, epoch_done=True, training=self)
 
 
-def train(net, train_iter, test_iter, devices, num_epochs=10, lr=None, kvstore='device', *,
-          seed=0, initializer=None, hybrid=True, max_in_flight=None, hooks=(), on_epoch=None,
-          **options):
+def train(net, train_iter, test_iter, devices, num_epochs=None, lr=None, kvstore=None, *,
+          config=None, initializer=None, hybrid=True, hooks=(), on_epoch=None, **settings):
     """Train ``net`` data-parallel on ``devices`` and evaluate after each epoch (d2l 13.6).
 
-    Every setting not given comes from the network's recipe (``recipes``: measured
-    ones for the package's networks, the book's for any other). ``options`` are
-    ``Training``'s: ``accumulate``, ``clip_grad_norm``, ``lr_schedule``,
-    ``warmup_steps``, ``tensorboard``, ``metrics``, ``log_every``, ``profile``,
-    ``stall_timeout``. Features plug in as hooks (``balance``, ``precision``,
-    ``distributed``, ``checkpoint``); synchronised BatchNorm is part of the network.
+    ``Training(...).fit(num_epochs)``: every setting is a field of ``TrainConfig``,
+    given as ``config`` or by name (``lr=0.1``, ``accumulate=4``); what is not
+    given comes from the network's recipe (``recipes``: measured for the
+    package's networks, the book's for any other). Features plug in as hooks
+    (``balance``, ``precision``, ``distributed``, ``checkpoint``).
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    net, train_iter, test_iter, devices, config, initializer, hybrid, hooks, on_epoch
+        As ``Training``'s.
+    num_epochs, lr, kvstore, **settings
+        Fields of ``TrainConfig`` (``num_epochs`` 10 by default), set over ``config``'s.
+
+    Returns
+    -------
+    TrainResult
+        Each epoch's figures (``epochs``), the devices, the kvstore and rate, and
+        ``final_line()``, the book's last line; ``training`` goes on with ``fit``.
     """
-    num_epochs = check_epochs(num_epochs)  # before any work; Training checks the rest
-    return Training(net, train_iter, test_iter, devices, lr, kvstore, seed=seed, hooks=hooks,
-                    initializer=initializer, hybrid=hybrid, max_in_flight=max_in_flight,
-                    on_epoch=on_epoch, **options).fit(num_epochs)
+    config = _config(config, dict(num_epochs=num_epochs, lr=lr, kvstore=kvstore), settings)
+    return Training(net, train_iter, test_iter, devices, config=config, hooks=hooks,
+                    initializer=initializer, hybrid=hybrid,
+                    on_epoch=on_epoch).fit(config.num_epochs)
 
 
 def _epoch_batches(run, epoch, skip=0):

@@ -8,62 +8,18 @@ scheduler, so that a parameter server's servers follow it too). Nothing here
 reads a value back from a device: the norm and the factor that clips stay
 there until the epoch ends. More in docs/design.md, "Notes on the code".
 """
-import math
-import numbers
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import np
 
 from ..base.schedule import SCHEDULES, Schedule
+from .config import (MAX_ACCUMULATE, NO_DIST_CLIP, check_accumulate, check_clip,  # noqa: F401
+                     check_schedule, check_warmup)
 from .kvstores import kvstore_name
 from ..errors import GluonMultiGPUError
 
 __all__ = ['SCHEDULES', 'Schedule', 'Update', 'check_accumulate', 'check_clip', 'make_schedule',
-           'set_position', 'updates_per_epoch', 'check_options', 'plan_updates', 'start_updates', 'epoch_rates']
-
-#: The largest number of batches summed into one update.
-MAX_ACCUMULATE = 10**4
-
-
-def _whole(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def check_accumulate(accumulate):
-    """Return ``accumulate`` as an ``int``; raise unless it is 1 to ``MAX_ACCUMULATE``."""
-    if not _whole(accumulate) or not 1 <= accumulate <= MAX_ACCUMULATE:
-        raise GluonMultiGPUError(f'`accumulate` must be a whole number 1 to {MAX_ACCUMULATE} (the '
-                                 f'batches summed into one update), got {accumulate!r}')
-    return int(accumulate)
-
-
-def check_clip(clip):
-    """Return ``clip`` as a ``float`` (None: no clipping); raise unless positive and finite."""
-    if clip is None:
-        return None
-    value = float(clip) if isinstance(clip, numbers.Real) and not isinstance(clip, bool) \
-        else math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise GluonMultiGPUError(f'`clip_grad_norm` must be a positive number (the largest '
-                                 f'global gradient norm an update uses), got {clip!r}')
-    return value
-
-
-def check_options(kvstores, clip=None, book_literal=False, changed=False):
-    """Refuse what a run's updates cannot go with, before any work: the text's loop (which
-    updates after each batch at one rate: ``changed``) and clipping on a parameter server."""
-    if book_literal and changed:
-        raise GluonMultiGPUError("`book_literal` runs the text's update after every batch at one "
-                                 'rate; drop `accumulate`, `clip_grad_norm`, `lr_schedule` and '
-                                 '`warmup_steps`, or `book_literal`')
-    if clip is not None and any(str(k).startswith('dist') for k in kvstores):
-        raise GluonMultiGPUError(_NO_DIST_CLIP)
-
-
-_NO_DIST_CLIP = ('`clip_grad_norm` needs the summed gradient before the update, and a parameter '
-                 "server's servers update each parameter on its own as its gradients arrive; "
-                 'train on one machine to clip (docs/guide.md, "Updates")')
-
+           'set_position', 'updates_per_epoch', 'plan_updates', 'start_updates', 'epoch_rates']
 
 def updates_per_epoch(batches, accumulate):
     """Updates in an epoch of ``batches`` batches (a last, shorter group is an update too)."""
@@ -72,12 +28,7 @@ def updates_per_epoch(batches, accumulate):
 
 def make_schedule(name, lr, warmup_steps=0):
     """A ``Schedule`` (its length set when the run's epochs are known), or None: a constant rate."""
-    if name not in SCHEDULES:
-        raise GluonMultiGPUError(f'`lr_schedule` {name!r} is not one of '
-                                 f'{", ".join(SCHEDULES)}; give one of them')
-    if not _whole(warmup_steps) or not 0 <= warmup_steps <= 10**8:
-        raise GluonMultiGPUError(f'`warmup_steps` must be a whole number 0 or more (the updates '
-                                 f'whose rate rises to the learning rate), got {warmup_steps!r}')
+    name, warmup_steps = check_schedule(name), check_warmup(warmup_steps)
     if name == 'constant' and not warmup_steps:
         return None
     return Schedule(name, lr, int(warmup_steps))
@@ -186,7 +137,7 @@ def plan_updates(run, kvstore, lr, accumulate=1, clip=None, schedule=('constant'
     rates = make_schedule(schedule[0], lr, schedule[1])
     dist = kvstore_name(kvstore).startswith('dist')  # (a worker's is a KVStore object)
     if clip is not None and dist:
-        raise GluonMultiGPUError(_NO_DIST_CLIP)
+        raise GluonMultiGPUError(NO_DIST_CLIP)
     # (a norm only for the metrics: not where the loss is scaled, nor on a parameter server)
     norm = clip is not None or (bool(getattr(run, 'want_grad_norm', False)) and not dist
                                 and run.scaler is None)

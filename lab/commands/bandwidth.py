@@ -200,7 +200,7 @@ def run(args, out=None, stop=None):
     images, labels = read_split(root, 'test', 'fashion-mnist')
     sweep = make_sweep(args, device_type, counts, kvstores, batch, repeats, say)  # locks --results
     if note:
-        say(GluonMultiGPUError(note).describe(common.FLAGS))
+        say(GluonMultiGPUError(note).describe(common.flag))
 
     def measure(unit):
         model, n = unit.key.split('/')

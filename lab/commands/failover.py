@@ -97,7 +97,7 @@ def check(args):
     try:
         files.check_output_dir(args.out, '--out')
     except GluonMultiGPUError as e:
-        raise common.UsageError(e.describe(common.FLAGS)) from None
+        raise common.UsageError(e.describe(common.flag)) from None
     return root
 
 

@@ -382,7 +382,7 @@ def measure_and_report(args, out, stop):
                        plan.batches, train_data, len(test_data[1]), say)
     notes = []
     if plan.note:
-        note = GluonMultiGPUError(plan.note).describe(common.FLAGS)  # the flags, not parameters
+        note = GluonMultiGPUError(plan.note).describe(common.flag)  # the flags, not parameters
         notes.append(note)
         say(note)
 

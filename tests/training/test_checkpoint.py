@@ -140,7 +140,7 @@ def test_existing_foreign_and_damaged_checkpoints_are_refused(uninterrupted, fas
     m = manifest(other)
     m['config']['model'] = 'resnet18'
     (other / 'manifest.json').write_text(json.dumps(m))
-    assert "is of another run: model 'resnet18' (now 'simple-cnn')" in answer(other, '--resume')
+    assert 'is of another run: --model resnet18 (now simple-cnn)' in answer(other, '--resume')
     assert "lr 0.2 (now 0.1)" in answer(copy('lr'), '--resume', '--lr', '0.1')
     truncated = copy('truncated')
     params = truncated / manifest(truncated)['files']['params']['name']

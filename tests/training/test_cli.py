@@ -295,13 +295,30 @@ def test_the_library_names_no_flag_and_the_cli_spells_every_argument_it_names():
     from gluon_multigpu.cli import common
     names = library_message_arguments()
     assert {'checkpoint_dir', 'cpu_devices', 'resume=True', 'data_dir'} <= names  # it found them
-    assert names <= set(common.FLAGS), names - set(common.FLAGS)
+    flags = program_flags()
+    assert {common.flag(name) for name in names} <= flags, \
+        {common.flag(name) for name in names} - flags
     for path in library_files():
         for node in ast_strings(path):
             # pip's own flags, in the pip commands the library prints for an MXNet that cannot
             # load (base.compat), are not the package's
             node = re.sub(r'pip install(\s+--[a-z-]+)*', 'pip install', node)
             assert not re.search(r'(^|\s)--[a-z]', node), (path.name, node)
+
+
+def program_flags():
+    """Every flag of the package's programs and the lab's, read from their parsers."""
+    import importlib
+    import pkgutil
+    import lab.commands
+    import gluon_multigpu.cli
+    flags = set()
+    for package in (gluon_multigpu.cli, lab.commands):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f'{package.__name__}.{info.name}')
+            if callable(getattr(module, 'build_parser', None)):
+                flags |= {o for a in module.build_parser()._actions for o in a.option_strings}
+    return flags
 
 
 def ast_strings(path):

@@ -2,7 +2,7 @@
 
 Each test here pins a family's exact text once, computed from the function
 that makes it (``cli/messages.py`` for the programs' stops, ``core/interrupt.py``
-for the library's Interruptible, ``error_line`` and ``FLAGS`` for bad input).
+for the library's Interruptible, ``error_line`` and ``flag`` for bad input).
 The behavioural tests elsewhere assert what a message must say in their
 situation (the flag, the path, the signal, the status); a deliberate rewording
 changes the test of its family here, and no other. The book's epoch and final
@@ -19,7 +19,8 @@ import gluon_multigpu as gm
 from gluon_multigpu.cli import arguments, messages
 from lab.commands import failover as failover_cli
 from lab.commands import network as network_cli
-from gluon_multigpu.cli.arguments import FLAGS, error_line
+from gluon_multigpu.cli.arguments import error_line
+from gluon_multigpu.errors import flag
 from gluon_multigpu.core.training import _diverged_in  # pylint: disable=protected-access
 from gluon_multigpu.multihost.supervise import Job
 from lab.studies.sweep import Sweep
@@ -203,7 +204,7 @@ def test_bad_input_error_lines(monkeypatch, capsys):
     assert str(engine.value) == ("environment variable OMP_NUM_THREADS='abc' is not a whole "
                                  'number from 1 to 1024; set it so or unset it')
     _, note = gm.model.fit_batch('simple-cnn', cpus[:2], 101, 1000)
-    assert gm.GluonMultiGPUError(note).describe(FLAGS) == (
+    assert gm.GluonMultiGPUError(note).describe(flag) == (
         '--batch-size 1000 is more than the 101 training images: using a batch of 101')
     parser = arguments.OneLineParser(prog='gluon-multigpu-train')
     parser.add_argument('--num-epochs', type=arguments.int_in(1, 100000))

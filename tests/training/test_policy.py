@@ -2,10 +2,10 @@
 
 Per-model defaults (``recipes``), the batch that fits (``model.fit_batch``),
 synchronised BatchNorm's conditions (``sync_bn.check_training``), the
-checkpoint of a run (``checkpoint.run_config``, ``checkpoint.for_run``, data
+checkpoint of a run (``RunConfig.recorded``, ``checkpoint.for_run``, data
 a checkpoint can resume), joining a parameter server (``distributed.join``),
 and the run's inputs that no output may replace (``files.input_files``).
-Messages name arguments in backquotes; ``describe(common.FLAGS)`` is the CLI's line.
+Messages name arguments in backquotes; ``describe(common.flag)`` is the CLI's line.
 """
 import os
 
@@ -24,7 +24,7 @@ def cpus(n):
 
 def said(error):
     """What the command line prints for ``error`` (its message with the flags' names)."""
-    return error.value.describe(common.FLAGS)
+    return error.value.describe(common.flag)
 
 
 # --- the batch: the recipe's, cut to the data, checked against memory --------------------------
@@ -37,7 +37,7 @@ def test_fit_batch_takes_the_recipe_and_cuts_a_batch_larger_than_the_data(monkey
     batch, note = gm.model.fit_batch('simple-cnn', cpus(2), 101, 1000)
     assert batch == 101 and note.startswith('`batch_size` 1000 ') and '101 training' in note
     assert note.endswith('using a batch of 101')
-    assert gm.GluonMultiGPUError(note).describe(common.FLAGS).startswith('--batch-size 1000 is')
+    assert gm.GluonMultiGPUError(note).describe(common.flag).startswith('--batch-size 1000 is')
     batch, note = gm.model.fit_batch('resnet18', cpus(2), 101, sync_bn=True)  # equal shards
     assert batch == 100 and note.startswith('the default batch of 512 ') and '101' in note
 
@@ -87,18 +87,18 @@ def test_sync_bn_accepts_an_even_split_and_asks_for_scratch_spaces_on_cpu(monkey
 
 # --- the checkpoint of a run ----------------------------------------------------------------
 
-def test_run_config_records_what_a_resumed_run_must_match():
-    assert gm.checkpoint.run_config('simple-cnn', 'fashion-mnist', 128, 0.3) == {
+def test_a_run_config_records_what_a_resumed_run_must_match():
+    assert gm.RunConfig(model='simple-cnn').recorded(128, 0.3) == {
         'model': 'simple-cnn', 'dataset': 'fashion-mnist', 'batch_size': 128, 'lr': 0.3,
         'seed': 0, 'num_train': 60000, 'num_test': 10000, 'book_literal': False}
-    config = gm.checkpoint.run_config('resnet18', 'mnist', 64, 0.1, 3, 640, 100, workers=2,
-                                      dtype='float16', sync_bn=True)
+    config = gm.RunConfig(model='resnet18', dataset='mnist', seed=3, num_train=640,
+                          num_test=100, dtype='float16', sync_bn=True).recorded(64, 0.1, 2)
     assert (config['num_train'], config['num_test'], config['seed']) == (640, 100, 3)
     assert (config['workers'], config['dtype'], config['sync_bn']) == (2, 'float16', True)
 
 
 def test_for_run_makes_the_checkpoint_a_run_can_follow(tmp_path):
-    config = gm.checkpoint.run_config('simple-cnn', 'fashion-mnist', 128, 0.3)
+    config = gm.RunConfig(model='simple-cnn').recorded(128, 0.3)
     assert gm.checkpoint.for_run(None, config) is None
     first = gm.checkpoint.for_run(tmp_path / 'c', config, resume=True)
     assert type(first) is gm.Checkpointer and first.resume and first.config == config
@@ -118,8 +118,8 @@ def test_for_run_makes_the_checkpoint_a_run_can_follow(tmp_path):
      'which a checkpoint cannot save; drop --checkpoint-dir or use dist_sync'),
 ])
 def test_for_run_refuses_what_a_checkpoint_cannot_follow(tmp_path, args, flags):
-    config = gm.checkpoint.run_config('simple-cnn', 'fashion-mnist', 128, 0.3,
-                                      book_literal=args.pop('book_literal', False))
+    config = gm.RunConfig(model='simple-cnn',
+                          book_literal=args.pop('book_literal', False)).recorded(128, 0.3)
     args.setdefault('checkpoint_dir', tmp_path / 'c')
     with pytest.raises(gm.GluonMultiGPUError) as error:
         gm.checkpoint.for_run(config=config, **args)
