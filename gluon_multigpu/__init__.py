@@ -34,7 +34,7 @@ MODULES = {
     'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
     'stall': 'core', 'updates': 'core', 'optional': 'core',
-    'metrics': 'core', 'config': 'core',
+    'metrics': 'core', 'config': 'core', 'values': 'core',
     'profile': 'core',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',

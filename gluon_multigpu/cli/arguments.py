@@ -12,13 +12,13 @@ import argparse
 import dataclasses
 import os
 
-from ..core import config
+from ..core import config, values
 from ..errors import GluonMultiGPUError, flag
 
-MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED = config.MAX_CPU_DEVICES, config.MAX_GPUS, config.MAX_SEED
-int_in, positive_float, non_negative_float = config.int_in, config.positive_float, \
-    config.non_negative_float
-path_of, split_weights = config.path_of, config.split_weights
+MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED = values.MAX_CPU_DEVICES, values.MAX_GPUS, values.MAX_SEED
+int_in, positive_float, non_negative_float = values.int_in, values.positive_float, \
+    values.non_negative_float
+path_of, split_weights = values.path_of, values.split_weights
 
 
 class UsageError(Exception):

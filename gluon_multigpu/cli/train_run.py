@@ -29,7 +29,7 @@ from ..features.distributed import Control, join
 from ..features.precision import check_dtype
 from ..features.sync_bn import check_options as check_sync_bn_options, check_training
 from ..checkpoints.checkpoint import for_run
-from ..run.stopping import StallGuard, StopRequest
+from ..run.stopping import StallGuard
 from ..outputs.targets import check_outputs as check_paths, input_files
 from ..study.charts import check_chart_path
 from ..study.compare import ParamTracker

@@ -22,7 +22,7 @@ from mxnet import autograd
 
 from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
-from .config import LR_MAX, MAX_SEED, check_epochs, check_lr, check_seed  # noqa: F401
+from .values import LR_MAX, MAX_SEED, check_epochs, check_lr, check_seed  # noqa: F401
 
 __all__ = ['check_epochs', 'check_seed', 'MAX_SEED', 'check_lr', 'check_devices',
            'check_train_count', 'check_split', 'batch_pair', 'BatchCheck', 'check_whole']

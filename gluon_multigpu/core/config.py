@@ -10,249 +10,23 @@ checkpoint records ``RunConfig.recorded`` and a resumed run is compared with it
 setting by setting, and ``--json`` writes ``as_dict``. Nothing here loads MXNet:
 a config can be made before ``gm.cpu_devices`` sets MXNet's engine up.
 """
-import argparse
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple, Union
 
-import numpy as onp
+from ..errors import GluonMultiGPUError
+from .values import (DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE,
+                     MAX_CPU_DEVICES, MAX_GPUS, MAX_IN_FLIGHT, MAX_SEED, MODEL_NAMES,
+                     NO_DIST_CLIP, SCHEDULES, check_accumulate, check_clip, check_epochs,
+                     check_lr, check_schedule, check_seed, check_warmup, int_in, kvstores,
+                     non_negative_float, one_of, path, path_of, positive_float, seconds, split,
+                     split_weights, switch, whole)
 
-from ..base.schedule import SCHEDULES
-from ..errors import GluonMultiGPUError, flag
-
-__all__ = ['TrainConfig', 'RunConfig', 'GROUPS', 'MODEL_NAMES', 'DATASETS', 'DATASET_NAMES',
-           'KVSTORES', 'DIST_KVSTORES', 'DTYPES', 'SCHEDULES', 'MAX_SEED', 'MAX_ACCUMULATE',
-           'MAX_IN_FLIGHT', 'MAX_CPU_DEVICES', 'MAX_GPUS', 'LR_MAX', 'check_epochs', 'check_seed',
-           'check_lr', 'check_accumulate', 'check_clip', 'check_warmup', 'check_schedule',
-           'int_in', 'positive_float', 'non_negative_float', 'path_of', 'split_weights']
-
-#: The networks, data sets, kvstores and compute types a run can name (the package's
-#: registries, ``model.MODELS`` and the others, hold these names).
-MODEL_NAMES = ('resnet18', 'simple-cnn')
-#: The data sets: their images (train, test), the shape of one and the classes.
-DATASETS = {'fashion-mnist': {'train': 60000, 'test': 10000, 'shape': (28, 28), 'classes': 10},
-            'mnist': {'train': 60000, 'test': 10000, 'shape': (28, 28), 'classes': 10}}
-DATASET_NAMES = tuple(DATASETS)
-KVSTORES = ('local', 'device', 'nccl', 'none')
-DIST_KVSTORES = ('dist_sync', 'dist_device_sync', 'dist_async')
-DTYPES = ('float32', 'float16', 'bfloat16')
-#: The largest seed: MXNet's and NumPy's generators take 32 bits.
-MAX_SEED = 2**32 - 1
-#: The largest number of batches summed into one update.
-MAX_ACCUMULATE = 10**4
-#: Steps MXNet may run behind Python by default: Ctrl-C and progress act within a step.
-MAX_IN_FLIGHT = 1
-#: Most CPU contexts (one engine thread each) and GPUs a run takes.
-MAX_CPU_DEVICES = 64
-MAX_GPUS = 64
-#: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
-LR_MAX = float(onp.finfo(onp.float32).max)
-
-#: Why a parameter server cannot clip (``clip_grad_norm`` with a ``dist_*`` kvstore).
-NO_DIST_CLIP = ('`clip_grad_norm` needs the summed gradient before the update, and a parameter '
-                "server's servers update each parameter on its own as its gradients arrive; "
-                'train on one machine to clip')
+__all__ = ['TrainConfig', 'RunConfig', 'GROUPS', 'setting']
 
 #: The groups of settings, in the order ``--help`` shows them.
 GROUPS = ('model and data', 'devices and kvstore', 'optimisation and schedule',
           'checkpoints and outputs', 'observability')
-
-
-# -- checks of values given in Python ---------------------------------------------------------
-
-def _integer(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, onp.bool_))
-
-
-def _real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, onp.bool_))
-
-
-def check_epochs(num_epochs):
-    """Return ``num_epochs`` as an ``int``; raise unless it is a positive integer."""
-    if not _integer(num_epochs) or num_epochs < 1:
-        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
-    return int(num_epochs)
-
-
-def check_seed(seed):
-    """Return ``seed`` as an ``int`` (None: not seeded); raise unless 0 to ``MAX_SEED``."""
-    if seed is None:
-        return None
-    if not _integer(seed) or not 0 <= seed <= MAX_SEED:
-        raise GluonMultiGPUError(f'seed must be a whole number 0 to {MAX_SEED} (or None: not '
-                                 f'seeded), got {seed!r}')
-    return int(seed)
-
-
-def check_lr(lr):
-    """Return ``lr`` as a ``float``; raise unless a positive number float32 holds (not 0)."""
-    value = float(lr) if _real(lr) else math.nan
-    if not (math.isfinite(value) and 0 < value <= LR_MAX and onp.float32(value) > 0):
-        raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
-                                 f'range (at most {LR_MAX:.4g}), got {lr!r}')
-    return value
-
-
-def check_accumulate(accumulate):
-    """Return ``accumulate`` as an ``int``; raise unless it is 1 to ``MAX_ACCUMULATE``."""
-    if not _integer(accumulate) or not 1 <= accumulate <= MAX_ACCUMULATE:
-        raise GluonMultiGPUError(f'`accumulate` must be a whole number 1 to {MAX_ACCUMULATE} (the '
-                                 f'batches summed into one update), got {accumulate!r}')
-    return int(accumulate)
-
-
-def check_clip(clip):
-    """Return ``clip`` as a ``float`` (None: no clipping); raise unless positive and finite."""
-    if clip is None:
-        return None
-    value = float(clip) if _real(clip) else math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise GluonMultiGPUError(f'`clip_grad_norm` must be a positive number (the largest '
-                                 f'global gradient norm an update uses), got {clip!r}')
-    return value
-
-
-def check_schedule(name):
-    """Return ``name`` if it is one of ``SCHEDULES``."""
-    if name not in SCHEDULES:
-        raise GluonMultiGPUError(f'`lr_schedule` {name!r} is not one of '
-                                 f'{", ".join(SCHEDULES)}; give one of them')
-    return name
-
-
-def check_warmup(warmup_steps):
-    """Return ``warmup_steps`` as an ``int`` if it is a whole number 0 to 10**8."""
-    if not _integer(warmup_steps) or not 0 <= warmup_steps <= 10**8:
-        raise GluonMultiGPUError(f'`warmup_steps` must be a whole number 0 or more (the updates '
-                                 f'whose rate rises to the learning rate), got {warmup_steps!r}')
-    return int(warmup_steps)
-
-
-def _whole(low, high):
-    """A check of a whole number from ``low`` to ``high`` (None passes)."""
-    def check(value, name):
-        if value is not None and (not _integer(value) or not low <= value <= high):
-            raise GluonMultiGPUError(f'`{name}` must be a whole number {low} to {high}, '
-                                     f'got {value!r}')
-        return None if value is None else int(value)
-    return check
-
-
-def _seconds(value, name):
-    if value is None:
-        return value
-    if not _real(value) or not math.isfinite(value) or not 0 <= value <= 1e6:
-        raise GluonMultiGPUError(f'`{name}` must be a number of seconds from 0 to 1e6, '
-                                 f'got {value!r}')
-    return float(value)
-
-
-def _one_of(choices):
-    def check(value, name):
-        if value not in choices:
-            raise GluonMultiGPUError(f'`{name}` {value!r} is not one of {", ".join(choices)}; '
-                                     'give one of them')
-        return value
-    return check
-
-
-def _path(value, name):
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise GluonMultiGPUError(f'`{name}` {value!r} is not a path; give a file or folder name')
-    return value
-
-
-def _switch(value, name):
-    if not isinstance(value, (bool, onp.bool_)):
-        raise GluonMultiGPUError(f'`{name}` must be True or False, got {value!r}')
-    return bool(value)
-
-
-def _kvstores(value, name):
-    names = (value,) if isinstance(value, str) else tuple(value or ())
-    if not names:
-        raise GluonMultiGPUError(f'`{name}` is empty; give one or more of '
-                                 f'{", ".join(KVSTORES + DIST_KVSTORES)}')
-    for kvstore in names:
-        _one_of(KVSTORES + DIST_KVSTORES)(kvstore, name)
-    return tuple(dict.fromkeys(names))
-
-
-def _split(value, name):
-    if value is None or value == 'auto':
-        return value
-    if value == 'even':
-        return None
-    weights = list(value) if isinstance(value, (list, tuple)) else []
-    if not weights or not all(_real(w) and math.isfinite(w) and 0 < w <= 1e6 for w in weights):
-        raise GluonMultiGPUError(f'`{name}` {value!r} is neither even, auto nor positive weights; '
-                                 'give even, auto or one weight per device, e.g. 1,3')
-    return [float(w) for w in weights]
-
-
-# -- the command line's types: a text to a value, or one line saying what to give --------------
-
-def _number(text, kind, low, high, wanted, above_low=False):
-    """Parse ``text`` as ``kind`` in ``[low, high]`` (``(low, high]`` with ``above_low``)."""
-    try:
-        value = kind(text)
-    except ValueError:
-        noun = 'an integer' if kind is int else 'a number'
-        raise argparse.ArgumentTypeError(f'{text!r} is not {noun}; give {wanted}') from None
-    if kind is float and not (math.isfinite(value) and value >= low and
-                              not (above_low and value == low)):
-        problem = ('is not a positive finite number' if above_low else
-                   f'is not a finite number of {low:g} or more')
-    elif value < low:
-        problem = {0: 'is negative', 1: 'is not positive'}.get(low, f'is below {low}')
-    elif value > high:
-        problem = f'is above {high}' if kind is int else f'is above {high:g}'.replace('e+0', 'e')
-    else:
-        return value
-    raise argparse.ArgumentTypeError(f'{text} {problem}; give {wanted}')
-
-
-def int_in(low, high):
-    """argparse type: a whole number from ``low`` to ``high``."""
-    def parse(text):
-        return _number(text, int, low, high, f'a whole number from {low} to {high}')
-    parse.__name__ = 'integer'
-    return parse
-
-
-def positive_float(text):
-    """argparse type: a number greater than 0, at most 1e6."""
-    return _number(text, float, 0, 1e6, 'a number greater than 0 and at most 1e6', True)
-
-
-def non_negative_float(text):
-    """argparse type: a number from 0 to 1e6."""
-    return _number(text, float, 0, 1e6, 'a number from 0 to 1e6')
-
-
-def path_of(kind):
-    """argparse type: a path that is not empty; ``kind`` says what to give ("a directory")."""
-    def parse(text):
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f'{text!r} is an empty path; give {kind}')
-        return text
-    parse.__name__ = 'path'
-    return parse
-
-
-def split_weights(text):
-    """argparse type of `split`: ``even`` (None), ``auto``, or positive weights ``W1,W2,...``."""
-    if text in ('even', 'auto'):
-        return None if text == 'even' else text
-    try:
-        return _split([float(w) for w in text.split(',')], 'split')
-    except (ValueError, GluonMultiGPUError):
-        raise argparse.ArgumentTypeError(f'{text!r} is neither even, auto nor positive weights; '
-                                         'give even, auto or one weight per device, '
-                                         'e.g. 1,3') from None
 
 
 # -- fields ------------------------------------------------------------------------------------
@@ -332,12 +106,12 @@ class TrainConfig:
     warmup_steps: int = setting(0, _OPT, 'updates whose rate rises linearly to `lr` first',
                                 _named(check_warmup), int_in(0, 10**8), 'N')
     tensorboard: Optional[str] = setting(
-        None, _OBS, 'TensorBoard event files in DIR (needs tensorboardX)', _path,
+        None, _OBS, 'TensorBoard event files in DIR (needs tensorboardX)', path,
         path_of('a directory'), 'DIR')
     metrics: Optional[str] = setting(None, _OBS, 'the same figures as JSON lines in PATH',
-                                     _path, path_of('a file name'), 'PATH')
+                                     path, path_of('a file name'), 'PATH')
     log_every: int = setting(50, _OBS, 'steps between two step figures of the two above',
-                             _whole(1, 10**6), int_in(1, 10**6), 'N')
+                             whole(1, 10**6), int_in(1, 10**6), 'N')
     profile: object = None
     stall_timeout: Optional[float] = None
 
@@ -419,65 +193,65 @@ class RunConfig(TrainConfig):
     Other fields: ``TrainConfig``.
     """
 
-    model: str = setting('resnet18', _DATA, 'network', _one_of(MODEL_NAMES), choices=MODEL_NAMES)
-    dataset: str = setting('fashion-mnist', _DATA, 'data set', _one_of(DATASET_NAMES),
+    model: str = setting('resnet18', _DATA, 'network', one_of(MODEL_NAMES), choices=MODEL_NAMES)
+    dataset: str = setting('fashion-mnist', _DATA, 'data set', one_of(DATASET_NAMES),
                            choices=DATASET_NAMES)
     data_dir: Optional[str] = setting(
         None, _DATA, 'folder of the four IDX .gz files (default: ~/.mxnet/datasets/<dataset>)',
-        _path, path_of('a directory'), 'DIR')
+        path, path_of('a directory'), 'DIR')
     download: bool = setting(False, _DATA, "download missing files from MXNet's mirror "
-                             '(needs internet)', _switch)
+                             '(needs internet)', switch)
     num_train: Optional[int] = setting(None, _DATA, 'train on the first N images only '
-                                       '(default: all)', _whole(1, 10**8), int_in(1, 10**8), 'N')
+                                       '(default: all)', whole(1, 10**8), int_in(1, 10**8), 'N')
     num_test: Optional[int] = setting(None, _DATA, 'test on the first N images only '
-                                      '(default: all)', _whole(1, 10**8), int_in(1, 10**8), 'N')
+                                      '(default: all)', whole(1, 10**8), int_in(1, 10**8), 'N')
     synthetic: bool = setting(False, _DATA, "random data of the data set's shape, for speed "
-                              'tests', _switch)
+                              'tests', switch)
     num_gpus: Optional[int] = setting(None, _DEV, 'train on gpu(0)..gpu(N-1) (default: all '
-                                      'GPUs, or the CPU if none)', _whole(1, MAX_GPUS),
+                                      'GPUs, or the CPU if none)', whole(1, MAX_GPUS),
                                       int_in(1, MAX_GPUS), 'N')
     cpu_devices: Optional[int] = setting(None, _DEV, 'train on N CPU contexts cpu(0)..cpu(N-1)',
-                                         _whole(1, MAX_CPU_DEVICES),
+                                         whole(1, MAX_CPU_DEVICES),
                                          int_in(1, MAX_CPU_DEVICES), 'N')
     kvstore: Tuple[str, ...] = setting(
         ('device',), _DEV, 'gradient sum: local, device, nccl, none, or dist_* under the '
-        'launcher; several are compared in turn', _kvstores, metavar='KV',
+        'launcher; several are compared in turn', kvstores, metavar='KV',
         choices=KVSTORES + DIST_KVSTORES, nargs='+')
     split: Union[None, str, list] = setting(
-        None, _DEV, "each batch's shares: even, auto (measured) or weights W1,W2,...", _split,
+        None, _DEV, "each batch's shares: even, auto (measured) or weights W1,W2,...", split,
         split_weights, 'even|auto|W1,W2,...')
     sync_bn: bool = setting(False, _DEV, "ResNet-18's BatchNorm statistics over all devices",
-                            _switch)
-    dtype: str = setting('float32', _DEV, 'compute type (float16: GPUs)', _one_of(DTYPES),
+                            switch)
+    dtype: str = setting('float32', _DEV, 'compute type (float16: GPUs)', one_of(DTYPES),
                          choices=DTYPES)
     book_literal: bool = setting(False, _DEV, "run the text's own loop (nn.Block residuals, no "
-                                 'hybridization)', _switch)
+                                 'hybridization)', switch)
     max_in_flight: int = setting(MAX_IN_FLIGHT, _DEV, 'steps MXNet may run behind Python '
-                                 "(0: no bound, the book's loop)", _whole(0, 1000),
+                                 "(0: no bound, the book's loop)", whole(0, 1000),
                                  int_in(0, 1000), 'K')
     batch_size: Optional[int] = setting(None, _OPT, 'total batch size over all devices '
-                                        '(default: per model, below)', _whole(1, 10**6),
+                                        '(default: per model, below)', whole(1, 10**6),
                                         int_in(1, 10**6), 'N')
     checkpoint_dir: Optional[str] = setting(
-        None, _OUT, 'save the run after every epoch and on a stop into DIR', _path,
+        None, _OUT, 'save the run after every epoch and on a stop into DIR', path,
         path_of('a directory'), 'DIR')
     resume: bool = setting(False, _OUT, 'continue from the checkpoint in `checkpoint_dir`',
-                           _switch)
-    json: Optional[str] = setting(None, _OUT, 'every figure of the run(s) as JSON', _path,
+                           switch)
+    json: Optional[str] = setting(None, _OUT, 'every figure of the run(s) as JSON', path,
                                   path_of('a file name'), 'PATH')
     plot: Optional[str] = setting(None, _OUT, 'the test-accuracy curve, PNG, SVG or PDF by the '
-                                  'extension', _path, path_of('a file name'), 'PATH')
+                                  'extension', path, path_of('a file name'), 'PATH')
     report: Optional[str] = setting(None, _OUT, "a Markdown report of the kvstores' comparison "
-                                    'into DIR', _path, path_of('a directory'), 'DIR')
+                                    'into DIR', path, path_of('a directory'), 'DIR')
     progress_interval: float = setting(10.0, _OBS, 'seconds between progress lines on stderr '
-                                       '(0: none)', _seconds, non_negative_float, 'SECONDS')
+                                       '(0: none)', seconds, non_negative_float, 'SECONDS')
     stall_timeout: float = setting(0.0, _OBS, 'end a run that queues no step for this long, '
-                                   'exit status 3 (0: not watched)', _seconds,
+                                   'exit status 3 (0: not watched)', seconds,
                                    non_negative_float, 'SECONDS')
     profile: Optional[str] = setting(None, _OBS, "profile steps START to STOP (from 1 across "
-                                     "epochs) with MXNet's profiler", _path, metavar='START:STOP')
+                                     "epochs) with MXNet's profiler", path, metavar='START:STOP')
     profile_file: Optional[str] = setting(None, _OBS, "where `profile` writes its Chrome trace "
-                                          '(default: profile.json)', _path,
+                                          '(default: profile.json)', path,
                                           path_of('a file name'), 'PATH')
 
     def __post_init__(self):

@@ -19,7 +19,7 @@ from mxnet import np, npx
 
 from ..errors import DataError
 from ..base import atomic
-from . import config
+from . import values
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',
@@ -33,7 +33,7 @@ IDX_FILES = {('train', 'images'): 'train-images-idx3-ubyte.gz',
              ('test', 'labels'): 't10k-labels-idx1-ubyte.gz'}
 
 #: Expected sizes of the data sets this package knows: samples per split, image shape, classes.
-DATASETS = config.DATASETS
+DATASETS = values.DATASETS
 
 #: Where MXNet's own dataset classes download these files from.
 MXNET_MIRROR = 'https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/gluon/dataset/'

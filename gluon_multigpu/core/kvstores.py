@@ -14,16 +14,16 @@ from mxnet import gluon
 
 from ..base.compat import GPU_INSTALL
 from ..errors import GluonMultiGPUError
-from . import config
+from . import values
 from .checks import check_lr
 
 __all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer']
 
 #: Gradient-synchronisation back ends of one machine accepted by ``train``.
-KVSTORES = config.KVSTORES
+KVSTORES = values.KVSTORES
 #: The parameter-server kvstores (a worker of ``scripts/launch.py``).
-DIST_KVSTORES = config.DIST_KVSTORES
+DIST_KVSTORES = values.DIST_KVSTORES
 
 
 def kvstore_name(kvstore):

@@ -21,7 +21,8 @@ from mxnet import gluon, np, npx
 
 from ..base import engine
 from .checks import BatchCheck, check_devices
-from .config import TrainConfig, check_epochs, check_lr
+from .config import TrainConfig
+from .values import check_epochs, check_lr
 from .data import ArrayLoader
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from .hooks import Hook, Run
@@ -176,8 +177,8 @@ class Training:
         self.result = TrainResult(devices=[str(d) for d in devices],
                                   kvstore=kvstore_name(kvstore), lr=lr)
         self.result.training = self
-        run = Run(net, None, devices, train_iter, self.result, hooks, test_iter=test_iter)
-        self.run = run
+        self.run = run = Run(net, None, devices, train_iter, self.result, hooks,
+                             test_iter=test_iter)
         if seed is not None:
             mx.random.seed(seed)
         net.initialize(initializer or self.recipe.initializer(), ctx=devices, force_reinit=True)
@@ -200,15 +201,10 @@ class Training:
         self._iterated = False  # whether an epoch has begun going through the training data
         self._norms = []  # the epoch's gradient norms so far (an interrupted one's too)
         _LAST['run'] = self  # built whole: a build that raised is never the last run
-        # A training and its result refer to each other (``result.training``), and its hooks
-        # to its run: an earlier training that nothing holds any more still holds its
-        # network's copies and its Trainer's state until a full collection, which Python runs
-        # rarely. Free them, the last run before this one included, before this one trains
-        # (some tens of milliseconds): ResNet-18 on two contexts, five short trainings in one
-        # process, 4.7 GB resident after the fifth without this, 3.4 GB with it (the address
-        # space flat at 8.0-8.1 GB).
+        # A training and its result refer to each other: an earlier one nothing holds still
+        # holds its network's copies until a full collection, which Python runs rarely (five
+        # ResNet-18 trainings in one process: 4.7 GB resident after the fifth, 3.4 GB with this).
         gc.collect()
-
 
     def _note_updates(self, record):
         """Give ``record`` the rate of each update of its epoch and the norms measured."""

@@ -13,7 +13,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import np
 
 from ..base.schedule import SCHEDULES, Schedule
-from .config import (MAX_ACCUMULATE, NO_DIST_CLIP, check_accumulate, check_clip,  # noqa: F401
+from .values import (MAX_ACCUMULATE, NO_DIST_CLIP, check_accumulate, check_clip,  # noqa: F401
                      check_schedule, check_warmup)
 from .kvstores import kvstore_name
 from ..errors import GluonMultiGPUError

@@ -18,14 +18,14 @@ from mxnet import autograd, gluon, np
 from mxnet.gluon import nn
 
 from ..errors import DeviceError, GluonMultiGPUError
-from ..core import config
+from ..core import values
 from ..core.training import Hook
 
 __all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision',
            'make_precision', 'all_finite']
 
 #: What ``train`` and ``--dtype`` accept.
-DTYPES = config.DTYPES
+DTYPES = values.DTYPES
 
 
 def _check_known(dtype):

@@ -164,10 +164,11 @@ class Work:
 
 
 def compare(runs, rounds):
-    args = types.SimpleNamespace(num_epochs=rounds, plot=None, json=None, report=None)
+    config = types.SimpleNamespace(kvstore=list(runs), num_epochs=rounds, plot=None, json=None,
+                                   report=None)
     out = []
     stream = types.SimpleNamespace(write=out.append, flush=lambda: None)
-    comparison = Comparison(args, list(runs), None, ParamTracker(compare=False), stream)
+    comparison = Comparison(config, None, ParamTracker(compare=False), stream)
     comparison.run(lambda name, schedule: runs[name], quiet=True)
     return ''.join(out).splitlines()[-1], comparison
 

@@ -173,8 +173,8 @@ def test_train_py_refuses_a_stall_timeout_it_cannot_keep_in_one_line(argv, messa
 def test_train_py_help_has_the_stall_timeout_with_its_default():
     done = run_bounded([sys.executable, TRAIN, '--help'], timeout=120)
     text = ' '.join(done.stdout.split())
-    assert '--stall-timeout SECONDS a run that queues no training step for this long' in text
-    assert 'the exit status is 3' in text and '(default: 0, not watched)' in text
+    assert '--stall-timeout SECONDS end a run that queues no step for this long' in text
+    assert 'exit status 3 (0: not watched)' in text
 
 
 # -- a launched worker: what it tells its launcher -----------------------------------------------
