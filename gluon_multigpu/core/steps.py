@@ -100,11 +100,8 @@ def _shard_step(net, loss, backward, X_shard, y_shard):
 
 def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch,
                 after_backward=None, scaler=None, pushers=None, update=None):
-    """Run one data-parallel training step on a batch.
-
-    The text's step: split the batch, record each shard's forward pass and loss, run the
-    backward passes, then one ``trainer.step`` that sums the gradients and updates. Nothing
-    is read back (but with ``scaler``, which checks the gradients are finite).
+    """Run one data-parallel training step on a batch: the text's, split, forward and
+    backward per shard, then one ``trainer.step`` that sums the gradients and updates.
 
     Parameters
     ----------
@@ -119,20 +116,18 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
     devices : list of Context
         The devices of the step, one shard each.
     batch_size : int, optional
-        What ``trainer.step`` normalises the gradient by; None: the samples actually in
-        the batch (the text passes its fixed batch size).
+        What ``trainer.step`` normalises the gradient by; None: the samples in the batch.
     split_f : callable
         ``split_f(X, y, devices) -> (X_shards, y_shards)``, e.g. a ``balance.Split``.
     after_backward : callable, optional
-        ``after_backward(net, devices)``, called once the backward passes are queued and
-        before the gradients are summed: where each device's own work of the step ends
-        (``balance.TimedSplit`` times it there).
+        ``after_backward(net, devices)``, called once the backward passes are queued, before
+        the gradients are summed: where each device's own work ends (``balance.TimedSplit``).
     scaler : precision.LossScaler, optional
         Scales the loss in the backward pass and divides it out in the step, which it skips
         when a gradient overflows (float16).
     pushers : pushers.DevicePushers, optional
-        Queue each device's forward and backward from that device's own thread (its own
-        scratch copies); the same arithmetic. None: all from this thread, as the text does.
+        Queue each device's forward and backward from its own thread (its own scratch
+        copies; the same arithmetic). None: all from this thread, as the text does.
     update : updates.Update, optional
         Replaces ``trainer.step``: gradients accumulated over batches, clipped, scheduled.
 
