@@ -10,8 +10,8 @@ is skipped and the scale halved (``LossScaler``).
 On CPU contexts float16 is refused: MXNet 1.9.1 has no float16 matrix multiply
 on the CPU ("FP16 gemm on cpu not implemented"). bfloat16 trains on the CPU in
 MXNet 1.9.1 only through a converted graph, outside ``train``, so ``dtype``
-does not offer it (docs/exercises.md measures it); whether a CPU can compute
-in bfloat16 at all depends on its instruction set: ``check_bfloat16`` tries.
+does not offer it; whether a CPU can compute in bfloat16 at all depends on its
+instruction set: ``check_bfloat16`` tries.
 """
 import functools
 import warnings
