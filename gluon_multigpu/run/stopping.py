@@ -37,9 +37,9 @@ class StopRequest(Hook):
 
     Use as a context manager in the main thread: the previous handlers come back on exit,
     once a repeat of the first signal can no longer arrive (``SAME_REQUEST``). The first
-    signal stops the loop after the current step; a second one (not a repeated SIGHUP) ends
-    the process at once with status 128 + the signal, a checkpoint being written left as its
-    last complete version, unless ``exit_on_second`` says otherwise.
+    signal stops the loop after the current step; where ``exit_on_second``, a second one
+    (not a repeated SIGHUP) ends the process at once with status 128 + the signal, and a
+    checkpoint being written is left as its last complete version.
 
     Parameters
     ----------
