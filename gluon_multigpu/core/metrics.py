@@ -184,7 +184,7 @@ class Metrics(Hook):
     every : int
         Global steps between two step records, 1 to ``MAX_EVERY``.
     rank : int
-        This worker's rank on a parameter server; only rank 0 writes (0 alone: rank 0).
+        This worker's rank on a parameter server (0 for a single process); only rank 0 writes.
     writer : type, optional
         The ``SummaryWriter`` class of the event files (None: tensorboardX's, loaded here).
     """
