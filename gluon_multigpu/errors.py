@@ -70,10 +70,23 @@ class Interrupted(BaseException):
     comparison (``between_runs``), when a sweep of measurements stops
     (``sweep_stopped``), where a signal handler raises it in the middle of
     the code (``by_signal``), and while a worker waits to join the parameter
-    server (``joining``). ``signum``: the signal that asked (None: a hook's
-    or a launcher's request); ``str(e)``: the reason, in one line.
+    server (``joining``). ``str(e)`` is the reason, in one line. A
+    ``BaseException``, as ``KeyboardInterrupt`` is: a stop is a request, not a
+    failure, and an ``except Exception`` that handles failures must not swallow
+    it. Catch it by name: ``except gm.Interrupted``.
 
-    (More: docs/design.md, "Notes on the code".)
+    Attributes
+    ----------
+    epoch, batches : int or None
+        The epoch in progress and how many of its batches had finished.
+    epoch_done : bool
+        The request came at the epoch's end (in its last step or its evaluation): the
+        epoch is complete, evaluated and recorded, and the next one was not begun.
+    training : training.Training or None
+        The run, intact: ``training.fit()`` goes on from where it stopped,
+        ``training.result`` holds the epochs done.
+    signum : int or None
+        The signal that asked (None: a hook's or a launcher's request).
     """
 
     epoch = batches = training = signum = None

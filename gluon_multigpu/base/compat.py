@@ -1,8 +1,36 @@
 """MXNet 1.9.1 on today's NumPy (1.17 to 2.x) and on a Python without ``distutils``.
 
-What it changes (docs/design.md, "Importing the package", says why):
+MXNet 1.9.1 was released for NumPy below 1.24 and a Python with ``distutils``: it reads at
+import NumPy names that NumPy later removed, and passes each operator parameter to its C
+library as ``str()`` of the value, which NumPy 2 writes as ``np.int64(4)``. This module is
+the one place that makes it work anyway; NumPy's print options, error settings and default
+types are left as they are. What it changes is listed below.
 
-More in docs/design.md, "Notes on the code".
+Notes
+-----
+1. ``prepare()``, before MXNet loads: names NumPy removed, set again on ``numpy`` where NumPy
+   lacks them (nothing present is replaced; a name NumPy still serves with a deprecation
+   warning is kept): the builtin aliases ``bool int float complex object str unicode long``;
+   from NumPy 2.0's table of expired names ``Inf Infinity infty PINF NINF NaN PZERO NZERO
+   float_ complex_ cfloat singlecomplex longfloat clongfloat longcomplex string_ unicode_
+   round_ alltrue sometrue mat asfarray``; ``NAN msort in1d trapz product cumproduct
+   row_stack`` (as their NumPy 2 equivalents) and ``fv ipmt irr mirr nper npv pmt ppmt pv
+   rate`` (stand-ins that raise, naming numpy-financial). Also ``distutils.version``
+   (``LooseVersion``, ``StrictVersion``) for MXNet's import: where a real ``distutils``
+   exists, importing it costs setuptools' import, so the stand-ins serve MXNet's import and
+   ``after_load`` withdraws them; where none exists (Python 3.12 and newer without
+   setuptools) they stay.
+2. ``after_load(mxnet)``, on NumPy 2 only: MXNet's imperative invoke and symbol creator,
+   which every operator call goes through, get NumPy scalars (alone or in a list or tuple)
+   as the equal Python numbers, so no call site can hand MXNet a NumPy 2 scalar.
+3. ``after_load(mxnet)``, on every NumPy: the name ``print`` of ``mxnet.symbol.symbol``
+   (whose failing shape and type inference prints its arguments before it raises) prints as
+   before, except in a thread inside ``quiet()``, where it prints nothing (swapping
+   ``sys.stdout`` instead could be left swapped by two trainings in two threads).
+4. ``install_hook()`` (importing ``gluon_multigpu`` calls it): the process's first ``import
+   mxnet`` from anywhere gets 1 to 3 (tests, notebooks and the parameter server's roles
+   import MXNet themselves), and a library MXNet cannot load becomes ``MXNetLoadError``
+   saying what to install.
 """
 import builtins
 import importlib.machinery

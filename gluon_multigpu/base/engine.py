@@ -10,7 +10,28 @@ When MXNet reads them (MXNet 1.9.1, measured: ``tests/training/test_engine.py``)
   ``npx.set_np()``, ``np.ones`` and ``npx.relu`` do not). A value set after
   that is used only by threads that have run no such operator yet.
 
-More in docs/design.md, "Notes on the code".
+So the settings must be in the environment before MXNet loads: ``configure``
+(which ``gm.cpu_devices(n)`` calls) is the one place they are computed
+(``recommended``) and set. This module imports nothing that loads MXNet.
+
+Notes
+-----
+What ``configure`` sets, unless the user set it (a variable set by the user always wins, and
+``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults):
+
+- ``MXNET_CPU_TEMP_COPY``, the CPU scratch copies per Python thread: ``CPU_COPIES`` (one) on
+  CPU contexts, each of which queues from a thread of its own (``core.pushers``) and runs one
+  operator at a time; 64 for GPUs; with synchronised BatchNorm 128 per context, at least 256
+  (a layer waiting in its barrier holds a copy: too few, and the contexts wait forever).
+- ``OMP_NUM_THREADS`` (CPU contexts only): a worker's cores divided among its contexts. A
+  worker's cores are its host's (``HOST_CORES`` where the host has fewer than the machine, a
+  host of the namespace lab) divided among the workers the launcher runs there
+  (``HOST_WORKERS``): OpenMP threads spin while they wait, and too many on few cores wait for
+  each other.
+- glibc's allocator (``return_freed_memory``, at any time): blocks of ``MMAP_THRESHOLD``
+  bytes or more are mapped and handed back when freed, the heap's top trimmed past
+  ``TRIM_THRESHOLD`` only; MXNet allocates and frees every array with ``malloc``, and glibc
+  kept the freed blocks in its heap, fragmented. A ``MALLOC_*`` variable set keeps glibc's own.
 """
 import ctypes
 import os
@@ -123,7 +144,7 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
     """Return the engine variables for ``cpu_devices`` CPU contexts (0 or None: GPUs or unknown)
     of a worker with ``num_cores`` cores (``worker_cores(environ)`` if not given).
 
-    See the module's text for what they are and why.
+    The module's notes say what they are and why.
     """
     num_cores = num_cores or worker_cores(environ)
     env = {}
@@ -216,7 +237,34 @@ def _call_text(cpu_devices, sync_bn):
 def configure(cpu_devices=None, sync_bn=False, environ=None):
     """Set the engine variables for training on ``cpu_devices`` CPU contexts; return those set.
 
-    (More: docs/design.md, "Notes on the code".)
+    Call before MXNet loads (``gm.cpu_devices(n)`` calls it for you). A variable already in the
+    environment (set by the user) is kept. Called again before MXNet loads, with another plan,
+    it replaces only what it set itself and still holds: a variable of the earlier plan that
+    the new one does not want is removed. Once MXNet is loaded the environment is left as it
+    is (whether this thread has run an operator cannot be told): if the settings MXNet loaded
+    with differ from this plan's, one ``EngineWarning`` per plan says which are not applied,
+    why, and how to get them (restart, and configure first).
+
+    Parameters
+    ----------
+    cpu_devices : int, optional
+        CPU contexts trained on side by side; 0 or None for GPUs (or not known).
+    sync_bn : bool
+        Synchronised BatchNorm: more scratch copies.
+    environ : dict, optional
+        The environment to check and change (None: ``os.environ``). Another mapping is
+        treated as a process's environment before MXNet loads, every variable in it the user's.
+
+    Returns
+    -------
+    dict of str -> str
+        The variables set now.
+
+    Raises
+    ------
+    EngineError
+        An engine variable MXNet cannot load with, or synchronised BatchNorm on several
+        devices under MXNet's naive engine (its devices would wait for each other forever).
     """
     process = environ is None or environ is os.environ
     environ = os.environ if process else environ

@@ -20,6 +20,19 @@ class Schedule:
     warm-up (a third of the updates without one) and falls along a half cosine
     to ``lr / 10**4``. MXNet's optimizer calls it with its count of updates.
     (No MXNet here: a parameter server's servers unpickle it while MXNet loads.)
+
+    Parameters
+    ----------
+    name : {'constant', 'step', 'cosine', 'onecycle'}
+        The shape of the schedule (``SCHEDULES``).
+    lr : float
+        The learning rate the schedule is made of: its rate after the warm-up (``onecycle``:
+        its peak).
+    warmup : int
+        Updates over which the rate rises linearly to ``lr`` (0: none).
+    total : int, optional
+        Updates of the whole run; ``train`` sets it once the run's epochs are known. None:
+        update ``k`` is taken as the last of ``k`` updates.
     """
 
     def __init__(self, name, lr, warmup=0, total=None):

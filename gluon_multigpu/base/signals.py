@@ -9,9 +9,9 @@ notebook's: Ctrl-C stops after the step, and never ends the process), and
 ``raising`` here (stop where the code is: the first signal raises
 ``errors.Interrupted`` in the main thread, which unwinds every ``with``
 and ``finally`` on the way, and the signals after it are ignored, so that
-they cannot break into the clean-up it started).
-
-More in docs/design.md, "Notes on the code".
+they cannot break into the clean-up it started). A signal within ``SAME_REQUEST`` seconds of
+the first is the same request (one Ctrl-C can arrive twice: a wrapper in the foreground group
+that forwards signals delivers it again), and handlers go back only once it passed (``wait_out``).
 """
 import signal
 import socket

@@ -7,8 +7,11 @@ A checkpoint directory holds at most one complete checkpoint, described by
 optimizer state (``save_states``), the epochs done, the batches done in the
 next epoch when it was stopped part-way (with that part's running totals),
 the data order's seed, the history so far, and the settings of the run.
-
-More in docs/design.md, "Notes on the code".
+A save writes its files in a private folder (``savefolder``), fsyncs them,
+renames them in, and renames the manifest, which names its files by content
+hash, in last: until then the old manifest describes files still all there.
+Nothing outside the directory is touched, nothing in it removed but what this
+package owns, and the optimizer state is an array file (``states``), no pickle.
 """
 import dataclasses
 import datetime

@@ -5,9 +5,21 @@ A save (``checkpoint.Checkpointer.save``) makes ``.ckpt-save.XXXXXXXXXXXXXXXX`` 
 checkpoint directory (a random name, mode 0700) and writes in it, first of all, the marker
 file ``save-marker``: ``gluon-multigpu-checkpoint-save, pid N``. Then its files (``FILES``).
 
-A folder with such a name is the package's, and may be removed, only when
+A folder with such a name is the package's, and may be removed, only when it
+holds the whole marker and nothing but the marker and ``FILES``; or nothing but
+a marker cut short (a save killed while writing it); or nothing at all. A
+user's folder of the same name, or one with anything else in it, is never
+touched. It is removed file by file, the marker last, so that a removal killed
+half-way leaves a folder still recognised.
 
-More in docs/design.md, "Notes on the code".
+Notes
+-----
+A save records in its folder (``placed.json``) the names, sizes and hashes of the files it
+is about to move into the directory, and those of the checkpoint it replaces: killed after
+the move, its files are still recognised as its own while they are as it recorded them.
+Every change goes through ``fs``; the marker, then the folder's name in the checkpoint
+directory, are fsynced before anything else is put in it, and the folder again before the
+marker is removed, so that a power cut keeps these steps in their order.
 """
 import errno
 import hashlib

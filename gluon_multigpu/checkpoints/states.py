@@ -4,9 +4,25 @@ MXNet's ``Trainer.save_states`` pickles the updaters' states (and the
 optimizer itself), and ``Trainer.load_states`` unpickles whatever the file
 holds: a planted file would run its code on resume. Here the state is
 written with ``mx.nd.save``, MXNet's array file (names and arrays, nothing
-else), and read back with ``mx.nd.load``:
+else), and read back with ``mx.nd.load``. Reading checks every name, index
+and shape against the Trainer's parameters before it changes anything.
 
-More in docs/design.md, "Notes on the code".
+Notes
+-----
+The file's arrays:
+
+- ``version``: 2, which keys each state by its parameter's place in
+  ``net.collect_params()``. Version 1 files (no ``version``) keyed it by the
+  Trainer's index, which follows the parameters' names, whose counters are
+  global to the process (two copies of a network can sort ``conv9_`` and
+  ``conv10_`` differently); they are still read by that index.
+- ``layout``: int64 rows ``(index, kind, length, numpy)`` per parameter; kind 0
+  is no state (plain SGD), 1 one array, 2 a tuple of ``length`` entries, each
+  an array or None (momentum and a float32 master copy, say); ``numpy`` is 1
+  when the arrays were ``mxnet.numpy`` arrays.
+- ``state:I`` (kind 1) and ``state:I:K`` (entry K of kind 2): the arrays.
+- ``counts``: int64 rows ``(device, index, updates)``, the optimizer's update
+  count per device and parameter; ``num_update``: its overall count.
 """
 import numpy as onp
 

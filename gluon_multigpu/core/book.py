@@ -104,7 +104,40 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     parameters are checked to be finite (one read-back), so a diverged run
     stops with ``TrainingDiverged``, and ``stop`` is asked between steps.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    net : Block
+        Typically ``resnet18(10)``; never hybridized here.
+    train_iter, test_iter : iterable of (X, y)
+        Batches of features and class labels.
+    devices : list of Context
+        Distinct devices that exist; each batch is split evenly across them.
+    num_epochs : int
+        Epochs to train.
+    lr : float
+        SGD learning rate, positive.
+    kvstore : {'local', 'device', 'nccl', 'none', None} or KVStore
+        Where gradients are summed (``kvstores.make_trainer``); the text uses the
+        Trainer's default, ``device``.
+    batch_size : int, optional
+        Passed to ``trainer.step`` as the text does; None: each batch's size.
+    seed : int, optional
+        Seeds MXNet's generators before initialisation (None: not seeded).
+    initializer : Initializer, optional
+        None: the text's ``init.Normal(sigma=0.01)``.
+    on_epoch : callable, optional
+        Called with each ``EpochRecord`` (``train_loss`` and ``train_acc`` None).
+    stop : callable, optional
+        Asked (a Python flag, no wait for the devices) after every step and every epoch,
+        e.g. a ``stopping.StopRequest``: True ends the run there with ``Interrupted``, once
+        the queued steps have finished. A stop in an epoch's last step or its evaluation
+        ends the run at that epoch's end (``Interrupted.epoch_done``); after the last
+        epoch the run simply ends.
+
+    Returns
+    -------
+    TrainResult
+        The test accuracy, seconds and samples of every epoch, the devices and kvstore.
     """
     result = None
     for result in book_epochs(net, train_iter, test_iter, devices, num_epochs, lr, kvstore,

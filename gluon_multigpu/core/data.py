@@ -70,7 +70,17 @@ def read_idx(path, max_items=MAX_ITEMS):
     small file that would inflate to gigabytes is refused without holding
     more than the announced payload in memory.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    path : str
+        Path of an ``*-idx?-ubyte.gz`` file.
+    max_items : int
+        Most elements the header may announce.
+
+    Returns
+    -------
+    numpy.ndarray
+        The array with the shape stored in the file's header.
     """
     kind = _not_a_file(path)
     if kind:
@@ -172,7 +182,10 @@ def read_split(root, split='train', name=None):
     name : str, optional
         A key of ``DATASETS``; when given, the counts and image shape must match it.
 
-    (More: docs/design.md, "Notes on the code".)
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        Images ``uint8 (N, 28, 28)`` and labels ``int32 (N,)``.
     """
     images_path = os.path.join(root, IDX_FILES[(split, 'images')])
     labels_path = os.path.join(root, IDX_FILES[(split, 'labels')])
@@ -214,7 +227,25 @@ class ArrayLoader:
     that depends only on ``seed`` and ``e``, so a run can be repeated exactly:
     set ``epoch`` back to 0 to replay the same sequence of batches.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    images : numpy.ndarray
+        ``uint8 (N, H, W)``.
+    labels : numpy.ndarray
+        ``int32 (N,)``.
+    batch_size : int
+        Samples per batch.
+    shuffle : bool
+        Draw a new order each epoch.
+    seed : int
+        Seed of the shuffling.
+    resize : int, optional
+        Resize images to ``resize x resize`` pixels (bilinear).
+    last_batch : {'keep', 'discard'}
+        Keep a final batch smaller than ``batch_size``, or drop it.
+    multiple : int
+        A kept final batch is cut to a multiple of this many samples (the rest is dropped):
+        the devices of a run whose shards must be equal (synchronised BatchNorm). 1: whole.
     """
 
     def __init__(self, images, labels, batch_size, shuffle=False, seed=0, resize=None,
@@ -332,7 +363,33 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
               num_test=None, seed=0, num_devices=1, equal_shards=False):
     """Return ``(train_iter, test_iter)`` for ``name`` ('fashion-mnist' or 'mnist').
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    name : str
+        A key of ``DATASETS``.
+    batch_size : int
+        Total samples per batch (split across the devices later).
+    resize : int, optional
+        Resize images to ``resize x resize`` pixels.
+    root : str, optional
+        Folder of the four IDX ``.gz`` files; None: ``default_root(name)``.
+    download : bool
+        Fetch missing files from MXNet's mirror instead of stopping.
+    num_train, num_test : int, optional
+        Use only the first samples of each split (for quick runs and tests).
+    seed : int
+        Seed of the training set's shuffling.
+    num_devices : int
+        Devices the batches are split across: a last training batch with fewer samples
+        is dropped (``last_batch_rule``).
+    equal_shards : bool
+        Drop the samples that would make the last training batch divide unevenly among
+        the devices (``train_loader``).
+
+    Returns
+    -------
+    (ArrayLoader, ArrayLoader)
+        The shuffled training batches and the test batches, in order.
     """
     if name not in DATASETS:
         raise DataError(f'unknown dataset {name!r}; choose one of {", ".join(DATASETS)}')

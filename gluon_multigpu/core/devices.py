@@ -165,7 +165,19 @@ def split_batch(X, y, devices, weights=None):
     faster devices can take more. Either way every sample is used exactly once,
     in order.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    X, y : mxnet.np.ndarray
+        Features and labels with the same first dimension.
+    devices : list of mxnet.Context
+        Where the shards go, one shard each, in order.
+    weights : list of float, optional
+        Relative shares of the devices, one per device.
+
+    Returns
+    -------
+    (list, list)
+        Feature shards and label shards; shard ``i`` lives on ``devices[i]``.
     """
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')

@@ -75,6 +75,19 @@ class Hook:
     run), ``progress.Progress`` (progress lines), ``live.Live`` (a progress
     display in a notebook), ``metrics.Metrics`` (TensorBoard, JSON lines),
     ``profile.Profile`` (a profile of chosen steps).
+
+    A hook of your own subclasses ``Hook`` and overrides any of the methods; each
+    method gets the ``Run`` first. A method that returns True asks to stop where
+    its docstring says (``step_end``, ``epoch_end``); other answers are ignored.
+
+    Attributes
+    ----------
+    handles_signals : bool
+        True for a hook that handles SIGINT itself: ``train`` then adds no
+        ``Interruptible``. Default False.
+    shows_progress : bool
+        True for a hook that shows progress: ``train`` then adds no ``Live`` display.
+        Default False.
     """
 
     #: A hook that handles SIGINT itself: ``train`` then adds no ``Interruptible``.
@@ -93,18 +106,22 @@ class Hook:
     def begin(self, run):
         """Before the first epoch, the Trainer made; return ``(first_epoch, partial)`` to resume.
 
-        ``partial`` is the ``EpochTotals`` of the batches of ``first_epoch``
-        already done, or None. Return None to start at epoch 1. Called once
-        per ``Training`` (not again when ``fit`` continues it), unless a hook's
-        ``begin`` raised: the next ``fit`` then begins again, resuming as
-        the first would have.
+        Called once per ``Training`` (not again when ``fit`` continues it), unless a hook's
+        ``begin`` raised: the next ``fit`` then begins again, resuming as the first would have.
+
+        Returns
+        -------
+        (int, results.EpochTotals or None) or None
+            The epoch to begin with and the totals of its batches already done (None: the
+            epoch begins at its first batch); None: start at epoch 1. The first hook that
+            returns one decides: the hooks after it are not asked.
         """
 
     def enter(self, run):
         """At the start of every ``fit`` (``train`` calls it once): e.g. install a signal handler."""
 
     def leave(self, run):
-        """At the end of every ``fit``, also when it raises: undo what ``enter`` did."""
+        """At the end of every ``fit``, also when it raises (``run.error``): undo ``enter``."""
 
     def step_end(self, run, step, samples, timer):
         """After step ``step`` of ``run.epoch`` is queued; return True to stop the epoch there.
@@ -112,18 +129,41 @@ class Hook:
         A stop in the epoch's last step (all its batches done, when the data
         has a length) becomes a stop at the epoch's end: it is evaluated and
         recorded first (see ``epoch_end``), so a checkpoint never holds a
-        partial epoch that is in fact whole.
+        partial epoch that is in fact whole. Nothing has synced: call
+        ``npx.waitall()`` before reading ``timer.elapsed()`` to get the devices' time.
 
-        ``samples`` counts this epoch's samples so far, ``timer`` has run since
-        its start. Nothing has synced: call ``npx.waitall()`` before reading
-        ``timer.elapsed()`` to get the devices' time.
+        Parameters
+        ----------
+        run : Run
+            The run in progress.
+        step : int
+            The step's number within the epoch, from 1 (a resumed epoch goes on counting).
+        samples : int
+            Samples of the epoch's steps queued so far in this fit (a resumed epoch counts
+            from where it resumed).
+        timer : utils.Timer
+            Started when this fit began the epoch (or its rest): ``elapsed()`` in seconds.
+
+        Returns
+        -------
+        bool or None
+            True: stop the epoch after this step (``train`` raises ``Interrupted``).
         """
 
     def steps_done(self, run):
         """The epoch's queued steps have all finished on the devices (before evaluation)."""
 
     def stopped(self, run, totals):
-        """The epoch was stopped by a hook after ``totals.batches`` steps (all finished)."""
+        """The epoch was stopped by a hook after ``totals.batches`` steps (all finished).
+
+        Parameters
+        ----------
+        run : Run
+            The run in progress.
+        totals : results.EpochTotals
+            What the epoch's steps done add up to (loss sum, correct, samples, seconds,
+            batches), the part of a resumed epoch done before included.
+        """
 
     def epoch_end(self, run, record):
         """After each epoch is evaluated and recorded in ``run.result``; True stops the run there.
@@ -132,7 +172,28 @@ class Hook:
         written) before the run stops; it stops only if an epoch is left to
         begin (``Interrupted`` with ``epoch_done``); after the last epoch
         ``train`` returns as usual.
+
+        Parameters
+        ----------
+        run : Run
+            The run in progress (``run.epoch`` is the epoch just recorded).
+        record : results.EpochRecord
+            The epoch's figures (losses, accuracies, seconds, samples).
+
+        Returns
+        -------
+        bool or None
+            True: stop the run after this epoch.
         """
 
     def diverged(self, run, error):
-        """Training diverged (``error``, a ``TrainingDiverged``); a hook may add to its notes."""
+        """Training diverged: a loss or a parameter became NaN or infinite.
+
+        Parameters
+        ----------
+        run : Run
+            The run in progress.
+        error : errors.TrainingDiverged
+            The exception ``train`` raises next; a hook may append advice to its
+            ``notes`` (a list of str), e.g. which checkpoint is kept.
+        """

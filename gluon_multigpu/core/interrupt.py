@@ -12,7 +12,28 @@ __all__ = ['Interruptible']
 class Interruptible(Hook):
     """Ctrl-C (SIGINT) stops ``train`` after the current step, and never ends the process.
 
-    (More: docs/design.md, "Notes on the code".)
+    What ``train`` and ``Training`` add unless a hook of the caller handles signals (the
+    scripts bring ``StopRequest``). During each ``fit`` the first SIGINT (Ctrl-C, a notebook's
+    stop button, ``kill -INT``) is acknowledged at once with one line, even while the main
+    thread waits inside MXNet, and the loop stops after the step in progress: ``fit`` raises
+    ``Interrupted`` (in the epoch's last step or its evaluation, at that epoch's end), and
+    ``fit()`` goes on from there. Further SIGINTs only say that the run is still stopping (at
+    most once every ``REPEAT_EVERY`` seconds). The handler is installed in ``enter`` and the
+    one before it (a Jupyter kernel's own) comes back in ``leave``, once a repeat of the
+    first SIGINT can no longer arrive. Only a handler that interrupts Python is replaced: a
+    program's own handler, an ignored SIGINT, and any thread but the main one are left alone.
+
+    Parameters
+    ----------
+    say : callable
+        Takes one line of text (``print``: in a notebook it shows in the cell).
+
+    Attributes
+    ----------
+    signum : int or None
+        The first SIGINT of the current ``fit`` (None: none came).
+    requests : int
+        The SIGINTs the handler has received during the current ``fit``.
     """
 
     handles_signals = True

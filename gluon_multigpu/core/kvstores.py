@@ -103,10 +103,28 @@ def make_trainer(net, lr, kvstore, multi_precision=False, lr_scheduler=None,
                  update_on_kvstore=None):
     """Return the book's SGD ``gluon.Trainer`` with the chosen kvstore.
 
-    ``lr_scheduler`` gives each update's rate (``updates.Schedule``);
-    ``update_on_kvstore`` False: the kvstore only sums (``updates.Update`` clips).
+    Parameters
+    ----------
+    net : Block
+        The network whose parameters the Trainer updates (initialised on the devices).
+    lr : float
+        Learning rate, positive.
+    kvstore : {'local', 'device', 'nccl', 'none', None} or KVStore
+        Where gradients are summed: ``local`` on the CPU, ``device`` on the devices,
+        ``nccl`` by NCCL between GPUs, ``none``/``None`` by a ``ReducingTrainer``; a
+        parameter server's kvstore (``distributed.connect``) updates on its servers.
+    multi_precision : bool
+        Keep a float32 copy of every float16 weight and update that (mixed precision).
+    lr_scheduler : callable, optional
+        Gives each update's rate (``updates.Schedule``); None: ``lr`` throughout.
+    update_on_kvstore : bool, optional
+        False: the kvstore only sums, the Trainer updates (``updates.Update`` clips);
+        None: MXNet's choice.
 
-    (More: docs/design.md, "Notes on the code".)
+    Returns
+    -------
+    gluon.Trainer
+        A ``ReducingTrainer`` for ``none``.
     """
     options = {'learning_rate': check_lr(lr)}
     if multi_precision:

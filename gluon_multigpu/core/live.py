@@ -55,7 +55,21 @@ class Live(Hook):
     Outside a Jupyter kernel (a script, a terminal, the tests) it shows
     nothing: the scripts print their own lines (``Progress``).
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    interval : float
+        Seconds between two drawings (the last one of a fit is always drawn).
+    keep : int
+        Epoch lines shown; earlier ones are counted in one line (0: none shown).
+    display : callable, optional
+        ``display(bundle) -> handle``, then ``handle.update(bundle, raw=True)``, with
+        ``bundle`` a dict of MIME type -> text (``text/plain``, ``text/html``). None:
+        IPython's ``display`` in a Jupyter kernel, nothing elsewhere.
+
+    Attributes
+    ----------
+    lines : list of str
+        What the display shows now, as text (its ``text/plain``).
     """
 
     shows_progress = True

@@ -168,12 +168,25 @@ class Metrics(Hook):
     """Write a run's figures for a dashboard: TensorBoard event files in the folder
     ``tensorboard`` (made if missing) and/or JSON lines in the file ``path``.
 
-    ``every``: global steps between two step records (loss and accuracy of the steps since the
-    last record, learning rate, images/s, gradient norm before clipping); an epoch record
-    follows each epoch (train loss and accuracy, test accuracy, seconds, images/s). JSON
-    lines: ``{"kind": "step"|"epoch", "step": global step, "epoch": E, "time": unix seconds,
-    "values": {...}}``. ``rank``: this worker's rank (only 0 writes); ``writer``: the
-    ``SummaryWriter`` class (default tensorboardX's, loaded here).
+    A step record every ``every`` global steps (``STEP_FIGURES``: loss and accuracy of the
+    steps since the last record, learning rate, images/s, gradient norm before clipping); an
+    epoch record after each epoch (``EPOCH_FIGURES``: train loss and accuracy, test accuracy,
+    seconds, images/s). A JSON line is ``{"kind": "step"|"epoch", "step": global step,
+    "epoch": E, "time": unix seconds, "values": {...}}``.
+
+    Parameters
+    ----------
+    tensorboard : str or os.PathLike, optional
+        Folder of the event files (made if missing; its parent must exist). None: no event
+        files (tensorboardX is then not needed).
+    path : str or os.PathLike, optional
+        The JSON-lines file (its folder must exist). None: no JSON lines.
+    every : int
+        Global steps between two step records, 1 to ``MAX_EVERY``.
+    rank : int
+        This worker's rank on a parameter server (0 for a single process); only rank 0 writes.
+    writer : type, optional
+        The ``SummaryWriter`` class of the event files (None: tensorboardX's, loaded here).
     """
 
     def __init__(self, tensorboard=None, path=None, every=50, *, rank=0, writer=None):

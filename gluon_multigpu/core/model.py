@@ -108,7 +108,13 @@ def text_resnet18(num_classes=10, norm=nn.BatchNorm):
     Compared with the ImageNet ResNet-18 it uses a 3x3 stem with stride 1 and
     padding 1 and no max-pooling, because the input images are small.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    num_classes : int
+        Outputs of the final Dense layer.
+    norm : callable
+        Makes each batch-normalisation layer: ``nn.BatchNorm`` (the book's), or a
+        synchronised one (``sync_bn.sync_batch_norm``).
     """
     return _resnet18(num_classes, Residual, norm)
 
@@ -160,7 +166,17 @@ def count_flops(net, input_shape=(1, 1, 28, 28)):
     weights, each as costly as the forward). BatchNorm, activations and
     pooling are left out: they move memory rather than multiply.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    net : Block
+        An initialised, not hybridized network (hooks do not fire in a compiled graph).
+    input_shape : tuple
+        Shape of one input batch; the count is divided by its first dimension.
+
+    Returns
+    -------
+    float
+        FLOPs of one training step per sample.
     """
     macs = []
 
@@ -289,7 +305,31 @@ def check_memory(name, batch_size, num_devices, available, multiple=1, sync_bn=F
 def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False, memory=True):
     """Return ``(batch_size, note)``: the batch of a run of model ``name``, checked before any work.
 
-    (More: docs/design.md, "Notes on the code".)
+    A batch larger than the ``num_train`` training images is one batch of all of them: it is
+    cut to them (to a multiple of the devices with ``sync_bn``, for equal shards), and
+    ``note`` says so (None otherwise). On CPU contexts the batch's estimated peak memory
+    (``MEMORY``) must fit in the memory available (``check_memory``): past it the system
+    swaps or kills the run.
+
+    Parameters
+    ----------
+    name : str
+        A key of ``MODELS``.
+    devices : list of Context
+        The devices the batch is split across.
+    num_train : int
+        Training images of the run.
+    batch_size : int, optional
+        Samples per batch; None: the model's recipe, its samples per device times the devices.
+    sync_bn : bool
+        BatchNorm synchronised across the devices (equal shards, more memory).
+    memory : bool
+        Check the memory now; False leaves it to a later ``check_batch_memory``.
+
+    Raises
+    ------
+    DeviceError
+        A batch smaller than the devices (it cannot be split), or too large for the memory.
     """
     count = len(devices)
     default = batch_size is None

@@ -216,12 +216,28 @@ def cost_table(rows):
 class Profile(Hook):
     """Profile steps START to STOP of a run into a trace file (``train``'s ``profile``).
 
-    ``steps``: ``'START:STOP'``, ``(start, stop)`` or ``(start, stop, path)``; ``path``: the
-    trace (Chrome's JSON, replaced whole); ``out``: the text stream that gets the table of the
-    ten costliest operators (None: ``sys.stdout``). Once written, ``written`` holds the steps
-    the trace covers (``(first, last)``) and ``rows`` the table (``costliest``). A stop or an
-    error inside the range writes the steps profiled and says so; a run resumed past START
-    profiles from the step after the resume, past STOP nothing.
+    Steps count from 1 across epochs. A stop or an error inside the range writes the steps
+    profiled and says so; a run resumed past START profiles from the step after the resume,
+    past STOP nothing.
+
+    Parameters
+    ----------
+    steps : str or tuple
+        ``'START:STOP'`` (``'N'``: step N alone), ``(start, stop)`` or ``(start, stop,
+        path)``: the first and the last step profiled (START at least 1, STOP not before it).
+    path : str or os.PathLike
+        The trace file (Chrome's JSON trace format, replaced whole); its folder must exist.
+    out : file, optional
+        The text stream that gets the table of the ten costliest operators (None:
+        ``sys.stdout``).
+
+    Attributes
+    ----------
+    written : (int, int) or None
+        The first and last step the trace covers, once written.
+    rows : list of (str, int, float, float) or None
+        The costliest operators, once written (``costliest``: name, calls, milliseconds,
+        share of all operators' time).
     """
 
     def __init__(self, steps, path='profile.json', out=None):

@@ -8,9 +8,10 @@ two contexts trained at about half the images/s; a pool widened to 128
 copies made up the speed and cost 1.6 GB). Queued from a thread of their
 own, each context has its own pool, and one copy serves it (``engine``'s
 plan for CPU contexts): one context runs one operator at a time
-(docs/results.md, "Memory").
-
-More in docs/design.md, "Notes on the code".
+(docs/results.md, "Memory"). Each device's thread is the process's, made at
+its first use and kept, since MXNet frees a thread's copies only when the
+process ends; its calls run one at a time. A network's first call of a kind
+builds its graph, so ``run`` makes it in the caller's thread, device by device.
 """
 import os
 import queue

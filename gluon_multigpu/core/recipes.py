@@ -22,7 +22,23 @@ MAX_IN_FLIGHT = 1
 class Recipe:
     """How a model trains: the defaults ``train`` and the scripts take for it.
 
-    (More: docs/design.md, "Notes on the code".)
+    Attributes
+    ----------
+    name : str
+        The model's name on the command line (``--model``).
+    per_device : int
+        Samples per device in a batch (the scripts' default ``--batch-size`` is this times
+        the devices).
+    lr : callable
+        The learning rate for a whole batch of ``B`` samples: ``lr(B)``.
+    initializer : callable
+        Returns a new MXNet initializer.
+    max_in_flight : int or None
+        Steps the engine may run behind Python (None: unbounded, the book's loop).
+    describe : str
+        The settings in words, for ``--help``.
+    static_alloc : bool
+        Hybridize with ``static_alloc`` (each block's buffers kept between calls).
     """
     name: str
     per_device: int

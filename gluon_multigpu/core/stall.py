@@ -9,7 +9,6 @@ called off, and every later MXNet call, a read of the parameters included,
 would wait on it too. Under ``scripts/launch.py`` (``LaunchedStall``) the
 launcher watches every worker's steps (``StepReports``) and names the one
 behind; the hook tells it the time, and lets it ask for the stacks.
-(More: docs/design.md, "Notes on the code".)
 """
 import math
 import numbers
@@ -35,8 +34,21 @@ class StallGuard(Background, Hook):
 
     Watched from an epoch's first step until its steps are done (not the
     evaluation), by a thread that looks once a second. A context manager (the
-    thread ends with it); only for steps in flight bounded.
-    (More: docs/design.md, "Notes on the code".)
+    thread ends with it); only for steps in flight bounded: the time since the
+    last step was queued is then also the time since the step before it finished,
+    where an unbounded loop rightly waits a whole epoch at its end. Made for
+    MXNet's synchronised BatchNorm, whose barrier has no time limit and which
+    Python cannot interrupt: ``on_stall`` should end the process.
+
+    Parameters
+    ----------
+    on_stall : callable
+        Called from the watch's thread with the seconds waited (a float), once per stall.
+    seconds : float
+        Seconds without a queued step that always count as a stall.
+    factor : float
+        A wait is a stall only past ``factor`` times the longest time between two steps
+        seen so far (0: ``seconds`` alone decides).
     """
 
     thread_name = 'stall-guard'

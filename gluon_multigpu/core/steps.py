@@ -37,7 +37,24 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
     devices only. Unlike the text's version (``book.evaluate_accuracy_book``),
     the counts stay on the devices until the end: one read-back per device.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    net : Block
+        A network initialised on ``devices``.
+    data_iter : iterable of (X, y)
+        Batches of features and class labels.
+    devices : list of Context
+        The devices the batches are split across.
+    split_f : callable
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``.
+    pushers : pushers.DevicePushers, optional
+        Queue each device's forward pass from that device's own thread (``train_batch``).
+        None: all from this thread.
+
+    Returns
+    -------
+    float
+        Fraction of correct predictions.
     """
     correct, total = [[] for _ in devices], 0
     for batch in data_iter:
@@ -83,9 +100,42 @@ def _shard_step(net, loss, backward, X_shard, y_shard):
 
 def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=split_batch,
                 after_backward=None, scaler=None, pushers=None, update=None):
-    """Run one data-parallel training step on a batch.
+    """Run one data-parallel training step on a batch: the text's, split, forward and
+    backward per shard, then one ``trainer.step`` that sums the gradients and updates.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    net : Block
+        Initialised on ``devices``.
+    X, y : mxnet.np.ndarray
+        The whole batch; it is split across ``devices``.
+    loss : Loss
+        Per-sample loss, e.g. ``SoftmaxCrossEntropyLoss``.
+    trainer : gluon.Trainer
+        Owns the parameters and the kvstore that sums the gradients.
+    devices : list of Context
+        The devices of the step, one shard each.
+    batch_size : int, optional
+        What ``trainer.step`` normalises the gradient by; None: the samples in the batch.
+    split_f : callable
+        ``split_f(X, y, devices) -> (X_shards, y_shards)``, e.g. a ``balance.Split``.
+    after_backward : callable, optional
+        ``after_backward(net, devices)``, called once the backward passes are queued, before
+        the gradients are summed: where each device's own work ends (``balance.TimedSplit``).
+    scaler : precision.LossScaler, optional
+        Scales the loss in the backward pass and divides it out in the step, which it skips
+        when a gradient overflows (float16).
+    pushers : pushers.DevicePushers, optional
+        Queue each device's forward and backward from its own thread (its own scratch
+        copies; the same arithmetic). None: all from this thread, as the text does.
+    update : updates.Update, optional
+        Replaces ``trainer.step``: gradients accumulated over batches, clipped, scheduled.
+
+    Returns
+    -------
+    list of (ndarray, ndarray)
+        Per shard, the loss sum and the number of correct predictions, as 0-d arrays on
+        the shard's device (not read back: no sync here).
     """
     X_shards, y_shards = split_f(X, y, devices)
     backward = _backward if scaler is None else scaler.backward
@@ -194,7 +244,30 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
     """Queue one epoch of steps (``step``: a ``Step``); return its ``EpochSteps`` (call
     ``npx.waitall()``, then ``totals(seconds)``).
 
-    (More: docs/design.md, "Notes on the code".)
+    With ``step.max_in_flight`` K, after queuing step ``i`` it waits until the first device
+    has computed the loss of step ``i - K + 1`` (which needs the update of the step before
+    it), so the engine never runs more than K steps behind Python (None or 0: as far as it
+    likes, the book's way). Each batch is checked by ``hooks_of.check(batch, first)`` (a
+    ``checks.BatchCheck``; ``first``: the epoch's first batch), else only to be a pair.
+
+    Parameters
+    ----------
+    step : Step
+        ``train_batch``'s arguments, the steps in flight and the step scale.
+    train_iter : iterable of (X, y)
+        The epoch's batches (those left, for a resumed epoch).
+    hooks_of : hooks.Run, optional
+        Its hooks' ``step_end`` is called after every step; one returning True ends the
+        epoch there (``stopped``), once an accumulated update in progress is complete.
+    timer : utils.Timer, optional
+        The epoch's timer, handed to the hooks.
+    first_step : int
+        Number of the first step, for the hooks and messages (a resumed epoch starts later).
+
+    Returns
+    -------
+    EpochSteps
+        The steps as queued, their figures still on the devices.
     """
     devices, max_in_flight, update = step.devices, step.max_in_flight, step.update
     steps = EpochSteps([[] for _ in devices], [[] for _ in devices], first_step=first_step)

@@ -6,7 +6,7 @@ their samples), and may clip the summed gradient by its norm over every
 parameter; ``Schedule`` gives the rate of each update (an MXNet learning-rate
 scheduler, so that a parameter server's servers follow it too). Nothing here
 reads a value back from a device: the norm and the factor that clips stay
-there until the epoch ends. More in docs/design.md, "Notes on the code".
+there until the epoch ends.
 """
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)

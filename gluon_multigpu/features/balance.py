@@ -82,8 +82,16 @@ class TimedSplit(Split):
     device's gradients in a thread of its own: ``times`` gets the seconds each
     device took from the step's start. The slowest device sets the step's
     time; the others wait for it in ``trainer.step`` (their idle time).
+    ``train`` calls ``start`` (which learns the parameters to wait for) and
+    ``after_backward``; a loop of your own calls them as ``train`` does.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    weights : list of float, optional
+        Fixed shares, one positive number per device (None: even).
+    every : int
+        Time one step in ``every`` (the first step of a run is never timed: it builds the
+        compiled graph).
     """
 
     def __init__(self, weights=None, every=10):
@@ -165,9 +173,21 @@ class AutoSplit(TimedSplit):
     every device's median speed (samples per second of its share) and, when
     shares in proportion to those speeds would shorten the step by more than
     ``tolerance``, moves to them. Speeds that drift (a device that takes on
-    other work) are followed the same way.
+    other work) are followed the same way. A change is a prediction (a device's
+    time in proportion to its samples), so the window after it checks it: unless
+    the step's time per sample fell by at least half of ``tolerance``, the shares
+    go back and stay for ``hold`` windows (doubled after each change undone).
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    every : int
+        Once settled, time one step in ``every``.
+    window : int
+        Timed steps behind each decision.
+    tolerance : float
+        Smallest predicted gain worth a change, a fraction of the step's time (0 to 1).
+    hold : int
+        Windows to keep the shares after a change that did not pay.
     """
 
     def __init__(self, every=10, window=3, tolerance=0.05, hold=5):

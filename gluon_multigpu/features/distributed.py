@@ -159,8 +159,19 @@ class Control(StepReports):
     step S, ``stop`` (a ``StopRequest``) is marked as stopped by SIGTERM, and
     ``on_stop`` says so. Made from the ``CONTROL_VARIABLE`` the agent sets
     (``from_environment``), which also makes ``stacks.DUMP_SIGNAL`` write the
-    stacks; nothing outside a launched job. (Why one S for all: docs/design.md,
-    "Notes on the code".)
+    stacks; nothing outside a launched job. The launcher tells every worker the
+    same S: a synchronous run must end on one step everywhere (a worker that
+    stopped a step earlier would leave the others waiting for its gradients
+    forever), and its first worker writes the checkpoint of that step.
+
+    Parameters
+    ----------
+    read_fd, write_fd : int
+        The control pipes from and to the agent (``GLUON_MULTIGPU_CONTROL``).
+    stop : run.stopping.StopRequest, optional
+        Marked as stopped by SIGTERM when step S is reached.
+    on_stop : callable, optional
+        Called with S when step S is reached, once.
     """
 
     def __init__(self, read_fd, write_fd, stop=None, on_stop=None):
@@ -261,7 +272,16 @@ class WorkerShard(ArrayLoader):
     (rank + 1) * batch_size)`` of each. Every sample of an epoch goes to at
     most one worker, in the order one process would see it.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    images, labels : numpy.ndarray
+        The whole training set: ``uint8 (N, H, W)`` and ``int32 (N,)``.
+    batch_size : int
+        Samples per step on this worker (over its devices).
+    rank, num_workers : int
+        This worker's place, from 0, and the workers of the job.
+    seed : int
+        Seed of the shuffling, the same on every worker.
     """
 
     def __init__(self, images, labels, batch_size, rank, num_workers, seed=0):

@@ -7,7 +7,11 @@ before the backward pass so that small gradients do not vanish in float16;
 ``trainer.step`` divides the scale out again. A step whose gradients overflow
 is skipped and the scale halved (``LossScaler``).
 
-More in docs/design.md, "Notes on the code".
+On CPU contexts float16 is refused: MXNet 1.9.1 has no float16 matrix multiply
+on the CPU ("FP16 gemm on cpu not implemented"). bfloat16 trains on the CPU in
+MXNet 1.9.1 only through a converted graph, outside ``train``, so ``dtype``
+does not offer it; whether a CPU can compute in bfloat16 at all depends on its
+instruction set: ``check_bfloat16`` tries.
 """
 import functools
 import warnings
@@ -130,7 +134,16 @@ class LossScaler:
     without one multiply it by ``factor``. With powers of two the scaling
     itself is exact: in float32 a scaled step equals an unscaled one.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    scale : float
+        The first scale (2**15, as in MXNet's AMP).
+    factor : float
+        How much an overflow lowers the scale and a quiet window raises it (above 1).
+    window : int
+        Steps without overflow before the scale grows.
+    min_scale : float
+        The scale never drops below this.
     """
 
     def __init__(self, scale=2.0 ** 15, factor=2.0, window=2000, min_scale=1.0):

@@ -6,9 +6,12 @@ so a small per-device batch gives noisy statistics and the devices' running
 statistics differ. ``SyncBatchNorm`` computes the mean and variance over all
 devices' shards together (MXNet's ``_contrib_SyncBatchNorm``): a step on N
 devices normalises as one device would with the whole batch, and every device
-keeps the same running statistics.
-
-More in docs/design.md, "Notes on the code".
+keeps the same running statistics. (MXNet 1.9.1's own ``gluon.contrib.nn.SyncBatchNorm``
+takes legacy arrays only; this one converts around the operator.) The operator asks three
+things of its caller: a training step reaches every device (each layer waits in a barrier
+for all of them; prediction does not, so evaluation may use fewer); shards of equal size
+(the statistics are averaged with equal weights); and, on CPU contexts, enough scratch
+copies (``check_cpu_scratch``), since a layer waiting in its barrier holds one.
 """
 import functools
 import itertools

@@ -1,12 +1,17 @@
 """One process of a launched job, on its host: it runs the command, relays it, and ends it.
 
-``launch`` starts every role of a parameter-server job (scheduler, servers,
-workers) through an agent, on this machine or over ssh, as
-``python -m gluon_multigpu.multihost.agent [options] -- COMMAND``. The agent
-runs COMMAND under a keeper (``keep``, this module run with ``--keeper``), which
-ends COMMAND's whole tree should the agent die, even by SIGKILL.
-
-More in docs/design.md, "Notes on the code".
+``launch`` starts every role of a job through an agent, here or over ssh, as ``python -m
+gluon_multigpu.multihost.agent [--heartbeat S] [--timeout S] [--grace S] -- COMMAND``. The
+agent runs COMMAND under a keeper (``keep``: this module with ``--keeper``) that ends
+COMMAND's whole tree should the agent die, even by SIGKILL. It copies COMMAND's output (lines
+cut at ``LINE_LIMIT``, control characters shown as ``^X``) and adds lines that begin with
+``CONTROL`` for the launcher (``beat`` every ``--heartbeat`` seconds, ``beat stopped`` while
+COMMAND is stopped, ``step N``, ``rest``, ``watch``, ``stall S``, ``rank R W``, ``exit
+STATUS``); it takes the launcher's lines (``ping``, ``stop-at S``, ``term``, ``kill``,
+``dump``) on its standard input, and ends COMMAND (SIGTERM, SIGKILL ``--grace`` seconds later)
+when that closes or is silent for ``--timeout`` seconds: status ``LAUNCHER_GONE``, else
+COMMAND's (128 + a signal). ``--check`` runs nothing: one JSON line, whether COMMAND's program
+(and a ``--port``) is available here.
 """
 import argparse
 import contextlib
@@ -104,8 +109,7 @@ def _descendants(pid):
 
 
 def on_parent_death(signum):
-    """In a child before it runs its program: ``signum`` when its parent dies (Linux's
-    ``PR_SET_PDEATHSIG``; nothing where there is none)."""
+    """In a child before it runs its program: ``signum`` when its parent dies (PR_SET_PDEATHSIG)."""
     try:
         ctypes.CDLL(None).prctl(1, signum)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -113,14 +117,12 @@ def on_parent_death(signum):
 
 
 def _die_with_parent():
-    """In the command, before it runs: SIGKILL when its keeper dies (Linux); its session is its
-    own (``start_new_session``)."""
+    """In the command, before it runs: SIGKILL when its keeper dies (its session is its own)."""
     on_parent_death(signal.SIGKILL)
 
 
 def _subreaper():
-    """Make this process the subreaper of its descendants (Linux): an orphan below it comes
-    back to it, not to init."""
+    """Make this process the subreaper of its descendants: an orphan below comes back to it."""
     try:
         ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
     except (OSError, AttributeError):
@@ -135,7 +137,7 @@ def keeper_argv(link, fds, command):
 
 
 def keep(link, fds, command):
-    """The keeper between the agent and ``command`` (see docs/design.md): run it, tell the agent
+    """The keeper between the agent and ``command`` (the module's text): run it, tell the agent
     its pid on ``link``, end its whole tree when it ends or when ``link`` closes (the agent is
     gone); return (or end by) the command's status."""
     try:

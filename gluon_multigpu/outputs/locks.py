@@ -3,10 +3,15 @@
 A ``Lock`` is the file ``path``, created whole (its content written to a file without a name,
 ``O_TMPFILE``, then linked under ``path``, which fails if anything has the name; where the file
 system has no ``O_TMPFILE``, ``O_CREAT | O_EXCL | O_NOFOLLOW``): never opened on an existing
-file, never seen empty after a kill. It holds the marker line ``MARKER``, the process id and the host, and held with
-``flock`` while the process lives. When the name is taken:
-
-More in docs/design.md, "Notes on the code".
+file, never seen empty after a kill. It holds the marker line ``MARKER``, the process id and
+the host, and is held with ``flock`` while the process lives. When the name is taken, by a lock
+of ours (a regular file with the marker, one link) whose ``flock`` is held: refused in one line
+naming the holder's process; by a lock of ours that nobody holds (its process died): taken over,
+with a line to ``say``, once the name is checked to still lead to the same file; by anything
+else (a user's file, a hard link to one, a folder, a FIFO, a symbolic link): refused in one
+line that names it, and left as it is. ``release`` removes the file only if the name still
+leads to the file this process made. The kernel drops the ``flock`` with the process, which is
+how a stale lock is told from a held one.
 """
 import errno
 import fcntl
@@ -54,7 +59,22 @@ def _say_on_stderr(line):
 class Lock:
     """The lock file ``path``: ``acquire`` (or ``with``) takes it, ``release`` lets it go.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The lock file.
+    held : callable
+        ``held(who)`` gives the message when another process holds the lock; ``who`` is
+        `` (process 123)`` or empty.
+    fix : str
+        What to do instead when the name is taken by something that is not our lock (it
+        ends the message: ``...; move it away, or FIX``).
+    error : type
+        The ``GluonMultiGPUError`` subclass raised.
+    say : callable, optional
+        Takes the line said when a stale lock is taken over (None: printed on stderr).
+    wait : float
+        Seconds to wait for a held lock before refusing (0: refuse at once).
     """
 
     def __init__(self, path, held, fix, error=GluonMultiGPUError, say=None, wait=0.0):

@@ -1,9 +1,35 @@
 """The output layer: how the package writes files, in one place.
 
-The rules, for every file the package writes (checkpoints, results files, reports, ``--json``,
-``--plot``, ``--csv``, locks, the studies' and the launcher's outputs):
+Every file the package writes (checkpoints, results files, reports, ``--json``, ``--plot``,
+``--csv``, locks, the studies' and the launcher's outputs) follows the rules below, and every
+change goes through ``base/fs.py``, so that the fault-injection harness can fail or kill the
+process at any call, or cut the power after it.
 
-More in docs/design.md, "Notes on the code".
+Notes
+-----
+1. It never replaces, truncates or deletes a file it did not write there. What is its own is
+   recognised by its content (a lock's first line, a staging folder's journal, a results
+   file's ``format``, a temporary's content hash), never by its name alone. The exception is a
+   file the user names as an output (``--json out.json``, ``--results`` with ``--overwrite``):
+   replaced at the user's request, through its symbolic links, and only if it is a regular file.
+2. A file appears complete or not at all (``atomic_write``): written to a temporary file in the
+   same folder (``O_TMPFILE``, unnamed while written; else an ``O_EXCL`` named one), fsynced,
+   renamed over the name, and the folder fsynced. A complete temporary is linked as
+   ``.NAME.<random>.<sha256 of content, 16 hex>.tmp``, which ``recover`` and the next write of
+   NAME remove if the content matches.
+3. A write of several files (``ReportSet``) is all or nothing, also when the process is killed:
+   the new files are staged in a hidden folder ``.report-XXXXXXXX.tmp`` holding a journal
+   (``JOURNAL``, marked ``STAGING_FORMAT``), each old file hard-linked into it as a backup; the
+   commit is the journal replaced by a ``committed`` one; then the files move into place, and a
+   failed move rolls back. ``recover(directory)`` (called by the next ``ReportSet`` there) rolls
+   a committed staging folder forward and discards one that was not. The journal, then the
+   staging folder's name, are fsynced before anything is staged, every staged file before the
+   commit, and the folder again before its journal, removed last, goes.
+4. A lock (``locks.Lock``) is created exclusively, its content fsynced before it is linked; a
+   stale lock of a dead process is taken over with a line saying so.
+5. A complete or partial results file is replaced only with ``--overwrite``.
+6. Every file the package reads is opened without blocking, checked to be a regular file and
+   read with a size bound (``base/reading.py``).
 """
 import errno
 import json

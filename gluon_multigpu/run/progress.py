@@ -18,8 +18,21 @@ class Schedule:
     """Runs made in turn (a kvstore comparison): which one is running, the time left.
 
     ``begin`` and ``end`` bracket each unit of work (a run, or with ``rounds``
-    above 1 one epoch of a run, the runs taking turns round after round).
-    (How the time left is estimated: docs/design.md, "Notes on the code".)
+    above 1 one epoch of a run, the runs taking turns round after round), so
+    that a unit's time counts its evaluation and a run's set-up too. A unit
+    not yet begun is expected to take the mean of those finished, or, before
+    any has finished, as long as the one in progress is expected to take in
+    all (``Progress`` gives its time left); in the first unit, ``Progress``
+    also says once what all of them will take.
+
+    Parameters
+    ----------
+    names : list of str
+        The runs, in the order they are made (e.g. the kvstores).
+    what : str
+        What the runs make together, as the lines name it (``kvstore comparison``).
+    rounds : int
+        Epochs of every run, taken in turn; 1: each run whole, one after another.
     """
 
     def __init__(self, names, what='comparison', rounds=1):
@@ -75,7 +88,27 @@ class Progress(Hook):
     The line: label, epoch, steps done, images/s, the update's rate and norm
     where there are any, and the time left (with a ``schedule``, for all its
     runs too). An epoch estimated above ``slow_epoch`` s is said once, with
-    ``advice``. (What each figure counts: docs/design.md, "Notes on the code".)
+    ``advice``. The figures are the devices' own (it waits for them before a
+    line); the time left counts the epoch's steps left at the speed measured
+    since its first step, the later epochs' steps, and an evaluation after
+    each epoch as long as the mean of those measured so far.
+
+    Parameters
+    ----------
+    say : callable
+        Takes one line of text.
+    interval : float
+        Seconds between two lines within an epoch (0: no lines, the estimates only).
+    label : str
+        Names the run (its kvstore and devices), first on every line (empty: ``training``).
+    num_epochs : int, optional
+        Epochs of the run, for the run's time left (None: the epoch's only).
+    slow_epoch : float
+        Seconds per epoch above which the estimate of the epoch and the run is said.
+    advice : str
+        What to do instead of a slow run, said with that estimate.
+    schedule : Schedule, optional
+        The runs this one is one of (begun by the caller before this run).
     """
 
     shows_progress = True

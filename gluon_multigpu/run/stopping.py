@@ -6,7 +6,12 @@ line, where a second Ctrl-C may end the process); ``Interruptible`` is what
 ``train`` adds everywhere else (a notebook, a Python session): Ctrl-C stops
 after the current step, and no number of Ctrl-Cs ends the process.
 
-More in docs/design.md, "Notes on the code".
+The loop spends most of its time blocked inside MXNet, where a Python handler
+runs only once the call returns; so ``StopRequest`` also reads the signal
+wake-up descriptor from a thread (only the bytes of the signals it handles
+count): the first signal is acknowledged at once and a second acts at once.
+SIGHUP stops like SIGTERM, but a repeated SIGHUP (a closing session may send
+several) is no second request; a SIGHUP ignored under ``nohup`` stays ignored.
 """
 import os
 import signal
@@ -30,9 +35,27 @@ class StopRequest(Hook):
     an evaluation stops the run at that epoch's end. Calling it asks the same
     (``train_book`` takes it as ``stop``).
 
-    Use as a context manager in the main thread: the previous handlers come back on exit.
+    Use as a context manager in the main thread: the previous handlers come back on exit,
+    once a repeat of the first signal can no longer arrive (``SAME_REQUEST``). The first
+    signal stops the loop after the current step; where ``exit_on_second``, a second one
+    (not a repeated SIGHUP) ends the process at once with status 128 + the signal, and a
+    checkpoint being written is left as its last complete version.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    on_signal : callable, optional
+        Called with the signal number as soon as the first signal arrives (from a thread).
+    on_second : callable, optional
+        Called with the signal number before a second signal ends the process.
+    exit_on_second : bool, optional
+        Whether a second signal ends the process (``os._exit``): a command line's behaviour.
+        None (default): yes, except inside a Jupyter kernel, which must outlive the run
+        (there a second signal changes nothing: the run still stops after the step).
+
+    Attributes
+    ----------
+    signum : int or None
+        The first signal received (None: none yet).
     """
 
     SIGNALS = STOP_SIGNALS

@@ -50,7 +50,18 @@ class Animator:
     line, and ``X``/``Y`` hold the data (``animator.Y[0][-1]`` is the last
     value of the first line). ``save(path)`` draws the figure and writes it.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    xlabel, ylabel : str, optional
+        The axes' labels.
+    legend : list of str, optional
+        One name per line.
+    xlim, ylim : (float, float), optional
+        The axes' ranges (None: matplotlib's).
+    title : str, optional
+        The chart's title.
+    figsize : (float, float)
+        Width and height, in inches.
     """
 
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None, ylim=None,

@@ -70,7 +70,22 @@ class ParamTracker:
     compare with) nothing is kept, so memory stays flat over any number of
     epochs. Use as a context manager, or call ``close`` to drop them.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    compare : bool
+        Keep the reference's parameters to compare the other runs with (False: one run).
+
+    Attributes
+    ----------
+    reference : str or None
+        Name of the reference run.
+    diff : dict of str -> list of float
+        Per run, the largest absolute parameter difference to the reference after each epoch.
+    spread : dict of str -> list of float
+        Per run, ``device_spread`` of the weights after each epoch.
+    stats_spread : dict of str -> list of float or None
+        Per run, ``device_spread`` of the running statistics after each epoch (None for a
+        network without BatchNorm).
     """
 
     def __init__(self, compare=True):

@@ -121,7 +121,22 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
     and a failure half-way (a full disk, an interruption) leaves it as it
     was, with an ``OSError`` naming the file it was writing.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    directory : str
+        The report's folder (created if missing; its parent must exist).
+    results : list of TrainResult
+        One run per kvstore, on the same devices, data and initial weights.
+    tracker : ParamTracker
+        The parameter differences recorded after each epoch.
+    config : dict
+        The run's settings (``model``, ``dataset``, ``batch_size``, ``lr``, ...; ``sync_bn``
+        true when BatchNorm was synchronised).
+    answer : str
+        The recommendation sentence (``compare.recommend``).
+    partial : str, optional
+        Why the comparison is incomplete (stopped, or written while it ran): the report is
+        titled partial and says so first.
     """
     devices = ', '.join(results[0].devices)
     what = f"{config['model']} on {config['dataset']}, [{devices}]"

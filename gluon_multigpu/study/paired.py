@@ -7,9 +7,12 @@ variants in rounds (round 1 of each, then round 2 of each, ...), and judges
 each pair of variants by the ratios of their figures within a round: a load
 that changes falls on both sides of most ratios. ``Paired`` holds the figures
 and the load of every round and says which variant is faster, or that they
-are equally fast, with the interval that decides it:
-
-More in docs/design.md, "Notes on the code".
+are equally fast, with the interval that decides it: the ratio of A to B is
+the median of the per-round ratios, its interval the 95% t-interval of their
+geometric mean (``t_quantile``), and A is named faster only when the interval
+excludes 1 and the median differs by at least ``min_effect``. The first round
+(it warms the process) and a round whose variants met different loads are left
+out where two rounds remain; ``LoadMeter`` records each round's load.
 """
 import math
 import os
@@ -196,7 +199,18 @@ def load_note(loads):
 class Paired:
     """The figures of several variants measured in rounds, and the answer they give.
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    names : list of str
+        The variants, in the order each round measures them.
+    higher_is_better : bool
+        The figures are rates (images/s) rather than times (seconds).
+    min_effect : float
+        The smallest relative difference named, a fraction (``MIN_EFFECT``: 0.03).
+    warmup : int
+        Rounds left out of the ratios where later ones exist: the process's first round is
+        not like the others (oneDNN compiles its kernels for the first network that needs
+        them; memory pools grow), and it would tell against whichever variant came first.
     """
 
     def __init__(self, names, higher_is_better=False, min_effect=MIN_EFFECT, warmup=1):

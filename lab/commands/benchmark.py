@@ -5,7 +5,7 @@ when it is imported): the text's loop with MXNet's defaults ("book"), the
 package's path with the engine settings ``train.py`` applies ("ours"), and
 PyTorch's CPU edition of the same networks (the ``.[bench]`` extra), on the
 same images, batch and learning rate, taking turns within each round
-(docs/design.md, "The lab's benchmark"). Bad input stops before measuring
+(lab/NOTES.md, "The lab's benchmark"). Bad input stops before measuring
 with one line and status 2; Ctrl-C or SIGTERM stops with one line and status
 130 or 143, writing nothing.
 """

@@ -1,6 +1,6 @@
 """Measure what each fault costs a training job on a cluster: detection, recovery, what is left.
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import argparse
 import os

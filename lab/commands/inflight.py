@@ -10,7 +10,7 @@ only when the interval excludes 1 and the difference is 3% or more), the
 load during the runs, and the smallest K within --tolerance of its speed:
 the default the training script should use.
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import json
 import os

@@ -9,7 +9,7 @@ launcher here reaches every host with plain ``ssh HOST CMD`` (through
 this machine's filesystem and processes' view of it: the same checkout and the
 same Python (``sys.executable``) work on every host; only the network differs.
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import atexit
 import contextlib
@@ -78,7 +78,7 @@ def available():
 class Cluster:
     """N hosts (network namespaces) on a bridge, each with its own sshd; a context manager.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
 
     def __init__(self, num_hosts=3, *, bandwidth=None, ssh_port=22, workdir=None):

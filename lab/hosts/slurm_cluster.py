@@ -4,7 +4,7 @@ For tests of the launcher's ``slurm`` placement and of ``sbatch`` jobs
 without a Slurm installation of several machines. Given a ``Cluster``
 (``cluster.py``), ``SlurmCluster`` starts
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import atexit
 import contextlib

@@ -24,7 +24,7 @@ def resolve_counts(num_gpus_wanted=None, cpu_devices_wanted=None, counts=None, m
                    cpu_default=(1,)):
     """Decide the device type and the device counts of a sweep.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     counts = sorted(set(counts)) if counts else None
     if counts and counts[0] < minimum:

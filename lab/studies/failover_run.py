@@ -59,7 +59,7 @@ def parse_times(lines, fault_at=0.0):
     (its own, ``launch: ...``) together. Only lines from ``fault_at`` on
     count. Keys (None where the output does not say):
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     lines = sorted(lines, key=lambda tl: tl[0])
     times = dict.fromkeys(['detect_s', 'detected_by', 'restart_s', 'restart_hosts', 'recover_s',
@@ -180,7 +180,7 @@ def run_job(cl, fault, data_dir, workdir, reference=None, timeout=TIMEOUT, epoch
             limit=RUN_LIMIT, log=None):
     """Run the job on cluster ``cl`` (``HOSTS`` hosts) with ``fault`` (None: the reference); a row.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     name = fault.name if fault else 'reference'
     ckpt = os.path.join(workdir, f'ckpt-{name}')

@@ -10,7 +10,7 @@ uninterrupted, the reference; then each fault runs on a fresh cluster, injected
 in the middle of epoch 2 (at rank 0's first progress line of epoch 2 from
 step ``MID_STEP`` on):
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import os
 

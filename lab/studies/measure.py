@@ -158,7 +158,7 @@ def measure_bandwidth(model, device_type, counts, kvstores, batch_per_device, im
                       repeats, compute_repeats=None, seed=0, progress=None, stop=None):
     """Measure one synchronisation per (count, kvstore), and the compute of one step per count.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     rows = []
     for n in counts:
@@ -251,7 +251,7 @@ def run_sweep(grid, device_type, train_data, test_data, seed=0, progress=None,
     order. A run whose loss becomes NaN or infinite is recorded with status
     ``diverged`` and the sweep goes on: that is a result about its learning rate.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     say = progress or (lambda line: None)
     rows = []

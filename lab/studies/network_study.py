@@ -9,7 +9,7 @@ link) runs ``scripts/launch.py --launcher ssh`` with ``scripts/train.py
 shape (``--synthetic``), once with every link unshaped and once with every
 link shaped (tbf, both directions) to each bandwidth.
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import dataclasses
 import os
@@ -32,7 +32,7 @@ __all__ = ['MODELS', 'GRAD_BYTES', 'LARGEST_KEY_BYTES', 'PAYLOAD', 'DEFAULT_BATC
 def study(runs, workdir, say=None, log_dir=None, max_others=0.25, retries=2, quiet_wait=120.0):
     """Run the study; yield ``(row, measurements)`` for each shaped run as it is measured.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     say = say or (lambda line: None)
     ok, why = _cluster.available()

@@ -6,7 +6,7 @@ feed them are in ``measure``. This module does not import MXNet.
 
 Definitions used throughout:
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import math
 import statistics
@@ -70,7 +70,7 @@ def bandwidth_row(model, device_type, num_devices, kvstore, params, grad_bytes, 
                   compute_times=None, batch_per_device=None):
     """Return one configuration's figures as a dict (``BANDWIDTH_COLUMNS`` and the raw times).
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     sync_s = statistics.median(sync_times)
     alg, bus = bandwidth(grad_bytes, sync_s, num_devices)
@@ -120,7 +120,7 @@ def build_grid(model, counts, kvstores, lr_rules, base_lr, epochs, batches,
                batch_mode='per-device'):
     """Return every configuration of the sweep, one series after the other.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     if batch_mode not in BATCH_MODES:
         raise GluonMultiGPUError(f'unknown batch mode {batch_mode!r}')
@@ -265,7 +265,7 @@ def projection_rows(model, device_type, kvstore, batch_mode, batch, compute_s, s
     global batch (``batch x N``, or ``batch``). Counts that cannot split a
     fixed global batch are left out.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     rows = []
     for n in counts:
@@ -290,7 +290,7 @@ def projection_rows(model, device_type, kvstore, batch_mode, batch, compute_s, s
 def worker_projection(t_step_s, grad_bytes, workers, servers, gbps, largest_bytes=None):
     """Project a parameter-server run to ``workers`` machines (a model, not a measurement).
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     largest = grad_bytes if largest_bytes is None else largest_bytes
     rows = []

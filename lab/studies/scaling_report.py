@@ -306,7 +306,7 @@ def accuracy_batch_chart(path, rows, title=None):
 def scaling_report(config, rows, projection, sync_rows, notes=()):
     """Return ``report.md`` of a sweep as text.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
     speed = config.get('mode') == 'speed'
     lines = _report_header(config, notes) + _report_answer(rows, speed) + \

@@ -4,7 +4,7 @@
 each take many measurements, minutes to hours in all. A ``Sweep`` is such a
 run cut into units (one configuration each) that it measures in turn:
 
-More in docs/design.md, "Notes on the code".
+In lab/NOTES.md, under this module's name.
 """
 import json
 import os
@@ -68,7 +68,7 @@ class Sweep:
     ``interval`` seconds which unit is being measured. ``run`` measures the
     units not yet done, in order.
 
-    (More: docs/design.md, "Notes on the code".)
+    (More: lab/NOTES.md.)
     """
 
     def __init__(self, path, program, config, units, say, resume=False, advice='',

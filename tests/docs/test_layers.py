@@ -5,6 +5,7 @@ why each floor is where it is); these tests run the tool on the package, show
 that it catches an import running back up, and hold the size limits.
 """
 import ast
+import inspect
 import os
 import shutil
 import subprocess
@@ -19,8 +20,9 @@ LINT = os.path.join(os.path.dirname(sys.executable), 'lint-imports')
 
 #: The longest module and the longest function the project keeps (issue 27).
 MODULE_LINES, FUNCTION_LINES = 450, 60
-#: The longest docstring of a module (or class) and of a function: the reasoning behind them is
-#: in docs/design.md, "Notes on the code" (issue 40).
+#: The longest prose of a module's (or class's) docstring and of a function's: the lines before
+#: its first numpydoc section (``Parameters``, ``Returns``, ...), which carry the reference and
+#: are not counted (issues 40 and 51).
 MODULE_DOC_LINES, FUNCTION_DOC_LINES = 15, 12
 
 
@@ -139,26 +141,73 @@ def test_no_two_modules_share_a_name():
     assert not twice, twice
 
 
+#: The numpydoc section headers that end a docstring's prose (``Parameters`` over a rule of
+#: dashes as long as the word): what follows is the reference, not counted.
+SECTIONS = ('Parameters', 'Returns', 'Yields', 'Receives', 'Raises', 'Warns', 'Other Parameters',
+            'Attributes', 'Methods', 'See Also', 'Notes', 'References', 'Examples')
+
+
+def prose_lines(docstring):
+    """The lines of ``docstring``'s prose: those before its first numpydoc section header, the
+    blank lines at its end left out."""
+    lines = inspect.cleandoc(docstring).split('\n')
+    for i, (line, rule) in enumerate(zip(lines, lines[1:])):
+        title = line.strip()
+        if title in SECTIONS and set(rule.strip()) == {'-'} and \
+                len(rule.strip()) == len(title):
+            lines = lines[:i]
+            break
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return len(lines)
+
+
+def long_docstrings(source, where=''):
+    """``{where:name: prose lines}`` of each docstring of ``source`` whose prose is over its limit
+    (a function's ``FUNCTION_DOC_LINES``, a module's or class's ``MODULE_DOC_LINES``)."""
+    long = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef)):
+            continue
+        docstring = ast.get_docstring(node, clean=False)
+        if docstring is None:
+            continue
+        lines = prose_lines(docstring)
+        limit = FUNCTION_DOC_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+            else MODULE_DOC_LINES
+        if lines > limit:
+            long[f'{where}:{getattr(node, "name", "")}'] = lines
+    return long
+
+
 def test_no_docstring_is_longer_than_the_limit():
     long = {}
     for path in _sources():
         with open(path, encoding='utf-8') as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                     ast.AsyncFunctionDef)):
-                continue
-            first = node.body[0] if node.body else None
-            if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                    and isinstance(first.value.value, str)):
-                continue
-            lines = first.end_lineno - first.lineno + 1
-            limit = FUNCTION_DOC_LINES if isinstance(node, (ast.FunctionDef,
-                                                            ast.AsyncFunctionDef)) \
-                else MODULE_DOC_LINES
-            if lines > limit:
-                long[f'{os.path.relpath(path, ROOT)}:{getattr(node, "name", "")}'] = lines
-    assert not long, f'docstrings over their limit: {long}'
+            long.update(long_docstrings(f.read(), os.path.relpath(path, ROOT)))
+    assert not long, f'docstrings whose prose is over its limit: {long}'
+
+
+def _docstring(prose, sections=''):
+    return 'def f(x):\n    """' + '\n    '.join(prose + sections.split('\n')) + '\n    """\n'
+
+
+def test_the_docstring_rule_counts_the_prose_only():
+    twelve = [f'Line {i} of the prose.' for i in range(1, 13)]
+    reference = ('\nParameters\n----------\nx : int\n' + '    What x is.\n' * 30
+                 + '\nReturns\n-------\nint\n    Twice x.')
+    # twelve lines of prose and a long reference: within the limit
+    assert long_docstrings(_docstring(twelve, reference)) == {}
+    # a thirteenth line of prose fails, with or without sections after it
+    assert long_docstrings(_docstring(twelve + ['One more.'], reference)) == {':f': 13}
+    assert long_docstrings(_docstring(twelve + ['One more.'])) == {':f': 13}
+    # a section header is one only with its rule: a word alone on a line is prose
+    assert long_docstrings(_docstring(twelve + ['Parameters'])) == {':f': 13}
+    # a module's or class's prose may be 15 lines, not 16
+    fifteen = '\n'.join(f'Line {i}.' for i in range(1, 16))
+    assert long_docstrings(f'"""{fifteen}\n\nNotes\n-----\nMore.\n"""\n') == {}
+    assert long_docstrings(f'class C:\n    """{fifteen}\n    One more.\n    """\n') == {':C': 16}
 
 
 def test_the_readmes_map_of_the_section_names_what_each_file_defines():
