@@ -9,7 +9,9 @@ In a notebook or a script::
     result = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2)
     print(result.final_line())       # test acc: 0.85, 17.5 sec/epoch on [cpu(0), cpu(1)]
 
-More in docs/design.md, "Notes on the code".
+The settings of a run and their meaning: ``help(gm.TrainConfig)`` (what ``train``
+takes) and ``help(gm.RunConfig)`` (the command line's). Each submodule is reachable
+by its short name (``gm.checkpoint``, ``gm.metrics``...).
 """
 import importlib as _importlib
 

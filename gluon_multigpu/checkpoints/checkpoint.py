@@ -5,8 +5,6 @@ stopped, and resumes it. What a checkpoint holds and how a save replaces it
 so that a crash, SIGKILL or full disk leaves the last complete one intact is
 ``checkpoint_store``'s (``CheckpointStore``, which it extends); this module
 says whether a run may use a directory, and locks it while it does.
-
-More in docs/design.md, "Notes on the code".
 """
 import os
 
@@ -83,7 +81,16 @@ class Checkpointer(CheckpointStore, Hook):
     ``check_resumable``): other data is refused before the first step.
     ``for_run`` makes the Checkpointer of a run from its settings (``RunConfig.recorded``).
 
-    (More: docs/design.md, "Notes on the code".)
+    Parameters
+    ----------
+    directory : str
+        The checkpoint folder; made when the first checkpoint is saved.
+    config : dict
+        What the run is (``RunConfig.recorded``): a resumed run must have the
+        same, field by field; a difference is named by its flag.
+    resume : bool
+        Whether to go on from the checkpoint in ``directory``; without it a
+        folder that holds one is refused rather than overwritten.
     """
 
     def __init__(self, directory, config, resume=False):

@@ -1,6 +1,9 @@
 """Start a training on MXNet's parameter server: scheduler, servers and workers, supervised.
 
-More in docs/design.md, "Notes on the code".
+Each role (scheduler, servers, workers) is a process of this machine or of a
+host reached over ssh or Slurm, given its ``DMLC_*`` variables; the launcher
+watches them all and ends every one when any fails or when it is stopped, so
+no process outlives the job.
 """
 import argparse
 import os
