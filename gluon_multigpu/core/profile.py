@@ -35,7 +35,8 @@ _HINT = ('give START:STOP, the first and last step to profile, counted from 1 ac
 
 
 def parse_steps(steps):
-    """``(start, stop)`` of ``steps``: ``'START:STOP'`` (``'N'``: one step) or a pair of ints.
+    """``(start, stop)`` of ``steps``: ``'START:STOP'`` (``'N'``: one step; ASCII digits) or a
+    pair of ints.
 
     Raises ``GluonMultiGPUError`` naming `profile` for anything else, for a step 0 and for a
     STOP before START.
@@ -43,7 +44,9 @@ def parse_steps(steps):
     if isinstance(steps, str):
         parts = steps.strip().split(':')
         parts = parts * 2 if len(parts) == 1 else parts
-        if len(parts) != 2 or not all(re.fullmatch(r'\s*\d{1,18}\s*', p) for p in parts):
+        # ASCII digits only: int() also reads full-width and other scripts' digits
+        if len(parts) != 2 or not all(re.fullmatch(r'\s*[0-9]{1,18}\s*', p, re.ASCII)
+                                      for p in parts):
             raise GluonMultiGPUError(f'`profile` {steps!r} is not a range of steps; {_HINT}')
         start, stop = (int(p) for p in parts)
     elif isinstance(steps, (tuple, list)) and len(steps) == 2 and all(

@@ -185,6 +185,9 @@ def test_without_a_profile_the_profiler_is_never_touched(data, monkeypatch):
     ('1.5:2', "`profile` '1.5:2' is not a range of steps"),
     ((2, 'x'), "`profile` (2, 'x') is not a range of steps"),
     ((True, 2), '`profile` (True, 2) is not a range of steps'),
+    ('\uff11:\uff13', "`profile` '\uff11:\uff13' is not a range of steps"),  # full-width digits
+    ('\u0661:\u0663', "`profile` '\u0661:\u0663' is not a range of steps"),  # Arabic-Indic
+    ('2:\U0001d7d1', "`profile` '2:\U0001d7d1' is not a range of steps"),  # mathematical bold 3
 ])
 def test_bad_ranges_are_refused_in_one_line(steps, message):
     with pytest.raises(GluonMultiGPUError) as refused:
@@ -226,6 +229,7 @@ def test_the_script_profiles_and_prints_the_table(train_script, tmp_path, capsys
 @pytest.mark.parametrize('argv, message', [
     (['--profile', '5:3'], '--profile 5:3: STOP is before START'),
     (['--profile', 'ten'], "--profile 'ten' is not a range of steps"),
+    (['--profile', '\uff11:\uff13'], "--profile '\uff11:\uff13' is not a range of steps"),
     (['--profile', '0:1'], '--profile 0:1: steps count from 1'),
     (['--profile', '4:5'], "--profile 4:5 ends past the run's last step, 4 (1 epoch(s) of 4 "),
     (['--profile-file', 'p.json'], '--profile-file needs --profile START:STOP'),
