@@ -24,17 +24,24 @@ import mxnet as mx
 from mxnet import npx
 
 from ..base import atomic, foreign
-from ..base.paths import check_name, resolve_output
+from ..base.paths import check_default_output, check_name, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 
-__all__ = ['Profile', 'parse_steps', 'check_path', 'check_devices', 'profiled_cpus',
-           'read_events', 'device_trace', 'costliest', 'cost_table']
+__all__ = ['Profile', 'parse_steps', 'check_path', 'check_default', 'check_devices',
+           'profiled_cpus', 'read_events', 'device_trace', 'costliest', 'cost_table',
+           'DEFAULT_FILE', 'TRACE_FORMAT', 'TRACE_MARKER']
 
 #: What MXNet's profiler is given as its file while no dump is taken: a path below /dev/null,
 #: which MXNet can neither remove (as it does the file it is given) nor write to at the
 #: process's end.
 _NOWHERE = os.path.join(os.devnull, 'mxnet')
+#: Where the trace goes when no file is named.
+DEFAULT_FILE = 'profile.json'
+#: A trace's ``otherData.format``, its first field: how the package knows a trace of its own.
+TRACE_FORMAT = 'gluon-multigpu profile 1'
+#: How a trace of the package's begins (``Profile`` writes ``otherData`` first).
+TRACE_MARKER = b'{"otherData":{"format":"' + TRACE_FORMAT.encode() + b'"'
 _HINT = ('give START:STOP, the first and last step to profile, counted from 1 across epochs '
          '(e.g. 11:20)')
 
@@ -82,6 +89,13 @@ def check_path(path):
                                  'create it first')
     check_name(target, what)
     return target
+
+
+def check_default(path=DEFAULT_FILE):
+    """Raise ``GluonMultiGPUError`` unless the trace may go to ``path``, a file the user did not
+    name: nothing there, or a trace the package wrote (it begins with ``TRACE_MARKER``)."""
+    return check_default_output(path, 'the `profile` trace', TRACE_MARKER,
+                                "name the trace's file (`profile_file`), or move it away")
 
 
 def profiled_cpus():
@@ -232,19 +246,24 @@ class Profile(Hook):
     """Profile steps START to STOP of a run into a trace file (``train``'s ``profile``).
 
     ``steps``: ``'START:STOP'``, ``(start, stop)`` or ``(start, stop, path)``; ``path``: the
-    trace (Chrome's JSON, replaced whole); ``out``: the text stream that gets the table of the
+    trace (Chrome's JSON, replaced whole; None: ``DEFAULT_FILE``, which replaces only a trace of
+    the package's, ``check_default``); ``out``: the text stream that gets the table of the
     ten costliest operators (None: ``sys.stdout``). Once written, ``written`` holds the steps
     the trace covers (``(first, last)``) and ``rows`` the table (``costliest``). A stop or an
     error inside the range writes the steps profiled and says so; a run resumed past START
     profiles from the step after the resume, past STOP nothing.
     """
 
-    def __init__(self, steps, path='profile.json', out=None):
+    def __init__(self, steps, path=None, out=None):
         if isinstance(steps, (tuple, list)) and len(steps) == 3:
             steps, path = tuple(steps[:2]), steps[2]
         self.start, self.stop = parse_steps(steps)
+        named = path is not None
+        path = path if named else DEFAULT_FILE
         self.path = os.fspath(path) if isinstance(path, os.PathLike) else path
         check_path(self.path)
+        if not named:  # a file the user did not name: never one the package did not write
+            check_default(self.path)
         if not foreign.available():
             raise GluonMultiGPUError('`profile` reads MXNet\'s profiler through /proc/self/fd, '
                                      'which this system does not have; mount /proc, or drop '
@@ -399,10 +418,10 @@ class Profile(Hook):
         self._state = 'done'
         devices = [str(d) for d in run.devices]
         gpus = 32 if mx.runtime.Features().is_enabled('CUDA') else 0  # what MXNet's profiler knows
-        trace = device_trace(events, devices, gpus=gpus)
         first, last = self._first, self._last
-        trace['otherData'] = {'steps': f'{self.start}:{self.stop}', 'profiled': f'{first}:{last}',
-                              'devices': ', '.join(devices)}
+        trace = {'otherData': {'format': TRACE_FORMAT, 'steps': f'{self.start}:{self.stop}',
+                               'profiled': f'{first}:{last}', 'devices': ', '.join(devices)},
+                 **device_trace(events, devices, gpus=gpus)}  # its format first: TRACE_MARKER
         with atomic.atomic_write(self._file) as f:
             json.dump(trace, f, separators=(',', ':'))
         self.written, self.rows = (first, last), costliest(trace)

@@ -13,10 +13,12 @@ import secrets
 
 from ..errors import GluonMultiGPUError
 from ..base import fs, reading
-from ..base.paths import TMP_EXTRA, check_name as _check_name, resolve_output
+from ..base.paths import (TMP_EXTRA, check_default_output, check_name as _check_name,
+                          resolve_output)
 
 __all__ = ['check_writable', 'check_output_dir', 'check_output_path', 'check_outputs',
-           'input_files', 'resolve_output', 'is_checkpoint_folder', 'CHECKPOINT_FILE', 'TMP_EXTRA']
+           'check_default_output', 'input_files', 'resolve_output', 'is_checkpoint_folder',
+           'CHECKPOINT_FILE', 'TMP_EXTRA']
 
 
 def _check_not_empty(path, what):

@@ -354,3 +354,39 @@ def test_mxnets_dump_never_reaches_a_disk(data, tmp_path, monkeypatch):
     assert given and all(name.startswith(('/proc/self/fd/', os.devnull + os.sep))
                          for name in given), given
     assert os.listdir(tmp_path) == ['p.json']
+
+
+# -- the default file: never one the package did not write ----------------------------------------
+
+def test_the_default_file_replaces_only_a_trace_of_the_packages(data, tmp_path, monkeypatch,
+                                                                 capsys):
+    """Without a file named, the trace goes to ./profile.json: a file there that is not a trace
+    the package wrote is refused in one line before any work and left as it was; one of its
+    own traces is replaced. A file named is replaced (the user asked for it, as with --json)."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / 'profile.json'
+    for held in ('my notes, not a trace', json.dumps({'traceEvents': []})):
+        mine.write_text(held)
+        with pytest.raises(GluonMultiGPUError) as refused:
+            gm.train(gm.simple_cnn(), *data, gm.cpu_devices(2), num_epochs=1, profile='2:3')
+        said = str(refused.value)
+        assert said.startswith('the `profile` trace profile.json holds a file that '
+                               'gluon-multigpu did not write; it is left as it is: ') and \
+            '`profile_file`' in said and '\n' not in said, said
+        assert mine.read_text() == held and os.listdir(tmp_path) == ['profile.json']
+        assert 'epoch 1' not in capsys.readouterr().out  # refused before any work
+        named = Profile('2:3', 'profile.json', io.StringIO())  # named: replaced when written
+        assert named.path == 'profile.json'
+    mine.unlink()
+    gm.train(gm.simple_cnn(), *data, gm.cpu_devices(2), num_epochs=1, profile='2:3')
+    first = json.loads(mine.read_text())
+    assert mine.read_bytes().startswith(profiling.TRACE_MARKER)
+    gm.train(gm.simple_cnn(), *data, gm.cpu_devices(2), num_epochs=1, profile='3:4')
+    assert first['otherData']['steps'] == '2:3'
+    assert json.loads(mine.read_text())['otherData']['steps'] == '3:4'  # its own: replaced
+    # what the command line calls before any work when --profile-file is not given
+    mine.write_text('my notes')
+    with pytest.raises(GluonMultiGPUError, match='did not write'):
+        profiling.check_default('profile.json')
+    mine.unlink()
+    profiling.check_default('profile.json')  # nothing there: nothing to refuse
