@@ -8,11 +8,15 @@ each epoch, the epoch's figures. The global step of step ``s`` of epoch ``e`` is
 the first step it runs is the purge step, at or after which what the earlier run wrote is
 dropped (TensorBoard's reader does it for an event file with a purge step; the JSON lines are
 rewritten whole without those lines, then appended to). Only ``rank`` 0 writes (the first worker
-of a parameter server). tensorboardX loads only when ``tensorboard`` is given.
+of a parameter server). Both files are written through ``base/fs`` (a failure is an ``OSError``
+naming the file); the event records are tensorboardX's, loaded only when ``tensorboard`` is given,
+its writer (a thread, an atexit handler) never started.
 """
 import json
 import math
 import os
+import socket
+import struct
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -70,14 +74,19 @@ def _check_path(value, name, folder):
     return os.path.abspath(path)
 
 
-def _summary_writer():
-    """tensorboardX's ``SummaryWriter``, or one line saying how to install it."""
+def _event_records():
+    """``(Event, SessionLog, Summary, masked_crc32c)`` of tensorboardX (TensorBoard's records
+    and their checksum), or one line saying how to install it."""
+    # pylint: disable=import-outside-toplevel
     try:
-        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+        import tensorboardX  # noqa: F401  (the package itself: a missing one is missing)
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.record_writer import masked_crc32c
     except ImportError:
         raise GluonMultiGPUError(f'`tensorboard` needs the tensorboardX package, which is not '
                                  f'installed here: {INSTALL}') from None
-    return SummaryWriter
+    return Event, SessionLog, Summary, masked_crc32c
 
 
 def _finite(value):
@@ -133,35 +142,58 @@ class JsonLines:
 
 
 class EventFiles:
-    """A TensorBoard event file (tensorboardX's ``SummaryWriter``); a new file each ``open``.
+    """A TensorBoard event file, a new one each ``open``, written as JsonLines is: each record
+    as it comes (``fs.write``), fsynced by ``sync``.
 
     Tags are ``step/<figure>`` and ``epoch/<figure>``. The file's purge step makes TensorBoard's
-    reader drop the events at or after it that earlier files hold. tensorboardX writes the file
-    itself (not through ``fs``).
+    reader drop the events at or after it that earlier files hold. The records are those
+    tensorboardX's ``SummaryWriter`` writes (TFRecord frames of ``Event``), written here.
     """
 
-    def __init__(self, folder, factory):
-        self.folder, self._factory, self._writer = folder, factory, None
+    def __init__(self, folder, records):
+        self.folder, self._records = folder, records
+        self.path, self._fd = None, None
 
     def open(self, purge):
         atomic.makedirs(self.folder)
         # The name sorts by time to the nanosecond: a resumed run's file comes after the
         # stopped one's, in the order TensorBoard's reader goes through them.
-        self._writer = self._factory(self.folder, purge_step=purge, flush_secs=30,
-                                     filename_suffix=f'.{time.time_ns():020d}')
+        now = time.time_ns()
+        self.path = os.path.join(self.folder, f'events.out.tfevents.{now // 10**9}.'
+                                              f'{socket.gethostname()}.{now:020d}')
+        event, session = self._records[:2]
+        with atomic.naming(self.path):
+            self._fd = fs.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND |
+                               os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._append([event(wall_time=time.time(), file_version='brain.Event:2'),
+                          event(wall_time=time.time(), step=purge, file_version='brain.Event:2'),
+                          event(wall_time=time.time(), step=purge,
+                                session_log=session(status=session.START))])
 
     def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
-        for name, value in values.items():
-            self._writer.add_scalar(f'{kind}/{name}', value, step)
-        self._writer.flush()
+        event, _, summary, _ = self._records
+        self._append([event(wall_time=time.time(), step=step, summary=summary(value=[
+            summary.Value(tag=f'{kind}/{name}', simple_value=value)]))
+            for name, value in values.items()])
+
+    def _append(self, events):
+        crc = self._records[3]
+        frames = []
+        for record in events:
+            data = record.SerializeToString()
+            header = struct.pack('<Q', len(data))
+            frames += [header, struct.pack('<I', crc(header)), data, struct.pack('<I', crc(data))]
+        with atomic.naming(self.path):
+            fs.write(self._fd, b''.join(frames), self.path)
 
     def sync(self):
-        self._writer.flush()
+        with atomic.naming(self.path):
+            fs.fsync(self._fd, self.path)
 
     def close(self):
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
-            writer.close()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
 
 class Metrics(Hook):
@@ -172,11 +204,10 @@ class Metrics(Hook):
     last record, learning rate, images/s, gradient norm before clipping); an epoch record
     follows each epoch (train loss and accuracy, test accuracy, seconds, images/s). JSON
     lines: ``{"kind": "step"|"epoch", "step": global step, "epoch": E, "time": unix seconds,
-    "values": {...}}``. ``rank``: this worker's rank (only 0 writes); ``writer``: the
-    ``SummaryWriter`` class (default tensorboardX's, loaded here).
+    "values": {...}}``. ``rank``: this worker's rank (only 0 writes).
     """
 
-    def __init__(self, tensorboard=None, path=None, every=50, *, rank=0, writer=None):
+    def __init__(self, tensorboard=None, path=None, every=50, *, rank=0):
         self.every = check_every(every)
         self.tensorboard = None if tensorboard is None else _check_path(tensorboard,
                                                                         'tensorboard', True)
@@ -184,7 +215,7 @@ class Metrics(Hook):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise GluonMultiGPUError(f'the rank is {rank!r}: give a whole number of 0 or more')
         self.rank = rank
-        self._writer = (writer or _summary_writer()) if tensorboard is not None else None
+        self._records = _event_records() if tensorboard is not None else None
         self._sinks = []  # the open files (one fit's)
         self._epoch = None  # the epoch whose steps are being counted (None: none yet this fit)
         self._per_epoch = None  # steps per epoch (None: the data has no length)
@@ -258,7 +289,7 @@ class Metrics(Hook):
         if self.path is not None:
             self._sinks.append(JsonLines(self.path))
         if self.tensorboard is not None:
-            self._sinks.append(EventFiles(self.tensorboard, self._writer))
+            self._sinks.append(EventFiles(self.tensorboard, self._records))
         for sink in self._sinks:
             sink.open(purge)
 

@@ -10,6 +10,7 @@ file; a parameter server's workers after the first write nothing.
 import json
 import os
 import re
+import resource
 import sys
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import gluon_multigpu as gm
 from gluon_multigpu.features.distributed import Worker
-from conftest import load_script
+from conftest import REPO, load_script, run_bounded
 
 STEPS = 8  # steps of an epoch of the data below (batch 32 on two devices)
 EVERY = 2
@@ -264,3 +265,24 @@ def test_the_train_commands_workers_after_the_first_write_nothing(train_script, 
                                   tmp_path / 'm.jsonl')) == 0
     assert 'rank 1: epoch 1/1: ' in capsys.readouterr().out
     assert os.listdir(tmp_path) == []
+
+
+def limit_file_size(limit):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_event_files_past_a_file_size_limit_are_one_line_naming_the_file(tmp_path):
+    """A full disk or a file-size limit while the event file is written: one line naming the
+    event file, status 1; no traceback from a writer's thread or an atexit handler."""
+    tb = tmp_path / 'tb'
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), '--cpu-devices', '2',
+                        '--model', 'simple-cnn', '--num-train', '512', '--num-test', '64',
+                        '--batch-size', '64', '--synthetic', '--progress-interval', '0',
+                        '--num-epochs', '2', '--tensorboard', str(tb), '--log-every', '1'],
+                       cwd=tmp_path, preexec_fn=limit_file_size(1024))
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and 'Traceback' not in proc.stderr, proc.stderr
+    [name] = os.listdir(tb)
+    assert name.startswith('events.out.tfevents.')
+    assert proc.stderr.startswith(f'error: could not write {tb / name}: File too large; '), \
+        proc.stderr
