@@ -23,7 +23,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import np
 
-from ..base import atomic, fs, reading
+from ..base import atomic, fs, lockfile, reading
 from ..base.paths import resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
@@ -217,6 +217,7 @@ class Metrics(Hook):
         self.rank = rank
         self._records = _event_records() if tensorboard is not None else None
         self._sinks = []  # the open files (one fit's)
+        self._lock = None  # the metrics file's lock, held through a fit
         self._epoch = None  # the epoch whose steps are being counted (None: none yet this fit)
         self._per_epoch = None  # steps per epoch (None: the data has no length)
         self._offset = self._last = 0  # global steps before this epoch (no length), last seen
@@ -234,8 +235,16 @@ class Metrics(Hook):
             run.want_grad_norm = True
 
     def enter(self, run):
-        """A fit begins: its first step starts the count again (nothing is opened yet)."""
+        """A fit begins: the metrics file is locked against another run (``lockfile``), and its
+        first step starts the count again (nothing is opened yet)."""
         self._epoch = None
+        if self.writes and self.path is not None and self._lock is None:
+            folder, name = os.path.split(resolve_output(self.path, '`metrics`'))
+            self._lock = lockfile.Lock(
+                os.path.join(folder, f'.{name}.lock'),
+                held=lambda who: f'another run{who} is writing the metrics file {self.path}; '
+                                 'wait until it ends, or give `metrics` another path',
+                fix='give `metrics` another path').acquire()
 
     def step_end(self, run, step, samples, timer):
         """Count step ``step``; at every ``every``-th global step, write a step record."""
@@ -267,10 +276,15 @@ class Metrics(Hook):
         self._epoch = None  # the next epoch starts its own count
 
     def leave(self, run):
-        """Close the files (every fit ends so, also on a stop or an error)."""
+        """Close the files and let the lock go (every fit ends so, also on a stop or an error)."""
         sinks, self._sinks = self._sinks, []
-        for sink in sinks:
-            sink.close()
+        try:
+            for sink in sinks:
+                sink.close()
+        finally:
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
     # -- the counting ---------------------------------------------------------------------
 

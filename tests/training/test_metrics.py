@@ -11,7 +11,10 @@ import json
 import os
 import re
 import resource
+import signal
+import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import gluon_multigpu as gm
 from gluon_multigpu.features.distributed import Worker
-from conftest import REPO, load_script, run_bounded
+from conftest import REPO, load_script, run_bounded, wait_bounded
 
 STEPS = 8  # steps of an epoch of the data below (batch 32 on two devices)
 EVERY = 2
@@ -286,3 +289,37 @@ def test_event_files_past_a_file_size_limit_are_one_line_naming_the_file(tmp_pat
     assert name.startswith('events.out.tfevents.')
     assert proc.stderr.startswith(f'error: could not write {tb / name}: File too large; '), \
         proc.stderr
+
+
+def script_run(tmp_path, *extra):
+    return [sys.executable, str(REPO / 'scripts' / 'train.py'), '--cpu-devices', '2', '--model',
+            'simple-cnn', '--num-train', '128', '--num-test', '64', '--batch-size', '64',
+            '--synthetic', '--progress-interval', '0', '--metrics', str(tmp_path / 'm.jsonl'),
+            '--log-every', '1', *extra]
+
+
+def test_a_second_run_on_the_same_metrics_file_is_refused_while_the_first_holds_it(tmp_path):
+    """Two runs at once on one --metrics file: the second is refused in one line (status 2),
+    and the file holds the first run's lines only. (Before: both ran, the second's lines
+    replaced the first's.)"""
+    first = subprocess.Popen(script_run(tmp_path, '--num-epochs', '10000'), cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a bound for a broken case only: MXNet loading
+        while not (tmp_path / 'm.jsonl').exists() or not (tmp_path / 'm.jsonl').read_text():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.2)
+        second = run_bounded(script_run(tmp_path, '--num-epochs', '1'), cwd=tmp_path)
+        assert second.returncode == 2, second.stderr
+        assert len(second.stderr.splitlines()) == 1 and 'Traceback' not in second.stderr
+        assert second.stderr.startswith(
+            f'error: another run (process {first.pid}) is writing the metrics file '
+            f'{tmp_path / "m.jsonl"}; wait until it ends, or give --metrics another path'), \
+            second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        status = wait_bounded(first)
+    assert status == 128 + signal.SIGTERM, first.stderr.read()
+    epochs = [r['epoch'] for r in records(tmp_path / 'm.jsonl', 'epoch')]
+    assert epochs == list(range(1, len(epochs) + 1))  # the first run's, each once
+    assert sorted(os.listdir(tmp_path)) == ['m.jsonl']  # its lock gone with it
