@@ -4,12 +4,13 @@ The ground floor of the file layer: ``atomic`` resolves every output through
 ``resolve_output``, and the pre-run checks (``outputs.targets``) use both.
 """
 import os
+import stat
 
 from . import reading
 from ..errors import GluonMultiGPUError
 
-__all__ = ['TMP_EXTRA', 'check_name', 'resolve_output', 'check_default_output', 'SYSTEM_TREES',
-           'MAX_LINKS']
+__all__ = ['TMP_EXTRA', 'check_name', 'resolve_output', 'check_default_output', 'kind_of',
+           'SYSTEM_TREES', 'MAX_LINKS']
 
 
 #: Bytes ``atomic_write`` adds to a name for its temporary file (``.NAME.XXXXXXXX.tmp``).
@@ -83,3 +84,15 @@ def check_default_output(path, what, marker, fix):
                 return target
     raise GluonMultiGPUError(f'{what} {path} holds a file that gluon-multigpu did not write; it '
                              f'is left as it is: {fix}')
+
+
+def kind_of(path):
+    """What ``path`` is, in words, its links followed (``'a file'``, ``'a folder'``, ``'a FIFO
+    (a named pipe)'``, ``'a socket'``, ``'a device'``; None if nothing is there)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return ('a file' if stat.S_ISREG(mode) else 'a folder' if stat.S_ISDIR(mode) else
+            'a FIFO (a named pipe)' if stat.S_ISFIFO(mode) else
+            'a socket' if stat.S_ISSOCK(mode) else 'a device')

@@ -24,7 +24,7 @@ import mxnet as mx
 from mxnet import np
 
 from ..base import atomic, fs, lockfile, reading
-from ..base.paths import resolve_output
+from ..base.paths import kind_of, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 
@@ -62,7 +62,10 @@ def _check_path(value, name, folder):
         raise GluonMultiGPUError(f'`{name}` is an empty path; give {kind}')
     if folder:
         if os.path.exists(path) and not os.path.isdir(path):
-            raise GluonMultiGPUError(f'`{name}` {path} is a file; give a folder')
+            kind = kind_of(path)
+            raise GluonMultiGPUError(f'`{name}` {path} is a file; give a folder' if kind ==
+                                     'a file' else f'`{name}` {path} is {kind}, not a folder; '
+                                     'give a folder')
         parent = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     else:
         if os.path.isdir(path):

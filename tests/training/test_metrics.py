@@ -323,3 +323,25 @@ def test_a_second_run_on_the_same_metrics_file_is_refused_while_the_first_holds_
     epochs = [r['epoch'] for r in records(tmp_path / 'm.jsonl', 'epoch')]
     assert epochs == list(range(1, len(epochs) + 1))  # the first run's, each once
     assert sorted(os.listdir(tmp_path)) == ['m.jsonl']  # its lock gone with it
+
+
+def test_a_fifo_or_a_socket_given_as_the_tensorboard_folder_is_named_as_what_it_is(
+        train_script, fashion_dir, tmp_path, monkeypatch, capsys):
+    import socket
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo('fifo')
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind('sock')
+        for name, kind in (('fifo', 'a FIFO (a named pipe)'), ('sock', 'a socket')):
+            one_line_error(rf'^`tensorboard` {name} is {re.escape(kind)}, not a folder; give a '
+                           'folder$', tensorboard=name)
+            assert train_script.main(argv(fashion_dir, '--tensorboard', name)) == 2
+            err = capsys.readouterr().err
+            assert err.splitlines() == [f'error: --tensorboard {tmp_path / name} is {kind}, not '
+                                        'a directory; give a directory'], err
+    assert train_script.main(argv(fashion_dir, '--metrics', 'fifo')) == 2  # a file, not a FIFO
+    assert capsys.readouterr().err.startswith('error: --metrics fifo exists and is not a regular '
+                                              'file (a FIFO (a named pipe)); give the name of a')
+    (tmp_path / 'file').write_text('x')
+    one_line_error(r'^`tensorboard` file is a file; give a folder$', tensorboard='file')
+    assert sorted(os.listdir(tmp_path)) == ['fifo', 'file', 'sock']
