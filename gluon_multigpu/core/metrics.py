@@ -7,7 +7,7 @@ each epoch, the epoch's figures. The global step of step ``s`` of epoch ``e`` is
 ``(e - 1) * steps per epoch + s``. A run resumed from a checkpoint continues the same curves:
 the first step it runs is the purge step, at or after which what the earlier run wrote is
 dropped (TensorBoard's reader does it for an event file with a purge step; the JSON lines are
-rewritten whole without those lines, then appended to). Only ``rank`` 0 writes (the first worker
+rewritten whole without those lines, then appended to; a file holding other lines is refused). Only ``rank`` 0 writes (the first worker
 of a parameter server). Both files are written through ``base/fs`` (a failure is an ``OSError``
 naming the file); the event records are tensorboardX's, loaded only when ``tensorboard`` is given,
 its writer (a thread, an atexit handler) never started.
@@ -97,32 +97,62 @@ def _finite(value):
     return value if value is None or math.isfinite(value) else None
 
 
+def _record(line):
+    """The record of the package's that ``line`` is (a dict), or None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get('step')
+    if record.get('kind') not in ('step', 'epoch') or not isinstance(step, int) or \
+            isinstance(step, bool) or not isinstance(record.get('values'), dict):
+        return None
+    return record
+
+
 class JsonLines:
     """The JSON-lines file: one object per line, each line written (unbuffered) as it comes.
 
-    ``open(purge)`` drops the lines at or after global step ``purge`` (and a line a kill cut
-    short), replacing the file whole, then appends; ``sync`` fsyncs (after each epoch).
+    ``check`` refuses a file holding a line that is no record of the package's (the last one
+    excepted if a kill cut it short: no line end); ``open(purge)`` drops the lines at or after
+    global step ``purge`` (and a line cut short), replacing the file whole, then appends;
+    ``sync`` fsyncs (after each epoch).
     """
 
     def __init__(self, path):
         self.path, self._fd, self._target = path, None, None
 
-    def open(self, purge):
-        self._target = target = resolve_output(self.path, '`metrics`')
-        kept = []
+    def _read(self):
+        """``[(line, record)]`` of the file and its first other line (``(number, line)``, or
+        None); a last line without its end (cut short by a kill) is neither."""
         try:
-            text = reading.read_bytes(target, MAX_LINES_FILE, '`metrics`').decode('utf-8',
-                                                                                  'replace')
+            text = reading.read_bytes(resolve_output(self.path, '`metrics`'), MAX_LINES_FILE,
+                                      '`metrics`').decode('utf-8', 'replace')
         except FileNotFoundError:
             text = ''
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # cut short by a kill, or not a record
-            if isinstance(record, dict) and isinstance(record.get('step'), int) and \
-                    record['step'] < purge:
-                kept.append(line + '\n')
+        records, other = [], None
+        for number, line in enumerate(text.split('\n')[:-1], start=1):
+            record = _record(line)
+            if record is not None:
+                records.append((line, record))
+            elif other is None:
+                other = (number, line)
+        return records, other
+
+    def check(self):
+        """Raise ``GluonMultiGPUError`` if the file holds a line the package did not write."""
+        _, other = self._read()
+        if other is not None:
+            raise GluonMultiGPUError(
+                f'the metrics file {self.path} holds lines that gluon-multigpu did not write '
+                f'(line {other[0]}: {other[1].strip()[:60]!r}); it is left as it is: move it '
+                'away, or give `metrics` another path')
+
+    def open(self, purge):
+        self._target = target = resolve_output(self.path, '`metrics`')
+        kept = [line + '\n' for line, record in self._read()[0] if record['step'] < purge]
         with atomic.naming(self.path):
             atomic.write_file(target, ''.join(kept).encode('utf-8'))
             self._fd = fs.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -248,6 +278,12 @@ class Metrics(Hook):
                 held=lambda who: f'another run{who} is writing the metrics file {self.path}; '
                                  'wait until it ends, or give `metrics` another path',
                 fix='give `metrics` another path').acquire()
+            try:
+                JsonLines(self.path).check()  # before any step: nothing written yet
+            except BaseException:
+                lock, self._lock = self._lock, None
+                lock.release()
+                raise
 
     def step_end(self, run, step, samples, timer):
         """Count step ``step``; at every ``every``-th global step, write a step record."""

@@ -345,3 +345,43 @@ def test_a_fifo_or_a_socket_given_as_the_tensorboard_folder_is_named_as_what_it_
     (tmp_path / 'file').write_text('x')
     one_line_error(r'^`tensorboard` file is a file; give a folder$', tensorboard='file')
     assert sorted(os.listdir(tmp_path)) == ['fifo', 'file', 'sock']
+
+
+def test_a_metrics_file_holding_lines_of_another_writer_is_refused_and_left_as_it_was(tmp_path):
+    """A resumed run keeps the file's records before its purge step and drops the rest: a line
+    that is no record of the package's (the user's) was dropped without a word. Such a file is
+    refused before any step (a line a kill cut short, the last, is no such line)."""
+    with pytest.raises(gm.Interrupted):
+        training(tmp_path, StopAt(2, 5), resume=False).fit(3)
+    lines = (tmp_path / 'm.jsonl').read_text().splitlines(keepends=True)
+    for other in ('my own note\n', '{"kind": "step"}\n', '[1, 2]\n', '\n'):
+        held = ''.join(lines[:3] + [other] + lines[3:]) + '{"kind": "step", "st'
+        (tmp_path / 'm.jsonl').write_text(held)
+        with pytest.raises(gm.GluonMultiGPUError) as refused:
+            training(tmp_path, resume=True).fit(3)
+        assert str(refused.value) == (
+            f'the metrics file {tmp_path / "m.jsonl"} holds lines that gluon-multigpu did not '
+            f'write (line 4: {other.strip()!r}); it is left as it is: move it away, or give '
+            '`metrics` another path')
+        assert (tmp_path / 'm.jsonl').read_text() == held
+        assert len(os.listdir(tmp_path / 'tb')) == 1  # no step run: no new event file
+        assert sorted(os.listdir(tmp_path)) == ['ckpt', 'm.jsonl', 'tb']  # the lock let go
+    (tmp_path / 'm.jsonl').write_text(''.join(lines) + '{"kind": "step", "st')
+    assert_curves_of(training(tmp_path, resume=True).fit(3), tmp_path / 'tb', tmp_path / 'm.jsonl')
+
+
+def test_the_train_command_refuses_to_resume_onto_a_metrics_file_with_other_lines(
+        train_script, fashion_dir, tmp_path, capsys):
+    outputs = ['--metrics', tmp_path / 'm.jsonl', '--checkpoint-dir', tmp_path / 'ckpt']
+    assert train_script.main(argv(fashion_dir, *outputs)) == 0
+    with open(tmp_path / 'm.jsonl', 'a', encoding='utf-8') as f:
+        f.write('the user\'s line\n')
+    held = (tmp_path / 'm.jsonl').read_text()
+    capsys.readouterr()
+    assert train_script.main(argv(fashion_dir, *outputs, '--resume', epochs=2)) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f'error: the metrics file {tmp_path / "m.jsonl"} holds lines that '
+                                f'gluon-multigpu did not write (line {held.count(chr(10))}: '
+                                '"the user\'s line"); it is left as it is: move it away, or give '
+                                '--metrics another path'], err
+    assert (tmp_path / 'm.jsonl').read_text() == held
