@@ -1,5 +1,5 @@
 """Figures a dashboard reads: ``Metrics``, a hook of ``train`` that writes TensorBoard event files
-(through tensorboardX) and JSON lines.
+(tensorboardX's records) and JSON lines.
 
 Every ``every`` global steps it reads back the training loss and accuracy of the steps since its
 last figures, the learning rate, images/s and the gradient norm (one sync point for all); after
@@ -7,10 +7,11 @@ each epoch, the epoch's figures. The global step of step ``s`` of epoch ``e`` is
 ``(e - 1) * steps per epoch + s``. A run resumed from a checkpoint continues the same curves:
 the first step it runs is the purge step, at or after which what the earlier run wrote is
 dropped (TensorBoard's reader does it for an event file with a purge step; the JSON lines are
-rewritten whole without those lines, then appended to; a file holding other lines is refused). Only ``rank`` 0 writes (the first worker
-of a parameter server). Both files are written through ``base/fs`` (a failure is an ``OSError``
-naming the file); the event records are tensorboardX's, loaded only when ``tensorboard`` is given,
-its writer (a thread, an atexit handler) never started.
+rewritten whole without those lines, then appended to; a file holding other lines is refused).
+Only ``rank`` 0 writes (the first worker of a parameter server). Both files are written through
+``base/fs`` (a failure is an ``OSError`` naming the file), the JSON file under its lock; the
+event records are tensorboardX's, loaded only when ``tensorboard`` is given, its writer (a
+thread, an atexit handler) never started.
 """
 import json
 import math
