@@ -8,10 +8,10 @@ Chrome's JSON trace format (Perfetto reads it too); ``device_trace`` gives each 
 of its own, named as the package names it (``cpu(0)``); the file is replaced whole. MXNet's
 dump never reaches a disk: it is read through a pipe (``base.foreign``), and a dump that
 cannot be read whole, like a trace that cannot be written, is an ``OSError`` naming the trace.
-When the profile ends, the ten costliest operators are printed. A run that stops or fails inside the
-range writes what was profiled, and says so. Without a ``Profile`` the profiler stays off.
-CPU contexts past the process's cores are refused: MXNet 1.9.1's profiler cannot tell them
-apart (``check_devices``).
+When the profile ends, the ten costliest operators are printed. A run that stops or fails
+inside the range writes what was profiled, and says so. Without a ``Profile`` the profiler
+stays off. CPU contexts past the process's cores are refused: MXNet 1.9.1's profiler cannot
+tell them apart (``check_devices``).
 """
 import json
 import numbers
