@@ -6,12 +6,15 @@ then call the writer (``act``) with small synthetic inputs: no training, no clus
 ``decoys`` puts files of the user's beside the outputs, named like the package's temporary and
 staging files, or hard-linked at a lock's name: none of them may change. ``fault_harness``
 drives them. ``ENTRIES`` here are the package's own writers (files, charts, reports, results
-files, checkpoints, locks); ``fault_studies.ENTRIES`` the studies', the cluster's and the data's.
+files, checkpoints, locks, and what MXNet's profiler delivers); ``fault_studies.ENTRIES`` the
+studies', the cluster's and the data's.
 """
 import contextlib
 import functools
+import io
 import json
 import os
+import types
 import warnings
 
 import gluon_multigpu as gm
@@ -169,6 +172,51 @@ class Chart(Entry):
 
     def act(self, root):
         gm.charts.bar_chart(os.path.join(root, 'chart.png'), ['a', 'b'], [1.0, 2.0], 'new')
+
+
+class ProfileTrace(Entry):
+    """A profile's trace: MXNet's dump, read through a pipe (``base/foreign``: its write is
+    announced to ``fs``, where it can fail), then the trace written whole."""
+    name = 'profile_trace'
+    what = "`--profile` traces (`core/profile.Profile`: MXNet's dump through `base/foreign`)"
+
+    @staticmethod
+    def _profile(root, steps):
+        import mxnet as mx  # pylint: disable=import-outside-toplevel
+        from gluon_multigpu.core.profile import Profile  # pylint: disable=import-outside-toplevel
+        run = types.SimpleNamespace(devices=[mx.cpu(0)], train_iter=[None] * steps, epoch=1,
+                                    num_epochs=1, error=None, steps=None)
+        hook = Profile(f'1:{steps}', os.path.join(root, 'profile.json'), out=io.StringIO())
+        hook.setup(run)
+        hook.enter(run)
+        hook.begin(run)
+        try:
+            for step in range(1, steps + 1):  # a step: an operator on the device
+                (mx.np.ones((2, 2), ctx=mx.cpu(0)) * step).wait_to_read()
+                hook.step_end(run, step, step, None)
+        finally:
+            hook.leave(run)
+
+    def previous(self, root):
+        self._profile(root, 1)
+
+    def decoys(self, root):
+        return [user_file(root, 'notes.txt'), user_file(root, '.profile.json.k3j9x2ab.tmp'),
+                user_file(root, '.profile.json.0a1b2c3d.mxnet.tmp')]  # MXNet's file's old name
+
+    def act(self, root):
+        self._profile(root, 2)
+
+    def normalize(self, rel, data):
+        """A trace as the steps it holds (two profiles of the same steps differ in times)."""
+        if rel != 'profile.json':
+            return data
+        try:
+            trace = json.loads(data)
+        except ValueError:  # half written: compared as it is
+            return data
+        return json.dumps({'otherData': trace.get('otherData'),
+                           'events': bool(trace.get('traceEvents'))}, sort_keys=True).encode()
 
 
 # -- report folders -----------------------------------------------------------------------------
@@ -367,6 +415,6 @@ def patched(owner, attribute, value):
 
 
 #: The entry points of the package's own writers, in the order of the table.
-ENTRIES = [cls() for cls in (WriteJson, WriteCsv, OpCache, Chart, KvstoreReport, ScalingReport,
-                             BalanceReport, SweepResults, SweepLock, CheckpointSave,
-                             CheckpointLock)]
+ENTRIES = [cls() for cls in (WriteJson, WriteCsv, OpCache, Chart, ProfileTrace, KvstoreReport,
+                             ScalingReport, BalanceReport, SweepResults, SweepLock,
+                             CheckpointSave, CheckpointLock)]

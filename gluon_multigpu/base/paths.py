@@ -4,10 +4,13 @@ The ground floor of the file layer: ``atomic`` resolves every output through
 ``resolve_output``, and the pre-run checks (``outputs.targets``) use both.
 """
 import os
+import stat
 
+from . import reading
 from ..errors import GluonMultiGPUError
 
-__all__ = ['TMP_EXTRA', 'check_name', 'resolve_output', 'SYSTEM_TREES', 'MAX_LINKS']
+__all__ = ['TMP_EXTRA', 'check_name', 'resolve_output', 'check_default_output', 'kind_of',
+           'SYSTEM_TREES', 'MAX_LINKS']
 
 
 #: Bytes ``atomic_write`` adds to a name for its temporary file (``.NAME.XXXXXXXX.tmp``).
@@ -64,3 +67,32 @@ def resolve_output(path, what):
         current = os.path.join(os.path.dirname(current), os.readlink(current))
     raise GluonMultiGPUError(f'{what} {path}: its symbolic links lead round in a loop; give the '
                              'name of a regular file')
+
+
+def check_default_output(path, what, marker, fix):
+    """Return the file an output the user did not name (a default, ``path``) is written to;
+    raise ``GluonMultiGPUError`` naming ``what`` if something there is not the package's own:
+    a regular file whose content begins with ``marker`` (bytes). A default never replaces what
+    the package did not write (``outputs.output``, rule 1); ``fix`` says what to do instead."""
+    target = resolve_output(path, what)
+    if not os.path.lexists(target):
+        return target
+    found = reading.open_if_regular(target)
+    if found is not None:
+        with found:
+            if found.read(len(marker)) == marker:
+                return target
+    raise GluonMultiGPUError(f'{what} {path} holds a file that gluon-multigpu did not write; it '
+                             f'is left as it is: {fix}')
+
+
+def kind_of(path):
+    """What ``path`` is, in words, its links followed (``'a file'``, ``'a folder'``, ``'a FIFO
+    (a named pipe)'``, ``'a socket'``, ``'a device'``; None if nothing is there)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return ('a file' if stat.S_ISREG(mode) else 'a folder' if stat.S_ISDIR(mode) else
+            'a FIFO (a named pipe)' if stat.S_ISFIFO(mode) else
+            'a socket' if stat.S_ISSOCK(mode) else 'a device')

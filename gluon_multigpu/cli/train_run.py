@@ -167,12 +167,15 @@ def metrics_hook(config):
 
 def check_profile(config, devices):
     """Raise GluonMultiGPUError for a --profile this run cannot take: its steps, devices
-    MXNet's profiler cannot tell apart."""
+    MXNet's profiler cannot tell apart, a default trace file that is not one of ours."""
     if config.profile is None:
         return
-    from ..core.profile import check_devices, parse_steps  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel  (with --profile)
+    from ..core.profile import check_default, check_devices, parse_steps
     parse_steps(config.profile)
     check_devices(devices)
+    if config.profile_file is None:
+        check_default(config.profile_path)
 
 
 def profile_hook(config, out, worker, total):
@@ -181,7 +184,7 @@ def profile_hook(config, out, worker, total):
     if config.profile is None or worker.rank:
         return None
     from ..core.profile import Profile  # pylint: disable=import-outside-toplevel  (with --profile)
-    profile = Profile(config.profile, config.profile_path, out=out)
+    profile = Profile(config.profile, config.profile_file, out=out)
     profile.check_total(total, total // config.num_epochs)
     return profile
 

@@ -1,5 +1,5 @@
 """Figures a dashboard reads: ``Metrics``, a hook of ``train`` that writes TensorBoard event files
-(through tensorboardX) and JSON lines.
+(tensorboardX's records) and JSON lines.
 
 Every ``every`` global steps it reads back the training loss and accuracy of the steps since its
 last figures, the learning rate, images/s and the gradient norm (one sync point for all); after
@@ -7,20 +7,25 @@ each epoch, the epoch's figures. The global step of step ``s`` of epoch ``e`` is
 ``(e - 1) * steps per epoch + s``. A run resumed from a checkpoint continues the same curves:
 the first step it runs is the purge step, at or after which what the earlier run wrote is
 dropped (TensorBoard's reader does it for an event file with a purge step; the JSON lines are
-rewritten whole without those lines, then appended to). Only ``rank`` 0 writes (the first worker
-of a parameter server). tensorboardX loads only when ``tensorboard`` is given.
+rewritten whole without those lines, then appended to; a file holding other lines is refused).
+Only ``rank`` 0 writes (the first worker of a parameter server). Both files are written through
+``base/fs`` (a failure is an ``OSError`` naming the file), the JSON file under its lock; the
+event records are tensorboardX's, loaded only when ``tensorboard`` is given, its writer (a
+thread, an atexit handler) never started.
 """
 import json
 import math
 import os
+import socket
+import struct
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import np
 
-from ..base import atomic, fs, reading
-from ..base.paths import resolve_output
+from ..base import atomic, fs, lockfile, reading
+from ..base.paths import kind_of, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 
@@ -58,7 +63,10 @@ def _check_path(value, name, folder):
         raise GluonMultiGPUError(f'`{name}` is an empty path; give {kind}')
     if folder:
         if os.path.exists(path) and not os.path.isdir(path):
-            raise GluonMultiGPUError(f'`{name}` {path} is a file; give a folder')
+            kind = kind_of(path)
+            raise GluonMultiGPUError(f'`{name}` {path} is a file; give a folder' if kind ==
+                                     'a file' else f'`{name}` {path} is {kind}, not a folder; '
+                                     'give a folder')
         parent = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     else:
         if os.path.isdir(path):
@@ -70,14 +78,19 @@ def _check_path(value, name, folder):
     return os.path.abspath(path)
 
 
-def _summary_writer():
-    """tensorboardX's ``SummaryWriter``, or one line saying how to install it."""
+def _event_records():
+    """``(Event, SessionLog, Summary, masked_crc32c)`` of tensorboardX (TensorBoard's records
+    and their checksum), or one line saying how to install it."""
+    # pylint: disable=import-outside-toplevel
     try:
-        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+        import tensorboardX  # noqa: F401  (the package itself: a missing one is missing)
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.record_writer import masked_crc32c
     except ImportError:
         raise GluonMultiGPUError(f'`tensorboard` needs the tensorboardX package, which is not '
                                  f'installed here: {INSTALL}') from None
-    return SummaryWriter
+    return Event, SessionLog, Summary, masked_crc32c
 
 
 def _finite(value):
@@ -85,32 +98,62 @@ def _finite(value):
     return value if value is None or math.isfinite(value) else None
 
 
+def _record(line):
+    """The record of the package's that ``line`` is (a dict), or None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get('step')
+    if record.get('kind') not in ('step', 'epoch') or not isinstance(step, int) or \
+            isinstance(step, bool) or not isinstance(record.get('values'), dict):
+        return None
+    return record
+
+
 class JsonLines:
     """The JSON-lines file: one object per line, each line written (unbuffered) as it comes.
 
-    ``open(purge)`` drops the lines at or after global step ``purge`` (and a line a kill cut
-    short), replacing the file whole, then appends; ``sync`` fsyncs (after each epoch).
+    ``check`` refuses a file holding a line that is no record of the package's (the last one
+    excepted if a kill cut it short: no line end); ``open(purge)`` drops the lines at or after
+    global step ``purge`` (and a line cut short), replacing the file whole, then appends;
+    ``sync`` fsyncs (after each epoch).
     """
 
     def __init__(self, path):
         self.path, self._fd, self._target = path, None, None
 
-    def open(self, purge):
-        self._target = target = resolve_output(self.path, '`metrics`')
-        kept = []
+    def _read(self):
+        """``[(line, record)]`` of the file and its first other line (``(number, line)``, or
+        None); a last line without its end (cut short by a kill) is neither."""
         try:
-            text = reading.read_bytes(target, MAX_LINES_FILE, '`metrics`').decode('utf-8',
-                                                                                  'replace')
+            text = reading.read_bytes(resolve_output(self.path, '`metrics`'), MAX_LINES_FILE,
+                                      '`metrics`').decode('utf-8', 'replace')
         except FileNotFoundError:
             text = ''
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # cut short by a kill, or not a record
-            if isinstance(record, dict) and isinstance(record.get('step'), int) and \
-                    record['step'] < purge:
-                kept.append(line + '\n')
+        records, other = [], None
+        for number, line in enumerate(text.split('\n')[:-1], start=1):
+            record = _record(line)
+            if record is not None:
+                records.append((line, record))
+            elif other is None:
+                other = (number, line)
+        return records, other
+
+    def check(self):
+        """Raise ``GluonMultiGPUError`` if the file holds a line the package did not write."""
+        _, other = self._read()
+        if other is not None:
+            raise GluonMultiGPUError(
+                f'the metrics file {self.path} holds lines that gluon-multigpu did not write '
+                f'(line {other[0]}: {other[1].strip()[:60]!r}); it is left as it is: move it '
+                'away, or give `metrics` another path')
+
+    def open(self, purge):
+        self._target = target = resolve_output(self.path, '`metrics`')
+        kept = [line + '\n' for line, record in self._read()[0] if record['step'] < purge]
         with atomic.naming(self.path):
             atomic.write_file(target, ''.join(kept).encode('utf-8'))
             self._fd = fs.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -133,35 +176,58 @@ class JsonLines:
 
 
 class EventFiles:
-    """A TensorBoard event file (tensorboardX's ``SummaryWriter``); a new file each ``open``.
+    """A TensorBoard event file, a new one each ``open``, written as JsonLines is: each record
+    as it comes (``fs.write``), fsynced by ``sync``.
 
     Tags are ``step/<figure>`` and ``epoch/<figure>``. The file's purge step makes TensorBoard's
-    reader drop the events at or after it that earlier files hold. tensorboardX writes the file
-    itself (not through ``fs``).
+    reader drop the events at or after it that earlier files hold. The records are those
+    tensorboardX's ``SummaryWriter`` writes (TFRecord frames of ``Event``), written here.
     """
 
-    def __init__(self, folder, factory):
-        self.folder, self._factory, self._writer = folder, factory, None
+    def __init__(self, folder, records):
+        self.folder, self._records = folder, records
+        self.path, self._fd = None, None
 
     def open(self, purge):
         atomic.makedirs(self.folder)
         # The name sorts by time to the nanosecond: a resumed run's file comes after the
         # stopped one's, in the order TensorBoard's reader goes through them.
-        self._writer = self._factory(self.folder, purge_step=purge, flush_secs=30,
-                                     filename_suffix=f'.{time.time_ns():020d}')
+        now = time.time_ns()
+        self.path = os.path.join(self.folder, f'events.out.tfevents.{now // 10**9}.'
+                                              f'{socket.gethostname()}.{now:020d}')
+        event, session = self._records[:2]
+        with atomic.naming(self.path):
+            self._fd = fs.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND |
+                               os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._append([event(wall_time=time.time(), file_version='brain.Event:2'),
+                          event(wall_time=time.time(), step=purge, file_version='brain.Event:2'),
+                          event(wall_time=time.time(), step=purge,
+                                session_log=session(status=session.START))])
 
     def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
-        for name, value in values.items():
-            self._writer.add_scalar(f'{kind}/{name}', value, step)
-        self._writer.flush()
+        event, _, summary, _ = self._records
+        self._append([event(wall_time=time.time(), step=step, summary=summary(value=[
+            summary.Value(tag=f'{kind}/{name}', simple_value=value)]))
+            for name, value in values.items()])
+
+    def _append(self, events):
+        crc = self._records[3]
+        frames = []
+        for record in events:
+            data = record.SerializeToString()
+            header = struct.pack('<Q', len(data))
+            frames += [header, struct.pack('<I', crc(header)), data, struct.pack('<I', crc(data))]
+        with atomic.naming(self.path):
+            fs.write(self._fd, b''.join(frames), self.path)
 
     def sync(self):
-        self._writer.flush()
+        with atomic.naming(self.path):
+            fs.fsync(self._fd, self.path)
 
     def close(self):
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
-            writer.close()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
 
 class Metrics(Hook):
@@ -185,11 +251,9 @@ class Metrics(Hook):
         Global steps between two step records, 1 to ``MAX_EVERY``.
     rank : int
         This worker's rank on a parameter server (0 for a single process); only rank 0 writes.
-    writer : type, optional
-        The ``SummaryWriter`` class of the event files (None: tensorboardX's, loaded here).
     """
 
-    def __init__(self, tensorboard=None, path=None, every=50, *, rank=0, writer=None):
+    def __init__(self, tensorboard=None, path=None, every=50, *, rank=0):
         self.every = check_every(every)
         self.tensorboard = None if tensorboard is None else _check_path(tensorboard,
                                                                         'tensorboard', True)
@@ -197,8 +261,9 @@ class Metrics(Hook):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise GluonMultiGPUError(f'the rank is {rank!r}: give a whole number of 0 or more')
         self.rank = rank
-        self._writer = (writer or _summary_writer()) if tensorboard is not None else None
+        self._records = _event_records() if tensorboard is not None else None
         self._sinks = []  # the open files (one fit's)
+        self._lock = None  # the metrics file's lock, held through a fit
         self._epoch = None  # the epoch whose steps are being counted (None: none yet this fit)
         self._per_epoch = None  # steps per epoch (None: the data has no length)
         self._offset = self._last = 0  # global steps before this epoch (no length), last seen
@@ -216,8 +281,22 @@ class Metrics(Hook):
             run.want_grad_norm = True
 
     def enter(self, run):
-        """A fit begins: its first step starts the count again (nothing is opened yet)."""
+        """A fit begins: the metrics file is locked against another run (``lockfile``), and its
+        first step starts the count again (nothing is opened yet)."""
         self._epoch = None
+        if self.writes and self.path is not None and self._lock is None:
+            folder, name = os.path.split(resolve_output(self.path, '`metrics`'))
+            self._lock = lockfile.Lock(
+                os.path.join(folder, f'.{name}.lock'),
+                held=lambda who: f'another run{who} is writing the metrics file {self.path}; '
+                                 'wait until it ends, or give `metrics` another path',
+                fix='give `metrics` another path').acquire()
+            try:
+                JsonLines(self.path).check()  # before any step: nothing written yet
+            except BaseException:
+                lock, self._lock = self._lock, None
+                lock.release()
+                raise
 
     def step_end(self, run, step, samples, timer):
         """Count step ``step``; at every ``every``-th global step, write a step record."""
@@ -249,10 +328,15 @@ class Metrics(Hook):
         self._epoch = None  # the next epoch starts its own count
 
     def leave(self, run):
-        """Close the files (every fit ends so, also on a stop or an error)."""
+        """Close the files and let the lock go (every fit ends so, also on a stop or an error)."""
         sinks, self._sinks = self._sinks, []
-        for sink in sinks:
-            sink.close()
+        try:
+            for sink in sinks:
+                sink.close()
+        finally:
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
     # -- the counting ---------------------------------------------------------------------
 
@@ -271,7 +355,7 @@ class Metrics(Hook):
         if self.path is not None:
             self._sinks.append(JsonLines(self.path))
         if self.tensorboard is not None:
-            self._sinks.append(EventFiles(self.tensorboard, self._writer))
+            self._sinks.append(EventFiles(self.tensorboard, self._records))
         for sink in self._sinks:
             sink.open(purge)
 

@@ -5,37 +5,50 @@
 has finished on every device until step STOP has (``npx.waitall()`` at both ends), and not
 during an evaluation, so the trace holds those steps' operators and no others. MXNet writes
 Chrome's JSON trace format (Perfetto reads it too); ``device_trace`` gives each device a track
-of its own, named as the package names it (``cpu(0)``); the file is replaced whole. When the
-profile ends, the ten costliest operators are printed. A run that stops or fails inside the
-range writes what was profiled, and says so. Without a ``Profile`` the profiler stays off.
-CPU contexts past the process's cores are refused: MXNet 1.9.1's profiler cannot tell them
-apart (``check_devices``).
+of its own, named as the package names it (``cpu(0)``); the file is replaced whole. MXNet's
+dump never reaches a disk: it is read through a pipe (``base.foreign``), and a dump that
+cannot be read whole, like a trace that cannot be written, is an ``OSError`` naming the trace.
+When the profile ends, the ten costliest operators are printed. A run that stops or fails
+inside the range writes what was profiled, and says so. Without a ``Profile`` the profiler
+stays off. CPU contexts past the process's cores are refused: MXNet 1.9.1's profiler cannot
+tell them apart (``check_devices``).
 """
 import json
 import numbers
 import os
 import re
-import secrets
 import sys
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import npx
 
-from ..base import atomic, fs
-from ..base.paths import check_name, resolve_output
+from ..base import atomic, foreign
+from ..base.paths import check_default_output, check_name, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 
-__all__ = ['Profile', 'parse_steps', 'check_path', 'check_devices', 'profiled_cpus',
-           'read_events', 'device_trace', 'costliest', 'cost_table']
+__all__ = ['Profile', 'parse_steps', 'check_path', 'check_default', 'check_devices',
+           'profiled_cpus', 'read_events', 'device_trace', 'costliest', 'cost_table',
+           'DEFAULT_FILE', 'TRACE_FORMAT', 'TRACE_MARKER']
 
+#: What MXNet's profiler is given as its file while no dump is taken: a path below /dev/null,
+#: which MXNet can neither remove (as it does the file it is given) nor write to at the
+#: process's end.
+_NOWHERE = os.path.join(os.devnull, 'mxnet')
+#: Where the trace goes when no file is named.
+DEFAULT_FILE = 'profile.json'
+#: A trace's ``otherData.format``, its first field: how the package knows a trace of its own.
+TRACE_FORMAT = 'gluon-multigpu profile 1'
+#: How a trace of the package's begins (``Profile`` writes ``otherData`` first).
+TRACE_MARKER = b'{"otherData":{"format":"' + TRACE_FORMAT.encode() + b'"'
 _HINT = ('give START:STOP, the first and last step to profile, counted from 1 across epochs '
          '(e.g. 11:20)')
 
 
 def parse_steps(steps):
-    """``(start, stop)`` of ``steps``: ``'START:STOP'`` (``'N'``: one step) or a pair of ints.
+    """``(start, stop)`` of ``steps``: ``'START:STOP'`` (``'N'``: one step; ASCII digits) or a
+    pair of ints.
 
     Raises ``GluonMultiGPUError`` naming `profile` for anything else, for a step 0 and for a
     STOP before START.
@@ -43,7 +56,9 @@ def parse_steps(steps):
     if isinstance(steps, str):
         parts = steps.strip().split(':')
         parts = parts * 2 if len(parts) == 1 else parts
-        if len(parts) != 2 or not all(re.fullmatch(r'\s*\d{1,18}\s*', p) for p in parts):
+        # ASCII digits only: int() also reads full-width and other scripts' digits
+        if len(parts) != 2 or not all(re.fullmatch(r'\s*[0-9]{1,18}\s*', p, re.ASCII)
+                                      for p in parts):
             raise GluonMultiGPUError(f'`profile` {steps!r} is not a range of steps; {_HINT}')
         start, stop = (int(p) for p in parts)
     elif isinstance(steps, (tuple, list)) and len(steps) == 2 and all(
@@ -74,6 +89,13 @@ def check_path(path):
                                  'create it first')
     check_name(target, what)
     return target
+
+
+def check_default(path=DEFAULT_FILE):
+    """Raise ``GluonMultiGPUError`` unless the trace may go to ``path``, a file the user did not
+    name: nothing there, or a trace the package wrote (it begins with ``TRACE_MARKER``)."""
+    return check_default_output(path, 'the `profile` trace', TRACE_MARKER,
+                                "name the trace's file (`profile_file`), or move it away")
 
 
 def profiled_cpus():
@@ -213,6 +235,13 @@ def cost_table(rows):
     return lines
 
 
+def _dump():
+    """Have MXNet's profiler write what it recorded since its last dump to its file, then name
+    a file it can neither create nor write to (its pipe is about to close)."""
+    mx.profiler.dump(finished=False)  # (finished=True: no profile again in this process)
+    mx.profiler.set_config(profile_all=False, filename=_NOWHERE)
+
+
 class Profile(Hook):
     """Profile steps START to STOP of a run into a trace file (``train``'s ``profile``).
 
@@ -225,8 +254,10 @@ class Profile(Hook):
     steps : str or tuple
         ``'START:STOP'`` (``'N'``: step N alone), ``(start, stop)`` or ``(start, stop,
         path)``: the first and the last step profiled (START at least 1, STOP not before it).
-    path : str or os.PathLike
+    path : str or os.PathLike, optional
         The trace file (Chrome's JSON trace format, replaced whole); its folder must exist.
+        None: ``DEFAULT_FILE``, which replaces only a trace of the package's
+        (``check_default``).
     out : file, optional
         The text stream that gets the table of the ten costliest operators (None:
         ``sys.stdout``).
@@ -240,19 +271,27 @@ class Profile(Hook):
         share of all operators' time).
     """
 
-    def __init__(self, steps, path='profile.json', out=None):
+    def __init__(self, steps, path=None, out=None):
         if isinstance(steps, (tuple, list)) and len(steps) == 3:
             steps, path = tuple(steps[:2]), steps[2]
         self.start, self.stop = parse_steps(steps)
+        named = path is not None
+        path = path if named else DEFAULT_FILE
         self.path = os.fspath(path) if isinstance(path, os.PathLike) else path
         check_path(self.path)
+        if not named:  # a file the user did not name: never one the package did not write
+            check_default(self.path)
+        if not foreign.available():
+            raise GluonMultiGPUError('`profile` reads MXNet\'s profiler through /proc/self/fd, '
+                                     'which this system does not have; mount /proc, or drop '
+                                     '`profile`')
         self._file = os.path.abspath(self.path)  # as named now, whatever the folder later
         self.out, self.written, self.rows = out, None, None
         self._state = 'waiting'  # then 'on' ('paused' between two epochs of the range), 'done'
         self._from = self.start  # the first step to profile (later, after a resume past START)
         self._next = None  # the step that comes next, where known
         self._first = self._last = None  # the steps profiled so far
-        self._per_epoch, self._raw, self._note = None, None, ''
+        self._per_epoch, self._note, self._capture = None, '', None
 
     def check_total(self, total, per_epoch=None):
         """Raise ``GluonMultiGPUError`` if the range ends past ``total``, the run's last step
@@ -339,12 +378,14 @@ class Profile(Hook):
 
     def _start(self):
         npx.waitall()  # Sync point: the steps before are done, and none of their operators is in
-        folder, name = os.path.split(resolve_output(self._file, 'the `profile` file'))
-        self._raw = os.path.join(folder, f'.{name}.{secrets.token_hex(4)}.mxnet.tmp')
+        # MXNet's file is a pipe (``foreign``), named now: a later change of the profiler's
+        # settings, before its dump, loses some of what it recorded.
+        self._capture = foreign.Capture(self._file, "MXNet's profiler")
         try:
             # With its statistics on, MXNet's engine runs operators one by one, not in bulks
             # (one "ImperativeBulk" event for many): each is in the trace by its name.
-            mx.profiler.set_config(profile_all=True, aggregate_stats=True, filename=self._raw)
+            mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+                                   filename=self._capture.path)
             self._switch('run', 'on')
         except BaseException:
             self._release()
@@ -360,37 +401,33 @@ class Profile(Hook):
 
     def _close(self, keep=True):
         """Stop the profiler and take MXNet's dump; return its events (``keep``) or drop them."""
-        text = None
         try:
             try:
                 npx.waitall()  # Sync point: the last step is done, all of its operators are in
             finally:
                 mx.profiler.set_state('stop')
-                fs.external(self._raw)  # MXNet writes its file (beside the trace) now
-                mx.profiler.dump(finished=False)  # (finished=True: no profile again here)
-            made = os.lstat(self._raw)
-            atomic.UNFINISHED[self._raw] = (made.st_dev, made.st_ino)  # a process's end removes it
-            if keep:
-                with open(self._raw, encoding='utf-8') as f:
-                    text = f.read()
+            # The dump empties MXNet's record: taken also when dropped, through the pipe: none
+            # of it reaches a disk, none is left by a kill.
+            events = self._capture.take(_dump, parse=(
+                lambda data: read_events(data.decode('utf-8'))) if keep else None)
         finally:
             self._release()
             if not keep:
                 self._first = self._last = None
-        return read_events(text) if keep else None
+        return events if keep else None
 
     def _release(self):
-        """Leave MXNet's profiler off, its statistics dropped, and remove its file."""
-        raw, self._raw, self._state = self._raw, None, 'waiting'
+        """Leave MXNet's profiler off, its statistics dropped, its file nowhere."""
+        capture, self._capture, self._state = self._capture, None, 'waiting'
         try:
             mx.profiler.set_state('stop')
-            # MXNet removes the file it is given here, and writes to it again when the process
-            # ends: a path below /dev/null can be neither, and nothing is left behind.
-            mx.profiler.set_config(profile_all=False, filename=os.path.join(os.devnull, 'mxnet'))
+            mx.profiler.set_config(profile_all=False, filename=_NOWHERE)
+        except BaseException:
+            capture = None  # the profiler may still name the pipe: kept open, never reused
+            raise
         finally:
-            atomic.UNFINISHED.pop(raw, None)
-            if os.path.lexists(raw):
-                fs.unlink(raw)
+            if capture is not None:
+                capture.close()
 
     def _end(self, run, ended=None):
         """Close the profile, write its trace and print its costliest operators."""
@@ -398,10 +435,10 @@ class Profile(Hook):
         self._state = 'done'
         devices = [str(d) for d in run.devices]
         gpus = 32 if mx.runtime.Features().is_enabled('CUDA') else 0  # what MXNet's profiler knows
-        trace = device_trace(events, devices, gpus=gpus)
         first, last = self._first, self._last
-        trace['otherData'] = {'steps': f'{self.start}:{self.stop}', 'profiled': f'{first}:{last}',
-                              'devices': ', '.join(devices)}
+        trace = {'otherData': {'format': TRACE_FORMAT, 'steps': f'{self.start}:{self.stop}',
+                               'profiled': f'{first}:{last}', 'devices': ', '.join(devices)},
+                 **device_trace(events, devices, gpus=gpus)}  # its format first: TRACE_MARKER
         with atomic.atomic_write(self._file) as f:
             json.dump(trace, f, separators=(',', ':'))
         self.written, self.rows = (first, last), costliest(trace)

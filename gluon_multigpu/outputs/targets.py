@@ -13,10 +13,12 @@ import secrets
 
 from ..errors import GluonMultiGPUError
 from ..base import fs, reading
-from ..base.paths import TMP_EXTRA, check_name as _check_name, resolve_output
+from ..base.paths import (TMP_EXTRA, check_default_output, check_name as _check_name, kind_of,
+                          resolve_output)
 
 __all__ = ['check_writable', 'check_output_dir', 'check_output_path', 'check_outputs',
-           'input_files', 'resolve_output', 'is_checkpoint_folder', 'CHECKPOINT_FILE', 'TMP_EXTRA']
+           'check_default_output', 'input_files', 'resolve_output', 'is_checkpoint_folder',
+           'CHECKPOINT_FILE', 'TMP_EXTRA']
 
 
 def _check_not_empty(path, what):
@@ -109,7 +111,10 @@ def check_output_dir(directory, flag, checkpoints=False):
     _check_not_empty(directory, flag)
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
-        raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory')
+        kind = kind_of(directory)
+        raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory'
+                                 if kind == 'a file' else
+                                 f'{flag} {directory} is {kind}, not a directory; give a directory')
     _check_name(directory, flag)
     target = directory if os.path.isdir(directory) else os.path.dirname(directory)
     if not os.path.isdir(target):
@@ -138,8 +143,9 @@ def check_output_path(path, what, inputs=()):
     if os.path.isdir(target):
         raise GluonMultiGPUError(f'{what} {path} is a directory; give a file name')
     if os.path.lexists(target) and not os.path.isfile(target):
-        raise GluonMultiGPUError(f'{what} {path} exists and is not a regular file (a device, '
-                                 'pipe or socket); give the name of a file')
+        raise GluonMultiGPUError(f'{what} {path} exists and is not a regular file '
+                                 f'({kind_of(target) or "a link to nothing"}); give the name of a '
+                                 'file')
     _check_name(target, what)
     if not os.path.isdir(directory):
         raise _missing_directory(directory, what, path)

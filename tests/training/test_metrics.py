@@ -10,7 +10,11 @@ file; a parameter server's workers after the first write nothing.
 import json
 import os
 import re
+import resource
+import signal
+import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import gluon_multigpu as gm
 from gluon_multigpu.features.distributed import Worker
-from conftest import load_script
+from conftest import REPO, load_script, run_bounded, wait_bounded
 
 STEPS = 8  # steps of an epoch of the data below (batch 32 on two devices)
 EVERY = 2
@@ -264,3 +268,120 @@ def test_the_train_commands_workers_after_the_first_write_nothing(train_script, 
                                   tmp_path / 'm.jsonl')) == 0
     assert 'rank 1: epoch 1/1: ' in capsys.readouterr().out
     assert os.listdir(tmp_path) == []
+
+
+def limit_file_size(limit):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_event_files_past_a_file_size_limit_are_one_line_naming_the_file(tmp_path):
+    """A full disk or a file-size limit while the event file is written: one line naming the
+    event file, status 1; no traceback from a writer's thread or an atexit handler."""
+    tb = tmp_path / 'tb'
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), '--cpu-devices', '2',
+                        '--model', 'simple-cnn', '--num-train', '512', '--num-test', '64',
+                        '--batch-size', '64', '--synthetic', '--progress-interval', '0',
+                        '--num-epochs', '2', '--tensorboard', str(tb), '--log-every', '1'],
+                       cwd=tmp_path, preexec_fn=limit_file_size(1024))
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and 'Traceback' not in proc.stderr, proc.stderr
+    [name] = os.listdir(tb)
+    assert name.startswith('events.out.tfevents.')
+    assert proc.stderr.startswith(f'error: could not write {tb / name}: File too large; '), \
+        proc.stderr
+
+
+def script_run(tmp_path, *extra):
+    return [sys.executable, str(REPO / 'scripts' / 'train.py'), '--cpu-devices', '2', '--model',
+            'simple-cnn', '--num-train', '128', '--num-test', '64', '--batch-size', '64',
+            '--synthetic', '--progress-interval', '0', '--metrics', str(tmp_path / 'm.jsonl'),
+            '--log-every', '1', *extra]
+
+
+def test_a_second_run_on_the_same_metrics_file_is_refused_while_the_first_holds_it(tmp_path):
+    """Two runs at once on one --metrics file: the second is refused in one line (status 2),
+    and the file holds the first run's lines only. (Before: both ran, the second's lines
+    replaced the first's.)"""
+    first = subprocess.Popen(script_run(tmp_path, '--num-epochs', '10000'), cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a bound for a broken case only: MXNet loading
+        while not (tmp_path / 'm.jsonl').exists() or not (tmp_path / 'm.jsonl').read_text():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.2)
+        second = run_bounded(script_run(tmp_path, '--num-epochs', '1'), cwd=tmp_path)
+        assert second.returncode == 2, second.stderr
+        assert len(second.stderr.splitlines()) == 1 and 'Traceback' not in second.stderr
+        assert second.stderr.startswith(
+            f'error: another run (process {first.pid}) is writing the metrics file '
+            f'{tmp_path / "m.jsonl"}; wait until it ends, or give --metrics another path'), \
+            second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        status = wait_bounded(first)
+    assert status == 128 + signal.SIGTERM, first.stderr.read()
+    epochs = [r['epoch'] for r in records(tmp_path / 'm.jsonl', 'epoch')]
+    assert epochs == list(range(1, len(epochs) + 1))  # the first run's, each once
+    assert sorted(os.listdir(tmp_path)) == ['m.jsonl']  # its lock gone with it
+
+
+def test_a_fifo_or_a_socket_given_as_the_tensorboard_folder_is_named_as_what_it_is(
+        train_script, fashion_dir, tmp_path, monkeypatch, capsys):
+    import socket
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo('fifo')
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind('sock')
+        for name, kind in (('fifo', 'a FIFO (a named pipe)'), ('sock', 'a socket')):
+            one_line_error(rf'^`tensorboard` {name} is {re.escape(kind)}, not a folder; give a '
+                           'folder$', tensorboard=name)
+            assert train_script.main(argv(fashion_dir, '--tensorboard', name)) == 2
+            err = capsys.readouterr().err
+            assert err.splitlines() == [f'error: --tensorboard {tmp_path / name} is {kind}, not '
+                                        'a directory; give a directory'], err
+    assert train_script.main(argv(fashion_dir, '--metrics', 'fifo')) == 2  # a file, not a FIFO
+    assert capsys.readouterr().err.startswith('error: --metrics fifo exists and is not a regular '
+                                              'file (a FIFO (a named pipe)); give the name of a')
+    (tmp_path / 'file').write_text('x')
+    one_line_error(r'^`tensorboard` file is a file; give a folder$', tensorboard='file')
+    assert sorted(os.listdir(tmp_path)) == ['fifo', 'file', 'sock']
+
+
+def test_a_metrics_file_holding_lines_of_another_writer_is_refused_and_left_as_it_was(tmp_path):
+    """A resumed run keeps the file's records before its purge step and drops the rest: a line
+    that is no record of the package's (the user's) was dropped without a word. Such a file is
+    refused before any step (a line a kill cut short, the last, is no such line)."""
+    with pytest.raises(gm.Interrupted):
+        training(tmp_path, StopAt(2, 5), resume=False).fit(3)
+    lines = (tmp_path / 'm.jsonl').read_text().splitlines(keepends=True)
+    for other in ('my own note\n', '{"kind": "step"}\n', '[1, 2]\n', '\n'):
+        held = ''.join(lines[:3] + [other] + lines[3:]) + '{"kind": "step", "st'
+        (tmp_path / 'm.jsonl').write_text(held)
+        with pytest.raises(gm.GluonMultiGPUError) as refused:
+            training(tmp_path, resume=True).fit(3)
+        assert str(refused.value) == (
+            f'the metrics file {tmp_path / "m.jsonl"} holds lines that gluon-multigpu did not '
+            f'write (line 4: {other.strip()!r}); it is left as it is: move it away, or give '
+            '`metrics` another path')
+        assert (tmp_path / 'm.jsonl').read_text() == held
+        assert len(os.listdir(tmp_path / 'tb')) == 1  # no step run: no new event file
+        assert sorted(os.listdir(tmp_path)) == ['ckpt', 'm.jsonl', 'tb']  # the lock let go
+    (tmp_path / 'm.jsonl').write_text(''.join(lines) + '{"kind": "step", "st')
+    assert_curves_of(training(tmp_path, resume=True).fit(3), tmp_path / 'tb', tmp_path / 'm.jsonl')
+
+
+def test_the_train_command_refuses_to_resume_onto_a_metrics_file_with_other_lines(
+        train_script, fashion_dir, tmp_path, capsys):
+    outputs = ['--metrics', tmp_path / 'm.jsonl', '--checkpoint-dir', tmp_path / 'ckpt']
+    assert train_script.main(argv(fashion_dir, *outputs)) == 0
+    with open(tmp_path / 'm.jsonl', 'a', encoding='utf-8') as f:
+        f.write('the user\'s line\n')
+    held = (tmp_path / 'm.jsonl').read_text()
+    capsys.readouterr()
+    assert train_script.main(argv(fashion_dir, *outputs, '--resume', epochs=2)) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f'error: the metrics file {tmp_path / "m.jsonl"} holds lines that '
+                                f'gluon-multigpu did not write (line {held.count(chr(10))}: '
+                                '"the user\'s line"); it is left as it is: move it away, or give '
+                                '--metrics another path'], err
+    assert (tmp_path / 'm.jsonl').read_text() == held

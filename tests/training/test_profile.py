@@ -1,11 +1,15 @@
 """A profile of chosen steps (``train``'s ``profile``, the script's --profile): MXNet's profiler
 over exactly those steps, a trace with a track per device, the costliest operators, bad input."""
 import collections
+import errno
 import io
 import json
 import os
+import resource
 import shutil
 import signal
+import sys
+import threading
 
 import pytest
 
@@ -13,7 +17,8 @@ import gluon_multigpu as gm
 from gluon_multigpu.core import profile as profiling
 from gluon_multigpu.core.profile import Profile
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
-from conftest import load_script
+from gluon_multigpu.base import foreign
+from conftest import REPO, load_script, run_bounded
 
 import mxnet as mx
 from mxnet.gluon import nn
@@ -185,6 +190,9 @@ def test_without_a_profile_the_profiler_is_never_touched(data, monkeypatch):
     ('1.5:2', "`profile` '1.5:2' is not a range of steps"),
     ((2, 'x'), "`profile` (2, 'x') is not a range of steps"),
     ((True, 2), '`profile` (True, 2) is not a range of steps'),
+    ('\uff11:\uff13', "`profile` '\uff11:\uff13' is not a range of steps"),  # full-width digits
+    ('\u0661:\u0663', "`profile` '\u0661:\u0663' is not a range of steps"),  # Arabic-Indic
+    ('2:\U0001d7d1', "`profile` '2:\U0001d7d1' is not a range of steps"),  # mathematical bold 3
 ])
 def test_bad_ranges_are_refused_in_one_line(steps, message):
     with pytest.raises(GluonMultiGPUError) as refused:
@@ -226,6 +234,7 @@ def test_the_script_profiles_and_prints_the_table(train_script, tmp_path, capsys
 @pytest.mark.parametrize('argv, message', [
     (['--profile', '5:3'], '--profile 5:3: STOP is before START'),
     (['--profile', 'ten'], "--profile 'ten' is not a range of steps"),
+    (['--profile', '\uff11:\uff13'], "--profile '\uff11:\uff13' is not a range of steps"),
     (['--profile', '0:1'], '--profile 0:1: steps count from 1'),
     (['--profile', '4:5'], "--profile 4:5 ends past the run's last step, 4 (1 epoch(s) of 4 "),
     (['--profile-file', 'p.json'], '--profile-file needs --profile START:STOP'),
@@ -276,3 +285,108 @@ def test_a_resumed_run_is_profiled_from_where_it_can_be(train_script, tmp_path, 
     assert 'profile of steps 6-7 on' in out
     # The resume's own step cannot be profiled: nothing tells a hook where a run resumes.
     assert 'profile of steps 6-6 (the run resumed at step 5) on' in out
+
+
+# -- MXNet's dump: through a pipe, never from a disk ---------------------------------------------
+
+def limit_file_size(limit):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.parametrize('limit', [100 << 10, 8 << 10])
+def test_a_trace_past_a_file_size_limit_is_one_line_and_status_1(tmp_path, limit):
+    """``ulimit -f 100`` once cut MXNet's own dump short, and reading it was a traceback
+    (JSONDecodeError); the dump no longer reaches a disk, and the trace, past the limit, is one
+    line naming it, status 1, the file that was there as it was, nothing else left."""
+    (tmp_path / 'mine.txt').write_text("the user's own file")
+    path = tmp_path / 'p.json'
+    path.write_text('{"an earlier trace": true}')
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), *QUICK,
+                        '--num-epochs', '1', '--profile', '2:3', '--profile-file', str(path)],
+                       cwd=tmp_path, preexec_fn=limit_file_size(limit))
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and 'Traceback' not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f'error: could not write {path}: File too large; '), \
+        proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ['mine.txt', 'p.json']
+    assert path.read_text() == '{"an earlier trace": true}'
+
+
+def test_a_dump_that_cannot_be_read_whole_is_an_oserror_naming_the_trace(tmp_path):
+    threads = threading.active_count()
+    target = str(tmp_path / 'p.json')
+
+    def cut_short(path):
+        with open(path, 'w', encoding='utf-8') as f:
+            f.write('{\n    "traceEvents": [\n        {"ph": "B", "na')
+    with pytest.raises(OSError) as failed:
+        foreign.capture(cut_short, target, "MXNet's profiler",
+                        parse=lambda data: profiling.read_events(data.decode()))
+    assert failed.value.errno == errno.EIO and failed.value.filename == target
+    assert "MXNet's profiler delivered 46 bytes that cannot be read whole" in str(failed.value)
+
+    def too_much(path):
+        with open(path, 'wb') as f:
+            for _ in range(40):
+                f.write(b'x' * 4096)  # past the pipe's buffer: read on, not blocked
+    with pytest.raises(OSError) as failed:
+        foreign.capture(too_much, target, 'a writer', limit=1000)
+    assert failed.value.errno == errno.EFBIG and failed.value.filename == target
+    with pytest.raises(RuntimeError, match='its own error'):
+        foreign.capture(lambda path: (_ for _ in ()).throw(RuntimeError('its own error')),
+                        target, 'a writer')
+    assert foreign.capture(lambda path: open(path, 'wb').close(), target, 'a writer') == b''
+    assert os.listdir(tmp_path) == [] and threading.active_count() == threads
+
+
+def test_mxnets_dump_never_reaches_a_disk(data, tmp_path, monkeypatch):
+    """Every file MXNet's profiler is given is a pipe of this process or a path below
+    /dev/null (which it can neither create nor remove), and the folder holds the trace only."""
+    given = []
+    set_config = mx.profiler.set_config
+
+    def watched(**kwargs):
+        if 'filename' in kwargs:
+            given.append(kwargs['filename'])
+        return set_config(**kwargs)
+    monkeypatch.setattr(mx.profiler, 'set_config', watched)
+    train(data, [Profile('2:3', str(tmp_path / 'p.json'), io.StringIO())], num_epochs=1)
+    assert given and all(name.startswith(('/proc/self/fd/', os.devnull + os.sep))
+                         for name in given), given
+    assert os.listdir(tmp_path) == ['p.json']
+
+
+# -- the default file: never one the package did not write ----------------------------------------
+
+def test_the_default_file_replaces_only_a_trace_of_the_packages(data, tmp_path, monkeypatch,
+                                                                 capsys):
+    """Without a file named, the trace goes to ./profile.json: a file there that is not a trace
+    the package wrote is refused in one line before any work and left as it was; one of its
+    own traces is replaced. A file named is replaced (the user asked for it, as with --json)."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / 'profile.json'
+    for held in ('my notes, not a trace', json.dumps({'traceEvents': []})):
+        mine.write_text(held)
+        with pytest.raises(GluonMultiGPUError) as refused:
+            gm.train(gm.simple_cnn(), *data, gm.cpu_devices(2), num_epochs=1, profile='2:3')
+        said = str(refused.value)
+        assert said.startswith('the `profile` trace profile.json holds a file that '
+                               'gluon-multigpu did not write; it is left as it is: ') and \
+            '`profile_file`' in said and '\n' not in said, said
+        assert mine.read_text() == held and os.listdir(tmp_path) == ['profile.json']
+        assert 'epoch 1' not in capsys.readouterr().out  # refused before any work
+        named = Profile('2:3', 'profile.json', io.StringIO())  # named: replaced when written
+        assert named.path == 'profile.json'
+    mine.unlink()
+    gm.train(gm.simple_cnn(), *data, gm.cpu_devices(2), num_epochs=1, profile='2:3')
+    first = json.loads(mine.read_text())
+    assert mine.read_bytes().startswith(profiling.TRACE_MARKER)
+    gm.train(gm.simple_cnn(), *data, gm.cpu_devices(2), num_epochs=1, profile='3:4')
+    assert first['otherData']['steps'] == '2:3'
+    assert json.loads(mine.read_text())['otherData']['steps'] == '3:4'  # its own: replaced
+    # what the command line calls before any work when --profile-file is not given
+    mine.write_text('my notes')
+    with pytest.raises(GluonMultiGPUError, match='did not write'):
+        profiling.check_default('profile.json')
+    mine.unlink()
+    profiling.check_default('profile.json')  # nothing there: nothing to refuse
