@@ -11,11 +11,12 @@ import importlib.metadata
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 
-from .base import compat, engine, opcache
+from .base import children, compat, engine, opcache
 from .cli import console
 from .cli.arguments import OneLineParser
 from .errors import GluonMultiGPUError
@@ -133,8 +134,11 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None):
                'from gluon_multigpu import doctor; doctor.probe()']
     env = dict(os.environ if environ is None else environ)
     try:
+        # the probe ends with the doctor, however the doctor ends (an MXNet import that hangs
+        # would keep it forever)
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL, check=False)
+                              stdin=subprocess.DEVNULL, check=False,
+                              preexec_fn=children.dying_with_parent(signal.SIGKILL))
     except subprocess.TimeoutExpired:
         return {'loads': False, 'error': f'loading MXNet and one step took more than {timeout} s: '
                                          'run gluon-multigpu-doctor again on a quieter machine'}

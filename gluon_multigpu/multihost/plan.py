@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import agent
-from ..base import engine
+from ..base import children, engine
 from ..errors import GluonMultiGPUError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
@@ -191,10 +191,10 @@ def _address(host):
 # -- starting processes, here or over ssh -------------------------------------------------------
 
 def _die_with_parent():
-    """In the child: its own process group, and SIGTERM when the launcher dies (Linux): the agent
-    then ends its command's whole tree (SIGKILL would end the agent before it could)."""
-    os.setpgrp()
-    agent.on_parent_death(signal.SIGTERM)
+    """A ``preexec_fn``: the child in its own process group, and SIGTERM when the launcher dies
+    (Linux): the agent then ends its command's whole tree (SIGKILL would end the agent before it
+    could)."""
+    return children.dying_with_parent(signal.SIGTERM, first=os.setpgrp)
 
 
 def agent_argv(extra, command):
@@ -245,7 +245,7 @@ def spawn(settings, role):
         argv, env = under_agent, role.env
     role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
-                                 preexec_fn=_die_with_parent)
+                                 preexec_fn=_die_with_parent())
     role.heard = time.monotonic()
 
 
@@ -333,7 +333,7 @@ def preflight(settings, roles, port):
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
                                        stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                       preexec_fn=_die_with_parent)
+                                       preexec_fn=_die_with_parent())
     try:
         return _answers(procs, settings.launcher)
     except LaunchError:
