@@ -179,22 +179,39 @@ def memory():
 
 
 def collect(step=True, python=None):
-    """Everything the doctor reports, as a dict; ``problems`` lists one line for each."""
-    import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
+    """Everything the doctor reports, as a dict; ``problems`` lists one line for each. Loading
+    MXNet in the child (``step``) is announced on stderr first: it may take minutes."""
     total, available = memory()
     facts = {
         'package': _package_version(),
         'python': {'version': platform.python_version(), 'executable': python or sys.executable},
-        'numpy': {'version': numpy.__version__, 'known': _known(numpy.__version__),
-                  'known_range': ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]},
+        'numpy': numpy_facts(),
         'mxnet_distribution': mxnet_distribution(),
         'cores': engine.cores(),
         'memory': {'total': total, 'available': available},
         'engine': engine.recommended(cpu_devices=2),
     }
-    facts['probe'] = run_probe(python) if step else None
+    facts['probe'] = None
+    if step and not facts['numpy'].get('error'):  # MXNet imports NumPy: no probe without it
+        print(f'doctor: importing MXNet and training one step in a child process (up to '
+              f'{PROBE_SECONDS} s)...', file=sys.stderr, flush=True)
+        facts['probe'] = run_probe(python)
     facts['problems'] = problems(facts)
     return facts
+
+
+def numpy_facts():
+    """NumPy's version and whether it is known, or, for a NumPy that cannot be imported, why
+    (``error``: its exception in one line)."""
+    known_range = ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]
+    try:
+        import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
+        version = str(numpy.__version__)
+    except Exception as e:  # pylint: disable=broad-except  (a broken install: reported)
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+        return {'version': None, 'known': False, 'known_range': known_range,
+                'error': f'{type(e).__name__}: {text}' if text else type(e).__name__}
+    return {'version': version, 'known': _known(version), 'known_range': known_range}
 
 
 def _known(version):
@@ -215,7 +232,10 @@ def problems(facts):
     """One line for each problem in ``facts`` (what ``collect`` found), saying what to do."""
     found = []
     low, high = facts['numpy']['known_range']
-    if not facts['numpy']['known']:
+    if facts['numpy'].get('error'):
+        found.append(f"NumPy cannot be imported ({facts['numpy']['error']}): reinstall it: pip "
+                     f'install --force-reinstall {compat.numpy_pin()}')
+    elif not facts['numpy']['known']:
         found.append(f"NumPy {facts['numpy']['version']} lies outside the releases gluon-multigpu "
                      f'was run on ({low} to {high}): if training fails, pip install '
                      f'{compat.numpy_pin()}')
@@ -260,7 +280,8 @@ def render(facts):
     lines.append(f"python    {python['version']} ({python['executable']})")
     numpy = facts['numpy']
     known = 'known' if numpy['known'] else 'not among the known'
-    lines.append(f"numpy     {numpy['version']} ({known}: {numpy['known_range'][0]} to "
+    lines.append(f"numpy     does not import ({numpy['error']})" if numpy.get('error') else
+                 f"numpy     {numpy['version']} ({known}: {numpy['known_range'][0]} to "
                  f"{numpy['known_range'][1]})")
     dist = facts['mxnet_distribution']
     probed = facts.get('probe') or {}

@@ -1,9 +1,10 @@
 """The doctor in a hostile environment: killed while its probe loads MXNet, an MXNet whose import
-hangs.
+hangs, a NumPy that cannot be imported.
 
 Each MXNet or NumPy here is a fake package put first on the path (as a broken
 install would be found), so that each case is met on any machine.
 """
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, alive, children, wait_bounded
+from conftest import REPO, Lines, alive, children, run_bounded, wait_bounded
 from process_state import cmdline, wait_until
 
 #: A fake ``mxnet`` whose import hangs: it writes its pid to the file $HANG_PID_FILE, then waits
@@ -44,6 +45,9 @@ def test_the_doctor_killed_while_its_probe_hangs_leaves_no_process(tmp_path, sig
                               stdin=subprocess.DEVNULL)
     probe = None
     try:
+        err = Lines(doctor.stderr)
+        # It says at once what it waits for, before the probe has even started MXNet's import.
+        err.wait_for(r'^doctor: importing MXNet .*\(up to 300 s\)\.\.\.$', timeout=120)
         wait_until(doctor, 'the probe hangs in its import of MXNet', pid_file.exists, 120)
         probe = probe_pid(pid_file)
         assert probe in children(doctor.pid) and 'doctor.probe()' in cmdline(probe)
@@ -57,3 +61,24 @@ def test_the_doctor_killed_while_its_probe_hangs_leaves_no_process(tmp_path, sig
         probe = probe or (probe_pid(pid_file) if pid_file.exists() else None)
         if probe is not None and alive(probe) and 'doctor.probe()' in cmdline(probe):
             os.kill(probe, signal.SIGKILL)  # what the test found left: not left by it too
+
+
+@pytest.mark.parametrize('body', [
+    "raise ImportError('Importing the numpy C-extensions failed.')",
+    "raise RuntimeError('module compiled against ABI version 0x1000009')",
+])
+def test_the_doctor_reports_a_numpy_that_cannot_be_imported(tmp_path, body):
+    env = fake_package(tmp_path, 'numpy', body)
+    proc = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor'], timeout=120, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert 'Traceback' not in proc.stdout + proc.stderr
+    problems = [line for line in proc.stdout.splitlines() if line.startswith('problem')]
+    assert len(problems) == 1 and 'NumPy cannot be imported' in problems[0], proc.stdout
+    assert body.split("'")[1] in problems[0] and 'pip install --force-reinstall' in problems[0]
+    assert 'numpy     does not import' in proc.stdout
+    assert 'importing MXNet' not in proc.stderr  # no probe: MXNet imports NumPy
+    as_json = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor', '--json'], timeout=120,
+                          env=env)
+    facts = json.loads(as_json.stdout)
+    assert as_json.returncode == 1 and facts['numpy']['version'] is None
+    assert facts['problems'] == [problems[0][len('problem   '):]] and facts['probe'] is None
