@@ -1,4 +1,4 @@
-"""No process outlives its job: every child the package starts ends with its parent
+"""No process outlives its job: every child the programs start ends with its parent
 (``gluon_multigpu.base.children``), however the parent ends.
 
 The doctor's probe is killed with the doctor in tests/training/test_doctor.py, the launcher's
@@ -85,7 +85,7 @@ FORBIDDEN = {('os', name) for name in ('fork', 'forkpty', 'system', 'popen', 'po
                                        'posix_spawnp', 'spawnv', 'spawnl', 'execv', 'execvp')}
 #: (module, function) -> why a child started there may go without ``preexec_fn``.
 ENDED_OTHERWISE = {
-    ('multihost/agent.py', 'start'): "the keeper watches the agent's socket and ends its "
+    ('gluon_multigpu/multihost/agent.py', 'start'): "the keeper watches the agent's socket and ends its "
                                      "command's tree, then itself, when the agent is gone",
 }
 
@@ -127,20 +127,25 @@ def unguarded(path, where):
     return bad, starts
 
 
-def test_every_process_the_package_starts_ends_with_its_parent():
-    package = REPO / 'gluon_multigpu'
+#: The code of the programs: the package's, and the lab's that scripts/ starts.
+PROGRAMS_CODE = ('gluon_multigpu', 'lab/commands', 'lab/studies')
+
+
+def test_every_process_the_programs_start_ends_with_its_parent():
     seen, bad = set(), []
-    for path in sorted(package.rglob('*.py')):
-        where = path.relative_to(package).as_posix()
+    for path in sorted(p for folder in PROGRAMS_CODE for p in (REPO / folder).rglob('*.py')):
+        where = path.relative_to(REPO).as_posix()
         found, starts = unguarded(path, where)
         bad += found
         if starts:
             seen.add(where)
     assert not bad, bad
     # the scan saw the package's starts: the doctor's probe, the launcher's, the agent's
-    assert {'doctor.py', 'multihost/plan.py', 'multihost/agent.py'} <= seen, seen
-    plan = (package / 'multihost' / 'plan.py').read_text(encoding='utf-8')
-    assert 'return children.dying_with_parent(' in plan  # what its _die_with_parent is
+    assert {'gluon_multigpu/doctor.py', 'gluon_multigpu/multihost/plan.py',
+            'gluon_multigpu/multihost/agent.py', 'lab/commands/inflight.py'} <= seen, seen
+    for module in ('gluon_multigpu/multihost/plan.py', 'lab/studies/failover_run.py'):
+        # what their _die_with_parent is
+        assert 'return children.dying_with_parent(' in (REPO / module).read_text('utf-8')
 
 
 @pytest.mark.parametrize('text, why', [
