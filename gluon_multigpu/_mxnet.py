@@ -23,7 +23,9 @@ if not _engine.loaded():
 # pylint: disable=wrong-import-position
 try:
     import mxnet  # noqa: E402
-except (ImportError, OSError, AttributeError) as _error:
+except MXNetLoadError:  # said already (base.compat's finder)
+    raise
+except Exception as _error:  # its library missing (RuntimeError), a NumPy it cannot run on...
     raise MXNetLoadError(_compat.load_advice(_error)) from _error
 from mxnet import npx  # noqa: E402
 

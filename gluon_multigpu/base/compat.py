@@ -382,7 +382,11 @@ class _BeforeMXNet:
         def exec_module(module):
             try:
                 run(module)
-            except (OSError, AttributeError) as e:  # its library, or a NumPy it cannot run on
+            except (ImportError, MXNetLoadError):  # as raised (_mxnet says an ImportError)
+                raise
+            # Any other failure: a library it needs (OSError), its own library missing
+            # (RuntimeError), a NumPy it cannot run on (AttributeError), a half-copied install...
+            except Exception as e:  # pylint: disable=broad-except
                 raise MXNetLoadError(load_advice(e)) from e
             after_load(module)
         spec.loader.exec_module = exec_module

@@ -152,9 +152,9 @@ def _status_words(code):
         return f'status {code}'
 
 
-#: What a scheduler or server runs: MXNet runs the role as it loads (the DMLC_* variables say
-#: which), after the package has prepared NumPy for it (base.compat), then exits.
-ROLE = 'import gluon_multigpu, mxnet'
+#: What a scheduler or server runs (``role.main``): MXNet runs the role as it loads (the DMLC_*
+#: variables say which), after the package has prepared NumPy for it (base.compat), then exits.
+ROLE = 'from gluon_multigpu.multihost import role; role.main()'
 
 
 def plan(settings, hosts, command):

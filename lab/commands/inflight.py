@@ -83,8 +83,11 @@ def measure(model, k, devices):
         lines = proc.stderr.strip().splitlines()
         if proc.returncode:
             said = [l for l in lines if not l.startswith('peak-rss-kib ')] or ['no message']
-            raise SystemExit(f'error: the run with K={k} failed (status {proc.returncode}): '
-                             f'{said[-1]}')
+            line = f'error: the run with K={k} failed (status {proc.returncode}): {said[-1]}'
+            if proc.returncode == 2:  # bad input or a broken install (MXNet cannot load): its 2
+                print(line, file=sys.stderr, flush=True)
+                raise SystemExit(2)
+            raise SystemExit(line)
         peak = int(lines[-1].split()[-1]) / 1024
         with open(out) as f:
             run_ = json.load(f)['runs'][0]
