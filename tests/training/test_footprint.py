@@ -1,11 +1,14 @@
-"""What the package changes in the process it runs in.
+"""What the package changes in the process it runs in, against the guide's one list of it
+(docs/guide.md, "What the package changes in your process").
 
 A fresh process notes its environment, root logger, threads, signal handlers and
 NumPy's names, makes two CPU contexts and trains a few hundred images for one
 epoch, notes them again, then has ``logging.basicConfig`` set up logging as a
-user would.
+user would: everything that changed must be in the guide's list, and each
+change the list names must be found.
 """
 import json
+import re
 import sys
 import textwrap
 
@@ -67,7 +70,61 @@ def footprint():
     return found
 
 
+def changes(found, later='after'):
+    """What changed from ``before`` to ``later``, by kind: names (sets) and the root's handlers."""
+    before, after = found['before'], found[later]
+    return {
+        'environment variables': {k for k in set(before['environ']) | set(after['environ'])
+                                  if before['environ'].get(k) != after['environ'].get(k)},
+        'NumPy names': set(after['numpy']) - set(before['numpy']),
+        'threads': set(after['threads']) - set(before['threads']),
+        'signal handlers': {s for s in after['signals']
+                            if before['signals'].get(s) != after['signals'][s]},
+        'root logger handlers': set(after['root_handlers']) ^ set(before['root_handlers']),
+    }
+
+
+def guide_list():
+    """The guide's list: its kind (the bold words each item starts with) -> the names its first
+    sentence gives in backquotes (none where it says none), and that sentence."""
+    text = (REPO / 'docs' / 'guide.md').read_text(encoding='utf-8')
+    section = text.split('### What the package changes in your process\n', 1)[1]
+    section = section.split('\n#', 1)[0]
+    items = re.findall(r'^- \*\*([^*]+)\*\*(.*?)(?=^- \*\*|^\S|\Z)', section, re.M | re.S)
+    listed = {}
+    for kind, body in items:
+        first = ' '.join(body.split()).lstrip(': ').split('. ', 1)[0]
+        listed[kind.strip(' :').lower()] = (set(re.findall(r'`([^`]+)`', first)), first)
+    return listed
+
+
 def test_the_root_logger_is_left_as_found_and_basicconfig_takes_effect(footprint):
     assert footprint['made']['root_handlers'] == footprint['before']['root_handlers'] == []
     assert footprint['after']['root_handlers'] == []
     assert 'user-format DEBUG a debug line of the user' in footprint['stderr'].splitlines()
+
+
+def test_the_guide_lists_every_change_a_training_makes_and_nothing_it_does_not(footprint):
+    listed = guide_list()
+    kinds = {kind.lower() for kind in changes(footprint)}
+    assert kinds <= set(listed), sorted(set(listed))
+    for kind, found in changes(footprint).items():
+        names, text = listed[kind.lower()]
+        if kind == 'NumPy names':  # this NumPy's share of the names the list gives
+            assert found == set(footprint['restored']) and found <= names, (found, names)
+        elif kind == 'threads':  # one per CPU context, named for it
+            assert found == {'push-cpu(0)', 'push-cpu(1)'} and 'push-cpu(N)' in names, text
+        else:
+            assert found == names, (kind, found, names)
+    # made with the devices already: the variables, before MXNet loaded
+    assert changes(footprint, 'made')['environment variables'] == \
+        listed['environment variables'][0]
+
+
+def test_the_guides_list_is_read_as_written():
+    listed = guide_list()
+    assert listed['environment variables'][0] == {'OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY'}
+    assert listed['signal handlers'] == (set(), 'none')
+    assert listed['root logger handlers'] == (set(), 'none')
+    assert {'bool', 'trapz', 'rate'} <= listed['numpy names'][0]
+    assert 'not checked by the test' in listed
