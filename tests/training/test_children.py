@@ -85,8 +85,9 @@ FORBIDDEN = {('os', name) for name in ('fork', 'forkpty', 'system', 'popen', 'po
                                        'posix_spawnp', 'spawnv', 'spawnl', 'execv', 'execvp')}
 #: (module, function) -> why a child started there may go without ``preexec_fn``.
 ENDED_OTHERWISE = {
-    ('gluon_multigpu/multihost/agent.py', 'start'): "the keeper watches the agent's socket and ends its "
-                                     "command's tree, then itself, when the agent is gone",
+    ('gluon_multigpu/multihost/agent.py', 'start'):
+        "the keeper watches the agent's socket and ends its command's tree, then itself, when "
+        'the agent is gone',
 }
 
 
