@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from .base import children, compat, engine, opcache
+from .base import compat, engine, opcache, signals
 from .cli import console
 from .cli.arguments import OneLineParser
 from .errors import GluonMultiGPUError
@@ -138,7 +138,7 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None):
         # would keep it forever)
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
                               stdin=subprocess.DEVNULL, check=False,
-                              preexec_fn=children.dying_with_parent(signal.SIGKILL))
+                              preexec_fn=signals.dying_with_parent(signal.SIGKILL))
     except subprocess.TimeoutExpired:
         return {'loads': False, 'error': f'loading MXNet and one step took more than {timeout} s: '
                                          'run gluon-multigpu-doctor again on a quieter machine'}

@@ -23,7 +23,7 @@ import threading
 import time
 
 from ..base import signals, stacks
-from ..base.children import dying_with_parent, on_parent_death  # noqa: F401  (the lab's too)
+from ..base.signals import on_parent_death  # noqa: F401  (lab/hosts/slurm_cluster.py uses it)
 from ..base.protocol import CONTROL, CONTROL_VARIABLE
 
 #: Exit status when the launcher was gone and the agent ended the command.
@@ -140,7 +140,7 @@ def keep(link, fds, command):
     try:
         # SIGKILL when the keeper dies (Linux); its session is its own
         proc = subprocess.Popen(command, start_new_session=True, pass_fds=fds,
-                                preexec_fn=dying_with_parent(signal.SIGKILL))
+                                preexec_fn=signals.dying_with_parent(signal.SIGKILL))
     except OSError as e:
         with contextlib.suppress(OSError):
             link.sendall(f'error {e.strerror or e}\n'.encode())

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import agent
-from ..base import children, engine
-from ..errors import GluonMultiGPUError
+from ..base import compat, engine, signals
+from ..errors import GluonMultiGPUError, MXNetLoadError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
            'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv',
            'transport_argv', 'remote_command',
-           'keeps_checkpoints', 'with_resume']
+           'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
 GRACE = 60.0
@@ -152,9 +152,24 @@ def _status_words(code):
         return f'status {code}'
 
 
-#: What a scheduler or server runs (``role.main``): MXNet runs the role as it loads (the DMLC_*
+#: What a scheduler or server runs (``run_role``): MXNet runs the role as it loads (the DMLC_*
 #: variables say which), after the package has prepared NumPy for it (base.compat), then exits.
-ROLE = 'from gluon_multigpu.multihost import role; role.main()'
+ROLE = 'from gluon_multigpu.multihost import plan; plan.run_role()'
+
+
+def run_role():
+    """A scheduler's or server's process (``ROLE``): load MXNet, which runs the role; an MXNet
+    that cannot load here is one line saying what to do, and exit status 2."""
+    try:
+        import mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except MXNetLoadError as e:  # base.compat's finder said what to do
+        why = str(e)
+    except ImportError as e:  # not installed, or a module of it missing
+        why = compat.load_advice(e)
+    else:
+        return
+    print(f'error: {why}', file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def plan(settings, hosts, command):
@@ -194,7 +209,7 @@ def _die_with_parent():
     """A ``preexec_fn``: the child in its own process group, and SIGTERM when the launcher dies
     (Linux): the agent then ends its command's whole tree (SIGKILL would end the agent before it
     could)."""
-    return children.dying_with_parent(signal.SIGTERM, first=os.setpgrp)
+    return signals.dying_with_parent(signal.SIGTERM, first=os.setpgrp)
 
 
 def agent_argv(extra, command):

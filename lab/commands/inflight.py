@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from gluon_multigpu.base import children
+from gluon_multigpu.base import signals
 from gluon_multigpu.cli import common
 from gluon_multigpu.cli.common import stopping_main
 from gluon_multigpu.outputs.files import write_json
@@ -79,7 +79,7 @@ def measure(model, k, devices):
              str(batch), '--batch-size', str(batch), '--max-in-flight', str(k),
              '--progress-interval', '0', '--json', out],
             capture_output=True, text=True, timeout=1800, check=False, env=RUN_ENV,
-            preexec_fn=children.dying_with_parent())
+            preexec_fn=signals.dying_with_parent())
         lines = proc.stderr.strip().splitlines()
         if proc.returncode:
             said = [l for l in lines if not l.startswith('peak-rss-kib ')] or ['no message']

@@ -17,7 +17,7 @@ import threading
 import time
 
 from lab.hosts import cluster as _cluster
-from gluon_multigpu.base import children
+from gluon_multigpu.base import signals
 from lab.studies.faults import EPOCHS, FAULT_EPOCH, MAX_RESTARTS, MID_STEP, RUN_LIMIT, TERM_WAIT, TIMEOUT, inject, job_processes, launch_argv
 from lab.studies.jobs import StudyError, stop_launcher
 from gluon_multigpu.outputs.output import atomic_write
@@ -171,7 +171,7 @@ class _HostWatch:
 def _die_with_parent():
     """A ``preexec_fn``: the launcher's process in a session of its own, and SIGKILL when this
     process dies."""
-    return children.dying_with_parent(signal.SIGKILL, first=os.setsid)
+    return signals.dying_with_parent(signal.SIGKILL, first=os.setsid)
 
 
 # -- one run ---------------------------------------------------------------------------------------

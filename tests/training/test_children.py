@@ -1,5 +1,5 @@
 """No process outlives its job: every child the programs start ends with its parent
-(``gluon_multigpu.base.children``), however the parent ends.
+(``gluon_multigpu.base.signals.dying_with_parent``), however the parent ends.
 
 The doctor's probe is killed with the doctor in tests/training/test_doctor.py, the launcher's
 agents and workers with the launcher in tests/launch/test_distributed.py.
@@ -19,7 +19,7 @@ from process_state import wait_until
 #: A parent that starts ``sleep`` as the package starts its children, then waits for ever.
 PARENT = textwrap.dedent('''
     import os, subprocess, sys, time
-    from gluon_multigpu.base import children
+    from gluon_multigpu.base import signals
     parent = os.getpid()
 
     def until_orphaned():  # in the child: the parent is killed meanwhile (the test does it)
@@ -29,7 +29,7 @@ PARENT = textwrap.dedent('''
 
     first = until_orphaned if sys.argv[1] == 'late' else None
     subprocess.Popen(['sleep', '3600.{}'.format(parent)],
-                     preexec_fn=children.dying_with_parent(first=first))
+                     preexec_fn=signals.dying_with_parent(first=first))
     print('started', flush=True)
     time.sleep(3600)
 ''')
@@ -146,7 +146,7 @@ def test_every_process_the_programs_start_ends_with_its_parent():
             'gluon_multigpu/multihost/agent.py', 'lab/commands/inflight.py'} <= seen, seen
     for module in ('gluon_multigpu/multihost/plan.py', 'lab/studies/failover_run.py'):
         # what their _die_with_parent is
-        assert 'return children.dying_with_parent(' in (REPO / module).read_text('utf-8')
+        assert 'return signals.dying_with_parent(' in (REPO / module).read_text('utf-8')
 
 
 @pytest.mark.parametrize('text, why', [
@@ -159,6 +159,6 @@ def test_the_scan_finds_a_start_without_the_request(tmp_path, text, why):
     path.write_text(f'import os, subprocess\n\ndef f():\n    {text}\n')
     bad, _ = unguarded(path, 'm.py')
     assert len(bad) == 1 and bad[0].startswith('m.py:4 ') and f'({why})' in bad[0], bad
-    path.write_text('import subprocess\nfrom gluon_multigpu.base import children\n\n'
-                    'subprocess.run(["x"], preexec_fn=children.dying_with_parent())\n')
+    path.write_text('import subprocess\nfrom gluon_multigpu.base import signals\n\n'
+                    'subprocess.run(["x"], preexec_fn=signals.dying_with_parent())\n')
     assert unguarded(path, 'm.py') == ([], True)

@@ -151,13 +151,19 @@ def test_a_program_on_a_broken_mxnet_is_one_line_and_status_2(tmp_path, program,
 
 
 def test_the_launcher_on_a_broken_mxnet_says_it_in_one_line_and_ends_with_status_2(tmp_path):
-    # The scheduler, the first role, loads MXNet in its own process (plan.ROLE).
+    # The scheduler and the server load MXNet in their own processes (plan.ROLE): each says the
+    # line (the server's, if it got that far before the launcher stopped the job). The worker
+    # waits (as one joining them would): the launcher stops it.
     env = fake_mxnet(tmp_path, BROKEN['its own library missing'][0])
     proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'launch.py'), '-n', '1', '--',
-                        sys.executable, '-c', 'pass'], timeout=120, env=env, cwd=tmp_path)
+                        sys.executable, '-c', 'import time; time.sleep(300)'], timeout=120,
+                       env=env, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert re.fullmatch(r'\[scheduler@\S+\] error: MXNet cannot load \(RuntimeError: Cannot find '
-                        r'the MXNet library\.\): reinstall it .*', proc.stdout.strip()), proc.stdout
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith('[scheduler@') and len(lines) <= 2, proc.stdout
+    for line in lines:
+        assert re.fullmatch(r'\[(scheduler|server 0)@\S+\] error: MXNet cannot load \(RuntimeError: '
+                            r'Cannot find the MXNet library\.\): reinstall it .*', line), line
     assert re.fullmatch(r'launch: scheduler@\S+ failed \(status 2\); stopping the job',
                         proc.stderr.strip()), proc.stderr
 
