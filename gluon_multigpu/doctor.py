@@ -11,11 +11,12 @@ import importlib.metadata
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 
-from .base import compat, engine, opcache
+from .base import compat, engine, opcache, signals
 from .cli import console
 from .cli.arguments import OneLineParser
 from .errors import GluonMultiGPUError
@@ -133,8 +134,11 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None):
                'from gluon_multigpu import doctor; doctor.probe()']
     env = dict(os.environ if environ is None else environ)
     try:
+        # the probe ends with the doctor, however the doctor ends (an MXNet import that hangs
+        # would keep it forever)
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL, check=False)
+                              stdin=subprocess.DEVNULL, check=False,
+                              preexec_fn=signals.dying_with_parent(signal.SIGKILL))
     except subprocess.TimeoutExpired:
         return {'loads': False, 'error': f'loading MXNet and one step took more than {timeout} s: '
                                          'run gluon-multigpu-doctor again on a quieter machine'}
@@ -175,22 +179,39 @@ def memory():
 
 
 def collect(step=True, python=None):
-    """Everything the doctor reports, as a dict; ``problems`` lists one line for each."""
-    import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
+    """Everything the doctor reports, as a dict; ``problems`` lists one line for each. Loading
+    MXNet in the child (``step``) is announced on stderr first: it may take minutes."""
     total, available = memory()
     facts = {
         'package': _package_version(),
         'python': {'version': platform.python_version(), 'executable': python or sys.executable},
-        'numpy': {'version': numpy.__version__, 'known': _known(numpy.__version__),
-                  'known_range': ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]},
+        'numpy': numpy_facts(),
         'mxnet_distribution': mxnet_distribution(),
         'cores': engine.cores(),
         'memory': {'total': total, 'available': available},
         'engine': engine.recommended(cpu_devices=2),
     }
-    facts['probe'] = run_probe(python) if step else None
+    facts['probe'] = None
+    if step and not facts['numpy'].get('error'):  # MXNet imports NumPy: no probe without it
+        print(f'doctor: importing MXNet and training one step in a child process (up to '
+              f'{PROBE_SECONDS} s)...', file=sys.stderr, flush=True)
+        facts['probe'] = run_probe(python)
     facts['problems'] = problems(facts)
     return facts
+
+
+def numpy_facts():
+    """NumPy's version and whether it is known, or, for a NumPy that cannot be imported, why
+    (``error``: its exception in one line)."""
+    known_range = ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]
+    try:
+        import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
+        version = str(numpy.__version__)
+    except Exception as e:  # pylint: disable=broad-except  (a broken install: reported)
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+        return {'version': None, 'known': False, 'known_range': known_range,
+                'error': f'{type(e).__name__}: {text}' if text else type(e).__name__}
+    return {'version': version, 'known': _known(version), 'known_range': known_range}
 
 
 def _known(version):
@@ -211,7 +232,10 @@ def problems(facts):
     """One line for each problem in ``facts`` (what ``collect`` found), saying what to do."""
     found = []
     low, high = facts['numpy']['known_range']
-    if not facts['numpy']['known']:
+    if facts['numpy'].get('error'):
+        found.append(f"NumPy cannot be imported ({facts['numpy']['error']}): reinstall it: pip "
+                     f'install --force-reinstall {compat.numpy_pin()}')
+    elif not facts['numpy']['known']:
         found.append(f"NumPy {facts['numpy']['version']} lies outside the releases gluon-multigpu "
                      f'was run on ({low} to {high}): if training fails, pip install '
                      f'{compat.numpy_pin()}')
@@ -256,7 +280,8 @@ def render(facts):
     lines.append(f"python    {python['version']} ({python['executable']})")
     numpy = facts['numpy']
     known = 'known' if numpy['known'] else 'not among the known'
-    lines.append(f"numpy     {numpy['version']} ({known}: {numpy['known_range'][0]} to "
+    lines.append(f"numpy     does not import ({numpy['error']})" if numpy.get('error') else
+                 f"numpy     {numpy['version']} ({known}: {numpy['known_range'][0]} to "
                  f"{numpy['known_range'][1]})")
     dist = facts['mxnet_distribution']
     probed = facts.get('probe') or {}

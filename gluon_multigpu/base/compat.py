@@ -47,7 +47,7 @@ from ..errors import MXNetLoadError
 from . import opcache
 
 __all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known',
-           'install_hook', 'load_advice', 'GPU_INSTALL', 'quiet']
+           'install_hook', 'load_advice', 'GPU_INSTALL', 'quiet', 'root_logging_kept']
 
 #: The one way to install MXNet's GPU build, written once: every message and doc gives it whole.
 #: The extra adds mxnet-cu112, which writes the same ``mxnet`` module as the CPU build the package
@@ -348,6 +348,22 @@ def after_load(mxnet):
     _DONE['plain_values'] = True
 
 
+@contextlib.contextmanager
+def root_logging_kept():
+    """Within the block, a handler added to the root logger is taken off again at its end:
+    MXNet's import and its first ``npx.set_np()`` log with ``logging.info``, which gives a root
+    without handlers one (``basicConfig()``), and a user's ``basicConfig`` then did nothing."""
+    import logging  # pylint: disable=import-outside-toplevel
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in before]:
+            root.removeHandler(handler)
+            handler.close()
+
+
 def report():
     """What this process changed: whether ``prepare`` ran, the NumPy names restored, whether
     ``distutils.version`` was provided, whether operator parameters are made plain, and the
@@ -409,8 +425,13 @@ class _BeforeMXNet:
 
         def exec_module(module):
             try:
-                run(module)
-            except (OSError, AttributeError) as e:  # its library, or a NumPy it cannot run on
+                with root_logging_kept():
+                    run(module)
+            except (ImportError, MXNetLoadError):  # as raised (_mxnet says an ImportError)
+                raise
+            # Any other failure: a library it needs (OSError), its own library missing
+            # (RuntimeError), a NumPy it cannot run on (AttributeError), a half-copied install...
+            except Exception as e:  # pylint: disable=broad-except
                 raise MXNetLoadError(load_advice(e)) from e
             after_load(module)
         spec.loader.exec_module = exec_module

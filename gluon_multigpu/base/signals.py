@@ -13,6 +13,8 @@ they cannot break into the clean-up it started). A signal within ``SAME_REQUEST`
 the first is the same request (one Ctrl-C can arrive twice: a wrapper in the foreground group
 that forwards signals delivers it again), and handlers go back only once it passed (``wait_out``).
 """
+import ctypes
+import os
 import signal
 import socket
 import threading
@@ -21,7 +23,8 @@ import time
 from ..errors import Interrupted
 
 __all__ = ['STOP_SIGNALS', 'SAME_REQUEST', 'install', 'restore', 'ignore', 'raising',
-           'WakeupReader', 'repeated', 'wait_out', 'interrupts_python', 'quietly']
+           'WakeupReader', 'repeated', 'wait_out', 'interrupts_python', 'quietly',
+           'on_parent_death', 'dying_with_parent']
 
 #: The signals that stop a run: Ctrl-C, SIGTERM, and SIGHUP (the terminal or ssh session closed).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -185,3 +188,46 @@ class WakeupReader:
                 if signum in self.signums:
                     self.on_signal(signum)
                 self.bytes_read += 1
+
+
+# -- no process outlives its job ----------------------------------------------------------------
+# Every child a program of the package starts (the doctor's probe, the launcher's agents, an
+# agent's keeper's command, the lab's runs) asks the kernel, before its program runs, for a
+# signal when its parent dies, however the parent dies (SIGKILL included).
+
+_PR_SET_PDEATHSIG = 1
+#: libc's ``prctl``, looked up once in the parent: a child between fork and exec only calls it.
+_PRCTL = {}
+
+
+def _prctl():
+    if 'call' not in _PRCTL:
+        try:
+            _PRCTL['call'] = ctypes.CDLL(None).prctl
+        except (OSError, AttributeError):  # no libc with prctl: not Linux
+            _PRCTL['call'] = None
+    return _PRCTL['call']
+
+
+def on_parent_death(signum):
+    """In a child before it runs its program: ``signum`` when its parent dies (Linux's
+    ``PR_SET_PDEATHSIG``; nothing where there is none)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, int(signum))
+
+
+def dying_with_parent(signum=signal.SIGKILL, first=None):
+    """A ``preexec_fn`` for ``subprocess``: the child calls ``first`` (if given), then asks for
+    ``signum`` when this process, its parent, dies; if its parent died already (between the
+    fork and the request, which the kernel would not report), it ends at once (SIGKILL:
+    nothing of it has run yet)."""
+    parent, _ = os.getpid(), _prctl()
+
+    def preexec():
+        if first is not None:
+            first()
+        on_parent_death(signum)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec

@@ -28,6 +28,7 @@ import threading
 import time
 
 from ..base import signals, stacks
+from ..base.signals import on_parent_death  # noqa: F401  (lab/hosts/slurm_cluster.py uses it)
 from ..base.protocol import CONTROL, CONTROL_VARIABLE
 
 #: Exit status when the launcher was gone and the agent ended the command.
@@ -108,19 +109,6 @@ def _descendants(pid):
     return found
 
 
-def on_parent_death(signum):
-    """In a child before it runs its program: ``signum`` when its parent dies (PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL(None).prctl(1, signum)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _die_with_parent():
-    """In the command, before it runs: SIGKILL when its keeper dies (its session is its own)."""
-    on_parent_death(signal.SIGKILL)
-
-
 def _subreaper():
     """Make this process the subreaper of its descendants: an orphan below comes back to it."""
     try:
@@ -154,8 +142,9 @@ def keep(link, fds, command):
     signals.install(lambda signum, frame: None, (signal.SIGCHLD, *signals.STOP_SIGNALS),
                     nohup=False)
     try:
+        # SIGKILL when the keeper dies (Linux); its session is its own
         proc = subprocess.Popen(command, start_new_session=True, pass_fds=fds,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=signals.dying_with_parent(signal.SIGKILL))
     except OSError as e:
         with contextlib.suppress(OSError):
             link.sendall(f'error {e.strerror or e}\n'.encode())

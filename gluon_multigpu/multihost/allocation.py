@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 
+from ..base import signals
 from .plan import LaunchError
 
 __all__ = ['allocation']
@@ -49,7 +50,7 @@ def _scontrol(args):
     """``scontrol ARGS``'s output; ``LaunchError`` with its last line when it fails."""
     try:
         done = subprocess.run(['scontrol', *args], capture_output=True, text=True, timeout=_WAIT,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, preexec_fn=signals.dying_with_parent())
     except (OSError, subprocess.TimeoutExpired) as e:
         raise LaunchError(f'could not run scontrol ({e}); the slurm placement needs the Slurm '
                           'client programs on the PATH') from None

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import agent
-from ..base import engine
-from ..errors import GluonMultiGPUError
+from ..base import compat, engine, signals
+from ..errors import GluonMultiGPUError, MXNetLoadError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
            'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv',
            'transport_argv', 'remote_command',
-           'keeps_checkpoints', 'with_resume']
+           'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
 GRACE = 60.0
@@ -152,9 +152,24 @@ def _status_words(code):
         return f'status {code}'
 
 
-#: What a scheduler or server runs: MXNet runs the role as it loads (the DMLC_* variables say
-#: which), after the package has prepared NumPy for it (base.compat), then exits.
-ROLE = 'import gluon_multigpu, mxnet'
+#: What a scheduler or server runs (``run_role``): MXNet runs the role as it loads (the DMLC_*
+#: variables say which), after the package has prepared NumPy for it (base.compat), then exits.
+ROLE = 'from gluon_multigpu.multihost import plan; plan.run_role()'
+
+
+def run_role():
+    """A scheduler's or server's process (``ROLE``): load MXNet, which runs the role; an MXNet
+    that cannot load here is one line saying what to do, and exit status 2."""
+    try:
+        import mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except MXNetLoadError as e:  # base.compat's finder said what to do
+        why = str(e)
+    except ImportError as e:  # not installed, or a module of it missing
+        why = compat.load_advice(e)
+    else:
+        return
+    print(f'error: {why}', file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def plan(settings, hosts, command):
@@ -191,10 +206,10 @@ def _address(host):
 # -- starting processes, here or over ssh -------------------------------------------------------
 
 def _die_with_parent():
-    """In the child: its own process group, and SIGTERM when the launcher dies (Linux): the agent
-    then ends its command's whole tree (SIGKILL would end the agent before it could)."""
-    os.setpgrp()
-    agent.on_parent_death(signal.SIGTERM)
+    """A ``preexec_fn``: the child in its own process group, and SIGTERM when the launcher dies
+    (Linux): the agent then ends its command's whole tree (SIGKILL would end the agent before it
+    could)."""
+    return signals.dying_with_parent(signal.SIGTERM, first=os.setpgrp)
 
 
 def agent_argv(extra, command):
@@ -245,7 +260,7 @@ def spawn(settings, role):
         argv, env = under_agent, role.env
     role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
-                                 preexec_fn=_die_with_parent)
+                                 preexec_fn=_die_with_parent())
     role.heard = time.monotonic()
 
 
@@ -333,7 +348,7 @@ def preflight(settings, roles, port):
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
                                        stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                       preexec_fn=_die_with_parent)
+                                       preexec_fn=_die_with_parent())
     try:
         return _answers(procs, settings.launcher)
     except LaunchError:

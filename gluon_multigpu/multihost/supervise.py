@@ -282,7 +282,8 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
 def _ended(job, settings, status, failed, restarts):
     """The launch's exit status once an attempt that ended with ``status`` is the last; None
     when the job is to be restarted."""
-    if failed is not None and failed.kind == 'worker' and failed.status == 2:
+    # a worker's bad input, or a role's MXNet that cannot load here (plan.run_role): status 2
+    if failed is not None and failed.status == 2:
         if settings.max_restarts:
             job.say(f'{failed.label} stopped on bad input (status 2), which a restart would '
                     'meet again: not restarting')

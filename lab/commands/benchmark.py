@@ -22,6 +22,7 @@ import lab
 from gluon_multigpu.cli import common
 from lab.commands import bench_workers
 from gluon_multigpu.errors import DataError, GluonMultiGPUError
+from gluon_multigpu.base import signals
 from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.outputs.files import write_json
 from gluon_multigpu.outputs.targets import check_outputs, input_files
@@ -158,7 +159,8 @@ def run_task(spec):
     try:  # the short run's clock starts as the process is launched (bench_workers.launched_at)
         proc = subprocess.run([sys.executable, '-m', 'lab.commands.benchmark', '--worker',
                                json.dumps(dict(spec, launched=time.time()))],
-                              capture_output=True, text=True, env=env, timeout=900)
+                              capture_output=True, text=True, env=env, timeout=900,
+                              preexec_fn=signals.dying_with_parent())
     except subprocess.TimeoutExpired:
         return {'error': 'took more than 900 s'}
     for line in proc.stdout.splitlines():

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 
+from gluon_multigpu.base import signals
 from gluon_multigpu.cli import common
 from gluon_multigpu.cli.common import stopping_main
 from gluon_multigpu.outputs.files import write_json
@@ -77,12 +78,16 @@ def measure(model, k, devices):
              model, '--synthetic', '--num-epochs', '1', '--num-train', str(images), '--num-test',
              str(batch), '--batch-size', str(batch), '--max-in-flight', str(k),
              '--progress-interval', '0', '--json', out],
-            capture_output=True, text=True, timeout=1800, check=False, env=RUN_ENV)
+            capture_output=True, text=True, timeout=1800, check=False, env=RUN_ENV,
+            preexec_fn=signals.dying_with_parent())
         lines = proc.stderr.strip().splitlines()
         if proc.returncode:
             said = [l for l in lines if not l.startswith('peak-rss-kib ')] or ['no message']
-            raise SystemExit(f'error: the run with K={k} failed (status {proc.returncode}): '
-                             f'{said[-1]}')
+            line = f'error: the run with K={k} failed (status {proc.returncode}): {said[-1]}'
+            if proc.returncode == 2:  # bad input or a broken install (MXNet cannot load): its 2
+                print(line, file=sys.stderr, flush=True)
+                raise SystemExit(2)
+            raise SystemExit(line)
         peak = int(lines[-1].split()[-1]) / 1024
         with open(out) as f:
             run_ = json.load(f)['runs'][0]

@@ -17,7 +17,7 @@ import threading
 import time
 
 from lab.hosts import cluster as _cluster
-from gluon_multigpu.multihost.agent import on_parent_death
+from gluon_multigpu.base import signals
 from lab.studies.faults import EPOCHS, FAULT_EPOCH, MAX_RESTARTS, MID_STEP, RUN_LIMIT, TERM_WAIT, TIMEOUT, inject, job_processes, launch_argv
 from lab.studies.jobs import StudyError, stop_launcher
 from gluon_multigpu.outputs.output import atomic_write
@@ -169,9 +169,9 @@ class _HostWatch:
 
 
 def _die_with_parent():
-    """In the launcher's process: a session of its own, and SIGKILL when this process dies."""
-    os.setsid()
-    on_parent_death(signal.SIGKILL)
+    """A ``preexec_fn``: the launcher's process in a session of its own, and SIGKILL when this
+    process dies."""
+    return signals.dying_with_parent(signal.SIGKILL, first=os.setsid)
 
 
 # -- one run ---------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def _launch(cl, fault, argv, row, limit):
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=_cluster.checkout() or os.getcwd(), env=cl.env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+                            stderr=subprocess.PIPE, preexec_fn=_die_with_parent())
     out = Output(proc)
     fault_at, watch = None, None
     try:

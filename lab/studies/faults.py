@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from lab.hosts import cluster as _cluster
-from gluon_multigpu.multihost.plan import TERM_WAIT
+from gluon_multigpu.multihost.plan import ROLE, TERM_WAIT
 from lab.studies.jobs import StudyError
 
 __all__ = ['HOSTS', 'WORKERS', 'SERVERS', 'EPOCHS', 'STEPS', 'BATCH', 'FAULT_EPOCH', 'MID_STEP',
@@ -61,7 +61,7 @@ class Fault:
     silent: bool = False
 
 
-_SERVER = r' -c import gluon_multigpu, mxnet$'
+_SERVER = ' -c ' + re.escape(ROLE) + '$'
 #: The faults of the study, by name, in the order they run.
 FAULTS = {f.name: f for f in [
     Fault('worker-killed', 'worker killed (SIGKILL to train.py on host 2)', 'kill', 2,

@@ -18,7 +18,7 @@ from lab.hosts import cluster as _cluster
 from lab.studies.network_model import SERVERS, TIMED_EPOCH, Config, estimate_seconds, launch_argv
 from lab.studies.jobs import StudyError, stop_launcher
 from gluon_multigpu.errors import GluonMultiGPUError
-from gluon_multigpu.base import fs, reading
+from gluon_multigpu.base import fs, reading, signals
 from gluon_multigpu.base.background import Background
 from gluon_multigpu.base import reading as _reading
 from gluon_multigpu.outputs.files import write_text
@@ -221,7 +221,8 @@ def measure(cl, config, workdir, timeout=None, log=None):
     with OthersCPU(cl.namespaces) as watch:
         proc = subprocess.Popen(argv, cwd=_cluster.checkout() or os.getcwd(), env=cl.env(),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=signals.dying_with_parent())
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -122,16 +122,57 @@ def test_a_broken_mxnet_imported_directly_says_what_to_install(tmp_path):
     assert 'apt-get install libgomp1' in proc.stderr
 
 
-@pytest.mark.parametrize('program', ['train.py', 'demo.py', 'balance.py'])
-def test_a_program_on_a_broken_mxnet_is_one_line_and_status_2(tmp_path, program):
-    env = fake_mxnet(tmp_path, "raise OSError('libquadmath.so.0: cannot open shared object file')")
-    argv = {'train.py': ['--cpu-devices', '2', '--num-epochs', '1'], 'demo.py': [],
-            'balance.py': []}[program]
+#: How an MXNet install is broken -> its import's body and what the one line must say.
+BROKEN = {
+    'a library it needs missing': ("raise OSError('libquadmath.so.0: cannot open shared object "
+                                   "file')", 'libquadmath0'),
+    # a half-copied install: MXNet's libinfo finds no libmxnet.so
+    'its own library missing': ("raise RuntimeError('Cannot find the MXNet library.')",
+                                'pip install --force-reinstall --no-deps mxnet==1.9.1'),
+}
+
+
+@pytest.mark.parametrize('program, broken', [
+    *[(p, 'a library it needs missing') for p in ('train.py', 'demo.py', 'balance.py')],
+    *[(p, 'its own library missing') for p in ('train.py', 'demo.py', 'balance.py', 'scaling.py',
+                                               'bandwidth.py', 'bfloat16.py', 'inflight.py')]])
+def test_a_program_on_a_broken_mxnet_is_one_line_and_status_2(tmp_path, program, broken):
+    body, words = BROKEN[broken]
+    env = fake_mxnet(tmp_path, body)
+    argv = {'train.py': ['--cpu-devices', '2', '--num-epochs', '1']}.get(program, [])
     proc = run_bounded([sys.executable, str(REPO / 'scripts' / program)] + argv, timeout=120,
                        env=env, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and 'libquadmath0' in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr, proc.stderr
+    assert 'MXNet cannot load' in proc.stderr and 'Traceback' not in proc.stdout
     assert list(tmp_path.iterdir()) == [tmp_path / 'mxnet']  # nothing written
+
+
+def test_the_launcher_on_a_broken_mxnet_says_it_in_one_line_and_ends_with_status_2(tmp_path):
+    # The scheduler and the server load MXNet in their own processes (plan.ROLE): each says the
+    # line (the server's, if it got that far before the launcher stopped the job). The worker
+    # waits (as one joining them would): the launcher stops it.
+    env = fake_mxnet(tmp_path, BROKEN['its own library missing'][0])
+    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'launch.py'), '-n', '1', '--',
+                        sys.executable, '-c', 'import time; time.sleep(300)'], timeout=120,
+                       env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith('[scheduler@') and len(lines) <= 2, proc.stdout
+    for line in lines:
+        assert re.fullmatch(r'\[(scheduler|server 0)@\S+\] error: MXNet cannot load \(RuntimeError: '
+                            r'Cannot find the MXNet library\.\): reinstall it .*', line), line
+    assert re.fullmatch(r'launch: scheduler@\S+ failed \(status 2\); stopping the job',
+                        proc.stderr.strip()), proc.stderr
+
+
+def test_the_doctor_and_the_package_name_the_same_cure_for_an_mxnet_without_its_library(tmp_path):
+    env = fake_mxnet(tmp_path, BROKEN['its own library missing'][0])
+    proc = run_bounded([sys.executable, '-c', 'import gluon_multigpu, mxnet'], timeout=60, env=env)
+    assert proc.stderr.strip().splitlines()[-1].startswith('gluon_multigpu.errors.MXNetLoadError')
+    line = proc.stderr.strip().splitlines()[-1].split(': ', 1)[1]
+    doctor = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor'], timeout=120, env=env)
+    assert f'problem   {line}' in doctor.stdout.splitlines(), doctor.stdout
 
 
 def test_version_classes_compare_as_mxnets_checks_need():

@@ -1,0 +1,84 @@
+"""The doctor in a hostile environment: killed while its probe loads MXNet, an MXNet whose import
+hangs, a NumPy that cannot be imported.
+
+Each MXNet or NumPy here is a fake package put first on the path (as a broken
+install would be found), so that each case is met on any machine.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, Lines, alive, children, run_bounded, wait_bounded
+from process_state import cmdline, wait_until
+
+#: A fake ``mxnet`` whose import hangs: it writes its pid to the file $HANG_PID_FILE, then waits
+#: for ever (as an MXNet stuck in its library's start).
+HANGS = ('import os, pathlib, time\n'
+         "pathlib.Path(os.environ['HANG_PID_FILE'] + '.part').write_text(str(os.getpid()))\n"
+         "os.replace(os.environ['HANG_PID_FILE'] + '.part', os.environ['HANG_PID_FILE'])\n"
+         'time.sleep(3600)\n')
+
+
+def fake_package(folder, name, body, **extra):
+    """The environment of a process that finds package ``name`` in ``folder``, whose import
+    runs ``body``."""
+    (folder / name).mkdir()
+    (folder / name / '__init__.py').write_text(body)
+    return {**os.environ, **extra, 'PYTHONPATH': os.pathsep.join(
+        [str(folder), str(REPO)] + os.environ.get('PYTHONPATH', '').split(os.pathsep))}
+
+
+def probe_pid(pid_file):
+    return int(pid_file.read_text())
+
+
+@pytest.mark.parametrize('signum', [signal.SIGKILL, signal.SIGTERM])
+def test_the_doctor_killed_while_its_probe_hangs_leaves_no_process(tmp_path, signum):
+    pid_file = tmp_path / 'probe.pid'
+    env = fake_package(tmp_path, 'mxnet', HANGS, HANG_PID_FILE=str(pid_file))
+    doctor = subprocess.Popen([sys.executable, '-m', 'gluon_multigpu.doctor'], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    probe = None
+    try:
+        err = Lines(doctor.stderr)
+        # It says at once what it waits for, before the probe has even started MXNet's import.
+        err.wait_for(r'^doctor: importing MXNet .*\(up to 300 s\)\.\.\.$', timeout=120)
+        wait_until(doctor, 'the probe hangs in its import of MXNet', pid_file.exists, 120)
+        probe = probe_pid(pid_file)
+        assert probe in children(doctor.pid) and 'doctor.probe()' in cmdline(probe)
+        doctor.send_signal(signum)
+        assert wait_bounded(doctor, 60) == -signum
+        wait_until(None, f'the probe (pid {probe}) ended with the doctor',
+                   lambda: not alive(probe), 60)
+    finally:
+        doctor.kill()
+        doctor.wait()
+        probe = probe or (probe_pid(pid_file) if pid_file.exists() else None)
+        if probe is not None and alive(probe) and 'doctor.probe()' in cmdline(probe):
+            os.kill(probe, signal.SIGKILL)  # what the test found left: not left by it too
+
+
+@pytest.mark.parametrize('body', [
+    "raise ImportError('Importing the numpy C-extensions failed.')",
+    "raise RuntimeError('module compiled against ABI version 0x1000009')",
+])
+def test_the_doctor_reports_a_numpy_that_cannot_be_imported(tmp_path, body):
+    env = fake_package(tmp_path, 'numpy', body)
+    proc = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor'], timeout=120, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert 'Traceback' not in proc.stdout + proc.stderr
+    problems = [line for line in proc.stdout.splitlines() if line.startswith('problem')]
+    assert len(problems) == 1 and 'NumPy cannot be imported' in problems[0], proc.stdout
+    assert body.split("'")[1] in problems[0] and 'pip install --force-reinstall' in problems[0]
+    assert 'numpy     does not import' in proc.stdout
+    assert 'importing MXNet' not in proc.stderr  # no probe: MXNet imports NumPy
+    as_json = run_bounded([sys.executable, '-m', 'gluon_multigpu.doctor', '--json'], timeout=120,
+                          env=env)
+    facts = json.loads(as_json.stdout)
+    assert as_json.returncode == 1 and facts['numpy']['version'] is None
+    assert facts['problems'] == [problems[0][len('problem   '):]] and facts['probe'] is None
