@@ -4,7 +4,12 @@ an event.
 A test that signals a program at a given moment of its start (while MXNet
 loads) waits until the program has reached it: its handler of the signal is in
 place (``SigCgt`` of /proc/PID/status), or MXNet's library is mapped.
+
+A test that bounds how long something took (a stop, a detection) gives its
+room beyond the feature's own times through ``Load``: the room a quiet machine
+needs, times how much slower this machine runs now, measured.
 """
+import os
 import time
 
 
@@ -53,3 +58,51 @@ def cmdline(pid):
             return f.read().replace(b'\0', b' ').decode(errors='replace')
     except OSError:
         return ''
+
+
+def cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_share(seconds=0.3):
+    """The share of one core a thread that asks for all of it gets here now, measured over
+    ``seconds``: 1.0 on a quiet machine, 0.6 or so beside two busy processes on two cores, 0.1
+    where 20 runnable processes share two."""
+    began, cpu = time.monotonic(), time.thread_time()
+    while time.monotonic() - began < seconds:
+        pass
+    return (time.thread_time() - cpu) / (time.monotonic() - began)
+
+
+class Load:
+    """How much slower than a quiet machine this one runs now, measured when made.
+
+    ``factor`` (at least 1) is the larger of: the wall time a busy loop of this
+    thread takes over the CPU time it gets (the load now), and the one-minute
+    load average over the cores (the load of the last minute, which the
+    awaited event fell in). ``room(seconds)`` scales the room a quiet machine
+    needs by it; ``str()`` says what was measured, for a failure's message:
+    past a scaled room, the figures tell whether the machine was busy.
+    """
+
+    def __init__(self):
+        self.share = cpu_share()
+        self.cores = cores()
+        try:
+            self.average = os.getloadavg()[0]
+        except OSError:  # a system that does not say
+            self.average = 0.0
+        self.factor = max(1.0, 1.0 / max(self.share, 0.01), self.average / self.cores)
+
+    def room(self, seconds):
+        """``seconds`` of room on a quiet machine, on this one now."""
+        return seconds * self.factor
+
+    def __str__(self):
+        return (f"this machine's load: a busy thread got {self.share:.2f} of a core, load "
+                f"average {self.average:.1f} on {self.cores} core(s): room scaled by "
+                f"{self.factor:.1f}")

@@ -1,4 +1,4 @@
-"""The package on each Python and NumPy it supports: installed as a user would, tested, and trained.
+"""The package on each Python and NumPy it supports: installed as a user would, checked, and trained.
 
 A maintainer's tool (CI runs it after the README's suite: ``.ci/run``). For
 each runtime it makes a fresh virtual environment with that runtime's Python,
@@ -6,26 +6,39 @@ installs the checkout with the README's command for it (``pip install -e
 '.[test]'``; on NumPy 2 the README's NumPy 2 line, MXNet beside it with
 ``--no-deps``), then:
 
-1. runs the tests: the fast loop (``-m "not slow and not soak"``, but the
-   tests that read the results this tool writes: ``OWN_RESULTS``), then the
-   named slow tests of ``SLOW`` (the main job's network learning the real
-   data, a checkpoint killed and resumed, the launcher's two workers, the
-   notebook in a real kernel);
+1. runs what differs between runtimes (``CHECKS``, one pytest run): the
+   package and MXNet imported, the compatibility layer and the doctor, the
+   operator cache (functions compiled by this Python), a checkpoint killed
+   and resumed and the optimizer's state file, the launcher's two workers
+   (their parameter server loads MXNet in processes of its own), the notebook
+   in a real kernel of this Python. The rest of the suite runs the same code
+   on every runtime: the README's suite runs it once;
 2. runs the main job (the README's first command, with ``--json``) and
    compares its epoch figures (loss, training and test accuracy) with those
    of the reference runtime, NumPy 1.23 (what the package required before):
-   each within a relative 1e-5.
+   each within a relative 1e-5; the reference's must have learned
+   (``LEARNED``).
+
+Each runtime's install runs while the runtime before it is checked and
+trained (pip uses about one core of two, and waits on the disk).
+
+``--suite-venv`` (CI): the virtual environment this tool runs in is a fresh
+install by the README's line in which the README's whole suite has just
+passed; the runtime it is (its Python, the README's line, no pin) is neither
+made again nor checked again: only its main job runs, there.
 
 A runtime whose Python is not on the machine is reported in one line and
-passed over. The results (each runtime's versions, test counts, figures,
-largest relative difference) go to ``--json`` (``docs/results/runtimes.json``,
-stamped with the machine and date). Exit status 0 when every runtime that
-could be made passed, 1 otherwise, 2 for bad flags.
+passed over. The results (each runtime's versions, what ran and its seconds,
+the figures, the largest relative difference; the run's wall time) go to ``--json``
+(``docs/results/runtimes.json``, stamped with the machine and date). Exit
+status 0 when every runtime that could be made passed, 1 otherwise, 2 for
+bad flags.
 
     python tools/runtimes.py --work /tmp/runtimes --json docs/results/runtimes.json
     python tools/runtimes.py --work /tmp/runtimes --only numpy-2 python-3.13
 """
 import argparse
+import concurrent.futures
 import configparser
 import glob
 import json
@@ -59,17 +72,28 @@ RUNTIMES = (
     ('python-3.13', '3.13', NUMPY2_INSTALL, []),
 )
 
-#: The slow tests run beside the fast loop: the main job's network on the real data, a checkpoint
-#: round trip through a SIGKILL, the launcher's two workers, the notebook in a real kernel.
-SLOW = (
-    'tests/training/test_real_training.py::test_simple_cnn_on_two_cpu_contexts_learns_fashion_mnist',
+#: What each runtime runs of the suite: what differs between runtimes. The rest runs the same
+#: code on every runtime: the README's suite runs it once (each runtime ran the whole fast loop
+#: again before, 968 tests, about 125 s each on two cores).
+CHECKS = (
+    # MXNet on this NumPy and Python: the names restored, distutils, NumPy scalars made plain
+    # for the operators, MXNet imported directly after the package; the doctor's two-context step
+    'tests/training/test_compat.py',
+    # MXNet's operator functions compiled by this Python and kept per MXNet library and Python
+    'tests/training/test_opcache.py',
+    # importing the package loads no MXNet; every public name imports
+    'tests/training/test_engine.py::test_importing_the_package_loads_neither_mxnet_nor_matplotlib',
+    'tests/training/test_engine.py::test_every_public_name_can_be_imported_and_is_listed',
+    # a checkpoint round trip through a SIGKILL; the optimizer's state file (pickled by MXNet)
     'tests/training/test_checkpoint.py::test_sigkill_in_the_middle_of_an_epoch_then_resume_matches',
-    'tests/launch/test_distributed.py::test_two_workers_equal_one_process_on_their_devices',
+    'tests/training/test_checkpoint.py::test_the_optimizer_state_file_continues_training_exactly',
+    # the launcher's two workers: the parameter server unpickles the optimizer in its own
+    # process, where MXNet loads as the server role
+    'tests/launch/test_distributed.py::test_two_workers_equal_one_process_on_their_devices'
+    '[dist_sync]',
+    # the notebook in a real kernel of this Python (ipykernel, nbclient)
     'tests/docs/test_notebook.py::test_the_notebook_runs_end_to_end_in_a_real_kernel',
 )
-
-#: The tests that read what this tool writes: not run by it (the README's suite runs them).
-OWN_RESULTS = ('tests/docs/test_runtimes.py', 'tests/docs/test_doc_figures.py')
 
 #: The main job, as the README's first command runs it (the data folder beside the checkout).
 MAIN_JOB = ['scripts/train.py', '--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs',
@@ -77,6 +101,9 @@ MAIN_JOB = ['scripts/train.py', '--cpu-devices', '2', '--model', 'simple-cnn', '
 #: The figures of each epoch compared with the reference's, and the largest relative difference.
 FIGURES = ('train_loss', 'train_acc', 'test_acc')
 TOLERANCE = 1e-5
+#: The reference's main job must have learned: its last test accuracy at least this (chance is
+#: 0.10; the README's run 0.85). Every other runtime's equals it.
+LEARNED = 0.75
 
 
 def say(line):
@@ -158,14 +185,43 @@ def versions(venv):
     return json.loads(done.stdout) if done.returncode == 0 else {'error': done.stderr[-500:]}
 
 
-def run_runtime(name, python, install, extra, work, data_dir, tests=True):
-    """Make, install, test and train runtime ``name``; return its record."""
+def run_checks(venv, log):
+    """Run ``CHECKS`` in ``venv``; their record: pytest's counts, status, seconds."""
+    began = time.perf_counter()
+    # -n 0: in one process (as fast as setup.cfg's four workers for these, with less CPU)
+    status = shell('python -m pytest -q -p no:cacheprovider -n 0 '
+                   + ' '.join(f"'{check}'" for check in CHECKS), venv, log, 1800)
+    return dict(pytest_counts(tail(log, 5)), status=status,
+                seconds=round(time.perf_counter() - began, 1))
+
+
+def main_job(record, name, venv, work, log, data_dir):
+    """Run the main job in ``venv``; its epochs' figures (and seconds) into ``record``."""
+    out = os.path.join(work, f'{name}-main-job.json')
+    if os.path.exists(out):
+        os.remove(out)
+    began = time.perf_counter()
+    status = shell(' '.join(['python'] + MAIN_JOB + [data_dir, '--json', out]), venv, log, 1200)
+    record['main_job_seconds'] = round(time.perf_counter() - began, 1)
+    if status:
+        record.update(ok=False, failure=(record.get('failure', '') +
+                                         f' main job status {status}').strip())
+        return
+    with open(out, encoding='utf-8') as f:
+        epochs = json.load(f)['runs'][0]['epochs']
+    record['epochs'] = [{k: e[k] for k in ('epoch',) + FIGURES} for e in epochs]
+
+
+def install_runtime(name, python, install, extra, work):
+    """Make runtime ``name``'s venv and install the checkout in it; return its record (``ok``
+    False if the install failed)."""
     venv = os.path.join(work, name)
     log = os.path.join(work, f'{name}.log')
     shutil.rmtree(venv, ignore_errors=True)
     if os.path.exists(log):
         os.remove(log)
-    record = {'name': name, 'install': install.format(extras='[test]'), 'log': log}
+    record = {'name': name, 'install': install.format(extras='[test]'), 'log': log,
+              'venv': venv}
     began = time.perf_counter()
     status = shell(f'{python} -m venv {venv}', venv, log, 300)
     if install is NUMPY2_INSTALL:
@@ -179,36 +235,52 @@ def run_runtime(name, python, install, extra, work, data_dir, tests=True):
     status = status or shell(command, venv, log, 1200)
     record['install_seconds'] = round(time.perf_counter() - began, 1)
     if status:
-        record.update(ok=False, failure=f'install failed (status {status})')
-        return record
-    record['versions'] = versions(venv)
-    if tests:
-        began = time.perf_counter()
-        # What reads this tool's own results (tests/docs/test_runtimes.py, and the docs' figures of
-        # tests/docs/test_doc_figures.py, the README's among them) is the README suite's to run:
-        # here it would read them before they exist. The rest of the fast loop runs.
-        fast = shell('python -m pytest -q -p no:cacheprovider -m "not slow and not soak" '
-                     + ' '.join(f'--ignore={path}' for path in OWN_RESULTS), venv, log, 1800)
-        record['fast_loop'] = dict(pytest_counts(tail(log, 5)), status=fast,
-                                   seconds=round(time.perf_counter() - began, 1))
-        began = time.perf_counter()
-        slow = shell('python -m pytest -q -p no:cacheprovider ' + ' '.join(SLOW), venv, log, 1800)
-        record['slow_subset'] = dict(pytest_counts(tail(log, 5)), status=slow,
-                                     seconds=round(time.perf_counter() - began, 1))
-        if fast or slow:
-            record.update(ok=False, failure='tests failed')
-    out = os.path.join(work, f'{name}-main-job.json')
-    if os.path.exists(out):
-        os.remove(out)
+        record.update(ok=False, failure=f'install failed (status {status})',
+                      seconds=record['install_seconds'])
+    else:
+        record['versions'] = versions(venv)
+    return record
+
+
+def check_and_train(record, work, data_dir, tests=True):
+    """Run the checks (``tests``) and the main job in the installed runtime of ``record``;
+    return the record, completed."""
+    venv, log = record['venv'], record['log']
     began = time.perf_counter()
-    status = shell(' '.join(['python'] + MAIN_JOB + [data_dir, '--json', out]), venv, log, 1200)
-    record['main_job_seconds'] = round(time.perf_counter() - began, 1)
-    if status:
-        record.update(ok=False, failure=record.get('failure', '') + f' main job status {status}')
-        return record
-    with open(out, encoding='utf-8') as f:
-        epochs = json.load(f)['runs'][0]['epochs']
-    record['epochs'] = [{k: e[k] for k in ('epoch',) + FIGURES} for e in epochs]
+    if tests:
+        record['checks'] = run_checks(venv, log)
+        if record['checks']['status']:
+            record.update(ok=False, failure='checks failed')
+    main_job(record, record['name'], venv, work, log, data_dir)
+    record['seconds'] = round(record['install_seconds'] + time.perf_counter() - began, 1)
+    record.setdefault('ok', True)
+    return record
+
+
+def suite_runtime(venv):
+    """The runtime (its ``RUNTIMES`` row) that ``venv``, the README's install of the running
+    Python, is: the same Python, the README's line, no pin; None if none is."""
+    here = versions(venv)
+    for row in RUNTIMES:
+        name, version, install, extra = row
+        if (install is README_INSTALL and not extra and here.get('python', '').rsplit('.', 1)[0]
+                == version and here.get('numpy', '').startswith('1.')):
+            return row
+    return None
+
+
+def run_in_suite_venv(name, venv, work, data_dir):
+    """Runtime ``name`` as the venv this tool runs in, where the README's suite passed: its
+    main job only; return its record."""
+    log = os.path.join(work, f'{name}.log')
+    if os.path.exists(log):
+        os.remove(log)
+    record = {'name': name, 'install': README_INSTALL.format(extras='[test]'), 'log': log,
+              'suite_venv': True, 'versions': versions(venv),
+              'tested_by': "the README's suite (python -m pytest -q), which passed in this venv"}
+    began = time.perf_counter()
+    main_job(record, name, venv, work, log, data_dir)
+    record['seconds'] = round(time.perf_counter() - began, 1)
     record.setdefault('ok', True)
     return record
 
@@ -226,8 +298,15 @@ def largest_difference(epochs, reference):
 
 
 def compare(records):
-    """Mark each record's main-job figures against the first (the reference); in place."""
+    """Mark each record's main-job figures against the first (the reference), which must have
+    learned (``LEARNED``); in place."""
     reference = records[0].get('epochs') if records else None
+    if reference:
+        records[0]['learned'] = reference[-1]['test_acc'] >= LEARNED
+        if not records[0]['learned'] and records[0].get('ok', True):
+            records[0].update(ok=False, failure=(
+                records[0].get('failure', '') + f" the reference's main job did not learn (test "
+                f"accuracy {reference[-1]['test_acc']:.3f} < {LEARNED})").strip())
     for record in records:
         if 'epochs' not in record or reference is None:
             continue
@@ -245,15 +324,18 @@ def summary(record):
     v = record.get('versions', {})
     parts = [f"{record['name']}: Python {v.get('python', '?')}, NumPy {v.get('numpy', '?')}, "
              f"MXNet {v.get('mxnet', '?')}"]
-    for key, words in (('fast_loop', 'fast loop'), ('slow_subset', 'slow subset')):
-        if key in record:
-            counts = record[key]
-            parts.append(f"{words} {counts.get('passed', 0)} passed, {counts.get('failed', 0)} "
-                         f"failed in {counts['seconds']:.0f} s")
+    if record.get('suite_venv'):
+        parts.append("this venv, where the README's suite passed: its main job only")
+    elif isinstance(record.get('checks'), dict):
+        counts = record['checks']
+        parts.append(f"checks {counts.get('passed', 0)} passed, {counts.get('failed', 0)} "
+                     f"failed in {counts['seconds']:.0f} s")
     if 'largest_relative_difference' in record:
         parts.append(f"main job {'equal to' if record['equal_to_reference'] else 'NOT equal to'} "
                      f"the reference's (largest relative difference "
                      f"{record['largest_relative_difference']:.1e})")
+    if 'seconds' in record:
+        parts.append(f"{record['seconds']:.0f} s in all")
     if not record.get('ok', False):
         parts.append(f"FAILED: {record.get('failure', '?')} (log: {record.get('log')})")
     return '; '.join(parts)
@@ -267,33 +349,66 @@ def main(argv=None):
     p.add_argument('--only', nargs='+', choices=names, metavar='NAME',
                    help=f'these runtimes only ({", ".join(names)}); the reference always runs')
     p.add_argument('--no-tests', action='store_true', help='install and train only')
+    p.add_argument('--suite-venv', action='store_true',
+                   help="this tool runs in a fresh venv of the README's install where the README's "
+                        'suite has just passed (CI): the runtime it is runs its main job there only')
     p.add_argument('--data-dir', default=os.path.join(os.path.dirname(ROOT), 'shared', 'data',
                                                       'fashion-mnist'))
     args = p.parse_args(argv)
     if not os.path.isdir(args.data_dir):
         p.exit(2, f'runtimes.py: error: no data folder {args.data_dir}: give --data-dir\n')
     os.makedirs(args.work, exist_ok=True)
+    here = None
+    if args.suite_venv:
+        if sys.prefix == sys.base_prefix:
+            p.exit(2, 'runtimes.py: error: --suite-venv: this Python is not in a virtual '
+                      'environment\n')
+        here = suite_runtime(sys.prefix)
+        say(f"--suite-venv: this venv is {here[0]}: its main job only" if here else
+            '--suite-venv: this venv is none of the runtimes: each is made afresh')
+    work, data_dir = os.path.abspath(args.work), os.path.abspath(args.data_dir)
+    chosen = [(name, version, install, extra, find_python(version))
+              for index, (name, version, install, extra) in enumerate(RUNTIMES)
+              if not args.only or name in args.only or index == 0]
+    began = time.perf_counter()
     records = []
-    for index, (name, version, install, extra) in enumerate(RUNTIMES):
-        if args.only and name not in args.only and index != 0:
-            continue
-        python = find_python(version)
-        if python is None:
-            record = {'name': name, 'absent': True, 'python_wanted': version, 'ok': True}
-        else:
-            say(f'{name}: Python {version} ({python}), installing...')
-            record = run_runtime(name, python, install, extra, os.path.abspath(args.work),
-                                 os.path.abspath(args.data_dir), tests=not args.no_tests)
-        records.append(record)
-        compare(records)
-        say(summary(record))
-        if not record.get('ok') and record.get('log'):
-            say(f"--- the end of {record['log']}:\n{tail(record['log'], 40)}---")
+    # Each install (pip: mostly one core, and waits) runs while the runtime before it is checked
+    # and trained, one install at a time.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as installer:
+        installs = {}
+
+        def install_next(after):
+            for name, version, install, extra, python in chosen[after + 1:]:
+                if python is not None and not (here and name == here[0]):
+                    say(f'{name}: Python {version} ({python}), installing...')
+                    installs[name] = installer.submit(install_runtime, name, python, install,
+                                                      extra, work)
+                    return
+        install_next(-1)
+        for index, (name, version, install, extra, python) in enumerate(chosen):
+            if here is not None and name == here[0]:
+                say(f'{name}: this venv ({sys.prefix}), where the README\'s suite passed')
+                record = run_in_suite_venv(name, sys.prefix, work, data_dir)
+            elif python is None:
+                record = {'name': name, 'absent': True, 'python_wanted': version, 'ok': True}
+            else:
+                record = installs[name].result()
+                install_next(index)
+                if record.get('ok', True):
+                    record = check_and_train(record, work, data_dir, tests=not args.no_tests)
+            records.append(record)
+            compare(records)
+            say(summary(record))
+            if not record.get('ok') and record.get('log'):
+                say(f"--- the end of {record['log']}:\n{tail(record['log'], 40)}---")
+    seconds = round(time.perf_counter() - began, 1)
     if args.json:
-        kept = [{k: v for k, v in r.items() if k != 'log'} for r in records]
+        kept = [{k: v for k, v in r.items() if k not in ('log', 'venv')} for r in records]
         with atomic_write(args.json) as f:
-            f.write(json.dumps({'runtimes': kept, 'tolerance': TOLERANCE,
-                                'reference': RUNTIMES[0][0], **stamp()}, indent=2) + '\n')
+            f.write(json.dumps({'runtimes': kept, 'only': args.only, 'checks': list(CHECKS),
+                                'tolerance': TOLERANCE, 'learned': LEARNED,
+                                'reference': RUNTIMES[0][0], 'seconds': seconds, **stamp()},
+                               indent=2) + '\n')
     failed = [r['name'] for r in records if not r.get('ok')]
     say(f"runtimes: {len(records) - len(failed)} of {len(records)} passed"
         + (f"; failed: {', '.join(failed)}" if failed else ''))

@@ -13,6 +13,7 @@ import pytest
 
 from cluster_fixture import make_cluster  # noqa: F401  (a fixture)
 from conftest import REPO, run_bounded, load_script
+from process_state import Load
 from lab.studies import failover_study as failover
 
 pytestmark = pytest.mark.xdist_group('serial')  # conftest.SERIAL: a cluster; timed
@@ -139,9 +140,11 @@ def test_a_worker_killed_is_detected_at_once_and_the_restarted_job_ends_as_the_u
     said = (tmp_path / 'fault.log').read_text()
     assert r['problems'] == [], said
     assert r['injected_at'].startswith('epoch 2, step '), said
+    load = Load()  # the seconds below: room on a quiet machine, scaled by the load measured
     # the agent's exit line, at once
-    assert r['detect_s'] < 2 and 'failed (signal SIGKILL)' in r['detected_by']
-    assert r['restarts'] == 1 and r['restart_s'] < r['recover_s'] < 60, said
+    assert r['detect_s'] < load.room(2) and 'failed (signal SIGKILL)' in r['detected_by'], \
+        (r['detect_s'], str(load))
+    assert r['restarts'] == 1 and r['restart_s'] < r['recover_s'] < load.room(60), (said, str(load))
     assert r['resumed_from'] == 'epoch 1'
     assert r['status'] == 0 and r['equal'] is True
-    assert r['left'] == {} and r['host_empty_s'] < 2
+    assert r['left'] == {} and r['host_empty_s'] < load.room(2), (r['host_empty_s'], str(load))

@@ -18,6 +18,7 @@ from conftest import (REPO, Lines, alive, assert_one_step_close, children, desce
                       load_script,
                       run_bounded, simple_cnn_terms, wait_bounded)
 from gluon_multigpu.multihost.plan import TERM_WAIT
+from process_state import Load
 
 LAUNCH, TRAIN = str(REPO / 'scripts' / 'launch.py'), str(REPO / 'scripts' / 'train.py')
 
@@ -133,7 +134,10 @@ def gone(pids, timeout=30):
 @pytest.mark.slow
 @pytest.mark.xdist_group('timing')  # conftest.TIMING: times the stop
 def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path):
-    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--',
+    # The workers' grace (the time they get to finish a step when the job is stopped by a
+    # signal) far beyond the bound and the deadline below: a stop on a failure that waited
+    # for it would fail here at any load, while the bound itself gets room for the load.
+    proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--grace', '900', '--',
                              sys.executable, TRAIN, '--kvstore', 'dist_sync', '--cpu-devices', '1',
                              *train_args(fashion_dir)[:-6], '--num-epochs', '50',
                              '--data-dir', str(fashion_dir), '--progress-interval', '1'],
@@ -148,18 +152,23 @@ def test_a_killed_worker_stops_everything_within_the_bound(fashion_dir, tmp_path
         worker, = children(keeper)
         killed = time.monotonic()
         os.kill(worker, signal.SIGKILL)
-        status = wait_bounded(proc, 60)
+        status = wait_bounded(proc, 300)
         took = time.monotonic() - killed
     finally:
         proc.kill()
+    load = Load()
     err = proc.stderr.read()
     assert status == 1 and re.search(r'^launch: worker 1@127\.0\.0\.1 as rank \d failed \(signal '
                                      r'SIGKILL\); stopping the job$', err, re.M), err
+    assert gone(everything)
     # The other worker waits forever for the dead one's gradients: SIGKILL 3 s after SIGTERM
     # (launch.TERM_WAIT) ends it; the servers end at SIGTERM. Then the launcher's polling
-    # (every 0.1 s) and its exit: the 3 s beyond are room for a loaded machine.
-    assert took < TERM_WAIT + 3, took
-    assert gone(everything)
+    # (every 0.1 s), the processes' exits and the launcher's own: 3 s of room on a quiet
+    # machine, scaled by the load measured (3 s alone broke at a load average of 13 to 23 on
+    # 2 cores).
+    assert took < TERM_WAIT + load.room(3), (
+        f'the job ended {took:.1f} s after the kill, more than {TERM_WAIT:.0f} s + '
+        f'{load.room(3):.1f} s; {load}')
 
 
 @pytest.mark.parametrize('argv, message', [

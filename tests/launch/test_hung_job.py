@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, Lines, run_bounded, wait_bounded
 from gluon_multigpu.multihost.hung import DUMP_WAIT
 from gluon_multigpu.multihost.plan import TERM_WAIT
+from process_state import Load
 from test_distributed import LAUNCH, gone, train_args, watch_children
 
 HANG = str(REPO / 'tests' / 'hang_worker.py')
@@ -19,8 +20,9 @@ HANG = str(REPO / 'tests' / 'hang_worker.py')
 STALL = 10
 #: How much later than the stall time the launcher's line may come: it looks every 0.1 s, the
 #: last step was reported before the hang began, and the processes get DUMP_WAIT for their stacks;
-#: the rest is a loaded machine's slack.
-LATE = DUMP_WAIT + 10
+#: the rest, ROOM on a quiet machine, is slack, scaled by the load measured
+#: (``process_state.Load``).
+ROOM = 10
 
 #: The launcher's line for worker I (rank 1) stuck in step 3 while worker J (rank 0) waits.
 NAMED = re.compile(r"^launch: worker (\d)@127\.0\.0\.1 as rank 1 is stuck in step 3: no worker "
@@ -52,20 +54,29 @@ def test_a_worker_hung_in_a_step_is_named_with_its_host_rank_and_step_and_nothin
         job, seen = watch_children(proc, out, r'\] test hang: rank 1 blocks in step 3$')
         assert len(job) == 12  # 4 agents, their 4 keepers, the keepers' 4 processes
         hung_at, hang = out.wait_for(r'\] test hang: rank 1 blocks in step 3$')
-        named_at, line = err.wait_for(r'^launch: .* stuck in step', timeout=STALL + LATE + 30)
-        status = wait_bounded(proc, 90)
+        # (measured while the stall time runs: the deadlines are beyond the bounds at any load)
+        early = Load()
+        named_at, line = err.wait_for(r'^launch: .* stuck in step',
+                                      timeout=STALL + DUMP_WAIT + early.room(ROOM) + 30)
+        status = wait_bounded(proc, 2 * TERM_WAIT + early.room(30) + 60)
         ended = time.monotonic()
         out.wait_ended(), err.wait_ended()
     finally:
         proc.kill()
+    load = Load()
     assert status == 3, err.text()
     named = NAMED.match(line)
     assert named, line
     hung, waiting = named.group(1), named.group(2)
     assert hang.startswith(f'[worker {hung}@127.0.0.1 as rank 1] ')  # the one that hung
     assert {hung, waiting} == {'0', '1'} and int(named.group(3)) >= 2
-    assert STALL <= named_at - hung_at < STALL + LATE, named_at - hung_at
-    assert ended - named_at < 2 * TERM_WAIT + 30  # then stopped: SIGTERM, SIGKILL, the servers
+    late = DUMP_WAIT + load.room(ROOM)
+    assert STALL <= named_at - hung_at < STALL + late, (
+        f'named {named_at - hung_at:.1f} s after the hang, not within {STALL} to '
+        f'{STALL + late:.1f} s; {load}')
+    # then stopped: SIGTERM, SIGKILL, the servers
+    assert ended - named_at < 2 * TERM_WAIT + load.room(30), (
+        f'ended {ended - named_at:.1f} s after the line; {load}')
     # every worker wrote its stacks: the hung one inside Trainer.step, the other waiting in MXNet
     text = out.text()
     hung_stack, waiting_stack = stacks_of(text, hung, 1), stacks_of(text, waiting, 0)
@@ -90,12 +101,16 @@ def test_a_command_that_queues_no_step_for_the_step_timeout_stops_the_job_with_s
             'os.write(fd, b"step 1\\n"); print("stepped", flush=True); time.sleep(600)')
     started = time.monotonic()
     proc = run_bounded([sys.executable, LAUNCH, '-n', '1', '--step-timeout', '2', '--',
-                        sys.executable, '-c', hang], cwd=tmp_path, timeout=120)
+                        sys.executable, '-c', hang], cwd=tmp_path, timeout=300)
     took = time.monotonic() - started
+    load = Load()
     assert proc.returncode == 3, proc.stderr
     assert re.search(r"^launch: worker 0@127\.0\.0\.1 is stuck in step 2: it queued no step for "
                      r"2 s; every worker's Python stack is in its output; stopping the job$",
                      proc.stderr, re.M), proc.stderr
     assert '[worker 0@127.0.0.1] stepped' in proc.stdout
     assert '[worker 0@127.0.0.1] SIGTERM' in proc.stdout  # the dump signal did not end it
-    assert took < 2 + DUMP_WAIT + TERM_WAIT + 10, took
+    # the step timeout, the stacks, SIGTERM: the launcher's and the worker's start are the room
+    assert took < 2 + DUMP_WAIT + TERM_WAIT + load.room(10), (
+        f'{took:.1f} s, more than {2 + DUMP_WAIT + TERM_WAIT:.0f} s + {load.room(10):.1f} s; '
+        f'{load}')

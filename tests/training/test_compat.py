@@ -1,8 +1,8 @@
 """MXNet 1.9.1 on today's NumPy and Python (``gluon_multigpu.base.compat``), and the doctor.
 
 What runs here runs under whichever NumPy and Python the suite was installed on:
-``tools/runtimes.py`` runs this file (and the fast loop) under NumPy 1.23, 1.26
-and 2.x and under Python 3.12 and 3.13, where the real removals are met. The
+``tools/runtimes.py`` runs this file (one of its ``CHECKS``) under NumPy 1.23,
+1.26 and 2.x and under Python 3.12 and 3.13, where the real removals are met. The
 removals themselves are also faked here (a NumPy module without the names, a
 Python without ``distutils``, an MXNet whose library needs a missing one), so
 that each path is checked on any runtime.
