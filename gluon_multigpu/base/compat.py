@@ -38,8 +38,11 @@ import importlib.util
 import os
 import re
 import contextlib
+import functools
+import operator
 import sys
 import threading
+import traceback
 import types
 import warnings
 
@@ -47,7 +50,8 @@ from ..errors import MXNetLoadError
 from . import opcache
 
 __all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'numpy_is_known',
-           'install_hook', 'load_advice', 'GPU_INSTALL', 'quiet', 'root_logging_kept']
+           'install_hook', 'load_advice', 'failing_package', 'GPU_INSTALL', 'quiet',
+           'root_logging_kept']
 
 #: The one way to install MXNet's GPU build, written once: every message and doc gives it whole.
 #: The extra adds mxnet-cu112, which writes the same ``mxnet`` module as the CPU build the package
@@ -115,15 +119,9 @@ def _replacements(numpy):
 
 def _has(module, name):
     """Whether ``module.name`` gives a value (a deprecated name that still works counts)."""
-    if name in vars(module):
-        return True
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        try:
-            getattr(module, name)
-        except AttributeError:
-            return False
-    return True
+        return hasattr(module, name)
 
 
 def restore_numpy_names(numpy):
@@ -143,6 +141,7 @@ def _numeric(text):
     return tuple(int(part) for part in match.group(1).split('.'))
 
 
+@functools.total_ordering
 class _Version:
     """A version compared by its leading numbers (``'2.4.6'`` > ``'1.17'``; ``'1.26.0rc1'`` as 1.26.0)."""
 
@@ -157,24 +156,10 @@ class _Version:
         return (self.version + pad)[:width], (other.version + pad)[:width]
 
     def __eq__(self, other):
-        a, b = self._key(other)
-        return a == b
+        return operator.eq(*self._key(other))
 
     def __lt__(self, other):
-        a, b = self._key(other)
-        return a < b
-
-    def __le__(self, other):
-        a, b = self._key(other)
-        return a <= b
-
-    def __gt__(self, other):
-        a, b = self._key(other)
-        return a > b
-
-    def __ge__(self, other):
-        a, b = self._key(other)
-        return a >= b
+        return operator.lt(*self._key(other))
 
     __hash__ = None
 
@@ -391,9 +376,25 @@ LIBRARIES = (
 )
 
 
+def failing_package(error):
+    """The top-level package whose import ``error`` ended, or None (an ``ImportError``'s module;
+    else the code's that raised it while loading: a broken NumPy raises in its ``__init__``)."""
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
+    name = (error.name if isinstance(error, ImportError) else None) or \
+        (frames[-1].f_globals.get('__name__', '') if frames else '')
+    top = name.split('.')[0]
+    return top if top and (isinstance(error, ImportError) or top not in sys.modules) else None
+
+
 def load_advice(error):
-    """One line saying what to install or set, for ``error`` raised by ``import mxnet``."""
-    text = f'{type(error).__name__}: {error}'.splitlines()[0] if str(error) else type(error).__name__
+    """One line saying what to install or set, for ``error`` raised by ``import mxnet`` (an
+    ``ImportError`` from NumPy, or another package MXNet imports, names that package)."""
+    text = f'{type(error).__name__}: {str(error).strip()}'.splitlines()[0].rstrip(': ')
+    package = failing_package(error) or 'mxnet'
+    if package == 'numpy':
+        return f'NumPy cannot be imported ({text}): pip install --force-reinstall {numpy_pin()}'
+    if package not in ('mxnet', 'gluon_multigpu', '__main__', ''):
+        return f'{package} cannot be imported ({text}): reinstall the package that provides it'
     if isinstance(error, ModuleNotFoundError) and (error.name or '').split('.')[0] == 'mxnet':
         return ('MXNet is not installed in this Python: pip install mxnet==1.9.1 '
                 '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')

@@ -225,8 +225,8 @@ def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disabl
 
 @contextlib.contextmanager
 def command(launcher=None, engine=True, engine_argv=None):
-    """Within the block, the program's body: its engine set up before, MXNet's load errors one
-    line and exit status 2 after.
+    """Within the block, the program's body: its engine set up before; after, a NumPy or MXNet
+    (or any other package) whose import fails is one line and exit status 2, not a traceback.
 
     ``launcher``: the path of the ``scripts/NAME.py`` that started it (None:
     its console script). ``engine``: set the engine for the device flags of
@@ -242,12 +242,14 @@ def command(launcher=None, engine=True, engine_argv=None):
     except MXNetLoadError as e:  # MXNet could not load, wherever the program first needed it
         say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: {e}')
         sys.exit(2)
-    except ModuleNotFoundError as e:
-        if (e.name or '').split('.')[0] != 'mxnet':
-            raise
+    except Exception as e:  # pylint: disable=broad-except  (re-raised unless an import's)
+        package = compat.failing_package(e)  # NumPy or MXNet missing or broken: the install's
+        if package in (None, '__main__', __name__.split('.')[0]):
+            raise  # not an import, or a module of the package's own: a bug, and its traceback
         say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: '
                     f'{compat.load_advice(e)}')
         sys.exit(2)
+
 
 
 def run_main(argv, build_parser, run):

@@ -2,14 +2,15 @@
 package's one-line ``GluonMultiGPUError``) or a command line's text (``int_in`` and the
 other argparse types, raising argparse's error). ``config``'s fields name them.
 
-Nothing here loads MXNet.
+Nothing here loads MXNet, nor NumPy: every program imports this module before it can say
+in one line that NumPy or MXNet does not load (``cli.console.command``).
 """
 import argparse
 import math
 import os
 import numbers
-
-import numpy as onp
+import struct
+import sys
 
 from ..base.schedule import SCHEDULES
 from ..errors import GluonMultiGPUError
@@ -41,7 +42,7 @@ MAX_IN_FLIGHT = 1
 MAX_CPU_DEVICES = 64
 MAX_GPUS = 64
 #: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
-LR_MAX = float(onp.finfo(onp.float32).max)
+LR_MAX = struct.unpack('<f', b'\xff\xff\x7f\x7f')[0]
 
 #: Why a parameter server cannot clip (``clip_grad_norm`` with a ``dist_*`` kvstore).
 NO_DIST_CLIP = ('`clip_grad_norm` needs the summed gradient before the update, and a parameter '
@@ -50,12 +51,23 @@ NO_DIST_CLIP = ('`clip_grad_norm` needs the summed gradient before the update, a
 
 # -- checks of values given in Python ---------------------------------------------------------
 
+def _boolean(value):
+    """Whether ``value`` is Python's or NumPy's bool (NumPy is loaded where one of its exists)."""
+    numpy = sys.modules.get('numpy')
+    return isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
+
+
 def _integer(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, onp.bool_))
+    return isinstance(value, numbers.Integral) and not _boolean(value)
 
 
 def _real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, onp.bool_))
+    return isinstance(value, numbers.Real) and not _boolean(value)
+
+
+def _float32(value):
+    """``value`` rounded to float32, as MXNet's optimizer keeps a learning rate."""
+    return struct.unpack('<f', struct.pack('<f', value))[0]
 
 
 def check_epochs(num_epochs):
@@ -78,7 +90,7 @@ def check_seed(seed):
 def check_lr(lr):
     """Return ``lr`` as a ``float``; raise unless a positive number float32 holds (not 0)."""
     value = float(lr) if _real(lr) else math.nan
-    if not (math.isfinite(value) and 0 < value <= LR_MAX and onp.float32(value) > 0):
+    if not (math.isfinite(value) and 0 < value <= LR_MAX and _float32(value) > 0):
         raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
                                  f'range (at most {LR_MAX:.4g}), got {lr!r}')
     return value
@@ -155,7 +167,7 @@ def path(value, name):
 
 
 def switch(value, name):
-    if not isinstance(value, (bool, onp.bool_)):
+    if not _boolean(value):
         raise GluonMultiGPUError(f'`{name}` must be True or False, got {value!r}')
     return bool(value)
 

@@ -7,8 +7,10 @@ removals themselves are also faked here (a NumPy module without the names, a
 Python without ``distutils``, an MXNet whose library needs a missing one), so
 that each path is checked on any runtime.
 """
+import importlib
 import json
 import os
+import pathlib
 import re
 import sys
 import textwrap
@@ -146,6 +148,53 @@ def test_a_program_on_a_broken_mxnet_is_one_line_and_status_2(tmp_path, program,
     assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr, proc.stderr
     assert 'MXNet cannot load' in proc.stderr and 'Traceback' not in proc.stdout
     assert list(tmp_path.iterdir()) == [tmp_path / 'mxnet']  # nothing written
+
+
+#: How a NumPy install is broken -> its import's body (as a NumPy built for another Python, or
+#: a checkout of NumPy's source, fails).
+BROKEN_NUMPY = {
+    'its C extensions missing': "raise ImportError('\\n\\nIMPORTANT: PLEASE READ THIS FOR ADVICE "
+                                "ON HOW TO SOLVE THIS ISSUE!\\n\\nImporting the numpy "
+                                "C-extensions failed.')",
+    'built for another ABI': "raise RuntimeError('module compiled against ABI version 0x1000009')",
+}
+
+
+@pytest.mark.parametrize('broken', sorted(BROKEN_NUMPY))
+@pytest.mark.parametrize('program', ['scripts/train.py', 'scripts/demo.py',
+                                     'gluon-multigpu-train'])
+def test_a_program_on_a_broken_numpy_is_one_line_and_status_2(tmp_path, program, broken):
+    env = fake_mxnet(tmp_path, '')  # the folder first on the path; its mxnet is not reached
+    (tmp_path / 'numpy').mkdir()
+    (tmp_path / 'numpy' / '__init__.py').write_text(BROKEN_NUMPY[broken])
+    start = [str(pathlib.Path(sys.executable).parent / program)] if program.startswith('gluon') \
+        else [sys.executable, str(REPO / program)]
+    argv = ['--cpu-devices', '2', '--num-epochs', '1'] if 'train' in program else []
+    proc = run_bounded(start + argv, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert 'NumPy cannot be imported' in proc.stderr and "pip install --force-reinstall 'numpy>=" \
+        in proc.stderr and 'Traceback' not in proc.stdout
+    assert ('IMPORTANT: PLEASE READ' if 'C ext' in broken else 'ABI version') in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['mxnet', 'numpy']  # nothing written
+
+
+def test_failing_package_names_the_package_whose_import_failed_and_nothing_else(tmp_path,
+                                                                                monkeypatch):
+    (tmp_path / 'halfcopied').mkdir()
+    (tmp_path / 'halfcopied' / '__init__.py').write_text("raise RuntimeError('no library')")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RuntimeError) as broken:
+        importlib.import_module('halfcopied')
+    with pytest.raises(ModuleNotFoundError) as missing:
+        importlib.import_module('halfcopied_not_there.sub')
+    with pytest.raises(json.JSONDecodeError) as at_run_time:  # a loaded module's error
+        json.loads('{')
+    assert compat.failing_package(broken.value) == 'halfcopied'
+    assert compat.failing_package(missing.value) == 'halfcopied_not_there'
+    assert compat.failing_package(at_run_time.value) is None
+    assert compat.load_advice(broken.value) == ('halfcopied cannot be imported (RuntimeError: no '
+                                                'library): reinstall the package that provides it')
 
 
 def test_the_launcher_on_a_broken_mxnet_says_it_in_one_line_and_ends_with_status_2(tmp_path):
