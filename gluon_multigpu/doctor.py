@@ -19,7 +19,7 @@ import time
 from .base import compat, engine, opcache, signals
 from .cli import console
 from .cli.arguments import OneLineParser
-from .errors import GluonMultiGPUError
+from .errors import GluonMultiGPUError, Interrupted
 
 __all__ = ['collect', 'problems', 'render', 'probe', 'run_probe', 'main', 'start']
 
@@ -29,6 +29,10 @@ FEATURES = ('MKLDNN', 'CUDA', 'CUDNN', 'NCCL', 'DIST_KVSTORE')
 PROBE_SECONDS = 300
 #: Printed by the child before its JSON, so that whatever MXNet prints while loading is skipped.
 MARK = 'gluon-multigpu-doctor-probe:'
+#: Printed by the child as it begins each part (what follows it), so the doctor can say what
+#: it waits for: every ``PROGRESS_SECONDS``, a line.
+STAGE = 'gluon-multigpu-doctor-stage:'
+PROGRESS_SECONDS = 20
 
 
 def _op_cache_line(cache):
@@ -48,6 +52,7 @@ def probe(out=None):
     out = out or sys.stdout
     found = {'loads': False}
     began = time.perf_counter()
+    print(STAGE + 'importing MXNet', file=out, flush=True)
     try:
         engine.configure(2)
         from . import _mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
@@ -66,6 +71,7 @@ def probe(out=None):
     except mxnet.base.MXNetError as e:
         found['gpus'] = 0
         found['gpu_error'] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(STAGE + 'training one step on cpu(0) and cpu(1)', file=out, flush=True)
     found['step'] = two_context_step()
     print(MARK + json.dumps(found), file=out, flush=True)
 
@@ -128,30 +134,73 @@ def two_context_step():
                 'seconds': time.perf_counter() - began}
 
 
-def run_probe(python=None, timeout=PROBE_SECONDS, environ=None):
-    """Run ``probe`` in a child process of ``python``; its findings, or why there are none."""
+def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_SECONDS,
+              say=console.say_quietly):
+    """Run ``probe`` in a child process; its findings, or why there are none.
+
+    While it runs, ``say`` gets a line every ``every`` seconds naming what the
+    child is doing (an MXNet import may take minutes, or hang). The child ends
+    with this process, however this one ends: killed, or stopped by a signal
+    (``Interrupted`` from ``signals.raising``) while it waits.
+
+    Parameters
+    ----------
+    python : str, optional
+        The Python that runs the probe (default: this one).
+    timeout : float
+        Seconds the probe may take before it is killed and reported as too slow.
+    environ : dict, optional
+        The child's environment (default: this process's).
+    every : float
+        Seconds between the lines saying what the probe is doing.
+    say : callable
+        Takes each such line (default: printed on standard error).
+    """
     command = [python or sys.executable, '-c',
                'from gluon_multigpu import doctor; doctor.probe()']
     env = dict(os.environ if environ is None else environ)
-    try:
-        # the probe ends with the doctor, however the doctor ends (an MXNet import that hangs
-        # would keep it forever)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL, check=False,
-                              preexec_fn=signals.dying_with_parent(signal.SIGKILL))
-    except subprocess.TimeoutExpired:
-        return {'loads': False, 'error': f'loading MXNet and one step took more than {timeout} s: '
-                                         'run gluon-multigpu-doctor again on a quieter machine'}
-    for line in done.stdout.splitlines():
+    # the probe ends with the doctor, however the doctor ends (an MXNet import that hangs
+    # would keep it forever)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, stdin=subprocess.DEVNULL,
+                          preexec_fn=signals.dying_with_parent(signal.SIGKILL)) as child:
+        try:
+            stdout, stderr = _wait_saying(child, timeout, every, say)
+        except subprocess.TimeoutExpired:
+            return {'loads': False, 'error': f'loading MXNet and one step took more than '
+                                             f'{timeout} s: run gluon-multigpu-doctor again on a '
+                                             'quieter machine'}
+        finally:
+            if child.poll() is None:  # timed out, or this process is stopping: not left behind
+                child.kill()
+    for line in stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
-    last = (done.stderr.strip().splitlines() or [''])[-1]
-    if done.returncode < 0:
-        why = f'the process was killed by signal {-done.returncode} while loading MXNet'
+    last = (stderr.strip().splitlines() or [''])[-1]
+    if child.returncode < 0:
+        why = f'the process was killed by signal {-child.returncode} while loading MXNet'
     else:
-        why = f'the process ended with status {done.returncode} while loading MXNet'
+        why = f'the process ended with status {child.returncode} while loading MXNet'
     return {'loads': False, 'error': f'{why} ({last}): reinstall it (pip install '
                                      '--force-reinstall --no-deps mxnet==1.9.1)'}
+
+
+def _wait_saying(child, timeout, every, say):
+    """``child.communicate()`` within ``timeout`` seconds, saying every ``every`` seconds which
+    part of the probe (its last ``STAGE`` line) it is in."""
+    began = time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - began)
+        if left <= 0:
+            raise subprocess.TimeoutExpired(child.args, timeout)
+        try:
+            return child.communicate(timeout=min(every, left))
+        except subprocess.TimeoutExpired as e:  # e.stdout: all the child wrote so far, as bytes
+            text = e.stdout.decode(errors='replace') if isinstance(e.stdout, bytes) else \
+                e.stdout or ''
+            stages = [line[len(STAGE):] for line in text.splitlines() if line.startswith(STAGE)]
+            say(f"doctor: still {stages[-1] if stages else 'starting Python'} "
+                f'({time.monotonic() - began:.0f} s of {timeout} s)...')
 
 
 def mxnet_distribution():
@@ -350,10 +399,11 @@ def start(launcher=None):
     """The program: ``gluon-multigpu-doctor``, ``python -m gluon_multigpu.doctor``, or
     ``scripts/doctor.py`` (``launcher``). It loads no MXNet itself: no engine settings."""
     try:
-        console.start(main, launcher, engine=False)
-    except KeyboardInterrupt:
-        print('doctor: interrupted', file=sys.stderr)
-        sys.exit(130)
+        with signals.raising():  # Ctrl-C, SIGTERM, SIGHUP: one line, the probe ended with it
+            console.start(main, launcher, engine=False)
+    except Interrupted as e:
+        console.say_quietly(f'doctor: {e}: stopped before its report')
+        sys.exit(128 + (e.signum or signal.SIGINT))
 
 
 if __name__ == '__main__':

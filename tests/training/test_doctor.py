@@ -6,12 +6,14 @@ install would be found), so that each case is met on any machine.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
 
+from gluon_multigpu import doctor
 from conftest import REPO, Lines, alive, children, run_bounded, wait_bounded
 from process_state import cmdline, wait_until
 
@@ -52,15 +54,48 @@ def test_the_doctor_killed_while_its_probe_hangs_leaves_no_process(tmp_path, sig
         probe = probe_pid(pid_file)
         assert probe in children(doctor.pid) and 'doctor.probe()' in cmdline(probe)
         doctor.send_signal(signum)
-        assert wait_bounded(doctor, 60) == -signum
+        # SIGKILL: nothing said; SIGTERM: one line saying so, and 128 + the signal
+        assert wait_bounded(doctor, 60) == (-signum if signum == signal.SIGKILL else 128 + signum)
         wait_until(None, f'the probe (pid {probe}) ended with the doctor',
                    lambda: not alive(probe), 60)
+        if signum != signal.SIGKILL:
+            err.wait_ended()
+            assert err.text()[-1] == \
+                'doctor: interrupted by SIGTERM: stopped before its report'
     finally:
         doctor.kill()
         doctor.wait()
         probe = probe or (probe_pid(pid_file) if pid_file.exists() else None)
         if probe is not None and alive(probe) and 'doctor.probe()' in cmdline(probe):
             os.kill(probe, signal.SIGKILL)  # what the test found left: not left by it too
+
+
+#: A fake ``mxnet`` whose import waits until the file $RELEASE_FILE exists, then fails.
+RELEASED = ('import os, pathlib, time\n'
+            "while not pathlib.Path(os.environ['RELEASE_FILE']).exists():\n"
+            '    time.sleep(0.05)\n'
+            "raise RuntimeError('released by the test')\n")
+
+
+def test_the_doctor_says_what_its_probe_waits_for_while_it_waits(tmp_path):
+    release = tmp_path / 'release'
+    env = fake_package(tmp_path, 'mxnet', RELEASED, RELEASE_FILE=str(release))
+    said = []
+
+    def say(line):
+        said.append(line)
+        if sum('importing MXNet' in line for line in said) >= 2:
+            release.touch()  # two lines named the import: let it fail
+    # the deadline (300 s) is only reached if no line ever names the import
+    found = doctor.run_probe(environ=env, timeout=300, every=0.2, say=say)
+    assert found['loads'] is False and 'RuntimeError: released by the test' in found['error']
+    seconds = []
+    for line in said:
+        match = re.fullmatch(r'doctor: still (starting Python|importing MXNet) \((\d+) s of 300 s\)'
+                             r'\.\.\.', line)
+        assert match, line
+        seconds.append(int(match.group(2)))
+    assert seconds == sorted(seconds) and sum('importing MXNet' in line for line in said) == 2
 
 
 @pytest.mark.parametrize('body', [
