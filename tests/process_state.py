@@ -106,3 +106,21 @@ class Load:
         return (f"this machine's load: a busy thread got {self.share:.2f} of a core, load "
                 f"average {self.average:.1f} on {self.cores} core(s): room scaled by "
                 f"{self.factor:.1f}")
+
+
+#: The environment variable a test gives a program to find every process of its tree by
+#: (``marked``): each descendant inherits it, one that left the tree (a daemon, an orphan) too.
+MARK = 'GLUON_MULTIGPU_TEST_TREE'
+
+
+def marked(tag):
+    """The live processes whose environment holds ``MARK=tag`` (from /proc)."""
+    found, entry = [], f'{MARK}={tag}'.encode()
+    for name in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{name}/environ', 'rb') as f:
+                if entry in f.read().split(b'\0'):
+                    found.append(int(name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, alive, children, descendants, wait_bounded
-from process_state import wait_until
+from process_state import MARK, cmdline, marked, wait_until
 from gluon_multigpu.multihost import agent
 
 LAUNCH = str(REPO / 'scripts' / 'launch.py')
@@ -80,6 +80,59 @@ def test_sigkill_of_a_workers_agent_ends_its_whole_tree_and_stops_the_job():
     _none_left(child, daemon, tree, 'every process of the worker ended', 10)
     err = proc.stderr.read()
     assert status == 1 and re.search(r'^launch: worker 0@127\.0\.0\.1 its agent ended \(signal '
+                                     r'SIGKILL\); stopping the job$', err, re.M), err
+
+
+def _launch_marked(tag, script):
+    """The local launcher of one worker and one server running ``bash -c script``; every
+    process of its tree carries ``MARK=tag``."""
+    return subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1', '--launcher', 'local',
+                             '--', 'bash', '-c', script], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **{MARK: tag}))
+
+
+def _none_marked(tag, what, timeout=60):
+    """Wait until no process carries ``MARK=tag`` (those left then are killed, and it fails)."""
+    try:
+        wait_until(None, what, lambda: not marked(tag), timeout)
+    finally:
+        for pid in marked(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
+# the job's full tree is 17 processes: the launcher; 4 agents, their keepers and commands; the
+# two workers' sleeps (one a daemon in a session of its own)
+@pytest.mark.parametrize('started', [2, 4, 7, 11, 15])
+def test_sigkill_of_the_launcher_while_it_starts_its_job_leaves_no_process(started):
+    # Killed as soon as `started` processes of its tree exist: one is often just forked, and
+    # must end although it asks for its end only after the kill.
+    tag = f'{started}.{random.randrange(10**9)}'
+    proc = _launch_marked(tag, 'sleep 3000 & (setsid sleep 3001 &); wait')
+    try:
+        wait_until(proc, f'{started} processes of the launch', lambda: len(marked(tag)) >= started,
+                   120, interval=0)
+    finally:
+        proc.kill()
+        wait_bounded(proc)
+    _none_marked(tag, 'every process of the launch ended')
+
+
+def test_sigkill_of_a_workers_keeper_ends_its_tree_and_stops_the_job():
+    tag = str(random.randrange(10**9))
+    script, child, daemon = tree_script(303)
+    proc = _launch_marked(tag, script)
+    try:
+        wait_until(proc, 'the job started', lambda: _with_arg(child) and _with_arg(daemon), 120)
+        keepers = [p for p in marked(tag) if p in _with_arg(script) and '--keeper' in cmdline(p)]
+        assert len(keepers) == 2, keepers  # one for each worker
+        os.kill(keepers[0], signal.SIGKILL)
+        status = wait_bounded(proc, 60)
+    finally:
+        proc.kill()
+    _none_marked(tag, 'every process of the job ended')
+    err = proc.stderr.read()
+    assert status == 1 and re.search(r'^launch: worker [01]@127\.0\.0\.1 failed \(signal '
                                      r'SIGKILL\); stopping the job$', err, re.M), err
 
 

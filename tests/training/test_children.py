@@ -2,7 +2,9 @@
 (``gluon_multigpu.base.signals.dying_with_parent``), however the parent ends.
 
 The doctor's probe is killed with the doctor in tests/training/test_doctor.py, the launcher's
-agents and workers with the launcher in tests/launch/test_distributed.py.
+agents and workers with the launcher in tests/launch/test_distributed.py; each parent killed as
+its children start (launcher, agent's keeper, doctor) in tests/launch/test_launch_hostile.py and
+test_doctor.py, every process found by the mark its tree inherits (``process_state.marked``).
 """
 import ast
 import os

@@ -15,7 +15,7 @@ import pytest
 
 from gluon_multigpu import doctor
 from conftest import REPO, Lines, alive, children, run_bounded, wait_bounded
-from process_state import cmdline, wait_until
+from process_state import MARK, cmdline, marked, wait_until
 
 #: A fake ``mxnet`` whose import hangs: it writes its pid to the file $HANG_PID_FILE, then waits
 #: for ever (as an MXNet stuck in its library's start).
@@ -68,6 +68,27 @@ def test_the_doctor_killed_while_its_probe_hangs_leaves_no_process(tmp_path, sig
         probe = probe or (probe_pid(pid_file) if pid_file.exists() else None)
         if probe is not None and alive(probe) and 'doctor.probe()' in cmdline(probe):
             os.kill(probe, signal.SIGKILL)  # what the test found left: not left by it too
+
+
+@pytest.mark.parametrize('signum', [signal.SIGKILL, signal.SIGTERM])
+def test_the_doctor_killed_as_its_probe_starts_leaves_no_process(tmp_path, signum):
+    # The moment the probe is forked (it may not have asked for its end with the doctor yet).
+    tag = f'doctor.{os.getpid()}.{signum}'
+    env = fake_package(tmp_path, 'mxnet', HANGS, HANG_PID_FILE=str(tmp_path / 'pid'),
+                       **{MARK: tag})
+    doctor = subprocess.Popen([sys.executable, '-m', 'gluon_multigpu.doctor'], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL)
+    try:
+        wait_until(doctor, 'the probe forked', lambda: len(marked(tag)) >= 2, 120, interval=0)
+        doctor.send_signal(signum)
+        assert wait_bounded(doctor, 60) in (-signum, 128 + signum)
+        wait_until(None, 'every process of the doctor ended', lambda: not marked(tag), 60)
+    finally:
+        doctor.kill()
+        doctor.wait()
+        for pid in marked(tag):
+            os.kill(pid, signal.SIGKILL)  # what the test found left: not left by it too
 
 
 #: A fake ``mxnet`` whose import waits until the file $RELEASE_FILE exists, then fails.
