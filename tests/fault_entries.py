@@ -162,7 +162,7 @@ class WriteCsv(Entry):
 
 
 class Chart(Entry):
-    name, what = 'chart', '`--plot` charts (`study/charts.py`)'
+    name, what = 'chart', "the reports' bar charts (`study/charts.bar_chart`, matplotlib's)"
 
     def previous(self, root):
         gm.charts.bar_chart(os.path.join(root, 'chart.png'), ['a'], [1.0], 'old')
@@ -217,6 +217,96 @@ class ProfileTrace(Entry):
             return data
         return json.dumps({'otherData': trace.get('otherData'),
                            'events': bool(trace.get('traceEvents'))}, sort_keys=True).encode()
+
+
+class Plot(Entry):
+    name, what = 'plot', "`--plot` charts of a run (`study/charts.accuracy_chart`, matplotlib's)"
+
+    def previous(self, root):
+        gm.charts.accuracy_chart(os.path.join(root, 'acc.png'), [_train_result('device', [1.0])])
+
+    def decoys(self, root):
+        return [user_file(root, 'notes.txt'), user_file(root, '.acc.png.zz99yy88.tmp')]
+
+    def act(self, root):
+        gm.charts.accuracy_chart(os.path.join(root, 'acc.png'),
+                                 [_train_result('device', [1.0, 0.9]),
+                                  _train_result('local', [1.0, 1.1])], title='new')
+
+
+class _Clock:
+    """The clock ``core/metrics`` reads, stopped at ``seconds``: two runs write equal files."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def time(self):
+        return float(self.seconds)
+
+    def time_ns(self):
+        return self.seconds * 10**9
+
+    def perf_counter(self):
+        return float(self.seconds)
+
+
+class MetricsLines(Entry):
+    """A resumed run's figures: epoch 2 again over a file that holds epoch 1 and a step of epoch
+    2 (the run stopped there), so the file is rewritten without that step, then appended to."""
+    name = 'metrics_lines'
+    what = '`--metrics` JSON lines (`core/metrics.Metrics`: rewritten on resume, then appended)'
+    #: Global steps between two step records: the first step of a fit opens the files only.
+    every = 2
+
+    def options(self, root):
+        return {'path': os.path.join(root, 'm.jsonl')}
+
+    def fit(self, root, epoch, steps, end=True, at=3):
+        """Epoch ``epoch`` of a run of 2 steps an epoch, stopped after ``steps`` (and the
+        epoch's record, with ``end``), the clock stopped at ``at`` (a new event file's name)."""
+        from gluon_multigpu.core import metrics  # pylint: disable=import-outside-toplevel
+        hook = metrics.Metrics(every=self.every, **self.options(root))
+        run = types.SimpleNamespace(epoch=epoch, train_iter=[None, None], scaler=None,
+                                    steps=None, trainer=types.SimpleNamespace(learning_rate=0.1))
+        record = types.SimpleNamespace(epoch=epoch, train_loss=1.0 / epoch, train_acc=0.5,
+                                       test_acc=0.4 + epoch / 10, seconds=1.0,
+                                       samples_per_sec=100.0)
+        with patched(metrics, 'time', _Clock(1000 + at)):
+            hook.enter(run)
+            try:
+                for step in range(1, steps + 1):
+                    hook.step_end(run, step, 8 * step, None)
+                if end:
+                    hook.epoch_end(run, record)
+            finally:
+                hook.leave(run)
+
+    def previous(self, root):
+        self.fit(root, 1, 2, at=1)
+        self.fit(root, 2, 2, end=False, at=2)  # global step 4's record: dropped on resume
+
+    def decoys(self, root):
+        return [user_file(root, 'notes.txt'), user_file(root, '.m.jsonl.k3j9x2ab.tmp')]
+
+    def act(self, root):
+        self.fit(root, 2, 2)
+
+    def partial_runs(self):
+        """Stopped after its first step (the files opened) or its second (its record)."""
+        return [lambda root: self.fit(root, 2, 1, end=False),
+                lambda root: self.fit(root, 2, 2, end=False)]
+
+
+class EventFiles(MetricsLines):
+    name = 'tensorboard_events'
+    what = ("`--tensorboard` event files (`core/metrics.Metrics`: tensorboardX's records, "
+            'a new file each fit)')
+
+    def options(self, root):
+        return {'tensorboard': os.path.join(root, 'tb')}
+
+    def decoys(self, root):
+        return [user_file(root, 'notes.txt'), user_file(root, 'tb/notes.txt')]
 
 
 # -- report folders -----------------------------------------------------------------------------
@@ -415,6 +505,6 @@ def patched(owner, attribute, value):
 
 
 #: The entry points of the package's own writers, in the order of the table.
-ENTRIES = [cls() for cls in (WriteJson, WriteCsv, OpCache, Chart, ProfileTrace, KvstoreReport,
-                             ScalingReport, BalanceReport, SweepResults, SweepLock,
-                             CheckpointSave, CheckpointLock)]
+ENTRIES = [cls() for cls in (WriteJson, WriteCsv, OpCache, Chart, Plot, ProfileTrace,
+                             MetricsLines, EventFiles, KvstoreReport, ScalingReport, BalanceReport,
+                             SweepResults, SweepLock, CheckpointSave, CheckpointLock)]

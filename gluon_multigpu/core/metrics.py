@@ -196,13 +196,18 @@ class EventFiles:
         self.path = os.path.join(self.folder, f'events.out.tfevents.{now // 10**9}.'
                                               f'{socket.gethostname()}.{now:020d}')
         event, session = self._records[:2]
+        opening = self._frames([event(wall_time=time.time(), file_version='brain.Event:2'),
+                                event(wall_time=time.time(), step=purge,
+                                      file_version='brain.Event:2'),
+                                event(wall_time=time.time(), step=purge,
+                                      session_log=session(status=session.START))])
         with atomic.naming(self.path):
-            self._fd = fs.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND |
-                               os.O_NOFOLLOW | os.O_CLOEXEC)
-            self._append([event(wall_time=time.time(), file_version='brain.Event:2'),
-                          event(wall_time=time.time(), step=purge, file_version='brain.Event:2'),
-                          event(wall_time=time.time(), step=purge,
-                                session_log=session(status=session.START))])
+            # made whole and named durably, or not at all: a failure, a kill or a power cut
+            # leaves no empty event file (nor takes a name another file has)
+            atomic.create_whole(self.path, opening)
+            atomic.fsync_directory(self.folder)
+            self._fd = fs.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW |
+                               os.O_CLOEXEC)
 
     def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
         event, _, summary, _ = self._records
@@ -210,15 +215,19 @@ class EventFiles:
             summary.Value(tag=f'{kind}/{name}', simple_value=value)]))
             for name, value in values.items()])
 
-    def _append(self, events):
+    def _frames(self, events):
+        """``events`` as TFRecord frames (length, its checksum, the record, its checksum)."""
         crc = self._records[3]
         frames = []
         for record in events:
             data = record.SerializeToString()
             header = struct.pack('<Q', len(data))
             frames += [header, struct.pack('<I', crc(header)), data, struct.pack('<I', crc(data))]
+        return b''.join(frames)
+
+    def _append(self, events):
         with atomic.naming(self.path):
-            fs.write(self._fd, b''.join(frames), self.path)
+            fs.write(self._fd, self._frames(events), self.path)
 
     def sync(self):
         with atomic.naming(self.path):
