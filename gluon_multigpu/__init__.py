@@ -9,9 +9,10 @@ In a notebook or a script::
     result = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=2)
     print(result.final_line())       # test acc: 0.85, 17.5 sec/epoch on [cpu(0), cpu(1)]
 
-The settings of a run and their meaning: ``help(gm.TrainConfig)`` (what ``train``
-takes) and ``help(gm.RunConfig)`` (the command line's). Each submodule is reachable
-by its short name (``gm.checkpoint``, ``gm.metrics``...).
+The settings of a run and their meaning: ``help(gm.TrainConfig)`` (what ``train`` takes) and
+``help(gm.RunConfig)`` (the command line's); each submodule by its short name (``gm.metrics``).
+Without training here, ``import gluon_multigpu`` before ``import mxnet`` makes MXNet 1.9.1 work
+on NumPy 2 and Python 3.12+ (``help(gm.compat)`` lists all it changes).
 """
 import importlib as _importlib
 

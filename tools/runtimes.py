@@ -77,7 +77,9 @@ RUNTIMES = (
 #: again before, 968 tests, about 125 s each on two cores).
 CHECKS = (
     # MXNet on this NumPy and Python: the names restored, distutils, NumPy scalars made plain
-    # for the operators, MXNet imported directly after the package; the doctor's two-context step
+    # for the operators, MXNet imported directly after the package (the one public line:
+    # examples/plain_mxnet.py, MXNet's own Gluon Trainer, kvstores and split_and_load through
+    # it); the doctor's two-context step; a NumPy or MXNet that cannot load, one line
     'tests/training/test_compat.py',
     # MXNet's operator functions compiled by this Python and kept per MXNet library and Python
     'tests/training/test_opcache.py',

@@ -116,6 +116,30 @@ def test_mxnet_imported_directly_after_the_package_is_prepared_too():
     assert '_BeforeMXNet' not in finders  # the finder took itself off
 
 
+#: The public line that makes a plain ``import mxnet`` work on NumPy 2 and Python 3.12+ (README,
+#: docs/guide.md "Python and NumPy"), as examples/plain_mxnet.py writes it.
+ONE_LINE = 'import gluon_multigpu  # noqa: F401  (the one line: before `import mxnet`)'
+
+
+def test_mxnets_own_gluon_examples_run_after_the_one_line():
+    # A user of MXNet alone: a Trainer step, kvstores local and device, split_and_load over two
+    # contexts, each checked against its arithmetic done by hand (in the example itself).
+    example = REPO / 'examples' / 'plain_mxnet.py'
+    source = example.read_text()
+    assert source.index(ONE_LINE + '\n') < source.index('\nimport mxnet as mx\n')
+    proc = run_bounded([sys.executable, str(example)], timeout=120, cwd=REPO / 'examples')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == [
+        'trainer step: ok (loss 4.5, weight [0.7, 0.4])',
+        'kvstore local: ok (pushed 1 and 2 from 2 contexts, pulled 3)',
+        'kvstore device: ok (pushed 1 and 2 from 2 contexts, pulled 3)',
+        'split_and_load: ok (2 parts; both contexts at [-1.5, -2.0])'], proc.stdout
+    if compat.numpy_version() >= (2, 0):  # the line is what makes it work: without it, no MXNet
+        without = run_bounded([sys.executable, '-c', source.replace(ONE_LINE, 'pass')],
+                              timeout=120, cwd=REPO / 'examples')
+        assert without.returncode == 1 and 'NumPy 2.0' in without.stderr, without.stderr[-2000:]
+
+
 def test_a_broken_mxnet_imported_directly_says_what_to_install(tmp_path):
     env = fake_mxnet(tmp_path, "raise OSError('libgomp.so.1: cannot open shared object file')")
     proc = run_bounded([sys.executable, '-c', 'import gluon_multigpu, mxnet'], timeout=60, env=env)
