@@ -11,6 +11,7 @@ config (``config.RunConfig``). Nothing in this module loads MXNet.
 import argparse
 import dataclasses
 import os
+import sys
 
 from ..core import config, values
 from ..errors import GluonMultiGPUError, flag
@@ -39,6 +40,31 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.values_joined(args), namespace)
+
+    def values_joined(self, args):
+        """``args`` with each ``--flag -x`` as ``--flag=-x`` where ``--flag`` takes one value and
+        ``-x`` is no flag of this parser: argparse took such a value (``--profile -1:3``) for a
+        flag and said only 'expected one argument'; the flag's own check now names the value.
+        Up to the first positional argument or ``--`` (a launched command's own flags after)."""
+        flags, joined, i = self._option_string_actions, [], 0
+        while i < len(args):
+            token = args[i]
+            if token == '--' or not token.startswith('-'):
+                return joined + args[i:]
+            action = flags.get(token)
+            value = args[i + 1] if action is not None and action.nargs is None and \
+                i + 1 < len(args) else None
+            if value is not None and value.startswith('-') and value != '--' and \
+                    value.split('=')[0] not in flags:
+                joined.append(f'{token}={value}')
+            else:
+                joined += args[i:i + 1 + (value is not None)]
+            i += 1 + (value is not None)
+        return joined
 
 
 #: Samples per batch, epochs: more than any run here could use, small enough to stay exact.

@@ -1,4 +1,5 @@
 """scripts/train.py end to end on a small real subset, and its answers to bad input."""
+import argparse
 import gzip
 import json
 import os
@@ -193,6 +194,8 @@ NON_NEGATIVE = 'give a number from 0 to 1e6'
     (['--num-epochs', '2.5'], "--num-epochs: '2.5' is not an integer", 'from 1 to 100000'),
     (['--num-epochs', 'ten'], "'ten' is not an integer", 'from 1 to 100000'),
     (['--seed', '-1'], '--seed: -1 is negative', 'a whole number from 0 to 4294967295'),
+    (['--seed', '-1e3'], "--seed: '-1e3' is not an integer", 'from 0 to 4294967295'),
+    (['--cpu-devices', '-two'], "--cpu-devices: '-two' is not an integer", 'from 1 to 64'),
     (['--seed', str(2**32)], f'--seed: {2**32} is above 4294967295',
      'a whole number from 0 to 4294967295'),
     (['--progress-interval', '-1'], '-1 is not a finite number of 0 or more', NON_NEGATIVE),
@@ -326,3 +329,19 @@ def ast_strings(path):
     return [n.value for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, ast.Constant) and isinstance(n.value, str)
             and not n.value.startswith(('-', "'"))]
+
+
+@pytest.mark.parametrize('argv, parsed', [
+    (['--x', '-1:3'], ['--x=-1:3']),  # a value that looks like a flag is the flag's value
+    (['-n', '2', '--x', '-y', 'cmd', '--x', '-z'], ['-n', '2', '--x=-y', 'cmd', '--x', '-z']),
+    (['--x', '--on'], ['--x', '--on']),  # a flag of the parser stays one: 'expected one argument'
+    (['--on', '--x=-3', '--', '--x', '-z'], ['--on', '--x=-3', '--', '--x', '-z']),
+])
+def test_a_value_beginning_with_a_dash_is_its_flags_value_up_to_the_command(argv, parsed):
+    from gluon_multigpu.cli.arguments import OneLineParser
+    p = OneLineParser(prog='t')
+    p.add_argument('-n', type=int)
+    p.add_argument('--x')
+    p.add_argument('--on', action='store_true')
+    p.add_argument('command', nargs=argparse.REMAINDER)
+    assert p.values_joined(argv) == parsed

@@ -234,6 +234,8 @@ def test_the_script_profiles_and_prints_the_table(train_script, tmp_path, capsys
 @pytest.mark.parametrize('argv, message', [
     (['--profile', '5:3'], '--profile 5:3: STOP is before START'),
     (['--profile', 'ten'], "--profile 'ten' is not a range of steps"),
+    # a value beginning with '-': argparse took it for a flag ('expected one argument')
+    (['--profile', '-1:3'], "--profile '-1:3' is not a range of steps"),
     (['--profile', '\uff11:\uff13'], "--profile '\uff11:\uff13' is not a range of steps"),
     (['--profile', '0:1'], '--profile 0:1: steps count from 1'),
     (['--profile', '4:5'], "--profile 4:5 ends past the run's last step, 4 (1 epoch(s) of 4 "),
