@@ -1,20 +1,17 @@
 """Locks: a file created exclusively, recognised as the package's by its content.
 
-A ``Lock`` is the file ``path``, created whole (its content written to a file without a name,
-``O_TMPFILE``, then linked under ``path``, which fails if anything has the name; where the file
-system has no ``O_TMPFILE``, ``O_CREAT | O_EXCL | O_NOFOLLOW``): never opened on an existing
-file, never seen empty after a kill. It holds the marker line ``MARKER``, the process id and
-the host, and is held with ``flock`` while the process lives. When the name is taken, by a lock
-of ours (a regular file with the marker, one link) whose ``flock`` is held: refused in one line
-naming the holder's process; by a lock of ours that nobody holds (its process died): taken over,
-with a line to ``say``, once the name is checked to still lead to the same file; by anything
-else (a user's file, a hard link to one, a folder, a FIFO, a symbolic link): refused in one
-line that names it, and left as it is. ``release`` removes the file only if the name still
-leads to the file this process made. The kernel drops the ``flock`` with the process, which is
-how a stale lock is told from a held one.
-
-On the ground floor, so that a hook of the section (``core/metrics``) can hold one too;
-``outputs.locks`` is its name in the output layer.
+A ``Lock`` is the file ``path``, created whole (written unnamed, ``O_TMPFILE``, then linked
+under ``path``, which fails if anything has the name; else ``O_CREAT | O_EXCL | O_NOFOLLOW``):
+never opened on an existing file, never seen empty after a kill. It holds the marker line
+``MARKER``, the process id and the host, and is held with ``flock`` while the process lives
+(the kernel drops it with the process: how a stale lock is told from a held one). When the name
+is taken, by a lock of ours (a regular file with the marker, one link) whose ``flock`` is held:
+refused in one line naming the holder's process; by a lock of ours that nobody holds: taken
+over, with a line to ``say``, once the name is checked to still lead to the same file; by
+anything else (a user's file, a hard link to one, a folder, a FIFO, a symbolic link): refused
+in one line that names it, and left as it is. ``release`` removes the file only if the name
+still leads to the file this process made. On the ground floor, so that a hook of the section
+(``core/metrics``) can hold one too; ``outputs.locks`` is its name in the output layer.
 """
 import errno
 import fcntl
