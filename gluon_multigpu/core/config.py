@@ -18,9 +18,9 @@ from ..errors import GluonMultiGPUError
 from .values import (DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE,
                      MAX_CPU_DEVICES, MAX_GPUS, MAX_IN_FLIGHT, MAX_SEED, MODEL_NAMES,
                      NO_DIST_CLIP, SCHEDULES, check_accumulate, check_clip, check_epochs,
-                     check_lr, check_schedule, check_seed, check_warmup, int_in, kvstores,
-                     non_negative_float, one_of, path, path_of, positive_float, seconds, split,
-                     split_weights, switch, whole)
+                     check_lr, check_schedule, check_seed, check_warmup, event_files, int_in,
+                     kvstores, non_negative_float, one_of, path, path_of, positive_float,
+                     seconds, split, split_weights, switch, whole)
 
 __all__ = ['TrainConfig', 'RunConfig', 'GROUPS', 'setting']
 
@@ -106,7 +106,7 @@ class TrainConfig:
     warmup_steps: int = setting(0, _OPT, 'updates whose rate rises linearly to `lr` first',
                                 _named(check_warmup), int_in(0, 10**8), 'N')
     tensorboard: Optional[str] = setting(
-        None, _OBS, 'TensorBoard event files in DIR (needs tensorboardX)', path,
+        None, _OBS, 'TensorBoard event files in DIR (needs tensorboardX)', event_files,
         path_of('a directory'), 'DIR')
     metrics: Optional[str] = setting(None, _OBS, 'the same figures as JSON lines in PATH',
                                      path, path_of('a file name'), 'PATH')
