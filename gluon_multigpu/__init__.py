@@ -78,7 +78,7 @@ NAMES = {
                  'train_batch', 'train_epoch'],
     'utils': ['Accumulator', 'Timer', 'accuracy'],
     'errors': ['CheckpointError', 'DataError', 'DeviceError', 'GluonMultiGPUError',
-               'Interrupted', 'MXNetLoadError', 'TrainingDiverged'],
+               'Interrupted', 'MXNetLoadError', 'SettingWarning', 'TrainingDiverged'],
 }
 _WHERE = {name: module for module, names in NAMES.items() for name in names}
 

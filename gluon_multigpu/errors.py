@@ -10,7 +10,7 @@ import re
 import signal
 
 __all__ = ['flag', 'GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
-           'MXNetLoadError', 'Interrupted']
+           'MXNetLoadError', 'Interrupted', 'SettingWarning']
 
 
 def flag(name):
@@ -27,6 +27,13 @@ class GluonMultiGPUError(ValueError):
         """
         spell = names if callable(names) else (lambda name: (names or {}).get(name, name))
         return re.sub(r'`([a-z_]+(?:=True)?)`', lambda m: spell(m.group(1)), str(self))
+
+
+class SettingWarning(UserWarning):
+    """A setting that works but does not do what it says in this run (a warm-up as long as
+    the run); the command line prints it as one line, its arguments as flags."""
+
+    describe = GluonMultiGPUError.describe
 
 
 class DeviceError(GluonMultiGPUError):

@@ -44,7 +44,7 @@ from ..errors import GluonMultiGPUError
 
 __all__ = ['EngineError', 'EngineWarning', 'configure', 'recommended', 'check_environment',
            'cores', 'worker_cores', 'HOST_CORES', 'HOST_WORKERS', 'loaded', 'note_loading',
-           'settings', 'return_freed_memory']
+           'settings', 'return_freed_memory', 'caller_stacklevel']
 
 #: Engine variables checked before MXNet loads: name -> (smallest, largest) whole value.
 #: MXNet aborts (OMP_NUM_THREADS=abc: status 134) or dies silently
@@ -315,7 +315,7 @@ def return_freed_memory(environ=None):
     return _STATE['malloc']
 
 
-def _stacklevel():
+def caller_stacklevel():
     """``stacklevel`` for ``warnings.warn`` called by our caller: the first frame outside the
     package (the user's line, however deep in the package the warning is given)."""
     frame, level = sys._getframe(1), 1  # pylint: disable=protected-access
@@ -364,4 +364,4 @@ def _warn_if_different(wanted, cpu_devices, sync_bn):
         f'MXNet is already loaded ({had}), so the engine settings for '
         f'{_plan_text(cpu_devices, sync_bn)} are not applied: {why}. {effect}; for them, restart '
         f'the kernel (or Python) and call {_call_text(cpu_devices, sync_bn)} before anything loads '
-        'MXNet', EngineWarning, stacklevel=_stacklevel())
+        'MXNet', EngineWarning, stacklevel=caller_stacklevel())

@@ -17,12 +17,13 @@ import os
 import shlex
 import signal
 import sys
+import warnings
 
 from . import messages
 from .arguments import UsageError, engine_devices, error_line
 from ..errors import flag
 from ..base import compat, engine, signals
-from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError
+from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError, SettingWarning
 from ..outputs import files
 from ..run.stopping import StopRequest
 
@@ -214,6 +215,18 @@ def resume_command(name, argv=None):
     return command_line(name, argv)
 
 
+def one_line_warnings():
+    """Show the package's ``SettingWarning`` as one line on stderr, its arguments as flags."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if isinstance(message, SettingWarning):
+            say_quietly(f'warning: {message.describe(flag)}')
+        else:
+            shown(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+
+
 def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
     """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
 
@@ -235,6 +248,7 @@ def command(launcher=None, engine=True, engine_argv=None):
     """
     started(launcher)
     _RUN['program'] = True
+    one_line_warnings()
     if engine:
         prepare_engine(engine_argv)
     try:

@@ -8,6 +8,7 @@ and prints the lines. It loads MXNet: a program imports it once the engine
 is set (``console.prepare_engine``).
 """
 import contextlib
+import functools
 import os
 import sys
 
@@ -90,7 +91,7 @@ def run(config, out=None, stop=None):
     lr = config.lr or RECIPES[config.model].lr(batch_size * worker.count)
     checkpoint = make_checkpointer(config, batch_size, lr, kvstores, worker)
     guard = stall_guard(config, devices)
-    stall = stall_hook(config.stall_timeout, line=lambda waited: stall_message(config, waited))
+    stall = stall_hook(config.stall_timeout, line=functools.partial(stall_message, config))
     # Under the launcher: report the steps, stop on the step it names (the same for all workers).
     control = Control.from_environment(
         stop=stop, on_stop=lambda step: say_quietly(messages.launcher_stops(step)))
@@ -246,9 +247,10 @@ def kept_checkpoint(config):
     return ''
 
 
-def stall_message(config, waited):
-    """The line of a run whose steps stalled for ``waited`` seconds (--stall-timeout)."""
-    line = GluonMultiGPUError(stall_line(config.stall_timeout, waited)).describe(flag)
+def stall_message(config, waited, longest):
+    """The line of a run whose steps stalled for ``waited`` seconds, ``longest`` the longest
+    time between two steps before (--stall-timeout)."""
+    line = GluonMultiGPUError(stall_line(config.stall_timeout, waited, longest)).describe(flag)
     return f'error: {line}{kept_checkpoint(config)}'
 
 

@@ -18,9 +18,9 @@ from ..errors import GluonMultiGPUError
 from .values import (DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE,
                      MAX_CPU_DEVICES, MAX_GPUS, MAX_IN_FLIGHT, MAX_SEED, MODEL_NAMES,
                      NO_DIST_CLIP, SCHEDULES, check_accumulate, check_clip, check_epochs,
-                     check_lr, check_schedule, check_seed, check_warmup, int_in, kvstores,
-                     non_negative_float, one_of, path, path_of, positive_float, seconds, split,
-                     split_weights, switch, whole)
+                     check_lr, check_schedule, check_seed, check_warmup, event_files, int_in,
+                     kvstores, non_negative_float, one_of, path, path_of, positive_float,
+                     seconds, split, split_weights, switch, whole)
 
 __all__ = ['TrainConfig', 'RunConfig', 'GROUPS', 'setting']
 
@@ -79,6 +79,10 @@ class TrainConfig:
         File of JSON lines with the same figures; None: none.
     log_every : int
         Steps between two step figures of ``tensorboard`` and ``metrics``.
+    progress_interval : float
+        Seconds between progress lines on stderr (0: no progress shown). ``train`` shows
+        them where a person watches, stderr a terminal (in a Jupyter notebook a display
+        updated in place instead; piped or redirected: nothing).
     profile : str, tuple or None
         Steps to profile with MXNet's profiler, ``'START:STOP'`` (from 1 across
         epochs) or ``(start, stop)`` or ``(start, stop, file)``; None: none.
@@ -106,12 +110,14 @@ class TrainConfig:
     warmup_steps: int = setting(0, _OPT, 'updates whose rate rises linearly to `lr` first',
                                 _named(check_warmup), int_in(0, 10**8), 'N')
     tensorboard: Optional[str] = setting(
-        None, _OBS, 'TensorBoard event files in DIR (needs tensorboardX)', path,
+        None, _OBS, 'TensorBoard event files in DIR (needs tensorboardX)', event_files,
         path_of('a directory'), 'DIR')
     metrics: Optional[str] = setting(None, _OBS, 'the same figures as JSON lines in PATH',
                                      path, path_of('a file name'), 'PATH')
     log_every: int = setting(50, _OBS, 'steps between two step figures of the two above',
                              whole(1, 10**6), int_in(1, 10**6), 'N')
+    progress_interval: float = setting(10.0, _OBS, 'seconds between progress lines on stderr '
+                                       '(0: none)', seconds, non_negative_float, 'SECONDS')
     profile: object = None
     stall_timeout: Optional[float] = None
 
@@ -186,8 +192,6 @@ class RunConfig(TrainConfig):
         Save after every epoch into this folder; continue from it.
     json, plot, report : str or None
         Every figure as JSON; the accuracy curve as a chart; the kvstores' report folder.
-    progress_interval : float
-        Seconds between progress lines on stderr (0: none).
     profile, profile_file : str or None
         Steps ``START:STOP`` to profile, and the trace's file (``profile.json``).
     Other fields: ``TrainConfig``.
@@ -243,8 +247,6 @@ class RunConfig(TrainConfig):
                                   'extension', path, path_of('a file name'), 'PATH')
     report: Optional[str] = setting(None, _OUT, "a Markdown report of the kvstores' comparison "
                                     'into DIR', path, path_of('a directory'), 'DIR')
-    progress_interval: float = setting(10.0, _OBS, 'seconds between progress lines on stderr '
-                                       '(0: none)', seconds, non_negative_float, 'SECONDS')
     stall_timeout: float = setting(0.0, _OBS, 'end a run that queues no step for this long, '
                                    'exit status 3 (0: not watched)', seconds,
                                    non_negative_float, 'SECONDS')

@@ -1,4 +1,5 @@
-"""A notebook's display of a run, updated in place: the hook ``train`` adds unless the caller shows progress."""
+"""The progress ``train`` shows where a person watches: a notebook's display updated in place,
+or lines on a terminal. The hook ``train`` adds unless the caller shows progress."""
 import html
 import sys
 import time
@@ -36,6 +37,14 @@ def jupyter_shell():
         return None
 
 
+def is_terminal(stream):
+    """Whether ``stream`` is a terminal (a person watching), not a pipe or a file."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
 def _ipython_display(bundle):
     """Show ``bundle`` (MIME type -> text) as a new display; return its handle."""
     from IPython.display import display  # pylint: disable=import-outside-toplevel  (loaded)
@@ -43,17 +52,16 @@ def _ipython_display(bundle):
 
 
 class Live(Hook):
-    """A progress display that ``train`` adds: in a Jupyter notebook it updates in place.
+    """The progress display that ``train`` adds: in place in a notebook, as lines on a terminal.
 
-    Each ``fit`` shows one display in its cell and changes it, at most every
-    ``interval`` seconds, instead of printing line after line: the epoch, the
-    steps done of the epoch's, samples/s and the time left for the epoch and
-    the fit; under it, the line of every epoch finished (``epoch_line``, the
-    last ``keep`` of them), and at the end how the fit ended. The figures wait
-    for the devices (``npx.waitall()``), but only when the display is drawn.
-
-    Outside a Jupyter kernel (a script, a terminal, the tests) it shows
-    nothing: the scripts print their own lines (``Progress``).
+    In a Jupyter kernel each ``fit`` shows one display in its cell and changes
+    it, at most every ``interval`` seconds: the epoch, the steps done of the
+    epoch's, samples/s and the time left for the epoch and the fit; under it,
+    the line of every epoch finished (``epoch_line``, the last ``keep``), and
+    at the end how the fit ended. Elsewhere, where ``stream`` is a terminal,
+    it prints the same status every ``line_interval`` seconds, each epoch's
+    line and the end; piped or redirected (the tests) it shows nothing. The
+    figures wait for the devices (``npx.waitall()``), but only when drawn.
 
     Parameters
     ----------
@@ -64,7 +72,11 @@ class Live(Hook):
     display : callable, optional
         ``display(bundle) -> handle``, then ``handle.update(bundle, raw=True)``, with
         ``bundle`` a dict of MIME type -> text (``text/plain``, ``text/html``). None:
-        IPython's ``display`` in a Jupyter kernel, nothing elsewhere.
+        IPython's ``display`` in a Jupyter kernel, lines on ``stream`` elsewhere.
+    stream : file, optional
+        Where the lines go, if it is a terminal (None: ``sys.stderr`` at each ``fit``).
+    line_interval : float
+        Seconds between two status lines on a terminal.
 
     Attributes
     ----------
@@ -74,10 +86,12 @@ class Live(Hook):
 
     shows_progress = True
 
-    def __init__(self, interval=1.0, keep=20, display=None):
+    def __init__(self, interval=1.0, keep=20, display=None, stream=None, line_interval=10.0):
         self.interval, self.keep, self.display = interval, keep, display
+        self.stream, self.line_interval = stream, line_interval
         self.lines = []
-        self._handle = None
+        self._handle = self._say = None
+        self._every = interval
         self._epochs, self._status, self._bar = [], '', None
         self._epoch = self._first = None
         self._due = self._started = 0.0
@@ -86,13 +100,17 @@ class Live(Hook):
     def enter(self, run):
         self._handle, self._epochs, self._bar, self._stop = None, [], None, None
         self._epoch = self._first = None
-        show = self.display
-        if show is None:
-            if jupyter_shell() is None:
-                return
+        show, self._say, self._every = self.display, None, self.interval
+        if show is None and jupyter_shell() is not None:
             show = _ipython_display
+        elif show is None:
+            stream = sys.stderr if self.stream is None else self.stream
+            if not is_terminal(stream):
+                return
+            show, self._every = (lambda bundle: stream), self.line_interval  # lines: below
+            self._say = lambda line: print(line, file=stream, flush=True)
         self._started = time.monotonic()
-        self._due = self._started + self.interval
+        self._due = self._started + self._every
         done = run.result.epochs[-1].epoch if run.result.epochs else 0
         self._status = (f'epoch {run.epoch}/{run.num_epochs}: going on from the step where it '
                         'stopped' if run.epoch > done else
@@ -135,7 +153,9 @@ class Live(Hook):
         self._epochs.append(epoch_line(record, run.num_epochs))
         self._status, self._bar = (f'epoch {record.epoch + 1}/{run.num_epochs}: starting'
                                    if record.epoch < run.num_epochs else ''), None
-        if time.monotonic() >= self._due:  # else drawn with the next step due, or at the end
+        if self._say is not None:  # a terminal: the epoch's line at once, no 'starting'
+            self._say(self._epochs[-1])
+        elif time.monotonic() >= self._due:  # else drawn with the next step due, or at the end
             self._draw()
 
     def leave(self, run):
@@ -173,8 +193,12 @@ class Live(Hook):
                 'text/html': f'{bar}<pre style="margin: 0">{page}</pre>'}
 
     def _draw(self):
-        self._due = time.monotonic() + self.interval
+        self._due = time.monotonic() + self._every
+        if self._say is not None:
+            self._say(self._status)
+            return
         try:
             self._handle.update(self._bundle(), raw=True)
         except Exception:  # pylint: disable=broad-except  (a display never stops training)
             self._handle = None
+

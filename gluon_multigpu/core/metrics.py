@@ -28,6 +28,7 @@ from ..base import atomic, fs, lockfile, reading
 from ..base.paths import kind_of, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
+from .values import tensorboardx_missing
 
 __all__ = ['Metrics', 'STEP_FIGURES', 'EPOCH_FIGURES', 'check_every']
 
@@ -38,7 +39,6 @@ EPOCH_FIGURES = ('train_loss', 'train_accuracy', 'test_accuracy', 'seconds', 'im
 MAX_LINES_FILE = 1 << 30
 #: The most steps between two figures.
 MAX_EVERY = 10**6
-INSTALL = "pip install tensorboardX (or pip install 'gluon-multigpu[tensorboard]')"
 
 
 def check_every(every):
@@ -88,8 +88,7 @@ def _event_records():
         from tensorboardX.proto.summary_pb2 import Summary
         from tensorboardX.record_writer import masked_crc32c
     except ImportError:
-        raise GluonMultiGPUError(f'`tensorboard` needs the tensorboardX package, which is not '
-                                 f'installed here: {INSTALL}') from None
+        raise GluonMultiGPUError(tensorboardx_missing()) from None
     return Event, SessionLog, Summary, masked_crc32c
 
 

@@ -93,11 +93,28 @@ def check_stall_timeout(seconds):
     return float(seconds)
 
 
-def stall_line(seconds, waited):
-    """What a stalled process says (its arguments in backquotes, as the library names them)."""
-    return (f'no training step was queued for {waited:.0f} s (`stall_timeout` {seconds:g}): '
-            "the run is stuck (every thread's Python stack is above); ending the process with "
-            f'status {STALLED}: a step stuck inside MXNet cannot be called off')
+def _seconds(value):
+    """``0.31 s``, ``4.2 s``, ``61 s``: a time of a stall line, small ones not rounded to 0."""
+    return f'{value:.2g} s' if value < 10 else f'{value:.0f} s'
+
+
+def stall_line(seconds, waited, longest=0.0):
+    """What a stalled process says (its arguments in backquotes, as the library names them).
+
+    ``waited``: the seconds without a queued step; ``longest``: the longest time between two
+    steps seen before (0: fewer than two steps seen).
+    """
+    seen = (f'the steps before came at most {_seconds(longest)} apart' if longest else
+            'no time between two steps was measured yet')
+    if longest and 2 * longest < seconds:
+        cause = 'the run is stuck'
+    else:  # a wait not far beyond the steps seen, or no step time to compare with
+        cause = ('the run is stuck, or its steps take longer than that: give a `stall_timeout` '
+                 'several times the longest step')
+    return (f'no training step was queued for {_seconds(waited)}, past `stall_timeout` '
+            f'{_seconds(seconds)} ({seen}): {cause} (every thread\'s Python stack is above); '
+            f'ending the process with status {STALLED}: a step stuck inside MXNet cannot be '
+            'called off')
 
 
 def _check_bounded(run):
@@ -150,13 +167,14 @@ class StallHook(StallGuard):
     """``stall_hook`` in a process of its own: on a stall, the stacks, one line, status 3.
 
     Each ``fit`` is watched from its first step until its epoch's steps are
-    done, and again from an epoch's end to the next epoch's first step. ``line(waited)`` is
-    the line said (default: ``stall_line``).
+    done, and again from an epoch's end to the next epoch's first step. ``line(waited,
+    longest)`` is the line said (default: ``stall_line``'s, see there).
     """
 
     def __init__(self, seconds, line=None):
         super().__init__(self._stalled, seconds=seconds, factor=0.0)
-        self.line = line or (lambda waited: f'error: {stall_line(seconds, waited)}')
+        self.line = line or (lambda waited, longest:
+                             f'error: {stall_line(seconds, waited, longest)}')
 
     def enter(self, run):
         _check_bounded(run)
@@ -170,7 +188,7 @@ class StallHook(StallGuard):
 
     def _stalled(self, waited):
         stacks.dump()
-        print(self.line(waited), file=sys.stderr, flush=True)
+        print(self.line(waited, self._longest), file=sys.stderr, flush=True)
         os._exit(STALLED)  # pylint: disable=protected-access  (the engine cannot be unblocked)
 
 

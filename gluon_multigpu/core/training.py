@@ -79,16 +79,17 @@ def batch_size_of(data, recipe, num_devices):
     return recipe.batch_size(num_devices)
 
 
-def _default_hooks(hooks):
-    """The hooks ``train`` adds: Ctrl-C that stops after a step, and a live display.
+def _default_hooks(hooks, progress_interval):
+    """The hooks ``train`` adds: Ctrl-C that stops after a step, and a live display (its
+    lines on a terminal every ``progress_interval`` s; 0: none).
 
     Only where the caller's hooks do neither themselves (the scripts bring their own).
     """
     added = []
     if not any(getattr(h, 'handles_signals', False) for h in hooks):
         added.append(Interruptible())
-    if not any(getattr(h, 'shows_progress', False) for h in hooks):
-        added.append(Live())
+    if progress_interval and not any(getattr(h, 'shows_progress', False) for h in hooks):
+        added.append(Live(line_interval=progress_interval))
     return added
 
 
@@ -143,8 +144,8 @@ class Training:
     **settings
         Any other field of ``TrainConfig`` (``seed``, ``accumulate``,
         ``clip_grad_norm``, ``lr_schedule``, ``warmup_steps``, ``max_in_flight``,
-        ``tensorboard``, ``metrics``, ``log_every``, ``profile``, ``stall_timeout``),
-        set over ``config``'s.
+        ``tensorboard``, ``metrics``, ``log_every``, ``progress_interval`` (0: no progress
+        shown), ``profile``, ``stall_timeout``), set over ``config``'s.
     """
 
     def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore=None, *,
@@ -172,7 +173,7 @@ class Training:
                               else config.max_in_flight)
         self.config = dataclasses.replace(config, lr=lr)
         hooks += [_EpochCallback(on_epoch)] if on_epoch else []
-        hooks += _default_hooks(hooks)
+        hooks += _default_hooks(hooks, config.progress_interval)
         self.net, self.devices = net, devices
         self.result = TrainResult(devices=[str(d) for d in devices],
                                   kvstore=kvstore_name(kvstore), lr=lr)

@@ -9,17 +9,21 @@ reads a value back from a device: the norm and the factor that clips stay
 there until the epoch ends.
 """
 
+import warnings
+
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import np
 
+from ..base.engine import caller_stacklevel
 from ..base.schedule import SCHEDULES, Schedule
 from .values import (MAX_ACCUMULATE, NO_DIST_CLIP, check_accumulate, check_clip,  # noqa: F401
                      check_schedule, check_warmup)
 from .kvstores import kvstore_name
-from ..errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError, SettingWarning
 
 __all__ = ['SCHEDULES', 'Schedule', 'Update', 'check_accumulate', 'check_clip', 'make_schedule',
-           'set_position', 'updates_per_epoch', 'plan_updates', 'start_updates', 'epoch_rates']
+           'set_position', 'updates_per_epoch', 'plan_updates', 'start_updates', 'epoch_rates',
+           'warmup_warning']
 
 def updates_per_epoch(batches, accumulate):
     """Updates in an epoch of ``batches`` batches (a last, shorter group is an update too)."""
@@ -167,12 +171,27 @@ def start_updates(update, trainer, data, target, first_epoch, partial):
                                      'batches of an epoch, which this training data does not '
                                      'say (no len()); give a list of batches or a package loader')
         schedule.total = target * per_epoch if per_epoch else None
+        line = warmup_warning(schedule, target, per_epoch, update.accumulate)
+        if line:
+            warnings.warn(line, SettingWarning, stacklevel=caller_stacklevel())
     if first_epoch > 1 or partial is not None:  # resumed from a checkpoint
         done = (first_epoch - 1) * (per_epoch or 0) + (
             updates_per_epoch(partial.batches, update.accumulate) if partial else 0)
         update.done = done
         if schedule is not None:
             set_position(trainer, done)
+
+
+def warmup_warning(schedule, epochs, per_epoch, accumulate=1):
+    """The line for a warm-up that lasts the whole run of ``epochs`` of ``per_epoch`` updates
+    (None: the run goes beyond it)."""
+    if not schedule.total or schedule.warmup < schedule.total:
+        return None
+    every = f', an update every {accumulate} batches' if accumulate > 1 else ''
+    never = f': the {schedule.name} schedule never starts' if schedule.name != 'constant' else ''
+    return (f'`warmup_steps` {schedule.warmup} is the whole run: it makes {schedule.total} '
+            f'updates ({epochs} epoch(s) of {per_epoch}{every}), all of them warm-up{never}; '
+            f'give `warmup_steps` below {schedule.total}, or more `num_epochs`')
 
 
 def epoch_rates(update, epoch, data):

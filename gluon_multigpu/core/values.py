@@ -6,9 +6,11 @@ Nothing here loads MXNet, nor NumPy: every program imports this module before it
 in one line that NumPy or MXNet does not load (``cli.console.command``).
 """
 import argparse
+import importlib.util
 import math
-import os
 import numbers
+import os
+import shlex
 import struct
 import sys
 
@@ -20,7 +22,8 @@ __all__ = ['MODEL_NAMES', 'DATASETS', 'DATASET_NAMES', 'KVSTORES', 'DIST_KVSTORE
            'MAX_GPUS', 'LR_MAX', 'NO_DIST_CLIP', 'check_epochs', 'check_seed', 'check_lr',
            'check_accumulate', 'check_clip', 'check_schedule', 'check_warmup', 'whole',
            'seconds', 'one_of', 'path', 'switch', 'kvstores', 'split', 'int_in',
-           'positive_float', 'non_negative_float', 'path_of', 'split_weights']
+           'positive_float', 'non_negative_float', 'path_of', 'split_weights', 'event_files',
+           'tensorboardx_missing']
 
 #: The networks, data sets, kvstores and compute types a run can name (the package's
 #: registries, ``model.MODELS`` and the others, hold these names).
@@ -164,6 +167,23 @@ def path(value, name):
                               or not str(os.fspath(value)).strip()):
         raise GluonMultiGPUError(f'`{name}` {value!r} is not a path; give a file or folder name')
     return value
+
+
+def event_files(value, name):
+    """Check of `tensorboard`: a path, and tensorboardX there to write the event files (looked
+    for, not imported: the command line says so before MXNet loads)."""
+    value = path(value, name)
+    if value is not None and importlib.util.find_spec('tensorboardX') is None:
+        raise GluonMultiGPUError(tensorboardx_missing(name))
+    return value
+
+
+def tensorboardx_missing(name='tensorboard'):
+    """The line saying that `name` needs tensorboardX, and the install that keeps NumPy."""
+    # (the package's extra would install mxnet's own requirements again: NumPy 1 over NumPy 2)
+    python = shlex.quote(sys.executable) if sys.executable else 'python'
+    return (f'`{name}` needs the tensorboardX package, which is not installed in this '
+            f'environment: {python} -m pip install tensorboardX (it leaves NumPy as it is)')
 
 
 def switch(value, name):

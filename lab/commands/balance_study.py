@@ -141,7 +141,7 @@ def run_once(args, scenario, split, devices, data, stop=None):
         data.epoch = 0
         result = train(get_model(args.model), data, None, devices, num_epochs=1,
                        lr=0.05, seed=args.seed, initializer=default_initializer(args.model),
-                       max_in_flight=1, hooks=[split_hook(split), *hooks,
+                       max_in_flight=1, progress_interval=0, hooks=[split_hook(split), *hooks,
                                                   *([stop] if stop is not None else [])])
     return result.samples_per_sec
 

@@ -331,7 +331,8 @@ def _run_training(spec, on_epoch):
     train_iter, test_iter = load_data_fashion_mnist(batch, root=spec['data_dir'],
                                                     num_train=num_train, num_test=num_test)
     return train(simple_cnn(), train_iter, test_iter, devices, num_epochs=spec['epochs'],
-                 lr=lr, seed=0, initializer=init, on_epoch=on_epoch, max_in_flight=1)
+                 lr=lr, seed=0, initializer=init, on_epoch=on_epoch, max_in_flight=1,
+                 progress_interval=0)
 
 
 def end_to_end(spec):

@@ -288,7 +288,7 @@ def train_config(config, device_type, train_data, test_data, seed=0, progress=No
         result = train(
             get_model(config.model, 10), train_iter, test_iter, devices,
             num_epochs=config.epochs, lr=config.lr, kvstore=config.kvstore, seed=seed,
-            initializer=default_initializer(config.model),
+            initializer=default_initializer(config.model), progress_interval=0,  # lines: above
             on_epoch=lambda r: say(f'  {label}: epoch {r.epoch}/{config.epochs}: loss '
                                    f'{r.train_loss:.4f}, test acc {r.test_acc:.3f}, '
                                    f'{r.samples_per_sec:.0f} samples/s'),

@@ -10,6 +10,7 @@ No training: they read text files only.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -184,6 +185,20 @@ def test_the_readmes_main_job_output_is_the_recorded_run():
     shown = [line for line in block.splitlines()
              if line.startswith('epoch ') or line.startswith('test acc:')]
     assert shown == expected
+
+
+def test_the_readmes_python_output_computes_what_the_recorded_run_did():
+    """The epoch lines under the README's Python block are the main job's but for their times
+    (the same computation: tests/docs/test_readme.py), and it shows the progress lines."""
+    run = json.loads((REPO / 'docs' / 'results' / 'main-job.json').read_text())['runs'][0]
+    text = (REPO / 'README.md').read_text()
+    block = text.split('```python')[1].split('```')[2]  # the block after the Python one
+    shown = [line.split(', ')[:3] for line in block.splitlines() if ': loss ' in line]
+    assert shown == [[f'epoch {e["epoch"]}/2: loss {e["train_loss"]:.4f}',
+                      f'train acc {e["train_acc"]:.3f}', f'test acc {e["test_acc"]:.3f}']
+                     for e in run['epochs']]
+    assert re.search(r'^epoch 1/2: step \d+/469, .* epoch ends in \d+ s, fit in \d+ s$', block,
+                     re.M)
 
 
 def _output_block(text):

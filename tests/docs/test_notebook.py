@@ -7,6 +7,7 @@ written for the test: nothing installed, nothing of the user's used), run
 interrupt a training cell the way Jupyter's stop button does
 (``KernelManager.interrupt_kernel``: SIGINT to the kernel's process group).
 """
+import io
 import json
 import os
 import queue
@@ -122,6 +123,46 @@ def test_outside_a_kernel_live_shows_nothing(monkeypatch, capsys):
     live_run(live).fit(1)
     assert live.lines == [] and syncs.count == 0
     assert capsys.readouterr() == ('', '')
+
+
+class Terminal(io.StringIO):
+    """A stream that is a terminal, as stderr in a shell is."""
+
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_live_prints_lines_with_the_time_left(monkeypatch, capsys):
+    monkeypatch.delitem(sys.modules, 'IPython', raising=False)
+    terminal = Terminal()
+    run = live_run(gm.live.Live(stream=terminal, line_interval=0))
+    run.fit(2)
+    lines = terminal.getvalue().splitlines()
+    steps = [line for line in lines if ': step ' in line]
+    assert len(steps) == 2 * STEPS  # line_interval 0: every step
+    assert re.fullmatch(r'epoch 1/2: step 1/4, \d+ samples/s, epoch ends in \d+ s, fit in \d+ s',
+                        steps[0])
+    assert [line for line in lines if ': loss ' in line] == [
+        gm.epoch_line(e, 2) for e in run.result.epochs]
+    assert lines.index(gm.epoch_line(run.result.epochs[0], 2)) == STEPS  # said at the epoch's end
+    assert re.fullmatch(r'done: 2 epoch\(s\) in \d+ s', lines[-1]) and len(lines) == 2 * STEPS + 3
+    assert capsys.readouterr() == ('', '')  # on its stream only
+
+
+def test_train_shows_progress_where_stderr_is_a_terminal_unless_told_not_to(monkeypatch):
+    monkeypatch.delitem(sys.modules, 'IPython', raising=False)
+    train_iter, test_iter = data()
+    for stderr, settings, shown in ((io.StringIO(), {}, False),  # piped: silent
+                                    (Terminal(), {'progress_interval': 0}, False),
+                                    (Terminal(), {}, True)):
+        monkeypatch.setattr(sys, 'stderr', stderr)
+        result = gm.train(gm.simple_cnn(), train_iter, test_iter, gm.cpu_devices(2),
+                          num_epochs=1, **settings)
+        assert (stderr.getvalue().splitlines()[:1] == [gm.epoch_line(result.epochs[0], 1)]) \
+            is shown, stderr.getvalue()
+        assert bool(stderr.getvalue()) is shown
+    lives = [h for h in gm.last_run().hooks if isinstance(h, gm.live.Live)]
+    assert [live.line_interval for live in lives] == [10.0]  # the command line's default
 
 
 # What Live shows.

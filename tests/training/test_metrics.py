@@ -187,13 +187,27 @@ def test_bad_arguments_are_one_line_naming_the_argument(tmp_path, monkeypatch):
     one_line_error(r'^`tensorboard` is int: give a folder', tensorboard=3)
     one_line_error(r'^the rank is -1', path=tmp_path / 'm', rank=-1)
     monkeypatch.setitem(sys.modules, 'tensorboardX', None)  # not installed
-    one_line_error(r'^`tensorboard` needs the tensorboardX package, which is not installed here: '
-                   r'pip install tensorboardX ', tensorboard=tmp_path / 'tb')
+    one_line_error(r'^`tensorboard` needs the tensorboardX package, which is not installed in '
+                   rf'this environment: {re.escape(sys.executable)} -m pip install tensorboardX '
+                   r'\(it leaves NumPy as it is\)$', tensorboard=tmp_path / 'tb')
     gm.metrics.Metrics(path=tmp_path / 'm.jsonl')  # without tensorboard: not needed
     with pytest.raises(gm.GluonMultiGPUError, match='`log_every`'):
         gm.train(gm.simple_cnn(), *data(), gm.cpu_devices(2), num_epochs=1,
                  metrics=tmp_path / 'm.jsonl', log_every=0)
     assert sorted(os.listdir(tmp_path)) == ['file']  # nothing written
+
+
+def test_the_train_command_says_how_to_get_tensorboardx_before_mxnet_loads(tmp_path):
+    # this interpreter's pip, not the package's extra (its pins would take NumPy back to 1)
+    code = ("import sys; sys.modules['tensorboardX'] = None; from gluon_multigpu.cli import train; "
+            "status = train.main(['--cpu-devices', '1', '--synthetic', '--tensorboard', 'tb']); "
+            "print(status, 'mxnet' in sys.modules)")
+    done = run_bounded([sys.executable, '-c', code], timeout=120, cwd=tmp_path)
+    assert done.stdout.split() == ['2', 'False'], done.stderr
+    assert done.stderr == (f'error: --tensorboard needs the tensorboardX package, which is not '
+                           f'installed in this environment: {sys.executable} -m pip install '
+                           'tensorboardX (it leaves NumPy as it is)\n')
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_workers_after_the_first_write_nothing(tmp_path):

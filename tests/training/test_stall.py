@@ -16,7 +16,8 @@ import gluon_multigpu as gm
 from conftest import REPO, Lines, run_bounded, wait_bounded
 from process_state import Load
 from gluon_multigpu.base import stacks
-from gluon_multigpu.core.stall import LaunchedStall, StallHook, StepReports, stall_hook
+from gluon_multigpu.core.stall import (LaunchedStall, StallHook, StepReports, stall_hook,
+                                        stall_line)
 from gluon_multigpu.multihost import hung
 from gluon_multigpu.multihost.plan import Settings, _take_control
 
@@ -47,6 +48,20 @@ def test_no_stall_timeout_is_no_watch_and_one_is_a_watch_of_this_process():
     assert stall_hook(None) is None and stall_hook(0) is None and stall_hook(0.0) is None
     hook = stall_hook(2.5, environ={})
     assert isinstance(hook, StallHook) and hook.seconds == 2.5 and hook.factor == 0
+
+
+def test_a_stall_line_names_the_timeout_and_the_steps_seen_and_doubts_a_timeout_near_them():
+    # --stall-timeout 0.2 on steps 0.31 s apart: not a hang, and no figure rounded to 0 s
+    short = stall_line(0.2, 1.04, 0.31)
+    assert short.startswith('no training step was queued for 1 s, past `stall_timeout` 0.2 s '
+                            '(the steps before came at most 0.31 s apart): the run is stuck, or '
+                            'its steps take longer than that: give a `stall_timeout` several '
+                            'times the longest step'), short
+    hung = stall_line(60, 61.3, 0.3)
+    assert hung.startswith('no training step was queued for 61 s, past `stall_timeout` 60 s '
+                           '(the steps before came at most 0.3 s apart): the run is stuck '), hung
+    assert '(no time between two steps was measured yet): the run is stuck, or' in \
+        stall_line(5, 5.6, 0.0)
 
 
 def test_unbounded_steps_in_flight_cannot_be_watched():
@@ -133,11 +148,11 @@ def test_a_library_run_that_hangs_in_a_step_writes_its_stacks_and_ends_with_stat
     assert status == 3, err
     assert_ended_late_enough(took, load)
     assert_stacks(err, 'hanging_step')
-    assert re.fullmatch(r'error: no training step was queued for \d+ s '
-                        rf'\(`stall_timeout` {STALL}\): the run is stuck '
-                        r"\(every thread's Python stack is above\); ending the "
-                        r'process with status 3: a step stuck inside MXNet cannot be called off',
-                        err[-1]), err[-1]
+    assert re.fullmatch(r'error: no training step was queued for [\d.]+ s, past '
+                        rf'`stall_timeout` {STALL} s \(the steps before came at most [\d.]+ s '
+                        r"apart\): the run is stuck \(every thread's Python stack is above\); "
+                        r'ending the process with status 3: a step stuck inside MXNet cannot be '
+                        r'called off', err[-1]), err[-1]
 
 
 @pytest.mark.slow  # subprocesses
@@ -155,8 +170,9 @@ def test_train_py_stall_timeout_ends_a_run_stuck_in_a_step_and_keeps_its_checkpo
     assert_ended_late_enough(took, load)
     assert [l for l in out if l.startswith('epoch ')][0].startswith('epoch 1/3: ')
     assert_stacks(err, 'stepping')
-    assert re.fullmatch(r'error: no training step was queued for \d+ s '
-                        rf'\(--stall-timeout {STALL}\): '
+    assert re.fullmatch(r'error: no training step was queued for [\d.]+ s, past '
+                        rf'--stall-timeout {STALL} s \(the steps before came at most [\d.]+ s '
+                        r'apart\): '
                         r".*cannot be called off; the last checkpoint is kept, resume with: "
                         r'.* --resume', err[-1]), err[-1]
     assert 'Traceback' not in '\n'.join(err)

@@ -6,6 +6,7 @@ rates (and the optimizer's own rate at every update), an uninterrupted run
 for a stopped and resumed one.
 """
 import math
+import sys
 
 import mxnet as mx
 import numpy as onp
@@ -14,7 +15,7 @@ from mxnet import autograd, gluon, np
 
 import gluon_multigpu as gm
 from gluon_multigpu.core.updates import Schedule
-from conftest import load_script
+from conftest import REPO, load_script, run_bounded
 
 K, B = 3, 8
 
@@ -206,6 +207,33 @@ def test_bad_values_are_refused_in_one_line(fashion_dir):
                             ({'warmup_steps': -3}, '`warmup_steps` must be a whole number')):
         with pytest.raises(gm.GluonMultiGPUError, match=phrase):
             gm.Training(small_net(), data, None, [mx.cpu(0)], **options)
+
+
+def test_a_warm_up_as_long_as_the_run_is_one_warning_that_names_the_numbers():
+    schedule = Schedule('cosine', 0.3, warmup=20, total=20)
+    assert gm.updates.warmup_warning(schedule, 2, 10, accumulate=4) == (
+        '`warmup_steps` 20 is the whole run: it makes 20 updates (2 epoch(s) of 10, an update '
+        'every 4 batches), all of them warm-up: the cosine schedule never starts; give '
+        '`warmup_steps` below 20, or more `num_epochs`')
+    assert gm.updates.warmup_warning(Schedule('cosine', 0.3, 19, 20), 2, 10) is None
+    with pytest.warns(gm.SettingWarning, match=r'^`warmup_steps` 9 is the whole run: it makes 6 '
+                      r'updates \(2 epoch\(s\) of 3, an update every 2 batches\), all of them '
+                      r'warm-up; give'):
+        trained(batches(6), [mx.cpu(0)], 'device', epochs=2, accumulate=2, warmup_steps=9)
+
+
+def test_the_command_line_says_a_warm_up_as_long_as_the_run_in_one_line(tmp_path):
+    # 256 images, batch 128: 2 batches an epoch, 1 update of 4; 2 epochs: 2 updates
+    done = run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), '--cpu-devices', '1',
+                        '--model', 'simple-cnn', '--synthetic', '--num-train', '256',
+                        '--num-test', '64', '--num-epochs', '2', '--accumulate', '4',
+                        '--lr-schedule', 'cosine', '--warmup-steps', '20',
+                        '--progress-interval', '0'], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        'warning: --warmup-steps 20 is the whole run: it makes 2 updates (2 epoch(s) of 1, an '
+        'update every 4 batches), all of them warm-up: the cosine schedule never starts; give '
+        '--warmup-steps below 2, or more --num-epochs'], done.stderr
 
 
 @pytest.mark.parametrize('flags, phrase', [
