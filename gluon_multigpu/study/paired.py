@@ -290,6 +290,15 @@ class Paired:
         """Every round's load, of every variant."""
         return [l for n in self.names for l in self.loads[n].values() if l]
 
+    def fastest(self):
+        """The variant of lowest median time over the rounds judged (None before one round), the
+        one ``answer`` and ``ratio`` tables compare the others with."""
+        names = [n for n in self.names if self.figures[n]]
+        rounds = self.rounds(names) if names else []
+        if not rounds:
+            return None
+        return min(names, key=lambda n: statistics.median(self._times(n, rounds)))
+
     def answer(self, noun='', where=''):
         """The answer in one sentence: each variant against the fastest, in three words.
 
@@ -307,7 +316,7 @@ class Paired:
         rounds = self.rounds(names)
         if not rounds:
             return f'{lead}no round measured every variant: nothing to compare yet.'
-        best = min(names, key=lambda n: statistics.median(self._times(n, rounds)))
+        best = self.fastest()
         if len(rounds) < 2:
             answer = (f'{label(best)} was fastest in the one round judged, which cannot '
                       'tell a difference from noise (the first round warms the process and is '

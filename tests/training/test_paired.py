@@ -243,6 +243,21 @@ def test_a_variant_made_slower_by_a_known_amount_is_named():
     assert [r.kvstore for r in comparison.results] == ['local', 'device']
 
 
+def test_each_closing_line_names_its_kvstore_and_a_single_runs_line_is_the_books():
+    def lines(names):
+        config = types.SimpleNamespace(kvstore=names, num_epochs=3, plot=None, json=None,
+                                       report=None)
+        out = []
+        stream = types.SimpleNamespace(write=out.append, flush=lambda: None)
+        runs = {n: Work(n, clock=lambda: 2.0) for n in names}
+        Comparison(config, None, ParamTracker(compare=False), stream).run(
+            lambda name, schedule: runs[name])
+        return [l for l in ''.join(out).splitlines() if l.startswith('test acc: ')]
+    assert lines(['local']) == ['test acc: 0.50, 2.0 sec/epoch on [cpu(0)]']
+    assert lines(['local', 'device']) == ['test acc: 0.50, 2.0 sec/epoch on [cpu(0)] with kvstore '
+                                          f'{k}' for k in ('local', 'device')]
+
+
 def test_equal_variants_with_a_load_that_changes_halfway_are_equally_fast():
     """Every epoch costs 1 s, 2 s from the 7th of 12 on (round 4 of 6): a load that doubles.
 
