@@ -179,17 +179,15 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
            'which warms the process, is left out when later rounds exist). Each round, with '
            'the load measured during it:', '', rounds_table(results), '']
           if len(results) > 1 else []),
-        'sec/epoch is training time only, measured up to `npx.waitall()`, the mean of every '
-        'epoch; beside it, each kvstore\'s time against the fastest\'s as the answer judges '
-        'it (the median paired ratio of the rounds judged, its 95% interval, and the answer: '
-        'slower, equally fast or cannot tell); samples/s is over all epochs. The parameter differences are the largest absolute difference of any weight '
-        f'to the {tracker.reference} run after each epoch (float rounding when the back ends '
-        'agree), and the largest difference between the copies on the devices of one run: '
+        'sec/epoch is training time only, measured up to `npx.waitall()`, over every epoch; '
+        'beside it, the paired ratio the answer judges, its 95% interval and the answer; '
+        'samples/s is over all epochs. The parameter differences are the largest absolute '
+        f'difference of any weight to the {tracker.reference} run after each epoch (float '
+        'rounding when the back ends agree), and the largest difference between the copies on the devices of one run: '
         '0 for the weights when every device holds the same parameters.'
         + batch_norm_sentence(tracker, config), '',
         '![test accuracy per epoch](accuracy.png)', '',
-        '![training seconds of every round (round 1 warms the process and is not judged)]'
-        '(seconds.png)', '',
+        '![training seconds of every round (round 1, the warm-up, not judged)](seconds.png)', '',
         'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '
         'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
         'compute per step).', '']

@@ -83,7 +83,8 @@ def test_comparison_table_carries_each_ratio_and_its_interval_beside_the_mean():
     table = gm.comparison_table([make_result('local', [10.0]), make_result('device', [8.0])])
     rows = table.splitlines()
     assert len(rows) == 4 and ' sec/epoch | time vs device (95% interval): answer |' in rows[0]
-    assert rows[2] == '| local | gpu(0), gpu(1) | 10.00 | 1.25x (1 round): cannot tell | 6000 | 0.9010 |'
+    assert rows[2] == ('| local | gpu(0), gpu(1) | 10.00 | 1.25x (1 round): cannot tell | 6000 | '
+                       '0.9010 |')
     assert rows[3].startswith('| device | gpu(0), gpu(1) | 8.00 | reference | 7500 |')
     # Rounds 2-4 judged (round 1 warms the process): the cell is the answer's ratio and interval.
     local, device = [12.0, 10.0, 10.2, 9.9], [9.0, 8.0, 8.1, 8.0]
@@ -97,7 +98,8 @@ def test_comparison_table_carries_each_ratio_and_its_interval_beside_the_mean():
         gm.recommend(results)
     alone = gm.comparison_table(results[:1])  # one run: nothing to compare it with
     assert 'time vs' not in alone and alone.splitlines()[2] == (
-        f'| local | gpu(0), gpu(1) | {sum(local) / 4:.2f} | {4 * 60000 / sum(local):.0f} | 0.9040 |')
+        f'| local | gpu(0), gpu(1) | {sum(local) / 4:.2f} | {4 * 60000 / sum(local):.0f} | '
+        '0.9040 |')
 
 
 def test_the_seconds_chart_draws_every_rounds_point(tmp_path, monkeypatch):

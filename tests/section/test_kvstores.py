@@ -48,7 +48,8 @@ def test_report_compares_every_kvstore_on_the_same_weights(train_script, fashion
     assert re.match(r'epoch 2/2: loss \d\.\d{4}, train acc 0\.\d{3}, test acc 0\.\d{3}, '
                     r'\d+\.\d s, \d+ samples/s$', epoch_lines[3])
     finals = [re.match(r'^test acc: (\d\.\d\d), (\d+\.\d) sec/epoch on \[cpu\(0\), cpu\(1\), '
-                       r'cpu\(2\)\] with kvstore (\w+)$', l) for l in lines if l.startswith('test acc:')]
+                       r'cpu\(2\)\] with kvstore (\w+)$', l)
+              for l in lines if l.startswith('test acc:')]
     assert len(finals) == 3 and all(finals)
     assert [f.group(3) for f in finals] == ['local', 'device', 'none']  # each line names its own
     assert json.loads(out_json.read_text()) == json.loads((report / 'runs.json').read_text())
