@@ -139,11 +139,11 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%
     save_figure(fig, path)
 
 
-def _epochs_chart(path, results, ylabel, values, title):
+def _epochs_chart(path, results, ylabel, values, title, xlabel='epoch'):
     """Write one line per ``TrainResult``: ``values(result)``, one point per epoch."""
     check_chart_path(path, 'chart')
     num_epochs = max(len(r.epochs) for r in results)
-    animator = Animator(xlabel='epoch', ylabel=ylabel,
+    animator = Animator(xlabel=xlabel, ylabel=ylabel,
                         legend=[f'kvstore {r.kvstore}' for r in results],
                         xlim=[0.5, num_epochs + 0.5], title=title)
     for i in range(num_epochs):
@@ -166,5 +166,5 @@ def seconds_chart(path, results, title=None):
     the paired ratios are made of (round 1 warms the process and is not
     judged). PNG, SVG or PDF, as the extension of ``path`` says.
     """
-    _epochs_chart(path, results, 'training seconds (round 1: warm-up, not judged)',
-                  lambda r: [e.seconds for e in r.epochs], title)
+    _epochs_chart(path, results, 'training seconds', lambda r: [e.seconds for e in r.epochs],
+                  title, xlabel='round (epoch; round 1, the warm-up, is not judged)')
