@@ -127,8 +127,9 @@ class Comparison:
         """Once every run trained: each one's final line (``quiet``: none, a worker after the
         first), the table and the answer of several, the outputs; return the results."""
         if not quiet:
-            for result in self.results:
-                print(result.final_line(), file=self.out, flush=True)
+            for result in self.results:  # the book's line, naming its kvstore where several ran
+                print(result.final_line() + (f' with kvstore {result.kvstore}'
+                                             if self.schedule else ''), file=self.out, flush=True)
         self._end()
         return self.results
 

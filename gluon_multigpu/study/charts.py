@@ -12,8 +12,8 @@ from matplotlib.ticker import MaxNLocator
 from ..errors import GluonMultiGPUError
 from ..outputs.files import atomic_write, naming
 
-__all__ = ['Animator', 'bar_chart', 'accuracy_chart', 'CHART_FORMATS', 'check_chart_path',
-           'save_figure']
+__all__ = ['Animator', 'bar_chart', 'accuracy_chart', 'seconds_chart', 'CHART_FORMATS',
+           'check_chart_path', 'save_figure']
 
 #: Chart formats by file extension: what matplotlib's Agg canvas writes without other backends.
 CHART_FORMATS = {'.png': 'png', '.svg': 'svg', '.pdf': 'pdf'}
@@ -139,16 +139,32 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%
     save_figure(fig, path)
 
 
+def _epochs_chart(path, results, ylabel, values, title, xlabel='epoch'):
+    """Write one line per ``TrainResult``: ``values(result)``, one point per epoch."""
+    check_chart_path(path, 'chart')
+    num_epochs = max(len(r.epochs) for r in results)
+    animator = Animator(xlabel=xlabel, ylabel=ylabel,
+                        legend=[f'kvstore {r.kvstore}' for r in results],
+                        xlim=[0.5, num_epochs + 0.5], title=title)
+    for i in range(num_epochs):
+        animator.add(i + 1, [values(r)[i] if i < len(r.epochs) else None for r in results])
+    animator.save(path)
+
+
 def accuracy_chart(path, results, title=None):
     """Write the test accuracy per epoch of several ``TrainResult`` objects on one chart.
 
     PNG, SVG or PDF, as the extension of ``path`` says; an ``OSError`` names ``path``.
     """
-    check_chart_path(path, 'chart')
-    num_epochs = max(len(r.epochs) for r in results)
-    animator = Animator(xlabel='epoch', ylabel='test acc',
-                        legend=[f'kvstore {r.kvstore}' for r in results],
-                        xlim=[0.5, num_epochs + 0.5], title=title)
-    for i in range(num_epochs):
-        animator.add(i + 1, [r.test_acc[i] if i < len(r.epochs) else None for r in results])
-    animator.save(path)
+    _epochs_chart(path, results, 'test acc', lambda r: r.test_acc, title)
+
+
+def seconds_chart(path, results, title=None):
+    """Write every epoch's training seconds of several ``TrainResult`` objects on one chart.
+
+    The epochs of a comparison are its rounds, so the chart shows every round
+    the paired ratios are made of (round 1 warms the process and is not
+    judged). PNG, SVG or PDF, as the extension of ``path`` says.
+    """
+    _epochs_chart(path, results, 'training seconds', lambda r: [e.seconds for e in r.epochs],
+                  title, xlabel='round (epoch; round 1, the warm-up, is not judged)')

@@ -3,7 +3,7 @@ from ..base.machine import stamp
 from ..core.devices import even_shares
 from .compare import paired_epochs
 from ..outputs.files import ReportFolder, atomic_write, write_json
-from .charts import accuracy_chart, bar_chart
+from .charts import accuracy_chart, seconds_chart
 
 __all__ = ['markdown_table', 'comparison_table', 'rounds_table', 'batch_norm_sentence', 'runs_json',
            'write_kvstore_report']
@@ -20,8 +20,24 @@ def _fmt_diffs(values):
     return ', '.join(v if isinstance(v, str) else '0' if v == 0 else f'{v:.1e}' for v in values)
 
 
+def _ratio_cell(pairs, kvstore, best):
+    """``1.19x (0.82-1.61): cannot tell``: ``kvstore``'s time against ``best``'s, as the answer
+    judges it."""
+    if kvstore == best:
+        return 'reference'
+    r = pairs.ratio(kvstore, best)
+    if r is None:
+        return '-'
+    interval = f'{r.low:.2f}-{r.high:.2f}' if r.low is not None else '1 round'
+    verdict = r.verdict(pairs.min_effect)
+    return f'{r.median:.2f}x ({interval}): {"equally fast" if verdict == "equal" else verdict}'
+
+
 def comparison_table(results, tracker=None):
     """Return a Markdown table comparing several ``TrainResult`` objects side by side.
+
+    With several, each kvstore's time against the fastest's comes beside its
+    mean: the paired ratio, its 95% interval and the answer (``compare.recommend``).
 
     Parameters
     ----------
@@ -31,15 +47,23 @@ def comparison_table(results, tracker=None):
         run after each epoch, and the largest difference between the devices
         of the run: of the weights, and of BatchNorm's running statistics.
     """
-    header = '| kvstore | devices | sec/epoch | samples/s | final test acc |'
-    rule = '| --- | --- | ---: | ---: | ---: |'
+    pairs = paired_epochs(results) if len(results) > 1 else None
+    best = pairs.fastest() if pairs else None
+    header = '| kvstore | devices | sec/epoch |'
+    rule = '| --- | --- | ---: |'
+    if best is not None:
+        header += f' time vs {best} (95% interval): answer |'
+        rule += ' --- |'
+    header += ' samples/s | final test acc |'
+    rule += ' ---: | ---: |'
     if tracker is not None:
         header += (f' max abs param diff vs {tracker.reference}, per epoch | weights: max diff '
                    'between devices | running stats: max diff between devices |')
         rule += ' --- | ---: | ---: |'
     rows = [header, rule]
     for r in results:
-        row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} | '
+        ratio = f' {_ratio_cell(pairs, r.kvstore, best)} |' if best is not None else ''
+        row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} |{ratio} '
                f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
         if tracker is not None:
             diff = tracker.diff.get(r.kvstore) or ['-']
@@ -155,22 +179,22 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
            'which warms the process, is left out when later rounds exist). Each round, with '
            'the load measured during it:', '', rounds_table(results), '']
           if len(results) > 1 else []),
-        'sec/epoch is training time only, measured up to `npx.waitall()`; samples/s is over all '
-        'epochs. The parameter differences are the largest absolute difference of any weight '
-        f'to the {tracker.reference} run after each epoch (float rounding when the back ends '
-        'agree), and the largest difference between the copies on the devices of one run: '
+        'sec/epoch is training time only, measured up to `npx.waitall()`, over every epoch; '
+        'beside it, the paired ratio the answer judges, its 95% interval and the answer; '
+        'samples/s is over all epochs. The parameter differences are the largest absolute '
+        f'difference of any weight to the {tracker.reference} run after each epoch (float '
+        'rounding when the back ends agree), and the largest difference between the copies on the devices of one run: '
         '0 for the weights when every device holds the same parameters.'
         + batch_norm_sentence(tracker, config), '',
         '![test accuracy per epoch](accuracy.png)', '',
-        '![training seconds per epoch](seconds.png)', '',
+        '![training seconds of every round (round 1, the warm-up, not judged)](seconds.png)', '',
         'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '
         'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
         'compute per step).', '']
     with ReportFolder(directory) as folder:
         title = f'{what} (partial)' if partial else what
         accuracy_chart(folder.path('accuracy.png'), results, title=title)
-        bar_chart(folder.path('seconds.png'), [r.kvstore for r in results],
-                  [r.sec_per_epoch for r in results], 'training seconds per epoch', title=title)
+        seconds_chart(folder.path('seconds.png'), results, title=title)
         write_json(folder.path('runs.json'), runs_json(results, tracker, config, partial))
         with atomic_write(folder.path('report.md')) as f:
             f.write('\n'.join(lines))

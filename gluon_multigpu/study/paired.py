@@ -1,28 +1,27 @@
 """Comparisons that survive a changing load: variants measured in turn, judged by paired ratios.
 
-A shared machine's load changes while a comparison runs. Measured one after
-the other, two variants meet different loads, and the drift between their
-runs reads as a winner. So every comparison of the package measures its
-variants in rounds (round 1 of each, then round 2 of each, ...), and judges
-each pair of variants by the ratios of their figures within a round: a load
-that changes falls on both sides of most ratios. ``Paired`` holds the figures
-and the load of every round and says which variant is faster, or that they
-are equally fast, with the interval that decides it: the ratio of A to B is
-the median of the per-round ratios, its interval the 95% t-interval of their
-geometric mean (``t_quantile``), and A is named faster only when the interval
-excludes 1 and the median differs by at least ``min_effect``. The first round
-(it warms the process) and a round whose variants met different loads are left
-out where two rounds remain; ``LoadMeter`` records each round's load.
+A shared machine's load changes while a comparison runs; measured one after
+the other, two variants meet different loads and the drift reads as a winner.
+So variants are measured in rounds (round 1 of each, then round 2 of each, ...)
+and judged by the ratios of their figures within a round. ``Paired`` holds
+every round's figures and load and answers, for each variant against the
+fastest: slower (the interval excludes 1 and the median differs by
+``min_effect`` or more), equally fast (the whole interval within
+1 +- ``min_effect``) or cannot tell. The ratio is the median of the per-round
+ratios, its interval the 95% t-interval of their geometric mean. The first
+round (it warms the process) and rounds whose variants met different loads
+are left out where two rounds remain; ``LoadMeter`` records each round's load.
 """
 import math
 import os
 import statistics
 import time
 
-__all__ = ['t_quantile', 'Ratio', 'ratio_of', 'LoadMeter', 'load_changed', 'load_note',
-           'Paired', 'MIN_EFFECT', 'CONFIDENCE']
+__all__ = ['t_quantile', 'Ratio', 'ratio_of', 'LoadMeter', 'load_changed', 'load_heavy',
+           'load_note', 'Paired', 'MIN_EFFECT', 'CONFIDENCE']
 
-#: The smallest difference named: a ratio within 3% of 1 is "equally fast" whatever its interval.
+#: The smallest difference named, and the band around 1 (0.97-1.03) an "equally fast" interval
+#: lies within.
 MIN_EFFECT = 0.03
 #: The intervals' confidence.
 CONFIDENCE = 0.95
@@ -33,6 +32,8 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 #: A change of load the answer reports: other processes' CPU use changing by half a core or more
 #: (where a system does not say, the one-minute load average changing by one or more).
 LOAD_CHANGE_CORES, LOAD_CHANGE_AVERAGE = 0.5, 1.0
+#: A heavy load: other processes using this share of the machine's cores or more.
+HEAVY_SHARE = 0.5
 
 
 def t_quantile(df):
@@ -80,6 +81,18 @@ class Ratio:
         beyond = self.median >= 1 + min_effect or self.median <= 1 / (1 + min_effect)
         return beyond and (self.low > 1 or self.high < 1)
 
+    def equal(self, min_effect=MIN_EFFECT):
+        """Whether A and B are equally fast: the whole interval within ``1 - min_effect`` to
+        ``1 + min_effect``. With one round (no interval): never."""
+        return self.low is not None and 1 - min_effect <= self.low and \
+            self.high <= 1 + min_effect
+
+    def verdict(self, min_effect=MIN_EFFECT):
+        """``'slower'`` or ``'faster'`` (A against B), ``'equal'`` or ``'cannot tell'``."""
+        if self.differs(min_effect):
+            return 'slower' if self.median > 1 else 'faster'
+        return 'equal' if self.equal(min_effect) else 'cannot tell'
+
     def describe(self):
         """``1.35x (95% interval 1.30-1.41, 3 rounds)``."""
         if self.low is None:
@@ -126,9 +139,9 @@ class LoadMeter:
     ``load``: the one-minute load average at the round's end; ``others``:
     the CPU time processes other than this one and the children it waited for
     took during the round, in cores (1.0: one core busy throughout); ``steal``: the share of CPU time
-    the hypervisor gave to other machines. A figure a system does not give is None, and so
-    are the CPU figures of a round under a quarter of a second (the kernel counts in 10 ms
-    ticks).
+    the hypervisor gave to other machines; ``cores``: the machine's. A figure a system does
+    not give is None, and so are the CPU figures of a round under a quarter of a second (the
+    kernel counts in 10 ms ticks).
     """
 
     def __init__(self):
@@ -139,7 +152,7 @@ class LoadMeter:
         self._start = (time.monotonic(), _cpu_jiffies(), _own_cpu())
 
     def stop(self):
-        """End the round: ``{'load': ..., 'others': ..., 'steal': ...}``."""
+        """End the round: ``{'load': ..., 'others': ..., 'steal': ..., 'cores': ...}``."""
         began, jiffies, own = self._start
         wall = max(time.monotonic() - began, 1e-6)
         now = _cpu_jiffies()
@@ -156,7 +169,7 @@ class LoadMeter:
             load = os.getloadavg()[0]
         except OSError:
             load = None
-        return {'load': load, 'others': others, 'steal': steal}
+        return {'load': load, 'others': others, 'steal': steal, 'cores': os.cpu_count()}
 
 
 def _span(loads, key):
@@ -178,22 +191,34 @@ def load_changed(loads):
     return bool(average and average[1] - average[0] >= LOAD_CHANGE_AVERAGE)
 
 
+def load_heavy(loads):
+    """Whether other processes used ``HEAVY_SHARE`` of the cores or more in any round."""
+    others = _span(loads, 'others')
+    cores = max((l.get('cores') or 0 for l in loads if l), default=0)
+    return bool(others and cores and others[1] >= HEAVY_SHARE * cores)
+
+
 def load_note(loads):
-    """A sentence on the load during the rounds: what changed, and the steal time if any."""
+    """A sentence on the load during the rounds: heavy, changed or light, and the steal time."""
     others, average, steal = (_span(loads, k) for k in ('others', 'load', 'steal'))
     if not (others or average):
         return ''
+    cores = max((l.get('cores') or 0 for l in loads if l), default=0)
     parts = []
     if others:
-        parts.append(f'other processes used {others[0]:.1f} to {others[1]:.1f} cores')
+        parts.append(f'other processes used {others[0]:.1f} to {others[1]:.1f} '
+                     + (f'of the {cores} cores' if cores else 'cores'))
     if average:
         parts.append(f'load average {average[0]:.1f} to {average[1]:.1f}, this run included')
     if steal and steal[1] >= 0.01:
         parts.append(f'up to {steal[1]:.0%} of the CPU time stolen by the hypervisor')
+    if load_heavy(loads):
+        return ('the load was heavy (' + ', '.join(parts) + '): figures measured beside it are '
+                'unreliable')
     if load_changed(loads):
         return ('the load changed during the run (' + ', '.join(parts) + '); each ratio is of '
                 'rounds measured side by side, so the change fell on both sides of most of them')
-    return 'the load was steady (' + ', '.join(parts) + ')'
+    return f'the load {"was light" if cores else "did not change"} (' + ', '.join(parts) + ')'
 
 
 class Paired:
@@ -265,12 +290,22 @@ class Paired:
         """Every round's load, of every variant."""
         return [l for n in self.names for l in self.loads[n].values() if l]
 
-    def answer(self, noun='', where=''):
-        """The answer in one sentence: the fastest variant, those equally fast, the slower ones.
+    def fastest(self):
+        """The variant of lowest median time over the rounds judged (None before one round), the
+        one ``answer`` and ``ratio`` tables compare the others with."""
+        names = [n for n in self.names if self.figures[n]]
+        rounds = self.rounds(names) if names else []
+        if not rounds:
+            return None
+        return min(names, key=lambda n: statistics.median(self._times(n, rounds)))
 
-        ``noun`` goes before each name (``kvstore``), ``where`` before the
-        answer (``on 2 devices``). Every named difference comes with its
-        interval; the load during the run follows.
+    def answer(self, noun='', where=''):
+        """The answer in one sentence: each variant against the fastest, in three words.
+
+        Slower (with how much), equally fast, or cannot tell at this load (with
+        what would tell), each with its ratio and interval; the load during the
+        run follows. ``noun`` goes before each name (``kvstore``), ``where``
+        before the answer (``on 2 devices``).
         """
         label = (lambda n: f'{noun} {n}') if noun else (lambda n: n)
         names = [n for n in self.names if self.figures[n]]
@@ -281,32 +316,50 @@ class Paired:
         rounds = self.rounds(names)
         if not rounds:
             return f'{lead}no round measured every variant: nothing to compare yet.'
-        best = min(names, key=lambda n: statistics.median(self._times(n, rounds)))
-        others = [(n, self.ratio(n, best)) for n in names if n != best]
-        equal = [best] + [n for n, r in others if not r.differs(self.min_effect)]
-        slower = [(n, r) for n, r in others if r.differs(self.min_effect)]
+        best = self.fastest()
         if len(rounds) < 2:
-            answer = (f'{lead}{label(best)} was fastest in the one round judged, which cannot '
+            answer = (f'{label(best)} was fastest in the one round judged, which cannot '
                       'tell a difference from noise (the first round warms the process and is '
                       'judged only alone): measure 3 or more rounds')
-        elif len(equal) > 1:
-            within = '; '.join(f'{n} vs {best} {r.describe()}' for n, r in others
-                               if n in equal)
-            listed = f'{", ".join(equal[:-1])} and {equal[-1]}'
-            answer = (f'{lead}{noun + "s " if noun else ""}{listed} are equally fast ({within}: '
-                      'the interval includes 1, or the difference is under '
-                      f'{self.min_effect:.0%})')
         else:
-            answer = f'{lead}{label(best)} is fastest'
-        rest = '; '.join(f'{label(n)} takes {r.median - 1:.0%} longer ({r.describe()})'
-                         for n, r in slower)
+            answer = self._verdicts(best, [(n, self.ratio(n, best)) for n in names if n != best],
+                                    label, noun)
         note = load_note(self.all_loads())
         aside = self.set_aside(names)
         if aside:
             note += (f'{"; " if note else ""}{aside} round{"s" if aside > 1 else ""} set aside: '
                      'the variants met different loads in it (other processes\' CPU differed '
                      f'by {LOAD_CHANGE_CORES:g} cores or more)')
-        return f'{answer}{"; " + rest if rest else ""}{"; " + note if note else ""}.'
+        return f'{lead}{answer}{"; " + note if note else ""}.'
+
+    def _verdicts(self, best, others, label, noun):
+        """The clauses of ``answer`` for ``others`` (``(name, Ratio)`` against ``best``)."""
+        e = self.min_effect
+        band = f'{1 - e:.2f}-{1 + e:.2f}'
+        verdicts = {n: r.verdict(e) for n, r in others}
+        equal = [n for n, _ in others if verdicts[n] == 'equal']
+        unsure = [(n, r) for n, r in others if verdicts[n] == 'cannot tell']
+        clear = not equal and not unsure
+        clauses = [f'{label(best)} is fastest'] if clear else []
+        if equal:
+            listed = [best] + equal
+            within = '; '.join(f'{n} vs {best} {r.describe()}' for n, r in others if n in equal)
+            clauses.append(f'{noun + "s " if noun else ""}{", ".join(listed[:-1])} and '
+                           f'{listed[-1]} are equally fast ({within}: the whole interval within '
+                           f'{band})')
+        than = '' if clear else f' than {label(best)}'
+        clauses += [f'{label(n)} takes {abs(r.median - 1):.0%} '
+                    f'{"longer" if r.median > 1 else "less time"}{than} ({r.describe()})'
+                    for n, r in others if verdicts[n] in ('slower', 'faster')]
+        for n, r in unsure:
+            why = ('the interval includes 1 and' if r.low <= 1 <= r.high else
+                   f'the difference is under {e:.0%} but the interval')
+            clauses.append(f'cannot tell at this load whether {label(best)} or {label(n)} is '
+                           f'faster ({n} vs {best} {r.describe()}: {why} reaches beyond {band})')
+        if unsure:
+            clauses.append('a quieter machine would tell' if load_heavy(self.all_loads()) else
+                           'more rounds would tell, each narrowing the interval')
+        return '; '.join(clauses)
 
     def to_dict(self):
         """Every round's figure and load, and each variant's ratio to the first, for a results

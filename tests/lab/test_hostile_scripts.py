@@ -675,7 +675,7 @@ def test_a_failed_report_leaves_the_folder_and_its_old_report_as_they_were(small
 def test_an_interrupted_report_leaves_nothing(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise gm.Interrupted.by_signal(signal.SIGINT)
-    monkeypatch.setattr(gm.kvstore_report, 'bar_chart', interrupted)
+    monkeypatch.setattr(gm.kvstore_report, 'seconds_chart', interrupted)
     with pytest.raises(gm.Interrupted):
         kvstore_report(tmp_path / 'new' / 'report')
     assert os.listdir(tmp_path) == []

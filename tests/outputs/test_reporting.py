@@ -6,6 +6,7 @@ import pytest
 import gluon_multigpu as gm
 from gluon_multigpu.outputs.files import atomic_write
 from gluon_multigpu.core.training import EpochRecord, TrainResult
+from gluon_multigpu.study import paired
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -78,12 +79,36 @@ def test_final_line_without_a_test_set_or_an_epoch_says_so():
     assert gm.Progress.__module__ == 'gluon_multigpu.run.progress'  # exported with the others
 
 
-def test_comparison_table_has_one_row_per_run():
+def test_comparison_table_carries_each_ratio_and_its_interval_beside_the_mean():
     table = gm.comparison_table([make_result('local', [10.0]), make_result('device', [8.0])])
     rows = table.splitlines()
-    assert len(rows) == 4
-    assert rows[2] == '| local | gpu(0), gpu(1) | 10.00 | 6000 | 0.9010 |'
-    assert rows[3].startswith('| device | gpu(0), gpu(1) | 8.00 | 7500 |')
+    assert len(rows) == 4 and ' sec/epoch | time vs device (95% interval): answer |' in rows[0]
+    assert rows[2] == ('| local | gpu(0), gpu(1) | 10.00 | 1.25x (1 round): cannot tell | 6000 | '
+                       '0.9010 |')
+    assert rows[3].startswith('| device | gpu(0), gpu(1) | 8.00 | reference | 7500 |')
+    # Rounds 2-4 judged (round 1 warms the process): the cell is the answer's ratio and interval.
+    local, device = [12.0, 10.0, 10.2, 9.9], [9.0, 8.0, 8.1, 8.0]
+    results = [make_result('local', local), make_result('device', device)]
+    r = paired.ratio_of(local[1:], device[1:])
+    assert r.low > 1.03
+    cell = f'{r.median:.2f}x ({r.low:.2f}-{r.high:.2f}): slower'
+    assert gm.comparison_table(results).splitlines()[2].startswith(
+        f'| local | gpu(0), gpu(1) | {sum(local) / 4:.2f} | {cell} |')
+    assert f'{r.median:.2f}x (95% interval {r.low:.2f}-{r.high:.2f}, 3 rounds)' in \
+        gm.recommend(results)
+    alone = gm.comparison_table(results[:1])  # one run: nothing to compare it with
+    assert 'time vs' not in alone and alone.splitlines()[2] == (
+        f'| local | gpu(0), gpu(1) | {sum(local) / 4:.2f} | {4 * 60000 / sum(local):.0f} | '
+        '0.9040 |')
+
+
+def test_the_seconds_chart_draws_every_rounds_point(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(gm.charts.Animator, 'save', lambda self, path: drawn.append(self))
+    results = [make_result('local', [10.0, 10.5, 9.0]), make_result('device', [8.0, 8.2])]
+    gm.charts.seconds_chart(str(tmp_path / 'seconds.png'), results)
+    assert drawn[0].X == [[1, 2, 3], [1, 2]] and drawn[0].Y == [[10.0, 10.5, 9.0], [8.0, 8.2]]
+    assert drawn[0].legend == ['kvstore local', 'kvstore device']
 
 
 def test_epoch_line():

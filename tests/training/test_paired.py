@@ -55,6 +55,22 @@ def test_no_difference_is_named_inside_the_interval_or_under_the_minimum_effect(
     assert faster.high < 1 and faster.differs()
 
 
+def test_a_ratio_is_slower_equal_or_cannot_tell():
+    """Equal takes the whole interval within 0.97-1.03; an interval that includes 1 but
+    reaches beyond is not equal: the run cannot tell."""
+    assert paired.Ratio([1.30, 1.41, 1.35, 1.38]).verdict() == 'slower'
+    assert paired.Ratio([0.5, 0.52, 0.49]).verdict() == 'faster'
+    same = paired.Ratio([1.0, 1.01, 0.99, 1.005])
+    assert 0.97 <= same.low and same.high <= 1.03 and same.verdict() == 'equal'
+    wide = paired.Ratio([0.82, 1.61, 1.19])  # the mission's interval: 1 inside, but so is 1.5
+    assert wide.low < 1 < wide.high and not wide.equal() and wide.verdict() == 'cannot tell'
+    small = paired.Ratio([1.02, 1.021, 1.019])  # beyond 1 by 2%, inside the band: equal
+    assert small.equal() and small.verdict() == 'equal'
+    edge = paired.Ratio([1.0, 1.04, 1.02])  # under 3%, but the interval reaches past 1.03
+    assert edge.high > 1.03 and edge.verdict() == 'cannot tell'
+    assert paired.Ratio([1.0]).verdict() == 'cannot tell'  # one round: no interval
+
+
 def paired_of(figures, **kwargs):
     p = paired.Paired(list(figures), **kwargs)
     for name, values in figures.items():
@@ -73,9 +89,37 @@ def test_the_answer_names_a_slower_variant_with_its_interval():
     drift = paired_of({'a': [1.0, 1.0, 1.01, 2.0, 2.02, 1.99], 'b': [1.0, 1.01, 1.0, 2.01, 2.0, 2.0]})
     assert ' are equally fast (a vs b ' in drift.answer() or ' are equally fast (b vs a ' in \
         drift.answer()
+    assert drift.answer().endswith('the whole interval within 0.97-1.03).')
     # The same figures measured one variant after the other: a looks twice as fast.
     sequential = paired_of({'a': [1.0, 1.0, 1.01], 'b': [2.01, 2.0, 2.0]})
     assert 'takes 99% longer' in sequential.answer()
+
+
+def test_an_interval_that_includes_1_and_reaches_beyond_the_band_cannot_tell():
+    """The mission's case: device vs local 1.19x, interval 0.8-1.6 is no evidence of equal
+    speed; the answer says this run cannot tell, and what would tell."""
+    figures = {'local': [9.0, 1.0, 1.0, 1.0], 'device': [9.0, 0.82, 1.61, 1.19]}
+    answer = paired_of(figures).answer('kvstore', 'on 2 devices')
+    assert answer.startswith('on 2 devices, cannot tell at this load whether kvstore local or '
+                             'kvstore device is faster (device vs local 1.19x (95% interval 0.'), \
+        answer
+    assert 'equally fast' not in answer and 'fastest' not in answer
+    assert answer.endswith(': the interval includes 1 and reaches beyond 0.97-1.03); more rounds '
+                           'would tell, each narrowing the interval.'), answer
+    # Beside a heavy load, a quieter machine would tell, and the figures are called unreliable.
+    p = paired.Paired(list(figures))
+    heavy = {'load': 3.0, 'others': 1.8, 'steal': 0.0, 'cores': 2}
+    for name, values in figures.items():
+        for r, v in enumerate(values, 1):
+            p.add(name, r, v, heavy)
+    answer = p.answer('kvstore')
+    assert '; a quieter machine would tell; the load was heavy (other processes used 1.8 to 1.8 ' \
+        'of the 2 cores' in answer, answer
+    assert answer.endswith('): figures measured beside it are unreliable.'), answer
+    # Three variants: each one's own verdict against the fastest.
+    three = paired_of(dict(figures, none=[9.0, 1.3, 1.31, 1.29]))
+    assert 'kvstore none takes 30% longer than kvstore local (1.30x' in three.answer('kvstore')
+    assert 'whether kvstore local or kvstore device is faster' in three.answer('kvstore')
 
 
 def test_one_round_judged_or_one_variant_names_no_winner():
@@ -97,18 +141,27 @@ def test_rates_are_compared_as_their_inverse():
 
 
 def test_the_load_note_says_when_the_load_changed():
-    steady = [{'load': 1.0, 'others': 0.1, 'steal': 0.0}, {'load': 1.2, 'others': 0.2,
-                                                          'steal': 0.0}]
-    assert not paired.load_changed(steady)
-    assert paired.load_note(steady).startswith('the load was steady (other processes used 0.1 '
-                                               'to 0.2 cores, load average 1.0 to 1.2, this run '
-                                               'included)')
-    rising = steady + [{'load': 1.4, 'others': 1.1, 'steal': 0.05}]
-    assert paired.load_changed(rising)
+    light = [{'load': 1.0, 'others': 0.1, 'steal': 0.0, 'cores': 2},
+             {'load': 1.2, 'others': 0.2, 'steal': 0.0, 'cores': 2}]
+    assert not paired.load_changed(light) and not paired.load_heavy(light)
+    assert paired.load_note(light) == ('the load was light (other processes used 0.1 to 0.2 of '
+                                       'the 2 cores, load average 1.0 to 1.2, this run included)')
+    rising = light + [{'load': 1.4, 'others': 0.9, 'steal': 0.05, 'cores': 2}]
+    assert paired.load_changed(rising) and not paired.load_heavy(rising)
     note = paired.load_note(rising)
-    assert note.startswith('the load changed during the run (other processes used 0.1 to 1.1 '
-                           'cores, load average 1.0 to 1.4, this run included, up to 5% of the '
-                           'CPU time stolen')
+    assert note.startswith('the load changed during the run (other processes used 0.1 to 0.9 '
+                           'of the 2 cores, load average 1.0 to 1.4, this run included, up to 5% '
+                           'of the CPU time stolen')
+    # Half the cores or more: heavy, whether or not it changed, and the figures unreliable.
+    heavy = light + [{'load': 2.0, 'others': 1.0, 'steal': 0.0, 'cores': 2}]
+    assert paired.load_heavy(heavy) and not paired.load_heavy(heavy[:2] + [dict(heavy[2],
+                                                                                 cores=4)])
+    assert paired.load_note(heavy) == ('the load was heavy (other processes used 0.1 to 1.0 of '
+                                       'the 2 cores, load average 1.0 to 2.0, this run '
+                                       'included): figures measured beside it are unreliable')
+    # Without the machine's cores (an older record), no judgement of the share.
+    assert paired.load_note([dict(l, cores=None) for l in light]).startswith(
+        'the load did not change (other processes used 0.1 to 0.2 cores,')
     # The load average follows this run's own start: it decides only without the CPU figures.
     own = [{'load': 0.2, 'others': 0.0}, {'load': 1.9, 'others': 0.1}]
     assert not paired.load_changed(own)
@@ -130,6 +183,7 @@ def test_the_load_meter_sees_another_process_busy_and_not_this_one():
         busy.kill()
         busy.wait()
     assert load['others'] >= 0.5 and 0 <= load['steal'] <= 1 and load['load'] >= 0
+    assert load['cores'] >= 1
     meter.start()
     end = time.process_time() + 0.5
     while time.process_time() < end:  # this process busy: not others' time
@@ -187,6 +241,21 @@ def test_a_variant_made_slower_by_a_known_amount_is_named():
     assert ', kvstore local is fastest; kvstore device takes ' in answer, answer
     assert comparison.loads['device'].keys() == {1, 2, 3, 4, 5, 6}
     assert [r.kvstore for r in comparison.results] == ['local', 'device']
+
+
+def test_each_closing_line_names_its_kvstore_and_a_single_runs_line_is_the_books():
+    def lines(names):
+        config = types.SimpleNamespace(kvstore=names, num_epochs=3, plot=None, json=None,
+                                       report=None)
+        out = []
+        stream = types.SimpleNamespace(write=out.append, flush=lambda: None)
+        runs = {n: Work(n, clock=lambda: 2.0) for n in names}
+        Comparison(config, None, ParamTracker(compare=False), stream).run(
+            lambda name, schedule: runs[name])
+        return [l for l in ''.join(out).splitlines() if l.startswith('test acc: ')]
+    assert lines(['local']) == ['test acc: 0.50, 2.0 sec/epoch on [cpu(0)]']
+    assert lines(['local', 'device']) == ['test acc: 0.50, 2.0 sec/epoch on [cpu(0)] with kvstore '
+                                          f'{k}' for k in ('local', 'device')]
 
 
 def test_equal_variants_with_a_load_that_changes_halfway_are_equally_fast():
