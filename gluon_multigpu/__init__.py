@@ -24,14 +24,16 @@ __version__ = '0.1.0'
 _compat.install_hook()
 
 #: The groups of modules, each a subpackage.
-GROUPS = ('base', 'core', 'features', 'outputs', 'checkpoints', 'run', 'study', 'multihost')
+GROUPS = ('filesafety', 'base', 'core', 'features', 'checkpoints', 'run', 'study', 'multihost')
 
-#: Where each module lives: short name -> group.
+#: Where each module lives: short name -> group (or ``group.module`` where the name differs).
 MODULES = {
-    'engine': 'base', 'machine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base',
-    'paths': 'base',
-    'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
-    'compat': 'base', 'opcache': 'base', 'stacks': 'base', 'schedule': 'base',
+    'fs': 'filesafety', 'reading': 'filesafety', 'atomic': 'filesafety', 'paths': 'filesafety',
+    'foreign': 'filesafety', 'lockfile': 'filesafety', 'output': 'filesafety',
+    'files': 'filesafety', 'targets': 'filesafety', 'locks': 'filesafety.lockfile',
+    'engine': 'base', 'machine': 'base', 'signals': 'base', 'units': 'base', 'protocol': 'base',
+    'background': 'base', 'compat': 'base', 'opcache': 'base', 'stacks': 'base',
+    'schedule': 'base',
     'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
     'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
     'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
@@ -42,7 +44,6 @@ MODULES = {
     'distributed': 'features',
     'checkpoint': 'checkpoints', 'manifest': 'checkpoints', 'states': 'checkpoints',
     'savefolder': 'checkpoints', 'checkpoint_store': 'checkpoints',
-    'files': 'outputs', 'output': 'outputs', 'locks': 'outputs', 'targets': 'outputs',
     'stopping': 'run', 'progress': 'run',
     'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
     'agent': 'multihost', 'plan': 'multihost', 'supervise': 'multihost',
@@ -87,7 +88,8 @@ __all__ = [*GROUPS, 'errors', *MODULES, *_WHERE]
 def _module(short):
     if short in GROUPS or short == 'errors':
         return _importlib.import_module(f'{__name__}.{short}')
-    return _importlib.import_module(f'{__name__}.{MODULES[short]}.{short}')
+    group, _, name = MODULES[short].partition('.')
+    return _importlib.import_module(f'{__name__}.{group}.{name or short}')
 
 
 def __getattr__(name):

@@ -29,7 +29,7 @@ __all__ = ['Entry', 'ENTRIES', 'lock_name', 'user_file', 'user_folder', 'user_ha
 def lock_name(target):
     """The name of the lock beside ``target`` (the output layer's, where it says one)."""
     try:
-        from gluon_multigpu.outputs import locks
+        from gluon_multigpu.filesafety import lockfile as locks
     except ImportError:
         locks = None
     for attribute in ('lock_path', 'lock_name', 'path_of'):
@@ -98,7 +98,7 @@ class Entry:
     def recover(self, root):
         """After a kill: ``output.recover`` on each of ``outputs`` (nothing without the layer)."""
         try:
-            from gluon_multigpu.outputs import output
+            from gluon_multigpu.filesafety import output
         except ImportError:
             return
         for rel in self.outputs if hasattr(output, 'recover') else ():
@@ -175,10 +175,10 @@ class Chart(Entry):
 
 
 class ProfileTrace(Entry):
-    """A profile's trace: MXNet's dump, read through a pipe (``base/foreign``: its write is
+    """A profile's trace: MXNet's dump, read through a pipe (``filesafety/foreign``: its write is
     announced to ``fs``, where it can fail), then the trace written whole."""
     name = 'profile_trace'
-    what = "`--profile` traces (`core/profile.Profile`: MXNet's dump through `base/foreign`)"
+    what = "`--profile` traces (`core/profile.Profile`: MXNet's dump through `filesafety/foreign`)"
 
     @staticmethod
     def _profile(root, steps):

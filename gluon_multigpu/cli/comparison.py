@@ -8,8 +8,8 @@ last; a stop keeps every epoch measured (``kept``).
 """
 from . import messages
 from ..errors import Interrupted
-from ..outputs.files import write_json
-from ..outputs.output import replace_together
+from ..filesafety.files import write_json
+from ..filesafety.output import replace_together
 from ..run.progress import Schedule, duration
 from ..study.charts import accuracy_chart
 from ..study.compare import recommend

@@ -23,7 +23,7 @@ from .arguments import UsageError, engine_devices, error_line
 from ..errors import flag
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError
-from ..outputs import files
+from ..filesafety import files
 from ..run.stopping import StopRequest
 
 

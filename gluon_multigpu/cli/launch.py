@@ -12,7 +12,8 @@ import sys
 
 from . import common, messages
 from ..errors import GluonMultiGPUError
-from ..base import reading, signals
+from ..base import signals
+from ..filesafety import reading
 from ..multihost.allocation import allocation
 from ..multihost.plan import GRACE, TIMEOUT, LaunchError, Settings, keeps_checkpoints
 from ..multihost.supervise import launch

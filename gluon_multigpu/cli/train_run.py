@@ -16,7 +16,7 @@ from .comparison import Comparison
 from .kvstore_run import RunMaker
 from .console import program, resume_command, say_quietly
 from ..core.checks import check_split
-from ..core.data import DATASETS, load_data, synthetic_data
+from ..core.data import DATASETS, input_files, load_data, synthetic_data
 from ..core.devices import even_shares, resolve_devices, split_sizes
 from ..core.kvstores import DIST_KVSTORES, check_kvstore
 from ..core.metrics import Metrics
@@ -30,7 +30,7 @@ from ..features.precision import check_dtype
 from ..features.sync_bn import check_options as check_sync_bn_options, check_training
 from ..checkpoints.checkpoint import for_run
 from ..run.stopping import StallGuard
-from ..outputs.targets import check_outputs as check_paths, input_files
+from ..filesafety.targets import check_outputs as check_paths
 from ..study.charts import check_chart_path
 from ..study.compare import ParamTracker
 

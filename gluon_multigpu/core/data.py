@@ -18,10 +18,10 @@ import mxnet as mx
 from mxnet import np, npx
 
 from ..errors import DataError
-from ..base import atomic
+from ..filesafety import atomic
 from . import values
 
-__all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'read_idx', 'read_split', 'ArrayLoader',
+__all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',
            'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
            'load_data_mnist']
@@ -45,6 +45,13 @@ _IDX_DTYPES = {0x08: onp.uint8, 0x09: onp.int8, 0x0B: onp.dtype('>i2'),
 def default_root(name='fashion-mnist'):
     """Return MXNet's usual data directory for a data set, ``~/.mxnet/datasets/<name>``."""
     return os.path.join(mx.base.data_dir(), 'datasets', name)
+
+
+def input_files(dataset, data_dir=None):
+    """The files a run on data set ``dataset`` reads from ``data_dir`` (None: the data set's
+    default folder): the ``inputs`` no output of the run may replace (``files.check_outputs``)."""
+    root = data_dir or default_root(dataset)
+    return [os.path.join(root, name) for name in IDX_FILES.values()]
 
 
 #: Most elements an IDX file of an unknown data set may hold (a header claiming

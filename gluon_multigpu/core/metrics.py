@@ -24,8 +24,8 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import np
 
-from ..base import atomic, fs, lockfile, reading
-from ..base.paths import kind_of, resolve_output
+from ..filesafety import atomic, fs, lockfile, reading
+from ..filesafety.paths import kind_of, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 

@@ -6,7 +6,7 @@ has finished on every device until step STOP has (``npx.waitall()`` at both ends
 during an evaluation, so the trace holds those steps' operators and no others. MXNet writes
 Chrome's JSON trace format (Perfetto reads it too); ``device_trace`` gives each device a track
 of its own, named as the package names it (``cpu(0)``); the file is replaced whole. MXNet's
-dump never reaches a disk: it is read through a pipe (``base.foreign``), and a dump that
+dump never reaches a disk: it is read through a pipe (``filesafety.foreign``), and a dump that
 cannot be read whole, like a trace that cannot be written, is an ``OSError`` naming the trace.
 When the profile ends, the ten costliest operators are printed. A run that stops or fails
 inside the range writes what was profiled, and says so. Without a ``Profile`` the profiler
@@ -23,8 +23,8 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import npx
 
-from ..base import atomic, foreign
-from ..base.paths import check_default_output, check_name, resolve_output
+from ..filesafety import atomic, foreign
+from ..filesafety.paths import check_default_output, check_name, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 

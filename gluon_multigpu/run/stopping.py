@@ -23,7 +23,7 @@ from ..core.hooks import Hook
 from ..core.interrupt import Interruptible
 from ..core.stall import StallGuard
 from ..errors import Interrupted
-from ..outputs.files import discard_unfinished
+from ..filesafety.files import discard_unfinished
 
 __all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
            'STOP_SIGNALS']

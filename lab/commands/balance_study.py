@@ -20,16 +20,16 @@ import sys
 from gluon_multigpu.cli import common
 from lab.commands import sweeps
 from gluon_multigpu.cli.common import batch_size, int_in, seed
-from gluon_multigpu.base.atomic import atomic_write
+from gluon_multigpu.filesafety.atomic import atomic_write
 from gluon_multigpu.core.devices import num_gpus, resolve_devices
 from gluon_multigpu.core.hooks import Hook
 from gluon_multigpu.errors import DeviceError, GluonMultiGPUError
 from lab.studies import sweep as sweep_module
 from lab.studies.budget import check_memory
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamped
-from gluon_multigpu.outputs.files import write_csv
-from gluon_multigpu.outputs.output import ReportFolder
-from gluon_multigpu.outputs.targets import check_outputs
+from gluon_multigpu.filesafety.files import write_csv
+from gluon_multigpu.filesafety.output import ReportFolder
+from gluon_multigpu.filesafety.targets import check_outputs
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
 SETTINGS = {'simple-cnn': (256, 80), 'resnet18': (64, 16)}

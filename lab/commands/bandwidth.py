@@ -20,9 +20,9 @@ from lab.studies.counts import devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as _sweep
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
-from gluon_multigpu.outputs.files import write_csv, write_json
-from gluon_multigpu.outputs.output import replace_together
-from gluon_multigpu.outputs.targets import check_outputs, input_files
+from gluon_multigpu.filesafety.files import write_csv, write_json
+from gluon_multigpu.filesafety.output import replace_together
+from gluon_multigpu.filesafety.targets import check_outputs
 from lab.studies.scaling_model import BANDWIDTH_COLUMNS
 
 EPILOG = """\
@@ -180,7 +180,7 @@ def print_table(rows, out):
 def run(args, out=None, stop=None):
     """Check the input, measure (each measurement kept in --results), print the table, write
     the files; return the rows. ``stop`` (a ``StopRequest``) is asked between repeats."""
-    from gluon_multigpu.core.data import read_split
+    from gluon_multigpu.core.data import input_files, read_split
     from gluon_multigpu.core.kvstores import check_kvstore
     from lab.studies import measure as measuring
     out = out or sys.stdout

@@ -24,8 +24,8 @@ from lab.commands import bench_workers
 from gluon_multigpu.errors import DataError, GluonMultiGPUError
 from gluon_multigpu.base import signals
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.outputs.files import write_json
-from gluon_multigpu.outputs.targets import check_outputs, input_files
+from gluon_multigpu.filesafety.files import write_json
+from gluon_multigpu.filesafety.targets import check_outputs
 
 # FULL: ResNet-18's 2 warm-up and 10 measured steps, the issue's short run of 2 epochs of 6
 # batches; the small CNN's steps take a fortieth of ResNet-18's, so it runs 10 and 100 (cnn_*)
@@ -380,6 +380,7 @@ def run(args, out=None):
     if missing:
         raise DataError(f'{args.data_dir} lacks {", ".join(missing)}; point `data_dir` at '
                            'the Fashion-MNIST files')
+    from gluon_multigpu.core.data import input_files  # pylint: disable=import-outside-toplevel
     check_outputs(files=[('--json', args.json)], inputs=input_files('fashion-mnist', args.data_dir))
     size = QUICK if args.quick else FULL
     tasks = plan(size, os.path.abspath(args.data_dir))

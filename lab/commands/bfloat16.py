@@ -24,9 +24,9 @@ from lab.commands import sweeps
 from gluon_multigpu.cli.common import int_in
 from gluon_multigpu.errors import DeviceError
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.outputs import files
+from gluon_multigpu.filesafety import files
 from lab.studies import sweep as sweep_module
-from gluon_multigpu.outputs.targets import check_outputs
+from gluon_multigpu.filesafety.targets import check_outputs
 
 #: model -> (batch, steps per round): about a second per round on two cores.
 SETTINGS = {'simple-cnn': (128, 10), 'resnet18': (64, 2)}

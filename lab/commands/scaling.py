@@ -24,8 +24,8 @@ from gluon_multigpu.cli.common import int_in, non_negative_float, num_epochs, po
 from lab.studies.counts import device_counts, devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as sweep_module
-from gluon_multigpu.outputs.locks import Lock
-from gluon_multigpu.outputs.targets import check_outputs, input_files
+from gluon_multigpu.filesafety.lockfile import Lock
+from gluon_multigpu.filesafety.targets import check_outputs
 from lab.studies.scaling_model import LR_RULES, MEASURED_COLUMNS, PROJECTION_COLUMNS, SYNC_COLUMNS, \
     WARMUP_STEPS, add_speedups, build_grid, projection_batches
 
@@ -269,6 +269,7 @@ def print_tables(rows, projection, out):
 def run(args, out=None, stop=None):
     """Check the input, run the sweep (each run kept in --results as it ends) and the
     projection's measurements, write the report. ``stop``: a ``StopRequest``."""
+    from gluon_multigpu.core.data import input_files
     out = out or sys.stdout
     check_outputs(files=sweeps.results_output(args.results, args.out, REPORT_FILES),
                   directories=[('--out', args.out)],

@@ -4,7 +4,7 @@ import time
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.outputs.files import atomic_write
+from gluon_multigpu.filesafety.files import atomic_write
 from gluon_multigpu.core.training import EpochRecord, TrainResult
 
 PNG = b'\x89PNG\r\n\x1a\n'

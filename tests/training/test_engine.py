@@ -74,7 +74,7 @@ def test_importing_the_package_loads_neither_mxnet_nor_matplotlib(tmp_path):
     got = probe(tmp_path, '''
         import gluon_multigpu as gm
         seen = [gm.engine, gm.errors, gm.recipes, gm.devices, gm.RECIPES, gm.DeviceError,
-                gm.engine.recommended(2), dir(gm), gm.core, gm.features, gm.run, gm.outputs, gm.checkpoints, gm.study]
+                gm.engine.recommended(2), dir(gm), gm.core, gm.features, gm.run, gm.filesafety, gm.checkpoints, gm.study]
         report(mxnet='mxnet' in sys.modules, matplotlib='matplotlib' in sys.modules,
                loaded=gm.engine.loaded(), settings=gm.engine.settings())
         ''')

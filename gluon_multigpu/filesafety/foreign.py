@@ -1,7 +1,7 @@
 """What a writer outside the package's code writes, taken through a pipe: never from a disk.
 
 A writer that is not Python's (MXNet's profiler: C++ that opens the path it is given and
-writes) cannot write through ``base/fs``, and it does not report its own failures: past a
+writes) cannot write through ``filesafety/fs``, and it does not report its own failures: past a
 file-size limit or on a full disk MXNet's profiler leaves a truncated file and says nothing.
 A ``Capture`` gives such a writer a path that leads into a pipe of this process
 (``/proc/self/fd/N``, its ``path``); a thread reads what it writes into memory, bounded, so

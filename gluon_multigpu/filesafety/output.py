@@ -2,7 +2,7 @@
 
 Every file the package writes (checkpoints, results files, reports, ``--json``, ``--plot``,
 ``--csv``, locks, the studies' and the launcher's outputs) follows the rules below, and every
-change goes through ``base/fs.py``, so that the fault-injection harness can fail or kill the
+change goes through ``filesafety/fs.py``, so that the fault-injection harness can fail or kill the
 process at any call, or cut the power after it.
 
 Notes
@@ -25,11 +25,11 @@ Notes
    a committed staging folder forward and discards one that was not. The journal, then the
    staging folder's name, are fsynced before anything is staged, every staged file before the
    commit, and the folder again before its journal, removed last, goes.
-4. A lock (``locks.Lock``) is created exclusively, its content fsynced before it is linked; a
+4. A lock (``lockfile.Lock``) is created exclusively, its content fsynced before it is linked; a
    stale lock of a dead process is taken over with a line saying so.
 5. A complete or partial results file is replaced only with ``--overwrite``.
 6. Every file the package reads is opened without blocking, checked to be a regular file and
-   read with a size bound (``base/reading.py``).
+   read with a size bound (``filesafety/reading.py``).
 """
 import errno
 import json
@@ -39,9 +39,9 @@ import secrets
 import stat
 
 from ..errors import GluonMultiGPUError
-from ..base import fs, reading
-from ..base.paths import resolve_output
-from ..base.atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, create_exclusive,
+from . import fs, reading
+from .paths import resolve_output
+from .atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, create_exclusive,
                      create_whole, fsync_directory, makedirs, naming, remove_hashed, remove_own,
                      write_file)
 

@@ -1,7 +1,7 @@
 """Where an output named by the user is written: its name checked, its symbolic links followed.
 
 The ground floor of the file layer: ``atomic`` resolves every output through
-``resolve_output``, and the pre-run checks (``outputs.targets``) use both.
+``resolve_output``, and the pre-run checks (``filesafety.targets``) use both.
 """
 import os
 import stat
@@ -73,7 +73,7 @@ def check_default_output(path, what, marker, fix):
     """Return the file an output the user did not name (a default, ``path``) is written to;
     raise ``GluonMultiGPUError`` naming ``what`` if something there is not the package's own:
     a regular file whose content begins with ``marker`` (bytes). A default never replaces what
-    the package did not write (``outputs.output``, rule 1); ``fix`` says what to do instead."""
+    the package did not write (``filesafety.output``, rule 1); ``fix`` says what to do instead."""
     target = resolve_output(path, what)
     if not os.path.lexists(target):
         return target

@@ -12,9 +12,6 @@ else (a user's file, a hard link to one, a folder, a FIFO, a symbolic link): ref
 line that names it, and left as it is. ``release`` removes the file only if the name still
 leads to the file this process made. The kernel drops the ``flock`` with the process, which is
 how a stale lock is told from a held one.
-
-On the ground floor, so that a hook of the section (``core/metrics``) can hold one too;
-``outputs.locks`` is its name in the output layer.
 """
 import errno
 import fcntl

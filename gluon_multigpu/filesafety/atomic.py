@@ -166,14 +166,11 @@ def _content_digest(path):
     f = reading.open_if_regular(path)
     if f is None:
         return None
-    digest = hashlib.sha256()
     try:
         with f:
-            for chunk in iter(lambda: f.read(1 << 20), b''):
-                digest.update(chunk)
+            return reading.sha256(f)[:16]
     except OSError:
         return None
-    return digest.hexdigest()[:16]
 
 
 def remove_hashed(directory, target=None):

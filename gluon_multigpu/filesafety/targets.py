@@ -12,12 +12,12 @@ import re
 import secrets
 
 from ..errors import GluonMultiGPUError
-from ..base import fs, reading
-from ..base.paths import (TMP_EXTRA, check_default_output, check_name as _check_name, kind_of,
+from . import fs, reading
+from .paths import (TMP_EXTRA, check_default_output, check_name as _check_name, kind_of,
                           resolve_output)
 
 __all__ = ['check_writable', 'check_output_dir', 'check_output_path', 'check_outputs',
-           'check_default_output', 'input_files', 'resolve_output', 'is_checkpoint_folder',
+           'check_default_output', 'resolve_output', 'is_checkpoint_folder',
            'CHECKPOINT_FILE', 'TMP_EXTRA']
 
 
@@ -159,14 +159,6 @@ def check_output_path(path, what, inputs=()):
         raise GluonMultiGPUError(f'{what} {path} is in the checkpoint folder {directory}; give a '
                                  'path outside it')
     return target
-
-
-def input_files(dataset, data_dir=None):
-    """The files a run on data set ``dataset`` reads from ``data_dir`` (None: the data set's
-    default folder): the ``inputs`` no output of the run may replace (``check_outputs``)."""
-    from ..core.data import IDX_FILES, default_root  # pylint: disable=import-outside-toplevel
-    root = data_dir or default_root(dataset)
-    return [os.path.join(root, name) for name in IDX_FILES.values()]
 
 
 def check_outputs(files=(), directories=(), checkpoint_dir=None, inputs=()):

@@ -8,13 +8,15 @@ size bound (``read_bytes``), so that a 1 GB file where a 1 kB one belongs is one
 process that runs out of memory.
 """
 import errno
+import hashlib
 import json
 import os
 import stat
 
 from ..errors import GluonMultiGPUError
 
-__all__ = ['open_regular', 'open_if_regular', 'read_bytes', 'read_text', 'read_json', 'size_text']
+__all__ = ['open_regular', 'open_if_regular', 'read_bytes', 'read_text', 'read_json', 'size_text',
+           'sha256']
 
 
 def size_text(num_bytes):
@@ -90,3 +92,11 @@ def read_json(path, limit, what, follow_links=True):
     except (ValueError, RecursionError) as e:
         raise GluonMultiGPUError(f'{what} {path} is not JSON ({type(e).__name__}: {e}); give the '
                                  'right file') from None
+
+
+def sha256(f):
+    """The SHA-256 of what is left to read of the binary file ``f``, in hex."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b''):
+        digest.update(block)
+    return digest.hexdigest()

@@ -9,16 +9,16 @@ import csv
 import io
 import json
 
-from ..base import reading
-from ..base.paths import SYSTEM_TREES, TMP_EXTRA  # noqa: F401
+from . import reading
+from .paths import SYSTEM_TREES, TMP_EXTRA  # noqa: F401
 from .targets import (CHECKPOINT_FILE, check_output_dir,  # noqa: F401
-                     check_output_path, check_outputs, check_writable, input_files,
+                     check_output_path, check_outputs, check_writable,
                      is_checkpoint_folder, resolve_output)
 from .output import (ReportFolder, ReportSet, atomic_write, discard_unfinished,  # noqa: F401
                      makedirs, naming, recover)
 
 __all__ = ['atomic_write', 'write_json', 'write_csv', 'read_csv', 'check_writable',
-           'check_output_dir', 'check_output_path', 'check_outputs', 'input_files',
+           'check_output_dir', 'check_output_path', 'check_outputs',
            'resolve_output', 'is_checkpoint_folder', 'ReportFolder', 'ReportSet', 'recover',
            'naming', 'discard_unfinished', 'makedirs', 'write_text']
 
