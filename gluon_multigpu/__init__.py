@@ -24,7 +24,8 @@ __version__ = '0.1.0'
 _compat.install_hook()
 
 #: The groups of modules, each a subpackage.
-GROUPS = ('filesafety', 'base', 'core', 'features', 'checkpoints', 'run', 'study', 'multihost')
+GROUPS = ('filesafety', 'base', 'section', 'observe', 'machinery', 'features', 'checkpoints',
+          'study', 'multihost')
 
 #: Where each module lives: short name -> group (or ``group.module`` where the name differs).
 MODULES = {
@@ -33,18 +34,19 @@ MODULES = {
     'files': 'filesafety', 'targets': 'filesafety', 'locks': 'filesafety.lockfile',
     'engine': 'base', 'machine': 'base', 'signals': 'base', 'units': 'base', 'protocol': 'base',
     'background': 'base', 'compat': 'base', 'opcache': 'base', 'stacks': 'base',
-    'schedule': 'base',
-    'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
-    'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
-    'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
-    'stall': 'core', 'updates': 'core', 'optional': 'core',
-    'metrics': 'core', 'config': 'core', 'values': 'core',
-    'profile': 'core',
+    'values': 'base',
+    'devices': 'section', 'model': 'section', 'recipes': 'section', 'data': 'section',
+    'kvstores': 'section', 'steps': 'section', 'results': 'section', 'book': 'section',
+    'utils': 'section',
+    'hooks': 'observe', 'interrupt': 'observe', 'live': 'observe', 'stall': 'observe',
+    'optional': 'observe', 'metrics': 'observe', 'profile': 'observe', 'stopping': 'observe',
+    'progress': 'observe', 'messages': 'observe',
+    'training': 'machinery', 'pushers': 'machinery', 'checks': 'machinery',
+    'updates': 'machinery', 'schedule': 'machinery', 'config': 'machinery',
     'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
     'distributed': 'features',
     'checkpoint': 'checkpoints', 'manifest': 'checkpoints', 'states': 'checkpoints',
     'savefolder': 'checkpoints', 'checkpoint_store': 'checkpoints',
-    'stopping': 'run', 'progress': 'run',
     'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
     'agent': 'multihost', 'plan': 'multihost', 'supervise': 'multihost',
     'allocation': 'multihost', 'hung': 'multihost',

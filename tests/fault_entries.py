@@ -178,12 +178,12 @@ class ProfileTrace(Entry):
     """A profile's trace: MXNet's dump, read through a pipe (``filesafety/foreign``: its write is
     announced to ``fs``, where it can fail), then the trace written whole."""
     name = 'profile_trace'
-    what = "`--profile` traces (`core/profile.Profile`: MXNet's dump through `filesafety/foreign`)"
+    what = "`--profile` traces (`observe/profile.Profile`: MXNet's dump through `filesafety/foreign`)"
 
     @staticmethod
     def _profile(root, steps):
         import mxnet as mx  # pylint: disable=import-outside-toplevel
-        from gluon_multigpu.core.profile import Profile  # pylint: disable=import-outside-toplevel
+        from gluon_multigpu.observe.profile import Profile  # pylint: disable=import-outside-toplevel
         run = types.SimpleNamespace(devices=[mx.cpu(0)], train_iter=[None] * steps, epoch=1,
                                     num_epochs=1, error=None, steps=None)
         hook = Profile(f'1:{steps}', os.path.join(root, 'profile.json'), out=io.StringIO())

@@ -88,12 +88,12 @@ def worker(spec):
         os.environ['MXNET_CPU_TEMP_COPY'] = spec['copies']
     engine.configure(cpu_devices=devices_n)  # before anything below loads MXNet
     from lab.commands.bench_workers import _test_images
-    from gluon_multigpu.core import steps as steps_mod
-    from gluon_multigpu.core.data import ArrayLoader
-    from gluon_multigpu.core.devices import cpu_devices
-    from gluon_multigpu.core.kvstores import make_trainer
-    from gluon_multigpu.core.model import default_initializer, get_model
-    from gluon_multigpu.core.pushers import pushers_for
+    from gluon_multigpu.section import steps as steps_mod
+    from gluon_multigpu.section.data import ArrayLoader
+    from gluon_multigpu.section.devices import cpu_devices
+    from gluon_multigpu.section.kvstores import make_trainer
+    from gluon_multigpu.section.model import default_initializer, get_model
+    from gluon_multigpu.machinery.pushers import pushers_for
     if spec.get('omp', 'plan') is None:
         engine.return_freed_memory()  # the plan's allocator, MXNet's own threads
     from mxnet import gluon, npx

@@ -18,8 +18,8 @@ from .checkpoint_store import MANIFEST, CheckpointState, CheckpointStore
 from ..filesafety.files import CHECKPOINT_FILE, check_output_dir
 from ..filesafety.lockfile import Lock
 from .manifest import FORMAT
-from ..core.data import ArrayLoader
-from ..core.training import Hook
+from ..section.data import ArrayLoader
+from ..machinery.training import Hook
 
 __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT',
            'for_run', 'check_resumable', 'recover']

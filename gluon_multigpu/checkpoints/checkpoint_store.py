@@ -29,8 +29,8 @@ from .savefolder import is_regular as _is_regular, open_regular as _open_regular
     sha256 as _sha256
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
-from ..core.config import RunConfig
-from ..core.results import EpochRecord, EpochTotals
+from ..machinery.config import RunConfig
+from ..section.results import EpochRecord, EpochTotals
 
 __all__ = ['CheckpointStore', 'CheckpointState', 'MANIFEST']
 

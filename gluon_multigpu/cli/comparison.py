@@ -6,11 +6,11 @@ round (``compare.recommend``; why: docs/design.md, "Comparisons on a shared
 machine"). Outputs are written after each round, marked partial until the
 last; a stop keeps every epoch measured (``kept``).
 """
-from . import messages
+from ..observe import messages
 from ..errors import Interrupted
 from ..filesafety.files import write_json
 from ..filesafety.output import replace_together
-from ..run.progress import Schedule, duration
+from ..observe.progress import Schedule, duration
 from ..study.charts import accuracy_chart
 from ..study.compare import recommend
 from ..study.kvstore_report import comparison_table, runs_json, write_kvstore_report

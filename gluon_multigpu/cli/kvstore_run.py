@@ -7,18 +7,18 @@ as alone.
 """
 from .console import cores, say_quietly
 from ..base.compat import GPU_INSTALL
-from ..core.book import book_epochs, resnet18 as book_resnet18
-from ..core.data import DATASETS
-from ..core.kvstores import kvstore_name
-from ..core.model import default_initializer, get_model
-from ..core.results import epoch_line
-from ..core.training import Training
+from ..section.book import book_epochs, resnet18 as book_resnet18
+from ..section.data import DATASETS
+from ..section.kvstores import kvstore_name
+from ..section.model import default_initializer, get_model
+from ..section.results import epoch_line
+from ..machinery.training import Training
 from ..features.balance import TimedSplit, make_split
 from ..features.distributed import StepScale
 from ..features.precision import make_precision
 from ..features.sync_bn import sync_batch_norm
-from ..run.progress import Progress
-from ..run.stopping import StopRequest
+from ..observe.progress import Progress
+from ..observe.stopping import StopRequest
 from ..study.compare import fingerprint
 
 __all__ = ['RunMaker', 'KvstoreRun', 'faster_advice']

@@ -16,13 +16,14 @@ import os
 import signal
 import sys
 
-from . import console, messages
+from . import console
+from ..observe import messages
 from .arguments import OneLineParser, add_config_flags, error_line
 from .console import quiet_console, say_quietly, stop_request
 from ..base import signals
 from ..base.protocol import CONTROL_VARIABLE
-from ..core.config import RunConfig
-from ..core.recipes import RECIPES
+from ..machinery.config import RunConfig
+from ..section.recipes import RECIPES
 from ..errors import GluonMultiGPUError, Interrupted
 
 EPILOG = """\

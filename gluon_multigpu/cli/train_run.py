@@ -11,25 +11,25 @@ import contextlib
 import os
 import sys
 
-from . import messages
+from ..observe import messages
 from .comparison import Comparison
 from .kvstore_run import RunMaker
 from .console import program, resume_command, say_quietly
-from ..core.checks import check_split
-from ..core.data import DATASETS, input_files, load_data, synthetic_data
-from ..core.devices import even_shares, resolve_devices, split_sizes
-from ..core.kvstores import DIST_KVSTORES, check_kvstore
-from ..core.metrics import Metrics
-from ..core.model import check_batch_memory, fit_batch
-from ..core.recipes import RECIPES
-from ..core.results import epoch_line
-from ..core.stall import STALLED, stall_hook, stall_line
+from ..machinery.checks import check_split
+from ..section.data import DATASETS, input_files, load_data, synthetic_data
+from ..section.devices import even_shares, resolve_devices, split_sizes
+from ..section.kvstores import DIST_KVSTORES, check_kvstore
+from ..observe.metrics import Metrics
+from ..section.model import check_batch_memory, fit_batch
+from ..section.recipes import RECIPES
+from ..section.results import epoch_line
+from ..observe.stall import STALLED, stall_hook, stall_line
 from ..errors import GluonMultiGPUError, flag
 from ..features.distributed import Control, join
 from ..features.precision import check_dtype
 from ..features.sync_bn import check_options as check_sync_bn_options, check_training
 from ..checkpoints.checkpoint import for_run
-from ..run.stopping import StallGuard
+from ..observe.stopping import StallGuard
 from ..filesafety.targets import check_outputs as check_paths
 from ..study.charts import check_chart_path
 from ..study.compare import ParamTracker
@@ -171,7 +171,7 @@ def check_profile(config, devices):
     if config.profile is None:
         return
     # pylint: disable=import-outside-toplevel  (with --profile)
-    from ..core.profile import check_default, check_devices, parse_steps
+    from ..observe.profile import check_default, check_devices, parse_steps
     parse_steps(config.profile)
     check_devices(devices)
     if config.profile_file is None:
@@ -183,7 +183,7 @@ def profile_hook(config, out, worker, total):
     but the first), its range checked against the run's ``total`` steps."""
     if config.profile is None or worker.rank:
         return None
-    from ..core.profile import Profile  # pylint: disable=import-outside-toplevel  (with --profile)
+    from ..observe.profile import Profile  # pylint: disable=import-outside-toplevel  (with --profile)
     profile = Profile(config.profile, config.profile_file, out=out)
     profile.check_total(total, total // config.num_epochs)
     return profile

@@ -1,6 +1,6 @@
 """The kvstore comparison: its side-by-side table and its report folder."""
 from ..base.machine import stamp
-from ..core.devices import even_shares
+from ..section.devices import even_shares
 from .compare import paired_epochs
 from ..filesafety.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, bar_chart

@@ -380,7 +380,7 @@ def run(args, out=None):
     if missing:
         raise DataError(f'{args.data_dir} lacks {", ".join(missing)}; point `data_dir` at '
                            'the Fashion-MNIST files')
-    from gluon_multigpu.core.data import input_files  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.data import input_files  # pylint: disable=import-outside-toplevel
     check_outputs(files=[('--json', args.json)], inputs=input_files('fashion-mnist', args.data_dir))
     size = QUICK if args.quick else FULL
     tasks = plan(size, os.path.abspath(args.data_dir))
@@ -428,8 +428,8 @@ def run(args, out=None):
 
 def flops_per_image():
     """ResNet-18's training FLOPs per 28x28 image (imports MXNet in this process: done last)."""
-    from gluon_multigpu.core.book import resnet18  # pylint: disable=import-outside-toplevel
-    from gluon_multigpu.core.model import count_flops  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.book import resnet18  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.model import count_flops  # pylint: disable=import-outside-toplevel
     net = resnet18(10)
     net.initialize()
     return count_flops(net)

@@ -138,7 +138,7 @@ def bfloat16_block(net, X, conv_only):
 def batch_of(args, batch):
     """One batch of Fashion-MNIST (or random images of its shape) on the CPU."""
     from mxnet import np  # pylint: disable=import-outside-toplevel
-    from gluon_multigpu.core.data import read_split, synthetic_data  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.data import read_split, synthetic_data  # pylint: disable=import-outside-toplevel
     if args.data_dir or args.download:
         images, labels = read_split(sweeps.data_root(args), 'test', 'fashion-mnist')
         return (np.array(images[:batch, None] / 255.0, dtype='float32'),
@@ -151,7 +151,7 @@ def steps_of(model, variant, X, y):
     """A function that runs one SGD step of ``model`` in ``variant``; fresh weights, seed 0."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     from mxnet import autograd, gluon  # pylint: disable=import-outside-toplevel
-    from gluon_multigpu.core.model import default_initializer, get_model  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.model import default_initializer, get_model  # pylint: disable=import-outside-toplevel
     mx.random.seed(0)
     net = to_hybrid(get_model(model))
     net.initialize(default_initializer(model), ctx=mx.cpu())

@@ -12,7 +12,7 @@ from mxnet import init
 
 import gluon_multigpu as gm
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.core.training import EpochRecord, TrainResult
+from gluon_multigpu.machinery.training import EpochRecord, TrainResult
 from conftest import load_script
 
 

@@ -380,7 +380,7 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
     (out / 'kept.md').write_text('old')
     code = textwrap.dedent(f'''
         import os, signal, sys, time
-        from gluon_multigpu.run import stopping
+        from gluon_multigpu.observe import stopping
         from gluon_multigpu.filesafety import files
         with stopping.StopRequest() as stop:
             with files.ReportFolder({str(out)!r}) as report:

@@ -64,7 +64,7 @@ def test_one_kvstore_reaches_the_step_in_8_calls_through_5_files_one_way(tmp_pat
     frames = stack_at_step(tmp_path, fashion_dir, 'device')
     calls = len(frames) - 1  # the script's own frame makes the first call
     visits = files_in_order(frames)
-    assert frames[-1] == ['gluon_multigpu/core/steps.py', 'train_batch'], frames
+    assert frames[-1] == ['gluon_multigpu/section/steps.py', 'train_batch'], frames
     assert calls <= 8, frames
     assert len(set(visits)) <= 5, visits
     assert len(visits) == len(set(visits)), f'a round trip: {visits}'

@@ -11,7 +11,6 @@ import numbers
 
 import numpy as onp
 
-from ..base.schedule import SCHEDULES
 from ..errors import GluonMultiGPUError
 
 __all__ = ['MODEL_NAMES', 'DATASETS', 'DATASET_NAMES', 'KVSTORES', 'DIST_KVSTORES', 'DTYPES',
@@ -31,6 +30,8 @@ DATASET_NAMES = tuple(DATASETS)
 KVSTORES = ('local', 'device', 'nccl', 'none')
 DIST_KVSTORES = ('dist_sync', 'dist_device_sync', 'dist_async')
 DTYPES = ('float32', 'float16', 'bfloat16')
+#: The shapes of a learning-rate schedule (``schedule.Schedule``).
+SCHEDULES = ('constant', 'step', 'cosine', 'onecycle')
 #: The largest seed: MXNet's and NumPy's generators take 32 bits.
 MAX_SEED = 2**32 - 1
 #: The largest number of batches summed into one update.

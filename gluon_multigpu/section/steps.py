@@ -18,15 +18,36 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, np
 
-from .checks import batch_pair, check_whole
 from .recipes import recipe_of
 from .devices import split_batch
-from ..errors import GluonMultiGPUError, TrainingDiverged
+from ..errors import DataError, GluonMultiGPUError, TrainingDiverged
 from .results import EpochTotals
 from .utils import accuracy
 
 __all__ = ['evaluate_accuracy_gpus', 'train_batch', 'non_finite_params', 'check_finite_params',
-           'EpochSteps', 'Step', 'train_epoch', 'hybridize']
+           'EpochSteps', 'Step', 'train_epoch', 'hybridize', 'batch_pair', 'check_whole']
+
+
+def batch_pair(batch):
+    """Return ``(X, y)`` of one batch; raise ``DataError`` unless it is such a pair."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch
+    what = (f'a {type(batch).__name__} of {len(batch)}' if isinstance(batch, (tuple, list))
+            else f'a {type(batch).__name__}' + (f' of shape {tuple(batch.shape)}'
+                                                if hasattr(batch, 'shape') else ''))
+    raise DataError(f'each batch must be a pair (inputs, labels), got {what}; make the data '
+                    'yield (X, y)')
+
+
+def check_whole(labels, where):
+    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a whole number."""
+    labels = onp.asarray(labels)
+    if labels.size and labels.dtype.kind not in 'iub':
+        whole = onp.isfinite(labels) & (labels == onp.round(labels)) if \
+            labels.dtype.kind == 'f' else onp.zeros(labels.shape, bool)
+        if not whole.all():
+            raise DataError(f'label {labels[~whole].flat[0].item()!r} in {where} is not a class '
+                            'number; give whole numbers from 0 (integers)')
 
 
 def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers=None):

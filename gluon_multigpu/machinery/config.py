@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple, Union
 
 from ..errors import GluonMultiGPUError
-from .values import (DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE,
+from ..base.values import (DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE,
                      MAX_CPU_DEVICES, MAX_GPUS, MAX_IN_FLIGHT, MAX_SEED, MODEL_NAMES,
                      NO_DIST_CLIP, SCHEDULES, check_accumulate, check_clip, check_epochs,
                      check_lr, check_schedule, check_seed, check_warmup, int_in, kvstores,

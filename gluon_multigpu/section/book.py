@@ -11,15 +11,29 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, gluon, init, npx
 
-from .devices import split_batch
+from .devices import check_devices, split_batch
 from ..errors import Interrupted
-from .kvstores import kvstore_name, make_trainer
+from .kvstores import check_kvstore, kvstore_name, make_trainer
 from .model import text_resnet18 as resnet18
 from .results import EpochRecord, TrainResult
-from .training import check_finite_params, check_train_args
+from .steps import check_finite_params
 from .utils import Accumulator, Timer, accuracy
+from ..base.values import check_epochs, check_lr
 
-__all__ = ['resnet18', 'evaluate_accuracy_book', 'train_epoch_book', 'train_book', 'book_epochs']
+__all__ = ['resnet18', 'check_train_args', 'evaluate_accuracy_book', 'train_epoch_book', 'train_book', 'book_epochs']
+
+
+def check_train_args(devices, num_epochs, kvstore, lr):
+    """Raise ``GluonMultiGPUError`` for arguments ``train`` cannot use, before any work.
+
+    Return ``(devices, num_epochs, lr)`` as the loop uses them (a list, an
+    ``int``, a ``float``); ``num_epochs`` and ``lr`` None (the recipe's) pass.
+    """
+    devices = check_devices(devices)
+    if num_epochs is not None:
+        num_epochs = check_epochs(num_epochs)
+    check_kvstore(kvstore, devices)
+    return devices, num_epochs, (check_lr(lr) if lr is not None else None)
 
 
 def evaluate_accuracy_book(net, data_iter, split_f=split_batch):

@@ -5,9 +5,9 @@ import time
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import npx
 
-from ..core.results import epoch_line
-from ..core.hooks import Hook
-from ..core.live import Live, jupyter_shell
+from ..section.results import epoch_line
+from .hooks import Hook
+from .live import Live, jupyter_shell
 from ..errors import Interrupted
 from ..base.units import duration
 

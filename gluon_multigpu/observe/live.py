@@ -9,7 +9,7 @@ from mxnet import npx
 from ..base.units import duration
 from ..errors import Interrupted
 from .hooks import Hook
-from .results import epoch_line
+from ..section.results import epoch_line
 
 __all__ = ['Live', 'jupyter_shell']
 

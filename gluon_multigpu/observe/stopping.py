@@ -1,5 +1,5 @@
 """Stopping a run on SIGINT, SIGTERM or SIGHUP after the current step (and ``StallGuard``,
-which ends a run whose steps stalled, from ``core.stall``).
+which ends a run whose steps stalled, from ``observe.stall``).
 
 Two hooks stop a run on a signal. ``StopRequest`` is the scripts' (a command
 line, where a second Ctrl-C may end the process); ``Interruptible`` is what
@@ -19,9 +19,9 @@ import time
 
 from ..base import signals
 from ..base.signals import SAME_REQUEST, STOP_SIGNALS
-from ..core.hooks import Hook
-from ..core.interrupt import Interruptible
-from ..core.stall import StallGuard
+from .hooks import Hook
+from .interrupt import Interruptible
+from .stall import StallGuard
 from ..errors import Interrupted
 from ..filesafety.files import discard_unfinished
 

@@ -2,7 +2,7 @@
 
 Every refusal is a one-line ``GluonMultiGPUError`` that names the value and
 says what to give instead. The arguments are checked before anything is
-made (``check_train_args``); the data where it is already on the host, so
+made (``book.check_train_args``); the data where it is already on the host, so
 that no check adds a wait on the devices to a step (``BatchCheck``): the
 labels of the package's loaders once, as a whole, labels in NumPy arrays in
 every batch, and those in MXNet arrays in each epoch's first batch; the shape
@@ -22,39 +22,12 @@ from mxnet import autograd
 
 from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
-from .values import LR_MAX, MAX_SEED, check_epochs, check_lr, check_seed  # noqa: F401
+from ..base.values import LR_MAX, MAX_SEED, check_epochs, check_lr, check_seed  # noqa: F401
+from ..section.devices import check_devices  # noqa: F401
+from ..section.steps import batch_pair, check_whole
 
 __all__ = ['check_epochs', 'check_seed', 'MAX_SEED', 'check_lr', 'check_devices',
            'check_train_count', 'check_split', 'batch_pair', 'BatchCheck', 'check_whole']
-
-def check_devices(devices):
-    """Return ``devices`` as a list; raise ``DeviceError`` unless MXNet can train on them.
-
-    A list of distinct contexts, CPUs or GPUs that exist (``cpu_devices(n)``,
-    ``gpu_devices(n)``); a single context or a string is refused.
-    """
-    if isinstance(devices, (str, bytes, mx.Context)):
-        raise DeviceError(f'devices must be a list of contexts such as [mx.cpu(0), mx.cpu(1)], '
-                          f'got {devices!r}; use gm.cpu_devices(n) or gm.gpu_devices(n)')
-    devices = list(devices) if devices is not None else []
-    if not devices:
-        raise DeviceError('the device list is empty; pass at least one device')
-    gpus = None
-    for device in devices:
-        if not isinstance(device, mx.Context) or device.device_type not in ('cpu', 'gpu'):
-            raise DeviceError(f'{device!r} is not a device: give contexts such as mx.cpu(0) or '
-                              'mx.gpu(0) (gm.cpu_devices(n), gm.gpu_devices(n))')
-        if device.device_type == 'gpu':
-            gpus = _gpu_count() if gpus is None else gpus
-            if device.device_id >= gpus:
-                have = f'{gpus} GPU(s) exist' if gpus else 'no GPU exists (or MXNet is a CPU build)'
-                raise DeviceError(f'device {device} is not available: {have}; use '
-                                  'gm.gpu_devices(n) or gm.cpu_devices(n)')
-    repeated = next((d for i, d in enumerate(devices) if d in devices[:i]), None)
-    if repeated is not None:
-        raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
-    return devices
-
 
 def check_train_count(num_train, num_devices):
     """Raise unless ``num_train`` training images can be split across ``num_devices`` devices
@@ -71,38 +44,9 @@ def check_split(devices, split=None):
                           'one weight per device')
 
 
-def _gpu_count():
-    try:
-        return mx.context.num_gpus()
-    except mx.base.MXNetError:  # a CUDA build on a machine without a driver
-        return 0
-
-
-def batch_pair(batch):
-    """Return ``(X, y)`` of one batch; raise ``DataError`` unless it is such a pair."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch
-    what = (f'a {type(batch).__name__} of {len(batch)}' if isinstance(batch, (tuple, list))
-            else f'a {type(batch).__name__}' + (f' of shape {tuple(batch.shape)}'
-                                                if hasattr(batch, 'shape') else ''))
-    raise DataError(f'each batch must be a pair (inputs, labels), got {what}; make the data '
-                    'yield (X, y)')
-
-
 def _host(array):
     """A NumPy view of ``array`` (an MXNet array is read back: the first batch only)."""
     return array.asnumpy() if hasattr(array, 'asnumpy') else onp.asarray(array)
-
-
-def check_whole(labels, where):
-    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a whole number."""
-    labels = onp.asarray(labels)
-    if labels.size and labels.dtype.kind not in 'iub':
-        whole = onp.isfinite(labels) & (labels == onp.round(labels)) if \
-            labels.dtype.kind == 'f' else onp.zeros(labels.shape, bool)
-        if not whole.all():
-            raise DataError(f'label {labels[~whole].flat[0].item()!r} in {where} is not a class '
-                            'number; give whole numbers from 0 (integers)')
 
 
 def check_labels(labels, num_classes, where):

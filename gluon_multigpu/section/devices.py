@@ -15,7 +15,7 @@ import os
 from ..errors import DeviceError
 from ..base import engine
 
-__all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
+__all__ = ['num_gpus', 'check_devices', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
            'split_sizes', 'split_batch',
            'even_shares', 'available_memory']
 
@@ -32,6 +32,44 @@ def num_gpus():
     mx = _mx()
     try:
         return mx.npx.num_gpus()
+    except mx.base.MXNetError:  # a CUDA build on a machine without a driver
+        return 0
+
+
+def check_devices(devices):
+    """Return ``devices`` as a list; raise ``DeviceError`` unless MXNet can train on them.
+
+    A list of distinct contexts, CPUs or GPUs that exist (``cpu_devices(n)``,
+    ``gpu_devices(n)``); a single context or a string is refused.
+    """
+    mx = _mx()
+    if isinstance(devices, (str, bytes, mx.Context)):
+        raise DeviceError(f'devices must be a list of contexts such as [mx.cpu(0), mx.cpu(1)], '
+                          f'got {devices!r}; use gm.cpu_devices(n) or gm.gpu_devices(n)')
+    devices = list(devices) if devices is not None else []
+    if not devices:
+        raise DeviceError('the device list is empty; pass at least one device')
+    gpus = None
+    for device in devices:
+        if not isinstance(device, mx.Context) or device.device_type not in ('cpu', 'gpu'):
+            raise DeviceError(f'{device!r} is not a device: give contexts such as mx.cpu(0) or '
+                              'mx.gpu(0) (gm.cpu_devices(n), gm.gpu_devices(n))')
+        if device.device_type == 'gpu':
+            gpus = _gpu_count() if gpus is None else gpus
+            if device.device_id >= gpus:
+                have = f'{gpus} GPU(s) exist' if gpus else 'no GPU exists (or MXNet is a CPU build)'
+                raise DeviceError(f'device {device} is not available: {have}; use '
+                                  'gm.gpu_devices(n) or gm.cpu_devices(n)')
+    repeated = next((d for i, d in enumerate(devices) if d in devices[:i]), None)
+    if repeated is not None:
+        raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
+    return devices
+
+
+def _gpu_count():
+    mx = _mx()
+    try:
+        return mx.context.num_gpus()
     except mx.base.MXNetError:  # a CUDA build on a machine without a driver
         return 0
 

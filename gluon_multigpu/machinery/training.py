@@ -22,38 +22,25 @@ from mxnet import gluon, np, npx
 from ..base import engine
 from .checks import BatchCheck, check_devices
 from .config import TrainConfig
-from .values import check_epochs, check_lr
-from .data import ArrayLoader
+from ..base.values import check_epochs, check_lr
+from ..section.data import ArrayLoader
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
-from .hooks import Hook, Run
-from .interrupt import Interruptible
+from ..observe.hooks import Hook, Run
+from ..observe.interrupt import Interruptible
 from .pushers import pushers_for
-from .live import Live
-from .kvstores import check_kvstore, kvstore_name, make_trainer
-from .recipes import recipe_of
-from .results import EpochRecord, TrainResult
-from .steps import (EpochSteps, Step, check_finite_params, evaluate_accuracy_gpus, hybridize,
+from ..observe.live import Live
+from ..section.kvstores import check_kvstore, kvstore_name, make_trainer
+from ..section.recipes import recipe_of
+from ..section.results import EpochRecord, TrainResult
+from ..section.steps import (EpochSteps, Step, check_finite_params, evaluate_accuracy_gpus, hybridize,
                     train_batch, train_epoch)
-from .devices import split_batch
-from .optional import optional_hooks
+from ..section.devices import split_batch
+from ..observe.optional import optional_hooks
 from .updates import epoch_rates, plan_updates, start_updates
-from .utils import Timer
+from ..section.utils import Timer
 
 __all__ = ['Hook', 'Run', 'EpochSteps', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
-           'check_finite_params', 'hybridize', 'check_train_args', 'Training', 'train', 'last_run']
-
-
-def check_train_args(devices, num_epochs, kvstore, lr):
-    """Raise ``GluonMultiGPUError`` for arguments ``train`` cannot use, before any work.
-
-    Return ``(devices, num_epochs, lr)`` as the loop uses them (a list, an
-    ``int``, a ``float``); ``num_epochs`` and ``lr`` None (the recipe's) pass.
-    """
-    devices = check_devices(devices)
-    if num_epochs is not None:
-        num_epochs = check_epochs(num_epochs)
-    check_kvstore(kvstore, devices)
-    return devices, num_epochs, (check_lr(lr) if lr is not None else None)
+           'check_finite_params', 'hybridize', 'Training', 'train', 'last_run']
 
 
 class _EpochCallback(Hook):

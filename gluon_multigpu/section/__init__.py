@@ -1,4 +1,4 @@
-"""The section itself (d2l 13.6), its four pieces first:
+"""The section itself (d2l 13.6), and nothing else: what the book prints, its four pieces first:
 
 - the step: split the batch, forward and backward on every device, ``trainer.step``:
   ``steps.train_batch`` (with ``train_epoch``, ``evaluate_accuracy_gpus``);
@@ -7,7 +7,7 @@
 - the text's loop, as printed: ``book.train_book``.
 
 Around them: ``model`` and ``recipes`` (the networks and their settings), ``data``,
-``training`` (the loop made resumable and open to hooks: ``train``), ``hooks``,
-``interrupt`` and ``live`` (the hooks ``train`` adds by itself), ``pushers``,
-``checks``, ``results``, ``utils``.
+``results`` (an epoch's figures), ``utils`` (the book's ``Timer``, ``Accumulator``).
+The loop made resumable and open to hooks (``train``) is the machinery's
+(``machinery.training``); what watches and stops a run is ``observe``'s.
 """

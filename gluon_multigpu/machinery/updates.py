@@ -12,10 +12,10 @@ there until the epoch ends.
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import np
 
-from ..base.schedule import SCHEDULES, Schedule
-from .values import (MAX_ACCUMULATE, NO_DIST_CLIP, check_accumulate, check_clip,  # noqa: F401
+from .schedule import SCHEDULES, Schedule
+from ..base.values import (MAX_ACCUMULATE, NO_DIST_CLIP, check_accumulate, check_clip,  # noqa: F401
                      check_schedule, check_warmup)
-from .kvstores import kvstore_name
+from ..section.kvstores import kvstore_name
 from ..errors import GluonMultiGPUError
 
 __all__ = ['SCHEDULES', 'Schedule', 'Update', 'check_accumulate', 'check_clip', 'make_schedule',

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..errors import GluonMultiGPUError
-from .results import TrainResult
+from ..section.results import TrainResult
 
 __all__ = ['Run', 'Hook']
 

@@ -19,7 +19,7 @@ from mxnet import np, npx
 
 from ..errors import DataError
 from ..filesafety import atomic
-from . import values
+from ..base import values
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx', 'read_split', 'ArrayLoader',
            'last_batch_rule', 'train_loader', 'synthetic_data',

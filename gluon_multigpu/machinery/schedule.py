@@ -5,9 +5,9 @@ optimizer while MXNet is still loading.
 """
 import math
 
-__all__ = ['SCHEDULES', 'Schedule']
+from ..base.values import SCHEDULES
 
-SCHEDULES = ('constant', 'step', 'cosine', 'onecycle')
+__all__ = ['SCHEDULES', 'Schedule']
 
 
 class Schedule:

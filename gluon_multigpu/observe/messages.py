@@ -5,17 +5,26 @@ measuring programs', the start-up's), so that the same event reads the same
 in every program: a first signal is acknowledged at once with what happens
 next (``heard``), a second says that the process ends now, and the last line
 says where the run stopped, what was kept and how to go on. The functions
-only make the text; the programs print it (``console.say_quietly``) and
-choose the exit status (128 + the signal). Nothing here loads MXNet.
+make the text, and ``say_quietly`` prints a line; the programs choose
+the exit status (128 + the signal). Nothing here loads MXNet.
 """
 import signal
+import sys
 
 __all__ = ['signal_name', 'heard', 'train_heard', 'train_stopped_now', 'train_stopped',
            'comparison_kept', 'comparison_why', 'train_finished_anyway', 'launcher_stops',
            'sweep_heard', 'sweep_stopped_now', 'sweep_stopped', 'sweep_finished_anyway',
            'partial_heading', 'nothing_written', 'while_starting', 'could_not_write',
            'kept_and_written', 'launch_heard', 'launch_stopped_now', 'launch_stopped',
-           'launch_not_started', 'launch_resume']
+           'launch_not_started', 'launch_resume', 'say_quietly']
+
+
+def say_quietly(line, stream=None):
+    """Print ``line`` on ``stream`` (stderr) and flush; a terminal that is gone is not an error."""
+    try:
+        print(line, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):  # EIO (a closed terminal), EPIPE; ValueError: stream closed
+        pass
 
 
 def signal_name(signum, default='a stop request'):

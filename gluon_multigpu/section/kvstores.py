@@ -14,8 +14,8 @@ from mxnet import gluon
 
 from ..base.compat import GPU_INSTALL
 from ..errors import GluonMultiGPUError
-from . import values
-from .checks import check_lr
+from ..base import values
+from ..base.values import check_lr
 
 __all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
            'ReducingTrainer', 'make_trainer']
