@@ -25,7 +25,7 @@ _compat.install_hook()
 
 #: The groups of modules, each a subpackage.
 GROUPS = ('filesafety', 'base', 'section', 'observe', 'machinery', 'features', 'checkpoints',
-          'study', 'multihost')
+          'study', 'multihost', 'runs')
 
 #: Where each module lives: short name -> group (or ``group.module`` where the name differs).
 MODULES = {
@@ -50,6 +50,7 @@ MODULES = {
     'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
     'agent': 'multihost', 'plan': 'multihost', 'supervise': 'multihost',
     'allocation': 'multihost', 'hung': 'multihost',
+    'train_run': 'runs', 'kvstore_run': 'runs', 'comparison': 'runs',
 }
 
 #: The package's names, by the short name of the module that defines them.

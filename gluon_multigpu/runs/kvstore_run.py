@@ -5,8 +5,9 @@
 can take turns epoch after epoch (``comparison.Comparison``), each exactly
 as alone.
 """
-from .console import cores, say_quietly
+from ..base import engine
 from ..base.compat import GPU_INSTALL
+from ..observe.messages import say_quietly
 from ..section.book import book_epochs, resnet18 as book_resnet18
 from ..section.data import DATASETS
 from ..section.kvstores import kvstore_name
@@ -113,8 +114,8 @@ def faster_advice(config, devices):
     options = []
     if config.model != 'simple-cnn':
         options.append('--model simple-cnn trains about 60 times faster')
-    if devices[0].device_type == 'cpu' and len(devices) < max(2, cores()):
-        options.append(f'--cpu-devices {max(2, cores())} uses every core')
+    if devices[0].device_type == 'cpu' and len(devices) < max(2, engine.cores()):
+        options.append(f'--cpu-devices {max(2, engine.cores())} uses every core')
     if devices[0].device_type == 'cpu':
         options.append(f'a machine with GPUs takes seconds per epoch ({GPU_INSTALL})')
     options.append('--num-train N trains on a subset')

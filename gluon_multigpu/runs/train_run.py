@@ -1,20 +1,21 @@
 """What one train command does once parsed: the checks, the data, a training per kvstore.
 
-The command line's part only: every check and setting of a run is the
-library's (``config.RunConfig``, ``recipes``, ``model.fit_batch``,
-``sync_bn.check_training``, ``distributed.join``, ``checkpoint.for_run``,
-``targets.check_outputs``); this module chooses the hooks the flags ask for
-and prints the lines. It loads MXNet: a program imports it once the engine
-is set (``console.prepare_engine``).
+Every check and setting of a run is the library's (``config.RunConfig``,
+``recipes``, ``model.fit_batch``, ``sync_bn.check_training``,
+``distributed.join``, ``checkpoint.for_run``, ``targets.check_outputs``); this
+module chooses the hooks a ``RunConfig`` asks for and prints the lines, for
+the train program or a notebook. It reads no argv: how its lines name the
+programs is given (``run``). It loads MXNet: a program imports it once the
+engine is set (``console.prepare_engine``).
 """
 import contextlib
 import os
 import sys
 
 from ..observe import messages
+from ..observe.messages import say_quietly
 from .comparison import Comparison
 from .kvstore_run import RunMaker
-from .console import program, resume_command, say_quietly
 from ..machinery.checks import check_split
 from ..section.data import DATASETS, input_files, load_data, synthetic_data
 from ..section.devices import even_shares, resolve_devices, split_sizes
@@ -73,15 +74,17 @@ def check_outputs(config):
         check_chart_path(config.plot, '--plot')
 
 
-def run(config, out=None, stop=None):
+def run(config, out=None, stop=None, program=None, resume=None):
     """Check the input, train once per kvstore, report; return the list of TrainResult.
 
-    ``stop`` (a ``StopRequest``) is asked after every step.
+    ``stop`` (a ``StopRequest``) is asked after every step. ``program(name)`` is how
+    lines name a program (None: its console script, ``gluon-multigpu-NAME``);
+    ``resume()`` the command that continues the run (None: none is said).
     """
     out = out or sys.stdout
     devices, batch_size, kvstores, notes = check_run(config)
     metrics = metrics_hook(config)
-    worker = join_parameter_server(kvstores, stop)  # blocks until every worker has joined
+    worker = join_parameter_server(kvstores, stop, program)  # until every worker has joined
     if metrics is not None:
         metrics.rank = worker.rank  # only the first worker writes
     _PHASE['rank'] = worker.rank
@@ -89,8 +92,9 @@ def run(config, out=None, stop=None):
         out = RankPrefixed(out, worker.rank)
     lr = config.lr or RECIPES[config.model].lr(batch_size * worker.count)
     checkpoint = make_checkpointer(config, batch_size, lr, kvstores, worker)
-    guard = stall_guard(config, devices)
-    stall = stall_hook(config.stall_timeout, line=lambda waited: stall_message(config, waited))
+    guard = stall_guard(config, devices, resume)
+    stall = stall_hook(config.stall_timeout,
+                       line=lambda waited: stall_message(config, waited, resume))
     # Under the launcher: report the steps, stop on the step it names (the same for all workers).
     control = Control.from_environment(
         stop=stop, on_stop=lambda step: say_quietly(messages.launcher_stops(step)))
@@ -221,7 +225,7 @@ def print_resumed(checkpoint, num_epochs, out):
         print(epoch_line(record, num_epochs), file=out)
 
 
-def stall_guard(config, devices):
+def stall_guard(config, devices, resume=None):
     """A ``StallGuard`` for synchronised BatchNorm on CPU contexts (None elsewhere).
 
     It ends the process (status 3) with one line when no step finished for a
@@ -233,23 +237,25 @@ def stall_guard(config, devices):
     def on_stall(waited):
         print(f'error: no training step finished for {waited:.0f} s: synchronised BatchNorm on '
               'CPU contexts can wait forever in MXNet 1.9.1 (docs/exercises.md); run without '
-              f'--sync-bn or on GPUs{kept_checkpoint(config)}', file=sys.stderr, flush=True)
+              f'--sync-bn or on GPUs{kept_checkpoint(config, resume)}', file=sys.stderr,
+              flush=True)
         os._exit(STALLED)  # pylint: disable=protected-access  (the engine cannot be unblocked)
     return StallGuard(on_stall)
 
 
-def kept_checkpoint(config):
-    """What a run ended at once says of its checkpoint: kept, and how to resume ('' if none)."""
+def kept_checkpoint(config, resume=None):
+    """What a run ended at once says of its checkpoint: kept, and how to resume (``resume()``,
+    the command; '' if no checkpoint)."""
     if config.checkpoint_dir and os.path.isfile(os.path.join(config.checkpoint_dir,
                                                              'manifest.json')):
-        return f'; the last checkpoint is kept, resume with: {resume_command("train")}'
+        return '; the last checkpoint is kept' + (f', resume with: {resume()}' if resume else '')
     return ''
 
 
-def stall_message(config, waited):
+def stall_message(config, waited, resume=None):
     """The line of a run whose steps stalled for ``waited`` seconds (--stall-timeout)."""
     line = GluonMultiGPUError(stall_line(config.stall_timeout, waited)).describe(flag)
-    return f'error: {line}{kept_checkpoint(config)}'
+    return f'error: {line}{kept_checkpoint(config, resume)}'
 
 
 def per_device(split, batch_size, num_devices):
@@ -278,12 +284,13 @@ def worker_rank():
     return _PHASE['rank']
 
 
-def join_parameter_server(kvstores, stop=None):
+def join_parameter_server(kvstores, stop=None, program=None):
     """Join the parameter server if a dist kvstore was asked for; return this ``Worker``.
 
     A signal (``stop``) raises ``Interrupted`` (``joining``); the join's time-out,
-    ``distributed.JoinError``.
+    ``distributed.JoinError``. ``program``: as ``run``'s.
     """
+    program = program or 'gluon-multigpu-{}'.format
     dist = next((k for k in kvstores if k in DIST_KVSTORES), None)
     _PHASE['joining'] = dist is not None
     try:
