@@ -245,7 +245,9 @@ class Training:
             _leave_all(run, entered)
         return self.result
 
-    def _fit(self, run):
+    def _resume(self, run):
+        """Where a fit begins: ``(first_epoch, partial, batches)``, the totals and the batches
+        left of an epoch begun (by a checkpoint, or before an interrupt), or None."""
         first_epoch, partial, batches = self.epoch + 1, None, None
         if not self._started:
             first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
@@ -259,6 +261,10 @@ class Training:
             batches, partial = self._live
             first_epoch = run.epoch
         self._live = None
+        return first_epoch, partial, batches
+
+    def _fit(self, run):
+        first_epoch, partial, batches = self._resume(run)
         if first_epoch > self._target:  # a resumed run that had done them all
             return
         timer = Timer()

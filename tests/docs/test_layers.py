@@ -20,6 +20,8 @@ LINT = os.path.join(os.path.dirname(sys.executable), 'lint-imports')
 
 #: The longest module and the longest function the project keeps (issue 27).
 MODULE_LINES, FUNCTION_LINES = 450, 60
+#: The longest the fit's epoch loop (``Training._fit``) may be: it reads like the book's (issue 51).
+FIT_LOOP_LINES = 45
 #: The longest prose of a module's (or class's) docstring and of a function's: the lines before
 #: its first numpydoc section (``Parameters``, ``Returns``, ...), which carry the reference and
 #: are not counted (issues 40 and 51).
@@ -127,6 +129,18 @@ def test_no_function_is_longer_than_the_limit():
                 if lines > FUNCTION_LINES:
                     long[f'{os.path.relpath(path, ROOT)}:{node.name}'] = lines
     assert not long, f'functions over {FUNCTION_LINES} lines: {long}'
+
+
+def test_the_fits_epoch_loop_reads_like_the_books():
+    with open(os.path.join(PACKAGE, 'machinery', 'training.py'), encoding='utf-8') as f:
+        tree = ast.parse(f.read())
+    training = next(node for node in tree.body
+                    if isinstance(node, ast.ClassDef) and node.name == 'Training')
+    fit = next(node for node in training.body
+               if isinstance(node, ast.FunctionDef) and node.name == '_fit')
+    assert any(isinstance(node, ast.For) for node in fit.body)  # the loop over the epochs
+    lines = fit.end_lineno - fit.lineno + 1
+    assert lines <= FIT_LOOP_LINES, f'Training._fit is {lines} lines, over {FIT_LOOP_LINES}'
 
 
 def test_no_two_modules_share_a_name():
