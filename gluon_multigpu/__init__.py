@@ -23,35 +23,24 @@ __version__ = '0.1.0'
 # (base.compat: MXNet 1.9.1 on NumPy 2, Python 3.12+).
 _compat.install_hook()
 
-#: The groups of modules, each a subpackage.
-GROUPS = ('filesafety', 'base', 'section', 'observe', 'machinery', 'features', 'checkpoints',
-          'study', 'multihost', 'runs')
-
-#: Where each module lives: short name -> group (or ``group.module`` where the name differs).
-MODULES = {
-    'fs': 'filesafety', 'reading': 'filesafety', 'atomic': 'filesafety', 'paths': 'filesafety',
-    'foreign': 'filesafety', 'lockfile': 'filesafety', 'output': 'filesafety',
-    'files': 'filesafety', 'targets': 'filesafety', 'locks': 'filesafety.lockfile',
-    'engine': 'base', 'machine': 'base', 'signals': 'base', 'units': 'base', 'protocol': 'base',
-    'background': 'base', 'compat': 'base', 'opcache': 'base', 'stacks': 'base',
-    'values': 'base',
-    'devices': 'section', 'model': 'section', 'recipes': 'section', 'data': 'section',
-    'kvstores': 'section', 'steps': 'section', 'results': 'section', 'book': 'section',
-    'utils': 'section',
-    'hooks': 'observe', 'interrupt': 'observe', 'live': 'observe', 'stall': 'observe',
-    'optional': 'observe', 'metrics': 'observe', 'profile': 'observe', 'stopping': 'observe',
-    'progress': 'observe', 'messages': 'observe',
-    'training': 'machinery', 'pushers': 'machinery', 'checks': 'machinery',
-    'updates': 'machinery', 'schedule': 'machinery', 'config': 'machinery',
-    'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
-    'distributed': 'features',
-    'checkpoint': 'checkpoints', 'manifest': 'checkpoints', 'states': 'checkpoints',
-    'savefolder': 'checkpoints', 'checkpoint_store': 'checkpoints',
-    'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
-    'agent': 'multihost', 'plan': 'multihost', 'supervise': 'multihost',
-    'allocation': 'multihost', 'hung': 'multihost',
-    'train_run': 'runs', 'kvstore_run': 'runs', 'comparison': 'runs',
+#: The modules of each group (a subpackage), by their short names.
+_GROUPED = {
+    'filesafety': 'fs reading atomic paths foreign lockfile output files targets',
+    'base': 'engine machine signals units protocol background compat opcache stacks values',
+    'section': 'devices model recipes data kvstores steps results book utils',
+    'observe': 'hooks interrupt live stall optional metrics profile stopping progress messages',
+    'machinery': 'training pushers checks updates schedule config',
+    'features': 'balance precision sync_bn distributed',
+    'checkpoints': 'checkpoint manifest states savefolder checkpoint_store',
+    'study': 'compare paired charts kvstore_report',
+    'multihost': 'agent plan supervise allocation hung',
+    'runs': 'train_run kvstore_run comparison',
 }
+#: The groups of modules, each a subpackage.
+GROUPS = tuple(_GROUPED)
+#: Where each module lives: short name -> group (or ``group.module`` where the name differs).
+MODULES = {name: group for group, names in _GROUPED.items() for name in names.split()}
+MODULES['locks'] = 'filesafety.lockfile'  # the name lockfile had in the output layer
 
 #: The package's names, by the short name of the module that defines them.
 NAMES = {

@@ -74,11 +74,11 @@ def check_outputs(config):
         check_chart_path(config.plot, '--plot')
 
 
-def run(config, out=None, stop=None, program=None, resume=None):
+def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=None):
     """Check the input, train once per kvstore, report; return the list of TrainResult.
 
     ``stop`` (a ``StopRequest``) is asked after every step. ``program(name)`` is how
-    lines name a program (None: its console script, ``gluon-multigpu-NAME``);
+    lines name a program (default: its console script, ``gluon-multigpu-NAME``);
     ``resume()`` the command that continues the run (None: none is said).
     """
     out = out or sys.stdout
@@ -284,13 +284,12 @@ def worker_rank():
     return _PHASE['rank']
 
 
-def join_parameter_server(kvstores, stop=None, program=None):
+def join_parameter_server(kvstores, stop=None, program='gluon-multigpu-{}'.format):
     """Join the parameter server if a dist kvstore was asked for; return this ``Worker``.
 
     A signal (``stop``) raises ``Interrupted`` (``joining``); the join's time-out,
     ``distributed.JoinError``. ``program``: as ``run``'s.
     """
-    program = program or 'gluon-multigpu-{}'.format
     dist = next((k for k in kvstores if k in DIST_KVSTORES), None)
     _PHASE['joining'] = dist is not None
     try:
