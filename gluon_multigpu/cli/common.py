@@ -22,7 +22,7 @@ from .arguments import (MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, OneLineParser, Usag
 from .console import (CHECKOUT_SCRIPTS, apply_engine_settings, command_line, cores,
                       prepare_engine, program, quiet_console, resume_command, run_began,
                       run_main, say_quietly, start, started, stop_request, stopping_main)
-from ..observe.messages import partial_heading
+from .messages import partial_heading
 
 __all__ = ['STOP_SIGNALS', 'flag', 'MAX_CPU_DEVICES', 'MAX_GPUS', 'MAX_SEED', 'OneLineParser',
            'UsageError', 'add_data_flags', 'add_device_flags', 'add_run_flags', 'add_sweep_flags',

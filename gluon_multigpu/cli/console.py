@@ -18,8 +18,8 @@ import shlex
 import signal
 import sys
 
-from ..observe import messages
-from ..observe.messages import say_quietly  # noqa: F401  (the programs' name for it)
+from . import messages
+from .messages import say_quietly  # noqa: F401  (the programs' name for it)
 from .arguments import UsageError, engine_devices, error_line
 from ..errors import flag
 from ..base import compat, engine, signals

@@ -11,7 +11,7 @@ import re
 import sys
 
 from . import common
-from ..observe import messages
+from . import messages
 from ..errors import GluonMultiGPUError
 from ..base import signals
 from ..filesafety import reading
@@ -195,7 +195,7 @@ def main(argv=None):
     Each stop signal's number (``base.signals.STOP_SIGNALS``; a SIGHUP
     ignored, as under ``nohup``, stays ignored) is appended to a list that the
     job takes as it watches: the first stops it in order, a second kills every
-    process at once. Its stop lines are ``observe.messages``'.
+    process at once. Its stop lines are ``cli.messages``'.
     """
     taken = []
 

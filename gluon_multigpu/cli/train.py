@@ -17,7 +17,7 @@ import signal
 import sys
 
 from . import console
-from ..observe import messages
+from . import messages
 from .arguments import OneLineParser, add_config_flags, error_line
 from .console import quiet_console, say_quietly, stop_request
 from ..base import signals

@@ -11,7 +11,7 @@ checkpoint written), then the servers and the scheduler; a second signal
 kills every process at once. ``launch`` runs attempts until one ends, up to
 ``max_restarts`` restarts from the workers' checkpoint without the hosts
 that were lost. Its lines go to standard error as ``launch: ...``; its stop
-lines are the caller's (``words``: the command line's ``observe.messages``).
+lines are the caller's (``words``: the command line's ``cli.messages``).
 """
 import os
 import signal
@@ -43,7 +43,7 @@ class Job:
     ``words``: the stop lines, an object with ``launch_heard(signum, grace)``,
     ``launch_stopped_now(signum)`` and ``launch_stopped(signum)`` (and, for
     ``launch``, ``launch_not_started()`` and ``launch_resume(command)``):
-    ``observe.messages``; ``out``: where the processes' lines go (default:
+    ``cli.messages``; ``out``: where the processes' lines go (default:
     standard output).
     """
 

@@ -4,6 +4,6 @@
 ``metrics`` (TensorBoard and a metrics file), ``profile`` (MXNet's profiler),
 ``stall`` (steps that stop finishing), ``live`` (a notebook's display),
 ``progress`` (the programs' progress lines), ``interrupt`` (Ctrl-C after a
-step), ``stopping`` (``StopRequest``, ``StallGuard``), ``optional`` (the hooks
-``train``'s settings add) and ``messages`` (what the programs say when they stop).
+step), ``stopping`` (``StopRequest``, ``StallGuard``, the lines a run says when
+it stops) and ``optional`` (the hooks ``train``'s settings add).
 """

@@ -12,9 +12,11 @@ wake-up descriptor from a thread (only the bytes of the signals it handles
 count): the first signal is acknowledged at once and a second acts at once.
 SIGHUP stops like SIGTERM, but a repeated SIGHUP (a closing session may send
 several) is no second request; a SIGHUP ignored under ``nohup`` stays ignored.
+Here too: the lines a run says when it stops (the programs': ``cli.messages``).
 """
 import os
 import signal
+import sys
 import time
 
 from ..base import signals
@@ -26,7 +28,32 @@ from ..errors import Interrupted
 from ..filesafety.files import discard_unfinished
 
 __all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
-           'STOP_SIGNALS']
+           'STOP_SIGNALS', 'say_quietly', 'signal_name', 'comparison_why', 'launcher_stops']
+
+def say_quietly(line, stream=None):
+    """Print ``line`` on ``stream`` (stderr) and flush; a terminal that is gone is not an error."""
+    try:
+        print(line, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):  # EIO (a closed terminal), EPIPE; ValueError: stream closed
+        pass
+
+
+def signal_name(signum, default='a stop request'):
+    """``SIGINT``, ``SIGTERM``, ...; ``default`` where no signal caused the stop."""
+    return signal.Signals(signum).name if signum else default
+
+
+def comparison_why(signum, current):
+    """Why the outputs of a stopped comparison are partial: stopped during ``current`` (the
+    epoch in progress, in words) or between two epochs (None)."""
+    during = f'during {current}' if current else 'between two epochs'
+    return f'interrupted by {signal_name(signum, "a stop")} {during}'
+
+
+def launcher_stops(step):
+    """A worker's line when the launcher stops the job on a step every worker stops on."""
+    return f'the launcher stops the job: stopping after step {step}, as every worker does'
+
 
 class StopRequest(Hook):
     """A flag that SIGINT, SIGTERM and SIGHUP set, asked by ``train`` after every step (a hook).

@@ -6,7 +6,7 @@ round (``compare.recommend``; why: docs/design.md, "Comparisons on a shared
 machine"). Outputs are written after each round, marked partial until the
 last; a stop keeps every epoch measured (``kept``).
 """
-from ..observe import messages
+from ..observe import stopping as messages  # the lines a run says when it stops
 from ..errors import Interrupted
 from ..filesafety.files import write_json
 from ..filesafety.output import replace_together

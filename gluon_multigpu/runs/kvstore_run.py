@@ -7,7 +7,7 @@ as alone.
 """
 from ..base import engine
 from ..base.compat import GPU_INSTALL
-from ..observe.messages import say_quietly
+from ..observe.stopping import say_quietly
 from ..section.book import book_epochs, resnet18 as book_resnet18
 from ..section.data import DATASETS
 from ..section.kvstores import kvstore_name

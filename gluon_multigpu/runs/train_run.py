@@ -12,8 +12,7 @@ import contextlib
 import os
 import sys
 
-from ..observe import messages
-from ..observe.messages import say_quietly
+from ..observe.stopping import launcher_stops, say_quietly
 from .comparison import Comparison
 from .kvstore_run import RunMaker
 from ..machinery.checks import check_split
@@ -97,7 +96,7 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
                        line=lambda waited: stall_message(config, waited, resume))
     # Under the launcher: report the steps, stop on the step it names (the same for all workers).
     control = Control.from_environment(
-        stop=stop, on_stop=lambda step: say_quietly(messages.launcher_stops(step)))
+        stop=stop, on_stop=lambda step: say_quietly(launcher_stops(step)))
     # Copies of the parameters only to compare several kvstores (45 MB an epoch for ResNet-18).
     tracker = ParamTracker(compare=len(kvstores) > 1)
     with checkpoint or contextlib.nullcontext(), tracker, guard or contextlib.nullcontext():

@@ -11,8 +11,8 @@ import os
 import signal
 import sys
 
-from gluon_multigpu.observe import messages
-from gluon_multigpu.observe.messages import heard, signal_name
+from gluon_multigpu.cli import messages
+from gluon_multigpu.cli.messages import heard, signal_name
 from gluon_multigpu.cli.arguments import UsageError, error_line
 from gluon_multigpu.cli.console import quiet_console, resume_command, say_quietly, stop_request
 from gluon_multigpu.base import signals

@@ -1,7 +1,7 @@
 """The record of the messages' wording: one golden test per message family.
 
 Each test here pins a family's exact text once, computed from the function
-that makes it (``observe/messages.py`` for the programs' stops, ``observe/interrupt.py``
+that makes it (``cli/messages.py`` for the programs' stops, ``observe/interrupt.py``
 for the library's Interruptible, ``error_line`` and ``flag`` for bad input).
 The behavioural tests elsewhere assert what a message must say in their
 situation (the flag, the path, the signal, the status); a deliberate rewording
@@ -17,7 +17,7 @@ import pytest
 
 import gluon_multigpu as gm
 from gluon_multigpu.cli import arguments
-from gluon_multigpu.observe import messages
+from gluon_multigpu.cli import messages
 from lab.commands import failover as failover_cli
 from lab.commands import network as network_cli
 from gluon_multigpu.cli.arguments import error_line
