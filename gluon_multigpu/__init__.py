@@ -24,31 +24,24 @@ __version__ = '0.1.0'
 # (base.compat: MXNet 1.9.1 on NumPy 2, Python 3.12+).
 _compat.install_hook()
 
-#: The groups of modules, each a subpackage.
-GROUPS = ('base', 'core', 'features', 'outputs', 'checkpoints', 'run', 'study', 'multihost')
-
-#: Where each module lives: short name -> group.
-MODULES = {
-    'engine': 'base', 'machine': 'base', 'fs': 'base', 'reading': 'base', 'atomic': 'base',
-    'paths': 'base',
-    'signals': 'base', 'units': 'base', 'protocol': 'base', 'background': 'base',
-    'compat': 'base', 'opcache': 'base', 'stacks': 'base', 'schedule': 'base',
-    'devices': 'core', 'model': 'core', 'recipes': 'core', 'data': 'core', 'kvstores': 'core',
-    'training': 'core', 'pushers': 'core', 'results': 'core', 'book': 'core', 'utils': 'core',
-    'checks': 'core', 'hooks': 'core', 'steps': 'core', 'interrupt': 'core', 'live': 'core',
-    'stall': 'core', 'updates': 'core', 'optional': 'core',
-    'metrics': 'core', 'config': 'core', 'values': 'core',
-    'profile': 'core',
-    'balance': 'features', 'precision': 'features', 'sync_bn': 'features',
-    'distributed': 'features',
-    'checkpoint': 'checkpoints', 'manifest': 'checkpoints', 'states': 'checkpoints',
-    'savefolder': 'checkpoints', 'checkpoint_store': 'checkpoints',
-    'files': 'outputs', 'output': 'outputs', 'locks': 'outputs', 'targets': 'outputs',
-    'stopping': 'run', 'progress': 'run',
-    'compare': 'study', 'paired': 'study', 'charts': 'study', 'kvstore_report': 'study',
-    'agent': 'multihost', 'plan': 'multihost', 'supervise': 'multihost',
-    'allocation': 'multihost', 'hung': 'multihost',
+#: The modules of each group (a subpackage), by their short names.
+_GROUPED = {
+    'filesafety': 'fs reading atomic paths foreign lockfile output files targets',
+    'base': 'engine machine signals units protocol background compat opcache stacks values',
+    'section': 'devices model recipes data kvstores steps results book utils',
+    'observe': 'hooks interrupt live stall optional metrics profile stopping progress',
+    'machinery': 'training pushers checks updates schedule config',
+    'features': 'balance precision sync_bn distributed',
+    'checkpoints': 'checkpoint manifest states savefolder checkpoint_store',
+    'study': 'compare paired charts kvstore_report',
+    'multihost': 'agent plan supervise allocation hung',
+    'runs': 'train_run kvstore_run comparison',
 }
+#: The groups of modules, each a subpackage.
+GROUPS = tuple(_GROUPED)
+#: Where each module lives: short name -> group (or ``group.module`` where the name differs).
+MODULES = {name: group for group, names in _GROUPED.items() for name in names.split()}
+MODULES['locks'] = 'filesafety.lockfile'  # the name lockfile had in the output layer
 
 #: The package's names, by the short name of the module that defines them.
 NAMES = {
@@ -88,7 +81,8 @@ __all__ = [*GROUPS, 'errors', *MODULES, *_WHERE]
 def _module(short):
     if short in GROUPS or short == 'errors':
         return _importlib.import_module(f'{__name__}.{short}')
-    return _importlib.import_module(f'{__name__}.{MODULES[short]}.{short}')
+    group, _, name = MODULES[short].partition('.')
+    return _importlib.import_module(f'{__name__}.{group}.{name or short}')
 
 
 def __getattr__(name):

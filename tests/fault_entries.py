@@ -29,7 +29,7 @@ __all__ = ['Entry', 'ENTRIES', 'lock_name', 'user_file', 'user_folder', 'user_ha
 def lock_name(target):
     """The name of the lock beside ``target`` (the output layer's, where it says one)."""
     try:
-        from gluon_multigpu.outputs import locks
+        from gluon_multigpu.filesafety import lockfile as locks
     except ImportError:
         locks = None
     for attribute in ('lock_path', 'lock_name', 'path_of'):
@@ -98,7 +98,7 @@ class Entry:
     def recover(self, root):
         """After a kill: ``output.recover`` on each of ``outputs`` (nothing without the layer)."""
         try:
-            from gluon_multigpu.outputs import output
+            from gluon_multigpu.filesafety import output
         except ImportError:
             return
         for rel in self.outputs if hasattr(output, 'recover') else ():
@@ -175,15 +175,15 @@ class Chart(Entry):
 
 
 class ProfileTrace(Entry):
-    """A profile's trace: MXNet's dump, read through a pipe (``base/foreign``: its write is
+    """A profile's trace: MXNet's dump, read through a pipe (``filesafety/foreign``: its write is
     announced to ``fs``, where it can fail), then the trace written whole."""
     name = 'profile_trace'
-    what = "`--profile` traces (`core/profile.Profile`: MXNet's dump through `base/foreign`)"
+    what = "`--profile` traces (`observe/profile.Profile`: MXNet's dump through `filesafety/foreign`)"
 
     @staticmethod
     def _profile(root, steps):
         import mxnet as mx  # pylint: disable=import-outside-toplevel
-        from gluon_multigpu.core.profile import Profile  # pylint: disable=import-outside-toplevel
+        from gluon_multigpu.observe.profile import Profile  # pylint: disable=import-outside-toplevel
         run = types.SimpleNamespace(devices=[mx.cpu(0)], train_iter=[None] * steps, epoch=1,
                                     num_epochs=1, error=None, steps=None)
         hook = Profile(f'1:{steps}', os.path.join(root, 'profile.json'), out=io.StringIO())
@@ -235,7 +235,7 @@ class Plot(Entry):
 
 
 class _Clock:
-    """The clock ``core/metrics`` reads, stopped at ``seconds``: two runs write equal files."""
+    """The clock ``observe/metrics`` reads, stopped at ``seconds``: two runs write equal files."""
 
     def __init__(self, seconds):
         self.seconds = seconds
@@ -254,7 +254,7 @@ class MetricsLines(Entry):
     """A resumed run's figures: epoch 2 again over a file that holds epoch 1 and a step of epoch
     2 (the run stopped there), so the file is rewritten without that step, then appended to."""
     name = 'metrics_lines'
-    what = '`--metrics` JSON lines (`core/metrics.Metrics`: rewritten on resume, then appended)'
+    what = '`--metrics` JSON lines (`observe/metrics.Metrics`: rewritten on resume, then appended)'
     #: Global steps between two step records: the first step of a fit opens the files only.
     every = 2
 
@@ -264,7 +264,7 @@ class MetricsLines(Entry):
     def fit(self, root, epoch, steps, end=True, at=3):
         """Epoch ``epoch`` of a run of 2 steps an epoch, stopped after ``steps`` (and the
         epoch's record, with ``end``), the clock stopped at ``at`` (a new event file's name)."""
-        from gluon_multigpu.core import metrics  # pylint: disable=import-outside-toplevel
+        from gluon_multigpu.observe import metrics  # pylint: disable=import-outside-toplevel
         hook = metrics.Metrics(every=self.every, **self.options(root))
         run = types.SimpleNamespace(epoch=epoch, train_iter=[None, None], scaler=None,
                                     steps=None, trainer=types.SimpleNamespace(learning_rate=0.1))
@@ -299,7 +299,7 @@ class MetricsLines(Entry):
 
 class EventFiles(MetricsLines):
     name = 'tensorboard_events'
-    what = ("`--tensorboard` event files (`core/metrics.Metrics`: tensorboardX's records, "
+    what = ("`--tensorboard` event files (`observe/metrics.Metrics`: tensorboardX's records, "
             'a new file each fit)')
 
     def options(self, root):

@@ -1,7 +1,7 @@
 """The fault-injection harness: every entry point that writes, failed or killed at each of its
 file-system calls, must leave the previous state or the complete new one, and nothing else.
 
-Every call by which the package changes files goes through ``gluon_multigpu.base.fs``, which
+Every call by which the package changes files goes through ``gluon_multigpu.filesafety.fs``, which
 passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES``, then
 ``fault_studies.ENTRIES``) the harness
 
@@ -54,7 +54,7 @@ import gluon_multigpu as gm  # noqa: E402  (loads no MXNet)
 gm.engine.configure()  # the engine settings of the tests, before MXNet loads
 
 from gluon_multigpu.errors import GluonMultiGPUError  # noqa: E402
-from gluon_multigpu.base import fs  # noqa: E402
+from gluon_multigpu.filesafety import fs  # noqa: E402
 import fault_entries  # noqa: E402
 import fault_studies  # noqa: E402
 import power_cut  # noqa: E402
@@ -377,7 +377,7 @@ def results(name, kind):
             _RESULTS[name, kind] = (1, failed)
         elif not ref.calls:
             _RESULTS[name, kind] = (0, [Case(kind, 0, '', '', [
-                'it made no call through gluon_multigpu.base.fs, so no fault could be put '
+                'it made no call through gluon_multigpu.filesafety.fs, so no fault could be put '
                 'into it (its writer is not on the output layer)'])])
         elif kind == 'power cut':
             _RESULTS[name, kind] = power_cut.results(entry, ref, sys.modules[__name__])
@@ -415,7 +415,7 @@ def table(names=None):
         calls = len(reference(entry.name).calls)
         faults = (f'none; {", ".join(FAULTS)} at each of its {calls} call{"s" if calls > 1 else ""}'
                   '; a power cut before them and after each' if calls else
-                  'none (it makes no call through `base/fs`)')
+                  'none (it makes no call through `filesafety/fs`)')
         run = sum(c[0] for c in counts)
         held = run - sum(len(c[1]) for c in counts if c[0])
         said = 'all' if held == run and calls else f'{held} of {run}' + \

@@ -170,7 +170,7 @@ def _idx_labels(count):
 
 
 class DataDownload(Entry):
-    name, what = 'data_download', 'the data download (`core/data.download_dataset`)'
+    name, what = 'data_download', 'the data download (`section/data.download_dataset`)'
     outputs = ('data',)
     missing = 't10k-labels-idx1-ubyte.gz'
 

@@ -32,7 +32,7 @@ import shutil
 import stat
 import types
 
-from gluon_multigpu.base import fs
+from gluon_multigpu.filesafety import fs
 
 __all__ = ['Recorder', 'Model', 'results', 'cell', 'SUBSETS']
 

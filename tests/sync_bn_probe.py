@@ -84,7 +84,7 @@ def main():
             }
     print(json.dumps(out))
     if len(sys.argv) > 2:
-        from gluon_multigpu.base.atomic import atomic_write
+        from gluon_multigpu.filesafety.atomic import atomic_write
         from gluon_multigpu.base.machine import stamp
         with atomic_write(sys.argv[2]) as f:
             json.dump({**out, **stamp()}, f, indent=2)

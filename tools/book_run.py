@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file: the checkout's package
     sys.path.insert(0, ROOT)
 
-from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.filesafety.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 #: The book's settings (d2l 13.6: two GPUs, batch 512, lr 0.2, 10 epochs) on two CPU contexts.

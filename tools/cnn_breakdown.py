@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file: the checkout's package
     sys.path.insert(0, ROOT)
 
-from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.filesafety.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 #: Each part at batch 128, and at one image a context (``tiny_``)
@@ -55,11 +55,11 @@ def ours(spec):
     import functools
     from mxnet import autograd, gluon, npx, np
     from lab.commands.bench_workers import _test_images
-    from gluon_multigpu.core import steps
-    from gluon_multigpu.core.devices import cpu_devices, split_batch
-    from gluon_multigpu.core.kvstores import make_trainer
-    from gluon_multigpu.core.model import default_initializer, get_model
-    from gluon_multigpu.core.pushers import pushers_for
+    from gluon_multigpu.section import steps
+    from gluon_multigpu.section.devices import cpu_devices, split_batch
+    from gluon_multigpu.section.kvstores import make_trainer
+    from gluon_multigpu.section.model import default_initializer, get_model
+    from gluon_multigpu.machinery.pushers import pushers_for
     devices = cpu_devices(2)
     images, labels = _test_images(spec, BATCH * spec['steps'])
     X = np.array(images[:, None].astype('float32') / 255)

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file: the checkout's package
     sys.path.insert(0, ROOT)
 
-from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.filesafety.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 from lab.commands import benchmark as bench  # noqa: E402
 

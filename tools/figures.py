@@ -47,7 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file: the checkout's package (its ground floor only)
     sys.path.insert(0, ROOT)
 
-from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.filesafety.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 __all__ = ['check', 'write', 'main', 'MARKER', 'ALLOWED', 'PENDING', 'UNCHECKED']
@@ -75,9 +75,9 @@ ALLOWED = (
     ('docs/guide.md', '2 minutes', "the --sync-bn watchdog's limit: a setting"),
     ('docs/guide.md', '20 times', "the --sync-bn watchdog's limit: a setting"),
     ('docs/guide.md', '3%', "the kvstore comparison's noise threshold: a setting"),
-    ('docs/guide.md', '6 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
-    ('docs/guide.md', '27 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
-    ('docs/guide.md', '0.32 MB', "the memory estimate's settings (MEMORY, core/model.py)"),
+    ('docs/guide.md', '6 MB', "the memory estimate's settings (MEMORY, section/model.py)"),
+    ('docs/guide.md', '27 MB', "the memory estimate's settings (MEMORY, section/model.py)"),
+    ('docs/guide.md', '0.32 MB', "the memory estimate's settings (MEMORY, section/model.py)"),
     ('docs/distributed.md', '2 s', "the agents' heartbeat (multihost.plan.HEARTBEAT)"),
     ('docs/distributed.md', '64 KiB', "the agent's longest line (multihost.agent.LINE_LIMIT)"),
     ('docs/distributed.md', '3 s', 'SIGTERM to SIGKILL (multihost.plan.TERM_WAIT)'),

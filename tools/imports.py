@@ -3,7 +3,7 @@
 
 Every ``import`` and ``from ... import`` of every module of ``gluon_multigpu/``
 and ``lab/`` is read with ``ast`` (those inside functions too), and each is
-drawn as an arrow from the importing room (``cli``, ``core``, ``lab.studies``,
+drawn as an arrow from the importing room (``cli``, ``section``, ``lab.studies``,
 ...) to the imported one. The floors are setup.cfg's (the import-linter
 contracts: ``Floors only go down``, ``The lab's floors``), read from there, so
 this drawing is a second, independent look at what ``lint-imports`` checks.

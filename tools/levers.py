@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file: the checkout's package
     sys.path.insert(0, ROOT)
 
-from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.filesafety.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 #: name -> (what changes from the package's settings, the configuration)
@@ -88,12 +88,12 @@ def worker(spec):
         os.environ['MXNET_CPU_TEMP_COPY'] = spec['copies']
     engine.configure(cpu_devices=devices_n)  # before anything below loads MXNet
     from lab.commands.bench_workers import _test_images
-    from gluon_multigpu.core import steps as steps_mod
-    from gluon_multigpu.core.data import ArrayLoader
-    from gluon_multigpu.core.devices import cpu_devices
-    from gluon_multigpu.core.kvstores import make_trainer
-    from gluon_multigpu.core.model import default_initializer, get_model
-    from gluon_multigpu.core.pushers import pushers_for
+    from gluon_multigpu.section import steps as steps_mod
+    from gluon_multigpu.section.data import ArrayLoader
+    from gluon_multigpu.section.devices import cpu_devices
+    from gluon_multigpu.section.kvstores import make_trainer
+    from gluon_multigpu.section.model import default_initializer, get_model
+    from gluon_multigpu.machinery.pushers import pushers_for
     if spec.get('omp', 'plan') is None:
         engine.return_freed_memory()  # the plan's allocator, MXNet's own threads
     from mxnet import gluon, npx

@@ -53,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file: the checkout's package (its ground floor only)
     sys.path.insert(0, ROOT)
 
-from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.filesafety.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 
 #: The README's install command, and its NumPy 2 line (tests/docs/test_runtimes.py ties both to the

@@ -16,7 +16,8 @@ if ROOT not in sys.path:  # run as a file: the checkout's package
     sys.path.insert(0, ROOT)
 
 import gluon_multigpu as gm  # noqa: E402
-from gluon_multigpu.cli import train, train_run  # noqa: E402
+from gluon_multigpu.cli import train  # noqa: E402
+from gluon_multigpu.runs import kvstore_run  # noqa: E402
 
 
 def main():
@@ -29,12 +30,12 @@ def main():
         def step_end(self, run, step, samples, timer):
             time.sleep(seconds)
 
-    built = train_run.Training
+    built = kvstore_run.Training
 
     def training(*args, hooks=(), kvstore='device', **kwargs):
         extra = [Sleep()] if kvstore == slow else []
         return built(*args, hooks=[*hooks, *extra], kvstore=kvstore, **kwargs)
-    train_run.Training = training
+    kvstore_run.Training = training
     sys.argv = ['train.py', *sys.argv[3:]]
     train.start()
     return 0

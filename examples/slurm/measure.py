@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from gluon_multigpu.base.atomic import atomic_write  # noqa: E402
+from gluon_multigpu.filesafety.atomic import atomic_write  # noqa: E402
 from gluon_multigpu.base.machine import stamp  # noqa: E402
 from lab.hosts import cluster as gc
 from lab.hosts import slurm_cluster as gs

@@ -20,7 +20,7 @@ What ``configure`` sets, unless the user set it (a variable set by the user alwa
 ``GLUON_MULTIGPU_ENGINE_ENV=0`` keeps MXNet's own defaults):
 
 - ``MXNET_CPU_TEMP_COPY``, the CPU scratch copies per Python thread: ``CPU_COPIES`` (one) on
-  CPU contexts, each of which queues from a thread of its own (``core.pushers``) and runs one
+  CPU contexts, each of which queues from a thread of its own (``machinery.pushers``) and runs one
   operator at a time; 64 for GPUs; with synchronised BatchNorm 128 per context, at least 256
   (a layer waiting in its barrier holds a copy: too few, and the contexts wait forever).
 - ``OMP_NUM_THREADS`` (CPU contexts only): a worker's cores divided among its contexts. A

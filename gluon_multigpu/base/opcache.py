@@ -189,7 +189,7 @@ def install(environ=None):
 def write_table(path, table):
     """Write ``table`` to the cache file ``path`` through the output layer (``atomic``: whole or
     not at all, what a killed writer left removed first); False where it cannot be written."""
-    from . import atomic  # pylint: disable=import-outside-toplevel  (only when writing)
+    from ..filesafety import atomic  # pylint: disable=import-outside-toplevel  (only when writing)
     folder = os.path.dirname(path)
     try:
         atomic.makedirs(folder, 0o700)

@@ -2,7 +2,7 @@
 
 The agent (``multihost.agent``) marks its control lines with ``CONTROL`` and
 hands a worker its control pipes through ``CONTROL_VARIABLE``; the worker's
-side (``features.distributed.Control``, ``core.stall``) reads that variable
+side (``features.distributed.Control``, ``observe.stall``) reads that variable
 (``control_fds``). Both sides take the names from here, so that neither
 imports the other.
 """

@@ -3,8 +3,8 @@
 The stop signals are SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal or the
 ssh session closed); a SIGHUP that was ignored when a handler would be
 installed (``nohup``) stays ignored (``install``). Three ways build on them:
-``run.stopping.StopRequest`` (the programs': stop after the current step, a
-second signal ends the process), ``core.interrupt.Interruptible`` (a
+``observe.stopping.StopRequest`` (the programs': stop after the current step, a
+second signal ends the process), ``observe.interrupt.Interruptible`` (a
 notebook's: Ctrl-C stops after the step, and never ends the process), and
 ``raising`` here (stop where the code is: the first signal raises
 ``errors.Interrupted`` in the main thread, which unwinds every ``with``

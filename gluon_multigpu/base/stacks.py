@@ -1,6 +1,6 @@
 """Every thread's Python stack, written by ``faulthandler``: at once, or when a signal asks.
 
-A run whose steps stopped (``core.stall``) says where each thread waits:
+A run whose steps stopped (``observe.stall``) says where each thread waits:
 ``dump`` writes the stacks now, from any thread; ``dump_on_signal`` makes
 ``DUMP_SIGNAL`` write them, from the signal handler in C, so also while the
 main thread waits inside MXNet. A launched job's agent sends that signal to

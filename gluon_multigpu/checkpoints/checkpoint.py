@@ -12,14 +12,14 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
 from ..errors import CheckpointError, GluonMultiGPUError
-from ..base import fs
+from ..filesafety import fs
 from . import savefolder
 from .checkpoint_store import MANIFEST, CheckpointState, CheckpointStore
-from ..outputs.files import CHECKPOINT_FILE, check_output_dir
-from ..outputs.locks import Lock
+from ..filesafety.files import CHECKPOINT_FILE, check_output_dir
+from ..filesafety.lockfile import Lock
 from .manifest import FORMAT
-from ..core.data import ArrayLoader
-from ..core.training import Hook
+from ..section.data import ArrayLoader
+from ..machinery.training import Hook
 
 __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'FORMAT',
            'for_run', 'check_resumable', 'recover']

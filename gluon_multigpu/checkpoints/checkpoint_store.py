@@ -23,14 +23,14 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
 from ..errors import CheckpointError
-from ..base import fs
+from ..filesafety import atomic, fs
 from . import savefolder
 from .savefolder import is_regular as _is_regular, open_regular as _open_regular, \
     sha256 as _sha256
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
-from ..core.config import RunConfig
-from ..core.results import EpochRecord, EpochTotals
+from ..machinery.config import RunConfig
+from ..section.results import EpochRecord, EpochTotals
 
 __all__ = ['CheckpointStore', 'CheckpointState', 'MANIFEST']
 
@@ -257,7 +257,7 @@ class CheckpointStore:
             savefolder.fsync(tmp)
             entries[role] = {'name': f'{stem}.{role}', 'bytes': os.path.getsize(tmp),
                              'sha256': _sha256(tmp)}
-        savefolder.write_file(os.path.join(work, savefolder.PLACED), json.dumps(
+        atomic.create_exclusive(os.path.join(work, savefolder.PLACED), json.dumps(
             {'placed': entries, 'replaced': replaced}).encode())
         savefolder.fsync(work)
         for role, entry in entries.items():
@@ -310,7 +310,7 @@ class CheckpointStore:
         try:
             files = self._place(work, f'ckpt-{self._sequence:06d}', net, trainer, old, placed)
             text = json.dumps(self._manifest(epoch, partial, history, files), indent=2) + '\n'
-            savefolder.write_file(staged, text.encode())
+            atomic.create_exclusive(staged, text.encode())
             made = os.lstat(staged).st_ino
             savefolder.fsync(self.directory)  # the files placed durable before what names them
             fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here

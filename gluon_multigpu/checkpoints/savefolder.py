@@ -22,18 +22,17 @@ directory, are fsynced before anything else is put in it, and the folder again b
 marker is removed, so that a power cut keeps these steps in their order.
 """
 import errno
-import hashlib
 import json
 import os
 import re
 import secrets
 import stat
 
-from ..base import fs, reading
-from ..outputs.files import CHECKPOINT_FILE
+from ..filesafety import atomic, fs, reading
+from ..filesafety.files import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
-           'leftovers', 'write_file', 'fsync', 'open_regular', 'sha256', 'is_regular']
+           'leftovers', 'fsync', 'open_regular', 'sha256', 'is_regular']
 
 #: The names of save folders.
 NAME = re.compile(r'\.ckpt-save\.[A-Za-z0-9_]+')
@@ -60,11 +59,8 @@ def open_regular(path):
 
 def sha256(path):
     """The SHA-256 of the regular file ``path``, in hex."""
-    digest = hashlib.sha256()
     with open_regular(path) as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
+        return reading.sha256(f)
 
 
 def is_regular(path):
@@ -73,17 +69,6 @@ def is_regular(path):
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
-
-
-def write_file(path, data):
-    """Create ``path`` (which must not exist; a link is not followed) holding ``data``, fsynced."""
-    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o666)
-    try:
-        fs.write(fd, data, path)
-        fs.fsync(fd, path)
-    finally:
-        os.close(fd)
 
 
 def fsync(path):
@@ -109,7 +94,7 @@ def make(directory):
         except FileExistsError:
             continue
     try:
-        write_file(os.path.join(path, MARKER), _MARK + f'{os.getpid()}\n'.encode())
+        atomic.create_exclusive(os.path.join(path, MARKER), _MARK + f'{os.getpid()}\n'.encode())
         fsync(path)  # the marker, then the folder, durable before anything else is put in it
         fsync(directory)
     except BaseException:

@@ -13,7 +13,8 @@ import dataclasses
 import os
 import sys
 
-from ..core import config, values
+from ..base import values
+from ..machinery import config
 from ..errors import GluonMultiGPUError, flag
 
 MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED = values.MAX_CPU_DEVICES, values.MAX_GPUS, values.MAX_SEED

@@ -20,12 +20,13 @@ import sys
 import warnings
 
 from . import messages
+from .messages import say_quietly  # noqa: F401  (the programs' name for it)
 from .arguments import UsageError, engine_devices, error_line
 from ..errors import flag
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError, SettingWarning
-from ..outputs import files
-from ..run.stopping import StopRequest
+from ..filesafety import files
+from ..observe.stopping import StopRequest
 
 
 def cores():
@@ -42,14 +43,6 @@ def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
         return engine.configure(num_cpu_devices, sync_bn=sync_bn, environ=environ)
     except engine.EngineError as e:
         raise UsageError(e.describe(flag)) from None
-
-
-def say_quietly(line, stream=None):
-    """Print ``line`` on ``stream`` (stderr) and flush; a terminal that is gone is not an error."""
-    try:
-        print(line, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):  # EIO (a closed terminal), EPIPE; ValueError: stream closed
-        pass
 
 
 #: ``began``: the program's own handlers were installed (a signal after them finds the run

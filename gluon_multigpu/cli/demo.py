@@ -12,7 +12,7 @@ plays the part of "the CPU" on which nothing was initialised.
 import sys
 
 from . import common
-from ..core.devices import num_gpus
+from ..section.devices import num_gpus
 
 
 def build_parser():
@@ -48,7 +48,7 @@ def show(arr):
 def walk_through(devices, out=None):
     """Run the three steps of the text on ``devices``; return the network."""
     from mxnet import gluon, init, np  # pylint: disable=import-outside-toplevel
-    from ..core.book import resnet18  # pylint: disable=import-outside-toplevel
+    from ..section.book import resnet18  # pylint: disable=import-outside-toplevel
     out = out or sys.stdout
     net = resnet18(10)
     net.initialize(init=init.Normal(sigma=0.01), ctx=devices)

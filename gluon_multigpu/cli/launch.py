@@ -10,9 +10,11 @@ import os
 import re
 import sys
 
-from . import common, messages
+from . import common
+from . import messages
 from ..errors import GluonMultiGPUError
-from ..base import reading, signals
+from ..base import signals
+from ..filesafety import reading
 from ..multihost.allocation import allocation
 from ..multihost.plan import GRACE, TIMEOUT, LaunchError, Settings, keeps_checkpoints
 from ..multihost.supervise import launch

@@ -5,22 +5,20 @@ measuring programs', the start-up's), so that the same event reads the same
 in every program: a first signal is acknowledged at once with what happens
 next (``heard``), a second says that the process ends now, and the last line
 says where the run stopped, what was kept and how to go on. The functions
-only make the text; the programs print it (``console.say_quietly``) and
-choose the exit status (128 + the signal). Nothing here loads MXNet.
+make the text; the programs print it (``say_quietly``) and choose the exit
+status (128 + the signal). The lines the library's runs say too
+(``comparison_why``, ``launcher_stops``) are ``stopping``'s. Nothing here loads MXNet.
 """
 import signal
+
+from ..observe.stopping import comparison_why, launcher_stops, say_quietly, signal_name  # noqa: F401
 
 __all__ = ['signal_name', 'heard', 'train_heard', 'train_stopped_now', 'train_stopped',
            'comparison_kept', 'comparison_why', 'train_finished_anyway', 'launcher_stops',
            'sweep_heard', 'sweep_stopped_now', 'sweep_stopped', 'sweep_finished_anyway',
            'partial_heading', 'nothing_written', 'while_starting', 'could_not_write',
            'kept_and_written', 'launch_heard', 'launch_stopped_now', 'launch_stopped',
-           'launch_not_started', 'launch_resume']
-
-
-def signal_name(signum, default='a stop request'):
-    """``SIGINT``, ``SIGTERM``, ...; ``default`` where no signal caused the stop."""
-    return signal.Signals(signum).name if signum else default
+           'launch_not_started', 'launch_resume', 'say_quietly']
 
 
 def heard(signum, launched=False):
@@ -109,13 +107,6 @@ def kept_and_written(paths):
     return ', '.join(paths[:-1]) + ' and ' + paths[-1] if len(paths) > 1 else paths[0]
 
 
-def comparison_why(signum, current):
-    """Why the outputs of a stopped comparison are partial: stopped during ``current`` (the
-    epoch in progress, in words) or between two epochs (None)."""
-    during = f'during {current}' if current else 'between two epochs'
-    return f'interrupted by {signal_name(signum, "a stop")} {during}'
-
-
 def train_finished_anyway(signum, outputs=False, checkpoint=False):
     """The last line for a signal that came after the last step: the run finished all the same."""
     done = ['the run is complete']
@@ -125,11 +116,6 @@ def train_finished_anyway(signum, outputs=False, checkpoint=False):
         done.append('its checkpoint holds it')
     return (f'{signal_name(signum)} came after the last step: {kept_and_written(done)}; exit '
             f'status {128 + signum}, as for any stop by a signal')
-
-
-def launcher_stops(step):
-    """A worker's line when the launcher stops the job on a step every worker stops on."""
-    return f'the launcher stops the job: stopping after step {step}, as every worker does'
 
 
 # -- the launcher (its lines go out as ``launch: ...``) -----------------------------------------

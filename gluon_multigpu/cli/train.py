@@ -5,7 +5,7 @@ every device, each batch split across them, gradients summed by the kvstore.
 Without GPUs, ``--cpu-devices N`` runs the same code on N CPU contexts.
 
 The program: its command line, its stops and its exit statuses. What a run
-does once parsed is ``train_run``'s (every check and setting of it the
+does once parsed is ``runs.train_run``'s (every check and setting of it the
 library's); what it says when it stops, ``messages``'. Importing this module
 loads no MXNet: the program sets the engine up first (``console.start``), and
 the parser and the run load the package's modules only when called.
@@ -16,13 +16,14 @@ import os
 import signal
 import sys
 
-from . import console, messages
+from . import console
+from . import messages
 from .arguments import OneLineParser, add_config_flags, error_line
 from .console import quiet_console, say_quietly, stop_request
 from ..base import signals
 from ..base.protocol import CONTROL_VARIABLE
-from ..core.config import RunConfig
-from ..core.recipes import RECIPES
+from ..machinery.config import RunConfig
+from ..section.recipes import RECIPES
 from ..errors import GluonMultiGPUError, Interrupted
 
 EPILOG = """\
@@ -98,7 +99,7 @@ def main(argv=None):
     # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
     signals.ignore((signal.SIGXFSZ,))
     # pylint: disable=import-outside-toplevel  (the run loads MXNet: after the engine set-up)
-    from .train_run import joining, run
+    from ..runs.train_run import joining, run
     # Started by the launcher's agent (its control pipes are set): signals come from the launcher.
     launched = bool(os.environ.get(CONTROL_VARIABLE))
 
@@ -109,7 +110,8 @@ def main(argv=None):
         try:
             with stop_request(heard, functools.partial(stop_now, config=config), ignore_after=True) \
                     as stop:
-                run(config, stop=stop)
+                run(config, stop=stop, program=console.program,
+                    resume=lambda: console.resume_command('train'))
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, config, argv)
         if stop.signum:  # in the last evaluation, or while the outputs were written
@@ -124,7 +126,7 @@ def _ended(error, stop, config, argv):
     """Say how the run ended on ``error`` (caught once, in ``main``); return the exit status."""
     # pylint: disable=import-outside-toplevel  (MXNet is loaded by now)
     from ..features.distributed import JoinError
-    from .train_run import worker_rank
+    from ..runs.train_run import worker_rank
     signum = getattr(stop, 'signum', None)
     if isinstance(error, JoinError):
         # MXNet's join cannot be called off: end the process, whose thread waits there for good.

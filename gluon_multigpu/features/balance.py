@@ -13,8 +13,8 @@ import statistics
 import threading
 import time
 
-from ..core.devices import split_batch, split_sizes
-from ..core.training import Hook
+from ..section.devices import split_batch, split_sizes
+from ..machinery.training import Hook
 from ..errors import DeviceError
 
 __all__ = ['Split', 'TimedSplit', 'AutoSplit', 'make_split']

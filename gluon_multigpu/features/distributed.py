@@ -21,11 +21,11 @@ import mxnet as mx
 
 from ..base import stacks
 from ..base.protocol import control_fds
-from ..core.data import ArrayLoader
+from ..section.data import ArrayLoader
 from ..errors import GluonMultiGPUError, Interrupted
-from ..core.kvstores import DIST_KVSTORES
-from ..core.stall import StepReports
-from ..core.training import Hook
+from ..section.kvstores import DIST_KVSTORES
+from ..observe.stall import StepReports
+from ..machinery.training import Hook
 
 __all__ = ['DIST_KVSTORES', 'DMLC_VARIABLES', 'Worker', 'join', 'connect', 'JoinError',
            'JOIN_TIMEOUT', 'Control', 'WorkerShard', 'StepScale', 'step_scale']
@@ -168,7 +168,7 @@ class Control(StepReports):
     ----------
     read_fd, write_fd : int
         The control pipes from and to the agent (``GLUON_MULTIGPU_CONTROL``).
-    stop : run.stopping.StopRequest, optional
+    stop : observe.stopping.StopRequest, optional
         Marked as stopped by SIGTERM when step S is reached.
     on_stop : callable, optional
         Called with S when step S is reached, once.

@@ -22,8 +22,8 @@ from mxnet import autograd, gluon, np
 from mxnet.gluon import nn
 
 from ..errors import DeviceError, GluonMultiGPUError
-from ..core import values
-from ..core.training import Hook
+from ..base import values
+from ..machinery.training import Hook
 
 __all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision',
            'make_precision', 'all_finite']

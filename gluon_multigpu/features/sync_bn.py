@@ -21,7 +21,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet.gluon import nn
 from mxnet.util import is_np_array
 
-from ..core.model import NORMALISED
+from ..section.model import NORMALISED
 from ..errors import DeviceError, GluonMultiGPUError
 
 __all__ = ['SyncBatchNorm', 'sync_batch_norm', 'check_training', 'check_options', 'check_cpu_scratch',

@@ -1,6 +1,6 @@
 """A hung job: no worker queued a step for the stall time; which worker is behind, in words.
 
-The workers report every step they queue (``core.stall.StepReports``), ``rest``
+The workers report every step they queue (``observe.stall.StepReports``), ``rest``
 while an epoch's steps are done (the first worker evaluates, the others wait
 for it), and the stall time their command asked for (``stall S``). A job is
 hung when none of its running workers is resting and none has queued a step
@@ -13,7 +13,7 @@ module's line, and stops the job with status ``STALLED``.
 import time
 from typing import NamedTuple
 
-from ..core.stall import STALLED
+from ..observe.stall import STALLED
 
 __all__ = ['STALLED', 'DUMP_WAIT', 'Stall', 'stall_seconds', 'find']
 

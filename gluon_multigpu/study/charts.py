@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..errors import GluonMultiGPUError
-from ..outputs.files import atomic_write, naming
+from ..filesafety.files import atomic_write, naming
 
 __all__ = ['Animator', 'bar_chart', 'accuracy_chart', 'seconds_chart', 'CHART_FORMATS',
            'check_chart_path', 'save_figure']

@@ -1,8 +1,8 @@
 """The kvstore comparison: its side-by-side table and its report folder."""
 from ..base.machine import stamp
-from ..core.devices import even_shares
+from ..section.devices import even_shares
 from .compare import paired_epochs
-from ..outputs.files import ReportFolder, atomic_write, write_json
+from ..filesafety.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, seconds_chart
 
 __all__ = ['markdown_table', 'comparison_table', 'rounds_table', 'batch_norm_sentence', 'runs_json',

@@ -20,16 +20,16 @@ import sys
 from gluon_multigpu.cli import common
 from lab.commands import sweeps
 from gluon_multigpu.cli.common import batch_size, int_in, seed
-from gluon_multigpu.base.atomic import atomic_write
-from gluon_multigpu.core.devices import num_gpus, resolve_devices
-from gluon_multigpu.core.hooks import Hook
+from gluon_multigpu.filesafety.atomic import atomic_write
+from gluon_multigpu.section.devices import num_gpus, resolve_devices
+from gluon_multigpu.observe.hooks import Hook
 from gluon_multigpu.errors import DeviceError, GluonMultiGPUError
 from lab.studies import sweep as sweep_module
 from lab.studies.budget import check_memory
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamped
-from gluon_multigpu.outputs.files import write_csv
-from gluon_multigpu.outputs.output import ReportFolder
-from gluon_multigpu.outputs.targets import check_outputs
+from gluon_multigpu.filesafety.files import write_csv
+from gluon_multigpu.filesafety.output import ReportFolder
+from gluon_multigpu.filesafety.targets import check_outputs
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
 SETTINGS = {'simple-cnn': (256, 80), 'resnet18': (64, 16)}
@@ -131,8 +131,8 @@ def run_once(args, scenario, split, devices, data, stop=None):
 
     ``stop`` (a ``StopRequest``) stops it after a step (``Interrupted``).
     """
-    from gluon_multigpu.core.model import default_initializer, get_model
-    from gluon_multigpu.core.training import train
+    from gluon_multigpu.section.model import default_initializer, get_model
+    from gluon_multigpu.machinery.training import train
     from gluon_multigpu.features.balance import make_split as split_hook
     from lab.studies.measure import OtherWork
     busy = devices[-1] if scenario in ('busy', 'shift') else None
@@ -154,7 +154,7 @@ def sizes(args):
 
 def make_data(args, devices):
     """The steps' data: Fashion-MNIST with --data-dir or --download, else random images."""
-    from gluon_multigpu.core.data import load_data, synthetic_data
+    from gluon_multigpu.section.data import load_data, synthetic_data
     batch, steps = sizes(args)
     if args.data_dir or args.download:
         sweeps.data_root(args)
@@ -360,7 +360,7 @@ def write_outputs(directory, rows, devices, config):
 def run(args, out=None, stop=None):
     """Check the input, measure (each run kept in --results), print the table and answers,
     write the outputs. ``stop``: a ``StopRequest``."""
-    from gluon_multigpu.core.model import memory_needed
+    from gluon_multigpu.section.model import memory_needed
     out = out or sys.stdout
     cpu_devices = args.cpu_devices
     if cpu_devices is None and args.num_gpus is None and not num_gpus():

@@ -20,9 +20,9 @@ from lab.studies.counts import devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as _sweep
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
-from gluon_multigpu.outputs.files import write_csv, write_json
-from gluon_multigpu.outputs.output import replace_together
-from gluon_multigpu.outputs.targets import check_outputs, input_files
+from gluon_multigpu.filesafety.files import write_csv, write_json
+from gluon_multigpu.filesafety.output import replace_together
+from gluon_multigpu.filesafety.targets import check_outputs
 from lab.studies.scaling_model import BANDWIDTH_COLUMNS
 
 EPILOG = """\
@@ -77,8 +77,8 @@ BATCH_PER_DEVICE, QUICK_BATCH = 32, 8
 
 def build_parser():
     """Return the argument parser of this script."""
-    from gluon_multigpu.core.kvstores import KVSTORES
-    from gluon_multigpu.core.model import MODELS
+    from gluon_multigpu.section.kvstores import KVSTORES
+    from gluon_multigpu.section.model import MODELS
     p = common.sweep_parser(__doc__, EPILOG, 2, 'counts 2 and 4', 'measure, each at least 2')
     p.add_argument('--models', nargs='+', choices=list(MODELS),
                    default=list(MODELS), metavar='MODEL',
@@ -180,8 +180,8 @@ def print_table(rows, out):
 def run(args, out=None, stop=None):
     """Check the input, measure (each measurement kept in --results), print the table, write
     the files; return the rows. ``stop`` (a ``StopRequest``) is asked between repeats."""
-    from gluon_multigpu.core.data import read_split
-    from gluon_multigpu.core.kvstores import check_kvstore
+    from gluon_multigpu.section.data import input_files, read_split
+    from gluon_multigpu.section.kvstores import check_kvstore
     from lab.studies import measure as measuring
     out = out or sys.stdout
     results = args.results or RESULTS

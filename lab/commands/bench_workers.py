@@ -55,8 +55,8 @@ def _test_images(spec, n):
 
 
 def _net(variant, model):
-    from gluon_multigpu.core import book
-    from gluon_multigpu.core.model import resnet18, simple_cnn
+    from gluon_multigpu.section import book
+    from gluon_multigpu.section.model import resnet18, simple_cnn
     if model == 'resnet18':  # the text's nn.Block residuals, or the compilable ones
         return book.resnet18(10) if variant == 'book' else resnet18(10)
     return simple_cnn(10)
@@ -109,12 +109,13 @@ def throughput(spec):
     ``peak_mb``: the process's peak resident memory.
     """
     from mxnet import gluon, npx
-    from gluon_multigpu.core import book, training
-    from gluon_multigpu.core.data import ArrayLoader
-    from gluon_multigpu.core.devices import cpu_devices
-    from gluon_multigpu.core.kvstores import make_trainer
-    from gluon_multigpu.core.model import default_initializer
-    from gluon_multigpu.core.pushers import pushers_for
+    from gluon_multigpu.machinery import training
+    from gluon_multigpu.section import book
+    from gluon_multigpu.section.data import ArrayLoader
+    from gluon_multigpu.section.devices import cpu_devices
+    from gluon_multigpu.section.kvstores import make_trainer
+    from gluon_multigpu.section.model import default_initializer
+    from gluon_multigpu.machinery.pushers import pushers_for
     devices = cpu_devices(spec['devices'])
     batch, warmup, steps = spec['batch'], spec['warmup'], spec['steps']
     images, labels = _test_images(spec, batch * (warmup + steps))
@@ -264,7 +265,7 @@ def book_loaders(images, labels, test_images, test_labels, batch, workers=4):
 
 def pipeline(spec):
     """Images/s delivered by a loader, each batch made ready (X.wait_to_read: a sync point)."""
-    from gluon_multigpu.core.data import ArrayLoader, read_split
+    from gluon_multigpu.section.data import ArrayLoader, read_split
     images, labels = read_split(spec['data_dir'], 'train', 'fashion-mnist')
     images, labels = images[:spec['images']], labels[:spec['images']]
     if spec['variant'] == 'book':
@@ -280,13 +281,13 @@ def pipeline(spec):
 
 def evaluation(spec):
     """Evaluation images/s of ResNet-18 over the test images: the book's function or ours."""
-    from gluon_multigpu.core import training
-    from gluon_multigpu.core.book import evaluate_accuracy_book
-    from gluon_multigpu.core.data import ArrayLoader
-    from gluon_multigpu.core.devices import cpu_devices
-    from gluon_multigpu.core.model import default_initializer
-    from gluon_multigpu.core.pushers import pushers_for
-    from gluon_multigpu.core.steps import evaluate_accuracy_gpus
+    from gluon_multigpu.machinery import training
+    from gluon_multigpu.section.book import evaluate_accuracy_book
+    from gluon_multigpu.section.data import ArrayLoader
+    from gluon_multigpu.section.devices import cpu_devices
+    from gluon_multigpu.section.model import default_initializer
+    from gluon_multigpu.machinery.pushers import pushers_for
+    from gluon_multigpu.section.steps import evaluate_accuracy_gpus
     devices = cpu_devices(spec['devices'])
     images, labels = _test_images(spec, spec['images'])
     loader = ArrayLoader(images, labels, spec['batch'])
@@ -309,11 +310,11 @@ def evaluation(spec):
 
 def _run_training(spec, on_epoch):
     """Train the simple CNN as the variant does; return the TrainResult."""
-    from gluon_multigpu.core.book import train_book
-    from gluon_multigpu.core.data import load_data_fashion_mnist, read_split
-    from gluon_multigpu.core.devices import cpu_devices
-    from gluon_multigpu.core.model import default_initializer, simple_cnn
-    from gluon_multigpu.core.training import train
+    from gluon_multigpu.section.book import train_book
+    from gluon_multigpu.section.data import load_data_fashion_mnist, read_split
+    from gluon_multigpu.section.devices import cpu_devices
+    from gluon_multigpu.section.model import default_initializer, simple_cnn
+    from gluon_multigpu.machinery.training import train
     devices = cpu_devices(spec['devices'])
     batch, lr = spec['batch'], 0.1 * spec['batch'] / 256
     init = default_initializer('simple-cnn')

@@ -24,8 +24,8 @@ from lab.commands import bench_workers
 from gluon_multigpu.errors import DataError, GluonMultiGPUError
 from gluon_multigpu.base import signals
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.outputs.files import write_json
-from gluon_multigpu.outputs.targets import check_outputs, input_files
+from gluon_multigpu.filesafety.files import write_json
+from gluon_multigpu.filesafety.targets import check_outputs
 
 # FULL: ResNet-18's 2 warm-up and 10 measured steps, the issue's short run of 2 epochs of 6
 # batches; the small CNN's steps take a fortieth of ResNet-18's, so it runs 10 and 100 (cnn_*)
@@ -380,6 +380,7 @@ def run(args, out=None):
     if missing:
         raise DataError(f'{args.data_dir} lacks {", ".join(missing)}; point `data_dir` at '
                            'the Fashion-MNIST files')
+    from gluon_multigpu.section.data import input_files  # pylint: disable=import-outside-toplevel
     check_outputs(files=[('--json', args.json)], inputs=input_files('fashion-mnist', args.data_dir))
     size = QUICK if args.quick else FULL
     tasks = plan(size, os.path.abspath(args.data_dir))
@@ -427,8 +428,8 @@ def run(args, out=None):
 
 def flops_per_image():
     """ResNet-18's training FLOPs per 28x28 image (imports MXNet in this process: done last)."""
-    from gluon_multigpu.core.book import resnet18  # pylint: disable=import-outside-toplevel
-    from gluon_multigpu.core.model import count_flops  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.book import resnet18  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.model import count_flops  # pylint: disable=import-outside-toplevel
     net = resnet18(10)
     net.initialize()
     return count_flops(net)

@@ -24,9 +24,9 @@ from lab.commands import sweeps
 from gluon_multigpu.cli.common import int_in
 from gluon_multigpu.errors import DeviceError
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.outputs import files
+from gluon_multigpu.filesafety import files
 from lab.studies import sweep as sweep_module
-from gluon_multigpu.outputs.targets import check_outputs
+from gluon_multigpu.filesafety.targets import check_outputs
 
 #: model -> (batch, steps per round): about a second per round on two cores.
 SETTINGS = {'simple-cnn': (128, 10), 'resnet18': (64, 2)}
@@ -138,7 +138,7 @@ def bfloat16_block(net, X, conv_only):
 def batch_of(args, batch):
     """One batch of Fashion-MNIST (or random images of its shape) on the CPU."""
     from mxnet import np  # pylint: disable=import-outside-toplevel
-    from gluon_multigpu.core.data import read_split, synthetic_data  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.data import read_split, synthetic_data  # pylint: disable=import-outside-toplevel
     if args.data_dir or args.download:
         images, labels = read_split(sweeps.data_root(args), 'test', 'fashion-mnist')
         return (np.array(images[:batch, None] / 255.0, dtype='float32'),
@@ -151,7 +151,7 @@ def steps_of(model, variant, X, y):
     """A function that runs one SGD step of ``model`` in ``variant``; fresh weights, seed 0."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     from mxnet import autograd, gluon  # pylint: disable=import-outside-toplevel
-    from gluon_multigpu.core.model import default_initializer, get_model  # pylint: disable=import-outside-toplevel
+    from gluon_multigpu.section.model import default_initializer, get_model  # pylint: disable=import-outside-toplevel
     mx.random.seed(0)
     net = to_hybrid(get_model(model))
     net.initialize(default_initializer(model), ctx=mx.cpu())

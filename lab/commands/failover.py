@@ -13,7 +13,7 @@ from gluon_multigpu.cli import common
 from gluon_multigpu.cli.common import positive_float
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.base import signals
-from gluon_multigpu.outputs import files
+from gluon_multigpu.filesafety import files
 from lab.hosts import cluster
 from lab.studies import failover_study as failover
 from gluon_multigpu.base.machine import stamp

@@ -22,8 +22,8 @@ import tempfile
 from gluon_multigpu.base import signals
 from gluon_multigpu.cli import common
 from gluon_multigpu.cli.common import stopping_main
-from gluon_multigpu.outputs.files import write_json
-from gluon_multigpu.outputs.targets import check_outputs
+from gluon_multigpu.filesafety.files import write_json
+from gluon_multigpu.filesafety.targets import check_outputs
 
 #: The environment of the measured runs: this process's before its own engine settings
 #: (``start``; each run sets those of its --cpu-devices itself).

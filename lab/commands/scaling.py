@@ -24,8 +24,8 @@ from gluon_multigpu.cli.common import int_in, non_negative_float, num_epochs, po
 from lab.studies.counts import device_counts, devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as sweep_module
-from gluon_multigpu.outputs.locks import Lock
-from gluon_multigpu.outputs.targets import check_outputs, input_files
+from gluon_multigpu.filesafety.lockfile import Lock
+from gluon_multigpu.filesafety.targets import check_outputs
 from lab.studies.scaling_model import LR_RULES, MEASURED_COLUMNS, PROJECTION_COLUMNS, SYNC_COLUMNS, \
     WARMUP_STEPS, add_speedups, build_grid, projection_batches
 
@@ -98,9 +98,9 @@ GPU_BATCH, CPU_BATCH = 256, 64
 
 def build_parser():
     """Return the argument parser of this script."""
-    from gluon_multigpu.core.data import DATASETS
-    from gluon_multigpu.core.kvstores import KVSTORES
-    from gluon_multigpu.core.model import MODELS
+    from gluon_multigpu.section.data import DATASETS
+    from gluon_multigpu.section.kvstores import KVSTORES
+    from gluon_multigpu.section.model import MODELS
     p = common.sweep_parser(__doc__, EPILOG, 1, 'up to the number of cores', 'run, e.g. 1 2 4')
     batch = p.add_mutually_exclusive_group()
     batch.add_argument('--batch-per-device', type=int_in(1, 100_000), nargs='+', metavar='B',
@@ -163,7 +163,7 @@ def fit_batches(args, device_type, counts, batches, given, available, say):
     """
     if device_type != 'cpu' or available is None:
         return batches
-    from gluon_multigpu.core.model import memory_needed
+    from gluon_multigpu.section.model import memory_needed
     largest, per_device = max(counts), not args.global_batch
 
     def need(b):
@@ -269,6 +269,7 @@ def print_tables(rows, projection, out):
 def run(args, out=None, stop=None):
     """Check the input, run the sweep (each run kept in --results as it ends) and the
     projection's measurements, write the report. ``stop``: a ``StopRequest``."""
+    from gluon_multigpu.section.data import input_files
     out = out or sys.stdout
     check_outputs(files=sweeps.results_output(args.results, args.out, REPORT_FILES),
                   directories=[('--out', args.out)],
@@ -290,7 +291,7 @@ def plan_sweep(args):
     """What the sweep measures, from the command line, checked before any data is read: the
     device type, ``counts``, a ``note`` on them (or None), the ``kvstores``, the ``batch_mode``,
     the ``batches`` (fitted to the memory available) and the configurations' ``grid``."""
-    from gluon_multigpu.core.kvstores import check_kvstore
+    from gluon_multigpu.section.kvstores import check_kvstore
     device_type, counts, note = resolve_counts(
         args.num_gpus, args.cpu_devices, args.counts, cpu_default=device_counts(common.cores()))
     kvstores = list(dict.fromkeys(args.kvstores))
@@ -311,8 +312,8 @@ def plan_sweep(args):
 def sweep_data(args, devices):
     """The training and test images and labels of every run, as NumPy array pairs; enough
     training images to split across ``devices`` (``checks.check_train_count``)."""
-    from gluon_multigpu.core.checks import check_train_count
-    from gluon_multigpu.core.data import load_data
+    from gluon_multigpu.machinery.checks import check_train_count
+    from gluon_multigpu.section.data import load_data
     train_iter, test_iter = load_data(args.dataset, 1, root=args.data_dir, download=args.download,
                                       num_train=args.num_train, num_test=args.num_test)
     check_train_count(len(train_iter.labels), devices)

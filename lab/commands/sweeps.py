@@ -17,7 +17,7 @@ from gluon_multigpu.cli.arguments import UsageError, error_line
 from gluon_multigpu.cli.console import quiet_console, resume_command, say_quietly, stop_request
 from gluon_multigpu.base import signals
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
-from gluon_multigpu.run.stopping import check_stop
+from gluon_multigpu.observe.stopping import check_stop
 
 #: An environment variable the measuring programs read instead of the system's MemAvailable,
 #: in bytes (e.g. ``2e9``): to try, or test, how they answer on a machine with less memory.
@@ -84,14 +84,14 @@ def available_memory(environ=None):
         if not (math.isfinite(value) and value > 0):
             raise UsageError(f'{MEMORY_VARIABLE}={text!r} is not a positive number of bytes')
         return value
-    from gluon_multigpu.core import devices  # pylint: disable=import-outside-toplevel  (loads MXNet)
+    from gluon_multigpu.section import devices  # pylint: disable=import-outside-toplevel  (loads MXNet)
     return devices.available_memory()
 
 
 def data_root(args, dataset='fashion-mnist'):
     """The data folder of ``args`` (--data-dir, or the data set's default), its files downloaded
     first with --download and checked (``DataError``: one line naming what to do)."""
-    from gluon_multigpu.core import data  # pylint: disable=import-outside-toplevel  (loads MXNet)
+    from gluon_multigpu.section import data  # pylint: disable=import-outside-toplevel  (loads MXNet)
     root = os.path.expanduser(args.data_dir or data.default_root(dataset))
     if args.download:
         data.download_dataset(dataset, root)

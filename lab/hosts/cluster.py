@@ -24,8 +24,9 @@ from lab.hosts import registry
 from lab.hosts import sshd
 from lab.hosts.netns import ClusterError, rate_bytes
 from lab.hosts.registry import REGISTRY, remove_stale
-from gluon_multigpu.base import engine, fs
-from gluon_multigpu.outputs import output
+from gluon_multigpu.base import engine
+from gluon_multigpu.filesafety import fs
+from gluon_multigpu.filesafety import output
 
 __all__ = ['available', 'ClusterError', 'Cluster', 'remove_stale', 'rate_bytes', 'checkout', 'program',
            'REGISTRY']

@@ -16,9 +16,9 @@ import re
 from lab.hosts import netns
 from lab.hosts.netns import ClusterError
 from gluon_multigpu.errors import GluonMultiGPUError
-from gluon_multigpu.base import fs, reading
-from gluon_multigpu.outputs import locks
-from gluon_multigpu.outputs import output
+from gluon_multigpu.filesafety import fs, reading
+from gluon_multigpu.filesafety import lockfile
+from gluon_multigpu.filesafety import output
 
 __all__ = ['REGISTRY', 'remove_stale', 'reserve', 'live_workdirs']
 
@@ -75,9 +75,9 @@ def live_workdirs():
 
 
 def _registry_lock(timeout=60.0):
-    """The lock of the registry (``locks.Lock``, waiting up to ``timeout`` s for its holder)."""
+    """The lock of the registry (``lockfile.Lock``, waiting up to ``timeout`` s for its holder)."""
     output.makedirs(REGISTRY, mode=0o755)
-    return locks.Lock(os.path.join(REGISTRY, '.registry.lock'),
+    return lockfile.Lock(os.path.join(REGISTRY, '.registry.lock'),
                       held=lambda who: f'the cluster registry {REGISTRY} stayed locked{who} for '
                                        f'{timeout:g} s',
                       fix=f'remove {REGISTRY} once no cluster runs', error=ClusterError,

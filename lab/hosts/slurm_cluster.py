@@ -20,8 +20,9 @@ import time
 from gluon_multigpu.multihost import agent
 from lab.hosts import registry
 from lab.hosts.netns import ClusterError
-from gluon_multigpu.base import engine, fs
-from gluon_multigpu.outputs import output
+from gluon_multigpu.base import engine
+from gluon_multigpu.filesafety import fs
+from gluon_multigpu.filesafety import output
 
 __all__ = ['SLURMCTLD', 'SLURMD', 'MUNGED', 'CLIENTS', 'available', 'SlurmCluster', 'remove_stale']
 

@@ -16,8 +16,9 @@ from collections import namedtuple
 
 from lab.hosts.netns import ClusterError, check
 from gluon_multigpu.errors import GluonMultiGPUError
-from gluon_multigpu.base import engine, reading
-from gluon_multigpu.outputs import output
+from gluon_multigpu.base import engine
+from gluon_multigpu.filesafety import reading
+from gluon_multigpu.filesafety import output
 
 __all__ = ['SSHD', 'PRIVSEP_DIR', 'Files', 'write_files', 'start', 'log_path']
 

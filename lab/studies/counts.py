@@ -1,5 +1,5 @@
 """The device counts of a study's sweep: which type, which counts, and their devices."""
-from gluon_multigpu.core.devices import gpu_devices, num_gpus
+from gluon_multigpu.section.devices import gpu_devices, num_gpus
 from gluon_multigpu.errors import DeviceError
 
 __all__ = ['device_counts', 'resolve_counts', 'devices_for']

@@ -20,7 +20,7 @@ from lab.hosts import cluster as _cluster
 from gluon_multigpu.base import signals
 from lab.studies.faults import EPOCHS, FAULT_EPOCH, MAX_RESTARTS, MID_STEP, RUN_LIMIT, TERM_WAIT, TIMEOUT, inject, job_processes, launch_argv
 from lab.studies.jobs import StudyError, stop_launcher
-from gluon_multigpu.outputs.output import atomic_write
+from gluon_multigpu.filesafety.output import atomic_write
 
 __all__ = ['parse_times', 'final_fingerprint', 'Output', 'run_job']
 

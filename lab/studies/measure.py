@@ -22,16 +22,16 @@ import mxnet as mx
 from mxnet import autograd, gluon, np, npx
 
 from lab.studies import scaling_model as scaling
-from gluon_multigpu.core.data import ArrayLoader, train_loader
-from gluon_multigpu.core.devices import split_batch
+from gluon_multigpu.section.data import ArrayLoader, train_loader
+from gluon_multigpu.section.devices import split_batch
 from lab.studies.counts import device_counts, devices_for
 from gluon_multigpu.base.background import Background
 from gluon_multigpu.errors import TrainingDiverged
-from gluon_multigpu.core.model import default_initializer, get_model, memory_needed
-from gluon_multigpu.core.kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
-from gluon_multigpu.run.progress import Progress
-from gluon_multigpu.run.stopping import check_stop
-from gluon_multigpu.core.training import Hook, hybridize, train
+from gluon_multigpu.section.model import default_initializer, get_model, memory_needed
+from gluon_multigpu.section.kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
+from gluon_multigpu.observe.progress import Progress
+from gluon_multigpu.observe.stopping import check_stop
+from gluon_multigpu.machinery.training import Hook, hybridize, train
 
 __all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch',
            'time_compute', 'sync_trainer', 'time_sync', 'measure_bandwidth', 'measure_count',

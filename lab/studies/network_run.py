@@ -18,10 +18,11 @@ from lab.hosts import cluster as _cluster
 from lab.studies.network_model import SERVERS, TIMED_EPOCH, Config, estimate_seconds, launch_argv
 from lab.studies.jobs import StudyError, stop_launcher
 from gluon_multigpu.errors import GluonMultiGPUError
-from gluon_multigpu.base import fs, reading, signals
+from gluon_multigpu.base import signals
+from gluon_multigpu.filesafety import fs, reading
 from gluon_multigpu.base.background import Background
-from gluon_multigpu.base import reading as _reading
-from gluon_multigpu.outputs.files import write_text
+from gluon_multigpu.filesafety import reading as _reading
+from gluon_multigpu.filesafety.files import write_text
 
 __all__ = ['parse_epochs', 'step_seconds', 'OthersCPU', 'others_cores', 'Measurement', 'measure']
 

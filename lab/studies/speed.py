@@ -4,7 +4,7 @@ A full run of the sweep trains every configuration to its last epoch (hours
 for ResNet-18 on CPU contexts); its speed is known after a few steps. Here a
 configuration trains ``warmup`` untimed steps (the first compiles the graph
 and creates the kvstore), then ``steps`` timed ones: the section's step
-(``core.steps.train_epoch``: split, forward and backward per device,
+(``section.steps.train_epoch``: split, forward and backward per device,
 ``trainer.step``) on real batches, from the same seed and data order as the
 full run, the timer started and stopped after ``npx.waitall()``. A stop
 request is asked before every batch.
@@ -17,14 +17,14 @@ from mxnet import gluon, npx
 
 from lab.studies import scaling_model as scaling
 from lab.studies.measure import build_net
-from gluon_multigpu.core.data import train_loader
+from gluon_multigpu.section.data import train_loader
 from lab.studies.counts import devices_for
-from gluon_multigpu.core.kvstores import make_trainer
-from gluon_multigpu.core.pushers import pushers_for
-from gluon_multigpu.core.recipes import MAX_IN_FLIGHT
-from gluon_multigpu.core.steps import Step, train_epoch
+from gluon_multigpu.section.kvstores import make_trainer
+from gluon_multigpu.machinery.pushers import pushers_for
+from gluon_multigpu.section.recipes import MAX_IN_FLIGHT
+from gluon_multigpu.section.steps import Step, train_epoch
 from gluon_multigpu.errors import TrainingDiverged
-from gluon_multigpu.run.stopping import check_stop
+from gluon_multigpu.observe.stopping import check_stop
 
 __all__ = ['time_steps']
 

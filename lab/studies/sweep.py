@@ -12,10 +12,10 @@ import threading
 import time
 
 from gluon_multigpu.errors import GluonMultiGPUError
-from gluon_multigpu.base import fs, reading
-from gluon_multigpu.outputs import targets
-from gluon_multigpu.outputs.files import write_json
-from gluon_multigpu.outputs.locks import Lock
+from gluon_multigpu.filesafety import fs, reading
+from gluon_multigpu.filesafety import targets
+from gluon_multigpu.filesafety.files import write_json
+from gluon_multigpu.filesafety.lockfile import Lock
 from lab.studies.budget import check_memory, duration, fit_to_memory, size  # noqa: F401 (kept importable from here)
 
 __all__ = ['Unit', 'Sweep', 'SweepError', 'check_memory', 'fit_to_memory', 'size', 'duration',
@@ -124,7 +124,7 @@ class Sweep:
         return target
 
     def _take_lock(self):
-        """Hold ``.NAME.lock`` beside the results file (``locks.Lock``), or raise ``SweepError``."""
+        """Hold ``.NAME.lock`` beside the results file (``lockfile.Lock``), or raise ``SweepError``."""
         folder, name = os.path.split(self.target)
         self._lock_file = Lock(
             os.path.join(folder, f'.{name}.lock'),

@@ -171,7 +171,7 @@ def test_the_readmes_main_job_output_is_the_recorded_run():
     """The epoch lines and the closing line in the README's output block are those of
     docs/results/main-job.json, the main job's own --json (the README's first command with
     ``--json docs/results/main-job.json``), stamped with its machine and date."""
-    from gluon_multigpu.core.results import EpochRecord, TrainResult, epoch_line
+    from gluon_multigpu.section.results import EpochRecord, TrainResult, epoch_line
     data = json.loads((REPO / 'docs' / 'results' / 'main-job.json').read_text())
     assert data['machine'] and data['date']
     [run] = data['runs']

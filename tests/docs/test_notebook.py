@@ -68,7 +68,7 @@ def live_run(live, *hooks):
 
 
 class Syncs:
-    """Stands in for ``npx`` in ``live`` (core/live.py): counts the waits for the devices."""
+    """Stands in for ``npx`` in ``live`` (observe/live.py): counts the waits for the devices."""
 
     def __init__(self):
         self.count = 0

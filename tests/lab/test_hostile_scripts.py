@@ -21,7 +21,7 @@ from lab.studies import measure as lab_measure
 from lab.studies import scaling_model as lab_scaling
 from lab.studies import scaling_report as lab_scaling_report
 from lab.studies import sweep as lab_sweep
-from gluon_multigpu.core.results import EpochRecord, TrainResult
+from gluon_multigpu.section.results import EpochRecord, TrainResult
 from conftest import REPO, Lines, alive, children, load_script, run_bounded, wait_bounded
 
 SCRIPTS = REPO / 'scripts'

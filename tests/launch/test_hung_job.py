@@ -83,7 +83,7 @@ def test_a_worker_hung_in_a_step_is_named_with_its_host_rank_and_step_and_nothin
     assert any(l.startswith('Current thread') for l in hung_stack), text
     assert any(l.endswith(' in stepping') for l in hung_stack), hung_stack  # hang_worker's step
     assert any(l.startswith('Current thread') for l in waiting_stack), text
-    assert any('core/steps.py' in l for l in waiting_stack), waiting_stack
+    assert any('section/steps.py' in l for l in waiting_stack), waiting_stack
     assert 'Traceback' not in '\n'.join(text + err.text())
     assert gone(seen, timeout=10)  # servers, scheduler, workers, agents, keepers: none is left
 

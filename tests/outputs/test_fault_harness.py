@@ -11,7 +11,7 @@ import pytest
 import fault_harness
 import power_cut
 from fault_entries import Entry, user_file
-from gluon_multigpu.base import fs
+from gluon_multigpu.filesafety import fs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CASES = [(e.name, kind) for e in fault_harness.ENTRIES for kind in fault_harness.KINDS]
@@ -226,7 +226,7 @@ def test_the_harness_catches_a_silent_failure_and_a_removed_decoy(own_entries):
 def test_the_harness_says_when_an_entry_point_makes_no_fs_call(own_entries, monkeypatch):
     monkeypatch.setattr(Atomic, 'act', lambda self, root: None)
     run, failed = fault_harness.results('atomic', 'ENOSPC')
-    assert run == 0 and 'no call through gluon_multigpu.base.fs' in failed[0].problems[0]
+    assert run == 0 and 'no call through gluon_multigpu.filesafety.fs' in failed[0].problems[0]
 
 
 def test_a_stale_lock_after_a_kill_a_failed_removal_and_a_shorter_run_are_no_failures(

@@ -1,4 +1,4 @@
-"""The output layer (``outputs/output.py``, ``outputs/locks.py``): its rules, and the findings they fix.
+"""The output layer (``filesafety/output.py``, ``filesafety/lockfile.py``): its rules, and the findings they fix.
 
 Every file the package writes goes through one layer: a file it did not write is never replaced,
 truncated or deleted (its own are told by content), a write of several files is all or nothing
@@ -15,9 +15,9 @@ import pytest
 import gluon_multigpu as gm
 from lab.studies import measure as lab_measure
 from lab.studies import sweep as lab_sweep
-from gluon_multigpu.base import fs
-from gluon_multigpu.outputs import locks
-from gluon_multigpu.outputs import output
+from gluon_multigpu.filesafety import fs
+from gluon_multigpu.filesafety import lockfile
+from gluon_multigpu.filesafety import output
 from conftest import load_script
 
 BALANCE = ['--cpu-devices', '2', '--steps', '4', '--batch-size', '16', '--rounds', '1',
@@ -58,7 +58,7 @@ def snapshot(folder):
 
 
 def lock(path, say=None):
-    return locks.Lock(path, held=lambda who: f'held{who}', fix='give another path', say=say)
+    return lockfile.Lock(path, held=lambda who: f'held{who}', fix='give another path', say=say)
 
 
 def results_file(program, config, keys, status='complete', result=1):
@@ -254,7 +254,7 @@ def test_a_lock_is_created_with_its_marker_and_removed_on_release(tmp_path):
     with lock(path) as held:
         assert held.locked
         text = path.read_text().splitlines()
-        assert text[0] == locks.MARKER and text[1] == f'pid {os.getpid()}'
+        assert text[0] == lockfile.MARKER and text[1] == f'pid {os.getpid()}'
         with pytest.raises(gm.GluonMultiGPUError, match=f'held \\(process {os.getpid()}\\)'):
             lock(path).acquire()
     assert not path.exists()
@@ -281,7 +281,7 @@ def test_a_lock_name_taken_by_something_else_is_refused_and_left(tmp_path, kind)
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_line(tmp_path):
     path = tmp_path / 'x.lock'
-    path.write_text(f'{locks.MARKER}\npid 999999\nhost elsewhere\n')  # nobody holds its flock
+    path.write_text(f'{lockfile.MARKER}\npid 999999\nhost elsewhere\n')  # nobody holds its flock
     said = []
     with lock(path, say=said.append):
         assert f'pid {os.getpid()}' in path.read_text()
@@ -292,7 +292,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_line(tmp_path):
 def test_a_checkpoints_stale_lock_is_taken_over_with_the_note_on_stderr(tmp_path, capsys):
     """A lock whose program gives no way to say things (the Checkpointer's) still says it: the
     takeover was silent there."""
-    (tmp_path / gm.checkpoint.LOCK).write_text(f'{locks.MARKER}\npid 999999\nhost elsewhere\n')
+    (tmp_path / gm.checkpoint.LOCK).write_text(f'{lockfile.MARKER}\npid 999999\nhost elsewhere\n')
     with gm.Checkpointer(tmp_path, {'k': 1}):
         pass
     err = capsys.readouterr().err
@@ -302,7 +302,7 @@ def test_a_checkpoints_stale_lock_is_taken_over_with_the_note_on_stderr(tmp_path
 
 def test_a_stale_lock_with_a_second_name_is_not_taken_over(tmp_path):
     path = tmp_path / 'x.lock'
-    path.write_text(f'{locks.MARKER}\npid 999999\n')
+    path.write_text(f'{lockfile.MARKER}\npid 999999\n')
     os.link(path, tmp_path / 'kept')
     with pytest.raises(gm.GluonMultiGPUError, match='hard link'):
         lock(path).acquire()
@@ -493,7 +493,7 @@ def test_recover_removes_an_empty_staging_folder_and_keeps_a_non_empty_one(tmp_p
 
 def test_the_writable_probe_names_no_file_where_unnamed_files_are_supported(tmp_path,
                                                                             monkeypatch):
-    from gluon_multigpu.outputs import targets
+    from gluon_multigpu.filesafety import targets
     opened = []
     monkeypatch.setattr(fs, 'hook', lambda operation, where: opened.append((operation, where)))
     targets.check_writable(str(tmp_path), '--out')

@@ -4,8 +4,8 @@ import time
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.outputs.files import atomic_write
-from gluon_multigpu.core.training import EpochRecord, TrainResult
+from gluon_multigpu.filesafety.files import atomic_write
+from gluon_multigpu.machinery.training import EpochRecord, TrainResult
 from gluon_multigpu.study import paired
 
 PNG = b'\x89PNG\r\n\x1a\n'
@@ -76,7 +76,7 @@ def test_final_line_without_a_test_set_or_an_epoch_says_so():
     assert result.final_line() == 'no test set, 7.8 sec/epoch on [gpu(0), gpu(1)]'
     assert TrainResult(devices=['cpu(0)'], kvstore='device', lr=0.1).final_line() == \
         'no epoch trained on [cpu(0)]'
-    assert gm.Progress.__module__ == 'gluon_multigpu.run.progress'  # exported with the others
+    assert gm.Progress.__module__ == 'gluon_multigpu.observe.progress'  # exported with the others
 
 
 def test_comparison_table_carries_each_ratio_and_its_interval_beside_the_mean():

@@ -6,7 +6,7 @@ import numpy as onp
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.core.data import IDX_FILES
+from gluon_multigpu.section.data import IDX_FILES
 
 
 def idx_bytes(array, type_code=0x08):

@@ -12,7 +12,7 @@ from mxnet import init
 
 import gluon_multigpu as gm
 from gluon_multigpu.base.machine import stamp
-from gluon_multigpu.core.training import EpochRecord, TrainResult
+from gluon_multigpu.machinery.training import EpochRecord, TrainResult
 from conftest import load_script
 
 
@@ -166,7 +166,7 @@ def test_a_tracker_of_one_run_keeps_no_copy_of_the_parameters(capsys):
     args = ['--cpu-devices', '2', '--model', 'simple-cnn', '--synthetic', '--num-train', '64',
             '--num-test', '16', '--num-epochs', '2', '--progress-interval', '0']
     made = []
-    from gluon_multigpu.cli import train_run  # the module that makes the run's tracker
+    from gluon_multigpu.runs import train_run  # the module that makes the run's tracker
     real = train_run.ParamTracker
 
     class Spy(real):

@@ -1,11 +1,11 @@
-"""core.pushers: each CPU context's passes queued from a thread of its own, same figures."""
+"""machinery.pushers: each CPU context's passes queued from a thread of its own, same figures."""
 import os
 import threading
 
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.core.pushers import DevicePushers, pushers_for
+from gluon_multigpu.machinery.pushers import DevicePushers, pushers_for
 
 
 def test_the_first_call_of_a_kind_runs_in_the_caller_and_later_ones_in_each_devices_thread():

@@ -13,7 +13,7 @@ import pytest
 from mxnet import np
 
 import gluon_multigpu as gm
-from gluon_multigpu.base import fs
+from gluon_multigpu.filesafety import fs
 from checkpoint_files import assert_same_run, figures, manifest, saved_params
 from conftest import REPO, load_script, run_bounded, wait_bounded
 

@@ -3,7 +3,7 @@ calls: the last complete checkpoint stays byte-identical, or the new one is comp
 next Checkpointer has opened the folder nothing is left but the checkpoint's own files; and a
 user's files named like the package's are never touched.
 
-The calls are those of ``base/fs.py`` (``fs.hook`` sees each one, MXNet's writes announced by
+The calls are those of ``filesafety/fs.py`` (``fs.hook`` sees each one, MXNet's writes announced by
 ``fs.external``). MXNet works in a forked child (it stops and restarts its engine around
 ``fork``), so each SIGKILL is a fork of this process, killed at its n-th call.
 """
@@ -20,7 +20,7 @@ import pytest
 from mxnet import gluon, np
 
 import gluon_multigpu as gm
-from gluon_multigpu.base import fs
+from gluon_multigpu.filesafety import fs
 
 CONFIG = {'run': 'faults'}
 #: A user's files, named like the package's own: none may change or go.

@@ -416,4 +416,4 @@ def test_the_gpu_install_is_written_one_way_everywhere():
     assert found >= 4  # README, guide, setup.cfg, the definition
     for name in ('kvstores', 'kvstore_run'):  # the messages take it from there
         assert 'GPU_INSTALL' in (repo / 'gluon_multigpu').joinpath(
-            'core' if name == 'kvstores' else 'cli', f'{name}.py').read_text(encoding='utf-8')
+            'section' if name == 'kvstores' else 'runs', f'{name}.py').read_text(encoding='utf-8')

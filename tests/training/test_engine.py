@@ -74,7 +74,7 @@ def test_importing_the_package_loads_neither_mxnet_nor_matplotlib(tmp_path):
     got = probe(tmp_path, '''
         import gluon_multigpu as gm
         seen = [gm.engine, gm.errors, gm.recipes, gm.devices, gm.RECIPES, gm.DeviceError,
-                gm.engine.recommended(2), dir(gm), gm.core, gm.features, gm.run, gm.outputs, gm.checkpoints, gm.study]
+                gm.engine.recommended(2), dir(gm), gm.section, gm.observe, gm.machinery, gm.features, gm.filesafety, gm.checkpoints, gm.study]
         report(mxnet='mxnet' in sys.modules, matplotlib='matplotlib' in sys.modules,
                loaded=gm.engine.loaded(), settings=gm.engine.settings())
         ''')
@@ -154,7 +154,7 @@ def test_an_unknown_name_is_an_ordinary_attribute_error():
 # -- what the settings are ----------------------------------------------------------------------
 
 def test_recommended_divides_the_cores_among_contexts_and_gives_each_thread_one_scratch_copy():
-    # CPU contexts: each context's passes are queued from a thread of its own (core.pushers),
+    # CPU contexts: each context's passes are queued from a thread of its own (machinery.pushers),
     # each thread has one scratch copy, and a context runs one operator at a time
     one = {'MXNET_CPU_TEMP_COPY': '1'}
     assert gm.engine.recommended(2, num_cores=8) == {'OMP_NUM_THREADS': '4', **one}

@@ -21,7 +21,8 @@ import time
 import numpy as onp
 import pytest
 
-from gluon_multigpu.cli import common, console, messages
+from gluon_multigpu.cli import common, console
+from gluon_multigpu.cli import messages
 import gluon_multigpu as gm
 from conftest import REPO, load_script, run_bounded, wait_bounded
 from process_state import handles, has_mapped, wait_until

@@ -380,8 +380,8 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
     (out / 'kept.md').write_text('old')
     code = textwrap.dedent(f'''
         import os, signal, sys, time
-        from gluon_multigpu.run import stopping
-        from gluon_multigpu.outputs import files
+        from gluon_multigpu.observe import stopping
+        from gluon_multigpu.filesafety import files
         with stopping.StopRequest() as stop:
             with files.ReportFolder({str(out)!r}) as report:
                 with open(report.path('kept.md'), 'w') as f:

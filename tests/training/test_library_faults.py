@@ -22,7 +22,7 @@ from mxnet.gluon import nn
 
 import gluon_multigpu as gm
 from gluon_multigpu.cli import common
-from gluon_multigpu.run import stopping
+from gluon_multigpu.observe import stopping
 from conftest import REPO, Lines, wait_bounded
 
 STEPS = 3

@@ -64,16 +64,16 @@ def test_one_kvstore_reaches_the_step_in_8_calls_through_5_files_one_way(tmp_pat
     frames = stack_at_step(tmp_path, fashion_dir, 'device')
     calls = len(frames) - 1  # the script's own frame makes the first call
     visits = files_in_order(frames)
-    assert frames[-1] == ['gluon_multigpu/core/steps.py', 'train_batch'], frames
+    assert frames[-1] == ['gluon_multigpu/section/steps.py', 'train_batch'], frames
     assert calls <= 8, frames
     assert len(set(visits)) <= 5, visits
     assert len(visits) == len(set(visits)), f'a round trip: {visits}'
-    assert 'gluon_multigpu/cli/comparison.py' not in visits  # one kvstore: training directly
+    assert 'gluon_multigpu/runs/comparison.py' not in visits  # one kvstore: training directly
 
 
 @pytest.mark.slow
 def test_several_kvstores_go_through_the_comparison_one_way(tmp_path, fashion_dir):
     frames = stack_at_step(tmp_path, fashion_dir, 'device', 'local')
     visits = files_in_order(frames)
-    assert 'gluon_multigpu/cli/comparison.py' in visits and frames[-1][1] == 'train_batch'
+    assert 'gluon_multigpu/runs/comparison.py' in visits and frames[-1][1] == 'train_batch'
     assert len(visits) == len(set(visits)), f'a round trip: {visits}'

@@ -1,12 +1,12 @@
 """The record of the messages' wording: one golden test per message family.
 
 Each test here pins a family's exact text once, computed from the function
-that makes it (``cli/messages.py`` for the programs' stops, ``core/interrupt.py``
+that makes it (``cli/messages.py`` for the programs' stops, ``observe/interrupt.py``
 for the library's Interruptible, ``error_line`` and ``flag`` for bad input).
 The behavioural tests elsewhere assert what a message must say in their
 situation (the flag, the path, the signal, the status); a deliberate rewording
 changes the test of its family here, and no other. The book's epoch and final
-lines (``core/results.py``) are the product's contract with the text: they are
+lines (``section/results.py``) are the product's contract with the text: they are
 pinned where they are tested (tests/outputs/test_reporting.py).
 """
 import signal
@@ -16,12 +16,13 @@ import mxnet as mx
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.cli import arguments, messages
+from gluon_multigpu.cli import arguments
+from gluon_multigpu.cli import messages
 from lab.commands import failover as failover_cli
 from lab.commands import network as network_cli
 from gluon_multigpu.cli.arguments import error_line
 from gluon_multigpu.errors import flag
-from gluon_multigpu.core.training import _diverged_in  # pylint: disable=protected-access
+from gluon_multigpu.machinery.training import _diverged_in  # pylint: disable=protected-access
 from gluon_multigpu.multihost.supervise import Job
 from lab.studies.sweep import Sweep
 from lab.commands import sweeps

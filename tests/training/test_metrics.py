@@ -276,7 +276,7 @@ def test_bad_flags_are_one_line_before_any_work(train_script, fashion_dir, tmp_p
 
 def test_the_train_commands_workers_after_the_first_write_nothing(train_script, fashion_dir,
                                                                    tmp_path, monkeypatch, capsys):
-    from gluon_multigpu.cli import train_run
+    from gluon_multigpu.runs import train_run
     monkeypatch.setattr(train_run, 'join_parameter_server', lambda *a, **k: Worker(None, 1, 1))
     assert train_script.main(argv(fashion_dir, '--tensorboard', tmp_path / 'tb', '--metrics',
                                   tmp_path / 'm.jsonl')) == 0

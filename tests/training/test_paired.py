@@ -8,8 +8,8 @@ import types
 import numpy as onp
 import pytest
 
-from gluon_multigpu.cli.comparison import Comparison
-from gluon_multigpu.core.results import EpochRecord, TrainResult
+from gluon_multigpu.runs.comparison import Comparison
+from gluon_multigpu.section.results import EpochRecord, TrainResult
 from gluon_multigpu.study import paired
 from gluon_multigpu.study.compare import ParamTracker
 

@@ -4,7 +4,7 @@ Per-model defaults (``recipes``), the batch that fits (``model.fit_batch``),
 synchronised BatchNorm's conditions (``sync_bn.check_training``), the
 checkpoint of a run (``RunConfig.recorded``, ``checkpoint.for_run``, data
 a checkpoint can resume), joining a parameter server (``distributed.join``),
-and the run's inputs that no output may replace (``files.input_files``).
+and the run's inputs that no output may replace (``data.input_files``).
 Messages name arguments in backquotes; ``describe(common.flag)`` is the CLI's line.
 """
 import os
@@ -231,9 +231,9 @@ def test_a_worker_trains_on_its_share_of_the_global_batch_and_only_the_first_eva
 def test_no_output_may_replace_the_runs_data(tmp_path):
     data = tmp_path / 'data'
     data.mkdir()
-    inputs = gm.files.input_files('fashion-mnist', str(data))
+    inputs = gm.data.input_files('fashion-mnist', str(data))
     assert [os.path.basename(p) for p in inputs] == list(gm.data.IDX_FILES.values())
-    assert gm.files.input_files('mnist')[0].startswith(gm.data.default_root('mnist'))
+    assert gm.data.input_files('mnist')[0].startswith(gm.data.default_root('mnist'))
     (data / 'train-images-idx3-ubyte.gz').write_bytes(b'images')
     with pytest.raises(gm.GluonMultiGPUError, match="one of the run's input files"):
         gm.files.check_outputs(files=[('`json`', str(data / 'train-images-idx3-ubyte.gz'))],

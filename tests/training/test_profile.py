@@ -14,10 +14,10 @@ import threading
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.core import profile as profiling
-from gluon_multigpu.core.profile import Profile
+from gluon_multigpu.observe import profile as profiling
+from gluon_multigpu.observe.profile import Profile
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
-from gluon_multigpu.base import foreign
+from gluon_multigpu.filesafety import foreign
 from conftest import REPO, load_script, run_bounded
 
 import mxnet as mx

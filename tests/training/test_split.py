@@ -107,7 +107,7 @@ def test_the_cli_trains_as_well_with_a_1_3_split_as_with_the_even_one(fashion_di
 
 
 def test_the_first_line_gives_the_shards_of_an_uneven_split():
-    from gluon_multigpu.cli.train_run import per_device
+    from gluon_multigpu.runs.train_run import per_device
     assert per_device(None, 128, 2) == '64 per device'
     assert per_device([1.0, 3.0], 128, 2) == '32 + 96 by --split 1,3'
     assert per_device([1.0, 1.0, 2.0], 10, 3) == '3 + 2 + 5 by --split 1,1,2'  # ties: the first device

@@ -16,8 +16,8 @@ import gluon_multigpu as gm
 from conftest import REPO, Lines, run_bounded, wait_bounded
 from process_state import Load
 from gluon_multigpu.base import stacks
-from gluon_multigpu.core.stall import (LaunchedStall, StallHook, StepReports, stall_hook,
-                                        stall_line)
+from gluon_multigpu.observe.stall import (LaunchedStall, StallHook, StepReports, stall_hook,
+                                          stall_line)
 from gluon_multigpu.multihost import hung
 from gluon_multigpu.multihost.plan import Settings, _take_control
 
@@ -137,7 +137,7 @@ def assert_stacks(err, where):
     assert any(re.match(r'^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$', l)
                for l in err), err
     assert any(re.search(rf'line \d+ in {where}$', l) for l in err), err
-    assert any('core/stall.py' in l and 'in _stalled' in l for l in err), err  # the watch's thread
+    assert any('observe/stall.py' in l and 'in _stalled' in l for l in err), err  # the watch's thread
 
 
 @pytest.mark.slow  # a subprocess that waits for its stall

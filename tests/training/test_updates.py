@@ -14,7 +14,7 @@ import pytest
 from mxnet import autograd, gluon, np
 
 import gluon_multigpu as gm
-from gluon_multigpu.core.updates import Schedule
+from gluon_multigpu.machinery.updates import Schedule
 from conftest import REPO, load_script, run_bounded
 
 K, B = 3, 8

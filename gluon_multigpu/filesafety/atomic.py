@@ -1,0 +1,348 @@
+"""Single files written whole or not at all: the first half of the output layer (``output``).
+
+Its rules are stated once, in ``output``'s docstring; what is here: ``atomic_write`` (a file
+through a temporary file, unnamed (``O_TMPFILE``) until complete, then named by its content's
+hash, or ``O_EXCL`` where that is not supported; fsynced, renamed, the folder fsynced;
+``remove_hashed`` removes what a kill left), ``create_whole`` (a new file linked whole),
+``create_exclusive`` (a new file, never one opened on an existing name), ``remove_own`` (a file
+removed only while it is still the one made here), ``naming`` (an ``OSError`` naming the file the
+user knows). Every change goes through ``fs``.
+"""
+import errno
+import hashlib
+import io
+import os
+import re
+import secrets
+import stat
+
+from . import fs, reading
+from .paths import resolve_output
+
+__all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'create_exclusive',
+           'remove_own', 'makedirs', 'UNFINISHED', 'open_unnamed', 'create_whole',
+           'remove_hashed', 'HASHED']
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: Temporary files and staging folders being written now, with the inode that makes each ours:
+#: a process that must end at once (``os._exit``, which runs no ``finally``) settles them first.
+UNFINISHED = {}
+
+
+def _inode(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def fsync_directory(directory):
+    """fsync ``directory``, so that a rename in it outlives a power cut (best effort)."""
+    try:
+        fd = os.open(directory or '.', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fs.fsync(fd, directory)
+    except OSError:
+        pass  # some file systems refuse fsync on a folder; the rename itself is done
+    finally:
+        os.close(fd)
+
+
+def create_exclusive(path, data, mode=0o666):
+    """Create the new file ``path`` holding ``data`` (bytes), fsynced; raise if anything has the
+    name (``FileExistsError``). On failure the file made here is removed."""
+    fd = fs.open(path, _FLAGS, mode)
+    made = _inode(path)
+    try:
+        fs.write(fd, data, path)
+        fs.fsync(fd, path)
+    except BaseException:
+        os.close(fd)
+        remove_own(path, made)
+        raise
+    os.close(fd)
+    return made
+
+
+def remove_own(path, inode):
+    """Remove ``path`` only if it is still the file ``inode`` (``(st_dev, st_ino)``) made here."""
+    if inode is not None and _inode(path) == inode:
+        try:
+            fs.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class atomic_write:  # pylint: disable=invalid-name
+    """Context manager writing ``path`` through a temporary file in the same directory.
+
+    Yields a file object (text for ``'w'``, bytes for ``'wb'``) that collects the content; when
+    the block ends without error it is written to a new temporary file (``O_EXCL``), fsynced,
+    renamed over ``path``, and the folder fsynced; otherwise nothing is left behind.
+
+    With ``follow_links`` (outputs the user names), a symbolic link is written through: the file
+    it leads to is replaced, beside itself, and the link stays (``resolve_output``). Without it
+    (a checkpoint's own files), the rename replaces whatever has the name, a planted link
+    included, and nothing outside the directory is touched. Either way only a regular file (or
+    nothing) is ever replaced. An ``OSError`` names ``path``.
+    """
+
+    def __init__(self, path, mode='w', follow_links=True):
+        if mode not in ('w', 'wb'):
+            raise ValueError(f"atomic_write writes with mode 'w' or 'wb', not {mode!r}")
+        self.path, self.mode = os.path.abspath(path), mode
+        self.follow_links = follow_links
+        self._buffer = None
+
+    def __enter__(self):
+        if self.follow_links:
+            self.path = resolve_output(self.path, 'output')
+        self._check_target()
+        self._buffer = io.StringIO() if self.mode == 'w' else io.BytesIO()
+        return self._buffer
+
+    def _check_target(self):
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(mode) or (self.follow_links and not stat.S_ISREG(mode)):
+            raise IsADirectoryError(21, 'not a regular file, not replaced', self.path)
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            if isinstance(exc, OSError) and not exc.filename:
+                exc.filename = self.path  # a write in the block failed: name the file meant
+            return False
+        data = self._buffer.getvalue()
+        if self.mode == 'w':
+            data = data.encode('utf-8')
+        with naming(self.path):
+            self._check_target()
+            write_file(self.path, data)
+        return False
+
+
+#: A linked temporary's name: ``.NAME.<8 random hex digits>.<first 16 hex digits of
+#: sha256(content)>.tmp`` (the random part: two writers of one content never collide).
+HASHED = re.compile(r'^\.(.+)\.[0-9a-f]{8}\.([0-9a-f]{16})\.tmp$')
+#: Errors of an ``O_TMPFILE`` open that mean "not supported here" (fall back to a named file).
+_NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL)
+
+
+def open_unnamed(directory, mode=0o666):
+    """A new file without a name in ``directory`` (``O_TMPFILE``), open for writing; None where
+    the file system (or /proc, needed to link it) does not support that. A kill before it is
+    linked leaves nothing."""
+    if not hasattr(os, 'O_TMPFILE') or not os.path.isdir('/proc/self/fd'):
+        return None
+    try:
+        return fs.open(directory or '.', os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno in _NO_TMPFILE:
+            return None
+        raise
+
+
+#: Errors of linking an unnamed file that mean "cannot be linked here" (fall back).
+_NO_LINK = (errno.EXDEV, errno.ENOENT, errno.EPERM)
+
+
+def _link_unnamed(fd, path):
+    """Give the unnamed file ``fd`` the name ``path`` (fails if anything has it)."""
+    fs.link_unnamed(fd, path)
+
+
+def _digest(data):
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _content_digest(path):
+    """The digest of the regular file ``path`` (not through a link), or None."""
+    f = reading.open_if_regular(path)
+    if f is None:
+        return None
+    try:
+        with f:
+            return reading.sha256(f)[:16]
+    except OSError:
+        return None
+
+
+def remove_hashed(directory, target=None):
+    """Remove the linked temporaries a killed ``write_file`` left in ``directory`` (only those
+    for the file named ``target``, if given): each a regular file named ``.NAME.<random>.<hash>
+    .tmp`` whose content has that hash (rule 1: recognised by content; a file with such a name
+    and other content is left). Returns their names."""
+    try:
+        names = os.listdir(directory or '.')
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = HASHED.match(name)
+        path = os.path.join(directory, name)
+        if match and target in (None, match.group(1)) and \
+                _content_digest(path) == match.group(2):
+            try:
+                fs.unlink(path)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _write_unnamed(fd, data, path):
+    """Write ``data`` to ``fd`` and fsync it; on failure ``fd`` is closed (a full disk's space
+    is freed with the file)."""
+    try:
+        fs.write(fd, data, path)
+        fs.fsync(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_file(path, data, check=None, mode=0o666):
+    """Write ``data`` (bytes, or an iterable of bytes chunks) to ``path`` atomically (rule 2);
+    ``check(temporary path)``, if given, runs on the complete file before the rename (an error
+    there leaves nothing); ``mode``: the new file's permissions (less the umask).
+
+    The temporary is unnamed (``O_TMPFILE``) until written and fsynced, then linked as
+    ``.NAME.<random>.<hash of content>.tmp`` and renamed over ``path``: a kill in between leaves
+    a file that ``remove_hashed`` (run here first, and by ``output.recover``) knows by its
+    content. Where ``O_TMPFILE`` is not supported (or the link is refused), an ``O_EXCL`` named
+    temporary. Either way it is removed on any failure, and registered meanwhile for
+    ``discard_unfinished``.
+    """
+    directory, name = os.path.split(path)
+    remove_hashed(directory, name)  # what a killed write of this file left
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    fd = open_unnamed(directory, mode)
+    if fd is None:
+        return _write_named(path, chunks, check, mode)
+    digest = hashlib.sha256()
+    try:
+        for chunk in chunks:
+            digest.update(chunk)
+            fs.write(fd, chunk, path)
+        fs.fsync(fd, path)
+        tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.'
+                                      f'{digest.hexdigest()[:16]}.tmp')
+        try:
+            _link_unnamed(fd, tmp)
+        except OSError as e:
+            if e.errno not in _NO_LINK:
+                raise
+            os.lseek(fd, 0, os.SEEK_SET)  # nothing was named: copy it to a named temporary
+            return _write_named(path, iter(lambda: os.read(fd, 1 << 20), b''), check, mode)
+    finally:
+        os.close(fd)
+    return _finish(tmp, path, check)
+
+
+def _finish(tmp, path, check):
+    """Check ``tmp`` (a complete temporary, ours) and rename it over ``path``; on any failure it
+    is removed."""
+    made = UNFINISHED[tmp] = _inode(tmp)
+    try:
+        if check is not None:
+            check(tmp)
+        fs.replace(tmp, path)
+        made = None
+    finally:
+        UNFINISHED.pop(tmp, None)
+        remove_own(tmp, made)
+    fsync_directory(os.path.dirname(path))
+
+
+def _write_named(path, chunks, check, mode=0o666):
+    """``write_file`` through an ``O_EXCL`` named temporary (no ``O_TMPFILE`` here)."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
+    fd = fs.open(tmp, _FLAGS, mode)
+    made = UNFINISHED[tmp] = _inode(tmp)
+    try:
+        try:
+            for chunk in chunks:
+                fs.write(fd, chunk, tmp)
+            fs.fsync(fd, tmp)
+        finally:
+            os.close(fd)
+    except BaseException:
+        UNFINISHED.pop(tmp, None)
+        remove_own(tmp, made)
+        raise
+    return _finish(tmp, path, check)
+
+
+def create_whole(path, data):
+    """Create the new file ``path`` holding ``data`` (bytes), fsynced, all or nothing: written
+    unnamed and then linked where ``O_TMPFILE`` is supported (a kill leaves nothing, or the
+    whole file), else ``create_exclusive``. Raises ``FileExistsError`` if anything has the name."""
+    fd = open_unnamed(os.path.dirname(path))
+    if fd is None:
+        return create_exclusive(path, data)
+    _write_unnamed(fd, data, path)
+    try:
+        _link_unnamed(fd, path)
+    except OSError as e:
+        if e.errno not in _NO_LINK:
+            raise
+        return create_exclusive(path, data)
+    finally:
+        os.close(fd)
+    return _inode(path)
+
+
+def _naming(error, path):
+    """``error`` (an ``OSError``) naming ``path`` as its file: itself, or a new one of its kind.
+
+    A rename's error names two files, and the second cannot be unset: such an error is replaced
+    (``OSError`` picks the subclass its errno stands for).
+    """
+    if error.filename2 is None:
+        error.filename = path
+        return error
+    return OSError(error.errno, error.strerror, path)
+
+
+class naming:  # pylint: disable=invalid-name
+    """Context manager: an ``OSError`` inside names ``path`` (``filename``), the file written.
+
+    A write that fails on a full disk raises ``OSError`` without a file name, and one through a
+    temporary file names the temporary; the user knows the file by the name they asked for.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, OSError):
+            named = _naming(exc, self.path)
+            if named is not exc:
+                raise named from exc
+        return False
+
+
+def makedirs(path, mode=0o777):
+    """``os.makedirs(path, exist_ok=True)`` through ``fs.mkdir``; returns the folders made,
+    innermost first (the order to remove them in)."""
+    missing, probe = [], os.path.abspath(path)
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    for folder in reversed(missing):
+        try:
+            fs.mkdir(folder, mode)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+    return missing

@@ -1,0 +1,117 @@
+"""What a writer outside the package's code writes, taken through a pipe: never from a disk.
+
+A writer that is not Python's (MXNet's profiler: C++ that opens the path it is given and
+writes) cannot write through ``filesafety/fs``, and it does not report its own failures: past a
+file-size limit or on a full disk MXNet's profiler leaves a truncated file and says nothing.
+A ``Capture`` gives such a writer a path that leads into a pipe of this process
+(``/proc/self/fd/N``, its ``path``); a thread reads what it writes into memory, bounded, so
+none of it reaches a disk, and nothing of it can be cut short by one or left behind by a kill.
+The package then writes what it makes of it through ``atomic`` like every other output, where
+a failure is an ``OSError`` naming the output. ``take`` announces the outside write to ``fs``
+(``fs.external``, as MXNet's ``save_parameters`` is), so that the fault harness can fail it,
+or kill the process, there; what the writer delivers past ``limit``, or that ``parse``
+refuses, is an ``OSError`` naming the output too. ``capture`` is the same for a writer that
+is given its path when it writes.
+"""
+import errno
+import os
+import threading
+
+from . import fs
+
+__all__ = ['Capture', 'capture', 'available', 'LIMIT']
+
+#: The most a capture keeps in memory (bytes): past it, ``capture`` fails (``EFBIG``).
+LIMIT = 1 << 30
+_FOLDER = '/proc/self/fd'
+
+
+def available():
+    """Whether this system lets a writer open one of this process's pipes by a path."""
+    return os.path.isdir(_FOLDER)
+
+
+class _Reader(threading.Thread):
+    """Reads the pipe ``fd`` to its end; keeps up to ``limit`` bytes (past it, reads on and
+    drops the rest, so that the writer never blocks)."""
+
+    def __init__(self, fd, limit):
+        super().__init__(name='gluon-multigpu capture', daemon=True)
+        self.fd, self.limit = fd, limit
+        self.chunks, self.size, self.error = [], 0, None
+
+    def run(self):
+        try:
+            while True:
+                chunk = os.read(self.fd, 1 << 20)
+                if not chunk:
+                    return
+                self.size += len(chunk)
+                if self.size <= self.limit:
+                    self.chunks.append(chunk)
+        except BaseException as e:  # pylint: disable=broad-except  (raised by ``capture``)
+            self.error = e
+
+
+class Capture:
+    """A pipe an outside writer is given as its file (``path``), read until ``take`` or
+    ``close``; ``output`` names the file the content is for (what the user named), ``what``
+    the writer, in the messages. The pipe and its reader live until ``take`` or ``close``."""
+
+    def __init__(self, output, what, limit=LIMIT):
+        if not available():
+            raise OSError(errno.ENOSYS, f'{what} is read through {_FOLDER}, which this system '
+                                        'does not have', output)
+        self.output, self.what, self.limit = output, what, limit
+        read, self._written = os.pipe()
+        self._reader = _Reader(read, limit)
+        try:
+            self._reader.start()
+        except BaseException:
+            os.close(read)
+            os.close(self._written)
+            raise
+        self.path = os.path.join(_FOLDER, str(self._written))
+
+    def take(self, write, parse=None):
+        """Call ``write()`` (the writer writes its file now, then lets go of ``path``) and return
+        what it wrote since the capture began (bytes, or ``parse(bytes)``); the capture is then
+        closed. Raises ``OSError`` naming ``output`` where the writer delivered more than
+        ``limit`` bytes (``EFBIG``) or what ``parse`` refuses with a ``ValueError`` (``EIO``:
+        cut short, damaged); an error of ``write`` itself is raised as it is."""
+        try:
+            fs.external(self.output)  # the outside write (for the fault harness)
+            write()
+        finally:
+            self.close()
+        reader = self._reader
+        if reader.error is not None:
+            raise reader.error
+        if reader.size > self.limit:
+            raise OSError(errno.EFBIG, f'{self.what} wrote {reader.size} bytes, more than the '
+                                       f'{self.limit} it may', self.output)
+        data = b''.join(reader.chunks)
+        if parse is None:
+            return data
+        try:
+            return parse(data)
+        except ValueError as e:
+            raise OSError(errno.EIO, f'{self.what} delivered {len(data)} bytes that cannot be '
+                                     f'read whole ({type(e).__name__}: {e})',
+                          self.output) from None
+
+    def close(self):
+        """Close the pipe (its reader ends, having read what was written); again: nothing."""
+        if self._written is None:
+            return
+        written, self._written = self._written, None
+        os.close(written)  # with the writer's own end closed too, the reader sees the end
+        self._reader.join()
+        os.close(self._reader.fd)
+
+
+def capture(write, output, what, parse=None, limit=LIMIT):
+    """Call ``write(path)``, an outside writer that writes a whole file at the ``path`` it is
+    given, and return what it wrote (``Capture.take``)."""
+    pipe = Capture(output, what, limit)
+    return pipe.take(lambda: write(pipe.path), parse)

@@ -1,0 +1,198 @@
+"""Progress within an epoch: ``Progress`` lines (the scripts'), ``Live`` (a notebook's display)."""
+import sys
+import time
+
+from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
+from mxnet import npx
+
+from ..section.results import epoch_line
+from .hooks import Hook
+from .live import Live, jupyter_shell
+from ..errors import Interrupted
+from ..base.units import duration
+
+__all__ = ['Progress', 'Schedule', 'Live', 'duration', 'jupyter_shell']
+
+
+class Schedule:
+    """Runs made in turn (a kvstore comparison): which one is running, the time left.
+
+    ``begin`` and ``end`` bracket each unit of work (a run, or with ``rounds``
+    above 1 one epoch of a run, the runs taking turns round after round), so
+    that a unit's time counts its evaluation and a run's set-up too. A unit
+    not yet begun is expected to take the mean of those finished, or, before
+    any has finished, as long as the one in progress is expected to take in
+    all (``Progress`` gives its time left); in the first unit, ``Progress``
+    also says once what all of them will take.
+
+    Parameters
+    ----------
+    names : list of str
+        The runs, in the order they are made (e.g. the kvstores).
+    what : str
+        What the runs make together, as the lines name it (``kvstore comparison``).
+    rounds : int
+        Epochs of every run, taken in turn; 1: each run whole, one after another.
+    """
+
+    def __init__(self, names, what='comparison', rounds=1):
+        self.names, self.what, self.rounds = list(names), what, rounds
+        self.index, self.took, self._began = -1, [], None
+        self.estimated = False  # whether the first estimate of all the runs was said
+
+    @property
+    def units(self):
+        """Units of work in all: runs, or with rounds, epochs of all runs."""
+        return len(self.names) * self.rounds
+
+    def position(self):
+        """``2 of 3``: which unit this is."""
+        return f'{self.index + 1} of {self.units}'
+
+    def begin(self):
+        """The next unit begins."""
+        self.index += 1
+        self._began = time.monotonic()
+
+    def end(self):
+        """The unit in progress has finished."""
+        self.took.append(time.monotonic() - self._began)
+        self._began = None
+
+    def left(self, unit_left=None):
+        """Seconds left for all the units, or None before any figure is known.
+
+        ``unit_left``: the seconds left of the unit in progress; between units
+        (None), the units not finished are expected to take the finished ones' mean.
+        """
+        finished = len(self.took)
+        if self._began is None or unit_left is None:
+            return (sum(self.took) / finished * (self.units - finished)) if finished \
+                else None
+        each = (sum(self.took) / finished if finished else
+                time.monotonic() - self._began + unit_left)
+        return unit_left + each * (self.units - self.index - 1)
+
+
+def update_figures(steps):
+    """``, lr 0.05, grad norm 1.37``: the last update's rate and norm before clipping, where
+    the run's updates are accumulated, clipped or scheduled (read back: the devices synced)."""
+    rates, norms = getattr(steps, 'rates', None), getattr(steps, 'norms', None)
+    text = f', lr {rates[-1]:.3g}' if rates else ''
+    return text + (f', grad norm {float(norms[-1]):.3g}' if norms else '')
+
+
+class Progress(Hook):
+    """A ``train`` hook that says a progress line within an epoch, at most every ``interval`` s.
+
+    The line: label, epoch, steps done, images/s, the update's rate and norm
+    where there are any, and the time left (with a ``schedule``, for all its
+    runs too). An epoch estimated above ``slow_epoch`` s is said once, with
+    ``advice``. The figures are the devices' own (it waits for them before a
+    line); the time left counts the epoch's steps left at the speed measured
+    since its first step, the later epochs' steps, and an evaluation after
+    each epoch as long as the mean of those measured so far.
+
+    Parameters
+    ----------
+    say : callable
+        Takes one line of text.
+    interval : float
+        Seconds between two lines within an epoch (0: no lines, the estimates only).
+    label : str
+        Names the run (its kvstore and devices), first on every line (empty: ``training``).
+    num_epochs : int, optional
+        Epochs of the run, for the run's time left (None: the epoch's only).
+    slow_epoch : float
+        Seconds per epoch above which the estimate of the epoch and the run is said.
+    advice : str
+        What to do instead of a slow run, said with that estimate.
+    schedule : Schedule, optional
+        The runs this one is one of (begun by the caller before this run).
+    """
+
+    shows_progress = True
+
+    def __init__(self, say, interval=10.0, label='', num_epochs=None, slow_epoch=600.0,
+                 advice='', schedule=None):
+        # Without a label the lines still begin with a name: ``gm.Progress(print)``.
+        self.say, self.interval, self.label = say, interval, label or 'training'
+        self.num_epochs, self.slow_epoch, self.advice = num_epochs, slow_epoch, advice
+        self.schedule = schedule
+        self._epoch = self._due = self._first = None
+        self._warned = False
+        self._steps_done, self._evaluations = None, []  # seconds of each evaluation measured
+
+    def steps_done(self, run):
+        self._steps_done = time.monotonic()
+
+    def epoch_end(self, run, record):
+        if self._steps_done is not None:
+            self._evaluations.append(time.monotonic() - self._steps_done)
+            self._steps_done = None
+
+    def _evaluation(self):
+        """Seconds of an evaluation: the mean of those measured (0 before any)."""
+        return (sum(self._evaluations) / len(self._evaluations)) if self._evaluations else 0
+
+    def _run_left(self, run, epoch_left, epoch_steps):
+        """Seconds left of the run: this epoch's steps, the later epochs' and the evaluations."""
+        if not self.num_epochs:
+            return None
+        later = max(self.num_epochs - run.epoch, 0)
+        return epoch_left + epoch_steps * later + self._evaluation() * (later + 1)
+
+    def step_end(self, run, step, samples, timer):
+        if self._epoch != run.epoch:  # a new epoch (or the resumed part of one)
+            self._epoch, self._first = run.epoch, step
+            self._due = self.interval if self.interval > 0 else 30.0
+        if timer.elapsed() < self._due or step == self._first:
+            return
+        npx.waitall()  # Sync point: the figures of a progress line are the devices' own.
+        seconds = timer.elapsed()
+        self._due = seconds + (self.interval if self.interval > 0 else 30.0)
+        total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
+        per_step = seconds / (step - self._first + 1)
+        epoch_left = per_step * (total - step) if total else None
+        if epoch_left is not None and not self._warned and per_step * total > self.slow_epoch:
+            self._warned = True
+            self.say(f'{self.label}: at {samples / seconds:.0f} images/s an epoch takes about '
+                     f'{duration(per_step * total)}'
+                     + (f', the run about {duration(per_step * total * self.num_epochs)}'
+                        if self.num_epochs else '') + (f'; {self.advice}' if self.advice else ''))
+        run_left = self._run_left(run, epoch_left, per_step * total) if total else None
+        unit_left = run_left
+        if self.schedule is not None and self.schedule.rounds > 1 and epoch_left is not None:
+            # A unit is this epoch: its steps and evaluation; the run's other epochs are units
+            # of their own, and the run's time left means nothing while the runs take turns.
+            unit_left, run_left = epoch_left + self._evaluation(), None
+        all_left = self.schedule.left(unit_left) if self.schedule and unit_left is not None \
+            else None
+        self._estimate_schedule(run, step - self._first + 1, all_left)
+        if self.interval <= 0:
+            return
+        left = ''
+        if epoch_left is not None:
+            left = f', epoch ends in {duration(epoch_left)}'
+            if run_left is not None:
+                left += f', run in {duration(run_left)}'
+            if all_left is not None:
+                left += f', {self.schedule.what} in {duration(all_left)}'
+        where = f' ({self.schedule.position()})' if self.schedule else ''
+        self.say(f'  {self.label}{where}: epoch {run.epoch}: {step}/{total or "?"} batches, '
+                 f'{samples / seconds:.0f} images/s{update_figures(run.steps)}{left}')
+
+    def _estimate_schedule(self, run, steps, all_left):
+        """Say once, from the first run's first measured steps, how long all the runs take."""
+        schedule = self.schedule
+        if schedule is None or schedule.index != 0 or all_left is None or schedule.estimated:
+            return
+        schedule.estimated = True
+        names = schedule.names
+        units = (f'{len(names)} runs, each' if schedule.rounds == 1 else
+                 f'{schedule.rounds} epochs of each, taken in turn: {schedule.units} epochs, each')
+        self.say(f'the {schedule.what} of {", ".join(names[:-1])} and {names[-1]} takes about '
+                 f'{duration(all_left)} from now ({units} expected to take as long as this '
+                 f'one, estimated from its first {steps} steps)')
+
+

@@ -1,0 +1,122 @@
+"""A kvstore's run of a train command: its network, hooks and Training, built at its first turn.
+
+``RunMaker`` builds them with what every run of one command shares;
+``KvstoreRun.train(epochs)`` trains more, so that the runs of a comparison
+can take turns epoch after epoch (``comparison.Comparison``), each exactly
+as alone.
+"""
+from ..base import engine
+from ..base.compat import GPU_INSTALL
+from ..observe.stopping import say_quietly
+from ..section.book import book_epochs, resnet18 as book_resnet18
+from ..section.data import DATASETS
+from ..section.kvstores import kvstore_name
+from ..section.model import default_initializer, get_model
+from ..section.results import epoch_line
+from ..machinery.training import Training
+from ..features.balance import TimedSplit, make_split
+from ..features.distributed import StepScale
+from ..features.precision import make_precision
+from ..features.sync_bn import sync_batch_norm
+from ..observe.progress import Progress
+from ..observe.stopping import StopRequest
+from ..study.compare import fingerprint
+
+__all__ = ['RunMaker', 'KvstoreRun', 'faster_advice']
+
+
+class RunMaker:
+    """``maker(kvstore, schedule=None)``: a ``KvstoreRun`` of one command's kvstore, with the
+    settings every run of the command shares (given once, here)."""
+
+    def __init__(self, config, worker, devices, lr, train_iter, test_iter, out, tracker, hooks):
+        self.config, self.worker, self.devices, self.lr = config, worker, devices, lr
+        self.train_iter, self.test_iter, self.out = train_iter, test_iter, out
+        self.tracker, self.hooks = tracker, hooks
+
+    def __call__(self, kvstore, schedule=None):
+        return KvstoreRun(self.config, self.worker.kvstore or kvstore, self.devices, self.lr,
+                          self.train_iter, self.test_iter, self.out, self.tracker, self.hooks,
+                          self.worker, schedule)
+
+
+class KvstoreRun:
+    """A fresh model (or a resumed one) trained with one kvstore: ``train(epochs)`` trains more.
+
+    Built whole at once (the network initialised, the Trainer made); each
+    ``train`` goes on from where the last stopped, with this run's own
+    sequence of batches, so that the runs of a comparison can take turns
+    epoch after epoch and each train exactly as alone. Each epoch is printed;
+    after it ``tracker`` records the parameters, for the comparison;
+    ``schedule`` (a ``progress.Schedule``) holds the runs compared, for the
+    progress lines' time left.
+    """
+
+    def __init__(self, config, kvstore, devices, lr, train_iter, test_iter, out, tracker,
+                 hooks=(), worker=None, schedule=None):
+        self.train_iter, self.worker, self.result = train_iter, worker, None
+        train_iter.epoch = 0  # every kvstore sees the same sequence of batches
+        classes = DATASETS[config.dataset]['classes']
+        if config.book_literal and config.model == 'resnet18':
+            net = book_resnet18(classes)  # the text's: nn.Block residuals
+        else:
+            net = get_model(config.model, classes,
+                            sync_batch_norm(len(devices)) if config.sync_bn else None)
+        split = make_split(config.split)
+
+        def on_epoch(record):
+            line = epoch_line(record, config.num_epochs)
+            if worker is not None and worker.count > 1:  # the workers must agree: show it
+                line += f', parameters {fingerprint(net)}'
+            print(line, file=out, flush=True)
+            if isinstance(split, TimedSplit):
+                print(f'  {split.summary()}', file=out, flush=True)
+                split.reset_stats()
+            tracker.record(kvstore_name(kvstore), record.epoch, net)
+
+        initializer = default_initializer(config.model)
+        self._book = self.training = None
+        if config.book_literal:  # the text's loop, asking the stop request between steps
+            stop = next((h for h in hooks if isinstance(h, StopRequest)), None)
+            self._book = book_epochs(net, train_iter, test_iter, devices, config.num_epochs,
+                                     batch_size=train_iter.batch_size, stop=stop, lr=lr,
+                                     kvstore=kvstore, seed=config.seed, initializer=initializer,
+                                     on_epoch=on_epoch)
+            return
+        label = (f'kvstore {kvstore_name(kvstore)} on {len(devices)} '
+                 f'{devices[0].device_type.upper()}' + ('s' if len(devices) > 1 else ''))
+        progress = Progress(say_quietly, config.progress_interval, label, config.num_epochs,
+                            advice=faster_advice(config, devices), schedule=schedule)
+        features = [split, make_precision(config.dtype, devices)]
+        if worker and worker.count > 1:
+            features.append(StepScale(kvstore, worker.count))
+        self.training = Training(net, train_iter, test_iter, devices,
+                                 config=config.training(kvstore, lr), initializer=initializer,
+                                 on_epoch=on_epoch, hooks=[f for f in features if f is not None]
+                                 + [*hooks, progress])
+
+    def train(self, epochs):
+        """Train ``epochs`` more epochs; return the ``TrainResult`` so far."""
+        # This run's next epoch, whatever the other runs of a comparison trained meanwhile (a
+        # checkpoint's resume sets it again, in the training's ``begin``).
+        self.train_iter.epoch = len(self.result.epochs) if self.result is not None else 0
+        if self._book is not None:
+            for _ in range(epochs):
+                self.result = next(self._book)
+        else:
+            self.result = self.training.fit(epochs)
+        self.result.workers = self.worker.count if self.worker else 1
+        return self.result
+
+
+def faster_advice(config, devices):
+    """What to try when a run would take long: a smaller model, more contexts, GPUs."""
+    options = []
+    if config.model != 'simple-cnn':
+        options.append('--model simple-cnn trains about 60 times faster')
+    if devices[0].device_type == 'cpu' and len(devices) < max(2, engine.cores()):
+        options.append(f'--cpu-devices {max(2, engine.cores())} uses every core')
+    if devices[0].device_type == 'cpu':
+        options.append(f'a machine with GPUs takes seconds per epoch ({GPU_INSTALL})')
+    options.append('--num-train N trains on a subset')
+    return 'faster: ' + '; '.join(options)
