@@ -29,7 +29,7 @@ _GROUPED = {
     'filesafety': 'fs reading atomic paths foreign lockfile output files targets',
     'base': 'engine machine signals units protocol background compat opcache stacks values',
     'section': 'devices model recipes data kvstores steps results book utils',
-    'observe': 'hooks interrupt live stall optional metrics profile stopping progress',
+    'observe': 'hooks interrupt live stall optional metrics profile traces stopping progress',
     'machinery': 'training pushers checks updates schedule config',
     'features': 'balance precision sync_bn distributed',
     'checkpoints': 'checkpoint manifest states savefolder checkpoint_store',

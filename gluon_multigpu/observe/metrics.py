@@ -28,7 +28,7 @@ from ..filesafety import atomic, fs, lockfile, reading
 from ..filesafety.paths import kind_of, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
-from .values import tensorboardx_missing
+from ..base.values import tensorboardx_missing
 
 __all__ = ['Metrics', 'STEP_FIGURES', 'EPOCH_FIGURES', 'check_every']
 
