@@ -15,6 +15,7 @@ import functools
 import os
 import signal
 import sys
+import textwrap
 
 from . import console
 from . import messages
@@ -31,9 +32,9 @@ defaults per model (--batch-size, --lr):
 {defaults}
 
 examples:
-  %(prog)s --num-gpus 2                       the book's 2-GPU run (batch 512, lr 0.2)
+  %(prog)s --num-gpus 2          # the book's 2-GPU run (batch 512, lr 0.2)
   %(prog)s --cpu-devices 2 --model simple-cnn --num-epochs 2 --data-dir DIR
-  %(prog)s --cpu-devices 2 --kvstore local device --json runs.json --plot acc.png
+  %(prog)s --cpu-devices 2 --kvstore local device --json runs.json
   %(prog)s --num-gpus 2 --kvstore local device nccl none --report kvstores/
 
 Bad input stops before training with one line and exit status 2; Ctrl-C,
@@ -41,12 +42,15 @@ SIGTERM or SIGHUP stop after the current step, save a checkpoint with
 --checkpoint-dir and say how to resume (exit 130, 143, 129); a failed write
 exits 1, a stalled run 3. What each flag does, in full: help(gm.RunConfig)
 and docs/guide.md.
-""".format(defaults='\n'.join(f'  {name:<12} {r.describe}' for name, r in RECIPES.items()))
+""".format(defaults='\n'.join(textwrap.fill(f'{name}: {r.describe}', 78, initial_indent='  ',
+                                         subsequent_indent='    ')
+                           for name, r in RECIPES.items()))
 
 
 def build_parser():
     """Return the argument parser of this script: one flag per field of ``RunConfig``."""
-    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
+    p = OneLineParser(description="Train the book's ResNet-18 (or the lab's simple CNN) on "
+                                  'several devices.', epilog=EPILOG,
                       usage='%(prog)s [--num-gpus N | --cpu-devices N] [options]',
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_flags(p, RunConfig, exclusive=('num_gpus', 'cpu_devices'))
