@@ -137,8 +137,8 @@ def test_help_shows_the_defaults_per_model(capsys):
     with pytest.raises(SystemExit):
         load_script('train').main(['--help'])
     text = ' '.join(capsys.readouterr().out.split())
-    assert 'resnet18 256 per device, lr 0.1 per 256 samples' in text
-    assert 'simple-cnn 64 per device, lr 0.3' in text
+    assert 'resnet18: 256 per device, lr 0.1 per 256 samples' in text
+    assert 'simple-cnn: 64 per device, lr 0.3' in text
 
 
 @pytest.mark.slow
