@@ -820,10 +820,11 @@ def test_a_failed_inflight_run_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(inflight.subprocess, 'run', failing)
     with pytest.raises(SystemExit) as stop:
         inflight.main(['--models', 'simple-cnn', '--values', '1', '--rounds', '1'])
-    said = stop.value.code
+    out, err = capsys.readouterr()
+    said = err.strip()
+    assert stop.value.code == 2 and out == ''
     assert said.startswith('error: the run with K=1 failed (status 2): ') and \
         said.endswith('something the run said') and '\n' not in said and 'Traceback' not in said
-    assert capsys.readouterr().out == ''
 
 
 def test_json_of_inflight_is_written_whole(tmp_path, monkeypatch):
