@@ -9,8 +9,9 @@ passes each to ``fs.hook`` first. For each entry point (``fault_entries.ENTRIES`
    the user's beside it (a file, files and folders named like the package's temporary and
    staging ones, a file hard-linked at a lock's name);
 2. runs the entry point once unfaulted, counting its ``fs`` calls (N) and taking the NEW state;
-3. for every n in 1..N and every fault (``ENOSPC`` or ``EIO`` raised at the n-th call, or the
-   process killed by SIGKILL there, in a forked child, after which ``output.recover`` runs on
+3. for every n in 1..N and every fault (``ENOSPC``, ``EIO`` or ``EFBIG`` raised at the n-th
+   call, EFBIG after a write there let through half as a file-size limit does; or the process
+   killed by SIGKILL there, in a forked child, after which ``output.recover`` runs on
    the entry point's folders; MXNet's engine works in the child, so the checkpoint's kills
    need no driver of their own), starts again from the previous state and checks that
    (a) the folder is byte-identical to the previous state or to the new one (or, for a study
@@ -62,8 +63,10 @@ import power_cut  # noqa: E402
 __all__ = ['ENTRIES', 'FAULTS', 'KINDS', 'Case', 'results', 'table', 'describe', 'TABLE_START',
            'TABLE_END']
 
-#: The faults put at each call: an errno raised there, or the process killed there.
-FAULTS = {'ENOSPC': errno.ENOSPC, 'EIO': errno.EIO, 'SIGKILL': None}
+#: The faults put at each call: an errno raised there, or the process killed there. EFBIG is a
+#: file-size limit reached (``ulimit -f``): a write there writes half its bytes, which stay, and
+#: the call after it fails; any other call fails there.
+FAULTS = {'ENOSPC': errno.ENOSPC, 'EIO': errno.EIO, 'EFBIG': errno.EFBIG, 'SIGKILL': None}
 #: The kinds of case: the unfaulted run, the faults, then the power cut (``power_cut``).
 KINDS = ('unfaulted', *FAULTS, 'power cut')
 #: Seconds a killed child may take before it counts as hung (a bound for a broken case only).
@@ -146,14 +149,44 @@ class _Stage:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _hook(calls, fault_at=None, errno_=None):
+def _hook(calls, fault_at=None, errno_=None, short=None):
+    """Count the calls; at call ``fault_at`` raise ``errno_`` (None: SIGKILL). With ``short``
+    (EFBIG), a write there is let through half (``_ShortWrite``) and the call after it fails."""
     def hook(operation, path):
         calls.append((operation, path))
-        if len(calls) == fault_at:
-            if errno_ is None:
-                os.kill(os.getpid(), signal.SIGKILL)
+        if len(calls) == fault_at and errno_ is None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if len(calls) == fault_at and short is not None and operation == 'write':
+            short.append(path)
+        elif len(calls) == fault_at or (short and len(calls) == fault_at + 1):
             raise OSError(errno_, os.strerror(errno_), path)
     return hook
+
+
+class _ShortWrite:
+    """``os`` as ``fs`` sees it, but for the write ``armed`` asks for: it writes half its bytes
+    and says so, as a write that reaches a file-size limit does."""
+
+    def __init__(self, armed):
+        self.armed = armed
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data):
+        if len(self.armed) == 1:
+            self.armed.append('written')
+            return os.write(fd, bytes(data[:len(data) // 2]))
+        return os.write(fd, data)
+
+
+@contextlib.contextmanager
+def _short_writes(armed):
+    real, fs.os = fs.os, _ShortWrite(armed) if armed is not None else fs.os
+    try:
+        yield
+    finally:
+        fs.os = real
 
 
 class _Charts:
@@ -323,8 +356,11 @@ def _case(entry, ref, kind, n, stage):
         problems = _killed(entry, stage.root, n)
         entry.recover(stage.root)
     else:
-        error = _act(entry, stage.root, _hook(calls, fault_at=n, errno_=FAULTS[kind]))
+        short = [] if kind == 'EFBIG' else None
+        with _short_writes(short):
+            error = _act(entry, stage.root, _hook(calls, n, FAULTS[kind], short))
         problems = []
+        n += bool(short)  # the call that failed: after a write let through half, the next
     after = snapshot(stage.root, entry)
     problems += _decoy_problems(stage, after)
     removing = None

@@ -7,14 +7,16 @@ these calls: ``open`` (to create), ``write``, ``fsync``, ``replace``, ``link`` (
 ``mkdir``, ``rmdir`` (``remove_tree`` is made of ``unlink`` and ``rmdir``). A writer that is not
 Python's (MXNet's ``save_parameters``) announces its write with ``external`` before it starts.
 Each call first passes its name and path to ``hook`` (None but in tests): the fault-injection
-harness (``tests/outputs/test_fault_harness.py``) sets it to count the calls of an entry point, then to
-fail the n-th (``ENOSPC``, ``EIO``) or to kill the process there (SIGKILL). ``trace`` (tests only)
-also gets the file descriptor of a ``write``, ``fsync`` or ``link_unnamed``: the harness's
+harness (``tests/outputs/test_fault_harness.py``) sets it to count the calls of an entry point,
+then to fail the n-th (``ENOSPC``, ``EIO``, ``EFBIG`` after half a write) or to kill the
+process there (SIGKILL). ``trace`` (tests only) also gets the file descriptor of a ``write``, ``fsync`` or ``link_unnamed``: the harness's
 power-cut model learns from it which file or folder an fsync makes durable.
 """
 import ctypes
 import errno
+import fcntl
 import os
+import stat
 
 __all__ = ['hook', 'trace', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink',
            'mkdir', 'rmdir', 'remove_tree', 'external', 'OPERATIONS']
@@ -44,12 +46,31 @@ def open(path, flags, mode=0o666):  # pylint: disable=redefined-builtin
 
 
 def write(fd, data, path=''):
-    """Write all of ``data`` (bytes) to ``fd``; ``path`` names the file for the hook."""
+    """Write all of ``data`` (bytes) to ``fd``, or none of it: a write at the end of a regular
+    file that fails part way (a full disk, a file-size limit: ``ulimit -f``) cuts the file back
+    to its length before, then raises. ``path`` names the file for the hook."""
     view = memoryview(data)
+    end = _end_of(fd)
     while view:
-        _before('write', path, fd)
-        done = os.write(fd, view)
-        view = view[done:]
+        try:
+            _before('write', path, fd)
+            view = view[os.write(fd, view):]
+        except OSError:
+            if end is not None and len(view) < len(data):
+                os.ftruncate(fd, end)
+                os.lseek(fd, end, os.SEEK_SET)
+            raise
+
+
+def _end_of(fd):
+    """The length of the regular file ``fd`` when it is written at its end, else None."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND or \
+            os.lseek(fd, 0, os.SEEK_CUR) == info.st_size:
+        return info.st_size
+    return None
 
 
 def fsync(fd, path=''):

@@ -1,4 +1,4 @@
-"""Every entry point that writes, failed (ENOSPC, EIO) or killed (SIGKILL) at each of its
+"""Every entry point that writes, failed (ENOSPC, EIO, EFBIG) or killed (SIGKILL) at each of its
 file-system calls, or its power cut before any and after each (``power_cut``): the previous
 state or the complete new one, the user's files untouched, nothing left (``fault_harness``). And
 the harness itself: it holds for a writer that keeps the rules and catches one that does not
@@ -204,7 +204,7 @@ def test_the_harness_holds_for_a_writer_that_keeps_the_rules(own_entries):
 
 
 def test_the_harness_catches_a_writer_that_writes_in_place(own_entries):
-    for kind in ('ENOSPC', 'SIGKILL'):
+    for kind in ('ENOSPC', 'EFBIG', 'SIGKILL'):
         run, failed = fault_harness.results('in_place', kind)
         assert run == 4 and [c.n for c in failed] == [2, 3], failed  # truncated, or half written
         assert failed[0].operation == 'write' and failed[0].path == 'out.txt'

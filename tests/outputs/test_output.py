@@ -9,6 +9,8 @@ import json
 import os
 import stat
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -534,3 +536,23 @@ def test_a_folder_of_our_own_is_removed_through_fs_and_a_link_in_it_is_not_follo
     with pytest.raises(OSError):
         fs.remove_tree(ours)
     assert (ours / 'bin').is_dir() and not (ours / 'bin' / 'ssh').exists()
+
+
+def test_a_write_cut_short_by_a_file_size_limit_leaves_the_file_as_it_was(tmp_path):
+    """``ulimit -f``: the kernel writes what fits, then refuses (EFBIG). An appended line is
+    whole or absent: ``fs.write`` cuts the file back to its length before the write."""
+    path = tmp_path / 'm.jsonl'
+    child = ('import os, resource, sys\n'
+             'from gluon_multigpu.filesafety import fs\n'
+             'resource.setrlimit(resource.RLIMIT_FSIZE, (1050, 1050))\n'
+             'fd = fs.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)\n'
+             'line = b"%s\\n" % (b"x" * 99)\n'
+             'try:\n'
+             '    while True:\n'
+             '        fs.write(fd, line, sys.argv[1])\n'
+             'except OSError as e:\n'
+             '    print(e.errno)\n')
+    done = subprocess.run([sys.executable, '-c', child, str(path)], capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert done.stdout.split() == [str(errno.EFBIG)], done.stderr
+    assert path.read_bytes() == (b'x' * 99 + b'\n') * 10  # the 11th line's 50 bytes cut off
