@@ -246,7 +246,7 @@ def summarise(results, num_devices):
     ``vs_even`` is the median over the rounds of the split's images/s over
     even's in the same round, ``vs_even_low``/``vs_even_high`` its 95%
     interval (None with one round judged), ``verdict`` what that says
-    (``faster``, ``slower``, ``equally fast``; ``same split`` for an auto
+    (``faster``, ``slower``, ``equally fast``, ``cannot tell``; ``same split`` for an auto
     split that never moved the shares). ``loads``: every run's load.
     """
     from gluon_multigpu.study.paired import Paired
@@ -322,8 +322,10 @@ def answers(rows):
                 continue
             interval = ('1 round judged: no interval' if r.get('vs_even_low') is None else
                         f"95% interval {r['vs_even_low']:.2f}-{r['vs_even_high']:.2f}")
-            verdict = {'faster': 'faster than even', 'slower': 'slower than even'}.get(
-                r.get('verdict'), 'as fast as even within the interval')
+            verdict = {'faster': 'faster than even', 'slower': 'slower than even',
+                       'equally fast': 'as fast as even (the whole interval within 3%)'}.get(
+                r.get('verdict'), 'cannot tell against even at this load (more rounds or a '
+                                  'quieter machine would tell)')
             parts.append(f"{r['split']} {verdict} ({r['vs_even']:.2f}x even's images/s, "
                          f'{interval})')
         lines.append(f'{scenario}: ' + '; '.join(parts))

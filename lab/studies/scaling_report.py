@@ -184,11 +184,14 @@ def fastest_kvstores(rows, noise=NOISE):
             verdict = (f"{best['kvstore']} faster in the one round measured, which cannot tell "
                        'a difference from noise (measure 3 rounds or more)')
         else:
-            ties = [best['kvstore']] + [k for k, v in against.items()
-                                        if v['verdict'] == 'equally fast']
-            verdict = (f"{' and '.join(ties)} equally fast (the interval includes 1, or the "
-                       f'difference is under {noise:.0%}; {rounds} rounds)' if len(ties) > 1
-                       else f"**{best['kvstore']}** fastest ({rounds} rounds)")
+            ties = [k for k, v in against.items() if v['verdict'] == 'equally fast']
+            unsure = [k for k, v in against.items() if v['verdict'] == 'cannot tell']
+            clauses = [f"{' and '.join([best['kvstore']] + ties)} equally fast (the whole "
+                       f'interval within {1 - noise:.2f}-{1 + noise:.2f})'] if ties else []
+            clauses += [f"cannot tell at this load whether {best['kvstore']} or {k} is faster "
+                        '(more rounds or a quieter machine would tell)' for k in unsure]
+            verdict = ('; '.join(clauses) if clauses else f"**{best['kvstore']}** fastest") + \
+                f' ({rounds} rounds)'
         lines.append(f"- {_devices(n)}, batch {batch}, lr rule {rule}: {verdict}: "
                      f"{best['kvstore']} {best['samples_per_sec']:.0f} samples/s, {rest}")
     if not lines:

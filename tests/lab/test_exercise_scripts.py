@@ -36,7 +36,7 @@ def test_balance_measures_every_split_in_every_scenario(tmp_path, capsys):
     assert (out / 'images.png').stat().st_size > 1000
     assert 'equal: weights ' in printed and 'shift: weights ' in printed
     assert {r['verdict'] for r in rows if r['split'] == 'even'} == {''}  # CSV: empty
-    assert all(r['verdict'] in ('faster', 'slower', 'equally fast', 'same split')
+    assert all(r['verdict'] in ('faster', 'slower', 'equally fast', 'cannot tell', 'same split')
                for r in rows if r['split'] != 'even')
     assert all(r['vs_even_low'] == '' for r in rows)  # one round: no interval
     assert '| shift | auto |' in (out / 'report.md').read_text()
@@ -54,7 +54,7 @@ def test_balance_judges_each_split_against_even_by_the_rounds_it_shares():
         for i, (name, speed, changes) in enumerate((('even', 1000, 0), ('weights', 1250, 0),
                                                     ('auto', 1010, 0))):
             unit = types.SimpleNamespace(key=f'{r}/busy/{name}')
-            wobble = 1 + 0.01 * ((r + i) % 3 - 1)  # each split's own noise
+            wobble = 1 + 0.002 * ((r + i) % 3 - 1)  # each split's own noise
             results.append((unit, {'speed': speed * slow * wobble,
                                    'idle': [0.1, 0.0], 'shares': [128, 128], 'changes': changes,
                                    'undone': 0, 'load': load}))

@@ -358,7 +358,8 @@ def test_help_states_definitions_and_defaults(script, capsys):
 
 def test_the_kvstore_answer_pairs_the_rounds_each_configuration_shares():
     """Known speeds, each configuration measured in 4 rounds with a load that halves them all in
-    rounds 2 and 4: device 20% slower is named, an equal pair is not, one round names none."""
+    rounds 2 and 4: device 20% slower is named, an equal pair is called equal, a noisy one cannot tell, one
+    round names none."""
     def row(kvstore, rounds):
         return {'devices': 2, 'batch_mode': 'per-device', 'batch_size': 64, 'lr_rule': 'linear',
                 'kvstore': kvstore, 'samples_per_sec': sorted(rounds)[(len(rounds) - 1) // 2],
@@ -372,8 +373,13 @@ def test_the_kvstore_answer_pairs_the_rounds_each_configuration_shares():
     equal = lab_scaling_report.fastest_kvstores(
         [row('local', [1000 * d for d in drift]),
          row('device', [1000 * d * w for d, w in zip(drift, (1.01, 0.99, 1.0, 1.005))])])
-    assert ' equally fast (the interval includes 1, or the difference is under 3%; 4 rounds)' \
+    assert ': local and device equally fast (the whole interval within 0.97-1.03) (4 rounds)' \
         in equal[0], equal
+    unsure = lab_scaling_report.fastest_kvstores(
+        [row('local', [1000 * d for d in drift]),
+         row('device', [1000 * d * w for d, w in zip(drift, (1.3, 0.8, 1.1, 0.95))])])
+    assert ': cannot tell at this load whether local or device is faster (more rounds or a ' \
+        'quieter machine would tell) (4 rounds)' in unsure[0], unsure
     one = lab_scaling_report.fastest_kvstores(
         [dict(row('local', [1000]), rounds=None), dict(row('device', [800]), rounds=None)])
     assert 'local faster in the one round measured, which cannot tell a difference from noise' \
