@@ -11,6 +11,7 @@ as a job step of the Slurm allocation the launcher runs in (``srun``), and
 control lines (steps, rank, heartbeats, exit status). The launch is told
 what to do by a ``Settings`` of plain values.
 """
+import contextlib
 import json
 import os
 import shlex
@@ -117,8 +118,7 @@ class Role:
         among them; at most 2 s after it ended, should something else hold its output open)."""
         if self.proc is None or self.proc.poll() is None:
             return False
-        if self.exited is None:
-            self.exited = time.monotonic()
+        self.exited = self.exited or time.monotonic()
         return self.relayed.is_set() or time.monotonic() - self.exited > 2.0
 
     def failure(self):
@@ -136,11 +136,9 @@ class Role:
     def send(self, line):
         """Send one line to its agent (quietly nothing if it cannot be)."""
         if self.running():
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 self.proc.stdin.write((line + '\n').encode())
                 self.proc.stdin.flush()
-            except (OSError, ValueError):
-                pass
 
 
 def _status_words(code):
@@ -220,12 +218,10 @@ def agent_argv(extra, command):
 def ssh_argv(settings, host, remote):
     """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
     argv = ['ssh', '-T', '-o', 'BatchMode=yes']
-    if settings.ssh_port is not None:
-        argv += ['-p', str(settings.ssh_port)]
-    if settings.ssh_identity is not None:
-        argv += ['-i', settings.ssh_identity]
-    if settings.ssh_config is not None:
-        argv += ['-F', settings.ssh_config]
+    for option, value in (('-p', settings.ssh_port), ('-i', settings.ssh_identity),
+                          ('-F', settings.ssh_config)):
+        if value is not None:
+            argv += [option, str(value)]
     return argv + ['--', host, remote]
 
 
@@ -267,35 +263,26 @@ def spawn(settings, role):
 def relay(role, out, lock):
     """Copy ``role``'s output to ``out`` behind its label; take in its agent's control lines."""
     try:
-        _relay(role, out, lock)
+        while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
+            line = read[0].decode(errors='replace')
+            role.heard = time.monotonic()
+            if line.startswith(agent.CONTROL):
+                _take_control(role, line[len(agent.CONTROL):].split())
+                continue
+            line = agent.visible(line) + (f' ... [line cut: {read[1]} bytes more]' if read[1]
+                                          else '')
+            with lock, contextlib.suppress(OSError, ValueError):
+                out.write(f'[{role.label}] {line}\n')
+                out.flush()
     finally:
         role.relayed.set()
-
-
-def _relay(role, out, lock):
-    while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
-        line = agent.visible(read[0].decode(errors='replace')) if not read[0].startswith(
-            agent.CONTROL.encode()) else read[0].decode(errors='replace')
-        line += f' ... [line cut: {read[1]} bytes more]\n' if read[1] else '\n'
-        role.heard = time.monotonic()
-        if line.startswith(agent.CONTROL):
-            _take_control(role, line[len(agent.CONTROL):].split())
-            continue
-        with lock:
-            try:
-                out.write(f'[{role.label}] {line if line.endswith(chr(10)) else line + chr(10)}')
-                out.flush()
-            except (OSError, ValueError):
-                pass
 
 
 def _take_control(role, words):
     """What an agent's control line (its ``words``) says of ``role``."""
     if words[:1] == ['beat']:
-        if words[1:] == ['stopped']:
-            role.stopped_since = role.stopped_since or time.monotonic()
-        else:
-            role.stopped_since = None
+        stopped = words[1:] == ['stopped']
+        role.stopped_since = (role.stopped_since or time.monotonic()) if stopped else None
     elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
         role.steps, role.stepped, role.resting = int(words[1]), time.monotonic(), False
     elif words[:1] in (['rest'], ['watch']):  # an epoch's steps done; the next epoch's ahead
@@ -346,9 +333,8 @@ def preflight(settings, roles, port):
         flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
         remote = remote_command({}, agent_argv(flags, c['command']))
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
-                                       stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                       preexec_fn=_die_with_parent())
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())
     try:
         return _answers(procs, settings.launcher)
     except LaunchError:

@@ -13,6 +13,7 @@ kills every process at once. ``launch`` runs attempts until one ends, up to
 that were lost. Its lines go to standard error as ``launch: ...``; its stop
 lines are the caller's (``words``: the command line's ``cli.messages``).
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,17 +22,15 @@ import threading
 import time
 
 from . import agent, hung
-from .plan import HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight, relay, spawn, with_resume
+from .plan import (HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight, relay,
+                   spawn, with_resume)
 
 __all__ = ['Job', 'launch', 'say']
 
 
 def say(line, lock=None):
     """Write the launcher's line ``launch: LINE`` to standard error (under ``lock``, if any)."""
-    if lock is None:
-        print(f'launch: {line}', file=sys.stderr, flush=True)
-        return
-    with lock:
+    with lock or contextlib.nullcontext():
         print(f'launch: {line}', file=sys.stderr, flush=True)
 
 
@@ -109,9 +108,7 @@ class Job:
         timeout = self.settings.timeout
         if now - r.heard > timeout:
             r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
-        elif r.hung:  # already taken as hung: keep the first reason
-            return
-        elif r.stopped_since and now - r.stopped_since > timeout:
+        elif not r.hung and r.stopped_since and now - r.stopped_since > timeout:
             r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
 
     def run(self):
@@ -224,15 +221,11 @@ class Job:
         for r in self.roles:
             if r.proc is None:
                 continue
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             if r.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(r.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 r.proc.wait()
         for t in self.threads:
             t.join(timeout=1)
