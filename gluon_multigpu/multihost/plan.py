@@ -142,8 +142,7 @@ class Role:
 
 
 def _status_words(code):
-    if code < 0:
-        code = 128 - code
+    code = 128 - code if code < 0 else code
     try:
         return f'signal {signal.Signals(code - 128).name}' if code > 128 else f'status {code}'
     except ValueError:
@@ -183,9 +182,9 @@ def plan(settings, hosts, command):
     def role(kind, index, host, extra, argv):
         env = dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host), **extra)
         return Role(kind, index, host, env, argv)
-    roles = [role('scheduler', 0, hosts[0], {}, server)]
-    for i in range(settings.num_servers):
-        roles.append(role('server', i, hosts[(i + 1) % len(hosts)], {}, server))
+    roles = [role('scheduler', 0, hosts[0], {}, server), *(
+        role('server', i, hosts[(i + 1) % len(hosts)], {}, server)
+        for i in range(settings.num_servers))]
     placed = [hosts[(i + settings.num_servers + 1) % len(hosts)]
               for i in range(settings.num_workers)]
     for i, host in enumerate(placed):
@@ -321,17 +320,12 @@ def preflight(settings, roles, port):
     command = next(r.argv for r in roles if r.kind == 'worker')
     if settings.launcher == 'local':
         return _preflight_here(settings, command, port)
-    checks = {}
-    for r in roles:
-        extra = checks.setdefault(r.host, {'command': [], 'port': None})
-        if r.kind == 'worker':
-            extra['command'] = command[:1]
-        if r.kind == 'scheduler':
-            extra['port'] = port or 0
+    first = next(r.host for r in roles if r.kind == 'scheduler')
+    workers = {r.host for r in roles if r.kind == 'worker'}
     procs = {}
-    for host, c in checks.items():
-        flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
-        remote = remote_command({}, agent_argv(flags, c['command']))
+    for host in dict.fromkeys(r.host for r in roles):  # each host once, in the roles' order
+        flags = ['--check', '--port', str(port or 0)] if host == first else ['--check']
+        remote = remote_command({}, agent_argv(flags, command[:1] if host in workers else []))
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())

@@ -42,13 +42,11 @@ class Job:
     ``words``: the stop lines, an object with ``launch_heard(signum, grace)``,
     ``launch_stopped_now(signum)`` and ``launch_stopped(signum)`` (and, for
     ``launch``, ``launch_not_started()`` and ``launch_resume(command)``):
-    ``cli.messages``; ``out``: where the processes' lines go (default:
-    standard output).
+    ``cli.messages``. The processes' lines go to standard output.
     """
 
-    def __init__(self, settings, roles, signals, words, out=None):
+    def __init__(self, settings, roles, signals, words):
         self.settings, self.roles, self.signals, self.words = settings, roles, signals, words
-        self.out = out or sys.stdout
         self.lock = threading.Lock()
         self.threads = []
         self.seen_signals = 0
@@ -70,7 +68,7 @@ class Job:
         """Start the scheduler, and once its agent holds the port, the other roles."""
         for role in self.roles:
             spawn(self.settings, role)
-            t = threading.Thread(target=relay, args=(role, self.out, self.lock), daemon=True)
+            t = threading.Thread(target=relay, args=(role, sys.stdout, self.lock), daemon=True)
             t.start()
             self.threads.append(t)
             if role.kind == 'scheduler':
@@ -84,9 +82,9 @@ class Job:
             time.sleep(0.05)
         if role.status == agent.PORT_TAKEN:
             self.kill_all()
-            port = role.env['DMLC_PS_ROOT_PORT']
-            raise LaunchError(f'port {port} on {role.host} was taken after the check (another '
-                              'launch on it?); give another --port or leave --port out')
+            raise LaunchError(f'port {role.env["DMLC_PS_ROOT_PORT"]} on {role.host} was taken '
+                              'after the check (another launch on it?); give another --port or '
+                              'leave --port out')
 
     def tick(self):
         """Ping the agents when due, mark silent or stopped roles lost; return a new signal."""
@@ -197,8 +195,6 @@ class Job:
                 r.send(f'stop-at {step}')
             self.wait(workers, self.settings.grace)
         for group in (self.workers, self.others):
-            if group is self.others and coordinated:  # after the workers, they end by themselves
-                self.wait(group, 2.0)
             alive = [r for r in group if r.running() and not r.lost]
             for r in alive:
                 r.send('term')
