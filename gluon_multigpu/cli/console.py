@@ -109,14 +109,10 @@ class _QuietStream:
 
     def _lose(self):
         self.lost = True
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, self._stream.fileno())
-            finally:
-                os.close(null)
-        except (OSError, ValueError, AttributeError):
-            pass  # no descriptor of its own (a test's capture): dropping the text is enough
+        # without a descriptor of its own (a test's capture), dropping the text is enough
+        with contextlib.suppress(OSError, ValueError, AttributeError), \
+                open(os.devnull, 'wb') as null:
+            os.dup2(null.fileno(), self._stream.fileno())
 
     def write(self, text):
         if not self.lost:
