@@ -111,17 +111,16 @@ def two_context_step():
         x = np.array(rng.uniform(size=(8, 20)).astype('float32'))
         y = np.array(rng.randint(0, 10, size=8).astype('float32'))
         before = net[0].weight.data(devices[0]).asnumpy()
-        xs = gluon.utils.split_and_load(x, devices)
-        ys = gluon.utils.split_and_load(y, devices)
         loss = gluon.loss.SoftmaxCrossEntropyLoss()
         with autograd.record():
-            losses = [loss(net(a), b) for a, b in zip(xs, ys)]
+            losses = [loss(net(a), b) for a, b in zip(gluon.utils.split_and_load(x, devices),
+                                                       gluon.utils.split_and_load(y, devices))]
         for value in losses:
             value.backward()
         trainer.step(8)
         mx.npx.waitall()
-        first = [p.data(devices[0]).asnumpy() for p in net.collect_params().values()]
-        second = [p.data(devices[1]).asnumpy() for p in net.collect_params().values()]
+        first, second = ([p.data(d).asnumpy() for p in net.collect_params().values()]
+                         for d in devices)
         same = all(onp.array_equal(a, b) for a, b in zip(first, second))
         moved = not onp.array_equal(before, first[0])
         finite = all(onp.isfinite(a).all() for a in first)
@@ -129,9 +128,13 @@ def two_context_step():
                 'changed': bool(moved), 'finite': bool(finite),
                 'seconds': time.perf_counter() - began}
     except Exception as e:  # pylint: disable=broad-except  (reported, as the doctor's purpose)
-        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
-        return {'ok': False, 'error': f'{type(e).__name__}: {text}' if text else type(e).__name__,
-                'seconds': time.perf_counter() - began}
+        return {'ok': False, 'error': _error_line(e), 'seconds': time.perf_counter() - began}
+
+
+def _error_line(e):
+    """``e`` in one line: ``Type: its first line`` (at most 200 characters), or ``Type``."""
+    text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+    return f'{type(e).__name__}: {text}' if text else type(e).__name__
 
 
 def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_SECONDS,
@@ -257,9 +260,8 @@ def numpy_facts():
         import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
         version = str(numpy.__version__)
     except Exception as e:  # pylint: disable=broad-except  (a broken install: reported)
-        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
         return {'version': None, 'known': False, 'known_range': known_range,
-                'error': f'{type(e).__name__}: {text}' if text else type(e).__name__}
+                'error': _error_line(e)}
     return {'version': version, 'known': _known(version), 'known_range': known_range}
 
 
@@ -366,10 +368,7 @@ def render(facts):
         lines.append('step      ' + (f"cpu(0) and cpu(1) trained one step (kvstore device) to the "
                                      f"same parameters in {step['seconds']:.2f} s"
                                      if step.get('ok') else 'failed'))
-    lines.extend(f'problem   {line}' for line in facts['problems'])
-    if not facts['problems']:
-        lines.append('problems  none')
-    return lines
+    return lines + ([f'problem   {line}' for line in facts['problems']] or ['problems  none'])
 
 
 def build_parser():

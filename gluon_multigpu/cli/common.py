@@ -12,23 +12,21 @@ so that a program imports what it shares from one place:
 
 Nothing in this module loads MXNet.
 """
-from ..base.signals import STOP_SIGNALS
+from ..base.engine import cores
 from ..errors import flag
-from .arguments import (MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, OneLineParser, UsageError,
-                        add_data_flags, add_device_flags, add_run_flags, add_sweep_flags,
-                        batch_size, engine_devices, error_line, int_in, non_negative_float,
-                        num_epochs, path_of, positive_float, script_parser, seed, split_weights,
-                        sweep_parser)
-from .console import (CHECKOUT_SCRIPTS, apply_engine_settings, command_line, cores,
-                      prepare_engine, program, quiet_console, resume_command, run_began,
-                      run_main, say_quietly, start, started, stop_request, stopping_main)
+from .arguments import (MAX_CPU_DEVICES, MAX_SEED, OneLineParser, UsageError, add_data_flags,
+                        add_device_flags, add_run_flags, add_sweep_flags, batch_size,
+                        engine_devices, error_line, int_in, non_negative_float, num_epochs,
+                        path_of, positive_float, script_parser, seed, split_weights, sweep_parser)
+from .console import (apply_engine_settings, command_line, prepare_engine, program,
+                      quiet_console, resume_command, say_quietly, start, started, stop_request,
+                      stopping_main)
 from .messages import partial_heading
 
-__all__ = ['STOP_SIGNALS', 'flag', 'MAX_CPU_DEVICES', 'MAX_GPUS', 'MAX_SEED', 'OneLineParser',
-           'UsageError', 'add_data_flags', 'add_device_flags', 'add_run_flags', 'add_sweep_flags',
-           'batch_size', 'engine_devices', 'error_line', 'int_in', 'non_negative_float',
-           'num_epochs', 'path_of', 'positive_float', 'script_parser', 'seed', 'split_weights',
-           'sweep_parser', 'CHECKOUT_SCRIPTS', 'apply_engine_settings', 'command_line', 'cores',
-           'prepare_engine', 'program', 'quiet_console', 'resume_command', 'run_began',
-           'say_quietly', 'start', 'started', 'stop_request', 'partial_heading', 'run_main',
+__all__ = ['flag', 'MAX_CPU_DEVICES', 'MAX_SEED', 'OneLineParser', 'UsageError', 'add_data_flags',
+           'add_device_flags', 'add_run_flags', 'add_sweep_flags', 'batch_size', 'engine_devices',
+           'error_line', 'int_in', 'non_negative_float', 'num_epochs', 'path_of', 'positive_float',
+           'script_parser', 'seed', 'split_weights', 'sweep_parser', 'apply_engine_settings',
+           'command_line', 'cores', 'prepare_engine', 'program', 'quiet_console',
+           'resume_command', 'say_quietly', 'start', 'started', 'stop_request', 'partial_heading',
            'stopping_main']

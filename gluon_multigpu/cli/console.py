@@ -29,11 +29,6 @@ from ..filesafety import files
 from ..observe.stopping import StopRequest
 
 
-def cores():
-    """The CPU cores this process may run on."""
-    return engine.cores()
-
-
 def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
     """``engine.configure`` for a script: a bad engine variable is a ``UsageError``.
 
@@ -114,14 +109,10 @@ class _QuietStream:
 
     def _lose(self):
         self.lost = True
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, self._stream.fileno())
-            finally:
-                os.close(null)
-        except (OSError, ValueError, AttributeError):
-            pass  # no descriptor of its own (a test's capture): dropping the text is enough
+        # without a descriptor of its own (a test's capture), dropping the text is enough
+        with contextlib.suppress(OSError, ValueError, AttributeError), \
+                open(os.devnull, 'wb') as null:
+            os.dup2(null.fileno(), self._stream.fileno())
 
     def write(self, text):
         if not self.lost:
@@ -142,19 +133,17 @@ class _QuietStream:
         return getattr(self._stream, name)
 
 
-class quiet_console:  # pylint: disable=invalid-name
+@contextlib.contextmanager
+def quiet_console():
     """Within the block, ``sys.stdout`` and ``sys.stderr`` never raise on a closed terminal."""
-
-    def __enter__(self):
-        self._saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _QuietStream(sys.stdout), _QuietStream(sys.stderr)
-        return self
-
-    def __exit__(self, *exc):
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _QuietStream(sys.stdout), _QuietStream(sys.stderr)
+    try:
+        yield
+    finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        sys.stdout, sys.stderr = self._saved
-        return False
+        sys.stdout, sys.stderr = saved
 
 
 # -- how the program was started, to say how to start it (or another) again ------------------
@@ -203,9 +192,7 @@ def resume_command(name, argv=None):
     """The command that continues a stopped run of program ``name``: ``argv`` (None: this
     process's arguments) with ``--resume``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if '--resume' not in argv:
-        argv.append('--resume')
-    return command_line(name, argv)
+    return command_line(name, argv if '--resume' in argv else [*argv, '--resume'])
 
 
 def one_line_warnings():
@@ -246,51 +233,38 @@ def command(launcher=None, engine=True, engine_argv=None):
         prepare_engine(engine_argv)
     try:
         yield
-    except MXNetLoadError as e:  # MXNet could not load, wherever the program first needed it
-        say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: {e}')
-        sys.exit(2)
     except Exception as e:  # pylint: disable=broad-except  (re-raised unless an import's)
-        package = compat.failing_package(e)  # NumPy or MXNet missing or broken: the install's
-        if package in (None, '__main__', __name__.split('.')[0]):
-            raise  # not an import, or a module of the package's own: a bug, and its traceback
+        # MXNet could not load, wherever the program first needed it; or NumPy or MXNet is
+        # missing or broken (the install's). Not an import, or a module of the package's own:
+        # a bug, and its traceback.
+        loading = isinstance(e, MXNetLoadError)
+        if not loading and compat.failing_package(e) in (None, '__main__', __name__.split('.')[0]):
+            raise
         say_quietly(f'{os.path.basename(sys.argv[0] or "gluon-multigpu")}: error: '
-                    f'{compat.load_advice(e)}')
+                    f'{e if loading else compat.load_advice(e)}')
         sys.exit(2)
-
-
-
-def run_main(argv, build_parser, run):
-    """The ``main`` of a measuring program; return its exit status.
-
-    Parses ``argv`` and calls ``run(args)``: 0 when done, 2 with one line for
-    bad input, 130 when interrupted.
-    """
-    args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except GluonMultiGPUError as e:
-        print(error_line(e), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print('interrupted', file=sys.stderr)
-        return 130
-    return 0
 
 
 def stopping_main(argv, make_parser, run_script):
-    """``run_main`` that also ends cleanly on a signal and on a failed write; the status.
+    """The ``main`` of a measuring program: parse ``argv``, call ``run_script(args)``; the status.
 
-    The main of every program but train, launch and the sweeps. SIGINT,
+    The main of every program but train, launch and the sweeps: 0 when done,
+    2 with one line for bad input, 130 on a ``KeyboardInterrupt``. SIGINT,
     SIGTERM and SIGHUP unwind the run (``signals.raising``) and end it with
     one line and 128 + the signal; an ``OSError`` (a disk that fills, a
-    file-size limit) with one line naming the file, and 1. Bad input is
-    ``run_main``'s: one line and 2.
+    file-size limit) with one line naming the file, and 1.
     """
     # Past a file-size limit a write then fails (EFBIG) instead of killing the process.
     signals.ignore((signal.SIGXFSZ,))
     with signals.raising():
         try:
-            return run_main(argv, make_parser, run_script)
+            run_script(make_parser().parse_args(argv))
+        except GluonMultiGPUError as e:
+            print(error_line(e), file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print('interrupted', file=sys.stderr)
+            return 130
         except Interrupted as e:
             e.signum = e.signum or signal.SIGINT  # a request without a signal: as Ctrl-C
             print(messages.nothing_written(e), file=sys.stderr)
@@ -298,3 +272,4 @@ def stopping_main(argv, make_parser, run_script):
         except OSError as e:
             print(messages.could_not_write(e, 'nothing was written'), file=sys.stderr)
             return 1
+    return 0

@@ -26,11 +26,6 @@ def build_parser():
     return p
 
 
-def parse_args(argv=None):
-    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
-    return build_parser().parse_args(argv)
-
-
 def demo_devices(force_cpu=False):
     """Return two devices for the walk-through: two GPUs, or cpu(1) and cpu(2)."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)

@@ -6,6 +6,7 @@ watches them all and ends every one when any fails or when it is stopped, so
 no process outlives the job.
 """
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -65,9 +66,9 @@ def build_parser():
     p.add_argument('-s', '--num-servers', type=common.int_in(1, 256), default=1, metavar='N',
                    help='parameter-server processes (default: 1)')
     p.add_argument('--launcher', choices=['local', 'ssh', 'slurm'], default='local',
-                   help='local: every process on this machine, on loopback; ssh: on the hosts '
-                   'of --hostfile; slurm: as job steps (srun) on the nodes of the Slurm '
-                   'allocation it runs in (sbatch, salloc) (default: local)')
+                   help='local: every process on this machine, on loopback; ssh: on the hosts of '
+                   '--hostfile; slurm: as job steps (srun) on the nodes of the Slurm allocation it '
+                   'runs in (sbatch, salloc) (default: local)')
     p.add_argument('-H', '--hostfile', metavar='FILE', help='hosts for --launcher ssh')
     p.add_argument('--port', type=common.int_in(1024, 65535), metavar='PORT',
                    help="the scheduler's port, checked free on its host (default: a free one)")
@@ -83,15 +84,13 @@ def build_parser():
                    'this long is lost, and stops the job; an agent that does not hear the '
                    f'launcher for this long ends its process (default: {TIMEOUT:g})')
     p.add_argument('--step-timeout', type=common.non_negative_float, default=0.0,
-                   metavar='SECONDS',
-                   help='when no worker has queued a step for this long (from the first step '
-                   'reported; train.py\'s workers leave their evaluation out), the job is hung '
-                   '(deadlocked, or waiting for a '
-                   'process that cannot answer): every worker writes its Python stack, the '
-                   'launcher names the worker behind (the fewest steps) with its host, rank and '
-                   'step, and stops the job with status 3; a worker command\'s own '
-                   '--stall-timeout asks for the same, and the shorter time wins '
-                   '(default: 0, not watched)')
+                   metavar='SECONDS', help='when no worker has queued a step for this long (from '
+                   "the first step reported; train.py's workers leave their evaluation out), the "
+                   'job is hung (deadlocked, or waiting for a process that cannot answer): every '
+                   'worker writes its Python stack, the launcher names the worker behind (the '
+                   'fewest steps) with its host, rank and step, and stops the job with status 3; '
+                   "a worker command's own --stall-timeout asks for the same, and the shorter "
+                   'time wins (default: 0, not watched)')
     p.add_argument('--ssh-port', type=common.int_in(1, 65535), metavar='PORT',
                    help="the hosts' ssh port (default: ssh's configuration, else 22)")
     p.add_argument('--ssh-identity', metavar='FILE', help='the private key ssh logs in with')
@@ -150,11 +149,12 @@ def worker_command(args):
 def check_args(args):
     """Check the command line; return ``(hosts, command)``."""
     command = worker_command(args)
+    for flag in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
+        if args.launcher != 'ssh' and getattr(args, flag) is not None:
+            raise LaunchError(f'--{flag.replace("_", "-")} goes with --launcher ssh' + (
+                "; with --launcher slurm the hosts are the allocation's nodes"
+                if args.launcher == 'slurm' else ''))
     if args.launcher == 'slurm':
-        for flag in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
-            if getattr(args, flag) is not None:
-                raise LaunchError(f'--{flag.replace("_", "-")} goes with --launcher ssh; with '
-                                  '--launcher slurm the hosts are the allocation\'s nodes')
         if not os.environ.get('SLURM_JOB_ID'):
             raise LaunchError('--launcher slurm runs inside a Slurm allocation, and there is none '
                               'here (no SLURM_JOB_ID); run it in a batch script (sbatch '
@@ -169,20 +169,14 @@ def check_args(args):
             if path is not None and not os.path.isfile(path):
                 raise LaunchError(f'{flag} {path}: no such file; give an existing file')
         return read_hosts(args.hostfile), command
-    for flag in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
-        if getattr(args, flag) is not None:
-            raise LaunchError(f'--{flag.replace("_", "-")} goes with --launcher ssh')
     return ['127.0.0.1'], command
 
 
 def settings_of(args):
-    """The launch's ``Settings`` from the command line's ``args``."""
-    return Settings(num_workers=args.num_workers, num_servers=args.num_servers,
-                    launcher=args.launcher, port=args.port, max_restarts=args.max_restarts,
-                    grace=args.grace, timeout=args.timeout, step_timeout=args.step_timeout,
-                    ssh_port=args.ssh_port, ssh_identity=args.ssh_identity,
-                    ssh_config=args.ssh_config, train_program=common.program('train'),
-                    nodes=getattr(args, 'nodes', ()))
+    """The launch's ``Settings`` from the command line's ``args``: each field it gives."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
+             if hasattr(args, f.name)}
+    return Settings(**given, train_program=common.program('train'))
 
 
 # -- the program: signals taken note of, for the job to stop in order ------------------------------

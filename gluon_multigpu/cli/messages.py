@@ -15,7 +15,6 @@ from ..observe.stopping import comparison_why, launcher_stops, say_quietly, sign
 
 __all__ = ['signal_name', 'heard', 'train_heard', 'train_stopped_now', 'train_stopped',
            'comparison_kept', 'comparison_why', 'train_finished_anyway', 'launcher_stops',
-           'sweep_heard', 'sweep_stopped_now', 'sweep_stopped', 'sweep_finished_anyway',
            'partial_heading', 'nothing_written', 'while_starting', 'could_not_write',
            'kept_and_written', 'launch_heard', 'launch_stopped_now', 'launch_stopped',
            'launch_not_started', 'launch_resume', 'say_quietly']

@@ -188,15 +188,14 @@ def _end_joining(line, status):
     os._exit(status)  # pylint: disable=protected-access
 
 
-def stop_now(signum, config=None):  # pylint: disable=unused-argument
+def stop_now(signum, config):  # pylint: disable=unused-argument
     """Say that a second signal ends the run at once, and what checkpoint is left."""
-    say_quietly(messages.train_stopped_now(_checkpoint_kept(config) if config else None))
+    say_quietly(messages.train_stopped_now(_checkpoint_kept(config)))
 
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
-    with console.command(launcher):  # the engine set up first; MXNet's load errors in one line
-        sys.exit(main())
+    console.start(main, launcher)  # the engine set up first; MXNet's load errors in one line
 
 
 if __name__ == '__main__':

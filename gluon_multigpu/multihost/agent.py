@@ -60,8 +60,7 @@ def hold_port(port):
         return None
     return mark
 #: Control characters made visible (``^[`` for ESC), all but tab; ``\x1e`` so none forges CONTROL.
-_VISIBLE = {c: '^' + chr(c + 64) for c in range(32) if c != 9}
-_VISIBLE[127] = '^?'
+_VISIBLE = {c: '^' + chr(c ^ 64) for c in (*range(32), 127) if c != 9}
 
 
 def visible(text):
@@ -95,12 +94,10 @@ def _descendants(pid):
     parents = {}
     for name in os.listdir('/proc'):
         if name.isdigit():
-            try:
-                with open(f'/proc/{name}/stat', 'rb') as f:
-                    parents.setdefault(int(f.read().rsplit(b')', 1)[1].split()[1]), []).append(
-                        int(name))
-            except (OSError, IndexError, ValueError):
-                pass
+            with contextlib.suppress(OSError, IndexError, ValueError), \
+                    open(f'/proc/{name}/stat', 'rb') as f:
+                parents.setdefault(int(f.read().rsplit(b')', 1)[1].split()[1]), []).append(
+                    int(name))
     found, todo = [], [pid]
     while todo:
         kids = parents.get(todo.pop(), [])
@@ -111,10 +108,8 @@ def _descendants(pid):
 
 def _subreaper():
     """Make this process the subreaper of its descendants: an orphan below comes back to it."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    except (OSError, AttributeError):
-        pass
 
 
 def keeper_argv(link, fds, command):
@@ -247,13 +242,12 @@ class Agent:
 
     def __init__(self, command, heartbeat=2.0, timeout=15.0, grace=5.0, out=None, inp=None):
         self.command, self.heartbeat, self.timeout, self.grace = command, heartbeat, timeout, grace
-        self.out = out or sys.stdout.buffer
-        self.inp = inp or sys.stdin.buffer
+        self.out, self.inp = out or sys.stdout.buffer, inp or sys.stdin.buffer
         self.lock = threading.Lock()
         self.heard = time.monotonic()
         self.launcher_gone = False
-        self.proc = self.pid = self._link = None  # the keeper; the command's pid; the socket
-        self._to_job = None
+        # the keeper; the command's pid; the socket to it; the command's control pipe
+        self.proc = self.pid = self._link = self._to_job = None
         _subreaper()  # daemonised descendants come back to the agent, which can then end them all
 
     def say(self, message):
@@ -261,12 +255,9 @@ class Agent:
         self.write((CONTROL + message + '\n').encode())
 
     def write(self, data):
-        with self.lock:
-            try:
-                self.out.write(data)
-                self.out.flush()
-            except (OSError, ValueError):
-                pass
+        with self.lock, contextlib.suppress(OSError, ValueError):
+            self.out.write(data)
+            self.out.flush()
 
     def start(self):
         """Start the command under its keeper with its control pipes; return False (and say why)
@@ -329,10 +320,8 @@ class Agent:
             if not words:
                 continue
             if words[0] == 'stop-at' and self._to_job is not None:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     self._to_job.write(' '.join(words) + '\n')
-                except (OSError, ValueError):
-                    pass
             elif words[0] in ('term', 'kill'):
                 self.signal(signal.SIGTERM if words[0] == 'term' else signal.SIGKILL)
             elif words[0] == 'dump':  # a hung job: the stacks of the processes that write them
@@ -343,23 +332,17 @@ class Agent:
         """Send ``signum`` to every process of the command's session; with ``everything``, to
         every process below the agent too (daemons that left the session come back to it as
         their subreaper)."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
         for pid in _descendants(os.getpid()) if everything else ():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def end(self):
         """SIGTERM the command's session, SIGKILL what is left after the grace period."""
         self.signal(signal.SIGTERM, everything=True)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=self.grace)
-        except subprocess.TimeoutExpired:
-            pass
         self.signal(signal.SIGKILL, everything=True)
         self.proc.wait()
 

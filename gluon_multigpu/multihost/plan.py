@@ -11,6 +11,7 @@ as a job step of the Slurm allocation the launcher runs in (``srun``), and
 control lines (steps, rank, heartbeats, exit status). The launch is told
 what to do by a ``Settings`` of plain values.
 """
+import contextlib
 import json
 import os
 import shlex
@@ -117,8 +118,7 @@ class Role:
         among them; at most 2 s after it ended, should something else hold its output open)."""
         if self.proc is None or self.proc.poll() is None:
             return False
-        if self.exited is None:
-            self.exited = time.monotonic()
+        self.exited = self.exited or time.monotonic()
         return self.relayed.is_set() or time.monotonic() - self.exited > 2.0
 
     def failure(self):
@@ -136,16 +136,13 @@ class Role:
     def send(self, line):
         """Send one line to its agent (quietly nothing if it cannot be)."""
         if self.running():
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 self.proc.stdin.write((line + '\n').encode())
                 self.proc.stdin.flush()
-            except (OSError, ValueError):
-                pass
 
 
 def _status_words(code):
-    if code < 0:
-        code = 128 - code
+    code = 128 - code if code < 0 else code
     try:
         return f'signal {signal.Signals(code - 128).name}' if code > 128 else f'status {code}'
     except ValueError:
@@ -185,9 +182,9 @@ def plan(settings, hosts, command):
     def role(kind, index, host, extra, argv):
         env = dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host), **extra)
         return Role(kind, index, host, env, argv)
-    roles = [role('scheduler', 0, hosts[0], {}, server)]
-    for i in range(settings.num_servers):
-        roles.append(role('server', i, hosts[(i + 1) % len(hosts)], {}, server))
+    roles = [role('scheduler', 0, hosts[0], {}, server), *(
+        role('server', i, hosts[(i + 1) % len(hosts)], {}, server)
+        for i in range(settings.num_servers))]
     placed = [hosts[(i + settings.num_servers + 1) % len(hosts)]
               for i in range(settings.num_workers)]
     for i, host in enumerate(placed):
@@ -220,12 +217,10 @@ def agent_argv(extra, command):
 def ssh_argv(settings, host, remote):
     """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
     argv = ['ssh', '-T', '-o', 'BatchMode=yes']
-    if settings.ssh_port is not None:
-        argv += ['-p', str(settings.ssh_port)]
-    if settings.ssh_identity is not None:
-        argv += ['-i', settings.ssh_identity]
-    if settings.ssh_config is not None:
-        argv += ['-F', settings.ssh_config]
+    for option, value in (('-p', settings.ssh_port), ('-i', settings.ssh_identity),
+                          ('-F', settings.ssh_config)):
+        if value is not None:
+            argv += [option, str(value)]
     return argv + ['--', host, remote]
 
 
@@ -267,35 +262,26 @@ def spawn(settings, role):
 def relay(role, out, lock):
     """Copy ``role``'s output to ``out`` behind its label; take in its agent's control lines."""
     try:
-        _relay(role, out, lock)
+        while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
+            line = read[0].decode(errors='replace')
+            role.heard = time.monotonic()
+            if line.startswith(agent.CONTROL):
+                _take_control(role, line[len(agent.CONTROL):].split())
+                continue
+            line = agent.visible(line) + (f' ... [line cut: {read[1]} bytes more]' if read[1]
+                                          else '')
+            with lock, contextlib.suppress(OSError, ValueError):
+                out.write(f'[{role.label}] {line}\n')
+                out.flush()
     finally:
         role.relayed.set()
-
-
-def _relay(role, out, lock):
-    while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
-        line = agent.visible(read[0].decode(errors='replace')) if not read[0].startswith(
-            agent.CONTROL.encode()) else read[0].decode(errors='replace')
-        line += f' ... [line cut: {read[1]} bytes more]\n' if read[1] else '\n'
-        role.heard = time.monotonic()
-        if line.startswith(agent.CONTROL):
-            _take_control(role, line[len(agent.CONTROL):].split())
-            continue
-        with lock:
-            try:
-                out.write(f'[{role.label}] {line if line.endswith(chr(10)) else line + chr(10)}')
-                out.flush()
-            except (OSError, ValueError):
-                pass
 
 
 def _take_control(role, words):
     """What an agent's control line (its ``words``) says of ``role``."""
     if words[:1] == ['beat']:
-        if words[1:] == ['stopped']:
-            role.stopped_since = role.stopped_since or time.monotonic()
-        else:
-            role.stopped_since = None
+        stopped = words[1:] == ['stopped']
+        role.stopped_since = (role.stopped_since or time.monotonic()) if stopped else None
     elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
         role.steps, role.stepped, role.resting = int(words[1]), time.monotonic(), False
     elif words[:1] in (['rest'], ['watch']):  # an epoch's steps done; the next epoch's ahead
@@ -334,21 +320,15 @@ def preflight(settings, roles, port):
     command = next(r.argv for r in roles if r.kind == 'worker')
     if settings.launcher == 'local':
         return _preflight_here(settings, command, port)
-    checks = {}
-    for r in roles:
-        extra = checks.setdefault(r.host, {'command': [], 'port': None})
-        if r.kind == 'worker':
-            extra['command'] = command[:1]
-        if r.kind == 'scheduler':
-            extra['port'] = port or 0
+    first = next(r.host for r in roles if r.kind == 'scheduler')
+    workers = {r.host for r in roles if r.kind == 'worker'}
     procs = {}
-    for host, c in checks.items():
-        flags = ['--check'] + (['--port', str(c['port'])] if c['port'] is not None else [])
-        remote = remote_command({}, agent_argv(flags, c['command']))
+    for host in dict.fromkeys(r.host for r in roles):  # each host once, in the roles' order
+        flags = ['--check', '--port', str(port or 0)] if host == first else ['--check']
+        remote = remote_command({}, agent_argv(flags, command[:1] if host in workers else []))
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
-                                       stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                       preexec_fn=_die_with_parent())
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())
     try:
         return _answers(procs, settings.launcher)
     except LaunchError:

@@ -13,6 +13,7 @@ kills every process at once. ``launch`` runs attempts until one ends, up to
 that were lost. Its lines go to standard error as ``launch: ...``; its stop
 lines are the caller's (``words``: the command line's ``cli.messages``).
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,17 +22,15 @@ import threading
 import time
 
 from . import agent, hung
-from .plan import HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight, relay, spawn, with_resume
+from .plan import (HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight, relay,
+                   spawn, with_resume)
 
 __all__ = ['Job', 'launch', 'say']
 
 
 def say(line, lock=None):
     """Write the launcher's line ``launch: LINE`` to standard error (under ``lock``, if any)."""
-    if lock is None:
-        print(f'launch: {line}', file=sys.stderr, flush=True)
-        return
-    with lock:
+    with lock or contextlib.nullcontext():
         print(f'launch: {line}', file=sys.stderr, flush=True)
 
 
@@ -43,13 +42,11 @@ class Job:
     ``words``: the stop lines, an object with ``launch_heard(signum, grace)``,
     ``launch_stopped_now(signum)`` and ``launch_stopped(signum)`` (and, for
     ``launch``, ``launch_not_started()`` and ``launch_resume(command)``):
-    ``cli.messages``; ``out``: where the processes' lines go (default:
-    standard output).
+    ``cli.messages``. The processes' lines go to standard output.
     """
 
-    def __init__(self, settings, roles, signals, words, out=None):
+    def __init__(self, settings, roles, signals, words):
         self.settings, self.roles, self.signals, self.words = settings, roles, signals, words
-        self.out = out or sys.stdout
         self.lock = threading.Lock()
         self.threads = []
         self.seen_signals = 0
@@ -71,7 +68,7 @@ class Job:
         """Start the scheduler, and once its agent holds the port, the other roles."""
         for role in self.roles:
             spawn(self.settings, role)
-            t = threading.Thread(target=relay, args=(role, self.out, self.lock), daemon=True)
+            t = threading.Thread(target=relay, args=(role, sys.stdout, self.lock), daemon=True)
             t.start()
             self.threads.append(t)
             if role.kind == 'scheduler':
@@ -85,9 +82,9 @@ class Job:
             time.sleep(0.05)
         if role.status == agent.PORT_TAKEN:
             self.kill_all()
-            port = role.env['DMLC_PS_ROOT_PORT']
-            raise LaunchError(f'port {port} on {role.host} was taken after the check (another '
-                              'launch on it?); give another --port or leave --port out')
+            raise LaunchError(f'port {role.env["DMLC_PS_ROOT_PORT"]} on {role.host} was taken '
+                              'after the check (another launch on it?); give another --port or '
+                              'leave --port out')
 
     def tick(self):
         """Ping the agents when due, mark silent or stopped roles lost; return a new signal."""
@@ -109,9 +106,7 @@ class Job:
         timeout = self.settings.timeout
         if now - r.heard > timeout:
             r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
-        elif r.hung:  # already taken as hung: keep the first reason
-            return
-        elif r.stopped_since and now - r.stopped_since > timeout:
+        elif not r.hung and r.stopped_since and now - r.stopped_since > timeout:
             r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
 
     def run(self):
@@ -200,8 +195,6 @@ class Job:
                 r.send(f'stop-at {step}')
             self.wait(workers, self.settings.grace)
         for group in (self.workers, self.others):
-            if group is self.others and coordinated:  # after the workers, they end by themselves
-                self.wait(group, 2.0)
             alive = [r for r in group if r.running() and not r.lost]
             for r in alive:
                 r.send('term')
@@ -224,15 +217,11 @@ class Job:
         for r in self.roles:
             if r.proc is None:
                 continue
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             if r.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(r.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 r.proc.wait()
         for t in self.threads:
             t.join(timeout=1)
