@@ -49,31 +49,25 @@ def comparison_table(results, tracker=None):
     """
     pairs = paired_epochs(results) if len(results) > 1 else None
     best = pairs.fastest() if pairs else None
-    header = '| kvstore | devices | sec/epoch |'
-    rule = '| --- | --- | ---: |'
-    if best is not None:
-        header += f' time vs {best} (95% interval): answer |'
-        rule += ' --- |'
-    header += ' samples/s | final test acc |'
-    rule += ' ---: | ---: |'
+    versus = [f'time vs {best} (95% interval): answer'] if best is not None else []
+    header = ['kvstore', 'devices', 'sec/epoch', *versus, 'samples/s', 'final test acc']
     if tracker is not None:
-        header += (f' max abs param diff vs {tracker.reference}, per epoch | weights: max diff '
-                   'between devices | running stats: max diff between devices |')
-        rule += ' --- | ---: | ---: |'
-    rows = [header, rule]
+        header += [f'max abs param diff vs {tracker.reference}, per epoch',
+                   'weights: max diff between devices', 'running stats: max diff between devices']
+    rows = []
     for r in results:
-        ratio = f' {_ratio_cell(pairs, r.kvstore, best)} |' if best is not None else ''
-        row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} |{ratio} '
-               f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
+        ratio = [_ratio_cell(pairs, r.kvstore, best)] if best is not None else []
+        row = [r.kvstore, ', '.join(r.devices), f'{r.sec_per_epoch:.2f}', *ratio,
+               f'{r.samples_per_sec:.0f}', f'{r.test_acc[-1]:.4f}']
         if tracker is not None:
-            diff = tracker.diff.get(r.kvstore) or ['-']
             spread = tracker.spread.get(r.kvstore)
             stats = tracker.stats_spread.get(r.kvstore)
             stats = '-' if not stats else 'none kept' if None in stats else _fmt_diffs([max(stats)])
-            row += (f' {_fmt_diffs(diff)} | {_fmt_diffs([max(spread)]) if spread else "-"} | '
-                    f'{stats} |')
+            row += [_fmt_diffs(tracker.diff.get(r.kvstore) or ['-']),
+                    _fmt_diffs([max(spread)]) if spread else '-', stats]
         rows.append(row)
-    return '\n'.join(rows)
+    align = 'llr' + 'l' * (best is not None) + 'rr' + 'lrr' * (tracker is not None)
+    return markdown_table(header, rows, align)
 
 
 def rounds_table(results):
