@@ -64,9 +64,8 @@ def _check_path(value, name, folder):
     if folder:
         if os.path.exists(path) and not os.path.isdir(path):
             kind = kind_of(path)
-            raise GluonMultiGPUError(f'`{name}` {path} is a file; give a folder' if kind ==
-                                     'a file' else f'`{name}` {path} is {kind}, not a folder; '
-                                     'give a folder')
+            kind += '' if kind == 'a file' else ', not a folder'
+            raise GluonMultiGPUError(f'`{name}` {path} is {kind}; give a folder')
         parent = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     else:
         if os.path.isdir(path):
@@ -103,16 +102,34 @@ def _record(line):
         record = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(record, dict):
-        return None
-    step = record.get('step')
-    if record.get('kind') not in ('step', 'epoch') or not isinstance(step, int) or \
-            isinstance(step, bool) or not isinstance(record.get('values'), dict):
-        return None
-    return record
+    step = record.get('step') if isinstance(record, dict) else None
+    if isinstance(step, int) and not isinstance(step, bool) and record.get('kind') in (
+            'step', 'epoch') and isinstance(record.get('values'), dict):
+        return record
+    return None
 
 
-class JsonLines:
+class _Records:
+    """A file of records, each written (``fs.write``) as it comes, fsynced by ``sync``; a
+    failure names ``path``, and the file written is ``_target``."""
+
+    path = _target = _fd = None
+
+    def _put(self, data):
+        with atomic.naming(self.path):
+            fs.write(self._fd, data, self._target)
+
+    def sync(self):
+        with atomic.naming(self.path):
+            fs.fsync(self._fd, self._target)
+
+    def close(self):
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+class JsonLines(_Records):
     """The JSON-lines file: one object per line, each line written (unbuffered) as it comes.
 
     ``check`` refuses a file holding a line that is no record of the package's (the last one
@@ -122,7 +139,7 @@ class JsonLines:
     """
 
     def __init__(self, path):
-        self.path, self._fd, self._target = path, None, None
+        self.path = path
 
     def _read(self):
         """``[(line, record)]`` of the file and its first other line (``(number, line)``, or
@@ -160,21 +177,10 @@ class JsonLines:
     def write(self, kind, step, epoch, values):
         record = {'kind': kind, 'step': step, 'epoch': epoch, 'time': round(time.time(), 3),
                   'values': {k: _finite(v) for k, v in values.items()}}
-        with atomic.naming(self.path):
-            fs.write(self._fd, (json.dumps(record, allow_nan=False) + '\n').encode('utf-8'),
-                     self._target)
-
-    def sync(self):
-        with atomic.naming(self.path):
-            fs.fsync(self._fd, self._target)
-
-    def close(self):
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
+        self._put((json.dumps(record, allow_nan=False) + '\n').encode('utf-8'))
 
 
-class EventFiles:
+class EventFiles(_Records):
     """A TensorBoard event file, a new one each ``open``, written as JsonLines is: each record
     as it comes (``fs.write``), fsynced by ``sync``.
 
@@ -185,15 +191,14 @@ class EventFiles:
 
     def __init__(self, folder, records):
         self.folder, self._records = folder, records
-        self.path, self._fd = None, None
 
     def open(self, purge):
         atomic.makedirs(self.folder)
         # The name sorts by time to the nanosecond: a resumed run's file comes after the
         # stopped one's, in the order TensorBoard's reader goes through them.
         now = time.time_ns()
-        self.path = os.path.join(self.folder, f'events.out.tfevents.{now // 10**9}.'
-                                              f'{socket.gethostname()}.{now:020d}')
+        self.path = self._target = os.path.join(
+            self.folder, f'events.out.tfevents.{now // 10**9}.{socket.gethostname()}.{now:020d}')
         event, session = self._records[:2]
         opening = self._frames([event(wall_time=time.time(), file_version='brain.Event:2'),
                                 event(wall_time=time.time(), step=purge,
@@ -210,9 +215,9 @@ class EventFiles:
 
     def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
         event, _, summary, _ = self._records
-        self._append([event(wall_time=time.time(), step=step, summary=summary(value=[
+        self._put(self._frames([event(wall_time=time.time(), step=step, summary=summary(value=[
             summary.Value(tag=f'{kind}/{name}', simple_value=value)]))
-            for name, value in values.items()])
+            for name, value in values.items()]))
 
     def _frames(self, events):
         """``events`` as TFRecord frames (length, its checksum, the record, its checksum)."""
@@ -223,19 +228,6 @@ class EventFiles:
             header = struct.pack('<Q', len(data))
             frames += [header, struct.pack('<I', crc(header)), data, struct.pack('<I', crc(data))]
         return b''.join(frames)
-
-    def _append(self, events):
-        with atomic.naming(self.path):
-            fs.write(self._fd, self._frames(events), self.path)
-
-    def sync(self):
-        with atomic.naming(self.path):
-            fs.fsync(self._fd, self.path)
-
-    def close(self):
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
 
 
 class Metrics(Hook):

@@ -135,13 +135,6 @@ class Progress(Hook):
         """Seconds of an evaluation: the mean of those measured (0 before any)."""
         return (sum(self._evaluations) / len(self._evaluations)) if self._evaluations else 0
 
-    def _run_left(self, run, epoch_left, epoch_steps):
-        """Seconds left of the run: this epoch's steps, the later epochs' and the evaluations."""
-        if not self.num_epochs:
-            return None
-        later = max(self.num_epochs - run.epoch, 0)
-        return epoch_left + epoch_steps * later + self._evaluation() * (later + 1)
-
     def step_end(self, run, step, samples, timer):
         if self._epoch != run.epoch:  # a new epoch (or the resumed part of one)
             self._epoch, self._first = run.epoch, step
@@ -154,15 +147,18 @@ class Progress(Hook):
         total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
         per_step = seconds / (step - self._first + 1)
         epoch_left = per_step * (total - step) if total else None
-        if epoch_left is not None and not self._warned and per_step * total > self.slow_epoch:
+        run_left = None
+        if total and self.num_epochs:  # this epoch's steps, the later epochs' and evaluations
+            later = max(self.num_epochs - run.epoch, 0)
+            run_left = epoch_left + per_step * total * later + self._evaluation() * (later + 1)
+        if total and not self._warned and per_step * total > self.slow_epoch:
             self._warned = True
             self.say(f'{self.label}: at {samples / seconds:.0f} images/s an epoch takes about '
                      f'{duration(per_step * total)}'
                      + (f', the run about {duration(per_step * total * self.num_epochs)}'
                         if self.num_epochs else '') + (f'; {self.advice}' if self.advice else ''))
-        run_left = self._run_left(run, epoch_left, per_step * total) if total else None
         unit_left = run_left
-        if self.schedule is not None and self.schedule.rounds > 1 and epoch_left is not None:
+        if self.schedule is not None and self.schedule.rounds > 1 and total:
             # A unit is this epoch: its steps and evaluation; the run's other epochs are units
             # of their own, and the run's time left means nothing while the runs take turns.
             unit_left, run_left = epoch_left + self._evaluation(), None
@@ -171,13 +167,10 @@ class Progress(Hook):
         self._estimate_schedule(run, step - self._first + 1, all_left)
         if self.interval <= 0:
             return
-        left = ''
-        if epoch_left is not None:
-            left = f', epoch ends in {duration(epoch_left)}'
-            if run_left is not None:
-                left += f', run in {duration(run_left)}'
-            if all_left is not None:
-                left += f', {self.schedule.what} in {duration(all_left)}'
+        # (the run's and all the runs' time left are known only where the epoch's is)
+        left = f', epoch ends in {duration(epoch_left)}' if total else ''
+        left += f', run in {duration(run_left)}' if run_left is not None else ''
+        left += f', {self.schedule.what} in {duration(all_left)}' if all_left is not None else ''
         where = f' ({self.schedule.position()})' if self.schedule else ''
         self.say(f'  {self.label}{where}: epoch {run.epoch}: {step}/{total or "?"} batches, '
                  f'{samples / seconds:.0f} images/s{update_figures(run.steps)}{left}')
