@@ -1,14 +1,11 @@
 """Progress within an epoch: ``Progress`` lines (the scripts'), ``Live`` (a notebook's display)."""
-import sys
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import npx
 
-from ..section.results import epoch_line
 from .hooks import Hook
 from .live import Live, jupyter_shell
-from ..errors import Interrupted
 from ..base.units import duration
 
 __all__ = ['Progress', 'Schedule', 'Live', 'duration', 'jupyter_shell']

@@ -7,7 +7,6 @@ as alone.
 """
 from ..base import engine
 from ..base.compat import GPU_INSTALL
-from ..observe.stopping import say_quietly
 from ..section.book import book_epochs, resnet18 as book_resnet18
 from ..section.data import DATASETS
 from ..section.kvstores import kvstore_name
@@ -19,7 +18,7 @@ from ..features.distributed import StepScale
 from ..features.precision import make_precision
 from ..features.sync_bn import sync_batch_norm
 from ..observe.progress import Progress
-from ..observe.stopping import StopRequest
+from ..observe.stopping import StopRequest, say_quietly
 from ..study.compare import fingerprint
 
 __all__ = ['KvstoreRun', 'faster_advice']
@@ -65,22 +64,19 @@ class KvstoreRun:
         self._book = self.training = None
         if config.book_literal:  # the text's loop, asking the stop request between steps
             stop = next((h for h in hooks if isinstance(h, StopRequest)), None)
-            self._book = book_epochs(net, train_iter, test_iter, devices, config.num_epochs,
-                                     batch_size=train_iter.batch_size, stop=stop, lr=lr,
-                                     kvstore=kvstore, seed=config.seed, initializer=initializer,
-                                     on_epoch=on_epoch)
+            self._book = book_epochs(net, train_iter, test_iter, devices, config.num_epochs, lr=lr,
+                                     batch_size=train_iter.batch_size, stop=stop, kvstore=kvstore,
+                                     seed=config.seed, initializer=initializer, on_epoch=on_epoch)
             return
         label = (f'kvstore {kvstore_name(kvstore)} on {len(devices)} '
                  f'{devices[0].device_type.upper()}' + ('s' if len(devices) > 1 else ''))
         progress = Progress(say_quietly, config.progress_interval, label, config.num_epochs,
                             advice=faster_advice(config, devices), schedule=schedule)
-        features = [split, make_precision(config.dtype, devices)]
-        if worker.count > 1:
-            features.append(StepScale(kvstore, worker.count))
-        self.training = Training(net, train_iter, test_iter, devices,
-                                 config=config.training(kvstore, lr), initializer=initializer,
-                                 on_epoch=on_epoch, hooks=[f for f in features if f is not None]
-                                 + [*hooks, progress])
+        features = [split, make_precision(config.dtype, devices),
+                    StepScale(kvstore, worker.count) if worker.count > 1 else None]
+        self.training = Training(net, train_iter, test_iter, devices, initializer=initializer,
+                                 config=config.training(kvstore, lr), on_epoch=on_epoch,
+                                 hooks=[f for f in features if f is not None] + [*hooks, progress])
 
     def train(self, epochs):
         """Train ``epochs`` more epochs; return the ``TrainResult`` so far."""

@@ -13,7 +13,7 @@ import functools
 import os
 import sys
 
-from ..observe.stopping import launcher_stops, say_quietly
+from ..observe.stopping import StallGuard, launcher_stops, say_quietly
 from .comparison import Comparison
 from .kvstore_run import KvstoreRun
 from ..machinery.checks import check_split
@@ -30,7 +30,6 @@ from ..features.distributed import Control, join
 from ..features.precision import check_dtype
 from ..features.sync_bn import check_options as check_sync_bn_options, check_training
 from ..checkpoints.checkpoint import for_run
-from ..observe.stopping import StallGuard
 from ..filesafety.targets import check_outputs as check_paths
 from ..study.charts import check_chart_path
 from ..study.compare import ParamTracker
@@ -212,8 +211,7 @@ def stall_guard(config, devices, resume=None):
     def on_stall(waited):
         print(f'error: no training step finished for {waited:.0f} s: synchronised BatchNorm on '
               'CPU contexts can wait forever in MXNet 1.9.1 (docs/exercises.md); run without '
-              f'--sync-bn or on GPUs{kept_checkpoint(config, resume)}', file=sys.stderr,
-              flush=True)
+              f'--sync-bn or on GPUs{kept_checkpoint(config, resume)}', file=sys.stderr, flush=True)
         os._exit(STALLED)  # pylint: disable=protected-access  (the engine cannot be unblocked)
     return StallGuard(on_stall)
 

@@ -144,9 +144,8 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%
 def _epochs_chart(path, results, ylabel, values, title, xlabel='epoch'):
     """Write one line per ``TrainResult``: ``values(result)``, one point per epoch."""
     num_epochs = max(len(r.epochs) for r in results)
-    animator = Animator(xlabel=xlabel, ylabel=ylabel,
-                        legend=[f'kvstore {r.kvstore}' for r in results],
-                        xlim=[0.5, num_epochs + 0.5], title=title)
+    animator = Animator(xlabel=xlabel, ylabel=ylabel, xlim=[0.5, num_epochs + 0.5], title=title,
+                        legend=[f'kvstore {r.kvstore}' for r in results])
     for i in range(num_epochs):
         animator.add(i + 1, [values(r)[i] if i < len(r.epochs) else None for r in results])
     animator.save(path)

@@ -91,9 +91,8 @@ def rounds_table(results):
                          min(values) == max(values) else
                          f'{fmt.format(min(values))}-{fmt.format(max(values))}')
         rows.append(cells)
-    return markdown_table(['round (epoch)', *(f'{r.kvstore} s' for r in results),
-                           'other processes (cores)', 'load average'], rows,
-                          'r' * (len(results) + 3))
+    header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
+    return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))
 
 
 def batch_norm_sentence(tracker, config):

@@ -365,13 +365,12 @@ class Paired:
         """Every round's figure and load, and each variant's ratio to the first, for a results
         file."""
         first = self.names[0]
+        ratios = {n: self.ratio(n, first) for n in self.names[1:]}
         return {'variants': self.names, 'higher_is_better': self.higher_is_better,
                 'min_effect': self.min_effect,
                 'rounds': {n: [{'round': r, 'figure': f, 'load': self.loads[n].get(r)}
                                for r, f in sorted(self.figures[n].items())] for n in self.names},
-                'ratio_to_first': {n: (self.ratio(n, first).to_dict()
-                                       if self.ratio(n, first) else None)
-                                   for n in self.names[1:]},
+                'ratio_to_first': {n: r.to_dict() if r else None for n, r in ratios.items()},
                 'load_changed': load_changed(self.all_loads())}
 
 
