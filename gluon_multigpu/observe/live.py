@@ -176,9 +176,8 @@ class Live(Hook):
         lines = ([f'({hidden} earlier epoch(s): result.epochs)'] if hidden else []) + shown
         self.lines = lines + ([self._status] if self._status else [])
         page = '\n'.join(html.escape(line) for line in self.lines)
-        bar = ''
-        if self._bar is not None and self._bar[1]:
-            bar = f'<progress value="{self._bar[0]}" max="{self._bar[1]}"></progress>'
+        bar = f'<progress value="{self._bar[0]}" max="{self._bar[1]}"></progress>' if (
+            self._bar is not None and self._bar[1]) else ''
         return {'text/plain': '\n'.join(self.lines),
                 'text/html': f'{bar}<pre style="margin: 0">{page}</pre>'}
 

@@ -200,11 +200,10 @@ class EventFiles(_Records):
         self.path = self._target = os.path.join(
             self.folder, f'events.out.tfevents.{now // 10**9}.{socket.gethostname()}.{now:020d}')
         event, session = self._records[:2]
-        opening = self._frames([event(wall_time=time.time(), file_version='brain.Event:2'),
-                                event(wall_time=time.time(), step=purge,
-                                      file_version='brain.Event:2'),
-                                event(wall_time=time.time(), step=purge,
-                                      session_log=session(status=session.START))])
+        opening = self._frames([
+            event(wall_time=time.time(), file_version='brain.Event:2'),
+            event(wall_time=time.time(), step=purge, file_version='brain.Event:2'),
+            event(wall_time=time.time(), step=purge, session_log=session(status=session.START))])
         with atomic.naming(self.path):
             # made whole and named durably, or not at all: a failure, a kill or a power cut
             # leaves no empty event file (nor takes a name another file has)
@@ -294,8 +293,7 @@ class Metrics(Hook):
             try:
                 JsonLines(self.path).check()  # before any step: nothing written yet
             except BaseException:
-                lock, self._lock = self._lock, None
-                lock.release()
+                self.leave(run)  # the lock goes (no file is open yet)
                 raise
 
     def step_end(self, run, step, samples, timer):
@@ -304,7 +302,8 @@ class Metrics(Hook):
             return
         if run.epoch != self._epoch:  # the first step of an epoch, or of this fit
             self._start_epoch(run, step, timer)
-        self._last = self._global(run, step)
+        # the global step: counted by epoch where the data has a length, else from the last epoch's
+        self._last = ((run.epoch - 1) * self._per_epoch if self._per_epoch else self._offset) + step
         if not self._sinks:  # the first step of this fit: the earlier curves end before it
             self._open(self._last)
         if self._last % self.every == 0:
@@ -345,11 +344,6 @@ class Metrics(Hook):
         self._per_epoch = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
         elapsed = timer.elapsed() if timer is not None else 0.0
         self._window = (step, 0, time.perf_counter() - elapsed)
-
-    def _global(self, run, step):
-        if self._per_epoch:
-            return (run.epoch - 1) * self._per_epoch + step
-        return self._offset + step
 
     def _open(self, purge):
         if self.path is not None:

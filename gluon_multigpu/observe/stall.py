@@ -152,11 +152,10 @@ class StepReports(Hook):
         self.steps += 1
         self.report(f'step {self.steps}')
 
-    def steps_done(self, run):
+    def steps_done(self, run, totals=None):
         self.report('rest')
 
-    def stopped(self, run, totals):
-        self.report('rest')
+    stopped = steps_done  # (after the steps of an epoch stopped: ``totals``)
 
     def epoch_end(self, run, record):
         if run.epoch < run.num_epochs:

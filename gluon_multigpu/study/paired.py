@@ -295,9 +295,8 @@ class Paired:
         one ``answer`` and ``ratio`` tables compare the others with."""
         names = [n for n in self.names if self.figures[n]]
         rounds = self.rounds(names) if names else []
-        if not rounds:
-            return None
-        return min(names, key=lambda n: statistics.median(self._times(n, rounds)))
+        return min(names, key=lambda n: statistics.median(self._times(n, rounds))) if rounds \
+            else None
 
     def answer(self, noun='', where=''):
         """The answer in one sentence: each variant against the fastest, in three words.
