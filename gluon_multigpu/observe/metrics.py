@@ -91,11 +91,6 @@ def _event_records():
     return Event, SessionLog, Summary, masked_crc32c
 
 
-def _finite(value):
-    """``value`` for JSON: a non-finite float is null."""
-    return value if value is None or math.isfinite(value) else None
-
-
 def _record(line):
     """The record of the package's that ``line`` is (a dict), or None."""
     try:
@@ -176,7 +171,8 @@ class JsonLines(_Records):
 
     def write(self, kind, step, epoch, values):
         record = {'kind': kind, 'step': step, 'epoch': epoch, 'time': round(time.time(), 3),
-                  'values': {k: _finite(v) for k, v in values.items()}}
+                  'values': {k: v if v is None or math.isfinite(v) else None  # JSON: null
+                             for k, v in values.items()}}
         self._put((json.dumps(record, allow_nan=False) + '\n').encode('utf-8'))
 
 

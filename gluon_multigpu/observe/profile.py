@@ -337,7 +337,4 @@ class Profile(Hook):
                    *cost_table(self.rows)])
 
     def _say(self, lines):
-        out = self.out or sys.stdout
-        for line in lines:
-            print(line, file=out)
-        out.flush()
+        print(*lines, sep='\n', file=self.out or sys.stdout, flush=True)

@@ -36,11 +36,7 @@ class Schedule:
         self.names, self.what, self.rounds = list(names), what, rounds
         self.index, self.took, self._began = -1, [], None
         self.estimated = False  # whether the first estimate of all the runs was said
-
-    @property
-    def units(self):
-        """Units of work in all: runs, or with rounds, epochs of all runs."""
-        return len(self.names) * self.rounds
+        self.units = len(self.names) * self.rounds  # units of work: runs, or their epochs
 
     def position(self):
         """``2 of 3``: which unit this is."""
@@ -69,14 +65,6 @@ class Schedule:
         each = (sum(self.took) / finished if finished else
                 time.monotonic() - self._began + unit_left)
         return unit_left + each * (self.units - self.index - 1)
-
-
-def update_figures(steps):
-    """``, lr 0.05, grad norm 1.37``: the last update's rate and norm before clipping, where
-    the run's updates are accumulated, clipped or scheduled (read back: the devices synced)."""
-    rates, norms = getattr(steps, 'rates', None), getattr(steps, 'norms', None)
-    text = f', lr {rates[-1]:.3g}' if rates else ''
-    return text + (f', grad norm {float(norms[-1]):.3g}' if norms else '')
 
 
 class Progress(Hook):
@@ -169,8 +157,13 @@ class Progress(Hook):
         left += f', run in {duration(run_left)}' if run_left is not None else ''
         left += f', {self.schedule.what} in {duration(all_left)}' if all_left is not None else ''
         where = f' ({self.schedule.position()})' if self.schedule else ''
+        # the last update's rate and norm before clipping, where the run's updates are
+        # accumulated, clipped or scheduled (read back: the devices synced)
+        rates, norms = getattr(run.steps, 'rates', None), getattr(run.steps, 'norms', None)
+        figures = (f', lr {rates[-1]:.3g}' if rates else '') + (
+            f', grad norm {float(norms[-1]):.3g}' if norms else '')
         self.say(f'  {self.label}{where}: epoch {run.epoch}: {step}/{total or "?"} batches, '
-                 f'{samples / seconds:.0f} images/s{update_figures(run.steps)}{left}')
+                 f'{samples / seconds:.0f} images/s{figures}{left}')
 
     def _estimate_schedule(self, run, steps, all_left):
         """Say once, from the first run's first measured steps, how long all the runs take."""

@@ -85,11 +85,10 @@ def rounds_table(results):
             record = next((e for e in r.epochs if e.epoch == n), None)
             cells.append(f'{record.seconds:.2f}' if record else '-')
             loads.append((getattr(r, 'loads', None) or {}).get(n))
-        for key, fmt in (('others', '{:.1f}'), ('load', '{:.1f}')):
+        for key in ('others', 'load'):
             values = [l[key] for l in loads if l and l.get(key) is not None]
-            cells.append('-' if not values else fmt.format(values[0]) if len(values) == 1 or
-                         min(values) == max(values) else
-                         f'{fmt.format(min(values))}-{fmt.format(max(values))}')
+            cells.append('-' if not values else f'{values[0]:.1f}' if min(values) == max(values)
+                         else f'{min(values):.1f}-{max(values):.1f}')
         rows.append(cells)
     header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
     return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))

@@ -160,8 +160,7 @@ class LoadMeter:
         # The kernel counts CPU time in ticks (10 ms): a round much shorter than a quarter of a
         # second gives no figure worth the name.
         if jiffies is not None and now is not None and wall >= 0.25:
-            hertz = os.sysconf('SC_CLK_TCK')
-            busy = (now[0] - jiffies[0]) / hertz
+            busy = (now[0] - jiffies[0]) / os.sysconf('SC_CLK_TCK')
             others = max(0.0, busy - (_own_cpu() - own)) / wall
             total = now[2] - jiffies[2]
             steal = (now[1] - jiffies[1]) / total if total > 0 else 0.0
