@@ -1,5 +1,6 @@
 """The progress ``train`` shows where a person watches: a notebook's display updated in place,
 or lines on a terminal. The hook ``train`` adds unless the caller shows progress."""
+import functools
 import html
 import sys
 import time
@@ -45,12 +46,6 @@ def is_terminal(stream):
         return False
 
 
-def _ipython_display(bundle):
-    """Show ``bundle`` (MIME type -> text) as a new display; return its handle."""
-    from IPython.display import display  # pylint: disable=import-outside-toplevel  (loaded)
-    return display(bundle, raw=True, display_id=True)
-
-
 class Live(Hook):
     """The progress display that ``train`` adds: in place in a notebook, as lines on a terminal.
 
@@ -89,20 +84,15 @@ class Live(Hook):
     def __init__(self, interval=1.0, keep=20, display=None, stream=None, line_interval=10.0):
         self.interval, self.keep, self.display = interval, keep, display
         self.stream, self.line_interval = stream, line_interval
-        self.lines = []
-        self._handle = self._say = None
-        self._every = interval
-        self._epochs, self._status, self._bar = [], '', None
-        self._epoch = self._first = None
-        self._due = self._started = 0.0
-        self._stop = None
+        self.lines, self._handle = [], None  # the rest is set by each ``enter``
 
     def enter(self, run):
         self._handle, self._epochs, self._bar, self._stop = None, [], None, None
         self._epoch = self._first = None
         show, self._say, self._every = self.display, None, self.interval
-        if show is None and jupyter_shell() is not None:
-            show = _ipython_display
+        if show is None and jupyter_shell() is not None:  # IPython is loaded: a new display
+            from IPython.display import display  # pylint: disable=import-outside-toplevel
+            show = functools.partial(display, raw=True, display_id=True)
         elif show is None:
             stream = sys.stderr if self.stream is None else self.stream
             if not is_terminal(stream):
@@ -143,9 +133,9 @@ class Live(Hook):
     def stopped(self, run, totals):
         if self._handle is None:
             return
-        total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
-        self._stop = (f'interrupted in epoch {run.epoch} after step {totals.batches}'
-                      f'{f"/{total}" if total else ""}: fit() goes on from there')
+        total = f'/{len(run.train_iter)}' if hasattr(run.train_iter, '__len__') else ''
+        self._stop = (f'interrupted in epoch {run.epoch} after step {totals.batches}{total}: '
+                      'fit() goes on from there')
 
     def epoch_end(self, run, record):
         if self._handle is None:
@@ -186,9 +176,8 @@ class Live(Hook):
         lines = ([f'({hidden} earlier epoch(s): result.epochs)'] if hidden else []) + shown
         self.lines = lines + ([self._status] if self._status else [])
         page = '\n'.join(html.escape(line) for line in self.lines)
-        bar = ''
-        if self._bar is not None and self._bar[1]:
-            bar = f'<progress value="{self._bar[0]}" max="{self._bar[1]}"></progress>'
+        bar = f'<progress value="{self._bar[0]}" max="{self._bar[1]}"></progress>' if (
+            self._bar is not None and self._bar[1]) else ''
         return {'text/plain': '\n'.join(self.lines),
                 'text/html': f'{bar}<pre style="margin: 0">{page}</pre>'}
 

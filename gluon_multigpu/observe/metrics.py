@@ -64,9 +64,8 @@ def _check_path(value, name, folder):
     if folder:
         if os.path.exists(path) and not os.path.isdir(path):
             kind = kind_of(path)
-            raise GluonMultiGPUError(f'`{name}` {path} is a file; give a folder' if kind ==
-                                     'a file' else f'`{name}` {path} is {kind}, not a folder; '
-                                     'give a folder')
+            kind += '' if kind == 'a file' else ', not a folder'
+            raise GluonMultiGPUError(f'`{name}` {path} is {kind}; give a folder')
         parent = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     else:
         if os.path.isdir(path):
@@ -92,27 +91,40 @@ def _event_records():
     return Event, SessionLog, Summary, masked_crc32c
 
 
-def _finite(value):
-    """``value`` for JSON: a non-finite float is null."""
-    return value if value is None or math.isfinite(value) else None
-
-
 def _record(line):
     """The record of the package's that ``line`` is (a dict), or None."""
     try:
         record = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(record, dict):
-        return None
-    step = record.get('step')
-    if record.get('kind') not in ('step', 'epoch') or not isinstance(step, int) or \
-            isinstance(step, bool) or not isinstance(record.get('values'), dict):
-        return None
-    return record
+    step = record.get('step') if isinstance(record, dict) else None
+    if isinstance(step, int) and not isinstance(step, bool) and record.get('kind') in (
+            'step', 'epoch') and isinstance(record.get('values'), dict):
+        return record
+    return None
 
 
-class JsonLines:
+class _Records:
+    """A file of records, each written (``fs.write``) as it comes, fsynced by ``sync``; a
+    failure names ``path``, and the file written is ``_target``."""
+
+    path = _target = _fd = None
+
+    def _put(self, data):
+        with atomic.naming(self.path):
+            fs.write(self._fd, data, self._target)
+
+    def sync(self):
+        with atomic.naming(self.path):
+            fs.fsync(self._fd, self._target)
+
+    def close(self):
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+class JsonLines(_Records):
     """The JSON-lines file: one object per line, each line written (unbuffered) as it comes.
 
     ``check`` refuses a file holding a line that is no record of the package's (the last one
@@ -122,7 +134,7 @@ class JsonLines:
     """
 
     def __init__(self, path):
-        self.path, self._fd, self._target = path, None, None
+        self.path = path
 
     def _read(self):
         """``[(line, record)]`` of the file and its first other line (``(number, line)``, or
@@ -159,22 +171,12 @@ class JsonLines:
 
     def write(self, kind, step, epoch, values):
         record = {'kind': kind, 'step': step, 'epoch': epoch, 'time': round(time.time(), 3),
-                  'values': {k: _finite(v) for k, v in values.items()}}
-        with atomic.naming(self.path):
-            fs.write(self._fd, (json.dumps(record, allow_nan=False) + '\n').encode('utf-8'),
-                     self._target)
-
-    def sync(self):
-        with atomic.naming(self.path):
-            fs.fsync(self._fd, self._target)
-
-    def close(self):
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
+                  'values': {k: v if v is None or math.isfinite(v) else None  # JSON: null
+                             for k, v in values.items()}}
+        self._put((json.dumps(record, allow_nan=False) + '\n').encode('utf-8'))
 
 
-class EventFiles:
+class EventFiles(_Records):
     """A TensorBoard event file, a new one each ``open``, written as JsonLines is: each record
     as it comes (``fs.write``), fsynced by ``sync``.
 
@@ -185,21 +187,19 @@ class EventFiles:
 
     def __init__(self, folder, records):
         self.folder, self._records = folder, records
-        self.path, self._fd = None, None
 
     def open(self, purge):
         atomic.makedirs(self.folder)
         # The name sorts by time to the nanosecond: a resumed run's file comes after the
         # stopped one's, in the order TensorBoard's reader goes through them.
         now = time.time_ns()
-        self.path = os.path.join(self.folder, f'events.out.tfevents.{now // 10**9}.'
-                                              f'{socket.gethostname()}.{now:020d}')
+        self.path = self._target = os.path.join(
+            self.folder, f'events.out.tfevents.{now // 10**9}.{socket.gethostname()}.{now:020d}')
         event, session = self._records[:2]
-        opening = self._frames([event(wall_time=time.time(), file_version='brain.Event:2'),
-                                event(wall_time=time.time(), step=purge,
-                                      file_version='brain.Event:2'),
-                                event(wall_time=time.time(), step=purge,
-                                      session_log=session(status=session.START))])
+        opening = self._frames([
+            event(wall_time=time.time(), file_version='brain.Event:2'),
+            event(wall_time=time.time(), step=purge, file_version='brain.Event:2'),
+            event(wall_time=time.time(), step=purge, session_log=session(status=session.START))])
         with atomic.naming(self.path):
             # made whole and named durably, or not at all: a failure, a kill or a power cut
             # leaves no empty event file (nor takes a name another file has)
@@ -210,9 +210,9 @@ class EventFiles:
 
     def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
         event, _, summary, _ = self._records
-        self._append([event(wall_time=time.time(), step=step, summary=summary(value=[
+        self._put(self._frames([event(wall_time=time.time(), step=step, summary=summary(value=[
             summary.Value(tag=f'{kind}/{name}', simple_value=value)]))
-            for name, value in values.items()])
+            for name, value in values.items()]))
 
     def _frames(self, events):
         """``events`` as TFRecord frames (length, its checksum, the record, its checksum)."""
@@ -223,19 +223,6 @@ class EventFiles:
             header = struct.pack('<Q', len(data))
             frames += [header, struct.pack('<I', crc(header)), data, struct.pack('<I', crc(data))]
         return b''.join(frames)
-
-    def _append(self, events):
-        with atomic.naming(self.path):
-            fs.write(self._fd, self._frames(events), self.path)
-
-    def sync(self):
-        with atomic.naming(self.path):
-            fs.fsync(self._fd, self.path)
-
-    def close(self):
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
 
 
 class Metrics(Hook):
@@ -302,8 +289,7 @@ class Metrics(Hook):
             try:
                 JsonLines(self.path).check()  # before any step: nothing written yet
             except BaseException:
-                lock, self._lock = self._lock, None
-                lock.release()
+                self.leave(run)  # the lock goes (no file is open yet)
                 raise
 
     def step_end(self, run, step, samples, timer):
@@ -312,7 +298,8 @@ class Metrics(Hook):
             return
         if run.epoch != self._epoch:  # the first step of an epoch, or of this fit
             self._start_epoch(run, step, timer)
-        self._last = self._global(run, step)
+        # the global step: counted by epoch where the data has a length, else from the last epoch's
+        self._last = ((run.epoch - 1) * self._per_epoch if self._per_epoch else self._offset) + step
         if not self._sinks:  # the first step of this fit: the earlier curves end before it
             self._open(self._last)
         if self._last % self.every == 0:
@@ -353,11 +340,6 @@ class Metrics(Hook):
         self._per_epoch = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
         elapsed = timer.elapsed() if timer is not None else 0.0
         self._window = (step, 0, time.perf_counter() - elapsed)
-
-    def _global(self, run, step):
-        if self._per_epoch:
-            return (run.epoch - 1) * self._per_epoch + step
-        return self._offset + step
 
     def _open(self, purge):
         if self.path is not None:

@@ -17,8 +17,7 @@ def optional_hooks(tensorboard=None, metrics=None, log_every=50, profile=None,
         hooks.append(Metrics(tensorboard=tensorboard, path=metrics, every=log_every))
     if profile is not None:
         from .profile import Profile
-        hooks.append(Profile(profile[:2], profile[2]) if isinstance(profile, tuple) and
-                     len(profile) == 3 else Profile(profile))
+        hooks.append(Profile(profile))  # (start, stop, path) too
     if stall_timeout is not None:
         from .stall import stall_hook
         hook = stall_hook(stall_timeout)  # (checked: 0 watches nothing)

@@ -23,6 +23,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import npx
 
+from ..base import engine
 from ..filesafety import atomic, foreign
 from ..filesafety.paths import check_default_output, check_name, resolve_output
 from ..errors import GluonMultiGPUError
@@ -101,10 +102,7 @@ def check_default(path=DEFAULT_FILE):
 
 def profiled_cpus():
     """How many CPU devices MXNet's profiler tells apart: the cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return engine.cores()
 
 
 def check_devices(devices):
@@ -162,11 +160,10 @@ class Profile(Hook):
         if isinstance(steps, (tuple, list)) and len(steps) == 3:
             steps, path = tuple(steps[:2]), steps[2]
         self.start, self.stop = parse_steps(steps)
-        named = path is not None
-        path = path if named else DEFAULT_FILE
-        self.path = os.fspath(path) if isinstance(path, os.PathLike) else path
+        self.path = os.fspath(path) if isinstance(path, os.PathLike) else (
+            DEFAULT_FILE if path is None else path)
         check_path(self.path)
-        if not named:  # a file the user did not name: never one the package did not write
+        if path is None:  # a file the user did not name: never one the package did not write
             check_default(self.path)
         if not foreign.available():
             raise GluonMultiGPUError('`profile` reads MXNet\'s profiler through /proc/self/fd, '
@@ -216,7 +213,7 @@ class Profile(Hook):
             if done >= self.stop:
                 self._end(run)
             elif self._per_epoch and step >= self._per_epoch:
-                self._pause()  # the evaluation between two epochs is no step
+                self._switch('stop', 'paused')  # the evaluation between two epochs is no step
         elif self._state == 'waiting':
             if self._next != done and done >= self._from:
                 self._resumed_past(done)
@@ -283,9 +280,6 @@ class Profile(Hook):
         mx.profiler.set_state(state)
         self._state = ours
 
-    def _pause(self):
-        self._switch('stop', 'paused')
-
     def _close(self, keep=True):
         """Stop the profiler and take MXNet's dump; return its events (``keep``) or drop them."""
         try:
@@ -343,7 +337,4 @@ class Profile(Hook):
                    *cost_table(self.rows)])
 
     def _say(self, lines):
-        out = self.out or sys.stdout
-        for line in lines:
-            print(line, file=out)
-        out.flush()
+        print(*lines, sep='\n', file=self.out or sys.stdout, flush=True)

@@ -1,14 +1,11 @@
 """Progress within an epoch: ``Progress`` lines (the scripts'), ``Live`` (a notebook's display)."""
-import sys
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import npx
 
-from ..section.results import epoch_line
 from .hooks import Hook
 from .live import Live, jupyter_shell
-from ..errors import Interrupted
 from ..base.units import duration
 
 __all__ = ['Progress', 'Schedule', 'Live', 'duration', 'jupyter_shell']
@@ -39,11 +36,7 @@ class Schedule:
         self.names, self.what, self.rounds = list(names), what, rounds
         self.index, self.took, self._began = -1, [], None
         self.estimated = False  # whether the first estimate of all the runs was said
-
-    @property
-    def units(self):
-        """Units of work in all: runs, or with rounds, epochs of all runs."""
-        return len(self.names) * self.rounds
+        self.units = len(self.names) * self.rounds  # units of work: runs, or their epochs
 
     def position(self):
         """``2 of 3``: which unit this is."""
@@ -72,14 +65,6 @@ class Schedule:
         each = (sum(self.took) / finished if finished else
                 time.monotonic() - self._began + unit_left)
         return unit_left + each * (self.units - self.index - 1)
-
-
-def update_figures(steps):
-    """``, lr 0.05, grad norm 1.37``: the last update's rate and norm before clipping, where
-    the run's updates are accumulated, clipped or scheduled (read back: the devices synced)."""
-    rates, norms = getattr(steps, 'rates', None), getattr(steps, 'norms', None)
-    text = f', lr {rates[-1]:.3g}' if rates else ''
-    return text + (f', grad norm {float(norms[-1]):.3g}' if norms else '')
 
 
 class Progress(Hook):
@@ -135,13 +120,6 @@ class Progress(Hook):
         """Seconds of an evaluation: the mean of those measured (0 before any)."""
         return (sum(self._evaluations) / len(self._evaluations)) if self._evaluations else 0
 
-    def _run_left(self, run, epoch_left, epoch_steps):
-        """Seconds left of the run: this epoch's steps, the later epochs' and the evaluations."""
-        if not self.num_epochs:
-            return None
-        later = max(self.num_epochs - run.epoch, 0)
-        return epoch_left + epoch_steps * later + self._evaluation() * (later + 1)
-
     def step_end(self, run, step, samples, timer):
         if self._epoch != run.epoch:  # a new epoch (or the resumed part of one)
             self._epoch, self._first = run.epoch, step
@@ -154,15 +132,18 @@ class Progress(Hook):
         total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
         per_step = seconds / (step - self._first + 1)
         epoch_left = per_step * (total - step) if total else None
-        if epoch_left is not None and not self._warned and per_step * total > self.slow_epoch:
+        run_left = None
+        if total and self.num_epochs:  # this epoch's steps, the later epochs' and evaluations
+            later = max(self.num_epochs - run.epoch, 0)
+            run_left = epoch_left + per_step * total * later + self._evaluation() * (later + 1)
+        if total and not self._warned and per_step * total > self.slow_epoch:
             self._warned = True
             self.say(f'{self.label}: at {samples / seconds:.0f} images/s an epoch takes about '
                      f'{duration(per_step * total)}'
                      + (f', the run about {duration(per_step * total * self.num_epochs)}'
                         if self.num_epochs else '') + (f'; {self.advice}' if self.advice else ''))
-        run_left = self._run_left(run, epoch_left, per_step * total) if total else None
         unit_left = run_left
-        if self.schedule is not None and self.schedule.rounds > 1 and epoch_left is not None:
+        if self.schedule is not None and self.schedule.rounds > 1 and total:
             # A unit is this epoch: its steps and evaluation; the run's other epochs are units
             # of their own, and the run's time left means nothing while the runs take turns.
             unit_left, run_left = epoch_left + self._evaluation(), None
@@ -171,16 +152,18 @@ class Progress(Hook):
         self._estimate_schedule(run, step - self._first + 1, all_left)
         if self.interval <= 0:
             return
-        left = ''
-        if epoch_left is not None:
-            left = f', epoch ends in {duration(epoch_left)}'
-            if run_left is not None:
-                left += f', run in {duration(run_left)}'
-            if all_left is not None:
-                left += f', {self.schedule.what} in {duration(all_left)}'
+        # (the run's and all the runs' time left are known only where the epoch's is)
+        left = f', epoch ends in {duration(epoch_left)}' if total else ''
+        left += f', run in {duration(run_left)}' if run_left is not None else ''
+        left += f', {self.schedule.what} in {duration(all_left)}' if all_left is not None else ''
         where = f' ({self.schedule.position()})' if self.schedule else ''
+        # the last update's rate and norm before clipping, where the run's updates are
+        # accumulated, clipped or scheduled (read back: the devices synced)
+        rates, norms = getattr(run.steps, 'rates', None), getattr(run.steps, 'norms', None)
+        figures = (f', lr {rates[-1]:.3g}' if rates else '') + (
+            f', grad norm {float(norms[-1]):.3g}' if norms else '')
         self.say(f'  {self.label}{where}: epoch {run.epoch}: {step}/{total or "?"} batches, '
-                 f'{samples / seconds:.0f} images/s{update_figures(run.steps)}{left}')
+                 f'{samples / seconds:.0f} images/s{figures}{left}')
 
     def _estimate_schedule(self, run, steps, all_left):
         """Say once, from the first run's first measured steps, how long all the runs take."""

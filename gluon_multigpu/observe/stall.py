@@ -152,11 +152,10 @@ class StepReports(Hook):
         self.steps += 1
         self.report(f'step {self.steps}')
 
-    def steps_done(self, run):
+    def steps_done(self, run, totals=None):
         self.report('rest')
 
-    def stopped(self, run, totals):
-        self.report('rest')
+    stopped = steps_done  # (after the steps of an epoch stopped: ``totals``)
 
     def epoch_end(self, run, record):
         if run.epoch < run.num_epochs:
@@ -209,23 +208,12 @@ class LaunchedStall(StepReports):
         stacks.dump_on_signal()
         self.active = not any(getattr(h, 'reports_steps', False) for h in run.hooks
                               if h is not self)
-        self.report(f'stall {self.seconds:g}')
+        super().report(f'stall {self.seconds:g}')
 
-    def step_end(self, run, step, samples, timer):
+    def report(self, message):
+        """The steps' lines, unless another hook of the run says them."""
         if self.active:
-            super().step_end(run, step, samples, timer)
-
-    def steps_done(self, run):
-        if self.active:
-            super().steps_done(run)
-
-    def stopped(self, run, totals):
-        if self.active:
-            super().stopped(run, totals)
-
-    def epoch_end(self, run, record):
-        if self.active:
-            super().epoch_end(run, record)
+            super().report(message)
 
 
 def stall_hook(seconds, line=None, environ=None):

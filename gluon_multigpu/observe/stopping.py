@@ -96,14 +96,10 @@ class StopRequest(Hook):
         self._previous, self._reader, self._watching = {}, None, False
         self._seen, self._exit, self._first_at = 0, True, None
 
-    def __call__(self):
+    def __call__(self, *hook_args):
         return self.signum is not None
 
-    def step_end(self, run, step, samples, timer):
-        return self.signum is not None
-
-    def epoch_end(self, run, record):
-        return self.signum is not None
+    step_end = epoch_end = __call__  # a hook: True stops the run there
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         # Runs in the main thread once it is back in Python: the flag the loop reads.

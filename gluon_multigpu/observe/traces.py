@@ -27,19 +27,16 @@ def read_events(text):
 def _device_names(events, cpus, gpus):
     """MXNet's device numbers -> the package's names: from the dump's process names where it
     has them (the process's first dump), else from MXNet's order (CPUs, GPUs, pinned, shared)."""
-    names = {}
-    for e in events:
-        if e.get('ph') == 'M' and e.get('name') == 'process_name':
-            names[e.get('pid')] = e.get('args', {}).get('name', '')
-    labels = {}
-    for index in range(cpus + gpus + 2):
-        name = names.get(index)
-        if name is None:
-            name = (f'cpu/{index}' if index < cpus else f'gpu/{index - cpus}'
-                    if index < cpus + gpus else ('cpu pinned/', 'cpu shared/')[index - cpus - gpus])
-        found = re.fullmatch(r'(cpu|gpu)/(\d+)', name)
-        labels[index] = f'{found.group(1)}({found.group(2)})' if found else name.rstrip('/')
-    return labels
+    names = {e.get('pid'): e.get('args', {}).get('name', '') for e in events
+             if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+    order = [*(f'cpu/{i}' for i in range(cpus)), *(f'gpu/{i}' for i in range(gpus)),
+             'cpu pinned/', 'cpu shared/']
+    return {index: _label(names.get(index, name)) for index, name in enumerate(order)}
+
+
+def _label(name):
+    """The package's name of MXNet's device ``name``: ``cpu/0`` is ``cpu(0)``."""
+    return re.sub(r'\A(cpu|gpu)/(\d+)\Z', r'\1(\2)', name).rstrip('/')
 
 
 def device_trace(events, devices, cpus, gpus=0):
@@ -66,9 +63,7 @@ def device_trace(events, devices, cpus, gpus=0):
                 continue
             memory = re.fullmatch(r'Memory: (.+)', e.get('name', ''))
             if label == 'Device Storage' and memory:
-                found = re.fullmatch(r'(cpu|gpu)/(\d+)', memory.group(1))
-                label = f'{found.group(1)}({found.group(2)})' if found else \
-                    memory.group(1).rstrip('/')
+                label = _label(memory.group(1))
                 e = dict(e, name='memory', args={'memory': v for v in e.get('args', {}).values()})
         pid = pids.setdefault(label, len(pids))
         tid = tids.setdefault((pid, e.get('tid')), sum(p == pid for p, _ in tids) + 1)
@@ -76,14 +71,12 @@ def device_trace(events, devices, cpus, gpus=0):
         if 'id' in e:
             e['id'] = ids.setdefault(e['id'], len(ids) + 1)
         out.append(e)
-    meta = []
-    for label, pid in pids.items():
-        meta += [{'ph': 'M', 'name': 'process_name', 'pid': pid, 'args': {'name': label}},
-                 {'ph': 'M', 'name': 'process_sort_index', 'pid': pid, 'args': {'sort_index': pid}}]
-    for (pid, _), tid in tids.items():
-        label = next(name for name, p in pids.items() if p == pid)
-        meta.append({'ph': 'M', 'name': 'thread_name', 'pid': pid, 'tid': tid,
-                     'args': {'name': f'{label} thread {tid}'}})
+    meta = [m for label, pid in pids.items() for m in (
+        {'ph': 'M', 'name': 'process_name', 'pid': pid, 'args': {'name': label}},
+        {'ph': 'M', 'name': 'process_sort_index', 'pid': pid, 'args': {'sort_index': pid}})]
+    label = {pid: name for name, pid in pids.items()}
+    meta += [{'ph': 'M', 'name': 'thread_name', 'pid': pid, 'tid': tid,
+              'args': {'name': f'{label[pid]} thread {tid}'}} for (pid, _), tid in tids.items()]
     return {'traceEvents': meta + out, 'displayTimeUnit': 'ms'}
 
 

@@ -79,9 +79,8 @@ class Comparison:
     @property
     def results(self):
         """The ``TrainResult`` of every kvstore with an epoch measured, in the order given."""
-        return [self.runs[k].result for k in self.kvstores
-                if k in self.runs and self.runs[k].result is not None
-                and self.runs[k].result.epochs]
+        results = (self.runs[k].result for k in self.kvstores if k in self.runs)
+        return [r for r in results if r is not None and r.epochs]
 
     def run(self, start_one, quiet=False):
         """Train with each kvstore; return the results.
@@ -93,9 +92,8 @@ class Comparison:
         what ``kept`` returned, where several kvstores were compared.
         """
         if self.schedule is None:
-            kvstore = self.kvstores[0]
-            self.runs[kvstore] = start_one(kvstore, None)
-            self.runs[kvstore].train(self.rounds)
+            self.runs[self.kvstores[0]] = start_one(self.kvstores[0], None)
+            self.runs[self.kvstores[0]].train(self.rounds)
             return self.finish(quiet)
         meter = LoadMeter()
         try:
@@ -130,7 +128,11 @@ class Comparison:
             for result in self.results:  # the book's line, naming its kvstore where several ran
                 print(result.final_line() + (f' with kvstore {result.kvstore}'
                                              if self.schedule else ''), file=self.out, flush=True)
-        self._end()
+        if len(self.results) > 1:  # the side-by-side table of several runs and the answer
+            print(comparison_table(self.results, self.tracker), file=self.out)
+            print(recommend(self.results), file=self.out)
+        if self.record is not None:  # the outputs, complete; the first worker writes for all
+            write_outputs(self.config, self.results, self.record, self.tracker)
         return self.results
 
     def order(self, epoch):
@@ -149,9 +151,8 @@ class Comparison:
             left = []
         if epoch < self.rounds or index == 0:
             first = epoch + (1 if index else 0)
-            left.append(f'epoch{"s" if first < self.rounds else ""} {first}'
-                        + (f'-{self.rounds}' if first < self.rounds else '')
-                        + ' of every kvstore')
+            more = f's {first}-{self.rounds}' if first < self.rounds else f' {first}'
+            left.append(f'epoch{more} of every kvstore')
         return Interrupted.between_runs(epoch - (0 if index else 1), done, left,
                                   self.stop.signum)
 
@@ -163,14 +164,6 @@ class Comparison:
         print(f'-- kvstore {kvstore}, epoch {epoch}/{self.rounds} ({self.schedule.position()}'
               + (f'; the comparison ends in about {duration(left)}' if left is not None else '')
               + ')', file=self.out, flush=True)
-
-    def _end(self):
-        """The side-by-side table of several runs and the answer; the outputs, complete."""
-        if len(self.results) > 1:
-            print(comparison_table(self.results, self.tracker), file=self.out)
-            print(recommend(self.results), file=self.out)
-        if self.record is not None:  # the first worker writes for all
-            write_outputs(self.config, self.results, self.record, self.tracker)
 
     def measured(self):
         """The epochs measured, in words: ``epochs 1-2 of kvstore local; epoch 1 of kvstore device, none``."""
@@ -199,6 +192,6 @@ class Comparison:
         print(recommend(results, pending=pending), file=self.out, flush=True)
         why = messages.comparison_why(self.stop.signum if self.stop is not None else None,
                                       self.current)
-        return measured, self.current, write_outputs(
-            self.config, results, self.record, self.tracker, pending,
-            partial_note(None, self.rounds, measured, why))
+        note = partial_note(None, self.rounds, measured, why)
+        return measured, self.current, write_outputs(self.config, results, self.record,
+                                                     self.tracker, pending, note)

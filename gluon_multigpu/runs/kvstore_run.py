@@ -1,13 +1,12 @@
 """A kvstore's run of a train command: its network, hooks and Training, built at its first turn.
 
-``RunMaker`` builds them with what every run of one command shares;
-``KvstoreRun.train(epochs)`` trains more, so that the runs of a comparison
+``KvstoreRun`` builds them, with what every run of one command shares given first;
+``train(epochs)`` trains more, so that the runs of a comparison
 can take turns epoch after epoch (``comparison.Comparison``), each exactly
 as alone.
 """
 from ..base import engine
 from ..base.compat import GPU_INSTALL
-from ..observe.stopping import say_quietly
 from ..section.book import book_epochs, resnet18 as book_resnet18
 from ..section.data import DATASETS
 from ..section.kvstores import kvstore_name
@@ -19,25 +18,10 @@ from ..features.distributed import StepScale
 from ..features.precision import make_precision
 from ..features.sync_bn import sync_batch_norm
 from ..observe.progress import Progress
-from ..observe.stopping import StopRequest
+from ..observe.stopping import StopRequest, say_quietly
 from ..study.compare import fingerprint
 
-__all__ = ['RunMaker', 'KvstoreRun', 'faster_advice']
-
-
-class RunMaker:
-    """``maker(kvstore, schedule=None)``: a ``KvstoreRun`` of one command's kvstore, with the
-    settings every run of the command shares (given once, here)."""
-
-    def __init__(self, config, worker, devices, lr, train_iter, test_iter, out, tracker, hooks):
-        self.config, self.worker, self.devices, self.lr = config, worker, devices, lr
-        self.train_iter, self.test_iter, self.out = train_iter, test_iter, out
-        self.tracker, self.hooks = tracker, hooks
-
-    def __call__(self, kvstore, schedule=None):
-        return KvstoreRun(self.config, self.worker.kvstore or kvstore, self.devices, self.lr,
-                          self.train_iter, self.test_iter, self.out, self.tracker, self.hooks,
-                          self.worker, schedule)
+__all__ = ['KvstoreRun', 'faster_advice']
 
 
 class KvstoreRun:
@@ -49,12 +33,14 @@ class KvstoreRun:
     epoch after epoch and each train exactly as alone. Each epoch is printed;
     after it ``tracker`` records the parameters, for the comparison;
     ``schedule`` (a ``progress.Schedule``) holds the runs compared, for the
-    progress lines' time left.
+    progress lines' time left. The settings every run of one command shares come first
+    (``functools.partial``), then the kvstore (a parameter server's worker takes its own).
     """
 
-    def __init__(self, config, kvstore, devices, lr, train_iter, test_iter, out, tracker,
-                 hooks=(), worker=None, schedule=None):
+    def __init__(self, config, worker, devices, lr, train_iter, test_iter, out, tracker, hooks,
+                 kvstore, schedule=None):
         self.train_iter, self.worker, self.result = train_iter, worker, None
+        kvstore = worker.kvstore or kvstore
         train_iter.epoch = 0  # every kvstore sees the same sequence of batches
         classes = DATASETS[config.dataset]['classes']
         if config.book_literal and config.model == 'resnet18':
@@ -66,7 +52,7 @@ class KvstoreRun:
 
         def on_epoch(record):
             line = epoch_line(record, config.num_epochs)
-            if worker is not None and worker.count > 1:  # the workers must agree: show it
+            if worker.count > 1:  # the workers must agree: show it
                 line += f', parameters {fingerprint(net)}'
             print(line, file=out, flush=True)
             if isinstance(split, TimedSplit):
@@ -78,22 +64,19 @@ class KvstoreRun:
         self._book = self.training = None
         if config.book_literal:  # the text's loop, asking the stop request between steps
             stop = next((h for h in hooks if isinstance(h, StopRequest)), None)
-            self._book = book_epochs(net, train_iter, test_iter, devices, config.num_epochs,
-                                     batch_size=train_iter.batch_size, stop=stop, lr=lr,
-                                     kvstore=kvstore, seed=config.seed, initializer=initializer,
-                                     on_epoch=on_epoch)
+            self._book = book_epochs(net, train_iter, test_iter, devices, config.num_epochs, lr=lr,
+                                     batch_size=train_iter.batch_size, stop=stop, kvstore=kvstore,
+                                     seed=config.seed, initializer=initializer, on_epoch=on_epoch)
             return
         label = (f'kvstore {kvstore_name(kvstore)} on {len(devices)} '
                  f'{devices[0].device_type.upper()}' + ('s' if len(devices) > 1 else ''))
         progress = Progress(say_quietly, config.progress_interval, label, config.num_epochs,
                             advice=faster_advice(config, devices), schedule=schedule)
-        features = [split, make_precision(config.dtype, devices)]
-        if worker and worker.count > 1:
-            features.append(StepScale(kvstore, worker.count))
-        self.training = Training(net, train_iter, test_iter, devices,
-                                 config=config.training(kvstore, lr), initializer=initializer,
-                                 on_epoch=on_epoch, hooks=[f for f in features if f is not None]
-                                 + [*hooks, progress])
+        features = [split, make_precision(config.dtype, devices),
+                    StepScale(kvstore, worker.count) if worker.count > 1 else None]
+        self.training = Training(net, train_iter, test_iter, devices, initializer=initializer,
+                                 config=config.training(kvstore, lr), on_epoch=on_epoch,
+                                 hooks=[f for f in features if f is not None] + [*hooks, progress])
 
     def train(self, epochs):
         """Train ``epochs`` more epochs; return the ``TrainResult`` so far."""
@@ -105,7 +88,7 @@ class KvstoreRun:
                 self.result = next(self._book)
         else:
             self.result = self.training.fit(epochs)
-        self.result.workers = self.worker.count if self.worker else 1
+        self.result.workers = self.worker.count
         return self.result
 
 

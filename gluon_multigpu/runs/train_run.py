@@ -13,9 +13,9 @@ import functools
 import os
 import sys
 
-from ..observe.stopping import launcher_stops, say_quietly
+from ..observe.stopping import StallGuard, launcher_stops, say_quietly
 from .comparison import Comparison
-from .kvstore_run import RunMaker
+from .kvstore_run import KvstoreRun
 from ..machinery.checks import check_split
 from ..section.data import DATASETS, input_files, load_data, synthetic_data
 from ..section.devices import even_shares, resolve_devices, split_sizes
@@ -30,7 +30,6 @@ from ..features.distributed import Control, join
 from ..features.precision import check_dtype
 from ..features.sync_bn import check_options as check_sync_bn_options, check_training
 from ..checkpoints.checkpoint import for_run
-from ..observe.stopping import StallGuard
 from ..filesafety.targets import check_outputs as check_paths
 from ..study.charts import check_chart_path
 from ..study.compare import ParamTracker
@@ -55,7 +54,14 @@ def check_run(config):
     for kvstore in kvstores:
         if kvstore not in DIST_KVSTORES:
             check_kvstore(kvstore, devices)
-    check_profile(config, devices)
+    if config.profile is not None:  # its steps, devices MXNet's profiler cannot tell apart,
+        # a default trace file that is not one of ours (loaded with --profile)
+        # pylint: disable-next=import-outside-toplevel
+        from ..observe.profile import check_default, check_devices, parse_steps
+        parse_steps(config.profile)
+        check_devices(devices)
+        if config.profile_file is None:
+            check_default(config.profile_path)
     check_outputs(config)
     # Last: what the machine has (a run too large here) after what the command line asks.
     check_batch_memory(config.model, devices, batch_size, config.sync_bn)
@@ -83,7 +89,8 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
     """
     out = out or sys.stdout
     devices, batch_size, kvstores, notes = check_run(config)
-    metrics = metrics_hook(config)
+    metrics = None if config.tensorboard is None and config.metrics is None else Metrics(
+        tensorboard=config.tensorboard, path=config.metrics, every=config.log_every)
     worker = join_parameter_server(kvstores, stop, program)  # until every worker has joined
     if metrics is not None:
         metrics.rank = worker.rank  # only the first worker writes
@@ -91,7 +98,8 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
     if worker.rank:
         out = RankPrefixed(out, worker.rank)
     lr = config.lr or RECIPES[config.model].lr(batch_size * worker.count)
-    checkpoint = make_checkpointer(config, batch_size, lr, kvstores, worker)
+    checkpoint = for_run(config.checkpoint_dir, config.recorded(batch_size, lr, worker.count),
+                         config.resume, kvstores, worker.rank)
     guard = stall_guard(config, devices, resume)
     stall = stall_hook(config.stall_timeout,
                        line=functools.partial(stall_message, config, resume=resume))
@@ -122,17 +130,10 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
             workers=worker.count)
         hooks = [h for h in (checkpoint, stop, control, guard, metrics, stall, profile)
                  if h is not None]
-        runs = RunMaker(config, worker, devices, lr, train_iter, test_iter, out, tracker, hooks)
-        comparison = Comparison(config, record, tracker, out, stop)
-        if len(kvstores) > 1:  # the kvstores take turns, epoch after epoch
-            return comparison.run(runs, quiet=bool(worker.rank))
-        one = comparison.runs[kvstores[0]] = runs(kvstores[0])
-        if one.training is None:  # the text's own loop (--book-literal)
-            one.train(config.num_epochs)
-        else:  # the section's loop, called directly
-            one.result = one.training.fit(config.num_epochs)
-            one.result.workers = worker.count
-        return comparison.finish(quiet=bool(worker.rank))
+        runs = functools.partial(KvstoreRun, config, worker, devices, lr, train_iter, test_iter,
+                                 out, tracker, hooks)
+        # several kvstores take turns, epoch after epoch
+        return Comparison(config, record, tracker, out, stop).run(runs, quiet=bool(worker.rank))
 
 
 def make_loaders(config, batch_size, num_devices, worker):
@@ -162,26 +163,6 @@ def make_loaders(config, batch_size, num_devices, worker):
     return train_iter, test_iter, note
 
 
-def metrics_hook(config):
-    """The ``Metrics`` hook of --tensorboard and --metrics (None without them)."""
-    if config.tensorboard is None and config.metrics is None:
-        return None
-    return Metrics(tensorboard=config.tensorboard, path=config.metrics, every=config.log_every)
-
-
-def check_profile(config, devices):
-    """Raise GluonMultiGPUError for a --profile this run cannot take: its steps, devices
-    MXNet's profiler cannot tell apart, a default trace file that is not one of ours."""
-    if config.profile is None:
-        return
-    # pylint: disable=import-outside-toplevel  (with --profile)
-    from ..observe.profile import check_default, check_devices, parse_steps
-    parse_steps(config.profile)
-    check_devices(devices)
-    if config.profile_file is None:
-        check_default(config.profile_path)
-
-
 def profile_hook(config, out, worker, total):
     """The ``Profile`` hook of --profile (None without it, and on a parameter server's workers
     but the first), its range checked against the run's ``total`` steps."""
@@ -191,12 +172,6 @@ def profile_hook(config, out, worker, total):
     profile = Profile(config.profile, config.profile_file, out=out)
     profile.check_total(total, total // config.num_epochs)
     return profile
-
-
-def make_checkpointer(config, batch_size, lr, kvstores, worker):
-    """The checkpoint hook of ``--checkpoint-dir`` (None without it), checked for this run."""
-    return for_run(config.checkpoint_dir, config.recorded(batch_size, lr, worker.count),
-                   config.resume, kvstores, worker.rank)
 
 
 def updates_line(config):
@@ -215,10 +190,9 @@ def updates_line(config):
 
 def print_resumed(checkpoint, num_epochs, out):
     """Say what a resumed run continues from, with the epochs it had done."""
-    state = checkpoint.load() if checkpoint is not None and checkpoint.exists() else None
+    state = checkpoint.load() if checkpoint.exists() else None  # (--resume needs a directory)
     if state is None:
-        if checkpoint is not None:
-            print(f'no checkpoint in {checkpoint.directory} yet: starting at epoch 1', file=out)
+        print(f'no checkpoint in {checkpoint.directory} yet: starting at epoch 1', file=out)
         return
     print(f'resuming from the checkpoint {checkpoint.describe()}', file=out)
     for record in state.history:
@@ -237,8 +211,7 @@ def stall_guard(config, devices, resume=None):
     def on_stall(waited):
         print(f'error: no training step finished for {waited:.0f} s: synchronised BatchNorm on '
               'CPU contexts can wait forever in MXNet 1.9.1 (docs/exercises.md); run without '
-              f'--sync-bn or on GPUs{kept_checkpoint(config, resume)}', file=sys.stderr,
-              flush=True)
+              f'--sync-bn or on GPUs{kept_checkpoint(config, resume)}', file=sys.stderr, flush=True)
         os._exit(STALLED)  # pylint: disable=protected-access  (the engine cannot be unblocked)
     return StallGuard(on_stall)
 

@@ -36,6 +36,13 @@ def check_chart_path(path, what):
     return CHART_FORMATS[extension.lower()]
 
 
+def _axes(figsize):
+    """A new ``Figure`` of ``figsize`` (drawn by Agg) and its one ``Axes``."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
 def save_figure(fig, path):
     """Write ``fig`` to ``path`` atomically, in the format its extension names (PNG, SVG, PDF)."""
     chart_format = check_chart_path(path, 'chart')
@@ -85,9 +92,7 @@ class Animator:
 
     def figure(self):
         """Return a new matplotlib ``Figure`` with the lines drawn so far."""
-        fig = Figure(figsize=self.figsize)
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot(1, 1, 1)
+        fig, ax = _axes(self.figsize)
         for i, (xs, ys) in enumerate(zip(self.X or [], self.Y or [])):
             label = self.legend[i] if i < len(self.legend) else None
             # Lines that coincide (kvstores that agree) stay visible: styles differ.
@@ -99,8 +104,7 @@ class Animator:
                 ax.set_xticks(values)
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel(self.xlabel or '')
-        ax.set_ylabel(self.ylabel or '')
+        ax.set(xlabel=self.xlabel or '', ylabel=self.ylabel or '')
         if self.xlim:
             ax.set_xlim(*self.xlim)
         if self.ylim:
@@ -124,10 +128,8 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%
 
     PNG, SVG or PDF, as the extension of ``path`` says.
     """
-    check_chart_path(path, 'chart')
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    check_chart_path(path, 'chart')  # before drawing
+    fig, ax = _axes(figsize)
     bars = ax.bar(labels, values, color='tab:blue')
     ax.margins(y=0.12)  # room for the value labels
     ax.bar_label(bars, fmt=fmt)
@@ -141,11 +143,9 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%
 
 def _epochs_chart(path, results, ylabel, values, title, xlabel='epoch'):
     """Write one line per ``TrainResult``: ``values(result)``, one point per epoch."""
-    check_chart_path(path, 'chart')
     num_epochs = max(len(r.epochs) for r in results)
-    animator = Animator(xlabel=xlabel, ylabel=ylabel,
-                        legend=[f'kvstore {r.kvstore}' for r in results],
-                        xlim=[0.5, num_epochs + 0.5], title=title)
+    animator = Animator(xlabel=xlabel, ylabel=ylabel, xlim=[0.5, num_epochs + 0.5], title=title,
+                        legend=[f'kvstore {r.kvstore}' for r in results])
     for i in range(num_epochs):
         animator.add(i + 1, [values(r)[i] if i < len(r.epochs) else None for r in results])
     animator.save(path)

@@ -49,31 +49,25 @@ def comparison_table(results, tracker=None):
     """
     pairs = paired_epochs(results) if len(results) > 1 else None
     best = pairs.fastest() if pairs else None
-    header = '| kvstore | devices | sec/epoch |'
-    rule = '| --- | --- | ---: |'
-    if best is not None:
-        header += f' time vs {best} (95% interval): answer |'
-        rule += ' --- |'
-    header += ' samples/s | final test acc |'
-    rule += ' ---: | ---: |'
+    versus = [f'time vs {best} (95% interval): answer'] if best is not None else []
+    header = ['kvstore', 'devices', 'sec/epoch', *versus, 'samples/s', 'final test acc']
     if tracker is not None:
-        header += (f' max abs param diff vs {tracker.reference}, per epoch | weights: max diff '
-                   'between devices | running stats: max diff between devices |')
-        rule += ' --- | ---: | ---: |'
-    rows = [header, rule]
+        header += [f'max abs param diff vs {tracker.reference}, per epoch',
+                   'weights: max diff between devices', 'running stats: max diff between devices']
+    rows = []
     for r in results:
-        ratio = f' {_ratio_cell(pairs, r.kvstore, best)} |' if best is not None else ''
-        row = (f'| {r.kvstore} | {", ".join(r.devices)} | {r.sec_per_epoch:.2f} |{ratio} '
-               f'{r.samples_per_sec:.0f} | {r.test_acc[-1]:.4f} |')
+        ratio = [_ratio_cell(pairs, r.kvstore, best)] if best is not None else []
+        row = [r.kvstore, ', '.join(r.devices), f'{r.sec_per_epoch:.2f}', *ratio,
+               f'{r.samples_per_sec:.0f}', f'{r.test_acc[-1]:.4f}']
         if tracker is not None:
-            diff = tracker.diff.get(r.kvstore) or ['-']
             spread = tracker.spread.get(r.kvstore)
             stats = tracker.stats_spread.get(r.kvstore)
             stats = '-' if not stats else 'none kept' if None in stats else _fmt_diffs([max(stats)])
-            row += (f' {_fmt_diffs(diff)} | {_fmt_diffs([max(spread)]) if spread else "-"} | '
-                    f'{stats} |')
+            row += [_fmt_diffs(tracker.diff.get(r.kvstore) or ['-']),
+                    _fmt_diffs([max(spread)]) if spread else '-', stats]
         rows.append(row)
-    return '\n'.join(rows)
+    align = 'llr' + 'l' * (best is not None) + 'rr' + 'lrr' * (tracker is not None)
+    return markdown_table(header, rows, align)
 
 
 def rounds_table(results):
@@ -91,15 +85,13 @@ def rounds_table(results):
             record = next((e for e in r.epochs if e.epoch == n), None)
             cells.append(f'{record.seconds:.2f}' if record else '-')
             loads.append((getattr(r, 'loads', None) or {}).get(n))
-        for key, fmt in (('others', '{:.1f}'), ('load', '{:.1f}')):
+        for key in ('others', 'load'):
             values = [l[key] for l in loads if l and l.get(key) is not None]
-            cells.append('-' if not values else fmt.format(values[0]) if len(values) == 1 or
-                         min(values) == max(values) else
-                         f'{fmt.format(min(values))}-{fmt.format(max(values))}')
+            cells.append('-' if not values else f'{values[0]:.1f}' if min(values) == max(values)
+                         else f'{min(values):.1f}-{max(values):.1f}')
         rows.append(cells)
-    return markdown_table(['round (epoch)', *(f'{r.kvstore} s' for r in results),
-                           'other processes (cores)', 'load average'], rows,
-                          'r' * (len(results) + 3))
+    header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
+    return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))
 
 
 def batch_norm_sentence(tracker, config):

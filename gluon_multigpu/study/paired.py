@@ -160,8 +160,7 @@ class LoadMeter:
         # The kernel counts CPU time in ticks (10 ms): a round much shorter than a quarter of a
         # second gives no figure worth the name.
         if jiffies is not None and now is not None and wall >= 0.25:
-            hertz = os.sysconf('SC_CLK_TCK')
-            busy = (now[0] - jiffies[0]) / hertz
+            busy = (now[0] - jiffies[0]) / os.sysconf('SC_CLK_TCK')
             others = max(0.0, busy - (_own_cpu() - own)) / wall
             total = now[2] - jiffies[2]
             steal = (now[1] - jiffies[1]) / total if total > 0 else 0.0
@@ -295,9 +294,8 @@ class Paired:
         one ``answer`` and ``ratio`` tables compare the others with."""
         names = [n for n in self.names if self.figures[n]]
         rounds = self.rounds(names) if names else []
-        if not rounds:
-            return None
-        return min(names, key=lambda n: statistics.median(self._times(n, rounds)))
+        return min(names, key=lambda n: statistics.median(self._times(n, rounds))) if rounds \
+            else None
 
     def answer(self, noun='', where=''):
         """The answer in one sentence: each variant against the fastest, in three words.
@@ -365,13 +363,12 @@ class Paired:
         """Every round's figure and load, and each variant's ratio to the first, for a results
         file."""
         first = self.names[0]
+        ratios = {n: self.ratio(n, first) for n in self.names[1:]}
         return {'variants': self.names, 'higher_is_better': self.higher_is_better,
                 'min_effect': self.min_effect,
                 'rounds': {n: [{'round': r, 'figure': f, 'load': self.loads[n].get(r)}
                                for r, f in sorted(self.figures[n].items())] for n in self.names},
-                'ratio_to_first': {n: (self.ratio(n, first).to_dict()
-                                       if self.ratio(n, first) else None)
-                                   for n in self.names[1:]},
+                'ratio_to_first': {n: r.to_dict() if r else None for n, r in ratios.items()},
                 'load_changed': load_changed(self.all_loads())}
 
 
