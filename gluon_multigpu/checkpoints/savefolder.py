@@ -21,6 +21,7 @@ Every change goes through ``fs``; the marker, then the folder's name in the chec
 directory, are fsynced before anything else is put in it, and the folder again before the
 marker is removed, so that a power cut keeps these steps in their order.
 """
+import contextlib
 import errno
 import json
 import os
@@ -98,10 +99,8 @@ def make(directory):
         fsync(path)  # the marker, then the folder, durable before anything else is put in it
         fsync(directory)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):  # else recognised by the next save, which removes it
             remove(path)
-        except OSError:
-            pass  # recognised by the next save, which removes it
         raise
     return path
 
@@ -171,10 +170,7 @@ def remove(path):
         if name == MARKER and names & set(FILES):
             fsync(path)  # the removals durable first: a power cut keeps them in order
         if name in names:
-            try:
-                fs.unlink(os.path.join(path, name))
-            except FileNotFoundError:
-                pass
+            fs.unlink(os.path.join(path, name), missing_ok=True)
     fs.rmdir(path)
 
 
@@ -210,12 +206,10 @@ def _recorded(directory, record_path, keep):
         return set()
     found = set()
     for entry in entries:
-        try:
+        with contextlib.suppress(TypeError, KeyError, OSError):
             target = os.path.join(directory, entry['name'])
             if entry['name'] not in keep and CHECKPOINT_FILE.fullmatch(entry['name']) \
                     and is_regular(target) and os.path.getsize(target) == entry['bytes'] \
                     and sha256(target) == entry['sha256']:
                 found.add(entry['name'])
-        except (TypeError, KeyError, OSError):
-            pass
     return found
