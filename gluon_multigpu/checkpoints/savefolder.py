@@ -107,14 +107,7 @@ def make(directory):
 
 def _marker(path):
     """The marker's first 65 bytes (more than a marker holds), or None if not a regular file."""
-    f = reading.open_if_regular(path)
-    if f is None:
-        return None
-    try:
-        with f:
-            return f.read(65)
-    except OSError:
-        return None
+    return reading.read_if_regular(path, lambda f: f.read(65))
 
 
 def _cut_short(content):
@@ -142,13 +135,9 @@ def marked(path):
 
 def removable(path):
     """Whether ``path`` is a save folder of the package that may be removed (see above)."""
-    if not NAME.fullmatch(os.path.basename(path)):
-        return False
-    names = _entries(path)
-    if names is None:
-        return False
+    names = _entries(path) if NAME.fullmatch(os.path.basename(path)) else None
     if not names:
-        return True
+        return names is not None  # an empty folder of that name is one; anything else is not
     if MARKER not in names or not names <= {MARKER, *FILES}:
         return False
     try:

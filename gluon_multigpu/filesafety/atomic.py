@@ -148,18 +148,6 @@ def open_unnamed(directory, mode=0o666):
 _NO_LINK = (errno.EXDEV, errno.ENOENT, errno.EPERM)
 
 
-def _content_digest(path):
-    """The digest of the regular file ``path`` (not through a link), or None."""
-    f = reading.open_if_regular(path)
-    if f is None:
-        return None
-    try:
-        with f:
-            return reading.sha256(f)[:16]
-    except OSError:
-        return None
-
-
 def remove_hashed(directory, target=None):
     """Remove the linked temporaries a killed ``write_file`` left in ``directory`` (only those
     for the file named ``target``, if given): each a regular file named ``.NAME.<random>.<hash>
@@ -174,7 +162,7 @@ def remove_hashed(directory, target=None):
         match = HASHED.match(name)
         path = os.path.join(directory, name)
         if match and target in (None, match.group(1)) and \
-                _content_digest(path) == match.group(2):
+                reading.read_if_regular(path, lambda f: reading.sha256(f)[:16]) == match.group(2):
             with contextlib.suppress(FileNotFoundError):
                 fs.unlink(path)
                 removed.append(name)
