@@ -185,9 +185,8 @@ class Lock:
             if not free and (ours or not text):  # held: a lock of ours (or one being written)
                 return self._who(text)
             if not ours or st.st_nlink != 1:
-                raise self._not_ours('a file that is not a lock of gluon-multigpu'
-                                     if not ours else 'a lock file with another name too (a '
-                                     'hard link)')
+                raise self._not_ours(_kind(st.st_mode) if not ours else
+                                     'a lock file with another name too (a hard link)')
             if _inode(self.path) == (st.st_dev, st.st_ino):
                 fs.unlink(self.path)  # ours, stale, and still under its name: taken over
                 self.say(f'note: took over the lock {self.path} of a run that ended without '
@@ -200,9 +199,7 @@ class Lock:
     def _who(text):
         fields = dict(line.split(' ', 1) for line in text.splitlines()[1:] if ' ' in line)
         pid = fields.get('pid', '').strip()
-        if not pid.isdigit():
-            return ''
-        return f' (process {pid})'
+        return f' (process {pid})' if pid.isdigit() else ''
 
     def _not_ours(self, kind):
         return self.error(f'the lock file {self.path} is {kind}; it is left as it is: move it '
