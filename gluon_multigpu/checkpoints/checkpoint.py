@@ -313,8 +313,7 @@ def recover(directory):
         lock.acquire()
     except CheckpointError:
         if busy:
-            raise
-        lock = None
+            raise  # else not a lock of ours: cleaned without one (``release`` does nothing)
     try:
         try:
             keep = {e['name'] for e in ckpt._read_manifest()['files'].values()} \
@@ -323,5 +322,4 @@ def recover(directory):
             return []
         return ckpt._clean(set(), keep)
     finally:
-        if lock is not None:
-            lock.release()
+        lock.release()

@@ -296,12 +296,11 @@ class CheckpointStore:
         try:
             files = self._place(work, f'ckpt-{self._sequence:06d}', net, trainer, old, placed)
             text = json.dumps(self._manifest(epoch, partial, history, files), indent=2) + '\n'
-            atomic.create_exclusive(staged, text.encode())
-            made = os.lstat(staged).st_ino
+            made = atomic.create_exclusive(staged, text.encode())  # its inode
             savefolder.fsync(self.directory)  # the files placed durable before what names them
             fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here
         except BaseException:
-            if not self._committed(made):
+            if made is None or atomic._inode(self.manifest_path) != made:  # not committed
                 self._undo(work, placed)
             raise
         new = {entry['name'] for entry in files.values()}
@@ -324,13 +323,6 @@ class CheckpointStore:
             with contextlib.suppress(OSError):  # the first error is the one to raise
                 self._clean(set(), keep)
             raise
-
-    def _committed(self, made):
-        """Whether the manifest in place is the one a save staged (inode ``made``, or None)."""
-        try:
-            return made is not None and os.lstat(self.manifest_path).st_ino == made
-        except OSError:
-            return False
 
     def _undo(self, work, placed):
         """Remove what a failed save placed, then its folder; what cannot be removed stays

@@ -56,9 +56,7 @@ def _is_numpy(array):
 
 def _to_file(array):
     """A legacy NDArray on the CPU holding ``array`` (what ``mx.nd.save`` writes)."""
-    if _is_numpy(array):
-        array = array.as_nd_ndarray()
-    return array.as_in_context(mx.cpu())
+    return (array.as_nd_ndarray() if _is_numpy(array) else array).as_in_context(mx.cpu())
 
 
 #: Version 2 keys each state by its parameter's place in the network; version 1
