@@ -6,6 +6,7 @@ so that a crash, SIGKILL or full disk leaves the last complete one intact is
 ``checkpoint_store``'s (``CheckpointStore``, which it extends); this module
 says whether a run may use a directory, and locks it while it does.
 """
+import contextlib
 import os
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -142,17 +143,15 @@ class Checkpointer(CheckpointStore, Hook):
         self._check_foreign(entry['name'] for entry in state.manifest['files'].values())
         return state
 
-    def _foreign(self, named):
-        """The files here with a checkpoint's name that neither ``named`` nor a killed save owns."""
+    def _check_foreign(self, named):
+        """Refuse the files here with a checkpoint's name that neither ``named`` nor a killed save
+        owns."""
         try:
             candidates = {n for n in os.listdir(self.directory) if CHECKPOINT_FILE.fullmatch(n)}
         except FileNotFoundError:
-            return []
+            return
         named = set(named)
-        return sorted(candidates - named - savefolder.leftovers(self.directory, named)[1])
-
-    def _check_foreign(self, named):
-        foreign = self._foreign(named)
+        foreign = sorted(candidates - named - savefolder.leftovers(self.directory, named)[1])
         if foreign:
             more = f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''
             raise CheckpointError(f'{self.directory} holds {foreign[0]}{more}, which no '
@@ -217,10 +216,8 @@ class Checkpointer(CheckpointStore, Hook):
             self._lock.release()  # the file removed while still held, if still ours
             self._lock = None
         if self._made and not self.exists():
-            try:
+            with contextlib.suppress(OSError):  # not if something was put there meanwhile
                 fs.rmdir(self.directory)
-            except OSError:
-                pass  # something was put there meanwhile: keep it
         return False
 
 
@@ -316,8 +313,7 @@ def recover(directory):
         lock.acquire()
     except CheckpointError:
         if busy:
-            raise
-        lock = None
+            raise  # else not a lock of ours: cleaned without one (``release`` does nothing)
     try:
         try:
             keep = {e['name'] for e in ckpt._read_manifest()['files'].values()} \
@@ -326,5 +322,4 @@ def recover(directory):
             return []
         return ckpt._clean(set(), keep)
     finally:
-        if lock is not None:
-            lock.release()
+        lock.release()

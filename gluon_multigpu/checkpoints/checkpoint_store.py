@@ -13,9 +13,11 @@ hash, in last: until then the old manifest describes files still all there.
 Nothing outside the directory is touched, nothing in it removed but what this
 package owns, and the optimizer state is an array file (``states``), no pickle.
 """
+import contextlib
 import dataclasses
 import datetime
 import errno
+import functools
 import json
 import os
 
@@ -36,20 +38,6 @@ __all__ = ['CheckpointStore', 'CheckpointState', 'MANIFEST']
 
 MANIFEST = 'manifest.json'
 
-def _remove(path):
-    try:
-        fs.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _write_params(net):
-    def write(path):
-        fs.external(path)  # MXNet writes the file itself
-        net.save_parameters(path)
-    return write
-
-
 def _create_empty(path):
     os.close(fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
 
@@ -67,11 +55,7 @@ def _states_writer(net, trainer):
             raise CheckpointError('a parameter server keeps this optimizer\'s state on its '
                                   'servers, where a checkpoint cannot reach it')
         return _create_empty
-
-    def write(path):
-        fs.external(path)  # MXNet's array file (``mx.nd.save``)
-        save_trainer_states(net, trainer, path)
-    return write
+    return functools.partial(save_trainer_states, net, trainer)  # MXNet's array file
 
 
 def _settings(config):
@@ -127,11 +111,10 @@ class CheckpointState:
         params, states = (files[role]['name'] for role in ('params', 'states'))
         try:
             net.load_parameters(os.path.join(self.directory, params), ctx=devices)
-        except mx.base.MXNetError:
-            raise _damaged(self.directory, f'{params} does not load into this network') from None
-        except (AssertionError, ValueError, KeyError, IndexError) as e:  # Gluon's checks
-            raise _damaged(self.directory, f'{params} does not load into this network '
-                           f'({str(e).strip()[:200]})') from None
+        except (mx.base.MXNetError, AssertionError, ValueError, KeyError, IndexError) as e:
+            why = '' if isinstance(e, mx.base.MXNetError) else f' ({str(e).strip()[:200]})'
+            raise _damaged(self.directory, f'{params} does not load into this network{why}') \
+                from None
         if files['states']['bytes']:  # empty: the servers of a parameter server held it
             try:
                 load_trainer_states(net, trainer, os.path.join(self.directory, states))
@@ -247,9 +230,12 @@ class CheckpointStore:
         the new manifest is in place, this save leaves them for the next to remove.
         """
         entries = {}
-        for role, write in (('params', _write_params(net)), ('states', _states_writer(net, trainer))):
+        for role, write in (('params', net.save_parameters),
+                            ('states', _states_writer(net, trainer))):
             tmp = os.path.join(work, role)
             try:
+                if write is not _create_empty:
+                    fs.external(tmp)  # MXNet writes the file itself
                 write(tmp)
             except mx.base.MXNetError as e:  # MXNet's file stream: no errno, say what it is
                 raise OSError(errno.EIO, 'the write stopped short (disk full or file size limit?)',
@@ -310,21 +296,18 @@ class CheckpointStore:
         try:
             files = self._place(work, f'ckpt-{self._sequence:06d}', net, trainer, old, placed)
             text = json.dumps(self._manifest(epoch, partial, history, files), indent=2) + '\n'
-            atomic.create_exclusive(staged, text.encode())
-            made = os.lstat(staged).st_ino
+            made = atomic.create_exclusive(staged, text.encode())  # its inode
             savefolder.fsync(self.directory)  # the files placed durable before what names them
             fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here
         except BaseException:
-            if not self._committed(made):
+            if made is None or atomic._inode(self.manifest_path) != made:  # not committed
                 self._undo(work, placed)
             raise
         new = {entry['name'] for entry in files.values()}
         try:
             savefolder.fsync(self.directory)
-        except OSError:  # the new checkpoint is in place: leave no old files beside it either
+        finally:  # the new checkpoint is in place: leave no old files beside it either
             self._finish(replaced - new, new)
-            raise
-        self._finish(replaced - new, new)
 
     def _finish(self, replaced, keep):
         """After the new manifest is in place: remove the ``replaced`` files and the save's folder.
@@ -337,28 +320,17 @@ class CheckpointStore:
         try:
             self._clean(replaced, keep)
         except OSError:
-            try:
+            with contextlib.suppress(OSError):  # the first error is the one to raise
                 self._clean(set(), keep)
-            except OSError:
-                pass  # the first error is the one to raise
             raise
-
-    def _committed(self, made):
-        """Whether the manifest in place is the one a save staged (inode ``made``, or None)."""
-        try:
-            return made is not None and os.lstat(self.manifest_path).st_ino == made
-        except OSError:
-            return False
 
     def _undo(self, work, placed):
         """Remove what a failed save placed, then its folder; what cannot be removed stays
         recognisable (the record in ``work`` names it) for the next save to remove."""
-        try:
+        with contextlib.suppress(OSError):  # the save's own error is the one to raise
             for entry in placed.values():  # placed, but no manifest names them
-                _remove(os.path.join(self.directory, entry['name']))
+                fs.unlink(os.path.join(self.directory, entry['name']), missing_ok=True)
             savefolder.remove(work)
-        except OSError:
-            pass  # the save's own error is the one to raise
 
     def _clean(self, replaced, keep):
         """Remove ``replaced`` and what killed saves left, never ``keep``; nothing else; return
@@ -370,7 +342,7 @@ class CheckpointStore:
         removed = []
         for name in sorted((replaced | placed) - set(keep)):
             if _is_regular(os.path.join(self.directory, name)):
-                _remove(os.path.join(self.directory, name))
+                fs.unlink(os.path.join(self.directory, name), missing_ok=True)
                 removed.append(name)
         if removed and folders:  # durable before the records naming them go
             savefolder.fsync(self.directory)

@@ -132,5 +132,5 @@ def validate_manifest(manifest):
             raise CheckpointError(f'its field files.{role}.name {entry["name"]!r} is not '
                                   f'ckpt-{manifest["sequence"]:06d}.{role}, the name of its '
                                   f'{role} file')
-        if entry['bytes'] < 0 or len(entry['sha256']) != 64:
+        if len(entry['sha256']) != 64:  # its size is checked above: a whole number, 0 or more
             raise CheckpointError(f'its field files.{role} does not give a size and a SHA-256')

@@ -21,6 +21,7 @@ Every change goes through ``fs``; the marker, then the folder's name in the chec
 directory, are fsynced before anything else is put in it, and the folder again before the
 marker is removed, so that a power cut keeps these steps in their order.
 """
+import contextlib
 import errno
 import json
 import os
@@ -98,24 +99,15 @@ def make(directory):
         fsync(path)  # the marker, then the folder, durable before anything else is put in it
         fsync(directory)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):  # else recognised by the next save, which removes it
             remove(path)
-        except OSError:
-            pass  # recognised by the next save, which removes it
         raise
     return path
 
 
 def _marker(path):
     """The marker's first 65 bytes (more than a marker holds), or None if not a regular file."""
-    f = reading.open_if_regular(path)
-    if f is None:
-        return None
-    try:
-        with f:
-            return f.read(65)
-    except OSError:
-        return None
+    return reading.read_if_regular(path, lambda f: f.read(65))
 
 
 def _cut_short(content):
@@ -143,13 +135,9 @@ def marked(path):
 
 def removable(path):
     """Whether ``path`` is a save folder of the package that may be removed (see above)."""
-    if not NAME.fullmatch(os.path.basename(path)):
-        return False
-    names = _entries(path)
-    if names is None:
-        return False
+    names = _entries(path) if NAME.fullmatch(os.path.basename(path)) else None
     if not names:
-        return True
+        return names is not None  # an empty folder of that name is one; anything else is not
     if MARKER not in names or not names <= {MARKER, *FILES}:
         return False
     try:
@@ -171,10 +159,7 @@ def remove(path):
         if name == MARKER and names & set(FILES):
             fsync(path)  # the removals durable first: a power cut keeps them in order
         if name in names:
-            try:
-                fs.unlink(os.path.join(path, name))
-            except FileNotFoundError:
-                pass
+            fs.unlink(os.path.join(path, name), missing_ok=True)
     fs.rmdir(path)
 
 
@@ -210,12 +195,10 @@ def _recorded(directory, record_path, keep):
         return set()
     found = set()
     for entry in entries:
-        try:
+        with contextlib.suppress(TypeError, KeyError, OSError):
             target = os.path.join(directory, entry['name'])
             if entry['name'] not in keep and CHECKPOINT_FILE.fullmatch(entry['name']) \
                     and is_regular(target) and os.path.getsize(target) == entry['bytes'] \
                     and sha256(target) == entry['sha256']:
                 found.add(entry['name'])
-        except (TypeError, KeyError, OSError):
-            pass
     return found

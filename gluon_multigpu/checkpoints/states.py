@@ -56,9 +56,7 @@ def _is_numpy(array):
 
 def _to_file(array):
     """A legacy NDArray on the CPU holding ``array`` (what ``mx.nd.save`` writes)."""
-    if _is_numpy(array):
-        array = array.as_nd_ndarray()
-    return array.as_in_context(mx.cpu())
+    return (array.as_nd_ndarray() if _is_numpy(array) else array).as_in_context(mx.cpu())
 
 
 #: Version 2 keys each state by its parameter's place in the network; version 1
@@ -179,20 +177,14 @@ def _copy(state):
     return state.copy()
 
 
-def _version(arrays):
-    if 'version' not in arrays:
-        return 1  # written before states were keyed by place
+def _to_trainer(net, trainer, arrays):
+    """The parameters in the file's order (its ``version``), and the Trainer's index of each."""
+    params = trainer._params  # pylint: disable=protected-access
+    if 'version' not in arrays:  # version 1: written before states were keyed by place
+        return params, list(range(len(params)))
     rows = _rows(arrays, 'version', 1)
     if rows != [[VERSION]]:
         raise CheckpointError(f'it is of version {rows}, and this package reads 1 and {VERSION}')
-    return VERSION
-
-
-def _to_trainer(net, trainer, version):
-    """The parameters in the file's order, and the Trainer's index of each."""
-    params = trainer._params  # pylint: disable=protected-access
-    if version == 1:
-        return params, list(range(len(params)))
     placed = list(net.collect_params().values())
     index_of = {id(param): i for i, param in enumerate(params)}
     return placed, [index_of.get(id(param)) for param in placed]
@@ -223,7 +215,7 @@ def load_trainer_states(net, trainer, path):
     if not isinstance(arrays, dict):
         raise CheckpointError('it holds a list of arrays, not named ones')
     arrays = dict(arrays)
-    params, indices = _to_trainer(net, trainer, _version(arrays))
+    params, indices = _to_trainer(net, trainer, arrays)
     states, counts, num_update = _decode(arrays, params)
     states, counts = _remap(states, counts, indices)
     for i, updater in enumerate(_updaters(trainer)):

@@ -8,6 +8,7 @@ hash, or ``O_EXCL`` where that is not supported; fsynced, renamed, the folder fs
 removed only while it is still the one made here), ``naming`` (an ``OSError`` naming the file the
 user knows). Every change goes through ``fs``.
 """
+import contextlib
 import errno
 import hashlib
 import io
@@ -45,39 +46,43 @@ def fsync_directory(directory):
     except OSError:
         return
     try:
-        fs.fsync(fd, directory)
-    except OSError:
-        pass  # some file systems refuse fsync on a folder; the rename itself is done
+        with contextlib.suppress(OSError):  # some file systems refuse it; the rename is done
+            fs.fsync(fd, directory)
     finally:
         os.close(fd)
 
 
-def create_exclusive(path, data, mode=0o666):
-    """Create the new file ``path`` holding ``data`` (bytes), fsynced; raise if anything has the
-    name (``FileExistsError``). On failure the file made here is removed."""
+def create_exclusive(path, data, mode=0o666, unfinished=False):
+    """Create the new file ``path`` holding ``data`` (bytes, or an iterable of bytes chunks),
+    fsynced; raise if anything has the name (``FileExistsError``). On failure the file made here
+    is removed; with ``unfinished``, it is registered meanwhile for ``discard_unfinished``."""
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     fd = fs.open(path, _FLAGS, mode)
     made = _inode(path)
+    if unfinished:
+        UNFINISHED[path] = made
     try:
-        fs.write(fd, data, path)
-        fs.fsync(fd, path)
+        try:
+            for chunk in chunks:
+                fs.write(fd, chunk, path)
+            fs.fsync(fd, path)
+        finally:
+            os.close(fd)
     except BaseException:
-        os.close(fd)
+        UNFINISHED.pop(path, None)
         remove_own(path, made)
         raise
-    os.close(fd)
     return made
 
 
 def remove_own(path, inode):
     """Remove ``path`` only if it is still the file ``inode`` (``(st_dev, st_ino)``) made here."""
     if inode is not None and _inode(path) == inode:
-        try:
-            fs.unlink(path)
-        except FileNotFoundError:
-            pass
+        fs.unlink(path, missing_ok=True)
 
 
-class atomic_write:  # pylint: disable=invalid-name
+@contextlib.contextmanager
+def atomic_write(path, mode='w', follow_links=True):
     """Context manager writing ``path`` through a temporary file in the same directory.
 
     Yields a file object (text for ``'w'``, bytes for ``'wb'``) that collects the content; when
@@ -90,41 +95,32 @@ class atomic_write:  # pylint: disable=invalid-name
     included, and nothing outside the directory is touched. Either way only a regular file (or
     nothing) is ever replaced. An ``OSError`` names ``path``.
     """
+    if mode not in ('w', 'wb'):
+        raise ValueError(f"atomic_write writes with mode 'w' or 'wb', not {mode!r}")
+    path = os.path.abspath(path)
+    if follow_links:
+        path = resolve_output(path, 'output')
+    _check_target(path, follow_links)
+    buffer = io.StringIO() if mode == 'w' else io.BytesIO()
+    try:
+        yield buffer
+    except OSError as e:
+        if not e.filename:
+            e.filename = path  # a write in the block failed: name the file meant
+        raise
+    data = buffer.getvalue()
+    with naming(path):
+        _check_target(path, follow_links)
+        write_file(path, data.encode('utf-8') if mode == 'w' else data)
 
-    def __init__(self, path, mode='w', follow_links=True):
-        if mode not in ('w', 'wb'):
-            raise ValueError(f"atomic_write writes with mode 'w' or 'wb', not {mode!r}")
-        self.path, self.mode = os.path.abspath(path), mode
-        self.follow_links = follow_links
-        self._buffer = None
 
-    def __enter__(self):
-        if self.follow_links:
-            self.path = resolve_output(self.path, 'output')
-        self._check_target()
-        self._buffer = io.StringIO() if self.mode == 'w' else io.BytesIO()
-        return self._buffer
-
-    def _check_target(self):
-        try:
-            mode = os.lstat(self.path).st_mode
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(mode) or (self.follow_links and not stat.S_ISREG(mode)):
-            raise IsADirectoryError(21, 'not a regular file, not replaced', self.path)
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            if isinstance(exc, OSError) and not exc.filename:
-                exc.filename = self.path  # a write in the block failed: name the file meant
-            return False
-        data = self._buffer.getvalue()
-        if self.mode == 'w':
-            data = data.encode('utf-8')
-        with naming(self.path):
-            self._check_target()
-            write_file(self.path, data)
-        return False
+def _check_target(path, follow_links):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode) or (follow_links and not stat.S_ISREG(mode)):
+        raise IsADirectoryError(21, 'not a regular file, not replaced', path)
 
 
 #: A linked temporary's name: ``.NAME.<8 random hex digits>.<first 16 hex digits of
@@ -152,27 +148,6 @@ def open_unnamed(directory, mode=0o666):
 _NO_LINK = (errno.EXDEV, errno.ENOENT, errno.EPERM)
 
 
-def _link_unnamed(fd, path):
-    """Give the unnamed file ``fd`` the name ``path`` (fails if anything has it)."""
-    fs.link_unnamed(fd, path)
-
-
-def _digest(data):
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def _content_digest(path):
-    """The digest of the regular file ``path`` (not through a link), or None."""
-    f = reading.open_if_regular(path)
-    if f is None:
-        return None
-    try:
-        with f:
-            return reading.sha256(f)[:16]
-    except OSError:
-        return None
-
-
 def remove_hashed(directory, target=None):
     """Remove the linked temporaries a killed ``write_file`` left in ``directory`` (only those
     for the file named ``target``, if given): each a regular file named ``.NAME.<random>.<hash>
@@ -187,24 +162,11 @@ def remove_hashed(directory, target=None):
         match = HASHED.match(name)
         path = os.path.join(directory, name)
         if match and target in (None, match.group(1)) and \
-                _content_digest(path) == match.group(2):
-            try:
+                reading.read_if_regular(path, lambda f: reading.sha256(f)[:16]) == match.group(2):
+            with contextlib.suppress(FileNotFoundError):
                 fs.unlink(path)
                 removed.append(name)
-            except FileNotFoundError:
-                pass
     return removed
-
-
-def _write_unnamed(fd, data, path):
-    """Write ``data`` to ``fd`` and fsync it; on failure ``fd`` is closed (a full disk's space
-    is freed with the file)."""
-    try:
-        fs.write(fd, data, path)
-        fs.fsync(fd, path)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def write_file(path, data, check=None, mode=0o666):
@@ -234,7 +196,7 @@ def write_file(path, data, check=None, mode=0o666):
         tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.'
                                       f'{digest.hexdigest()[:16]}.tmp')
         try:
-            _link_unnamed(fd, tmp)
+            fs.link_unnamed(fd, tmp)
         except OSError as e:
             if e.errno not in _NO_LINK:
                 raise
@@ -264,19 +226,7 @@ def _write_named(path, chunks, check, mode=0o666):
     """``write_file`` through an ``O_EXCL`` named temporary (no ``O_TMPFILE`` here)."""
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
-    fd = fs.open(tmp, _FLAGS, mode)
-    made = UNFINISHED[tmp] = _inode(tmp)
-    try:
-        try:
-            for chunk in chunks:
-                fs.write(fd, chunk, tmp)
-            fs.fsync(fd, tmp)
-        finally:
-            os.close(fd)
-    except BaseException:
-        UNFINISHED.pop(tmp, None)
-        remove_own(tmp, made)
-        raise
+    create_exclusive(tmp, chunks, mode, unfinished=True)
     return _finish(tmp, path, check)
 
 
@@ -287,13 +237,15 @@ def create_whole(path, data):
     fd = open_unnamed(os.path.dirname(path))
     if fd is None:
         return create_exclusive(path, data)
-    _write_unnamed(fd, data, path)
     try:
-        _link_unnamed(fd, path)
-    except OSError as e:
-        if e.errno not in _NO_LINK:
-            raise
-        return create_exclusive(path, data)
+        fs.write(fd, data, path)
+        fs.fsync(fd, path)
+        try:
+            fs.link_unnamed(fd, path)
+        except OSError as e:
+            if e.errno not in _NO_LINK:
+                raise
+            return create_exclusive(path, data)
     finally:
         os.close(fd)
     return _inode(path)
@@ -311,25 +263,21 @@ def _naming(error, path):
     return OSError(error.errno, error.strerror, path)
 
 
-class naming:  # pylint: disable=invalid-name
+@contextlib.contextmanager
+def naming(path):
     """Context manager: an ``OSError`` inside names ``path`` (``filename``), the file written.
 
     A write that fails on a full disk raises ``OSError`` without a file name, and one through a
     temporary file names the temporary; the user knows the file by the name they asked for.
     """
-
-    def __init__(self, path):
-        self.path = os.fspath(path)
-
-    def __enter__(self):
-        return self.path
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None and issubclass(exc_type, OSError):
-            named = _naming(exc, self.path)
-            if named is not exc:
-                raise named from exc
-        return False
+    path = os.fspath(path)
+    try:
+        yield path
+    except OSError as e:
+        named = _naming(e, path)
+        if named is not e:
+            raise named from e
+        raise
 
 
 def makedirs(path, mode=0o777):

@@ -5,15 +5,14 @@ before any work are ``targets``'. This module keeps the names other modules
 and scripts import from it: ``atomic_write``, ``ReportFolder``,
 ``check_outputs`` ...
 """
+import contextlib
 import csv
 import io
 import json
 
 from . import reading
-from .paths import SYSTEM_TREES, TMP_EXTRA  # noqa: F401
-from .targets import (CHECKPOINT_FILE, check_output_dir,  # noqa: F401
-                     check_output_path, check_outputs, check_writable,
-                     is_checkpoint_folder, resolve_output)
+from .targets import (CHECKPOINT_FILE, check_output_dir, check_output_path,  # noqa: F401
+                      check_outputs, check_writable, is_checkpoint_folder, resolve_output)
 from .output import (ReportFolder, ReportSet, atomic_write, discard_unfinished,  # noqa: F401
                      makedirs, naming, recover)
 
@@ -58,10 +57,8 @@ def read_csv(path):
         if text == '':
             return None
         for kind in (int, float):
-            try:
+            with contextlib.suppress(ValueError):
                 return kind(text)
-            except ValueError:
-                pass
         return text
     text = reading.read_text(path, CSV_LIMIT, 'CSV file')
     return [{k: value(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(text,

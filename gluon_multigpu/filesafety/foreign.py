@@ -31,28 +31,6 @@ def available():
     return os.path.isdir(_FOLDER)
 
 
-class _Reader(threading.Thread):
-    """Reads the pipe ``fd`` to its end; keeps up to ``limit`` bytes (past it, reads on and
-    drops the rest, so that the writer never blocks)."""
-
-    def __init__(self, fd, limit):
-        super().__init__(name='gluon-multigpu capture', daemon=True)
-        self.fd, self.limit = fd, limit
-        self.chunks, self.size, self.error = [], 0, None
-
-    def run(self):
-        try:
-            while True:
-                chunk = os.read(self.fd, 1 << 20)
-                if not chunk:
-                    return
-                self.size += len(chunk)
-                if self.size <= self.limit:
-                    self.chunks.append(chunk)
-        except BaseException as e:  # pylint: disable=broad-except  (raised by ``capture``)
-            self.error = e
-
-
 class Capture:
     """A pipe an outside writer is given as its file (``path``), read until ``take`` or
     ``close``; ``output`` names the file the content is for (what the user named), ``what``
@@ -63,15 +41,28 @@ class Capture:
             raise OSError(errno.ENOSYS, f'{what} is read through {_FOLDER}, which this system '
                                         'does not have', output)
         self.output, self.what, self.limit = output, what, limit
-        read, self._written = os.pipe()
-        self._reader = _Reader(read, limit)
+        self._read, self._written = os.pipe()
+        self._chunks, self._size, self._error = [], 0, None
+        self._reader = threading.Thread(target=self._drain, name='gluon-multigpu capture',
+                                        daemon=True)
         try:
             self._reader.start()
         except BaseException:
-            os.close(read)
+            os.close(self._read)
             os.close(self._written)
             raise
         self.path = os.path.join(_FOLDER, str(self._written))
+
+    def _drain(self):
+        """Read the pipe to its end, keeping up to ``limit`` bytes (past it, read on and drop the
+        rest, so that the writer never blocks)."""
+        try:
+            for chunk in iter(lambda: os.read(self._read, 1 << 20), b''):
+                self._size += len(chunk)
+                if self._size <= self.limit:
+                    self._chunks.append(chunk)
+        except BaseException as e:  # pylint: disable=broad-except  (raised by ``take``)
+            self._error = e
 
     def take(self, write, parse=None):
         """Call ``write()`` (the writer writes its file now, then lets go of ``path``) and return
@@ -84,13 +75,12 @@ class Capture:
             write()
         finally:
             self.close()
-        reader = self._reader
-        if reader.error is not None:
-            raise reader.error
-        if reader.size > self.limit:
-            raise OSError(errno.EFBIG, f'{self.what} wrote {reader.size} bytes, more than the '
+        if self._error is not None:
+            raise self._error
+        if self._size > self.limit:
+            raise OSError(errno.EFBIG, f'{self.what} wrote {self._size} bytes, more than the '
                                        f'{self.limit} it may', self.output)
-        data = b''.join(reader.chunks)
+        data = b''.join(self._chunks)
         if parse is None:
             return data
         try:
@@ -107,7 +97,7 @@ class Capture:
         written, self._written = self._written, None
         os.close(written)  # with the writer's own end closed too, the reader sees the end
         self._reader.join()
-        os.close(self._reader.fd)
+        os.close(self._read)
 
 
 def capture(write, output, what, parse=None, limit=LIMIT):

@@ -19,13 +19,11 @@ import os
 import stat
 
 __all__ = ['hook', 'trace', 'open', 'write', 'fsync', 'replace', 'link', 'link_unnamed', 'unlink',
-           'mkdir', 'rmdir', 'remove_tree', 'external', 'OPERATIONS']
+           'mkdir', 'rmdir', 'remove_tree', 'external']
 
-#: The names passed to ``hook``.
-OPERATIONS = ('open', 'write', 'fsync', 'replace', 'link', 'unlink', 'mkdir', 'rmdir')
-
-#: Called as ``hook(operation, path)`` before each call; it may raise ``OSError`` (or end the
-#: process) to stand for a fault there. Tests only.
+#: Called as ``hook(operation, path)`` before each call (``operation``: ``'open'``, ``'write'``,
+#: ``'fsync'``, ``'replace'``, ``'link'``, ``'unlink'``, ``'mkdir'`` or ``'rmdir'``); it may
+#: raise ``OSError`` (or end the process) to stand for a fault there. Tests only.
 hook = None
 #: Called as ``trace(operation, path, fd)`` after ``hook`` (``fd``: the file descriptor of a
 #: ``write``, ``fsync`` or ``link_unnamed``, else None). Tests only.
@@ -118,10 +116,14 @@ def link_unnamed(fd, target):
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 
 
-def unlink(path):
-    """``os.unlink``."""
+def unlink(path, missing_ok=False):
+    """``os.unlink``; with ``missing_ok``, a name already gone is no error."""
     _before('unlink', path)
-    os.unlink(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
 
 
 def mkdir(path, mode=0o777):
@@ -147,10 +149,7 @@ def remove_tree(path):
             unlink(os.path.join(folder, name))
         for name in dirs:
             inner = os.path.join(folder, name)
-            if os.path.islink(inner):
-                unlink(inner)
-            else:
-                rmdir(inner)
+            (unlink if os.path.islink(inner) else rmdir)(inner)
     rmdir(path)
 
 

@@ -23,6 +23,7 @@ import time
 
 from ..errors import GluonMultiGPUError
 from . import fs
+from .atomic import _inode, remove_own
 
 __all__ = ['Lock', 'MARKER']
 
@@ -111,8 +112,7 @@ class Lock:
             fd = fs.open(os.path.dirname(self.path) or '.', _UNNAMED, 0o644)
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                raise self.error(f'cannot create the lock file {self.path} ({e.strerror}); '
-                                 f'{self.fix}') from None
+                raise self._cannot(e) from None
             return self._create_named()
         try:
             _flocked(fd)  # new, so nobody else holds it
@@ -127,13 +127,15 @@ class Lock:
             self._inode = (st.st_dev, st.st_ino)
         except OSError as e:
             os.close(fd)
-            raise self.error(f'cannot create the lock file {self.path} ({e.strerror}); '
-                             f'{self.fix}') from None
+            raise self._cannot(e) from None
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
         return True
+
+    def _cannot(self, error):
+        return self.error(f'cannot create the lock file {self.path} ({error.strerror}); {self.fix}')
 
     @staticmethod
     def _content():
@@ -146,8 +148,7 @@ class Lock:
         except FileExistsError:
             return False
         except OSError as e:
-            raise self.error(f'cannot create the lock file {self.path} ({e.strerror}); '
-                             f'{self.fix}') from None
+            raise self._cannot(e) from None
         try:
             _flocked(fd)  # new, so nobody else holds it
             st = os.fstat(fd)
@@ -155,7 +156,7 @@ class Lock:
             fs.write(fd, self._content(), self.path)
         except BaseException:
             os.close(fd)
-            self._remove_if_ours()
+            remove_own(self.path, self._inode)
             self._inode = None
             raise
         self._fd = fd
@@ -184,14 +185,9 @@ class Lock:
             if not free and (ours or not text):  # held: a lock of ours (or one being written)
                 return self._who(text)
             if not ours or st.st_nlink != 1:
-                raise self._not_ours('a file that is not a lock of gluon-multigpu'
-                                     if not ours else 'a lock file with another name too (a '
-                                     'hard link)')
-            try:
-                same = os.lstat(self.path)
-            except FileNotFoundError:
-                return None
-            if (same.st_dev, same.st_ino) == (st.st_dev, st.st_ino):
+                raise self._not_ours(_kind(st.st_mode) if not ours else
+                                     'a lock file with another name too (a hard link)')
+            if _inode(self.path) == (st.st_dev, st.st_ino):
                 fs.unlink(self.path)  # ours, stale, and still under its name: taken over
                 self.say(f'note: took over the lock {self.path} of a run that ended without '
                          f'letting it go{self._who(text)}')
@@ -203,31 +199,18 @@ class Lock:
     def _who(text):
         fields = dict(line.split(' ', 1) for line in text.splitlines()[1:] if ' ' in line)
         pid = fields.get('pid', '').strip()
-        if not pid.isdigit():
-            return ''
-        return f' (process {pid})'
+        return f' (process {pid})' if pid.isdigit() else ''
 
     def _not_ours(self, kind):
         return self.error(f'the lock file {self.path} is {kind}; it is left as it is: move it '
                           f'away, or {self.fix}')
-
-    def _remove_if_ours(self):
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if (st.st_dev, st.st_ino) == self._inode:
-            try:
-                fs.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
     def release(self):
         """Let the lock go: its file removed (while still held) if the name still leads to it."""
         if self._fd is None:
             return
         try:
-            self._remove_if_ours()
+            remove_own(self.path, self._inode)
         finally:
             os.close(self._fd)
             self._fd, self._inode = None, None

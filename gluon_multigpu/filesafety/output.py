@@ -31,6 +31,7 @@ Notes
 6. Every file the package reads is opened without blocking, checked to be a regular file and
    read with a size bound (``filesafety/reading.py``).
 """
+import contextlib
 import errno
 import json
 import os
@@ -68,13 +69,11 @@ def discard_unfinished():
     """
     for path, made in list(_UNFINISHED.items()):
         _UNFINISHED.pop(path, None)
-        try:
+        with contextlib.suppress(OSError, GluonMultiGPUError):
             if made is not None and os.path.isdir(path) and not os.path.islink(path):
                 _settle(path)
             else:
                 remove_own(path, made)
-        except (OSError, GluonMultiGPUError):
-            pass
 
 
 # -- several files, all or nothing ------------------------------------------------------------
@@ -121,11 +120,10 @@ def _roll_back(staging, journal):
     for i, (name, made, backup) in enumerate(_entries(journal)):
         target = os.path.join(directory, name)
         old = os.path.join(staging, _BACKUP.format(i))
-        if backup and os.path.lexists(old):
-            if _inode(target) != _inode(old):
-                fs.replace(old, target)
-        elif not backup:
+        if not backup:
             remove_own(target, tuple(made))  # a new file with no old one: only if still ours
+        elif os.path.lexists(old) and _inode(target) != _inode(old):
+            fs.replace(old, target)
     fsync_directory(directory)
 
 
@@ -252,10 +250,8 @@ class ReportSet:
                 create_whole(os.path.join(path, JOURNAL), json.dumps(
                     {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
             except BaseException:
-                try:
+                with contextlib.suppress(OSError):
                     fs.rmdir(path)  # made just now, and empty
-                except OSError:
-                    pass
                 raise
             fsync_directory(path)  # the journal, then the folder, durable before anything is staged
             fsync_directory(self.directory)
@@ -274,17 +270,13 @@ class ReportSet:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             self._discard()
-            named = self._named(exc)
-            if named is not exc:
-                raise named from exc
+            self._name(exc)
             return False
         try:
             self._commit()
         except BaseException as e:
-            named = self._named(e)
-            if named is e:
-                raise
-            raise named from e
+            self._name(e)
+            raise
         return False
 
     def _entries(self):
@@ -334,15 +326,12 @@ class ReportSet:
     def _roll_back(self, journal):
         """A move failed: put the previous files back (the journal says so first)."""
         journal = dict(journal, state='rollback')
-        try:
+        with contextlib.suppress(OSError):  # rolled back all the same; a kill rolls forward
             _write_journal(self._staging, journal)
-        except OSError:
-            pass  # rolled back now all the same; a kill before the end rolls forward
         try:
             _roll_back(self._staging, journal)
         finally:
-            self._finish()
-            self._remove_made()
+            self._discard()
 
     def _finish(self):
         """Remove the staging folder (tried twice: what a failure leaves, ``recover`` settles)."""
@@ -360,11 +349,12 @@ class ReportSet:
         self._finish()
         self._remove_made()
 
-    def _named(self, error):
-        """``error``, naming the report file being written if it is an ``OSError``."""
+    def _name(self, error):
+        """Make an ``OSError`` name the report file being written (raising a new one if it must)."""
         if isinstance(error, OSError) and self._current is not None:
-            return _naming(error, self._current)
-        return error
+            named = _naming(error, self._current)
+            if named is not error:
+                raise named from error
 
     def _remove_made(self):
         for directory in self._made:

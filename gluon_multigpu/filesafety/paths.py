@@ -75,13 +75,9 @@ def check_default_output(path, what, marker, fix):
     a regular file whose content begins with ``marker`` (bytes). A default never replaces what
     the package did not write (``filesafety.output``, rule 1); ``fix`` says what to do instead."""
     target = resolve_output(path, what)
-    if not os.path.lexists(target):
+    if not os.path.lexists(target) or \
+            reading.read_if_regular(target, lambda f: f.read(len(marker))) == marker:
         return target
-    found = reading.open_if_regular(target)
-    if found is not None:
-        with found:
-            if found.read(len(marker)) == marker:
-                return target
     raise GluonMultiGPUError(f'{what} {path} holds a file that gluon-multigpu did not write; it '
                              f'is left as it is: {fix}')
 

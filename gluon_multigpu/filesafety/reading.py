@@ -15,7 +15,7 @@ import stat
 
 from ..errors import GluonMultiGPUError
 
-__all__ = ['open_regular', 'open_if_regular', 'read_bytes', 'read_text', 'read_json', 'size_text',
+__all__ = ['open_regular', 'read_if_regular', 'read_bytes', 'read_text', 'read_json', 'size_text',
            'sha256']
 
 
@@ -55,11 +55,13 @@ def open_regular(path, what, follow_links=True):
     return os.fdopen(fd, 'rb')
 
 
-def open_if_regular(path):
-    """``path`` opened for reading (binary) if it is a regular file, not through a link; else
-    None: for files the package only looks into to see whether they are its own."""
+def read_if_regular(path, read):
+    """``read(f)``, ``f`` the file ``path`` opened for reading (binary), if it is a regular file,
+    not through a link; else, or if it cannot be read, None: for files the package only looks
+    into to see whether they are its own."""
     try:
-        return open_regular(path, 'file', follow_links=False)
+        with open_regular(path, 'file', follow_links=False) as f:
+            return read(f)
     except (OSError, GluonMultiGPUError):
         return None
 

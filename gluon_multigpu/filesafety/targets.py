@@ -6,19 +6,17 @@ file an output named by the user is written to (its symbolic links followed).
 Nothing here changes a file but the probe of ``check_writable`` (created with
 ``O_EXCL`` and removed through ``fs``).
 """
-import errno
 import os
 import re
 import secrets
 
 from ..errors import GluonMultiGPUError
 from . import fs, reading
-from .paths import (TMP_EXTRA, check_default_output, check_name as _check_name, kind_of,
-                          resolve_output)
+from .atomic import _FLAGS, open_unnamed
+from .paths import check_default_output, check_name as _check_name, kind_of, resolve_output
 
 __all__ = ['check_writable', 'check_output_dir', 'check_output_path', 'check_outputs',
-           'check_default_output', 'resolve_output', 'is_checkpoint_folder',
-           'CHECKPOINT_FILE', 'TMP_EXTRA']
+           'check_default_output', 'resolve_output', 'is_checkpoint_folder', 'CHECKPOINT_FILE']
 
 
 def _check_not_empty(path, what):
@@ -26,16 +24,20 @@ def _check_not_empty(path, what):
         raise GluonMultiGPUError(f'{what} is empty; give a path')
 
 
-def _missing_directory(directory, what, path):
-    """The error for an output whose ``directory`` is not a directory: what is wrong with it."""
-    probe = directory
-    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
-    if os.path.lexists(probe) and not os.path.isdir(probe):
-        return GluonMultiGPUError(f'{what} {path}: {probe} is a file, not a directory; give a '
-                                  'path in a directory')
-    return GluonMultiGPUError(f'{what} {path}: directory {directory} does not exist; '
-                              'create it first')
+def _check_place(name, directory, what, path):
+    """Raise unless the file system takes ``name`` and files can be created in ``directory``
+    (``what`` and ``path`` name the output): what is wrong with it, if it is not a directory."""
+    _check_name(name, what)
+    if not os.path.isdir(directory):
+        probe = directory
+        while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        if os.path.lexists(probe) and not os.path.isdir(probe):
+            raise GluonMultiGPUError(f'{what} {path}: {probe} is a file, not a directory; give a '
+                                     'path in a directory')
+        raise GluonMultiGPUError(f'{what} {path}: directory {directory} does not exist; create it '
+                                 'first')
+    check_writable(directory, f'{what} {path}')
 
 
 #: The name of a checkpoint's own files (``checkpoint.Checkpointer``).
@@ -68,20 +70,6 @@ def _same_file(a, b):
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _probe_unnamed(directory):
-    """Create and close a file without a name in ``directory``; False where ``O_TMPFILE`` is not
-    supported there (an ``OSError`` otherwise says why no file can be made)."""
-    if not hasattr(os, 'O_TMPFILE'):
-        return False
-    try:
-        os.close(fs.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-    except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            return False
-        raise
-    return True
-
-
 def check_writable(directory, what):
     """Raise ``GluonMultiGPUError`` unless a file can be created in ``directory``.
 
@@ -91,10 +79,12 @@ def check_writable(directory, what):
     ``what`` names the option and path in the message.
     """
     try:
-        if not _probe_unnamed(directory):
+        fd = open_unnamed(directory, 0o600)
+        if fd is not None:
+            os.close(fd)
+        else:
             probe = os.path.join(directory, f'.write-test.{secrets.token_hex(4)}.tmp')
-            os.close(fs.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                             os.O_CLOEXEC, 0o600))
+            os.close(fs.open(probe, _FLAGS, 0o600))
             fs.unlink(probe)  # created just now, exclusively: ours
     except OSError as e:
         raise GluonMultiGPUError(f'{what}: cannot create files in {directory} ({e.strerror}); '
@@ -112,14 +102,10 @@ def check_output_dir(directory, flag, checkpoints=False):
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         kind = kind_of(directory)
-        raise GluonMultiGPUError(f'{flag} {directory} is a file; give a directory'
-                                 if kind == 'a file' else
-                                 f'{flag} {directory} is {kind}, not a directory; give a directory')
-    _check_name(directory, flag)
+        kind = kind if kind == 'a file' else f'{kind}, not a directory'
+        raise GluonMultiGPUError(f'{flag} {directory} is {kind}; give a directory')
     target = directory if os.path.isdir(directory) else os.path.dirname(directory)
-    if not os.path.isdir(target):
-        raise _missing_directory(target, flag, directory)
-    check_writable(target, f'{flag} {directory}')
+    _check_place(directory, target, flag, directory)
     if checkpoints:
         for d in (directory, os.path.dirname(directory)):
             if is_checkpoint_folder(d):
@@ -146,10 +132,7 @@ def check_output_path(path, what, inputs=()):
         raise GluonMultiGPUError(f'{what} {path} exists and is not a regular file '
                                  f'({kind_of(target) or "a link to nothing"}); give the name of a '
                                  'file')
-    _check_name(target, what)
-    if not os.path.isdir(directory):
-        raise _missing_directory(directory, what, path)
-    check_writable(directory, f'{what} {path}')
+    _check_place(target, directory, what, path)
     for source in inputs:
         if os.path.exists(target) and _same_file(target, source):
             same = os.path.abspath(path) == os.path.abspath(source)
