@@ -9,15 +9,15 @@ This module loads MXNet only when a function needs it: ``cpu_devices(n)``
 and ``gpu_devices(n)`` first configure MXNet's engine for the devices
 (``base.engine``), which must happen before MXNet loads.
 """
+import itertools
 import math
 import os
 
 from ..errors import DeviceError
 from ..base import engine
 
-__all__ = ['num_gpus', 'check_devices', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
-           'split_sizes', 'split_batch',
-           'even_shares', 'available_memory']
+__all__ = ['num_gpus', 'check_devices', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices',
+           'resolve_devices', 'split_sizes', 'split_batch', 'even_shares', 'available_memory']
 
 
 def _mx():
@@ -55,7 +55,7 @@ def check_devices(devices):
             raise DeviceError(f'{device!r} is not a device: give contexts such as mx.cpu(0) or '
                               'mx.gpu(0) (gm.cpu_devices(n), gm.gpu_devices(n))')
         if device.device_type == 'gpu':
-            gpus = _gpu_count() if gpus is None else gpus
+            gpus = num_gpus() if gpus is None else gpus
             if device.device_id >= gpus:
                 have = f'{gpus} GPU(s) exist' if gpus else 'no GPU exists (or MXNet is a CPU build)'
                 raise DeviceError(f'device {device} is not available: {have}; use '
@@ -64,14 +64,6 @@ def check_devices(devices):
     if repeated is not None:
         raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
     return devices
-
-
-def _gpu_count():
-    mx = _mx()
-    try:
-        return mx.context.num_gpus()
-    except mx.base.MXNetError:  # a CUDA build on a machine without a driver
-        return 0
 
 
 def _configure_for_gpus_or_cpu():
@@ -226,18 +218,15 @@ def split_batch(X, y, devices, weights=None):
         if len(weights) != len(devices):
             raise DeviceError(f'{len(weights)} split weights for {len(devices)} devices; give '
                               'one weight per device')
-        bounds = [0]
-        for size in split_sizes(n, weights):
-            bounds.append(bounds[-1] + size)
+        bounds = [0, *itertools.accumulate(split_sizes(n, weights))]
         return ([X[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)],
                 [y[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)])
     if n < len(devices):
-        raise DeviceError(
-            f'a batch of {n} sample(s) cannot be split across {len(devices)} devices; '
-            f'use a batch size of at least {len(devices)} or fewer devices')
+        raise DeviceError(f'a batch of {n} sample(s) cannot be split across {len(devices)} '
+                          f'devices; use a batch size of at least {len(devices)} or fewer devices')
     even = n % len(devices) == 0
     split_and_load = _mx().gluon.utils.split_and_load
-    return (split_and_load(X, devices, even_split=even), split_and_load(y, devices, even_split=even))
+    return split_and_load(X, devices, even_split=even), split_and_load(y, devices, even_split=even)
 
 
 def _read_number(path, field=None):
@@ -267,8 +256,7 @@ def _cgroup_room():
             continue
         controllers, path = line[1], line[2].rstrip('/')
         if controllers == '':  # cgroup v2
-            folder, limit_file, usage_file = ('/sys/fs/cgroup' + path, 'memory.max',
-                                              'memory.current')
+            folder, limit_file, usage_file = '/sys/fs/cgroup' + path, 'memory.max', 'memory.current'
         elif 'memory' in controllers.split(','):  # cgroup v1
             folder, limit_file, usage_file = ('/sys/fs/cgroup/memory' + path,
                                               'memory.limit_in_bytes', 'memory.usage_in_bytes')
