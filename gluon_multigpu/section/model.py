@@ -1,4 +1,6 @@
 """The networks: the book's modified ResNet-18 and the Gluon multi-GPU lab's small CNN."""
+import math
+
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import autograd, np, npx
 from mxnet.gluon import nn
@@ -7,10 +9,9 @@ from . import devices as _devices
 from ..errors import DeviceError, GluonMultiGPUError
 from .recipes import RECIPES
 
-__all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cnn',
-           'get_model', 'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',
-           'memory_needed', 'largest_batch', 'check_memory', 'fit_batch',
-           'check_batch_memory']
+__all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cnn', 'get_model',
+           'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',
+           'memory_needed', 'largest_batch', 'check_memory', 'fit_batch', 'check_batch_memory']
 
 
 def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
@@ -20,10 +21,7 @@ def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
     """
     block.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
     block.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
-    if use_1x1conv:
-        block.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
-    else:
-        block.conv3 = None
+    block.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides) if use_1x1conv else None
     block.bn1 = norm()
     block.bn2 = norm()
 
@@ -80,10 +78,8 @@ def _resnet_block(residual, num_channels, num_residuals, norm, first_block=False
     """Return one ResNet stage; all but the first halve height and width."""
     blk = nn.Sequential()
     for i in range(num_residuals):
-        if i == 0 and not first_block:
-            blk.add(residual(num_channels, use_1x1conv=True, strides=2, norm=norm))
-        else:
-            blk.add(residual(num_channels, norm=norm))
+        halve = i == 0 and not first_block
+        blk.add(residual(num_channels, use_1x1conv=halve, strides=2 if halve else 1, norm=norm))
     return blk
 
 
@@ -92,12 +88,9 @@ def _resnet18(num_classes, residual, norm):
     net = nn.Sequential()
     # This model uses a smaller convolution kernel, stride, and padding and
     # removes the max-pooling layer
-    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
-            norm(), nn.Activation('relu'))
+    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1), norm(), nn.Activation('relu'))
     net.add(_resnet_block(residual, 64, 2, norm, first_block=True),
-            _resnet_block(residual, 128, 2, norm),
-            _resnet_block(residual, 256, 2, norm),
-            _resnet_block(residual, 512, 2, norm))
+            *(_resnet_block(residual, channels, 2, norm) for channels in (128, 256, 512)))
     net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
     return net
 
@@ -144,9 +137,7 @@ def simple_cnn(num_classes=10):
             nn.MaxPool2D(pool_size=2, strides=2),
             nn.Conv2D(channels=50, kernel_size=5, activation='relu'),
             nn.MaxPool2D(pool_size=2, strides=2),
-            nn.Flatten(),
-            nn.Dense(128, activation='relu'),
-            nn.Dense(num_classes))
+            nn.Flatten(), nn.Dense(128, activation='relu'), nn.Dense(num_classes))
     net.recipe = RECIPES['simple-cnn']
     return net
 
@@ -183,16 +174,13 @@ def count_flops(net, input_shape=(1, 1, 28, 28)):
     def hook(block, inputs, output):
         x = inputs[0]
         if isinstance(block, nn.Conv2D):
-            groups = block._kwargs.get('num_group', 1)  # pylint: disable=protected-access
-            k = 1
-            for d in block._kwargs['kernel']:  # pylint: disable=protected-access
-                k *= d
-            macs.append(output.size * (x.shape[1] // groups) * k)
+            kwargs = block._kwargs  # pylint: disable=protected-access
+            macs.append(output.size * (x.shape[1] // kwargs.get('num_group', 1))
+                        * math.prod(kwargs['kernel']))
         else:
             macs.append(output.size * (x.size // x.shape[0]))
 
-    handles = []
-    stack = [net]
+    handles, stack = [], [net]
     while stack:
         block = stack.pop()
         if isinstance(block, (nn.Conv2D, nn.Dense)):
@@ -331,15 +319,12 @@ def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False, memory=T
     DeviceError
         A batch smaller than the devices (it cannot be split), or too large for the memory.
     """
-    count = len(devices)
-    default = batch_size is None
-    if default:
-        batch_size = RECIPES[name].batch_size(count)
+    count, default = len(devices), batch_size is None
+    batch_size = RECIPES[name].batch_size(count) if default else batch_size
     if batch_size < count:
         raise DeviceError(f'a batch of {batch_size} cannot be split across {count} devices; '
                           f'use `batch_size` {count} or more')
-    multiple = count if sync_bn else 1
-    note = None
+    multiple, note = count if sync_bn else 1, None
     if batch_size > num_train >= count:
         given = f'the default batch of {batch_size}' if default else f'`batch_size` {batch_size}'
         batch_size = num_train - num_train % multiple
