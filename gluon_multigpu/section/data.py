@@ -6,6 +6,7 @@ instead of through ``gluon.data.vision``, whose SHA-1 check rejects the
 original Zalando release although its content is the same.
 """
 import gzip
+import math
 import os
 import stat
 import struct
@@ -21,8 +22,8 @@ from ..errors import DataError
 from ..filesafety import atomic
 from ..base import values
 
-__all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx', 'read_split', 'ArrayLoader',
-           'last_batch_rule', 'train_loader', 'synthetic_data',
+__all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx',
+           'read_split', 'ArrayLoader', 'last_batch_rule', 'train_loader', 'synthetic_data',
            'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
            'load_data_mnist']
 
@@ -112,9 +113,7 @@ def read_idx(path, max_items=MAX_ITEMS):
         if len(dims) < 4 * ndim:
             raise DataError(f'{path} has a truncated IDX header; download it again')
         shape = struct.unpack(f'>{ndim}I', dims)
-        items = 1
-        for d in shape:
-            items *= d  # Python integers: no overflow
+        items = math.prod(shape)  # Python integers: no overflow
         if items > max_items:
             raise DataError(f'{path} has an IDX header {shape} of {items} elements, more than '
                             f'the {max_items} this data set can hold; download it again')
@@ -197,10 +196,8 @@ def read_split(root, split='train', name=None):
     images_path = os.path.join(root, IDX_FILES[(split, 'images')])
     labels_path = os.path.join(root, IDX_FILES[(split, 'labels')])
     # A known data set bounds what a header may announce: its images' size.
-    limit = MAX_ITEMS
-    if name is not None:
-        spec = DATASETS[name]
-        limit = spec[split] * int(onp.prod(spec['shape']))
+    spec = DATASETS[name] if name is not None else None
+    limit = spec[split] * int(onp.prod(spec['shape'])) if spec else MAX_ITEMS
     images, labels = read_idx(images_path, limit), read_idx(labels_path, limit)
     if images.ndim != 3 or images.dtype != onp.uint8:
         raise DataError(f'{images_path} must hold uint8 images (N, H, W), '
@@ -209,11 +206,10 @@ def read_split(root, split='train', name=None):
         raise DataError(f'{labels_path} must hold uint8 labels (N,), found {labels.dtype} '
                         f'{labels.shape}; download it again')
     if images.shape[0] != labels.shape[0]:
-        raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} '
-                        f'holds {labels.shape[0]} labels; the files belong to different releases: '
+        raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} holds '
+                        f'{labels.shape[0]} labels; the files belong to different releases: '
                         'download both again')
-    if name is not None:
-        spec = DATASETS[name]
+    if spec:
         if images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]:
             raise DataError(f'{images_path} holds {images.shape[0]} images of '
                             f'{images.shape[1:]}, but {name} {split} has {spec[split]} of '

@@ -87,8 +87,8 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
         counts = pushers.run(calls, 'eval') if pushers is not None else [c() for c in calls]
-        for i, count in enumerate(counts):
-            correct[i].append(count)
+        for device_counts, count in zip(correct, counts):
+            device_counts.append(count)
         total += labels.shape[0]
     if total == 0:
         raise GluonMultiGPUError('the evaluation data is empty')
@@ -104,10 +104,6 @@ def _read_sum(per_device):
 def _shard_correct(net, X_shard, y_shard):
     """One device's correct predictions on its shard (a 0-d array, not read back)."""
     return accuracy(net(X_shard), y_shard)
-
-
-def _backward(l):
-    l.backward()
 
 
 def _shard_step(net, loss, backward, X_shard, y_shard):
@@ -159,7 +155,7 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
         the shard's device (not read back: no sync here).
     """
     X_shards, y_shards = split_f(X, y, devices)
-    backward = _backward if scaler is None else scaler.backward
+    backward = (lambda l: l.backward()) if scaler is None else scaler.backward
     if pushers is not None:
         y_hats, losses = zip(*pushers.run([functools.partial(_shard_step, net, loss, backward, *s)
                                            for s in zip(X_shards, y_shards)], 'train'))
