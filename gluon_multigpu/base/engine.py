@@ -61,8 +61,8 @@ LIMITS = {'OMP_NUM_THREADS': (1, 1024), 'MXNET_CPU_TEMP_COPY': (1, 4096),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': (0, 2**31 - 1),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (0, 2**31 - 1),
           'MXNET_MKLDNN_CACHE_NUM': (-1, 2**31 - 1), 'MXNET_PROFILER_AUTOSTART': (0, 1),
-          'MXNET_PROFILER_MODE': (0, 2**31 - 1),
-          'GLUON_MULTIGPU_HOST_CORES': (1, 65536), 'GLUON_MULTIGPU_HOST_WORKERS': (1, 65536)}
+          'MXNET_PROFILER_MODE': (0, 2**31 - 1), 'GLUON_MULTIGPU_HOST_CORES': (1, 65536),
+          'GLUON_MULTIGPU_HOST_WORKERS': (1, 65536)}
 #: Engine variables MXNet reads as booleans: 0, 1, true or false (any case), nothing else
 #: (MXNET_EXEC_BULK_EXEC_TRAIN=abc is an MXNetError, MXNET_MKLDNN_ENABLED=abc status 134).
 BOOLEANS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_EXEC_BULK_EXEC_INFERENCE',
@@ -112,11 +112,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD, TRIM_THRESHOLD = 4 << 20, 256 << 20
 
 #: Why a setting is not applied once MXNet is loaded (see the module's text).
-TOO_LATE = {
-    'OMP_NUM_THREADS': 'MXNet fixed its OpenMP threads as it loaded',
-    'MXNET_CPU_TEMP_COPY': "MXNet reads it once per thread, at the thread's first operator, which "
-                           'this thread may have run',
-}
+TOO_LATE = {'OMP_NUM_THREADS': 'MXNet fixed its OpenMP threads as it loaded',
+            'MXNET_CPU_TEMP_COPY': "MXNet reads it once per thread, at the thread's first "
+                                   'operator, which this thread may have run'}
 #: This package's directory: a warning points at the first caller outside it.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,9 +125,7 @@ _STATE = {'applied': {}, 'loaded_with': None, 'warned': set(), 'malloc': None}
 
 def cores():
     """The CPU cores this process may run on."""
-    if hasattr(os, 'sched_getaffinity'):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
 
 def worker_cores(environ=None):
@@ -147,14 +143,11 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
     The module's notes say what they are and why.
     """
     num_cores = num_cores or worker_cores(environ)
-    env = {}
-    if sync_bn:
-        env['MXNET_CPU_TEMP_COPY'] = str(max(256, 128 * (cpu_devices or 2)))  # sync_bn's need
-    elif not cpu_devices:
-        env['MXNET_CPU_TEMP_COPY'] = '64'
-    else:  # per thread, and each CPU context's passes are queued from a thread of its own: one
-        # copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc (recipes)
-        env['MXNET_CPU_TEMP_COPY'] = str(CPU_COPIES)
+    # per thread, and each CPU context's passes are queued from a thread of its own: one
+    # copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc (recipes)
+    copies = (max(256, 128 * (cpu_devices or 2)) if sync_bn  # sync_bn's need
+              else CPU_COPIES if cpu_devices else 64)
+    env = {'MXNET_CPU_TEMP_COPY': str(copies)}
     if cpu_devices:
         env['OMP_NUM_THREADS'] = str(max(1, num_cores // cpu_devices))
     return env
@@ -219,10 +212,8 @@ def settings():
 
 
 def _plan_text(cpu_devices, sync_bn):
-    if cpu_devices:
-        plan = f'{cpu_devices} CPU context{"s" if cpu_devices > 1 else ""}'
-    else:
-        plan = 'GPUs' if cpu_devices == 0 else 'GPUs (or devices not counted)'
+    plan = (f'{cpu_devices} CPU context{"s" if cpu_devices > 1 else ""}' if cpu_devices else
+            'GPUs' if cpu_devices == 0 else 'GPUs (or devices not counted)')
     return plan + (' with synchronised BatchNorm' if sync_bn else '')
 
 
@@ -353,15 +344,11 @@ def _warn_if_different(wanted, cpu_devices, sync_bn):
     had = ', '.join(f'{k}={loaded_with[k]}' if loaded_with.get(k) is not None else f'{k} unset'
                     for k in CHOSEN if k in differ)
     why = ', '.join(f'{k}={v} ({TOO_LATE[k]})' for k, v in differ.items())
-    if sync_bn and 'MXNET_CPU_TEMP_COPY' in differ:
-        effect = 'Synchronised BatchNorm on several CPU contexts refuses to start with fewer copies'
-    elif 'OMP_NUM_THREADS' in differ and cpu_devices:
-        effect = _OMP_COST
-    else:
-        effect = 'Training works, but may run slower'
-
-    warnings.warn(
-        f'MXNet is already loaded ({had}), so the engine settings for '
-        f'{_plan_text(cpu_devices, sync_bn)} are not applied: {why}. {effect}; for them, restart '
-        f'the kernel (or Python) and call {_call_text(cpu_devices, sync_bn)} before anything loads '
-        'MXNet', EngineWarning, stacklevel=caller_stacklevel())
+    effect = ('Synchronised BatchNorm on several CPU contexts refuses to start with fewer copies'
+              if sync_bn and 'MXNET_CPU_TEMP_COPY' in differ else
+              _OMP_COST if 'OMP_NUM_THREADS' in differ and cpu_devices else
+              'Training works, but may run slower')
+    warnings.warn(f'MXNet is already loaded ({had}), so the engine settings for '
+                  f'{_plan_text(cpu_devices, sync_bn)} are not applied: {why}. {effect}; for them, '
+                  f'restart the kernel (or Python) and call {_call_text(cpu_devices, sync_bn)} '
+                  'before anything loads MXNet', EngineWarning, stacklevel=caller_stacklevel())
