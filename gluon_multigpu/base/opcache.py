@@ -48,8 +48,7 @@ def _folder(environ):
 def cache_path(library, version, environ=None):
     """The cache file for MXNet's library file ``library`` (its size and time in the name);
     None where there is no cache folder."""
-    environ = os.environ if environ is None else environ
-    folder = _folder(environ)
+    folder = _folder(os.environ if environ is None else environ)
     if folder is None:
         return None
     info = os.stat(library)
@@ -85,11 +84,10 @@ def _read(path):
             table = marshal.load(f)
     except (OSError, EOFError, ValueError, TypeError):
         return {}
-    if not isinstance(table, dict) or not all(
-            isinstance(k, tuple) and len(k) == 3 and all(isinstance(s, str) for s in k)
-            and _valid(v) for k, v in table.items()):
-        return {}
-    return table
+    valid = isinstance(table, dict) and all(
+        isinstance(k, tuple) and len(k) == 3 and all(isinstance(s, str) for s in k) and _valid(v)
+        for k, v in table.items())
+    return table if valid else {}
 
 
 def _with_handle(code, old, new):

@@ -114,7 +114,6 @@ class raising:  # pylint: disable=invalid-name
 
     def __exit__(self, *exc):
         restore(self._previous)
-        return False
 
 
 class WakeupReader:
