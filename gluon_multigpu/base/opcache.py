@@ -48,8 +48,7 @@ def _folder(environ):
 def cache_path(library, version, environ=None):
     """The cache file for MXNet's library file ``library`` (its size and time in the name);
     None where there is no cache folder."""
-    folder = _folder(os.environ if environ is None else environ)
-    if folder is None:
+    if (folder := _folder(os.environ if environ is None else environ)) is None:
         return None
     info = os.stat(library)
     key = repr((os.path.realpath(library), info.st_size, info.st_mtime_ns, version, FORMAT,
@@ -147,20 +146,6 @@ def _patch(base):
     _STATE['installed'] = True
 
 
-class _BaseLoader:
-    """Loads ``mxnet.base`` as its own loader does, then ``_patch``es it."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        _patch(module)
-
-
 class _Finder:
     """A ``sys.meta_path`` finder for ``mxnet.base`` alone; gone once it has found it."""
 
@@ -170,7 +155,12 @@ class _Finder:
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and hasattr(spec.loader, 'exec_module'):
-            spec.loader = _BaseLoader(spec.loader)
+            run = spec.loader.exec_module
+
+            def exec_module(module):  # as its own loader does, then ``_patch`` it
+                run(module)
+                _patch(module)
+            spec.loader.exec_module = exec_module
         return spec
 
 
