@@ -9,8 +9,8 @@ scripts pass their flags), so the library never names a command-line flag.
 import re
 import signal
 
-__all__ = ['flag', 'GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
-           'MXNetLoadError', 'Interrupted', 'SettingWarning']
+__all__ = ['flag', 'GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged',
+           'CheckpointError', 'MXNetLoadError', 'Interrupted', 'SettingWarning']
 
 
 def flag(name):
@@ -116,9 +116,8 @@ class Interrupted(BaseException):
                     if training is not None else '')
             message = f'interrupted {where}{more}'
         super().__init__(message)
-        self.epoch, self.batches, self.epoch_done = epoch, batches, epoch_done
-        self.training, self.signum = training, signum
-        for name, value in details.items():
+        for name, value in dict(details, epoch=epoch, batches=batches, epoch_done=epoch_done,
+                                training=training, signum=signum).items():
             if not hasattr(type(self), name):
                 raise TypeError(f'Interrupted has no detail {name!r}')
             setattr(self, name, value)
