@@ -127,8 +127,7 @@ def restore_numpy_names(numpy):
 
 
 def _numeric(text):
-    match = re.match(r'\s*v?(\d+(?:\.\d+)*)', str(text))
-    if match is None:
+    if (match := re.match(r'\s*v?(\d+(?:\.\d+)*)', str(text))) is None:
         raise ValueError(f'invalid version number {text!r}')
     return tuple(int(part) for part in match.group(1).split('.'))
 
@@ -198,8 +197,7 @@ def provide_distutils_version():
             pass
     _STAND_IN['before'] = {n: sys.modules[n] for n in ('distutils', 'distutils.version')
                            if n in sys.modules}
-    package = sys.modules.get('distutils')
-    if package is None:
+    if (package := sys.modules.get('distutils')) is None:
         package = types.ModuleType('distutils', 'Stand-in made by gluon_multigpu.base.compat: '
                                                 'Python 3.12 removed distutils.')
         package.__path__ = []
@@ -310,13 +308,11 @@ def after_load(mxnet):
         return
     # Every operator of mxnet.nd / mxnet.np (and the internal _npi, _internal...) is made by
     # MXNet's register modules, whose generated code calls these two names in their globals.
-    ndarray_register, symbol_register = mxnet.ndarray.register, mxnet.symbol.register
     # _imperative_invoke(handle, ndargs, keys, vals, ...), _symbol_creator(handle, args,
-    # kwargs, keys, vals, ...)
-    ndarray_register._imperative_invoke = _plain_values(ndarray_register._imperative_invoke,
-                                                        numpy.generic, 3)
-    symbol_register._symbol_creator = _plain_values(symbol_register._symbol_creator,
-                                                    numpy.generic, 4)
+    # kwargs, keys, vals, ...): ``vals`` at 3 and 4
+    for register, name, position in ((mxnet.ndarray.register, '_imperative_invoke', 3),
+                                     (mxnet.symbol.register, '_symbol_creator', 4)):
+        setattr(register, name, _plain_values(getattr(register, name), numpy.generic, position))
     _DONE['plain_values'] = True
 
 

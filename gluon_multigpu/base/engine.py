@@ -163,8 +163,7 @@ def check_environment(environ=None):
     """
     environ = os.environ if environ is None else environ
     for name, (low, high) in LIMITS.items():
-        text = environ.get(name)
-        if text is None:
+        if (text := environ.get(name)) is None:
             continue
         value = text.strip(_C_SPACE)
         if not re.fullmatch(r'-?[0-9]+', value, re.ASCII) or not low <= int(value) <= high:
@@ -266,9 +265,9 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
         raise EngineError('`sync_bn` makes the devices wait for each other, which '
                           'MXNET_ENGINE_TYPE=NaiveEngine (one operation at a time) never lets '
                           'finish; unset MXNET_ENGINE_TYPE or drop `sync_bn`')
-    wanted = ({} if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0'
-              else recommended(cpu_devices, sync_bn=sync_bn, environ=environ))
-    if process and environ.get('GLUON_MULTIGPU_ENGINE_ENV') != '0':
+    keep_mxnet_own = environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0'
+    wanted = {} if keep_mxnet_own else recommended(cpu_devices, sync_bn=sync_bn, environ=environ)
+    if process and not keep_mxnet_own:
         return_freed_memory(environ)
     if process and loaded():
         _warn_if_different(wanted, cpu_devices, sync_bn)

@@ -211,8 +211,7 @@ def _prctl():
 def on_parent_death(signum):
     """In a child before it runs its program: ``signum`` when its parent dies (Linux's
     ``PR_SET_PDEATHSIG``; nothing where there is none)."""
-    prctl = _prctl()
-    if prctl is not None:
+    if (prctl := _prctl()) is not None:
         prctl(_PR_SET_PDEATHSIG, int(signum))
 
 

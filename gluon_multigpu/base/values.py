@@ -189,8 +189,7 @@ def switch(value, name):
 
 
 def kvstores(value, name):
-    names = (value,) if isinstance(value, str) else tuple(value or ())
-    if not names:
+    if not (names := (value,) if isinstance(value, str) else tuple(value or ())):
         raise GluonMultiGPUError(f'`{name}` is empty; give one or more of '
                                  f'{", ".join(KVSTORES + DIST_KVSTORES)}')
     for kvstore in names:
@@ -199,10 +198,8 @@ def kvstores(value, name):
 
 
 def split(value, name):
-    if value is None or value == 'auto':
-        return value
-    if value == 'even':
-        return None
+    if value in (None, 'auto', 'even'):
+        return None if value == 'even' else value
     weights = list(value) if isinstance(value, (list, tuple)) else []
     if not weights or not all(_real(w) and math.isfinite(w) and 0 < w <= 1e6 for w in weights):
         raise GluonMultiGPUError(f'`{name}` {value!r} is neither even, auto nor positive weights; '

@@ -90,8 +90,7 @@ def read_idx(path, max_items=MAX_ITEMS):
     numpy.ndarray
         The array with the shape stored in the file's header.
     """
-    kind = _not_a_file(path)
-    if kind:
+    if kind := _not_a_file(path):
         raise DataError(f'{path} cannot be opened: it is {kind}, not a data file; put the '
                         'gzip-compressed IDX file there')
     try:
@@ -160,17 +159,14 @@ def check_data_dir(root):
     if os.path.lexists(root) and not os.path.isdir(root):
         raise DataError(f'{root} is {_not_a_file(root) or "a file"}, not a directory; point '
                         f'`data_dir` at the folder that holds the four files {files}')
-    missing = []
     for name in IDX_FILES.values():
         path = os.path.join(root, name)
-        kind = _not_a_file(path) if os.path.isdir(root) else None
-        if kind:
+        if kind := (_not_a_file(path) if os.path.isdir(root) else None):
             raise DataError(f'{path} is {kind}, not a data file; put the gzip-compressed IDX '
                             f'file {name} there (point `data_dir` at the folder that holds the '
                             'four files)')
-        if not os.path.isfile(path):
-            missing.append(name)
-    if missing:
+    if missing := [name for name in IDX_FILES.values()
+                   if not os.path.isfile(os.path.join(root, name))]:
         where = (f'{root} does not exist' if not os.path.isdir(root)
                  else f'{root} lacks {", ".join(missing)}')
         raise DataError(f'{where}; it must hold the four files {files} '
@@ -314,8 +310,7 @@ def last_batch_rule(num_samples, batch_size, num_devices):
     A last batch of fewer samples than devices cannot be split; dropping it
     beats stopping in the middle of an epoch. Otherwise ``'keep'``.
     """
-    remainder = num_samples % batch_size
-    return 'discard' if 0 < remainder < num_devices else 'keep'
+    return 'discard' if 0 < num_samples % batch_size < num_devices else 'keep'
 
 
 def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None,
@@ -403,15 +398,11 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
     splits = {}
     for split, limit in (('train', num_train), ('test', num_test)):
         images, labels = read_split(root, split, name)
-        if limit is not None:
-            if not 0 < limit <= len(labels):
-                raise DataError(f'{split} subset size must be in 1..{len(labels)}, got {limit}')
-            images, labels = images[:limit], labels[:limit]
-        splits[split] = (images, labels)
-    train_iter = train_loader(*splits['train'], batch_size, num_devices, seed, resize,
-                              equal_shards)
-    test_iter = ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize)
-    return train_iter, test_iter
+        if limit is not None and not 0 < limit <= len(labels):
+            raise DataError(f'{split} subset size must be in 1..{len(labels)}, got {limit}')
+        splits[split] = (images[:limit], labels[:limit])
+    return (train_loader(*splits['train'], batch_size, num_devices, seed, resize, equal_shards),
+            ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize))
 
 
 def synthetic_data(name, batch_size, num_train=None, num_test=None, seed=0, num_devices=1,

@@ -60,8 +60,7 @@ def check_devices(devices):
                 have = f'{gpus} GPU(s) exist' if gpus else 'no GPU exists (or MXNet is a CPU build)'
                 raise DeviceError(f'device {device} is not available: {have}; use '
                                   'gm.gpu_devices(n) or gm.cpu_devices(n)')
-    repeated = next((d for i, d in enumerate(devices) if d in devices[:i]), None)
-    if repeated is not None:
+    if (repeated := next((d for i, d in enumerate(devices) if d in devices[:i]), None)) is not None:
         raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
     return devices
 
@@ -276,11 +275,9 @@ def available_memory():
     give without swapping (``MemAvailable`` of ``/proc/meminfo``), within
     what its memory cgroup (a container's limit) still allows.
     """
-    free = _read_number('/proc/meminfo', 'MemAvailable')
-    if free is None:
+    if (free := _read_number('/proc/meminfo', 'MemAvailable')) is None:
         return None
-    room = _cgroup_room()
-    if room is not None:
+    if (room := _cgroup_room()) is not None:
         free = min(free, max(room, 0))
     try:
         with open('/proc/self/statm') as f:

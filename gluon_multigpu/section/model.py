@@ -276,8 +276,7 @@ def check_memory(name, batch_size, num_devices, available, multiple=1, sync_bn=F
     """
     if available is None or _memory(name, sync_bn) is None:
         return
-    need = memory_needed(name, batch_size, num_devices, sync_bn)
-    if need <= available:
+    if (need := memory_needed(name, batch_size, num_devices, sync_bn)) <= available:
         return
     per_sample = _memory(name, sync_bn)[2]
     fits = largest_batch(name, num_devices, available, multiple, sync_bn)

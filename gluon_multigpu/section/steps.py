@@ -182,8 +182,7 @@ def non_finite_params(params):
 
     Sync point: one read-back for all of them.
     """
-    params = [p for p in params if p.list_data()]
-    if not params:
+    if not (params := [p for p in params if p.list_data()]):
         return []
     ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
                    for p in params]).asnumpy()
@@ -192,8 +191,7 @@ def non_finite_params(params):
 
 def check_finite_params(net, where=''):
     """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
-    bad = non_finite_params(net.collect_params().values())
-    if bad:
+    if bad := non_finite_params(net.collect_params().values()):
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
         raise TrainingDiverged(f'parameter {bad[0]}{more} became non-finite{where}')
 
