@@ -14,29 +14,30 @@ __all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cn
            'memory_needed', 'largest_batch', 'check_memory', 'fit_batch', 'check_batch_memory']
 
 
-def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
-    """Give a residual block the book's layers, in the book's order (so parameters match).
+class _ResidualLayers:  # pylint: disable=too-few-public-methods
+    """A residual block's layers, the book's, in the book's order (so parameters match), for
+    ``Residual`` and ``HybridResidual`` (before their ``nn.Block`` or ``nn.HybridBlock``).
 
     ``norm`` makes each batch-normalisation layer (``nn.BatchNorm`` in the book).
     """
-    block.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
-    block.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
-    block.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides) if use_1x1conv else None
-    block.bn1 = norm()
-    block.bn2 = norm()
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
+        super().__init__(**kwargs)
+        self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
+        self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
+        self.conv3 = (nn.Conv2D(num_channels, kernel_size=1, strides=strides) if use_1x1conv
+                      else None)
+        self.bn1 = norm()
+        self.bn2 = norm()
 
 
-class Residual(nn.Block):
+class Residual(_ResidualLayers, nn.Block):
     """The residual block of ResNet as the text writes it (d2l 8.6): an ``nn.Block``, run eagerly.
 
     Two 3x3 convolutions of ``num_channels`` with batch norm (``norm`` makes
     each layer; ``nn.BatchNorm``, the book's), the first with ``strides``, and
     the input added back, through a 1x1 convolution if ``use_1x1conv``.
     """
-
-    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
-        super().__init__(**kwargs)
-        _residual_layers(self, num_channels, use_1x1conv, strides, norm)
 
     def forward(self, X):  # pylint: disable=arguments-differ
         Y = npx.relu(self.bn1(self.conv1(X)))
@@ -46,7 +47,7 @@ class Residual(nn.Block):
         return npx.relu(Y + X)
 
 
-class HybridResidual(nn.HybridBlock):
+class HybridResidual(_ResidualLayers, nn.HybridBlock):
     """``Residual`` as a ``HybridBlock``, so that ``hybridize`` can compile it (the fast path).
 
     Same layers, parameters, order and arithmetic; parameters as ``Residual``.
@@ -59,10 +60,6 @@ class HybridResidual(nn.HybridBlock):
     scratch space. Together 1.15 times the images/s on two CPU contexts, and
     about 0.4 GB less resident memory.
     """
-
-    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
-        super().__init__(**kwargs)
-        _residual_layers(self, num_channels, use_1x1conv, strides, norm)
 
     def hybrid_forward(self, F, X):  # pylint: disable=arguments-differ
         Y = F.npx.activation(self.bn1(self.conv1(X)), act_type='relu')
