@@ -397,7 +397,7 @@ class _BeforeMXNet:
     def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
         if name != 'mxnet':
             return None
-        remove_hook()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _BeforeMXNet)]  # gone
         prepare()
         spec = importlib.util.find_spec('mxnet')  # the finders after this one, as without it
         if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'):
@@ -423,8 +423,3 @@ def install_hook():
     """Put the finder of ``_BeforeMXNet`` first on ``sys.meta_path`` unless MXNet is loaded."""
     if 'mxnet' not in sys.modules and not any(isinstance(f, _BeforeMXNet) for f in sys.meta_path):
         sys.meta_path.insert(0, _BeforeMXNet())
-
-
-def remove_hook():
-    """Take the finder of ``install_hook`` off ``sys.meta_path``."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _BeforeMXNet)]
