@@ -63,11 +63,6 @@ def _mine(name):
     return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-def _owned(path):
-    """Whether the file ``path`` and its folder are this user's alone to write."""
-    return _mine(path) and _mine(os.path.dirname(path))
-
-
 def _valid(entry):
     return (isinstance(entry, tuple) and len(entry) == 3 and
             isinstance(entry[0], types.CodeType) and isinstance(entry[1], str) and
@@ -77,7 +72,7 @@ def _valid(entry):
 def _read(path):
     """The entries of the file at ``path``: {} if it is missing, torn, foreign or not owned."""
     try:
-        if not _owned(path):
+        if not (_mine(path) and _mine(os.path.dirname(path))):  # the file and its folder
             return {}
         with open(path, 'rb') as f:
             table = marshal.load(f)

@@ -78,8 +78,7 @@ class _UntilStopped:
     """
 
     def __init__(self, batches, stop):
-        self.batches, self.stop = batches, stop
-        self.count, self.stopped = 0, False
+        self.batches, self.stop, self.count, self.stopped = batches, stop, 0, False
 
     def __iter__(self):
         for batch in self.batches:

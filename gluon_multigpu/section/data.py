@@ -112,8 +112,7 @@ def read_idx(path, max_items=MAX_ITEMS):
         if len(dims) < 4 * ndim:
             raise DataError(f'{path} has a truncated IDX header; download it again')
         shape = struct.unpack(f'>{ndim}I', dims)
-        items = math.prod(shape)  # Python integers: no overflow
-        if items > max_items:
+        if (items := math.prod(shape)) > max_items:  # Python integers: no overflow
             raise DataError(f'{path} has an IDX header {shape} of {items} elements, more than '
                             f'the {max_items} this data set can hold; download it again')
         expected = items * dtype.itemsize
@@ -258,8 +257,7 @@ class ArrayLoader:
                             f'for {multiple} devices; use a `batch_size` divisible by {multiple}')
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.resize, self.last_batch, self.multiple = resize, last_batch, multiple
-        self.epoch = 0
+        self.resize, self.last_batch, self.multiple, self.epoch = resize, last_batch, multiple, 0
 
     def _last_size(self):
         """Samples in the final, incomplete batch (0: none)."""

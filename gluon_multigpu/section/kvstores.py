@@ -53,13 +53,11 @@ def check_kvstore(kvstore, devices):
     if name not in KVSTORES + DIST_KVSTORES:
         raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of '
                                  f'{", ".join(KVSTORES + DIST_KVSTORES)}')
-    if name != 'nccl':
-        return
-    if not has_nccl():
+    if name == 'nccl' and not has_nccl():
         raise GluonMultiGPUError(f'kvstore nccl needs an MXNet build with NCCL, and the installed '
                                  f'mxnet {mx.__version__} has none; install the GPU build, which '
                                  f'has it ({GPU_INSTALL}), or choose local, device or none')
-    if any(d.device_type != 'gpu' for d in devices):
+    if name == 'nccl' and any(d.device_type != 'gpu' for d in devices):
         raise GluonMultiGPUError('kvstore nccl sums gradients between GPUs; with CPU contexts '
                                  'choose local, device or none')
 

@@ -223,9 +223,8 @@ class EpochSteps:
             raise GluonMultiGPUError('the training data is empty')
         per_step = [np.stack(v).asnumpy().astype('float64') for v in self.losses if v]
         step_sums = sum(per_step) if per_step else []
-        for i, value in enumerate(step_sums):
+        for step, value in enumerate(step_sums, self.first_step):
             if not math.isfinite(value):
-                step = self.first_step + i
                 raise TrainingDiverged(f'the training loss became non-finite at step {step}',
                                        step=step)
         return EpochTotals(float(sum(step_sums)), _read_sum(self.correct), self.samples,
