@@ -104,13 +104,11 @@ def _cached(make):
 
     def cached(handle, name, func_name):
         key, now = (kind, name, func_name), handle.value
-        entry = _STATE['read'].get(key)
-        if entry is not None:
+        if (entry := _STATE['read'].get(key)) is not None:
             _STATE['hits'] += 1
         else:
             text, doc = generate(handle, name, func_name)
-            entry = (compile(text, '<string>', 'exec'), doc, now)
-            _STATE['made'][key] = entry
+            _STATE['made'][key] = entry = (compile(text, '<string>', 'exec'), doc, now)
             _STATE['misses'] += 1
         code, doc, then = entry
         local = {}

@@ -51,6 +51,10 @@ NO_DIST_CLIP = ('`clip_grad_norm` needs the summed gradient before the update, a
                 "server's servers update each parameter on its own as its gradients arrive; "
                 'train on one machine to clip')
 
+#: What a `split` that is neither a name nor weights is, and what to give.
+_NOT_WEIGHTS = ('is neither even, auto nor positive weights; give even, auto or one weight per '
+                'device, e.g. 1,3')
+
 # -- checks of values given in Python ---------------------------------------------------------
 
 def _boolean(value):
@@ -117,10 +121,7 @@ def check_clip(clip):
 
 def check_schedule(name):
     """Return ``name`` if it is one of ``SCHEDULES``."""
-    if name not in SCHEDULES:
-        raise GluonMultiGPUError(f'`lr_schedule` {name!r} is not one of '
-                                 f'{", ".join(SCHEDULES)}; give one of them')
-    return name
+    return one_of(SCHEDULES)(name, 'lr_schedule')
 
 
 def check_warmup(warmup_steps):
@@ -202,8 +203,7 @@ def split(value, name):
         return None if value == 'even' else value
     weights = list(value) if isinstance(value, (list, tuple)) else []
     if not weights or not all(_real(w) and math.isfinite(w) and 0 < w <= 1e6 for w in weights):
-        raise GluonMultiGPUError(f'`{name}` {value!r} is neither even, auto nor positive weights; '
-                                 'give even, auto or one weight per device, e.g. 1,3')
+        raise GluonMultiGPUError(f'`{name}` {value!r} {_NOT_WEIGHTS}')
     return [float(w) for w in weights]
 
 
@@ -264,6 +264,4 @@ def split_weights(text):
     try:
         return split([float(w) for w in text.split(',')], 'split')
     except (ValueError, GluonMultiGPUError):
-        raise argparse.ArgumentTypeError(f'{text!r} is neither even, auto nor positive weights; '
-                                         'give even, auto or one weight per device, '
-                                         'e.g. 1,3') from None
+        raise argparse.ArgumentTypeError(f'{text!r} {_NOT_WEIGHTS}') from None

@@ -213,16 +213,15 @@ def split_batch(X, y, devices, weights=None):
     n = X.shape[0]
     if n != y.shape[0]:
         raise DeviceError(f'features hold {n} samples but labels hold {y.shape[0]}')
+    if weights is not None and len(weights) != len(devices):
+        raise DeviceError(f'{len(weights)} split weights for {len(devices)} devices; give '
+                          'one weight per device')
+    # weights checked, and a batch too small for the devices refused, the same way with or without
+    sizes = split_sizes(n, weights if weights is not None else [1] * len(devices))
     if weights is not None:
-        if len(weights) != len(devices):
-            raise DeviceError(f'{len(weights)} split weights for {len(devices)} devices; give '
-                              'one weight per device')
-        bounds = [0, *itertools.accumulate(split_sizes(n, weights))]
+        bounds = [0, *itertools.accumulate(sizes)]
         return ([X[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)],
                 [y[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)])
-    if n < len(devices):
-        raise DeviceError(f'a batch of {n} sample(s) cannot be split across {len(devices)} '
-                          f'devices; use a batch size of at least {len(devices)} or fewer devices')
     even = n % len(devices) == 0
     split_and_load = _mx().gluon.utils.split_and_load
     return split_and_load(X, devices, even_split=even), split_and_load(y, devices, even_split=even)
@@ -261,8 +260,7 @@ def _cgroup_room():
                                               'memory.limit_in_bytes', 'memory.usage_in_bytes')
         else:
             continue
-        limit = _read_number(os.path.join(folder, limit_file))
-        usage = _read_number(os.path.join(folder, usage_file))
+        limit, usage = (_read_number(os.path.join(folder, f)) for f in (limit_file, usage_file))
         if limit is not None and usage is not None and limit < 2**60:  # 2**63 - 4096: none
             rooms.append(limit - usage)
     return min(rooms) if rooms else None

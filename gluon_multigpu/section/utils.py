@@ -64,5 +64,4 @@ def accuracy(y_hat, y):
     """
     if len(y_hat.shape) > 1 and y_hat.shape[1] > 1:
         y_hat = y_hat.argmax(axis=1)
-    cmp = y_hat.astype(y.dtype) == y
-    return cmp.astype('float32').sum()
+    return (y_hat.astype(y.dtype) == y).astype('float32').sum()
