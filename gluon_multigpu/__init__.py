@@ -86,5 +86,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted({*__all__, *(name for name in globals() if not name.startswith('_')),
-                   '__version__'})
+    return sorted({*__all__, *(n for n in globals() if not n.startswith('_')), '__version__'})

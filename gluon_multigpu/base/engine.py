@@ -170,14 +170,12 @@ def check_environment(environ=None):
             raise EngineError(f'environment variable {name}={text!r} is not a whole number from '
                               f'{low} to {high}; set it so or unset it')
     for name in BOOLEANS:
-        text = environ.get(name)
-        if text is not None and not (text.isascii() and
-                                     text.lower() in ('0', '1', 'true', 'false')):
+        if (text := environ.get(name)) is not None and not (
+                text.isascii() and text.lower() in ('0', '1', 'true', 'false')):
             raise EngineError(f'environment variable {name}={text!r} is not a boolean; set it to '
                               '0 or 1 (true or false), or unset it')
     for name, (choices, advice) in CHOICES.items():
-        text = environ.get(name)
-        if text is not None and text not in choices:
+        if (text := environ.get(name)) is not None and text not in choices:
             raise EngineError(f'environment variable {name}={text!r} is none of '
                               f'{", ".join(choices)}; {advice}')
 
