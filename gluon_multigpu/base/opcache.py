@@ -184,8 +184,6 @@ def write_table(path, table):
 
 def save():
     """After MXNet loaded: write the functions made anew to the cache file; whether it wrote."""
-    made, path = _STATE['made'], _STATE['path']
-    _STATE['made'] = {}
-    table = {**_STATE['read'], **made}
-    _STATE['read'] = {}
-    return bool(made) and path is not None and write_table(path, table)
+    made, path, read = _STATE['made'], _STATE['path'], _STATE['read']
+    _STATE['made'], _STATE['read'] = {}, {}
+    return bool(made) and path is not None and write_table(path, {**read, **made})

@@ -139,12 +139,10 @@ def _not_a_file(path):
         return f'not readable ({e.strerror})'
     if stat.S_ISREG(mode):
         return None
-    for test, kind in ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
-                       (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
-                       (stat.S_ISBLK, 'a block device')):
-        if test(mode):
-            return kind
-    return 'not a regular file'
+    kinds = ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
+             (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
+             (stat.S_ISBLK, 'a block device'))
+    return next((kind for test, kind in kinds if test(mode)), 'not a regular file')
 
 
 def check_data_dir(root):
