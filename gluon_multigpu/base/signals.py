@@ -14,6 +14,7 @@ the first is the same request (one Ctrl-C can arrive twice: a wrapper in the for
 that forwards signals delivers it again), and handlers go back only once it passed (``wait_out``).
 """
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -195,17 +196,16 @@ class WakeupReader:
 # signal when its parent dies, however the parent dies (SIGKILL included).
 
 _PR_SET_PDEATHSIG = 1
-#: libc's ``prctl``, looked up once in the parent: a child between fork and exec only calls it.
-_PRCTL = {}
 
 
+@functools.lru_cache(maxsize=None)
 def _prctl():
-    if 'call' not in _PRCTL:
-        try:
-            _PRCTL['call'] = ctypes.CDLL(None).prctl
-        except (OSError, AttributeError):  # no libc with prctl: not Linux
-            _PRCTL['call'] = None
-    return _PRCTL['call']
+    """libc's ``prctl`` (None where there is none), looked up once in the parent: a child
+    between fork and exec only calls it."""
+    try:
+        return ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):  # no libc with prctl: not Linux
+        return None
 
 
 def on_parent_death(signum):

@@ -9,6 +9,7 @@ This module loads MXNet only when a function needs it: ``cpu_devices(n)``
 and ``gpu_devices(n)`` first configure MXNet's engine for the devices
 (``base.engine``), which must happen before MXNet loads.
 """
+import functools
 import itertools
 import math
 import os
@@ -49,17 +50,15 @@ def check_devices(devices):
     devices = list(devices) if devices is not None else []
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')
-    gpus = None
+    gpus = functools.cache(num_gpus)  # asked at the first GPU, once
     for device in devices:
         if not isinstance(device, mx.Context) or device.device_type not in ('cpu', 'gpu'):
             raise DeviceError(f'{device!r} is not a device: give contexts such as mx.cpu(0) or '
                               'mx.gpu(0) (gm.cpu_devices(n), gm.gpu_devices(n))')
-        if device.device_type == 'gpu':
-            gpus = num_gpus() if gpus is None else gpus
-            if device.device_id >= gpus:
-                have = f'{gpus} GPU(s) exist' if gpus else 'no GPU exists (or MXNet is a CPU build)'
-                raise DeviceError(f'device {device} is not available: {have}; use '
-                                  'gm.gpu_devices(n) or gm.cpu_devices(n)')
+        if device.device_type == 'gpu' and device.device_id >= gpus():
+            have = f'{gpus()} GPU(s) exist' if gpus() else 'no GPU exists (or MXNet is a CPU build)'
+            raise DeviceError(f'device {device} is not available: {have}; use '
+                              'gm.gpu_devices(n) or gm.cpu_devices(n)')
     if (repeated := next((d for i, d in enumerate(devices) if d in devices[:i]), None)) is not None:
         raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
     return devices

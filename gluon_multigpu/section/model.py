@@ -197,16 +197,14 @@ def get_model(name, num_classes=10, norm=None):
     ``norm`` makes the batch-normalisation layers of a network that has them
     (ResNet-18; the simple CNN has none); None: ``nn.BatchNorm``.
     """
-    try:
-        factory = MODELS[name]
-    except KeyError:
-        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}') from None
+    if name not in MODELS:
+        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}')
     if norm is None:
-        return factory(num_classes)
+        return MODELS[name](num_classes)
     if name not in NORMALISED:
         raise GluonMultiGPUError(f'model {name} has no batch normalisation to synchronise; '
                                  f'choose {", ".join(NORMALISED)}')
-    return factory(num_classes, norm=norm)
+    return MODELS[name](num_classes, norm=norm)
 
 
 def default_initializer(name):
