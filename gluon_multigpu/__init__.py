@@ -34,8 +34,7 @@ _GROUPED = {
     'features': 'balance precision sync_bn distributed',
     'checkpoints': 'checkpoint manifest states savefolder checkpoint_store',
     'study': 'compare paired charts kvstore_report',
-    'multihost': 'agent plan supervise allocation hung',
-    'runs': 'train_run kvstore_run comparison'}
+    'multihost': 'agent plan supervise allocation hung', 'runs': 'train_run kvstore_run comparison'}
 #: The groups of modules, each a subpackage.
 GROUPS = tuple(_GROUPED)
 #: Where each module lives: short name -> group (or ``group.module`` where the name differs).
