@@ -168,9 +168,8 @@ class WakeupReader:
         if self._thread is None:
             return
         reader, writer = self._sockets
-        now = signal.set_wakeup_fd(self._before)
-        if now != writer.fileno():  # someone set theirs meanwhile: it stays
-            signal.set_wakeup_fd(now)
+        if (now := signal.set_wakeup_fd(self._before)) != writer.fileno():
+            signal.set_wakeup_fd(now)  # someone set theirs meanwhile: it stays
         writer.close()  # the thread reads what is left, then sees the end
         self._thread.join(timeout=5)
         reader.close()

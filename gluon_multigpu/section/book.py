@@ -31,8 +31,7 @@ def check_train_args(devices, num_epochs, kvstore, lr):
     ``int``, a ``float``); ``num_epochs`` and ``lr`` None (the recipe's) pass.
     """
     devices = check_devices(devices)
-    if num_epochs is not None:
-        num_epochs = check_epochs(num_epochs)
+    num_epochs = check_epochs(num_epochs) if num_epochs is not None else None
     check_kvstore(kvstore, devices)
     return devices, num_epochs, (check_lr(lr) if lr is not None else None)
 

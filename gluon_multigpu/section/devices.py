@@ -145,10 +145,8 @@ def resolve_devices(num_gpus_wanted=None, cpu_devices_wanted=None):
     if num_gpus_wanted is not None:
         return gpu_devices(num_gpus_wanted), None
     devices = try_all_gpus()
-    if devices[0].device_type == 'cpu':
-        return devices, ('no GPU found: training on the CPU; use `cpu_devices` N to split '
-                         'each batch across N CPU contexts')
-    return devices, None
+    return devices, ('no GPU found: training on the CPU; use `cpu_devices` N to split each batch '
+                     'across N CPU contexts' if devices[0].device_type == 'cpu' else None)
 
 
 def split_sizes(n, weights):
