@@ -34,9 +34,7 @@ _GROUPED = {
     'features': 'balance precision sync_bn distributed',
     'checkpoints': 'checkpoint manifest states savefolder checkpoint_store',
     'study': 'compare paired charts kvstore_report',
-    'multihost': 'agent plan supervise allocation hung',
-    'runs': 'train_run kvstore_run comparison',
-}
+    'multihost': 'agent plan supervise allocation hung', 'runs': 'train_run kvstore_run comparison'}
 #: The groups of modules, each a subpackage.
 GROUPS = tuple(_GROUPED)
 #: Where each module lives: short name -> group (or ``group.module`` where the name differs).
@@ -44,35 +42,24 @@ MODULES = {name: group for group, names in _GROUPED.items() for name in names.sp
 MODULES['locks'] = 'filesafety.lockfile'  # the name lockfile had in the output layer
 
 #: The package's names, by the short name of the module that defines them.
-NAMES = {
-    'book': ['evaluate_accuracy_book', 'train_book'],
-    'checkpoint': ['Checkpointer'],
-    'config': ['RunConfig', 'TrainConfig'],
-    'compare': ['ParamTracker', 'device_spread', 'recommend'],
-    'data': ['DATASETS', 'ArrayLoader', 'load_data', 'load_data_fashion_mnist', 'load_data_mnist',
-             'read_idx', 'read_split'],
-    'devices': ['cpu_devices', 'gpu_devices', 'num_gpus', 'split_batch', 'try_all_gpus', 'try_gpu'],
-    'files': ['write_json'],
-    'kvstores': ['KVSTORES'],
-    'model': ['MODELS', 'HybridResidual', 'Residual', 'count_flops', 'default_initializer',
-              'get_model', 'resnet18', 'simple_cnn'],
-    'recipes': ['Recipe', 'RECIPES', 'recipe_of'],
-    'stopping': ['StallGuard', 'StopRequest'],
-    'interrupt': ['Interruptible'],
-    'progress': ['Progress'],
-    'live': ['Live'],
-    'metrics': ['Metrics'],
-    'profile': ['Profile'],
-    'updates': ['Schedule'],
-    'charts': ['Animator', 'bar_chart'],
-    'kvstore_report': ['comparison_table', 'write_kvstore_report'],
-    'results': ['EpochRecord', 'TrainResult', 'epoch_line'],
-    'training': ['Hook', 'Step', 'Training', 'evaluate_accuracy_gpus', 'last_run', 'train',
-                 'train_batch', 'train_epoch'],
-    'utils': ['Accumulator', 'Timer', 'accuracy'],
-    'errors': ['CheckpointError', 'DataError', 'DeviceError', 'GluonMultiGPUError',
-               'Interrupted', 'MXNetLoadError', 'SettingWarning', 'TrainingDiverged'],
-}
+NAMES = {module: names.split() for module, names in {
+    'book': 'evaluate_accuracy_book train_book', 'checkpoint': 'Checkpointer',
+    'config': 'RunConfig TrainConfig', 'compare': 'ParamTracker device_spread recommend',
+    'data': 'DATASETS ArrayLoader load_data load_data_fashion_mnist load_data_mnist read_idx '
+            'read_split',
+    'devices': 'cpu_devices gpu_devices num_gpus split_batch try_all_gpus try_gpu',
+    'files': 'write_json', 'kvstores': 'KVSTORES',
+    'model': 'MODELS HybridResidual Residual count_flops default_initializer get_model resnet18 '
+             'simple_cnn',
+    'recipes': 'Recipe RECIPES recipe_of', 'stopping': 'StallGuard StopRequest',
+    'interrupt': 'Interruptible', 'progress': 'Progress', 'live': 'Live', 'metrics': 'Metrics',
+    'profile': 'Profile', 'updates': 'Schedule', 'charts': 'Animator bar_chart',
+    'kvstore_report': 'comparison_table write_kvstore_report',
+    'results': 'EpochRecord TrainResult epoch_line',
+    'training': 'Hook Step Training evaluate_accuracy_gpus last_run train train_batch train_epoch',
+    'utils': 'Accumulator Timer accuracy',
+    'errors': 'CheckpointError DataError DeviceError GluonMultiGPUError Interrupted MXNetLoadError '
+              'SettingWarning TrainingDiverged'}.items()}
 _WHERE = {name: module for module, names in NAMES.items() for name in names}
 
 __all__ = [*GROUPS, 'errors', *MODULES, *_WHERE]
@@ -98,5 +85,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted({*__all__, *(name for name in globals() if not name.startswith('_')),
-                   '__version__'})
+    return sorted({*__all__, *(n for n in globals() if not n.startswith('_')), '__version__'})

@@ -9,8 +9,8 @@ scripts pass their flags), so the library never names a command-line flag.
 import re
 import signal
 
-__all__ = ['flag', 'GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged', 'CheckpointError',
-           'MXNetLoadError', 'Interrupted', 'SettingWarning']
+__all__ = ['flag', 'GluonMultiGPUError', 'DeviceError', 'DataError', 'TrainingDiverged',
+           'CheckpointError', 'MXNetLoadError', 'Interrupted', 'SettingWarning']
 
 
 def flag(name):
@@ -96,16 +96,14 @@ class Interrupted(BaseException):
         The signal that asked (None: a hook's or a launcher's request).
     """
 
-    epoch = batches = training = signum = None
     #: ``joining``: asked while a worker waited to join the parameter server; ``now``: a second
     #: request, which ends the process without the first one's clean stop.
     epoch_done = joining = now = False
-    #: A comparison's stop: the epoch that finished last and what was not begun, in words.
-    done = left = None
-    #: A measuring program's stop: its sweep, which keeps what it measured.
-    sweep = None
-    #: A comparison's stop, once it kept what its kvstores measured (``Comparison.kept``).
-    comparison = None
+    #: ``done`` and ``left``: a comparison's stop, the epoch that finished last and what was not
+    #: begun, in words; ``comparison``: a comparison's stop, once it kept what its kvstores
+    #: measured (``Comparison.kept``); ``sweep``: a measuring program's stop, its sweep, which
+    #: keeps what it measured.
+    epoch = batches = training = signum = done = left = sweep = comparison = None
 
     def __init__(self, epoch=None, batches=None, epoch_done=False, training=None, *, signum=None,
                  message=None, **details):
@@ -116,9 +114,8 @@ class Interrupted(BaseException):
                     if training is not None else '')
             message = f'interrupted {where}{more}'
         super().__init__(message)
-        self.epoch, self.batches, self.epoch_done = epoch, batches, epoch_done
-        self.training, self.signum = training, signum
-        for name, value in details.items():
+        for name, value in dict(details, epoch=epoch, batches=batches, epoch_done=epoch_done,
+                                training=training, signum=signum).items():
             if not hasattr(type(self), name):
                 raise TypeError(f'Interrupted has no detail {name!r}')
             setattr(self, name, value)

@@ -42,4 +42,3 @@ class Background:
     def __exit__(self, *exc):
         self.finished.set()
         self._thread.join()
-        return False

@@ -77,9 +77,8 @@ def _replacements(numpy):
     """name -> value for every removed name this module restores (made from NumPy itself)."""
     def removed(name):
         def stand_in(*args, **kwargs):
-            raise NotImplementedError(
-                f'numpy.{name} was removed from NumPy in version 1.20: '
-                f'install numpy-financial and use numpy_financial.{name}')
+            raise NotImplementedError(f'numpy.{name} was removed from NumPy in version 1.20: '
+                                      f'install numpy-financial and use numpy_financial.{name}')
         stand_in.__name__ = name
         return stand_in
 
@@ -94,27 +93,21 @@ def _replacements(numpy):
         dtype = numpy.dtype(dtype)
         return numpy.asarray(a, dtype=dtype if dtype.kind in 'fc' else numpy.float64)
 
-    found = {}
-    for name, new in (('trapz', 'trapezoid'), ('product', 'prod'), ('cumproduct', 'cumprod'),
-                      ('row_stack', 'vstack'), ('round_', 'round'), ('alltrue', 'all'),
-                      ('sometrue', 'any'), ('mat', 'asmatrix')):
-        if new in vars(numpy):
-            found[name] = vars(numpy)[new]
-    table = {
-        'bool': builtins.bool, 'int': builtins.int, 'float': builtins.float,
-        'complex': builtins.complex, 'object': builtins.object, 'str': builtins.str,
-        'unicode': builtins.str, 'long': builtins.int,
-        'Inf': numpy.inf, 'Infinity': numpy.inf, 'infty': numpy.inf, 'PINF': numpy.inf,
-        'NINF': -numpy.inf, 'NaN': numpy.nan, 'NAN': numpy.nan, 'PZERO': 0.0, 'NZERO': -0.0,
-        'float_': numpy.float64, 'complex_': numpy.complex128, 'cfloat': numpy.complex128,
-        'singlecomplex': numpy.complex64, 'longfloat': numpy.longdouble,
-        'clongfloat': numpy.clongdouble, 'longcomplex': numpy.clongdouble,
-        'string_': numpy.bytes_, 'unicode_': numpy.str_,
-        'msort': msort, 'in1d': in1d, 'asfarray': asfarray,
-    }
-    table.update(found)
-    table.update({name: removed(name) for name in FINANCIAL})
-    return table
+    renamed = (('trapz', 'trapezoid'), ('product', 'prod'), ('cumproduct', 'cumprod'),
+               ('row_stack', 'vstack'), ('round_', 'round'), ('alltrue', 'all'),
+               ('sometrue', 'any'), ('mat', 'asmatrix'))
+    return {'bool': builtins.bool, 'int': builtins.int, 'float': builtins.float,
+            'complex': builtins.complex, 'object': builtins.object, 'str': builtins.str,
+            'unicode': builtins.str, 'long': builtins.int, 'Inf': numpy.inf, 'Infinity': numpy.inf,
+            'infty': numpy.inf, 'PINF': numpy.inf, 'NINF': -numpy.inf, 'NaN': numpy.nan,
+            'NAN': numpy.nan, 'PZERO': 0.0, 'NZERO': -0.0, 'float_': numpy.float64,
+            'complex_': numpy.complex128, 'cfloat': numpy.complex128,
+            'singlecomplex': numpy.complex64, 'longfloat': numpy.longdouble,
+            'clongfloat': numpy.clongdouble, 'longcomplex': numpy.clongdouble,
+            'string_': numpy.bytes_, 'unicode_': numpy.str_, 'msort': msort, 'in1d': in1d,
+            'asfarray': asfarray,
+            **{name: vars(numpy)[new] for name, new in renamed if new in vars(numpy)},
+            **{name: removed(name) for name in FINANCIAL}}
 
 
 def _has(module, name):
@@ -126,17 +119,15 @@ def _has(module, name):
 
 def restore_numpy_names(numpy):
     """Set each removed name of ``_replacements`` that ``numpy`` lacks; return those set."""
-    restored = []
-    for name, value in _replacements(numpy).items():
-        if not _has(numpy, name):
-            setattr(numpy, name, value)
-            restored.append(name)
+    table = _replacements(numpy)
+    restored = [name for name in table if not _has(numpy, name)]
+    for name in restored:
+        setattr(numpy, name, table[name])
     return restored
 
 
 def _numeric(text):
-    match = re.match(r'\s*v?(\d+(?:\.\d+)*)', str(text))
-    if match is None:
+    if (match := re.match(r'\s*v?(\d+(?:\.\d+)*)', str(text))) is None:
         raise ValueError(f'invalid version number {text!r}')
     return tuple(int(part) for part in match.group(1).split('.'))
 
@@ -206,8 +197,7 @@ def provide_distutils_version():
             pass
     _STAND_IN['before'] = {n: sys.modules[n] for n in ('distutils', 'distutils.version')
                            if n in sys.modules}
-    package = sys.modules.get('distutils')
-    if package is None:
+    if (package := sys.modules.get('distutils')) is None:
         package = types.ModuleType('distutils', 'Stand-in made by gluon_multigpu.base.compat: '
                                                 'Python 3.12 removed distutils.')
         package.__path__ = []
@@ -269,23 +259,18 @@ def plain(value, generic):
     """``value`` with each NumPy scalar (an instance of ``generic``) made the equal Python number,
     also inside a list or tuple; anything else as it is."""
     kind = type(value)
-    if kind is list or kind is tuple:
-        if any(isinstance(v, generic) or type(v) in (list, tuple) for v in value):
-            return kind(plain(v, generic) for v in value)
-        return value
-    if isinstance(value, generic):
-        return value.item()
-    return value
+    if kind in (list, tuple) and any(isinstance(v, generic) or type(v) in (list, tuple)
+                                     for v in value):
+        return kind(plain(v, generic) for v in value)
+    return value.item() if isinstance(value, generic) else value
 
 
 def _plain_values(invoke, generic, position):
     """``invoke`` with the operator parameters it is handed (argument ``position``) made plain."""
     def wrapped(*args, **kwargs):
         vals = args[position]
-        for v in vals:
-            if isinstance(v, generic) or type(v) in (list, tuple):
-                args = args[:position] + ([plain(x, generic) for x in vals],) + args[position + 1:]
-                break
+        if any(isinstance(v, generic) or type(v) in (list, tuple) for v in vals):
+            args = args[:position] + ([plain(x, generic) for x in vals],) + args[position + 1:]
         return invoke(*args, **kwargs)
     wrapped.__wrapped__ = invoke
     wrapped.__name__ = getattr(invoke, '__name__', 'invoke')
@@ -323,13 +308,11 @@ def after_load(mxnet):
         return
     # Every operator of mxnet.nd / mxnet.np (and the internal _npi, _internal...) is made by
     # MXNet's register modules, whose generated code calls these two names in their globals.
-    ndarray_register, symbol_register = mxnet.ndarray.register, mxnet.symbol.register
     # _imperative_invoke(handle, ndargs, keys, vals, ...), _symbol_creator(handle, args,
-    # kwargs, keys, vals, ...)
-    ndarray_register._imperative_invoke = _plain_values(ndarray_register._imperative_invoke,
-                                                        numpy.generic, 3)
-    symbol_register._symbol_creator = _plain_values(symbol_register._symbol_creator,
-                                                    numpy.generic, 4)
+    # kwargs, keys, vals, ...): ``vals`` at 3 and 4
+    for register, name, position in ((mxnet.ndarray.register, '_imperative_invoke', 3),
+                                     (mxnet.symbol.register, '_symbol_creator', 4)):
+        setattr(register, name, _plain_values(getattr(register, name), numpy.generic, position))
     _DONE['plain_values'] = True
 
 
@@ -353,9 +336,7 @@ def report():
     """What this process changed: whether ``prepare`` ran, the NumPy names restored, whether
     ``distutils.version`` was provided, whether operator parameters are made plain, and the
     operator functions' cache (``opcache.stats``)."""
-    return {'prepared': _DONE['prepared'], 'numpy_names': list(_DONE['numpy_names']),
-            'distutils': _DONE['distutils'], 'plain_values': _DONE['plain_values'],
-            'quiet_prints': _DONE['quiet_prints'], 'op_cache': opcache.stats()}
+    return {**_DONE, 'numpy_names': list(_DONE['numpy_names']), 'op_cache': opcache.stats()}
 
 
 #: A library MXNet's own library needs, named in the loader's message -> what to do.
@@ -372,8 +353,7 @@ LIBRARIES = (
     ('libcud', "MXNet's CUDA build (mxnet-cu112) needs CUDA 11.2's libraries (cudart, cublas, "
                'cudnn) on the library path: install them, or the CPU build: pip install '
                '--force-reinstall --no-deps mxnet==1.9.1'),
-    ('libnccl', "MXNet's CUDA build needs NCCL's library (libnccl.so.2) on the library path"),
-)
+    ('libnccl', "MXNet's CUDA build needs NCCL's library (libnccl.so.2) on the library path"))
 
 
 def failing_package(error):
@@ -417,7 +397,7 @@ class _BeforeMXNet:
     def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
         if name != 'mxnet':
             return None
-        remove_hook()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _BeforeMXNet)]  # gone
         prepare()
         spec = importlib.util.find_spec('mxnet')  # the finders after this one, as without it
         if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'):
@@ -443,8 +423,3 @@ def install_hook():
     """Put the finder of ``_BeforeMXNet`` first on ``sys.meta_path`` unless MXNet is loaded."""
     if 'mxnet' not in sys.modules and not any(isinstance(f, _BeforeMXNet) for f in sys.meta_path):
         sys.meta_path.insert(0, _BeforeMXNet())
-
-
-def remove_hook():
-    """Take the finder of ``install_hook`` off ``sys.meta_path``."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _BeforeMXNet)]

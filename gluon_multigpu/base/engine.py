@@ -61,8 +61,8 @@ LIMITS = {'OMP_NUM_THREADS': (1, 1024), 'MXNET_CPU_TEMP_COPY': (1, 4096),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': (0, 2**31 - 1),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (0, 2**31 - 1),
           'MXNET_MKLDNN_CACHE_NUM': (-1, 2**31 - 1), 'MXNET_PROFILER_AUTOSTART': (0, 1),
-          'MXNET_PROFILER_MODE': (0, 2**31 - 1),
-          'GLUON_MULTIGPU_HOST_CORES': (1, 65536), 'GLUON_MULTIGPU_HOST_WORKERS': (1, 65536)}
+          'MXNET_PROFILER_MODE': (0, 2**31 - 1), 'GLUON_MULTIGPU_HOST_CORES': (1, 65536),
+          'GLUON_MULTIGPU_HOST_WORKERS': (1, 65536)}
 #: Engine variables MXNet reads as booleans: 0, 1, true or false (any case), nothing else
 #: (MXNET_EXEC_BULK_EXEC_TRAIN=abc is an MXNetError, MXNET_MKLDNN_ENABLED=abc status 134).
 BOOLEANS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_EXEC_BULK_EXEC_INFERENCE',
@@ -112,11 +112,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD, TRIM_THRESHOLD = 4 << 20, 256 << 20
 
 #: Why a setting is not applied once MXNet is loaded (see the module's text).
-TOO_LATE = {
-    'OMP_NUM_THREADS': 'MXNet fixed its OpenMP threads as it loaded',
-    'MXNET_CPU_TEMP_COPY': "MXNet reads it once per thread, at the thread's first operator, which "
-                           'this thread may have run',
-}
+TOO_LATE = {'OMP_NUM_THREADS': 'MXNet fixed its OpenMP threads as it loaded',
+            'MXNET_CPU_TEMP_COPY': "MXNet reads it once per thread, at the thread's first "
+                                   'operator, which this thread may have run'}
 #: This package's directory: a warning points at the first caller outside it.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,9 +125,7 @@ _STATE = {'applied': {}, 'loaded_with': None, 'warned': set(), 'malloc': None}
 
 def cores():
     """The CPU cores this process may run on."""
-    if hasattr(os, 'sched_getaffinity'):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
 
 def worker_cores(environ=None):
@@ -147,14 +143,11 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
     The module's notes say what they are and why.
     """
     num_cores = num_cores or worker_cores(environ)
-    env = {}
-    if sync_bn:
-        env['MXNET_CPU_TEMP_COPY'] = str(max(256, 128 * (cpu_devices or 2)))  # sync_bn's need
-    elif not cpu_devices:
-        env['MXNET_CPU_TEMP_COPY'] = '64'
-    else:  # per thread, and each CPU context's passes are queued from a thread of its own: one
-        # copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc (recipes)
-        env['MXNET_CPU_TEMP_COPY'] = str(CPU_COPIES)
+    # per thread, and each CPU context's passes are queued from a thread of its own: one
+    # copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc (recipes)
+    copies = (max(256, 128 * (cpu_devices or 2)) if sync_bn  # sync_bn's need
+              else CPU_COPIES if cpu_devices else 64)
+    env = {'MXNET_CPU_TEMP_COPY': str(copies)}
     if cpu_devices:
         env['OMP_NUM_THREADS'] = str(max(1, num_cores // cpu_devices))
     return env
@@ -170,22 +163,19 @@ def check_environment(environ=None):
     """
     environ = os.environ if environ is None else environ
     for name, (low, high) in LIMITS.items():
-        text = environ.get(name)
-        if text is None:
+        if (text := environ.get(name)) is None:
             continue
         value = text.strip(_C_SPACE)
         if not re.fullmatch(r'-?[0-9]+', value, re.ASCII) or not low <= int(value) <= high:
             raise EngineError(f'environment variable {name}={text!r} is not a whole number from '
                               f'{low} to {high}; set it so or unset it')
     for name in BOOLEANS:
-        text = environ.get(name)
-        if text is not None and not (text.isascii() and
-                                     text.lower() in ('0', '1', 'true', 'false')):
+        if (text := environ.get(name)) is not None and not (
+                text.isascii() and text.lower() in ('0', '1', 'true', 'false')):
             raise EngineError(f'environment variable {name}={text!r} is not a boolean; set it to '
                               '0 or 1 (true or false), or unset it')
     for name, (choices, advice) in CHOICES.items():
-        text = environ.get(name)
-        if text is not None and text not in choices:
+        if (text := environ.get(name)) is not None and text not in choices:
             raise EngineError(f'environment variable {name}={text!r} is none of '
                               f'{", ".join(choices)}; {advice}')
 
@@ -219,10 +209,8 @@ def settings():
 
 
 def _plan_text(cpu_devices, sync_bn):
-    if cpu_devices:
-        plan = f'{cpu_devices} CPU context{"s" if cpu_devices > 1 else ""}'
-    else:
-        plan = 'GPUs' if cpu_devices == 0 else 'GPUs (or devices not counted)'
+    plan = (f'{cpu_devices} CPU context{"s" if cpu_devices > 1 else ""}' if cpu_devices else
+            'GPUs' if cpu_devices == 0 else 'GPUs (or devices not counted)')
     return plan + (' with synchronised BatchNorm' if sync_bn else '')
 
 
@@ -275,9 +263,9 @@ def configure(cpu_devices=None, sync_bn=False, environ=None):
         raise EngineError('`sync_bn` makes the devices wait for each other, which '
                           'MXNET_ENGINE_TYPE=NaiveEngine (one operation at a time) never lets '
                           'finish; unset MXNET_ENGINE_TYPE or drop `sync_bn`')
-    wanted = ({} if environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0'
-              else recommended(cpu_devices, sync_bn=sync_bn, environ=environ))
-    if process and environ.get('GLUON_MULTIGPU_ENGINE_ENV') != '0':
+    keep_mxnet_own = environ.get('GLUON_MULTIGPU_ENGINE_ENV') == '0'
+    wanted = {} if keep_mxnet_own else recommended(cpu_devices, sync_bn=sync_bn, environ=environ)
+    if process and not keep_mxnet_own:
         return_freed_memory(environ)
     if process and loaded():
         _warn_if_different(wanted, cpu_devices, sync_bn)
@@ -353,15 +341,11 @@ def _warn_if_different(wanted, cpu_devices, sync_bn):
     had = ', '.join(f'{k}={loaded_with[k]}' if loaded_with.get(k) is not None else f'{k} unset'
                     for k in CHOSEN if k in differ)
     why = ', '.join(f'{k}={v} ({TOO_LATE[k]})' for k, v in differ.items())
-    if sync_bn and 'MXNET_CPU_TEMP_COPY' in differ:
-        effect = 'Synchronised BatchNorm on several CPU contexts refuses to start with fewer copies'
-    elif 'OMP_NUM_THREADS' in differ and cpu_devices:
-        effect = _OMP_COST
-    else:
-        effect = 'Training works, but may run slower'
-
-    warnings.warn(
-        f'MXNet is already loaded ({had}), so the engine settings for '
-        f'{_plan_text(cpu_devices, sync_bn)} are not applied: {why}. {effect}; for them, restart '
-        f'the kernel (or Python) and call {_call_text(cpu_devices, sync_bn)} before anything loads '
-        'MXNet', EngineWarning, stacklevel=caller_stacklevel())
+    effect = ('Synchronised BatchNorm on several CPU contexts refuses to start with fewer copies'
+              if sync_bn and 'MXNET_CPU_TEMP_COPY' in differ else
+              _OMP_COST if 'OMP_NUM_THREADS' in differ and cpu_devices else
+              'Training works, but may run slower')
+    warnings.warn(f'MXNet is already loaded ({had}), so the engine settings for '
+                  f'{_plan_text(cpu_devices, sync_bn)} are not applied: {why}. {effect}; for them, '
+                  f'restart the kernel (or Python) and call {_call_text(cpu_devices, sync_bn)} '
+                  'before anything loads MXNet', EngineWarning, stacklevel=caller_stacklevel())

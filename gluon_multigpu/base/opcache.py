@@ -48,9 +48,7 @@ def _folder(environ):
 def cache_path(library, version, environ=None):
     """The cache file for MXNet's library file ``library`` (its size and time in the name);
     None where there is no cache folder."""
-    environ = os.environ if environ is None else environ
-    folder = _folder(environ)
-    if folder is None:
+    if (folder := _folder(os.environ if environ is None else environ)) is None:
         return None
     info = os.stat(library)
     key = repr((os.path.realpath(library), info.st_size, info.st_mtime_ns, version, FORMAT,
@@ -65,11 +63,6 @@ def _mine(name):
     return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-def _owned(path):
-    """Whether the file ``path`` and its folder are this user's alone to write."""
-    return _mine(path) and _mine(os.path.dirname(path))
-
-
 def _valid(entry):
     return (isinstance(entry, tuple) and len(entry) == 3 and
             isinstance(entry[0], types.CodeType) and isinstance(entry[1], str) and
@@ -79,17 +72,16 @@ def _valid(entry):
 def _read(path):
     """The entries of the file at ``path``: {} if it is missing, torn, foreign or not owned."""
     try:
-        if not _owned(path):
+        if not (_mine(path) and _mine(os.path.dirname(path))):  # the file and its folder
             return {}
         with open(path, 'rb') as f:
             table = marshal.load(f)
     except (OSError, EOFError, ValueError, TypeError):
         return {}
-    if not isinstance(table, dict) or not all(
-            isinstance(k, tuple) and len(k) == 3 and all(isinstance(s, str) for s in k)
-            and _valid(v) for k, v in table.items()):
-        return {}
-    return table
+    valid = isinstance(table, dict) and all(
+        isinstance(k, tuple) and len(k) == 3 and all(isinstance(s, str) for s in k) and _valid(v)
+        for k, v in table.items())
+    return table if valid else {}
 
 
 def _with_handle(code, old, new):
@@ -112,13 +104,11 @@ def _cached(make):
 
     def cached(handle, name, func_name):
         key, now = (kind, name, func_name), handle.value
-        entry = _STATE['read'].get(key)
-        if entry is not None:
+        if (entry := _STATE['read'].get(key)) is not None:
             _STATE['hits'] += 1
         else:
             text, doc = generate(handle, name, func_name)
-            entry = (compile(text, '<string>', 'exec'), doc, now)
-            _STATE['made'][key] = entry
+            _STATE['made'][key] = entry = (compile(text, '<string>', 'exec'), doc, now)
             _STATE['misses'] += 1
         code, doc, then = entry
         local = {}
@@ -149,20 +139,6 @@ def _patch(base):
     _STATE['installed'] = True
 
 
-class _BaseLoader:
-    """Loads ``mxnet.base`` as its own loader does, then ``_patch``es it."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        _patch(module)
-
-
 class _Finder:
     """A ``sys.meta_path`` finder for ``mxnet.base`` alone; gone once it has found it."""
 
@@ -172,7 +148,12 @@ class _Finder:
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and hasattr(spec.loader, 'exec_module'):
-            spec.loader = _BaseLoader(spec.loader)
+            run = spec.loader.exec_module
+
+            def exec_module(module):  # as its own loader does, then ``_patch`` it
+                run(module)
+                _patch(module)
+            spec.loader.exec_module = exec_module
         return spec
 
 
@@ -203,8 +184,6 @@ def write_table(path, table):
 
 def save():
     """After MXNet loaded: write the functions made anew to the cache file; whether it wrote."""
-    made, path = _STATE['made'], _STATE['path']
-    _STATE['made'] = {}
-    table = {**_STATE['read'], **made}
-    _STATE['read'] = {}
-    return bool(made) and path is not None and write_table(path, table)
+    made, path, read = _STATE['made'], _STATE['path'], _STATE['read']
+    _STATE['made'], _STATE['read'] = {}, {}
+    return bool(made) and path is not None and write_table(path, {**read, **made})

@@ -20,10 +20,8 @@ def control_fds(environ=None):
     """``(read_fd, write_fd)`` of this process's control pipes if an agent started it, else None
     (also when the variable is malformed or names descriptors that are not open)."""
     environ = os.environ if environ is None else environ
-    if not environ.get(CONTROL_VARIABLE):
-        return None
-    try:
-        read_fd, write_fd = (int(x) for x in environ[CONTROL_VARIABLE].split(','))
+    try:  # unset or empty: int('') fails too
+        read_fd, write_fd = (int(x) for x in (environ.get(CONTROL_VARIABLE) or '').split(','))
         os.fstat(read_fd), os.fstat(write_fd)
     except (ValueError, OSError):
         return None

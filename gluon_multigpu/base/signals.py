@@ -14,6 +14,7 @@ the first is the same request (one Ctrl-C can arrive twice: a wrapper in the for
 that forwards signals delivers it again), and handlers go back only once it passed (``wait_out``).
 """
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -114,7 +115,6 @@ class raising:  # pylint: disable=invalid-name
 
     def __exit__(self, *exc):
         restore(self._previous)
-        return False
 
 
 class WakeupReader:
@@ -168,9 +168,8 @@ class WakeupReader:
         if self._thread is None:
             return
         reader, writer = self._sockets
-        now = signal.set_wakeup_fd(self._before)
-        if now != writer.fileno():  # someone set theirs meanwhile: it stays
-            signal.set_wakeup_fd(now)
+        if (now := signal.set_wakeup_fd(self._before)) != writer.fileno():
+            signal.set_wakeup_fd(now)  # someone set theirs meanwhile: it stays
         writer.close()  # the thread reads what is left, then sees the end
         self._thread.join(timeout=5)
         reader.close()
@@ -196,24 +195,22 @@ class WakeupReader:
 # signal when its parent dies, however the parent dies (SIGKILL included).
 
 _PR_SET_PDEATHSIG = 1
-#: libc's ``prctl``, looked up once in the parent: a child between fork and exec only calls it.
-_PRCTL = {}
 
 
+@functools.lru_cache(maxsize=None)
 def _prctl():
-    if 'call' not in _PRCTL:
-        try:
-            _PRCTL['call'] = ctypes.CDLL(None).prctl
-        except (OSError, AttributeError):  # no libc with prctl: not Linux
-            _PRCTL['call'] = None
-    return _PRCTL['call']
+    """libc's ``prctl`` (None where there is none), looked up once in the parent: a child
+    between fork and exec only calls it."""
+    try:
+        return ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):  # no libc with prctl: not Linux
+        return None
 
 
 def on_parent_death(signum):
     """In a child before it runs its program: ``signum`` when its parent dies (Linux's
     ``PR_SET_PDEATHSIG``; nothing where there is none)."""
-    prctl = _prctl()
-    if prctl is not None:
+    if (prctl := _prctl()) is not None:
         prctl(_PR_SET_PDEATHSIG, int(signum))
 
 

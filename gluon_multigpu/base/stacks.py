@@ -33,8 +33,7 @@ def _stream():
 
 def dump():
     """Write every thread's Python stack to standard error now; False if there is nowhere to."""
-    stream = _stream()
-    if stream is None:
+    if (stream := _stream()) is None:
         return False
     faulthandler.dump_traceback(file=stream, all_threads=True)
     stream.flush()
@@ -43,8 +42,7 @@ def dump():
 
 def dump_on_signal():
     """Make ``DUMP_SIGNAL`` write every thread's Python stack to standard error (this process)."""
-    stream = _stream()
-    if stream is not None:
+    if (stream := _stream()) is not None:
         # faulthandler re-installs its handler only if it thinks it has none: after another
         # handler replaced it (``signal.signal``), a second ``register`` alone would not.
         faulthandler.unregister(DUMP_SIGNAL)

@@ -19,10 +19,9 @@ from ..errors import GluonMultiGPUError
 __all__ = ['MODEL_NAMES', 'DATASETS', 'DATASET_NAMES', 'KVSTORES', 'DIST_KVSTORES', 'DTYPES',
            'SCHEDULES', 'MAX_SEED', 'MAX_ACCUMULATE', 'MAX_IN_FLIGHT', 'MAX_CPU_DEVICES',
            'MAX_GPUS', 'LR_MAX', 'NO_DIST_CLIP', 'check_epochs', 'check_seed', 'check_lr',
-           'check_accumulate', 'check_clip', 'check_schedule', 'check_warmup', 'whole',
-           'seconds', 'one_of', 'path', 'switch', 'kvstores', 'split', 'int_in',
-           'positive_float', 'non_negative_float', 'path_of', 'split_weights', 'event_files',
-           'tensorboardx_missing']
+           'check_accumulate', 'check_clip', 'check_schedule', 'check_warmup', 'whole', 'seconds',
+           'one_of', 'path', 'switch', 'kvstores', 'split', 'int_in', 'positive_float',
+           'non_negative_float', 'path_of', 'split_weights', 'event_files', 'tensorboardx_missing']
 
 #: The networks, data sets, kvstores and compute types a run can name (the package's
 #: registries, ``model.MODELS`` and the others, hold these names).
@@ -43,8 +42,7 @@ MAX_ACCUMULATE = 10**4
 #: Steps MXNet may run behind Python by default: Ctrl-C and progress act within a step.
 MAX_IN_FLIGHT = 1
 #: Most CPU contexts (one engine thread each) and GPUs a run takes.
-MAX_CPU_DEVICES = 64
-MAX_GPUS = 64
+MAX_CPU_DEVICES = MAX_GPUS = 64
 #: The largest learning rate float32 holds: MXNet's optimizer keeps it in float32.
 LR_MAX = struct.unpack('<f', b'\xff\xff\x7f\x7f')[0]
 
@@ -52,6 +50,10 @@ LR_MAX = struct.unpack('<f', b'\xff\xff\x7f\x7f')[0]
 NO_DIST_CLIP = ('`clip_grad_norm` needs the summed gradient before the update, and a parameter '
                 "server's servers update each parameter on its own as its gradients arrive; "
                 'train on one machine to clip')
+
+#: What a `split` that is neither a name nor weights is, and what to give.
+_NOT_WEIGHTS = ('is neither even, auto nor positive weights; give even, auto or one weight per '
+                'device, e.g. 1,3')
 
 # -- checks of values given in Python ---------------------------------------------------------
 
@@ -83,12 +85,10 @@ def check_epochs(num_epochs):
 
 def check_seed(seed):
     """Return ``seed`` as an ``int`` (None: not seeded); raise unless 0 to ``MAX_SEED``."""
-    if seed is None:
-        return None
-    if not _integer(seed) or not 0 <= seed <= MAX_SEED:
+    if seed is not None and (not _integer(seed) or not 0 <= seed <= MAX_SEED):
         raise GluonMultiGPUError(f'seed must be a whole number 0 to {MAX_SEED} (or None: not '
                                  f'seeded), got {seed!r}')
-    return int(seed)
+    return None if seed is None else int(seed)
 
 
 def check_lr(lr):
@@ -121,10 +121,7 @@ def check_clip(clip):
 
 def check_schedule(name):
     """Return ``name`` if it is one of ``SCHEDULES``."""
-    if name not in SCHEDULES:
-        raise GluonMultiGPUError(f'`lr_schedule` {name!r} is not one of '
-                                 f'{", ".join(SCHEDULES)}; give one of them')
-    return name
+    return one_of(SCHEDULES)(name, 'lr_schedule')
 
 
 def check_warmup(warmup_steps):
@@ -146,12 +143,11 @@ def whole(low, high):
 
 
 def seconds(value, name):
-    if value is None:
-        return value
-    if not _real(value) or not math.isfinite(value) or not 0 <= value <= 1e6:
+    if value is not None and (not _real(value) or not math.isfinite(value) or
+                              not 0 <= value <= 1e6):
         raise GluonMultiGPUError(f'`{name}` must be a number of seconds from 0 to 1e6, '
                                  f'got {value!r}')
-    return float(value)
+    return None if value is None else float(value)
 
 
 def one_of(choices):
@@ -194,8 +190,7 @@ def switch(value, name):
 
 
 def kvstores(value, name):
-    names = (value,) if isinstance(value, str) else tuple(value or ())
-    if not names:
+    if not (names := (value,) if isinstance(value, str) else tuple(value or ())):
         raise GluonMultiGPUError(f'`{name}` is empty; give one or more of '
                                  f'{", ".join(KVSTORES + DIST_KVSTORES)}')
     for kvstore in names:
@@ -204,14 +199,11 @@ def kvstores(value, name):
 
 
 def split(value, name):
-    if value is None or value == 'auto':
-        return value
-    if value == 'even':
-        return None
+    if value in (None, 'auto', 'even'):
+        return None if value == 'even' else value
     weights = list(value) if isinstance(value, (list, tuple)) else []
     if not weights or not all(_real(w) and math.isfinite(w) and 0 < w <= 1e6 for w in weights):
-        raise GluonMultiGPUError(f'`{name}` {value!r} is neither even, auto nor positive weights; '
-                                 'give even, auto or one weight per device, e.g. 1,3')
+        raise GluonMultiGPUError(f'`{name}` {value!r} {_NOT_WEIGHTS}')
     return [float(w) for w in weights]
 
 
@@ -268,10 +260,8 @@ def path_of(kind):
 def split_weights(text):
     """argparse type of `split`: ``even`` (None), ``auto``, or positive weights ``W1,W2,...``."""
     if text in ('even', 'auto'):
-        return None if text == 'even' else text
+        return split(text, 'split')
     try:
         return split([float(w) for w in text.split(',')], 'split')
     except (ValueError, GluonMultiGPUError):
-        raise argparse.ArgumentTypeError(f'{text!r} is neither even, auto nor positive weights; '
-                                         'give even, auto or one weight per device, '
-                                         'e.g. 1,3') from None
+        raise argparse.ArgumentTypeError(f'{text!r} {_NOT_WEIGHTS}') from None

@@ -20,7 +20,8 @@ from .steps import check_finite_params
 from .utils import Accumulator, Timer, accuracy
 from ..base.values import check_epochs, check_lr
 
-__all__ = ['resnet18', 'check_train_args', 'evaluate_accuracy_book', 'train_epoch_book', 'train_book', 'book_epochs']
+__all__ = ['resnet18', 'check_train_args', 'evaluate_accuracy_book', 'train_epoch_book',
+           'train_book', 'book_epochs']
 
 
 def check_train_args(devices, num_epochs, kvstore, lr):
@@ -30,8 +31,7 @@ def check_train_args(devices, num_epochs, kvstore, lr):
     ``int``, a ``float``); ``num_epochs`` and ``lr`` None (the recipe's) pass.
     """
     devices = check_devices(devices)
-    if num_epochs is not None:
-        num_epochs = check_epochs(num_epochs)
+    num_epochs = check_epochs(num_epochs) if num_epochs is not None else None
     check_kvstore(kvstore, devices)
     return devices, num_epochs, (check_lr(lr) if lr is not None else None)
 
@@ -47,8 +47,7 @@ def evaluate_accuracy_book(net, data_iter, split_f=split_batch):
         pred_shards = [net(X_shard) for X_shard in X_shards]
         # Sync point per shard: float() waits for the prediction
         metric.add(sum(float(accuracy(pred_shard, y_shard)) for
-                       pred_shard, y_shard in zip(
-                           pred_shards, y_shards)), labels.size)
+                       pred_shard, y_shard in zip(pred_shards, y_shards)), labels.size)
     return metric[0] / metric[1]
 
 
@@ -78,8 +77,7 @@ class _UntilStopped:
     """
 
     def __init__(self, batches, stop):
-        self.batches, self.stop = batches, stop
-        self.count, self.stopped = 0, False
+        self.batches, self.stop, self.count, self.stopped = batches, stop, 0, False
 
     def __iter__(self):
         for batch in self.batches:
@@ -88,23 +86,6 @@ class _UntilStopped:
                 return
             self.count += 1
             yield batch
-
-
-def _check_epoch(net, epoch, lr, batches):
-    """After an epoch's steps, the timer stopped: raise ``Interrupted`` if ``stop`` ended the
-    epoch part-way (``batches`` an ``_UntilStopped``), ``TrainingDiverged`` if a parameter is no
-    longer finite (one read-back)."""
-    if isinstance(batches, _UntilStopped) and batches.stopped:
-        raise Interrupted(epoch + 1, batches.count)
-    check_finite_params(net, f' in epoch {epoch + 1}; lower the learning rate (it is {lr})')
-
-
-def _record(result, record, on_epoch):
-    """Keep an epoch's ``record`` in ``result`` and hand it to ``on_epoch``: the package's
-    stand-in for the text's plot of the test accuracy."""
-    result.epochs.append(record)
-    if on_epoch is not None:
-        on_epoch(record)
 
 
 def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',
@@ -153,10 +134,8 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     TrainResult
         The test accuracy, seconds and samples of every epoch, the devices and kvstore.
     """
-    result = None
-    for result in book_epochs(net, train_iter, test_iter, devices, num_epochs, lr, kvstore,
-                              batch_size, seed, initializer, on_epoch, stop):
-        pass
+    *_, result = book_epochs(net, train_iter, test_iter, devices, num_epochs, lr, kvstore,
+                             batch_size, seed, initializer, on_epoch, stop)
     return result
 
 
@@ -182,11 +161,15 @@ def book_epochs(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvst
         samples = train_epoch_book(net, batches, loss, trainer, devices, batch_size)
         npx.waitall()
         timer.stop()
-        _check_epoch(net, epoch, lr, batches)  # stopped part-way? diverged?
+        if stop is not None and batches.stopped:  # stopped part-way
+            raise Interrupted(epoch + 1, batches.count)
+        check_finite_params(net, f' in epoch {epoch + 1}; lower the learning rate (it is {lr})')
         tic = Timer()
         test_acc = evaluate_accuracy_book(net, test_iter)
-        _record(result, EpochRecord(epoch + 1, None, None, test_acc, timer.times[-1],
-                                    tic.stop(), samples), on_epoch)  # in place of the plot
+        record = EpochRecord(epoch + 1, None, None, test_acc, timer.times[-1], tic.stop(), samples)
+        result.epochs.append(record)
+        if on_epoch is not None:  # the package's stand-in for the text's plot of the test accuracy
+            on_epoch(record)
         if stop is not None and stop() and epoch + 1 < num_epochs:
             raise Interrupted(epoch + 1, batches.count, epoch_done=True)
         yield result

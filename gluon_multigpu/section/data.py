@@ -6,6 +6,7 @@ instead of through ``gluon.data.vision``, whose SHA-1 check rejects the
 original Zalando release although its content is the same.
 """
 import gzip
+import math
 import os
 import stat
 import struct
@@ -21,8 +22,8 @@ from ..errors import DataError
 from ..filesafety import atomic
 from ..base import values
 
-__all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx', 'read_split', 'ArrayLoader',
-           'last_batch_rule', 'train_loader', 'synthetic_data',
+__all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx',
+           'read_split', 'ArrayLoader', 'last_batch_rule', 'train_loader', 'synthetic_data',
            'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
            'load_data_mnist']
 
@@ -50,8 +51,7 @@ def default_root(name='fashion-mnist'):
 def input_files(dataset, data_dir=None):
     """The files a run on data set ``dataset`` reads from ``data_dir`` (None: the data set's
     default folder): the ``inputs`` no output of the run may replace (``files.check_outputs``)."""
-    root = data_dir or default_root(dataset)
-    return [os.path.join(root, name) for name in IDX_FILES.values()]
+    return [os.path.join(data_dir or default_root(dataset), name) for name in IDX_FILES.values()]
 
 
 #: Most elements an IDX file of an unknown data set may hold (a header claiming
@@ -89,8 +89,7 @@ def read_idx(path, max_items=MAX_ITEMS):
     numpy.ndarray
         The array with the shape stored in the file's header.
     """
-    kind = _not_a_file(path)
-    if kind:
+    if kind := _not_a_file(path):
         raise DataError(f'{path} cannot be opened: it is {kind}, not a data file; put the '
                         'gzip-compressed IDX file there')
     try:
@@ -112,10 +111,7 @@ def read_idx(path, max_items=MAX_ITEMS):
         if len(dims) < 4 * ndim:
             raise DataError(f'{path} has a truncated IDX header; download it again')
         shape = struct.unpack(f'>{ndim}I', dims)
-        items = 1
-        for d in shape:
-            items *= d  # Python integers: no overflow
-        if items > max_items:
+        if (items := math.prod(shape)) > max_items:  # Python integers: no overflow
             raise DataError(f'{path} has an IDX header {shape} of {items} elements, more than '
                             f'the {max_items} this data set can hold; download it again')
         expected = items * dtype.itemsize
@@ -143,12 +139,10 @@ def _not_a_file(path):
         return f'not readable ({e.strerror})'
     if stat.S_ISREG(mode):
         return None
-    for test, kind in ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
-                       (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
-                       (stat.S_ISBLK, 'a block device')):
-        if test(mode):
-            return kind
-    return 'not a regular file'
+    kinds = ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
+             (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
+             (stat.S_ISBLK, 'a block device'))
+    return next((kind for test, kind in kinds if test(mode)), 'not a regular file')
 
 
 def check_data_dir(root):
@@ -161,17 +155,14 @@ def check_data_dir(root):
     if os.path.lexists(root) and not os.path.isdir(root):
         raise DataError(f'{root} is {_not_a_file(root) or "a file"}, not a directory; point '
                         f'`data_dir` at the folder that holds the four files {files}')
-    missing = []
     for name in IDX_FILES.values():
         path = os.path.join(root, name)
-        kind = _not_a_file(path) if os.path.isdir(root) else None
-        if kind:
+        if kind := (_not_a_file(path) if os.path.isdir(root) else None):
             raise DataError(f'{path} is {kind}, not a data file; put the gzip-compressed IDX '
                             f'file {name} there (point `data_dir` at the folder that holds the '
                             'four files)')
-        if not os.path.isfile(path):
-            missing.append(name)
-    if missing:
+    if missing := [name for name in IDX_FILES.values()
+                   if not os.path.isfile(os.path.join(root, name))]:
         where = (f'{root} does not exist' if not os.path.isdir(root)
                  else f'{root} lacks {", ".join(missing)}')
         raise DataError(f'{where}; it must hold the four files {files} '
@@ -197,10 +188,8 @@ def read_split(root, split='train', name=None):
     images_path = os.path.join(root, IDX_FILES[(split, 'images')])
     labels_path = os.path.join(root, IDX_FILES[(split, 'labels')])
     # A known data set bounds what a header may announce: its images' size.
-    limit = MAX_ITEMS
-    if name is not None:
-        spec = DATASETS[name]
-        limit = spec[split] * int(onp.prod(spec['shape']))
+    spec = DATASETS[name] if name is not None else None
+    limit = spec[split] * int(onp.prod(spec['shape'])) if spec else MAX_ITEMS
     images, labels = read_idx(images_path, limit), read_idx(labels_path, limit)
     if images.ndim != 3 or images.dtype != onp.uint8:
         raise DataError(f'{images_path} must hold uint8 images (N, H, W), '
@@ -209,11 +198,10 @@ def read_split(root, split='train', name=None):
         raise DataError(f'{labels_path} must hold uint8 labels (N,), found {labels.dtype} '
                         f'{labels.shape}; download it again')
     if images.shape[0] != labels.shape[0]:
-        raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} '
-                        f'holds {labels.shape[0]} labels; the files belong to different releases: '
+        raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} holds '
+                        f'{labels.shape[0]} labels; the files belong to different releases: '
                         'download both again')
-    if name is not None:
-        spec = DATASETS[name]
+    if spec:
         if images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]:
             raise DataError(f'{images_path} holds {images.shape[0]} images of '
                             f'{images.shape[1:]}, but {name} {split} has {spec[split]} of '
@@ -266,8 +254,7 @@ class ArrayLoader:
                             f'for {multiple} devices; use a `batch_size` divisible by {multiple}')
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.resize, self.last_batch, self.multiple = resize, last_batch, multiple
-        self.epoch = 0
+        self.resize, self.last_batch, self.multiple, self.epoch = resize, last_batch, multiple, 0
 
     def _last_size(self):
         """Samples in the final, incomplete batch (0: none)."""
@@ -318,8 +305,7 @@ def last_batch_rule(num_samples, batch_size, num_devices):
     A last batch of fewer samples than devices cannot be split; dropping it
     beats stopping in the middle of an epoch. Otherwise ``'keep'``.
     """
-    remainder = num_samples % batch_size
-    return 'discard' if 0 < remainder < num_devices else 'keep'
+    return 'discard' if 0 < num_samples % batch_size < num_devices else 'keep'
 
 
 def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None,
@@ -407,15 +393,11 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
     splits = {}
     for split, limit in (('train', num_train), ('test', num_test)):
         images, labels = read_split(root, split, name)
-        if limit is not None:
-            if not 0 < limit <= len(labels):
-                raise DataError(f'{split} subset size must be in 1..{len(labels)}, got {limit}')
-            images, labels = images[:limit], labels[:limit]
-        splits[split] = (images, labels)
-    train_iter = train_loader(*splits['train'], batch_size, num_devices, seed, resize,
-                              equal_shards)
-    test_iter = ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize)
-    return train_iter, test_iter
+        if limit is not None and not 0 < limit <= len(labels):
+            raise DataError(f'{split} subset size must be in 1..{len(labels)}, got {limit}')
+        splits[split] = (images[:limit], labels[:limit])
+    return (train_loader(*splits['train'], batch_size, num_devices, seed, resize, equal_shards),
+            ArrayLoader(*splits['test'], batch_size, shuffle=False, resize=resize))
 
 
 def synthetic_data(name, batch_size, num_train=None, num_test=None, seed=0, num_devices=1,

@@ -9,15 +9,16 @@ This module loads MXNet only when a function needs it: ``cpu_devices(n)``
 and ``gpu_devices(n)`` first configure MXNet's engine for the devices
 (``base.engine``), which must happen before MXNet loads.
 """
+import functools
+import itertools
 import math
 import os
 
 from ..errors import DeviceError
 from ..base import engine
 
-__all__ = ['num_gpus', 'check_devices', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices', 'resolve_devices',
-           'split_sizes', 'split_batch',
-           'even_shares', 'available_memory']
+__all__ = ['num_gpus', 'check_devices', 'try_gpu', 'try_all_gpus', 'cpu_devices', 'gpu_devices',
+           'resolve_devices', 'split_sizes', 'split_batch', 'even_shares', 'available_memory']
 
 
 def _mx():
@@ -49,29 +50,18 @@ def check_devices(devices):
     devices = list(devices) if devices is not None else []
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')
-    gpus = None
+    gpus = functools.cache(num_gpus)  # asked at the first GPU, once
     for device in devices:
         if not isinstance(device, mx.Context) or device.device_type not in ('cpu', 'gpu'):
             raise DeviceError(f'{device!r} is not a device: give contexts such as mx.cpu(0) or '
                               'mx.gpu(0) (gm.cpu_devices(n), gm.gpu_devices(n))')
-        if device.device_type == 'gpu':
-            gpus = _gpu_count() if gpus is None else gpus
-            if device.device_id >= gpus:
-                have = f'{gpus} GPU(s) exist' if gpus else 'no GPU exists (or MXNet is a CPU build)'
-                raise DeviceError(f'device {device} is not available: {have}; use '
-                                  'gm.gpu_devices(n) or gm.cpu_devices(n)')
-    repeated = next((d for i, d in enumerate(devices) if d in devices[:i]), None)
-    if repeated is not None:
+        if device.device_type == 'gpu' and device.device_id >= gpus():
+            have = f'{gpus()} GPU(s) exist' if gpus() else 'no GPU exists (or MXNet is a CPU build)'
+            raise DeviceError(f'device {device} is not available: {have}; use '
+                              'gm.gpu_devices(n) or gm.cpu_devices(n)')
+    if (repeated := next((d for i, d in enumerate(devices) if d in devices[:i]), None)) is not None:
         raise DeviceError(f'device {repeated} is listed twice in {devices}; give each device once')
     return devices
-
-
-def _gpu_count():
-    mx = _mx()
-    try:
-        return mx.context.num_gpus()
-    except mx.base.MXNetError:  # a CUDA build on a machine without a driver
-        return 0
 
 
 def _configure_for_gpus_or_cpu():
@@ -155,10 +145,8 @@ def resolve_devices(num_gpus_wanted=None, cpu_devices_wanted=None):
     if num_gpus_wanted is not None:
         return gpu_devices(num_gpus_wanted), None
     devices = try_all_gpus()
-    if devices[0].device_type == 'cpu':
-        return devices, ('no GPU found: training on the CPU; use `cpu_devices` N to split '
-                         'each batch across N CPU contexts')
-    return devices, None
+    return devices, ('no GPU found: training on the CPU; use `cpu_devices` N to split each batch '
+                     'across N CPU contexts' if devices[0].device_type == 'cpu' else None)
 
 
 def split_sizes(n, weights):
@@ -222,22 +210,18 @@ def split_batch(X, y, devices, weights=None):
     n = X.shape[0]
     if n != y.shape[0]:
         raise DeviceError(f'features hold {n} samples but labels hold {y.shape[0]}')
+    if weights is not None and len(weights) != len(devices):
+        raise DeviceError(f'{len(weights)} split weights for {len(devices)} devices; give '
+                          'one weight per device')
+    # weights checked, and a batch too small for the devices refused, the same way with or without
+    sizes = split_sizes(n, weights if weights is not None else [1] * len(devices))
     if weights is not None:
-        if len(weights) != len(devices):
-            raise DeviceError(f'{len(weights)} split weights for {len(devices)} devices; give '
-                              'one weight per device')
-        bounds = [0]
-        for size in split_sizes(n, weights):
-            bounds.append(bounds[-1] + size)
+        bounds = [0, *itertools.accumulate(sizes)]
         return ([X[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)],
                 [y[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)])
-    if n < len(devices):
-        raise DeviceError(
-            f'a batch of {n} sample(s) cannot be split across {len(devices)} devices; '
-            f'use a batch size of at least {len(devices)} or fewer devices')
     even = n % len(devices) == 0
     split_and_load = _mx().gluon.utils.split_and_load
-    return (split_and_load(X, devices, even_split=even), split_and_load(y, devices, even_split=even))
+    return split_and_load(X, devices, even_split=even), split_and_load(y, devices, even_split=even)
 
 
 def _read_number(path, field=None):
@@ -267,15 +251,13 @@ def _cgroup_room():
             continue
         controllers, path = line[1], line[2].rstrip('/')
         if controllers == '':  # cgroup v2
-            folder, limit_file, usage_file = ('/sys/fs/cgroup' + path, 'memory.max',
-                                              'memory.current')
+            folder, limit_file, usage_file = '/sys/fs/cgroup' + path, 'memory.max', 'memory.current'
         elif 'memory' in controllers.split(','):  # cgroup v1
             folder, limit_file, usage_file = ('/sys/fs/cgroup/memory' + path,
                                               'memory.limit_in_bytes', 'memory.usage_in_bytes')
         else:
             continue
-        limit = _read_number(os.path.join(folder, limit_file))
-        usage = _read_number(os.path.join(folder, usage_file))
+        limit, usage = (_read_number(os.path.join(folder, f)) for f in (limit_file, usage_file))
         if limit is not None and usage is not None and limit < 2**60:  # 2**63 - 4096: none
             rooms.append(limit - usage)
     return min(rooms) if rooms else None
@@ -288,11 +270,9 @@ def available_memory():
     give without swapping (``MemAvailable`` of ``/proc/meminfo``), within
     what its memory cgroup (a container's limit) still allows.
     """
-    free = _read_number('/proc/meminfo', 'MemAvailable')
-    if free is None:
+    if (free := _read_number('/proc/meminfo', 'MemAvailable')) is None:
         return None
-    room = _cgroup_room()
-    if room is not None:
+    if (room := _cgroup_room()) is not None:
         free = min(free, max(room, 0))
     try:
         with open('/proc/self/statm') as f:

@@ -17,8 +17,8 @@ from ..errors import GluonMultiGPUError
 from ..base import values
 from ..base.values import check_lr
 
-__all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr', 'allreduce',
-           'ReducingTrainer', 'make_trainer']
+__all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr',
+           'allreduce', 'ReducingTrainer', 'make_trainer']
 
 #: Gradient-synchronisation back ends of one machine accepted by ``train``.
 KVSTORES = values.KVSTORES
@@ -28,9 +28,7 @@ DIST_KVSTORES = values.DIST_KVSTORES
 
 def kvstore_name(kvstore):
     """The name of a kvstore argument (a name, a KVStore, or ``None`` for ``'none'``)."""
-    if kvstore is None:
-        return 'none'
-    return kvstore if isinstance(kvstore, str) else kvstore.type
+    return 'none' if kvstore is None else kvstore if isinstance(kvstore, str) else kvstore.type
 
 
 def has_nccl():
@@ -55,14 +53,11 @@ def check_kvstore(kvstore, devices):
     if name not in KVSTORES + DIST_KVSTORES:
         raise GluonMultiGPUError(f'unknown kvstore {kvstore!r}; choose one of '
                                  f'{", ".join(KVSTORES + DIST_KVSTORES)}')
-    if name != 'nccl':
-        return
-    if not has_nccl():
-        raise GluonMultiGPUError(
-            f'kvstore nccl needs an MXNet build with NCCL, and the installed mxnet '
-            f'{mx.__version__} has none; install the GPU build, which has it ({GPU_INSTALL}), '
-            'or choose local, device or none')
-    if any(d.device_type != 'gpu' for d in devices):
+    if name == 'nccl' and not has_nccl():
+        raise GluonMultiGPUError(f'kvstore nccl needs an MXNet build with NCCL, and the installed '
+                                 f'mxnet {mx.__version__} has none; install the GPU build, which '
+                                 f'has it ({GPU_INSTALL}), or choose local, device or none')
+    if name == 'nccl' and any(d.device_type != 'gpu' for d in devices):
         raise GluonMultiGPUError('kvstore nccl sums gradients between GPUs; with CPU contexts '
                                  'choose local, device or none')
 
@@ -93,10 +88,8 @@ class ReducingTrainer(gluon.Trainer):
 
     def _allreduce_grads(self):
         for param in self._params:
-            if param.grad_req != 'null':
-                grads = param.list_grad()
-                if len(grads) > 1:
-                    allreduce(grads)
+            if param.grad_req != 'null' and len(param.list_grad()) > 1:
+                allreduce(param.list_grad())
 
 
 def make_trainer(net, lr, kvstore, multi_precision=False, lr_scheduler=None,

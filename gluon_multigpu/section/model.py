@@ -1,4 +1,6 @@
 """The networks: the book's modified ResNet-18 and the Gluon multi-GPU lab's small CNN."""
+import math
+
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import autograd, np, npx
 from mxnet.gluon import nn
@@ -7,38 +9,35 @@ from . import devices as _devices
 from ..errors import DeviceError, GluonMultiGPUError
 from .recipes import RECIPES
 
-__all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cnn',
-           'get_model', 'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',
-           'memory_needed', 'largest_batch', 'check_memory', 'fit_batch',
-           'check_batch_memory']
+__all__ = ['Residual', 'HybridResidual', 'resnet18', 'text_resnet18', 'simple_cnn', 'get_model',
+           'default_initializer', 'count_flops', 'MODELS', 'MEMORY', 'SYNC_BN_MEMORY',
+           'memory_needed', 'largest_batch', 'check_memory', 'fit_batch', 'check_batch_memory']
 
 
-def _residual_layers(block, num_channels, use_1x1conv, strides, norm):
-    """Give a residual block the book's layers, in the book's order (so parameters match).
+class _ResidualLayers:  # pylint: disable=too-few-public-methods
+    """A residual block's layers, the book's, in the book's order (so parameters match), for
+    ``Residual`` and ``HybridResidual`` (before their ``nn.Block`` or ``nn.HybridBlock``).
 
     ``norm`` makes each batch-normalisation layer (``nn.BatchNorm`` in the book).
     """
-    block.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
-    block.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
-    if use_1x1conv:
-        block.conv3 = nn.Conv2D(num_channels, kernel_size=1, strides=strides)
-    else:
-        block.conv3 = None
-    block.bn1 = norm()
-    block.bn2 = norm()
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
+        super().__init__(**kwargs)
+        self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1, strides=strides)
+        self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
+        self.conv3 = (nn.Conv2D(num_channels, kernel_size=1, strides=strides) if use_1x1conv
+                      else None)
+        self.bn1 = norm()
+        self.bn2 = norm()
 
 
-class Residual(nn.Block):
+class Residual(_ResidualLayers, nn.Block):
     """The residual block of ResNet as the text writes it (d2l 8.6): an ``nn.Block``, run eagerly.
 
     Two 3x3 convolutions of ``num_channels`` with batch norm (``norm`` makes
     each layer; ``nn.BatchNorm``, the book's), the first with ``strides``, and
     the input added back, through a 1x1 convolution if ``use_1x1conv``.
     """
-
-    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
-        super().__init__(**kwargs)
-        _residual_layers(self, num_channels, use_1x1conv, strides, norm)
 
     def forward(self, X):  # pylint: disable=arguments-differ
         Y = npx.relu(self.bn1(self.conv1(X)))
@@ -48,7 +47,7 @@ class Residual(nn.Block):
         return npx.relu(Y + X)
 
 
-class HybridResidual(nn.HybridBlock):
+class HybridResidual(_ResidualLayers, nn.HybridBlock):
     """``Residual`` as a ``HybridBlock``, so that ``hybridize`` can compile it (the fast path).
 
     Same layers, parameters, order and arithmetic; parameters as ``Residual``.
@@ -61,10 +60,6 @@ class HybridResidual(nn.HybridBlock):
     scratch space. Together 1.15 times the images/s on two CPU contexts, and
     about 0.4 GB less resident memory.
     """
-
-    def __init__(self, num_channels, use_1x1conv=False, strides=1, norm=nn.BatchNorm, **kwargs):
-        super().__init__(**kwargs)
-        _residual_layers(self, num_channels, use_1x1conv, strides, norm)
 
     def hybrid_forward(self, F, X):  # pylint: disable=arguments-differ
         Y = F.npx.activation(self.bn1(self.conv1(X)), act_type='relu')
@@ -80,10 +75,8 @@ def _resnet_block(residual, num_channels, num_residuals, norm, first_block=False
     """Return one ResNet stage; all but the first halve height and width."""
     blk = nn.Sequential()
     for i in range(num_residuals):
-        if i == 0 and not first_block:
-            blk.add(residual(num_channels, use_1x1conv=True, strides=2, norm=norm))
-        else:
-            blk.add(residual(num_channels, norm=norm))
+        halve = i == 0 and not first_block
+        blk.add(residual(num_channels, use_1x1conv=halve, strides=2 if halve else 1, norm=norm))
     return blk
 
 
@@ -92,12 +85,9 @@ def _resnet18(num_classes, residual, norm):
     net = nn.Sequential()
     # This model uses a smaller convolution kernel, stride, and padding and
     # removes the max-pooling layer
-    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
-            norm(), nn.Activation('relu'))
+    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1), norm(), nn.Activation('relu'))
     net.add(_resnet_block(residual, 64, 2, norm, first_block=True),
-            _resnet_block(residual, 128, 2, norm),
-            _resnet_block(residual, 256, 2, norm),
-            _resnet_block(residual, 512, 2, norm))
+            *(_resnet_block(residual, channels, 2, norm) for channels in (128, 256, 512)))
     net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
     return net
 
@@ -144,9 +134,7 @@ def simple_cnn(num_classes=10):
             nn.MaxPool2D(pool_size=2, strides=2),
             nn.Conv2D(channels=50, kernel_size=5, activation='relu'),
             nn.MaxPool2D(pool_size=2, strides=2),
-            nn.Flatten(),
-            nn.Dense(128, activation='relu'),
-            nn.Dense(num_classes))
+            nn.Flatten(), nn.Dense(128, activation='relu'), nn.Dense(num_classes))
     net.recipe = RECIPES['simple-cnn']
     return net
 
@@ -183,16 +171,13 @@ def count_flops(net, input_shape=(1, 1, 28, 28)):
     def hook(block, inputs, output):
         x = inputs[0]
         if isinstance(block, nn.Conv2D):
-            groups = block._kwargs.get('num_group', 1)  # pylint: disable=protected-access
-            k = 1
-            for d in block._kwargs['kernel']:  # pylint: disable=protected-access
-                k *= d
-            macs.append(output.size * (x.shape[1] // groups) * k)
+            kwargs = block._kwargs  # pylint: disable=protected-access
+            macs.append(output.size * (x.shape[1] // kwargs.get('num_group', 1))
+                        * math.prod(kwargs['kernel']))
         else:
             macs.append(output.size * (x.size // x.shape[0]))
 
-    handles = []
-    stack = [net]
+    handles, stack = [], [net]
     while stack:
         block = stack.pop()
         if isinstance(block, (nn.Conv2D, nn.Dense)):
@@ -212,16 +197,14 @@ def get_model(name, num_classes=10, norm=None):
     ``norm`` makes the batch-normalisation layers of a network that has them
     (ResNet-18; the simple CNN has none); None: ``nn.BatchNorm``.
     """
-    try:
-        factory = MODELS[name]
-    except KeyError:
-        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}') from None
+    if name not in MODELS:
+        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}')
     if norm is None:
-        return factory(num_classes)
+        return MODELS[name](num_classes)
     if name not in NORMALISED:
         raise GluonMultiGPUError(f'model {name} has no batch normalisation to synchronise; '
                                  f'choose {", ".join(NORMALISED)}')
-    return factory(num_classes, norm=norm)
+    return MODELS[name](num_classes, norm=norm)
 
 
 def default_initializer(name):
@@ -288,8 +271,7 @@ def check_memory(name, batch_size, num_devices, available, multiple=1, sync_bn=F
     """
     if available is None or _memory(name, sync_bn) is None:
         return
-    need = memory_needed(name, batch_size, num_devices, sync_bn)
-    if need <= available:
+    if (need := memory_needed(name, batch_size, num_devices, sync_bn)) <= available:
         return
     per_sample = _memory(name, sync_bn)[2]
     fits = largest_batch(name, num_devices, available, multiple, sync_bn)
@@ -331,15 +313,12 @@ def fit_batch(name, devices, num_train, batch_size=None, sync_bn=False, memory=T
     DeviceError
         A batch smaller than the devices (it cannot be split), or too large for the memory.
     """
-    count = len(devices)
-    default = batch_size is None
-    if default:
-        batch_size = RECIPES[name].batch_size(count)
+    count, default = len(devices), batch_size is None
+    batch_size = RECIPES[name].batch_size(count) if default else batch_size
     if batch_size < count:
         raise DeviceError(f'a batch of {batch_size} cannot be split across {count} devices; '
                           f'use `batch_size` {count} or more')
-    multiple = count if sync_bn else 1
-    note = None
+    multiple, note = count if sync_bn else 1, None
     if batch_size > num_train >= count:
         given = f'the default batch of {batch_size}' if default else f'`batch_size` {batch_size}'
         batch_size = num_train - num_train % multiple

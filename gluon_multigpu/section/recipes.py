@@ -71,13 +71,11 @@ def _uniform():
 #: (the lab's) does not. ResNet-18 compiles with ``static_alloc``: with one scratch copy a
 #: thread (``engine.CPU_COPIES``) 1.06x its images/s at 1.13x its memory (tools/levers.py,
 #: interval 1.01 to 1.12); the small CNN gained nothing established by it.
-RECIPES = {
-    'resnet18': Recipe('resnet18', 256, lambda batch: 0.1 * batch / 256, _normal, MAX_IN_FLIGHT,
-                       '256 per device, lr 0.1 per 256 samples (the book: batch 512 and lr 0.2 '
-                       'on two GPUs)', static_alloc=True),
-    'simple-cnn': Recipe('simple-cnn', 64, lambda batch: 0.3, _uniform, MAX_IN_FLIGHT,
-                         '64 per device, lr 0.3 (the Gluon multi-GPU lab)'),
-}
+RECIPES = {'resnet18': Recipe('resnet18', 256, lambda batch: 0.1 * batch / 256, _normal,
+                              MAX_IN_FLIGHT, '256 per device, lr 0.1 per 256 samples (the book: '
+                              'batch 512 and lr 0.2 on two GPUs)', static_alloc=True),
+           'simple-cnn': Recipe('simple-cnn', 64, lambda batch: 0.3, _uniform, MAX_IN_FLIGHT,
+                                '64 per device, lr 0.3 (the Gluon multi-GPU lab)')}
 #: A network without a recipe: the book's section as printed (lr 0.1 at batch 256 per device).
 BOOK = Recipe('book', 256, lambda batch: 0.1, _normal, None,
               "the book's: Normal(0.01), lr 0.1, steps in flight unbounded")

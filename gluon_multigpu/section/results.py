@@ -29,11 +29,7 @@ class EpochRecord:
 
     def to_dict(self):
         """The figures as plain data, without the optional ones a run did not make."""
-        d = dict(vars(self))
-        for name in OPTIONAL_FIELDS:
-            if d[name] is None:
-                del d[name]
-        return d
+        return {k: v for k, v in vars(self).items() if v is not None or k not in OPTIONAL_FIELDS}
 
     @property
     def samples_per_sec(self):
@@ -77,11 +73,8 @@ class TrainResult:
 
     def to_dict(self):
         """Return every figure as plain JSON-ready data."""
-        d = asdict(self)
-        d['epochs'] = [e.to_dict() for e in self.epochs]
-        d['sec_per_epoch'] = self.sec_per_epoch
-        d['samples_per_sec'] = self.samples_per_sec
-        return d
+        return {**asdict(self), 'epochs': [e.to_dict() for e in self.epochs],
+                'sec_per_epoch': self.sec_per_epoch, 'samples_per_sec': self.samples_per_sec}
 
 
 class EpochTotals(NamedTuple):

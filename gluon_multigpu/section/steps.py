@@ -87,8 +87,8 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
         counts = pushers.run(calls, 'eval') if pushers is not None else [c() for c in calls]
-        for i, count in enumerate(counts):
-            correct[i].append(count)
+        for device_counts, count in zip(correct, counts):
+            device_counts.append(count)
         total += labels.shape[0]
     if total == 0:
         raise GluonMultiGPUError('the evaluation data is empty')
@@ -104,10 +104,6 @@ def _read_sum(per_device):
 def _shard_correct(net, X_shard, y_shard):
     """One device's correct predictions on its shard (a 0-d array, not read back)."""
     return accuracy(net(X_shard), y_shard)
-
-
-def _backward(l):
-    l.backward()
 
 
 def _shard_step(net, loss, backward, X_shard, y_shard):
@@ -159,7 +155,7 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
         the shard's device (not read back: no sync here).
     """
     X_shards, y_shards = split_f(X, y, devices)
-    backward = _backward if scaler is None else scaler.backward
+    backward = (lambda l: l.backward()) if scaler is None else scaler.backward
     if pushers is not None:
         y_hats, losses = zip(*pushers.run([functools.partial(_shard_step, net, loss, backward, *s)
                                            for s in zip(X_shards, y_shards)], 'train'))
@@ -186,8 +182,7 @@ def non_finite_params(params):
 
     Sync point: one read-back for all of them.
     """
-    params = [p for p in params if p.list_data()]
-    if not params:
+    if not (params := [p for p in params if p.list_data()]):
         return []
     ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
                    for p in params]).asnumpy()
@@ -196,8 +191,7 @@ def non_finite_params(params):
 
 def check_finite_params(net, where=''):
     """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
-    bad = non_finite_params(net.collect_params().values())
-    if bad:
+    if bad := non_finite_params(net.collect_params().values()):
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
         raise TrainingDiverged(f'parameter {bad[0]}{more} became non-finite{where}')
 
@@ -229,9 +223,8 @@ class EpochSteps:
             raise GluonMultiGPUError('the training data is empty')
         per_step = [np.stack(v).asnumpy().astype('float64') for v in self.losses if v]
         step_sums = sum(per_step) if per_step else []
-        for i, value in enumerate(step_sums):
+        for step, value in enumerate(step_sums, self.first_step):
             if not math.isfinite(value):
-                step = self.first_step + i
                 raise TrainingDiverged(f'the training loss became non-finite at step {step}',
                                        step=step)
         return EpochTotals(float(sum(step_sums)), _read_sum(self.correct), self.samples,

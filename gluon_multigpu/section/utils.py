@@ -1,4 +1,5 @@
 """Small helpers of the book: a timer, an accumulator and the accuracy count."""
+import itertools
 import time
 
 __all__ = ['Timer', 'Accumulator', 'accuracy']
@@ -9,7 +10,6 @@ class Timer:
 
     def __init__(self):
         self.times = []
-        self._tik = None
         self.start()
 
     def start(self):
@@ -35,11 +35,7 @@ class Timer:
 
     def cumsum(self):
         """Return the running totals of the recorded intervals (seconds)."""
-        totals, total = [], 0.0
-        for t in self.times:
-            total += t
-            totals.append(total)
-        return totals
+        return list(itertools.accumulate(self.times))
 
 
 class Accumulator:
@@ -68,5 +64,4 @@ def accuracy(y_hat, y):
     """
     if len(y_hat.shape) > 1 and y_hat.shape[1] > 1:
         y_hat = y_hat.argmax(axis=1)
-    cmp = y_hat.astype(y.dtype) == y
-    return cmp.astype('float32').sum()
+    return (y_hat.astype(y.dtype) == y).astype('float32').sum()
