@@ -218,7 +218,7 @@ class MixedPrecision(Hook):
         check_dtype(self.dtype, run.devices)
         run.plug('model', self.prepare(run.net), self)
         run.plug('scaler', self.scaler, self)
-        if self.multi_precision:
+        if self.dtype != 'float32':  # the optimizer keeps float32 master copies of the weights
             run.trainer_options['multi_precision'] = True
 
     def prepare(self, net):
@@ -226,11 +226,6 @@ class MixedPrecision(Hook):
         call, see ``Cast``), and the loss scaler told which gradients to check."""
         self.scaler.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
         return net if self.dtype == 'float32' else Cast(net, self.dtype)
-
-    @property
-    def multi_precision(self):
-        """Whether the optimizer must keep float32 master copies of the weights."""
-        return self.dtype != 'float32'
 
 
 def make_precision(precision, devices):

@@ -111,9 +111,8 @@ class BatchCheck:
         try:
             with autograd.predict_mode(), compat.quiet():
                 sample = X[:1]  # a NumPy batch too, as split_and_load takes it
-                sample = sample.as_in_ctx(self.device) if hasattr(sample, 'as_in_ctx') else \
-                    mx.np.array(sample, ctx=self.device)
-                out = self.model(sample)
+                out = self.model(sample.as_in_ctx(self.device) if hasattr(sample, 'as_in_ctx')
+                                 else mx.np.array(sample, ctx=self.device))
         except GluonMultiGPUError:  # a layer's own check (a ValueError too): as it says
             raise
         except AttributeError as e:  # a layer of the legacy API in NumPy mode

@@ -53,12 +53,6 @@ class _EpochCallback(Hook):
         self.on_epoch(record)
 
 
-def batch_size_of(data, recipe, num_devices):
-    """The samples of a whole batch of ``data``: its ``batch_size``, or the recipe's."""
-    size = getattr(data, 'batch_size', None)
-    return size if isinstance(size, int) and size > 0 else recipe.batch_size(num_devices)
-
-
 def _default_hooks(hooks, progress_interval):
     """The hooks ``train`` adds: Ctrl-C that stops after a step, and a live display (its
     lines on a terminal every ``progress_interval`` s; 0: none).
@@ -128,9 +122,8 @@ class Training:
         shown), ``profile``, ``stall_timeout``), set over ``config``'s.
     """
 
-    def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore=None, *,
-                 config=None, initializer=None, hybrid=True, hooks=(), on_epoch=None,
-                 **settings):
+    def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore=None, *, config=None,
+                 initializer=None, hybrid=True, hooks=(), on_epoch=None, **settings):
         npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
         config = _config(config, dict(lr=lr, kvstore=kvstore), settings)
         devices = check_devices(devices)
@@ -143,9 +136,10 @@ class Training:
             # as the book writes them): one warning, with the cost and the line that avoids it.
             engine.configure(cpu_devices=len(devices))
         self.recipe = recipe_of(net)
-        lr = config.lr
-        if lr is None:
-            lr = check_lr(self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices))))
+        size = getattr(train_iter, 'batch_size', None)  # a whole batch: the data's, or the recipe's
+        if not (isinstance(size, int) and size > 0):
+            size = self.recipe.batch_size(len(devices))
+        lr = config.lr or check_lr(self.recipe.lr(size))  # (a rate given is never 0)
         self.max_in_flight = (self.recipe.max_in_flight if config.max_in_flight is None
                               else config.max_in_flight)
         self.config = dataclasses.replace(config, lr=lr)
@@ -187,9 +181,9 @@ class Training:
     def _record(self, epoch, totals, test_acc, eval_seconds):
         """Add the ``EpochRecord`` of ``epoch`` to the result, with the rate of each update of
         the epoch and the norms measured; return it."""
-        record = EpochRecord(epoch, totals.loss_sum / totals.samples,
-                             totals.num_correct / totals.samples, test_acc, totals.seconds,
-                             eval_seconds, totals.samples)
+        samples = totals.samples
+        record = EpochRecord(epoch, totals.loss_sum / samples, totals.num_correct / samples,
+                             test_acc, totals.seconds, eval_seconds, samples)
         if self._update is not None:
             record.rates = epoch_rates(self._update, epoch, self.run.train_iter)
             if self._update.norm:

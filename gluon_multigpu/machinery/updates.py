@@ -176,9 +176,7 @@ def warmup_warning(schedule, epochs, per_epoch, accumulate=1):
 
 
 def epoch_rates(update, epoch, data):
-    """The rate of each update of ``epoch`` (1-based), from the schedule (None: no ``update``)."""
-    if update is None:
-        return None
+    """The rate of each update of ``epoch`` (1-based) by ``update``, from its schedule."""
     if not hasattr(data, '__len__'):
         return list(update.rates)
     per_epoch = updates_per_epoch(len(data), update.accumulate)
