@@ -10,8 +10,8 @@ The update is the same whatever the shares: the loss is a sum over samples
 and ``trainer.step`` divides by the whole batch (tests/training/test_split.py).
 """
 import statistics
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ..section.devices import split_batch, split_sizes
 from ..machinery.training import Hook
@@ -98,12 +98,9 @@ class TimedSplit(Split):
         super().__init__(weights)
         if not isinstance(every, int) or every < 1:
             raise DeviceError(f'every must be a positive whole number of steps, got {every!r}')
-        self.every = every
-        self.steps = 0
+        self.every, self.steps = every, 0
         self.times, self.sizes = [], []  # per timed step: seconds and samples per device
-        self._params, self._sizes = [], []
-        self._start = None
-        self._since_change = 0
+        self._params, self._sizes, self._start, self._since_change = [], [], None, 0
 
     def start(self, net, devices):
         super().start(net, devices)
@@ -142,17 +139,13 @@ class TimedSplit(Split):
 
     def idle(self):
         """Per device, the share of the timed steps' time it waited for the slowest (0..1)."""
-        if not self.times:
-            return []
-        return [sum(max(t) - t[i] for t in self.times) / sum(max(t) for t in self.times)
-                for i in range(len(self.times[0]))]
+        total = sum(max(t) for t in self.times)
+        return [sum(max(t) - x for t, x in zip(self.times, device)) / total
+                for device in zip(*self.times)]
 
     def device_ms(self):
         """Per device, the median milliseconds of its share of a timed step."""
-        if not self.times:
-            return []
-        return [1000 * statistics.median(t[i] for t in self.times)
-                for i in range(len(self.times[0]))]
+        return [1000 * statistics.median(device) for device in zip(*self.times)]
 
     def summary(self):
         """A line on the timed steps: shares, each device's time and idle share."""
@@ -222,7 +215,7 @@ class AutoSplit(TimedSplit):
         self._per_sample.append(max(times) / sum(sizes))
         if len(self._speeds) < self.window:
             return
-        speed = [statistics.median(s[i] for s in self._speeds) for i in range(len(speeds))]
+        speed = [statistics.median(device) for device in zip(*self._speeds)]
         gain = statistics.median(self._gains)
         per_sample = statistics.median(self._per_sample)
         self._speeds, self._gains, self._per_sample = [], [], []
@@ -255,24 +248,13 @@ def _ready_times(params, devices):
     One thread per device waits for that device's gradients, so each device's
     time is its own, whatever order they finish in. Sync point.
     """
-    ready, errors = [None] * len(devices), []
+    def wait(device):
+        for p in params:
+            p.grad(device).wait_to_read()  # releases the GIL while it waits
+        return time.perf_counter()
 
-    def wait(i):
-        try:
-            for p in params:
-                p.grad(devices[i]).wait_to_read()  # releases the GIL while it waits
-            ready[i] = time.perf_counter()
-        except Exception as e:  # pylint: disable=broad-except  (re-raised below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(devices))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return ready
+    with ThreadPoolExecutor(len(devices)) as pool:  # an error once every thread has ended
+        return list(pool.map(wait, devices))
 
 
 def make_split(split):

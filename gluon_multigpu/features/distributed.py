@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future, wait
 from typing import NamedTuple
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -71,9 +72,8 @@ class Worker(NamedTuple):
         """
         if self.count == 1:
             return train_iter, test_iter
-        return (WorkerShard(train_iter.images, train_iter.labels, train_iter.batch_size,
-                            self.rank, self.count, seed),
-                None if self.rank else test_iter)
+        return (WorkerShard(train_iter.images, train_iter.labels, train_iter.batch_size, self.rank,
+                            self.count, seed), None if self.rank else test_iter)
 
 
 def join(kvstores, start=None, environ=None, stop=None, timeout=None):
@@ -95,8 +95,7 @@ def join(kvstores, start=None, environ=None, stop=None, timeout=None):
     environ = os.environ if environ is None else environ
     missing = [v for v in DMLC_VARIABLES if not environ.get(v)]
     if missing or environ.get('DMLC_ROLE') != 'worker':
-        start = start or ('python scripts/launch.py -n WORKERS -s SERVERS -- python '
-                          'YOUR_PROGRAM.py')
+        start = start or 'python scripts/launch.py -n WORKERS -s SERVERS -- python YOUR_PROGRAM.py'
         raise GluonMultiGPUError(
             f'`kvstore` {dist[0]} runs as a worker of a parameter server, and '
             f'{", ".join(missing) or "DMLC_ROLE=worker"} is not set; start it with: {start}')
@@ -124,31 +123,27 @@ def connect(name, stop=None, timeout=None, environ=None):
     if timeout is None:
         timeout = float(environ.get('GLUON_MULTIGPU_JOIN_TIMEOUT') or JOIN_TIMEOUT)
     where = f"{environ.get('DMLC_PS_ROOT_URI')}:{environ.get('DMLC_PS_ROOT_PORT')}"
-    box = {}
+    created = Future()
 
     def create():
         try:
-            box['kv'] = mx.kv.create(name)
-        except Exception as e:  # pylint: disable=broad-except
-            box['error'] = e
-    thread = threading.Thread(target=create, name='join-parameter-server', daemon=True)
-    thread.start()
+            created.set_result(mx.kv.create(name))
+        except Exception as e:  # pylint: disable=broad-except  (raised by ``result`` below)
+            created.set_exception(e)
+    threading.Thread(target=create, name='join-parameter-server', daemon=True).start()
     deadline = time.monotonic() + timeout
-    while thread.is_alive():
-        thread.join(0.1)
-        if stop is not None and stop() and thread.is_alive():
+    while not wait([created], 0.1).done:
+        if stop is not None and stop():
             signum = getattr(stop, 'signum', None) or signal.SIGINT
             raise Interrupted(signum=signum, joining=True, message=(
                 f'interrupted by {signal.Signals(signum).name} while joining the parameter '
                 f'server at {where}: nothing was trained'))
-        if time.monotonic() > deadline and thread.is_alive():
+        if time.monotonic() > deadline:
             raise JoinError(f'could not join the parameter server at {where} within {timeout:g} '
                             's: the scheduler is not reachable from this host, or not every '
                             'worker and server started; check the launcher\'s other lines (set '
                             'GLUON_MULTIGPU_JOIN_TIMEOUT to wait longer)')
-    if 'error' in box:
-        raise box['error']
-    return box['kv']
+    return created.result()
 
 
 class Control(StepReports):

@@ -13,6 +13,7 @@ MXNet 1.9.1 only through a converted graph, outside ``train``, so ``dtype``
 does not offer it; whether a CPU can compute in bfloat16 at all depends on its
 instruction set: ``check_bfloat16`` tries.
 """
+import contextlib
 import functools
 import warnings
 
@@ -108,11 +109,9 @@ def _drain_engine_errors(limit=64):
     ("Exception ignored in atexit callback"). Sync point, once per failure.
     """
     for _ in range(limit):
-        try:
+        with contextlib.suppress(mx.MXNetError):
             mx.npx.waitall()
             return
-        except mx.MXNetError:
-            continue
 
 
 def all_finite(params, devices):
@@ -151,9 +150,8 @@ class LossScaler:
             raise GluonMultiGPUError('a loss scaler needs scale > 0, factor > 1, window >= 1 '
                                      'and min_scale > 0')
         self.scale, self.factor, self.window, self.min_scale = scale, factor, window, min_scale
-        self.skipped = 0
+        self.skipped = self._quiet = 0  # ``_quiet``: steps in a row without an overflow
         self.params = []  # the parameters whose gradients are checked (``MixedPrecision.prepare``)
-        self._quiet = 0
 
     def backward(self, loss):
         """``loss.backward()`` with the loss multiplied by the scale."""
@@ -220,7 +218,7 @@ class MixedPrecision(Hook):
         check_dtype(self.dtype, run.devices)
         run.plug('model', self.prepare(run.net), self)
         run.plug('scaler', self.scaler, self)
-        if self.multi_precision:
+        if self.dtype != 'float32':  # the optimizer keeps float32 master copies of the weights
             run.trainer_options['multi_precision'] = True
 
     def prepare(self, net):
@@ -228,11 +226,6 @@ class MixedPrecision(Hook):
         call, see ``Cast``), and the loss scaler told which gradients to check."""
         self.scaler.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
         return net if self.dtype == 'float32' else Cast(net, self.dtype)
-
-    @property
-    def multi_precision(self):
-        """Whether the optimizer must keep float32 master copies of the weights."""
-        return self.dtype != 'float32'
 
 
 def make_precision(precision, devices):

@@ -133,6 +133,4 @@ class SyncBatchNorm(nn.BatchNorm):
 def sync_batch_norm(num_devices):
     """A norm-layer factory for ``model.resnet18``: ``SyncBatchNorm`` over
     ``num_devices`` devices (``nn.BatchNorm`` for one: nothing to synchronise)."""
-    if num_devices == 1:
-        return nn.BatchNorm
-    return functools.partial(SyncBatchNorm, num_devices)
+    return nn.BatchNorm if num_devices == 1 else functools.partial(SyncBatchNorm, num_devices)

@@ -22,12 +22,9 @@ from mxnet import autograd
 
 from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
-from ..base.values import LR_MAX, MAX_SEED, check_epochs, check_lr, check_seed  # noqa: F401
-from ..section.devices import check_devices  # noqa: F401
 from ..section.steps import batch_pair, check_whole
 
-__all__ = ['check_epochs', 'check_seed', 'MAX_SEED', 'check_lr', 'check_devices',
-           'check_train_count', 'check_split', 'batch_pair', 'BatchCheck', 'check_whole']
+__all__ = ['check_train_count', 'check_split', 'BatchCheck']
 
 def check_train_count(num_train, num_devices):
     """Raise unless ``num_train`` training images can be split across ``num_devices`` devices
@@ -42,11 +39,6 @@ def check_split(devices, split=None):
     if isinstance(split, (list, tuple)) and len(split) != len(devices):
         raise DeviceError(f'`split` gives {len(split)} weights for {len(devices)} devices; give '
                           'one weight per device')
-
-
-def _host(array):
-    """A NumPy view of ``array`` (an MXNet array is read back: the first batch only)."""
-    return array.asnumpy() if hasattr(array, 'asnumpy') else onp.asarray(array)
 
 
 def check_labels(labels, num_classes, where):
@@ -105,7 +97,9 @@ class BatchCheck:
             elif first or isinstance(y, onp.ndarray):
                 # Labels already on the host (NumPy) cost a min and a max: every batch. Those
                 # in MXNet arrays would cost a wait for the array: an epoch's first batch only.
-                check_labels(_host(y), self.num_classes, 'the training data')
+                # (an MXNet array is read back: the first batch only)
+                check_labels(y.asnumpy() if hasattr(y, 'asnumpy') else y, self.num_classes,
+                             'the training data')
         return X, y
 
     def _probe(self, X):
@@ -117,9 +111,8 @@ class BatchCheck:
         try:
             with autograd.predict_mode(), compat.quiet():
                 sample = X[:1]  # a NumPy batch too, as split_and_load takes it
-                sample = sample.as_in_ctx(self.device) if hasattr(sample, 'as_in_ctx') else \
-                    mx.np.array(sample, ctx=self.device)
-                out = self.model(sample)
+                out = self.model(sample.as_in_ctx(self.device) if hasattr(sample, 'as_in_ctx')
+                                 else mx.np.array(sample, ctx=self.device))
         except GluonMultiGPUError:  # a layer's own check (a ValueError too): as it says
             raise
         except AttributeError as e:  # a layer of the legacy API in NumPy mode

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple, Union
 
 from ..errors import GluonMultiGPUError
-from ..base.values import (DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE,
-                     MAX_CPU_DEVICES, MAX_GPUS, MAX_IN_FLIGHT, MAX_SEED, MODEL_NAMES,
-                     NO_DIST_CLIP, SCHEDULES, check_accumulate, check_clip, check_epochs,
-                     check_lr, check_schedule, check_seed, check_warmup, event_files, int_in,
-                     kvstores, non_negative_float, one_of, path, path_of, positive_float,
-                     seconds, split, split_weights, switch, whole)
+from ..base.values import (
+    DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE, MAX_CPU_DEVICES,
+    MAX_GPUS, MAX_IN_FLIGHT, MAX_SEED, MODEL_NAMES, NO_DIST_CLIP, SCHEDULES, check_accumulate,
+    check_clip, check_epochs, check_lr, check_schedule, check_seed, check_warmup, event_files,
+    int_in, kvstores, non_negative_float, one_of, path, path_of, positive_float, seconds, split,
+    split_weights, switch, whole)
 
 __all__ = ['TrainConfig', 'RunConfig', 'GROUPS', 'setting']
 
@@ -35,9 +35,8 @@ def setting(default, group, help, check, parse=None, metavar=None, choices=None,
     """A field of a config: its ``default``, ``group`` (one of ``GROUPS``), one-line ``help``,
     ``check`` (value, name -> value, raising the one-line error) and how the command line
     reads it (``parse``, ``metavar``, ``choices``, ``nargs``)."""
-    return field(default=default, metadata=dict(
-        group=group, help=help, check=check, parse=parse, metavar=metavar, choices=choices,
-        nargs=nargs))
+    return field(default=default, metadata=dict(group=group, help=help, check=check, parse=parse,
+                                                 metavar=metavar, choices=choices, nargs=nargs))
 
 
 def _named(check):
@@ -138,9 +137,7 @@ class TrainConfig:
         if unknown:
             raise GluonMultiGPUError(f'{", ".join(unknown)}: not a setting of {cls.__name__}; '
                                      f'give some of {", ".join(sorted(names))}')
-        if config is None:
-            return cls(**settings)
-        return dataclasses.replace(config, **settings)
+        return cls(**settings) if config is None else dataclasses.replace(config, **settings)
 
     def as_dict(self):
         """Every setting by name, as ``--json`` writes it (tuples as lists)."""
@@ -215,8 +212,7 @@ class RunConfig(TrainConfig):
                                       'GPUs, or the CPU if none)', whole(1, MAX_GPUS),
                                       int_in(1, MAX_GPUS), 'N')
     cpu_devices: Optional[int] = setting(None, _DEV, 'train on N CPU contexts cpu(0)..cpu(N-1)',
-                                         whole(1, MAX_CPU_DEVICES),
-                                         int_in(1, MAX_CPU_DEVICES), 'N')
+                                         whole(1, MAX_CPU_DEVICES), int_in(1, MAX_CPU_DEVICES), 'N')
     kvstore: Tuple[str, ...] = setting(
         ('device',), _DEV, 'gradient sum: local, device, nccl, none, or dist_* under the '
         'launcher; several are compared in turn', kvstores, metavar='KV',
@@ -311,9 +307,8 @@ class RunConfig(TrainConfig):
         that decide its numbers, with the ``batch_size`` and ``lr`` the run resolved and
         its parameter server's ``workers``. Those of a plain run (one worker, float32, no
         sync_bn, the book's updates) are left out, as checkpoints have always had them."""
-        record = {'model': self.model, 'dataset': self.dataset, 'batch_size': batch_size,
-                  'lr': lr, 'seed': self.seed,
-                  'num_train': self.num_train or DATASETS[self.dataset]['train'],
+        record = {'model': self.model, 'dataset': self.dataset, 'batch_size': batch_size, 'lr': lr,
+                  'seed': self.seed, 'num_train': self.num_train or DATASETS[self.dataset]['train'],
                   'num_test': self.num_test or DATASETS[self.dataset]['test'],
                   'book_literal': self.book_literal}
         for key, value, plain in (('workers', workers, 1), ('dtype', self.dtype, 'float32'),

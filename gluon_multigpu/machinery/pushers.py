@@ -13,10 +13,11 @@ its first use and kept, since MXNet frees a thread's copies only when the
 process ends; its calls run one at a time. A network's first call of a kind
 builds its graph, so ``run`` makes it in the caller's thread, device by device.
 """
+import contextlib
 import os
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import npx
@@ -63,11 +64,7 @@ def device_thread(device):
         return thread
 
 
-def _forget_threads():  # a forked child has none of its parent's threads
-    _THREADS.clear()
-
-
-os.register_at_fork(after_in_child=_forget_threads)
+os.register_at_fork(after_in_child=_THREADS.clear)  # a forked child: none of its parent's threads
 
 
 class DevicePushers:
@@ -86,30 +83,14 @@ class DevicePushers:
             self.warm.add(kind)
             return results
         futures = [thread.submit(call) for thread, call in zip(self.threads, calls)]
-        errors = [f.exception() for f in futures]  # waits for every call
-        for error in errors:
-            if error is not None:
-                raise error
+        wait(futures)  # every call has ended before the first error (in order) is raised
         return [f.result() for f in futures]
-
-    def close(self):
-        """Nothing to end: the threads are the process's, kept for the next training."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
-
-
-class _Nothing:
-    """``pushers_for``'s answer where one thread queues everything: enters as None."""
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+        """Nothing to end: the threads are the process's, kept for the next training."""
 
 
 def pushers_for(devices):
@@ -117,4 +98,4 @@ def pushers_for(devices):
     in a ``with``; for one device or GPUs, a context that gives None (one thread serves)."""
     if len(devices) > 1 and all(d.device_type == 'cpu' for d in devices):
         return DevicePushers(devices)
-    return _Nothing()
+    return contextlib.nullcontext()

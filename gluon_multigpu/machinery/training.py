@@ -20,7 +20,7 @@ import mxnet as mx
 from mxnet import gluon, np, npx
 
 from ..base import engine
-from .checks import BatchCheck, check_devices
+from .checks import BatchCheck
 from .config import TrainConfig
 from ..base.values import check_epochs, check_lr
 from ..section.data import ArrayLoader
@@ -32,9 +32,9 @@ from ..observe.live import Live
 from ..section.kvstores import check_kvstore, kvstore_name, make_trainer
 from ..section.recipes import recipe_of
 from ..section.results import EpochRecord, TrainResult
-from ..section.steps import (EpochSteps, Step, check_finite_params, evaluate_accuracy_gpus, hybridize,
-                    train_batch, train_epoch)
-from ..section.devices import split_batch
+from ..section.steps import (EpochSteps, Step, check_finite_params, evaluate_accuracy_gpus,
+                             hybridize, train_batch, train_epoch)
+from ..section.devices import check_devices, split_batch
 from ..observe.optional import optional_hooks
 from .updates import epoch_rates, plan_updates, start_updates
 from ..section.utils import Timer
@@ -51,19 +51,6 @@ class _EpochCallback(Hook):
 
     def epoch_end(self, run, record):
         self.on_epoch(record)
-
-
-def _epoch_record(epoch, totals, test_acc, eval_seconds):
-    return EpochRecord(epoch, totals.loss_sum / totals.samples, totals.num_correct / totals.samples,
-                       test_acc, totals.seconds, eval_seconds, totals.samples)
-
-
-def batch_size_of(data, recipe, num_devices):
-    """The samples of a whole batch of ``data``: its ``batch_size``, or the recipe's."""
-    size = getattr(data, 'batch_size', None)
-    if isinstance(size, int) and size > 0:
-        return size
-    return recipe.batch_size(num_devices)
 
 
 def _default_hooks(hooks, progress_interval):
@@ -135,16 +122,12 @@ class Training:
         shown), ``profile``, ``stall_timeout``), set over ``config``'s.
     """
 
-    def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore=None, *,
-                 config=None, initializer=None, hybrid=True, hooks=(), on_epoch=None,
-                 **settings):
+    def __init__(self, net, train_iter, test_iter, devices, lr=None, kvstore=None, *, config=None,
+                 initializer=None, hybrid=True, hooks=(), on_epoch=None, **settings):
         npx.set_np()  # MXNet keeps the NumPy semantics per thread: this one may be new
         config = _config(config, dict(lr=lr, kvstore=kvstore), settings)
         devices = check_devices(devices)
         check_kvstore(config.kvstore, devices)
-        seed, kvstore = config.seed, config.kvstore
-        updates = dict(accumulate=config.accumulate, clip=config.clip_grad_norm,
-                       schedule=(config.lr_schedule, config.warmup_steps))
         hooks = list(hooks) + optional_hooks(
             tensorboard=config.tensorboard, metrics=config.metrics, log_every=config.log_every,
             profile=config.profile, stall_timeout=config.stall_timeout)
@@ -153,9 +136,10 @@ class Training:
             # as the book writes them): one warning, with the cost and the line that avoids it.
             engine.configure(cpu_devices=len(devices))
         self.recipe = recipe_of(net)
-        lr = config.lr
-        if lr is None:
-            lr = check_lr(self.recipe.lr(batch_size_of(train_iter, self.recipe, len(devices))))
+        size = getattr(train_iter, 'batch_size', None)  # a whole batch: the data's, or the recipe's
+        if not (isinstance(size, int) and size > 0):
+            size = self.recipe.batch_size(len(devices))
+        lr = config.lr or check_lr(self.recipe.lr(size))  # (a rate given is never 0)
         self.max_in_flight = (self.recipe.max_in_flight if config.max_in_flight is None
                               else config.max_in_flight)
         self.config = dataclasses.replace(config, lr=lr)
@@ -163,12 +147,12 @@ class Training:
         hooks += _default_hooks(hooks, config.progress_interval)
         self.net, self.devices = net, devices
         self.result = TrainResult(devices=[str(d) for d in devices],
-                                  kvstore=kvstore_name(kvstore), lr=lr)
+                                  kvstore=kvstore_name(config.kvstore), lr=lr)
         self.result.training = self
         self.run = run = Run(net, None, devices, train_iter, self.result, hooks,
                              test_iter=test_iter)
-        if seed is not None:
-            mx.random.seed(seed)
+        if config.seed is not None:
+            mx.random.seed(config.seed)
         net.initialize(initializer or self.recipe.initializer(), ctx=devices, force_reinit=True)
         if hybrid:
             hybridize(net)
@@ -177,16 +161,16 @@ class Training:
         if run.split is None:
             run.split, run.eval_split = split_batch, split_batch
         run.eval_split = run.eval_split or run.split
-        self._update = plan_updates(run, kvstore, lr, **updates)
-        run.trainer = make_trainer(net, lr, kvstore, **run.trainer_options)
-        self.trainer = run.trainer
+        self._update = plan_updates(run, self.config)
+        self.trainer = run.trainer = make_trainer(net, lr, config.kvstore, **run.trainer_options)
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
         run.check = BatchCheck(run.model, devices[0], train_iter)
-        self._started = False  # whether the hooks' begin has returned (a failed one runs again)
-        self._live = None  # the interrupted epoch: (its batches left, its totals so far)
-        self._target = None
-        self._pushers = None  # a fit's device threads (``pushers``), while it runs
-        self._iterated = False  # whether an epoch has begun going through the training data
+        # ``_started``: whether the hooks' begin has returned (a failed one runs again);
+        # ``_iterated``: whether an epoch has begun going through the training data
+        self._started = self._iterated = False
+        # ``_live``: the interrupted epoch, (its batches left, its totals so far); ``_pushers``:
+        # a fit's device threads (``pushers``), while it runs; ``_target``: the epoch it ends
+        self._live = self._target = self._pushers = None
         self._norms = []  # the epoch's gradient norms so far (an interrupted one's too)
         _LAST['run'] = self  # built whole: a build that raised is never the last run
         # A training and its result refer to each other: an earlier one nothing holds still
@@ -194,13 +178,19 @@ class Training:
         # ResNet-18 trainings in one process: 4.7 GB resident after the fifth, 3.4 GB with this).
         gc.collect()
 
-    def _note_updates(self, record):
-        """Give ``record`` the rate of each update of its epoch and the norms measured."""
+    def _record(self, epoch, totals, test_acc, eval_seconds):
+        """Add the ``EpochRecord`` of ``epoch`` to the result, with the rate of each update of
+        the epoch and the norms measured; return it."""
+        samples = totals.samples
+        record = EpochRecord(epoch, totals.loss_sum / samples, totals.num_correct / samples,
+                             test_acc, totals.seconds, eval_seconds, samples)
         if self._update is not None:
-            record.rates = epoch_rates(self._update, record.epoch, self.run.train_iter)
+            record.rates = epoch_rates(self._update, epoch, self.run.train_iter)
             if self._update.norm:
                 record.grad_norms = self._norms
         self._norms = []
+        self.result.epochs.append(record)
+        return record
 
     @property
     def epoch(self):
@@ -220,13 +210,11 @@ class Training:
         interrupt). Raises ``Interrupted`` when a hook (Ctrl-C) stops it after
         a step; the object stays usable: ``fit()`` goes on from there.
         """
-        if num_epochs is None:
-            if self._target is None or self._target <= self.epoch:
-                raise GluonMultiGPUError('nothing left to continue; give `num_epochs`, the '
-                                         'epochs to train')
-        else:
-            num_epochs = check_epochs(num_epochs)
-            self._target = self.epoch + num_epochs  # an interrupted epoch is the first of them
+        if num_epochs is not None:  # an interrupted epoch is the first of them
+            self._target = self.epoch + check_epochs(num_epochs)
+        elif self._target is None or self._target <= self.epoch:
+            raise GluonMultiGPUError('nothing left to continue; give `num_epochs`, the epochs to '
+                                     'train')
         npx.set_np()  # for the thread that calls fit (MXNet keeps the semantics per thread)
         run = self.run
         _check_once_through(run.train_iter, self._target - self.epoch - bool(self._live),
@@ -251,7 +239,8 @@ class Training:
         left of an epoch begun (by a checkpoint, or before an interrupt), or None."""
         first_epoch, partial, batches = self.epoch + 1, None, None
         if not self._started:
-            first_epoch, partial = _begin(run)  # a checkpoint may resume the run here
+            starts = (hook.begin(run) for hook in run.hooks)  # a checkpoint may resume here
+            first_epoch, partial = next((s for s in starts if s is not None), (1, None))
             start_updates(self._update, run.trainer, run.train_iter, self._target, first_epoch,
                           partial)
             self._started = True  # only now: a begin that raised is called again by fit()
@@ -294,10 +283,8 @@ class Training:
             test_acc = (evaluate_accuracy_gpus(run.model, run.test_iter, run.devices,
                                                run.eval_split, self._pushers)
                         if run.test_iter else None)
-            self.result.epochs.append(_epoch_record(epoch, totals, test_acc,
-                                                    time.perf_counter() - tic))
-            self._note_updates(self.result.epochs[-1])
-            stop = run.call('epoch_end', self.result.epochs[-1])  # every hook: the checkpoint
+            record = self._record(epoch, totals, test_acc, time.perf_counter() - tic)
+            stop = run.call('epoch_end', record)  # every hook: the checkpoint
             # A stop asked for in the epoch's last step or its evaluation: at the epoch's end.
             if (stop or totals.stopped) and epoch < self._target:
                 raise Interrupted(epoch, totals.batches, epoch_done=True, training=self)
@@ -350,9 +337,7 @@ def _epoch_batches(run, epoch, skip=0):
 
 def _read_norms(norms):
     """The gradient norms of an epoch's updates as floats (sync point: one read-back)."""
-    if not norms:
-        return []
-    return [float(v) for v in np.stack(norms).asnumpy().astype('float64')]
+    return [float(v) for v in np.stack(norms).asnumpy().astype('float64')] if norms else []
 
 
 def _check_once_through(data, epochs, iterated):
@@ -384,15 +369,6 @@ def _leave_all(run, entered):
 def _whole_epoch(run, totals):
     """Whether ``totals`` cover all of the epoch's batches (a stop in its last step)."""
     return hasattr(run.train_iter, '__len__') and totals.batches >= len(run.train_iter)
-
-
-def _begin(run):
-    """Let the hooks restore a run; return ``(first_epoch, partial)``."""
-    for hook in run.hooks:
-        start = hook.begin(run)
-        if start is not None:
-            return start
-    return 1, None
 
 
 def _diverged_in(run, fn, *args, **kwargs):

@@ -16,41 +16,16 @@ from mxnet import np
 
 from ..base.engine import caller_stacklevel
 from .schedule import SCHEDULES, Schedule
-from ..base.values import (MAX_ACCUMULATE, NO_DIST_CLIP, check_accumulate, check_clip,  # noqa: F401
-                           check_schedule, check_warmup)
+from ..base.values import NO_DIST_CLIP
 from ..section.kvstores import kvstore_name
 from ..errors import GluonMultiGPUError, SettingWarning
 
-__all__ = ['SCHEDULES', 'Schedule', 'Update', 'check_accumulate', 'check_clip', 'make_schedule',
-           'set_position', 'updates_per_epoch', 'plan_updates', 'start_updates', 'epoch_rates',
-           'warmup_warning']
+__all__ = ['SCHEDULES', 'Schedule', 'Update', 'updates_per_epoch', 'plan_updates', 'start_updates',
+           'epoch_rates', 'warmup_warning']
 
 def updates_per_epoch(batches, accumulate):
     """Updates in an epoch of ``batches`` batches (a last, shorter group is an update too)."""
     return -(-batches // accumulate)
-
-
-def make_schedule(name, lr, warmup_steps=0):
-    """A ``Schedule`` (its length set when the run's epochs are known), or None: a constant rate."""
-    name, warmup_steps = check_schedule(name), check_warmup(warmup_steps)
-    if name == 'constant' and not warmup_steps:
-        return None
-    return Schedule(name, lr, int(warmup_steps))
-
-
-def set_position(trainer, done):
-    """Make ``trainer``'s optimizer count ``done`` updates made (a resumed run's schedule)."""
-    opt = trainer._optimizer  # pylint: disable=protected-access
-    opt.begin_num_update = opt.num_update = done
-    opt._all_index_update_counts = {0: {}}  # pylint: disable=protected-access
-    opt._index_update_count = opt._all_index_update_counts[0]  # pylint: disable=protected-access
-
-
-def _fixed_scale(trainer):
-    """Whether ``trainer`` normalises every update by the first one's samples (MXNet's
-    parameter server, which updates on its servers)."""
-    return bool(getattr(trainer, '_distributed', False) and
-                getattr(trainer, '_update_on_kvstore', False))
 
 
 class Update:
@@ -100,9 +75,10 @@ class Update:
         samples, count, self.count, self.samples = self.samples, self.count, 0, 0
         self.done += 1
         self.rates.append(self.schedule.rate(self.done) if self.schedule else self.lr)
-        if not self.norm and _fixed_scale(trainer) and count < self.accumulate:
-            # A parameter server's servers normalise every update alike: a shorter group's
-            # gradients are scaled up to a whole group's (its batches are all of one size).
+        if not self.norm and count < self.accumulate and getattr(trainer, '_distributed', False) \
+                and getattr(trainer, '_update_on_kvstore', False):
+            # A parameter server's servers (which update) normalise every update alike: a shorter
+            # group's gradients are scaled up to a whole group's (its batches are of one size).
             whole = self.batch * self.accumulate
             for p in self.params:
                 for g in p.list_grad():
@@ -121,25 +97,28 @@ class Update:
 
     def _clip(self, samples):
         """Keep the summed gradient's global norm per sample; scale the gradients to ``clip``."""
-        first = self.devices[0]
         squares = [(p.list_grad()[0].astype('float32') ** 2).sum() for p in self.params]
         norm = np.sqrt(np.stack(squares).sum()) / samples
         self.norms.append(norm)
         if self.clip is None:
             return
         factor = np.minimum(self.clip / (norm + 1e-12), 1.0)
-        factors = {str(first): factor}
+        factors = {str(self.devices[0]): factor}
         for p in self.params:
             for g in p.list_grad():
                 f = factors.setdefault(str(g.ctx), factor.as_in_ctx(g.ctx))
                 g *= f.astype(g.dtype)
 
 
-def plan_updates(run, kvstore, lr, accumulate=1, clip=None, schedule=('constant', 0)):
-    """The ``Update`` of a run (None: the section's step after every batch), its Trainer's
-    options set in ``run.trainer_options``; raise for what cannot go together."""
-    rates = make_schedule(schedule[0], lr, schedule[1])
-    dist = kvstore_name(kvstore).startswith('dist')  # (a worker's is a KVStore object)
+def plan_updates(run, config):
+    """The ``Update`` of a run of ``config`` (a ``TrainConfig``, checked, its ``lr`` set; None:
+    the section's step after every batch), its Trainer's options set in
+    ``run.trainer_options``; raise for what cannot go together."""
+    lr, accumulate, clip = config.lr, config.accumulate, config.clip_grad_norm
+    rates = None  # a constant rate; a ``Schedule``'s length is set when the epochs are known
+    if config.lr_schedule != 'constant' or config.warmup_steps:
+        rates = Schedule(config.lr_schedule, lr, config.warmup_steps)
+    dist = kvstore_name(config.kvstore).startswith('dist')  # (a worker's is a KVStore object)
     if clip is not None and dist:
         raise GluonMultiGPUError(NO_DIST_CLIP)
     # (a norm only for the metrics: not where the loss is scaled, nor on a parameter server)
@@ -175,11 +154,13 @@ def start_updates(update, trainer, data, target, first_epoch, partial):
         if line:
             warnings.warn(line, SettingWarning, stacklevel=caller_stacklevel())
     if first_epoch > 1 or partial is not None:  # resumed from a checkpoint
-        done = (first_epoch - 1) * (per_epoch or 0) + (
+        update.done = (first_epoch - 1) * (per_epoch or 0) + (
             updates_per_epoch(partial.batches, update.accumulate) if partial else 0)
-        update.done = done
-        if schedule is not None:
-            set_position(trainer, done)
+        if schedule is not None:  # the optimizer counts the updates made (the schedule's place)
+            opt = trainer._optimizer  # pylint: disable=protected-access
+            opt.begin_num_update = opt.num_update = update.done
+            opt._all_index_update_counts = {0: {}}  # pylint: disable=protected-access
+            opt._index_update_count = opt._all_index_update_counts[0]  # pylint: disable=W0212
 
 
 def warmup_warning(schedule, epochs, per_epoch, accumulate=1):
@@ -195,9 +176,7 @@ def warmup_warning(schedule, epochs, per_epoch, accumulate=1):
 
 
 def epoch_rates(update, epoch, data):
-    """The rate of each update of ``epoch`` (1-based), from the schedule (None: no ``update``)."""
-    if update is None:
-        return None
+    """The rate of each update of ``epoch`` (1-based) by ``update``, from its schedule."""
     if not hasattr(data, '__len__'):
         return list(update.rates)
     per_epoch = updates_per_epoch(len(data), update.accumulate)
