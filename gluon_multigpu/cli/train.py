@@ -195,7 +195,8 @@ def stop_now(signum, config):  # pylint: disable=unused-argument
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
-    console.start(main, launcher)  # the engine set up first; MXNet's load errors in one line
+    with console.command(launcher):  # the engine set up first; MXNet's load errors in one line
+        sys.exit(main())
 
 
 if __name__ == '__main__':

@@ -132,8 +132,16 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
                  if h is not None]
         runs = functools.partial(KvstoreRun, config, worker, devices, lr, train_iter, test_iter,
                                  out, tracker, hooks)
-        # several kvstores take turns, epoch after epoch
-        return Comparison(config, record, tracker, out, stop).run(runs, quiet=bool(worker.rank))
+        comparison = Comparison(config, record, tracker, out, stop)
+        if len(kvstores) > 1:  # the kvstores take turns, epoch after epoch
+            return comparison.run(runs, quiet=bool(worker.rank))
+        one = comparison.runs[kvstores[0]] = runs(kvstores[0], None)  # trained directly
+        if one.training is None:  # the text's own loop (--book-literal)
+            one.train(config.num_epochs)
+        else:  # the section's loop, called directly
+            one.result = one.training.fit(config.num_epochs)
+            one.result.workers = worker.count
+        return comparison.finish(quiet=bool(worker.rank))
 
 
 def make_loaders(config, batch_size, num_devices, worker):

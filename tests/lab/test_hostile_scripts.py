@@ -22,6 +22,7 @@ from lab.studies import scaling_model as lab_scaling
 from lab.studies import scaling_report as lab_scaling_report
 from lab.studies import sweep as lab_sweep
 from gluon_multigpu.section.results import EpochRecord, TrainResult
+from process_state import Load
 from conftest import REPO, Lines, alive, children, load_script, run_bounded, wait_bounded
 
 SCRIPTS = REPO / 'scripts'
@@ -186,7 +187,7 @@ def stop_after(command, signum, cwd, ready=first_line, timeout=240):
             assert time.monotonic() < deadline, f'not ready in {timeout} s: {output.snapshot()}'
             time.sleep(0.05)
         proc.send_signal(signum)
-        status = wait_bounded(proc, 120)
+        status = wait_bounded(proc, Load().room(120))  # 120 s on a quiet machine, scaled
     finally:
         proc.kill()
     lines = output.all()

@@ -123,8 +123,12 @@ def test_sigkill_of_a_workers_keeper_ends_its_tree_and_stops_the_job():
     script, child, daemon = tree_script(303)
     proc = _launch_marked(tag, script)
     try:
-        wait_until(proc, 'the job started', lambda: _with_arg(child) and _with_arg(daemon), 120)
-        keepers = [p for p in marked(tag) if p in _with_arg(script) and '--keeper' in cmdline(p)]
+        def keepers():
+            return [p for p in marked(tag) if p in _with_arg(script) and '--keeper' in cmdline(p)]
+        # a keeper for each worker: on a busy machine the second may start after the first's tree
+        wait_until(proc, 'the job started, a keeper for each worker',
+                   lambda: _with_arg(child) and _with_arg(daemon) and len(keepers()) == 2, 120)
+        keepers = keepers()
         assert len(keepers) == 2, keepers  # one for each worker
         os.kill(keepers[0], signal.SIGKILL)
         status = wait_bounded(proc, 60)

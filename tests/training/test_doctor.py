@@ -116,7 +116,8 @@ def test_the_doctor_says_what_its_probe_waits_for_while_it_waits(tmp_path):
                              r'\.\.\.', line)
         assert match, line
         seconds.append(int(match.group(2)))
-    assert seconds == sorted(seconds) and sum('importing MXNet' in line for line in said) == 2
+    # two lines or more: the probe may say it once more before it notices the release
+    assert seconds == sorted(seconds) and sum('importing MXNet' in line for line in said) >= 2
 
 
 @pytest.mark.parametrize('body', [
