@@ -135,13 +135,18 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
         comparison = Comparison(config, record, tracker, out, stop)
         if len(kvstores) > 1:  # the kvstores take turns, epoch after epoch
             return comparison.run(runs, quiet=bool(worker.rank))
-        one = comparison.runs[kvstores[0]] = runs(kvstores[0], None)  # trained directly
-        if one.training is None:  # the text's own loop (--book-literal)
-            one.train(config.num_epochs)
-        else:  # the section's loop, called directly
-            one.result = one.training.fit(config.num_epochs)
-            one.result.workers = worker.count
-        return comparison.finish(quiet=bool(worker.rank))
+        return _train_one(comparison, kvstores[0], runs, config.num_epochs, worker)
+
+
+def _train_one(comparison, kvstore, runs, num_epochs, worker):
+    """Train the one kvstore directly (no turns to take) and report as a comparison does."""
+    one = comparison.runs[kvstore] = runs(kvstore, None)
+    if one.training is None:  # the text's own loop (--book-literal)
+        one.train(num_epochs)
+    else:  # the section's loop, called directly
+        one.result = one.training.fit(num_epochs)
+        one.result.workers = worker.count
+    return comparison.finish(quiet=bool(worker.rank))
 
 
 def make_loaders(config, batch_size, num_devices, worker):
