@@ -18,6 +18,7 @@ import functools
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -99,22 +100,46 @@ class raising:  # pylint: disable=invalid-name
     Python runs the handler between bytecodes, so a wait inside MXNet ends
     first (a step, a synchronisation). ``signum`` is the first signal
     received, or None; ``signums``: the signals handled (default ``STOP_SIGNALS``).
+
+    Where Python swallows an exception (a ``__del__``, a weakref callback, a
+    function run after ``fork``) the raise cannot unwind anything: Python
+    reports it as unraisable instead, and then the signal is sent again, so
+    that the next bytecode outside such a place raises it; no stop is lost.
     """
 
     def __init__(self, signums=STOP_SIGNALS):
         self.signums, self.signum, self._previous = tuple(signums), None, {}
+        self._unraisable, self._reporting = None, False
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
-        if self.signum is None:
+        if self._reporting:  # inside the report of a swallowed stop: it would be swallowed too
+            self._send_later(signum)
+        elif self.signum is None:
             self.signum = signum
             raise Interrupted.by_signal(signum)
 
+    @staticmethod
+    def _send_later(signum):
+        # From another thread, a moment later: sent from here, the handler would run here.
+        threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+
+    def _swallowed(self, unraisable):
+        if not isinstance(unraisable.exc_value, Interrupted) or self.signum is None:
+            return self._unraisable(unraisable)
+        self._reporting = True
+        signum, self.signum = self.signum, None
+        self._send_later(signum)  # the main thread raises it again, outside the swallowing place
+        self._reporting = False
+        return None
+
     def __enter__(self):
         self._previous = install(self._handle, self.signums)
+        self._unraisable, sys.unraisablehook = sys.unraisablehook, self._swallowed
         return self
 
     def __exit__(self, *exc):
         restore(self._previous)
+        sys.unraisablehook = self._unraisable
 
 
 class WakeupReader:

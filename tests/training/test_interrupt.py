@@ -437,3 +437,22 @@ def test_a_raising_stop_acts_once_and_hands_the_signals_back():
                 cleaned.append(True)
     assert cleaned == [True] and stopped.value.signum == stop.signum == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+class _SignalsWhenCollected:
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)  # the raise happens in __del__: Python swallows it
+
+
+def test_a_raising_stop_that_python_swallows_is_raised_again_not_lost(capsys):
+    # A signal whose Interrupted lands where Python ignores exceptions (a __del__, a function
+    # run after fork: seen in the benchmark, which then ran on and exited 0) must still stop.
+    unraisable_before = sys.unraisablehook
+    with pytest.raises(gm.Interrupted) as stopped:
+        with gm.signals.raising():
+            _SignalsWhenCollected()  # collected at once: the signal arrives inside __del__
+            for _ in range(10 ** 7):  # the next bytecodes outside it raise the stop
+                pass
+    assert stopped.value.signum == signal.SIGTERM
+    assert 'Exception ignored' not in capsys.readouterr().err  # not reported as a failure
+    assert sys.unraisablehook is unraisable_before
