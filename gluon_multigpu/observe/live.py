@@ -29,10 +29,8 @@ def jupyter_shell():
         return None
     try:
         shell = get_ipython()
-        if shell is None:
-            return None
-        if any(c.__name__ == 'ZMQInteractiveShell' for c in type(shell).__mro__):
-            return shell
+        if shell is None or any(c.__name__ == 'ZMQInteractiveShell' for c in type(shell).__mro__):
+            return shell  # (None: no shell)
         return shell if 'IPKernelApp' in shell.config else None
     except Exception:  # pylint: disable=broad-except  (a broken shell is no kernel)
         return None

@@ -312,9 +312,8 @@ class Metrics(Hook):
         step = run.epoch * self._per_epoch if self._per_epoch else self._last
         if not self._sinks:
             self._open(step)
-        values = {'train_loss': record.train_loss, 'train_accuracy': record.train_acc,
-                  'test_accuracy': record.test_acc, 'seconds': record.seconds,
-                  'images_per_sec': record.samples_per_sec}
+        values = dict(zip(EPOCH_FIGURES, (record.train_loss, record.train_acc, record.test_acc,
+                                          record.seconds, record.samples_per_sec)))
         self._write('epoch', step, record.epoch, values)
         for sink in self._sinks:
             sink.sync()
@@ -384,8 +383,5 @@ def _read(groups):
             if arrays:
                 sums.append(np.stack([a.astype('float32') for a in arrays]).sum().as_in_ctx(cpu))
                 owners.append(g)
-    totals = [0.0] * len(groups)
-    if sums:
-        for g, value in zip(owners, np.stack(sums).asnumpy().astype('float64').tolist()):
-            totals[g] += value
-    return totals
+    values = np.stack(sums).asnumpy().astype('float64').tolist() if sums else []
+    return [sum((v for o, v in zip(owners, values) if o == g), 0.0) for g in range(len(groups))]
