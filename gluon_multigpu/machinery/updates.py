@@ -80,9 +80,8 @@ class Update:
             # A parameter server's servers (which update) normalise every update alike: a shorter
             # group's gradients are scaled up to a whole group's (its batches are of one size).
             whole = self.batch * self.accumulate
-            for p in self.params:
-                for g in p.list_grad():
-                    g *= whole / samples
+            for g in self._grads():
+                g *= whole / samples
             samples = whole
         if not self.norm:
             trainer.step(samples)
@@ -91,9 +90,12 @@ class Update:
             self._clip(samples)
             trainer.update(samples)
         if self.accumulate > 1:  # (``Parameter.zero_grad`` fails on NumPy-mode arrays in 1.9.1)
-            for p in self.params:
-                for g in p.list_grad():
-                    g[:] = 0
+            for g in self._grads():
+                g[:] = 0
+
+    def _grads(self):
+        """Every gradient of the parameters updated, on every device."""
+        return [g for p in self.params for g in p.list_grad()]
 
     def _clip(self, samples):
         """Keep the summed gradient's global norm per sample; scale the gradients to ``clip``."""
@@ -104,10 +106,9 @@ class Update:
             return
         factor = np.minimum(self.clip / (norm + 1e-12), 1.0)
         factors = {str(self.devices[0]): factor}
-        for p in self.params:
-            for g in p.list_grad():
-                f = factors.setdefault(str(g.ctx), factor.as_in_ctx(g.ctx))
-                g *= f.astype(g.dtype)
+        for g in self._grads():
+            f = factors.setdefault(str(g.ctx), factor.as_in_ctx(g.ctx))
+            g *= f.astype(g.dtype)
 
 
 def plan_updates(run, config):
