@@ -116,9 +116,9 @@ def plan_updates(run, config):
     the section's step after every batch), its Trainer's options set in
     ``run.trainer_options``; raise for what cannot go together."""
     lr, accumulate, clip = config.lr, config.accumulate, config.clip_grad_norm
-    rates = None  # a constant rate; a ``Schedule``'s length is set when the epochs are known
-    if config.lr_schedule != 'constant' or config.warmup_steps:
-        rates = Schedule(config.lr_schedule, lr, config.warmup_steps)
+    # None: a constant rate; a ``Schedule``'s length is set when the epochs are known
+    rates = (Schedule(config.lr_schedule, lr, config.warmup_steps)
+             if config.lr_schedule != 'constant' or config.warmup_steps else None)
     dist = kvstore_name(config.kvstore).startswith('dist')  # (a worker's is a KVStore object)
     if clip is not None and dist:
         raise GluonMultiGPUError(NO_DIST_CLIP)
