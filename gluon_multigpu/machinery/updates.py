@@ -151,8 +151,7 @@ def start_updates(update, trainer, data, target, first_epoch, partial):
                                      'batches of an epoch, which this training data does not '
                                      'say (no len()); give a list of batches or a package loader')
         schedule.total = target * per_epoch if per_epoch else None
-        line = warmup_warning(schedule, target, per_epoch, update.accumulate)
-        if line:
+        if line := warmup_warning(schedule, target, per_epoch, update.accumulate):
             warnings.warn(line, SettingWarning, stacklevel=caller_stacklevel())
     if first_epoch > 1 or partial is not None:  # resumed from a checkpoint
         update.done = (first_epoch - 1) * (per_epoch or 0) + (
