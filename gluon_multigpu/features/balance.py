@@ -125,8 +125,8 @@ class TimedSplit(Split):
     def after_backward(self, net, devices):
         if self._start is None or len(self._sizes) != len(devices):
             return
-        ready = _ready_times(self._params, devices)  # Sync point
-        self.observe([t - self._start for t in ready], self._sizes)
+        # Sync point: each device's gradients, waited for
+        self.observe([t - self._start for t in _ready_times(self._params, devices)], self._sizes)
 
     def observe(self, times, sizes):
         """Record one timed step: each device's ``times`` (seconds) for its ``sizes`` (samples)."""
@@ -216,8 +216,7 @@ class AutoSplit(TimedSplit):
         if len(self._speeds) < self.window:
             return
         speed = [statistics.median(device) for device in zip(*self._speeds)]
-        gain = statistics.median(self._gains)
-        per_sample = statistics.median(self._per_sample)
+        gain, per_sample = (statistics.median(v) for v in (self._gains, self._per_sample))
         self._speeds, self._gains, self._per_sample = [], [], []
         if self._trial is not None:  # the first window after a change: did it pay?
             before, before_per_sample = self._trial

@@ -100,8 +100,7 @@ def join(kvstores, start=None, environ=None, stop=None, timeout=None):
             f'`kvstore` {dist[0]} runs as a worker of a parameter server, and '
             f'{", ".join(missing) or "DMLC_ROLE=worker"} is not set; start it with: {start}')
     kv = connect(dist[0], stop=stop, timeout=timeout, environ=environ)
-    control = Control.from_environment(environ)
-    if control is not None:
+    if (control := Control.from_environment(environ)) is not None:
         control.report(f'rank {kv.rank} {kv.num_workers}')
     return Worker(kv, kv.rank, kv.num_workers)
 

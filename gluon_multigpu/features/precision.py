@@ -66,8 +66,7 @@ def check_bfloat16():
     ``amp.convert_symbol`` inserts, as a NumPy-mode ``SymbolBlock``, forward
     and backward, on ``cpu()``. Tried once per process.
     """
-    reason = _bfloat16_failure()
-    if reason:
+    if reason := _bfloat16_failure():
         raise DeviceError(f'this CPU cannot compute in bfloat16 (oneDNN has no bfloat16 kernel '
                           f'for its instruction set): a bfloat16 convolution failed with '
                           f'"{reason}"')

@@ -39,6 +39,19 @@ def setting(default, group, help, check, parse=None, metavar=None, choices=None,
                                                  metavar=metavar, choices=choices, nargs=nargs))
 
 
+def _count(default, group, help, low, high, metavar='N'):
+    """A ``setting`` of a whole number from ``low`` to ``high``, checked and read as one."""
+    return setting(default, group, help, whole(low, high), int_in(low, high), metavar)
+
+
+def _path(default, group, help, metavar, check=path):
+    """A ``setting`` of a path: of a directory for ``metavar`` ``DIR``, else of a file."""
+    return setting(default, group, help, check, path_of(_PATH_KINDS[metavar]), metavar)
+
+
+_PATH_KINDS = {'DIR': 'a directory', 'PATH': 'a file name'}
+
+
 def _named(check):
     return lambda value, name: check(value)
 
@@ -108,13 +121,10 @@ class TrainConfig:
                                _named(check_schedule), choices=SCHEDULES)
     warmup_steps: int = setting(0, _OPT, 'updates whose rate rises linearly to `lr` first',
                                 _named(check_warmup), int_in(0, 10**8), 'N')
-    tensorboard: Optional[str] = setting(
-        None, _OBS, 'TensorBoard event files in DIR (needs tensorboardX)', event_files,
-        path_of('a directory'), 'DIR')
-    metrics: Optional[str] = setting(None, _OBS, 'the same figures as JSON lines in PATH',
-                                     path, path_of('a file name'), 'PATH')
-    log_every: int = setting(50, _OBS, 'steps between two step figures of the two above',
-                             whole(1, 10**6), int_in(1, 10**6), 'N')
+    tensorboard: Optional[str] = _path(None, _OBS, 'TensorBoard event files in DIR (needs '
+                                       'tensorboardX)', 'DIR', event_files)
+    metrics: Optional[str] = _path(None, _OBS, 'the same figures as JSON lines in PATH', 'PATH')
+    log_every: int = _count(50, _OBS, 'steps between two step figures of the two above', 1, 10**6)
     progress_interval: float = setting(10.0, _OBS, 'seconds between progress lines on stderr '
                                        '(0: none)', seconds, non_negative_float, 'SECONDS')
     profile: object = None
@@ -122,8 +132,7 @@ class TrainConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            check = f.metadata.get('check')
-            if check is not None:
+            if (check := f.metadata.get('check')) is not None:
                 setattr(self, f.name, check(getattr(self, f.name), f.name))
 
     @classmethod
@@ -133,8 +142,7 @@ class TrainConfig:
         A name that is not a setting raises ``GluonMultiGPUError`` naming it.
         """
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(settings) - names)
-        if unknown:
+        if unknown := sorted(set(settings) - names):
             raise GluonMultiGPUError(f'{", ".join(unknown)}: not a setting of {cls.__name__}; '
                                      f'give some of {", ".join(sorted(names))}')
         return cls(**settings) if config is None else dataclasses.replace(config, **settings)
@@ -197,22 +205,20 @@ class RunConfig(TrainConfig):
     model: str = setting('resnet18', _DATA, 'network', one_of(MODEL_NAMES), choices=MODEL_NAMES)
     dataset: str = setting('fashion-mnist', _DATA, 'data set', one_of(DATASET_NAMES),
                            choices=DATASET_NAMES)
-    data_dir: Optional[str] = setting(
-        None, _DATA, 'folder of the four IDX .gz files (default: ~/.mxnet/datasets/<dataset>)',
-        path, path_of('a directory'), 'DIR')
+    data_dir: Optional[str] = _path(None, _DATA, 'folder of the four IDX .gz files (default: '
+                                    '~/.mxnet/datasets/<dataset>)', 'DIR')
     download: bool = setting(False, _DATA, "download missing files from MXNet's mirror "
                              '(needs internet)', switch)
-    num_train: Optional[int] = setting(None, _DATA, 'train on the first N images only '
-                                       '(default: all)', whole(1, 10**8), int_in(1, 10**8), 'N')
-    num_test: Optional[int] = setting(None, _DATA, 'test on the first N images only '
-                                      '(default: all)', whole(1, 10**8), int_in(1, 10**8), 'N')
+    num_train: Optional[int] = _count(None, _DATA, 'train on the first N images only '
+                                      '(default: all)', 1, 10**8)
+    num_test: Optional[int] = _count(None, _DATA, 'test on the first N images only '
+                                     '(default: all)', 1, 10**8)
     synthetic: bool = setting(False, _DATA, "random data of the data set's shape, for speed "
                               'tests', switch)
-    num_gpus: Optional[int] = setting(None, _DEV, 'train on gpu(0)..gpu(N-1) (default: all '
-                                      'GPUs, or the CPU if none)', whole(1, MAX_GPUS),
-                                      int_in(1, MAX_GPUS), 'N')
-    cpu_devices: Optional[int] = setting(None, _DEV, 'train on N CPU contexts cpu(0)..cpu(N-1)',
-                                         whole(1, MAX_CPU_DEVICES), int_in(1, MAX_CPU_DEVICES), 'N')
+    num_gpus: Optional[int] = _count(None, _DEV, 'train on gpu(0)..gpu(N-1) (default: all '
+                                     'GPUs, or the CPU if none)', 1, MAX_GPUS)
+    cpu_devices: Optional[int] = _count(None, _DEV, 'train on N CPU contexts cpu(0)..cpu(N-1)',
+                                        1, MAX_CPU_DEVICES)
     kvstore: Tuple[str, ...] = setting(
         ('device',), _DEV, 'gradient sum: local, device, nccl, none, or dist_* under the '
         'launcher; several are compared in turn', kvstores, metavar='KV',
@@ -226,31 +232,26 @@ class RunConfig(TrainConfig):
                          choices=DTYPES)
     book_literal: bool = setting(False, _DEV, "run the text's own loop (nn.Block residuals, no "
                                  'hybridization)', switch)
-    max_in_flight: int = setting(MAX_IN_FLIGHT, _DEV, 'steps MXNet may run behind Python '
-                                 "(0: no bound, the book's loop)", whole(0, 1000),
-                                 int_in(0, 1000), 'K')
-    batch_size: Optional[int] = setting(None, _OPT, 'total batch size over all devices '
-                                        '(default: per model, below)', whole(1, 10**6),
-                                        int_in(1, 10**6), 'N')
-    checkpoint_dir: Optional[str] = setting(
-        None, _OUT, 'save the run after every epoch and on a stop into DIR', path,
-        path_of('a directory'), 'DIR')
+    max_in_flight: int = _count(MAX_IN_FLIGHT, _DEV, 'steps MXNet may run behind Python '
+                                "(0: no bound, the book's loop)", 0, 1000, 'K')
+    batch_size: Optional[int] = _count(None, _OPT, 'total batch size over all devices '
+                                       '(default: per model, below)', 1, 10**6)
+    checkpoint_dir: Optional[str] = _path(None, _OUT, 'save the run after every epoch and on a '
+                                          'stop into DIR', 'DIR')
     resume: bool = setting(False, _OUT, 'continue from the checkpoint in `checkpoint_dir`',
                            switch)
-    json: Optional[str] = setting(None, _OUT, 'every figure of the run(s) as JSON', path,
-                                  path_of('a file name'), 'PATH')
-    plot: Optional[str] = setting(None, _OUT, 'the test-accuracy curve, PNG, SVG or PDF by the '
-                                  'extension', path, path_of('a file name'), 'PATH')
-    report: Optional[str] = setting(None, _OUT, "a Markdown report of the kvstores' comparison "
-                                    'into DIR', path, path_of('a directory'), 'DIR')
+    json: Optional[str] = _path(None, _OUT, 'every figure of the run(s) as JSON', 'PATH')
+    plot: Optional[str] = _path(None, _OUT, 'the test-accuracy curve, PNG, SVG or PDF by the '
+                                'extension', 'PATH')
+    report: Optional[str] = _path(None, _OUT, "a Markdown report of the kvstores' comparison "
+                                  'into DIR', 'DIR')
     stall_timeout: float = setting(0.0, _OBS, 'end a run that queues no step for this long, '
                                    'exit status 3 (0: not watched)', seconds,
                                    non_negative_float, 'SECONDS')
     profile: Optional[str] = setting(None, _OBS, "profile steps START to STOP (from 1 across "
                                      "epochs) with MXNet's profiler", path, metavar='START:STOP')
-    profile_file: Optional[str] = setting(None, _OBS, "where `profile` writes its Chrome trace "
-                                          '(default: profile.json)', path,
-                                          path_of('a file name'), 'PATH')
+    profile_file: Optional[str] = _path(None, _OBS, "where `profile` writes its Chrome trace "
+                                        '(default: profile.json)', 'PATH')
 
     def __post_init__(self):
         super().__post_init__()

@@ -58,10 +58,9 @@ def device_thread(device):
     """The process's thread for ``device`` (made at the first call, then the same one)."""
     name = f'push-{device}'
     with _LOCK:
-        thread = _THREADS.get(name)
-        if thread is None:
-            thread = _THREADS[name] = _Pusher(name)
-        return thread
+        if name not in _THREADS:
+            _THREADS[name] = _Pusher(name)
+        return _THREADS[name]
 
 
 os.register_at_fork(after_in_child=_THREADS.clear)  # a forked child: none of its parent's threads

@@ -80,9 +80,8 @@ class Update:
             # A parameter server's servers (which update) normalise every update alike: a shorter
             # group's gradients are scaled up to a whole group's (its batches are of one size).
             whole = self.batch * self.accumulate
-            for p in self.params:
-                for g in p.list_grad():
-                    g *= whole / samples
+            for g in self._grads():
+                g *= whole / samples
             samples = whole
         if not self.norm:
             trainer.step(samples)
@@ -91,9 +90,12 @@ class Update:
             self._clip(samples)
             trainer.update(samples)
         if self.accumulate > 1:  # (``Parameter.zero_grad`` fails on NumPy-mode arrays in 1.9.1)
-            for p in self.params:
-                for g in p.list_grad():
-                    g[:] = 0
+            for g in self._grads():
+                g[:] = 0
+
+    def _grads(self):
+        """Every gradient of the parameters updated, on every device."""
+        return [g for p in self.params for g in p.list_grad()]
 
     def _clip(self, samples):
         """Keep the summed gradient's global norm per sample; scale the gradients to ``clip``."""
@@ -104,10 +106,9 @@ class Update:
             return
         factor = np.minimum(self.clip / (norm + 1e-12), 1.0)
         factors = {str(self.devices[0]): factor}
-        for p in self.params:
-            for g in p.list_grad():
-                f = factors.setdefault(str(g.ctx), factor.as_in_ctx(g.ctx))
-                g *= f.astype(g.dtype)
+        for g in self._grads():
+            f = factors.setdefault(str(g.ctx), factor.as_in_ctx(g.ctx))
+            g *= f.astype(g.dtype)
 
 
 def plan_updates(run, config):
@@ -115,9 +116,9 @@ def plan_updates(run, config):
     the section's step after every batch), its Trainer's options set in
     ``run.trainer_options``; raise for what cannot go together."""
     lr, accumulate, clip = config.lr, config.accumulate, config.clip_grad_norm
-    rates = None  # a constant rate; a ``Schedule``'s length is set when the epochs are known
-    if config.lr_schedule != 'constant' or config.warmup_steps:
-        rates = Schedule(config.lr_schedule, lr, config.warmup_steps)
+    # None: a constant rate; a ``Schedule``'s length is set when the epochs are known
+    rates = (Schedule(config.lr_schedule, lr, config.warmup_steps)
+             if config.lr_schedule != 'constant' or config.warmup_steps else None)
     dist = kvstore_name(config.kvstore).startswith('dist')  # (a worker's is a KVStore object)
     if clip is not None and dist:
         raise GluonMultiGPUError(NO_DIST_CLIP)
@@ -150,8 +151,7 @@ def start_updates(update, trainer, data, target, first_epoch, partial):
                                      'batches of an epoch, which this training data does not '
                                      'say (no len()); give a list of batches or a package loader')
         schedule.total = target * per_epoch if per_epoch else None
-        line = warmup_warning(schedule, target, per_epoch, update.accumulate)
-        if line:
+        if line := warmup_warning(schedule, target, per_epoch, update.accumulate):
             warnings.warn(line, SettingWarning, stacklevel=caller_stacklevel())
     if first_epoch > 1 or partial is not None:  # resumed from a checkpoint
         update.done = (first_epoch - 1) * (per_epoch or 0) + (

@@ -80,8 +80,7 @@ def try_gpu(i=0):
     context (all its cores) on a machine without any.
     """
     _configure_for_gpus_or_cpu()
-    mx = _mx()
-    return mx.gpu(i) if num_gpus() >= i + 1 else mx.cpu()
+    return _mx().gpu(i) if num_gpus() >= i + 1 else _mx().cpu()
 
 
 def try_all_gpus():
@@ -90,9 +89,7 @@ def try_all_gpus():
     Before MXNet loads, the engine is configured as for ``try_gpu``.
     """
     _configure_for_gpus_or_cpu()
-    mx = _mx()
-    devices = [mx.gpu(i) for i in range(num_gpus())]
-    return devices if devices else [mx.cpu()]
+    return [_mx().gpu(i) for i in range(num_gpus())] or [_mx().cpu()]
 
 
 def cpu_devices(n):
@@ -110,8 +107,7 @@ def cpu_devices(n):
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DeviceError(f'the number of CPU devices must be a positive integer, got {n!r}')
     engine.configure(cpu_devices=n)
-    mx = _mx()
-    return [mx.cpu(i) for i in range(n)]
+    return [_mx().cpu(i) for i in range(n)]
 
 
 def gpu_devices(n):
@@ -125,14 +121,13 @@ def gpu_devices(n):
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DeviceError(f'the number of GPUs must be a positive integer, got {n!r}')
     engine.configure(cpu_devices=None)
-    mx = _mx()
     available = num_gpus()
     if n > available:
         have = (f'only {available} available; ask for at most {available}' if available
                 else 'none is available (no GPU, or a CPU build of MXNet)')
         raise DeviceError(f'{n} GPU(s) requested but {have}, or use `cpu_devices` {n} '
                           'to run the same code on CPU contexts')
-    return [mx.gpu(i) for i in range(n)]
+    return [_mx().gpu(i) for i in range(n)]
 
 
 def resolve_devices(num_gpus_wanted=None, cpu_devices_wanted=None):
@@ -217,11 +212,10 @@ def split_batch(X, y, devices, weights=None):
     sizes = split_sizes(n, weights if weights is not None else [1] * len(devices))
     if weights is not None:
         bounds = [0, *itertools.accumulate(sizes)]
-        return ([X[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)],
-                [y[a:b].as_in_ctx(d) for a, b, d in zip(bounds, bounds[1:], devices)])
-    even = n % len(devices) == 0
+        return tuple([a[lo:hi].as_in_ctx(d) for lo, hi, d in zip(bounds, bounds[1:], devices)]
+                     for a in (X, y))
     split_and_load = _mx().gluon.utils.split_and_load
-    return split_and_load(X, devices, even_split=even), split_and_load(y, devices, even_split=even)
+    return tuple(split_and_load(a, devices, even_split=n % len(devices) == 0) for a in (X, y))
 
 
 def _read_number(path, field=None):

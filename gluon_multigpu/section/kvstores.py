@@ -119,11 +119,9 @@ def make_trainer(net, lr, kvstore, multi_precision=False, lr_scheduler=None,
     gluon.Trainer
         A ``ReducingTrainer`` for ``none``.
     """
-    options = {'learning_rate': check_lr(lr)}
-    if multi_precision:
-        options['multi_precision'] = True
-    if lr_scheduler is not None:
-        options['lr_scheduler'] = lr_scheduler
+    options = {'learning_rate': check_lr(lr), 'multi_precision': True if multi_precision else None,
+               'lr_scheduler': lr_scheduler}  # (an option not asked for is not given)
+    options = {key: value for key, value in options.items() if value is not None}
     if kvstore_name(kvstore) == 'none':
         return ReducingTrainer(net.collect_params(), 'sgd', options)
     # With a parameter server MXNet updates on the servers and the workers pull

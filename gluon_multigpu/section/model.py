@@ -177,12 +177,12 @@ def count_flops(net, input_shape=(1, 1, 28, 28)):
         else:
             macs.append(output.size * (x.size // x.shape[0]))
 
-    handles, stack = [], [net]
-    while stack:
-        block = stack.pop()
+    handles = []
+
+    def register(block):
         if isinstance(block, (nn.Conv2D, nn.Dense)):
             handles.append(block.register_forward_hook(hook))
-        stack.extend(block._children.values())  # pylint: disable=protected-access
+    net.apply(register)  # every block of ``net``, itself included
     ctx = list(net.collect_params().values())[0].list_ctx()[0]
     with autograd.predict_mode():
         net(np.zeros(input_shape, ctx=ctx))
@@ -269,15 +269,14 @@ def check_memory(name, batch_size, num_devices, available, multiple=1, sync_bn=F
     for equal shards). ``available`` None (unknown) or a model without an
     estimate: no check.
     """
-    if available is None or _memory(name, sync_bn) is None:
+    if available is None or (figures := _memory(name, sync_bn)) is None:
         return
     if (need := memory_needed(name, batch_size, num_devices, sync_bn)) <= available:
         return
-    per_sample = _memory(name, sync_bn)[2]
     fits = largest_batch(name, num_devices, available, multiple, sync_bn)
     what = (f'a batch of {batch_size} on {num_devices} CPU context(s) needs about {_size(need)} '
             f'of memory for {name}{" with `sync_bn`" if sync_bn else ""} (about '
-            f'{_size(per_sample)} per sample), and {_size(available)} is available')
+            f'{_size(figures[2])} per sample), and {_size(available)} is available')
     if fits >= max(num_devices, multiple):
         raise DeviceError(f'{what}; use a `batch_size` of {fits} or less')
     raise DeviceError(f'{what}, too little even for the smallest batch; free memory or use a '

@@ -304,9 +304,8 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
         if max_in_flight and steps.batches >= max_in_flight:
             # Sync point: this step's loss exists once the step before it was applied.
             steps.losses[0][steps.batches - max_in_flight].wait_to_read()
-        if hooks_of is not None and hooks_of.call('step_end', first_step - 1 + steps.batches,
-                                                  steps.samples, timer):
-            stop = True
+        stop = (hooks_of is not None and hooks_of.call('step_end', first_step - 1 + steps.batches,
+                                                       steps.samples, timer)) or stop
         if stop and (update is None or not update.pending):  # a stop waits for its update
             steps.stopped = True
             break
