@@ -9,6 +9,7 @@ largest difference between the copies on the devices of one run), and
 (``paired``).
 """
 import hashlib
+import itertools
 
 import numpy as onp
 
@@ -55,8 +56,7 @@ def device_spread(net, trainable=True):
         if (p.grad_req != 'null') != trainable:
             continue
         copies = [d.asnumpy() for d in p.list_data()]
-        spread = max([spread or 0.0] + [float(onp.max(onp.abs(c - copies[0])))
-                                        for c in copies[1:] if c.size])
+        spread = max(spread or 0.0, _max_abs_diff(copies[1:], itertools.repeat(copies[0])))
     return spread
 
 

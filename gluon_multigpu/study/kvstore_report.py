@@ -2,6 +2,7 @@
 from ..base.machine import stamp
 from ..section.devices import even_shares
 from .compare import paired_epochs
+from .paired import _span
 from ..filesafety.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, seconds_chart
 
@@ -85,10 +86,9 @@ def rounds_table(results):
             record = next((e for e in r.epochs if e.epoch == n), None)
             cells.append(f'{record.seconds:.2f}' if record else '-')
             loads.append((getattr(r, 'loads', None) or {}).get(n))
-        for key in ('others', 'load'):
-            values = [l[key] for l in loads if l and l.get(key) is not None]
-            cells.append('-' if not values else f'{values[0]:.1f}' if min(values) == max(values)
-                         else f'{min(values):.1f}-{max(values):.1f}')
+        for span in (_span(loads, 'others'), _span(loads, 'load')):
+            cells.append('-' if not span else f'{span[0]:.1f}' if span[0] == span[1]
+                         else f'{span[0]:.1f}-{span[1]:.1f}')
         rows.append(cells)
     header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
     return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))
