@@ -16,7 +16,7 @@ import numpy as onp
 from .paired import MIN_EFFECT, Paired
 
 __all__ = ['param_arrays', 'fingerprint', 'device_spread', 'ParamTracker', 'paired_epochs',
-           'recommend', 'NOISE']
+           'recommend', 'NOISE', 'epoch_load']
 
 #: Relative differences in seconds per epoch below this are always treated as noise.
 NOISE = MIN_EFFECT
@@ -139,6 +139,12 @@ class ParamTracker:
         return False
 
 
+def epoch_load(result, epoch):
+    """The ``paired.LoadMeter`` figures of ``result``'s ``epoch``, None where none were recorded
+    (a result without ``loads``)."""
+    return (getattr(result, 'loads', None) or {}).get(epoch)
+
+
 def paired_epochs(results):
     """A ``paired.Paired`` of the runs' epoch times: round ``e`` is every run's epoch ``e``.
 
@@ -147,9 +153,8 @@ def paired_epochs(results):
     """
     pairs = Paired([r.kvstore for r in results])
     for r in results:
-        loads = getattr(r, 'loads', None) or {}
         for e in r.epochs:
-            pairs.add(r.kvstore, e.epoch, e.seconds, loads.get(e.epoch))
+            pairs.add(r.kvstore, e.epoch, e.seconds, epoch_load(r, e.epoch))
     return pairs
 
 

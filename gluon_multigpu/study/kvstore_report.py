@@ -1,7 +1,7 @@
 """The kvstore comparison: its side-by-side table and its report folder."""
 from ..base.machine import stamp
 from ..section.devices import even_shares
-from .compare import paired_epochs
+from .compare import epoch_load, paired_epochs
 from .paired import _span
 from ..filesafety.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, seconds_chart
@@ -85,7 +85,7 @@ def rounds_table(results):
         for r in results:
             record = next((e for e in r.epochs if e.epoch == n), None)
             cells.append(f'{record.seconds:.2f}' if record else '-')
-            loads.append((getattr(r, 'loads', None) or {}).get(n))
+            loads.append(epoch_load(r, n))
         for span in (_span(loads, 'others'), _span(loads, 'load')):
             cells.append('-' if not span else f'{span[0]:.1f}' if span[0] == span[1]
                          else f'{span[0]:.1f}-{span[1]:.1f}')
@@ -120,10 +120,8 @@ def runs_json(results, tracker, config, partial=None):
     ``partial`` (why the comparison is incomplete, or None) is kept as is:
     ``complete`` says whether every kvstore of ``config['kvstore']`` finished.
     """
-    runs = []
-    for r in results:
-        loads = getattr(r, 'loads', None) or {}
-        runs.append(dict(tracker.run_dict(r), load=[loads.get(e.epoch) for e in r.epochs]))
+    runs = [dict(tracker.run_dict(r), load=[epoch_load(r, e.epoch) for e in r.epochs])
+            for r in results]
     return {'config': config, 'complete': partial is None, 'partial': partial,
             'reference': tracker.reference, 'runs': runs,
             'paired': paired_epochs(results).to_dict() if len(results) > 1 else None,
