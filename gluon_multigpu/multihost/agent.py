@@ -355,8 +355,7 @@ class Agent:
             return 127
         next_beat = 0.0
         while True:
-            code = self.proc.poll()
-            if code is not None:
+            if (code := self.proc.poll()) is not None:
                 self.signal(signal.SIGKILL, everything=True)  # whatever the command left
                 self._output.join(timeout=2)  # its last lines before the exit line
                 status = 128 - code if code < 0 else code

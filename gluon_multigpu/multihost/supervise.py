@@ -133,14 +133,12 @@ class Job:
             self.kill_all()
             return 1, None
         while True:
-            signum = self.tick()
-            if signum is not None:
+            if (signum := self.tick()) is not None:
                 return self.stop_on_signal(signum), None
             stall = hung.find(self.workers, hung.stall_seconds(self.settings, self.workers))
             if stall is not None:
                 return self.stop_stalled(stall), stall.behind[0]
-            failed = next((r for r in self.roles if r.failure()), None)
-            if failed is not None:
+            if (failed := next((r for r in self.roles if r.failure()), None)) is not None:
                 self.say(f'{failed.label} {failed.failure()}; stopping the job')
                 self.stop(coordinated=False)
                 return 1, failed
@@ -260,8 +258,7 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
         status, failed = job.run()
         if status > 128 and resume and keeps_checkpoints(command):
             job.say(words.launch_resume(resume))
-        done = _ended(job, settings, status, failed, restarts)
-        if done is not None:
+        if (done := _ended(job, settings, status, failed, restarts)) is not None:
             return done
         restarts += 1
         hosts = _without_lost(roles, hosts)
