@@ -51,20 +51,17 @@ class OneLineParser(argparse.ArgumentParser):
         ``-x`` is no flag of this parser: argparse took such a value (``--profile -1:3``) for a
         flag and said only 'expected one argument'; the flag's own check now names the value.
         Up to the first positional argument or ``--`` (a launched command's own flags after)."""
-        flags, joined, i = self._option_string_actions, [], 0
-        while i < len(args):
-            token = args[i]
+        flags, joined, rest = self._option_string_actions, [], iter(args)
+        for token in rest:
             if token == '--' or not token.startswith('-'):
-                return joined + args[i:]
+                return [*joined, token, *rest]
             action = flags.get(token)
-            value = args[i + 1] if action is not None and action.nargs is None and \
-                i + 1 < len(args) else None
+            value = next(rest, None) if action is not None and action.nargs is None else None
             if value is not None and value.startswith('-') and value != '--' and \
                     value.split('=')[0] not in flags:
                 joined.append(f'{token}={value}')
             else:
-                joined += args[i:i + 1 + (value is not None)]
-            i += 1 + (value is not None)
+                joined += [token] if value is None else [token, value]
         return joined
 
 

@@ -114,20 +114,20 @@ class _QuietStream:
                 open(os.devnull, 'wb') as null:
             os.dup2(null.fileno(), self._stream.fileno())
 
-    def write(self, text):
+    def _try(self, method, *args):
+        """Call the stream's ``method`` unless it is lost; lose it if the call fails."""
         if not self.lost:
             try:
-                self._stream.write(text)
+                getattr(self._stream, method)(*args)
             except (OSError, ValueError):
                 self._lose()
+
+    def write(self, text):
+        self._try('write', text)
         return len(text)
 
     def flush(self):
-        if not self.lost:
-            try:
-                self._stream.flush()
-            except (OSError, ValueError):
-                self._lose()
+        self._try('flush')
 
     def __getattr__(self, name):
         return getattr(self._stream, name)

@@ -157,14 +157,10 @@ def _ended(error, stop, config, argv):
 def _kept(config, argv):
     """What a failed write left as it was, naming only what exists."""
     said = []
-    outputs = [flag for flag, path in (('--plot', config.plot), ('--json', config.json),
-                                       ('--report', config.report)) if path]
-    if outputs:
-        said.append(f'{", ".join(outputs)}: as before this write')
-    logs = [flag for flag, path in (('--metrics', config.metrics),
-                                    ('--tensorboard', config.tensorboard)) if path]
-    if logs:
-        said.append(f'{", ".join(logs)}: the figures written before it')
+    for names, left in (('plot json report', 'as before this write'),
+                        ('metrics tensorboard', 'the figures written before it')):
+        if given := [f'--{name}' for name in names.split() if getattr(config, name)]:
+            said.append(f'{", ".join(given)}: {left}')
     if config.checkpoint_dir:
         said.append(_checkpoint_kept(config, argv))
     return '; '.join(said) or 'no other file was asked for'

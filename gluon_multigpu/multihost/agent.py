@@ -68,6 +68,14 @@ def visible(text):
     return text.translate(_VISIBLE)
 
 
+def shown(read):
+    """A line from ``read_line`` as it is relayed: control characters made visible, a cut line
+    marked as such."""
+    line, cut = read
+    return visible(line.decode(errors='replace')) + (f' ... [line cut: {cut} bytes more]'
+                                                      if cut else '')
+
+
 def read_line(stream, limit):
     """The next line of ``stream`` (bytes, without its newline) and how many bytes were cut.
 
@@ -89,15 +97,22 @@ def read_line(stream, limit):
         cut += len(more)
 
 
+def _stat(pid):
+    """The fields of ``/proc/PID/stat`` after the program's name (bytes: state, parent, ...);
+    an empty list once the process is gone."""
+    try:
+        with open(f'/proc/{pid}/stat', 'rb') as f:
+            return f.read().rsplit(b')', 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _descendants(pid):
     """Every process below ``pid`` (from /proc): children, theirs, and so on."""
     parents = {}
-    for name in os.listdir('/proc'):
-        if name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError), \
-                    open(f'/proc/{name}/stat', 'rb') as f:
-                parents.setdefault(int(f.read().rsplit(b')', 1)[1].split()[1]), []).append(
-                    int(name))
+    for name in filter(str.isdigit, os.listdir('/proc')):
+        if len(fields := _stat(name)) > 1:
+            parents.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [pid]
     while todo:
         kids = parents.get(todo.pop(), [])
@@ -112,11 +127,10 @@ def _subreaper():
         ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
-def keeper_argv(link, fds, command):
-    """The command that runs ``command`` under a keeper (``keep``): ``link``, the keeper's end
-    of the agent's socket; ``fds``, the descriptors the command is given."""
-    return [sys.executable, '-m', 'gluon_multigpu.multihost.agent', '--keeper', str(link),
-            '--pass-fds', ','.join(map(str, fds)), '--', *command]
+def agent_argv(extra, command):
+    """The command that runs ``command`` under an agent given the options ``extra`` (under a
+    keeper, ``keep``, with ``--keeper`` and ``--pass-fds``)."""
+    return [sys.executable, '-m', 'gluon_multigpu.multihost.agent', *extra, '--', *command]
 
 
 def keep(link, fds, command):
@@ -228,15 +242,6 @@ def check(command, port=None):
     return answer
 
 
-def _state(pid):
-    """The one-letter state of process ``pid`` (``/proc``), or None once it is gone."""
-    try:
-        with open(f'/proc/{pid}/stat', 'rb') as f:
-            return f.read().rsplit(b')', 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
-
-
 class Agent:
     """Runs ``command`` and relays it to the launcher (see the module's text)."""
 
@@ -269,7 +274,8 @@ class Agent:
         env[CONTROL_VARIABLE] = f'{to_job_r},{from_job_w}'
         try:
             self.proc = subprocess.Popen(
-                keeper_argv(theirs.fileno(), (to_job_r, from_job_w), self.command),
+                agent_argv(['--keeper', str(theirs.fileno()), '--pass-fds',
+                            f'{to_job_r},{from_job_w}'], self.command),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True, pass_fds=(to_job_r, from_job_w, theirs.fileno()))
         except OSError as e:
@@ -298,11 +304,7 @@ class Agent:
     def _relay_output(self):
         """Relay the command's lines, control characters made visible, long ones cut."""
         while (read := read_line(self.proc.stdout, LINE_LIMIT)) is not None:
-            line, cut = read
-            text = visible(line.decode(errors='replace'))
-            if cut:
-                text += f' ... [line cut: {cut} bytes more]'
-            self.write((text + '\n').encode())
+            self.write((shown(read) + '\n').encode())
 
     def _relay_control(self, fd):
         with os.fdopen(fd, 'rb') as f:
@@ -353,8 +355,7 @@ class Agent:
             return 127
         next_beat = 0.0
         while True:
-            code = self.proc.poll()
-            if code is not None:
+            if (code := self.proc.poll()) is not None:
                 self.signal(signal.SIGKILL, everything=True)  # whatever the command left
                 self._output.join(timeout=2)  # its last lines before the exit line
                 status = 128 - code if code < 0 else code
@@ -365,7 +366,7 @@ class Agent:
                 self.end()
                 return LAUNCHER_GONE
             if now >= next_beat:
-                self.say('beat stopped' if _state(self.pid) in ('T', 't') else 'beat')
+                self.say('beat stopped' if _stat(self.pid)[:1] in ([b'T'], [b't']) else 'beat')
                 next_beat = now + self.heartbeat
             time.sleep(0.1)
 

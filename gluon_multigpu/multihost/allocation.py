@@ -13,7 +13,7 @@ import re
 import subprocess
 
 from ..base import signals
-from .plan import LaunchError
+from .plan import LaunchError, last_line
 
 __all__ = ['allocation']
 
@@ -55,7 +55,6 @@ def _scontrol(args):
         raise LaunchError(f'could not run scontrol ({e}); the slurm placement needs the Slurm '
                           'client programs on the PATH') from None
     if done.returncode:
-        lines = [l for l in done.stderr.splitlines() if l.strip()]
         raise LaunchError(f'`scontrol {" ".join(args)}` failed: '
-                          f'{lines[-1].strip() if lines else f"status {done.returncode}"}')
+                          f'{last_line(done.stderr) or f"status {done.returncode}"}')
     return done.stdout

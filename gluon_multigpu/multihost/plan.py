@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import agent
+from .agent import agent_argv
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, MXNetLoadError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
            'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv',
-           'transport_argv', 'remote_command',
+           'transport_argv', 'remote_command', 'last_line',
            'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
@@ -209,11 +210,6 @@ def _die_with_parent():
     return signals.dying_with_parent(signal.SIGTERM, first=os.setpgrp)
 
 
-def agent_argv(extra, command):
-    """The command that runs ``command`` under an agent on a host."""
-    return [sys.executable, '-m', 'gluon_multigpu.multihost.agent', *extra, '--', *command]
-
-
 def ssh_argv(settings, host, remote):
     """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
     argv = ['ssh', '-T', '-o', 'BatchMode=yes']
@@ -268,10 +264,8 @@ def relay(role, out, lock):
             if line.startswith(agent.CONTROL):
                 _take_control(role, line[len(agent.CONTROL):].split())
                 continue
-            line = agent.visible(line) + (f' ... [line cut: {read[1]} bytes more]' if read[1]
-                                          else '')
             with lock, contextlib.suppress(OSError, ValueError):
-                out.write(f'[{role.label}] {line}\n')
+                out.write(f'[{role.label}] {agent.shown(read)}\n')
                 out.flush()
     finally:
         role.relayed.set()
@@ -364,7 +358,7 @@ def _answers(procs, launcher):
                 from None
         answer = _last_json(out)
         if answer is None or 'error' in answer:
-            why = ((answer or {}).get('error') or _last_line(err)
+            why = ((answer or {}).get('error') or last_line(err.decode(errors='replace'))
                    or f'{via} status {proc.returncode}')
             raise LaunchError(f'host {host}: {why}; each host needs {how}, this '
                               f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
@@ -385,6 +379,6 @@ def _last_json(out):
     return None
 
 
-def _last_line(err):
-    lines = [l.strip() for l in err.decode(errors='replace').splitlines() if l.strip()]
-    return lines[-1] if lines else ''
+def last_line(text):
+    """The last line of ``text`` that is not blank, stripped ('' when there is none)."""
+    return next((l.strip() for l in reversed(text.splitlines()) if l.strip()), '')

@@ -28,6 +28,17 @@ from .plan import (HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, p
 __all__ = ['Job', 'launch', 'say']
 
 
+def _reachable(roles):
+    """The roles of ``roles`` whose agent runs here and is not lost."""
+    return [r for r in roles if r.running() and not r.lost]
+
+
+def _tell(roles, line):
+    """Send ``line`` to the agent of every role of ``roles`` (``Role.send``)."""
+    for r in roles:
+        r.send(line)
+
+
 def say(line, lock=None):
     """Write the launcher's line ``launch: LINE`` to standard error (under ``lock``, if any)."""
     with lock or contextlib.nullcontext():
@@ -90,12 +101,10 @@ class Job:
         """Ping the agents when due, mark silent or stopped roles lost; return a new signal."""
         now = time.monotonic()
         if now >= self._next_ping:
-            for r in self.roles:
-                r.send('ping')
+            _tell(self.roles, 'ping')
             self._next_ping = now + HEARTBEAT
-        for r in self.roles:
-            if r.running() and not r.lost:
-                self._watch(r, now)
+        for r in _reachable(self.roles):
+            self._watch(r, now)
         if len(self.signals) > self.seen_signals:
             self.seen_signals = len(self.signals)
             return self.signals[-1]
@@ -124,14 +133,12 @@ class Job:
             self.kill_all()
             return 1, None
         while True:
-            signum = self.tick()
-            if signum is not None:
+            if (signum := self.tick()) is not None:
                 return self.stop_on_signal(signum), None
             stall = hung.find(self.workers, hung.stall_seconds(self.settings, self.workers))
             if stall is not None:
                 return self.stop_stalled(stall), stall.behind[0]
-            failed = next((r for r in self.roles if r.failure()), None)
-            if failed is not None:
+            if (failed := next((r for r in self.roles if r.failure()), None)) is not None:
                 self.say(f'{failed.label} {failed.failure()}; stopping the job')
                 self.stop(coordinated=False)
                 return 1, failed
@@ -153,8 +160,7 @@ class Job:
     def stop_stalled(self, stall):
         """Ask every process for its Python stack, name the workers behind (``stall``, a
         ``hung.Stall``), stop the job; return ``hung.STALLED``."""
-        for r in self.roles:
-            r.send('dump')
+        _tell(self.roles, 'dump')
         time.sleep(hung.DUMP_WAIT)  # the stacks are written from a signal handler, at once
         self.say(stall.describe())
         self.stop(coordinated=False)
@@ -189,18 +195,14 @@ class Job:
         and scheduler; SIGTERM, then SIGKILL, through the agents. Return False if a second
         signal made it kill everything at once."""
         if coordinated:
-            workers = [r for r in self.workers if r.running() and not r.lost]
-            step = max(r.steps for r in self.workers) + 2
-            for r in workers:
-                r.send(f'stop-at {step}')
+            workers = _reachable(self.workers)
+            _tell(workers, f'stop-at {max(r.steps for r in self.workers) + 2}')
             self.wait(workers, self.settings.grace)
         for group in (self.workers, self.others):
-            alive = [r for r in group if r.running() and not r.lost]
-            for r in alive:
-                r.send('term')
+            alive = _reachable(group)
+            _tell(alive, 'term')
             if not self.wait(alive, TERM_WAIT):
-                for r in alive:
-                    r.send('kill')
+                _tell(alive, 'kill')
                 self.wait(alive, TERM_WAIT)
             if self.killed:
                 return False
@@ -210,9 +212,7 @@ class Job:
     def kill_all(self):
         """Kill every agent (and ssh client) still running here; the agents end their processes
         (on a lost host, the agent does so itself after the timeout)."""
-        for r in self.roles:
-            if r.running() and not r.lost:
-                r.send('kill')
+        _tell(_reachable(self.roles), 'kill')
         deadline = time.monotonic() + 1.0
         for r in self.roles:
             if r.proc is None:
@@ -258,8 +258,7 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
         status, failed = job.run()
         if status > 128 and resume and keeps_checkpoints(command):
             job.say(words.launch_resume(resume))
-        done = _ended(job, settings, status, failed, restarts)
-        if done is not None:
+        if (done := _ended(job, settings, status, failed, restarts)) is not None:
             return done
         restarts += 1
         hosts = _without_lost(roles, hosts)

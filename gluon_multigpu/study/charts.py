@@ -104,13 +104,9 @@ class Animator:
                 ax.set_xticks(values)
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set(xlabel=self.xlabel or '', ylabel=self.ylabel or '')
-        if self.xlim:
-            ax.set_xlim(*self.xlim)
-        if self.ylim:
-            ax.set_ylim(*self.ylim)
-        if self.title:
-            ax.set_title(self.title)
+        given = {'xlim': self.xlim, 'ylim': self.ylim, 'title': self.title}  # None: matplotlib's
+        ax.set(xlabel=self.xlabel or '', ylabel=self.ylabel or '',
+               **{name: value for name, value in given.items() if value})
         if self.legend:
             ax.legend()
         ax.grid(True, alpha=0.3)

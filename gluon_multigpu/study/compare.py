@@ -9,13 +9,14 @@ largest difference between the copies on the devices of one run), and
 (``paired``).
 """
 import hashlib
+import itertools
 
 import numpy as onp
 
 from .paired import MIN_EFFECT, Paired
 
 __all__ = ['param_arrays', 'fingerprint', 'device_spread', 'ParamTracker', 'paired_epochs',
-           'recommend', 'NOISE']
+           'recommend', 'NOISE', 'epoch_load']
 
 #: Relative differences in seconds per epoch below this are always treated as noise.
 NOISE = MIN_EFFECT
@@ -55,8 +56,7 @@ def device_spread(net, trainable=True):
         if (p.grad_req != 'null') != trainable:
             continue
         copies = [d.asnumpy() for d in p.list_data()]
-        spread = max([spread or 0.0] + [float(onp.max(onp.abs(c - copies[0])))
-                                        for c in copies[1:] if c.size])
+        spread = max(spread or 0.0, _max_abs_diff(copies[1:], itertools.repeat(copies[0])))
     return spread
 
 
@@ -139,6 +139,12 @@ class ParamTracker:
         return False
 
 
+def epoch_load(result, epoch):
+    """The ``paired.LoadMeter`` figures of ``result``'s ``epoch``, None where none were recorded
+    (a result without ``loads``)."""
+    return (getattr(result, 'loads', None) or {}).get(epoch)
+
+
 def paired_epochs(results):
     """A ``paired.Paired`` of the runs' epoch times: round ``e`` is every run's epoch ``e``.
 
@@ -147,9 +153,8 @@ def paired_epochs(results):
     """
     pairs = Paired([r.kvstore for r in results])
     for r in results:
-        loads = getattr(r, 'loads', None) or {}
         for e in r.epochs:
-            pairs.add(r.kvstore, e.epoch, e.seconds, loads.get(e.epoch))
+            pairs.add(r.kvstore, e.epoch, e.seconds, epoch_load(r, e.epoch))
     return pairs
 
 

@@ -1,7 +1,8 @@
 """The kvstore comparison: its side-by-side table and its report folder."""
 from ..base.machine import stamp
 from ..section.devices import even_shares
-from .compare import paired_epochs
+from .compare import epoch_load, paired_epochs
+from .paired import _span
 from ..filesafety.files import ReportFolder, atomic_write, write_json
 from .charts import accuracy_chart, seconds_chart
 
@@ -84,11 +85,10 @@ def rounds_table(results):
         for r in results:
             record = next((e for e in r.epochs if e.epoch == n), None)
             cells.append(f'{record.seconds:.2f}' if record else '-')
-            loads.append((getattr(r, 'loads', None) or {}).get(n))
-        for key in ('others', 'load'):
-            values = [l[key] for l in loads if l and l.get(key) is not None]
-            cells.append('-' if not values else f'{values[0]:.1f}' if min(values) == max(values)
-                         else f'{min(values):.1f}-{max(values):.1f}')
+            loads.append(epoch_load(r, n))
+        for span in (_span(loads, 'others'), _span(loads, 'load')):
+            cells.append('-' if not span else f'{span[0]:.1f}' if span[0] == span[1]
+                         else f'{span[0]:.1f}-{span[1]:.1f}')
         rows.append(cells)
     header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
     return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))
@@ -120,10 +120,8 @@ def runs_json(results, tracker, config, partial=None):
     ``partial`` (why the comparison is incomplete, or None) is kept as is:
     ``complete`` says whether every kvstore of ``config['kvstore']`` finished.
     """
-    runs = []
-    for r in results:
-        loads = getattr(r, 'loads', None) or {}
-        runs.append(dict(tracker.run_dict(r), load=[loads.get(e.epoch) for e in r.epochs]))
+    runs = [dict(tracker.run_dict(r), load=[epoch_load(r, e.epoch) for e in r.epochs])
+            for r in results]
     return {'config': config, 'complete': partial is None, 'partial': partial,
             'reference': tracker.reference, 'runs': runs,
             'paired': paired_epochs(results).to_dict() if len(results) > 1 else None,

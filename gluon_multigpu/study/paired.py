@@ -323,8 +323,7 @@ class Paired:
             answer = self._verdicts(best, [(n, self.ratio(n, best)) for n in names if n != best],
                                     label, noun)
         note = load_note(self.all_loads())
-        aside = self.set_aside(names)
-        if aside:
+        if aside := self.set_aside(names):
             note += (f'{"; " if note else ""}{aside} round{"s" if aside > 1 else ""} set aside: '
                      'the variants met different loads in it (other processes\' CPU differed '
                      f'by {LOAD_CHANGE_CORES:g} cores or more)')
