@@ -98,7 +98,9 @@ class CheckpointState:
     def __init__(self, directory, manifest):
         self.directory, self.manifest = directory, manifest
         self.epoch = manifest['epoch']
-        self.partial = EpochTotals(**manifest['partial']) if manifest['partial'] else None
+        partial = manifest['partial']
+        self.partial = EpochTotals(**{**partial, 'grad_norms': tuple(partial.get(
+            'grad_norms', ()))}) if partial else None
         self.history = [EpochRecord(**e) for e in manifest['history']]
 
     def restore(self, net, trainer, devices):
@@ -259,7 +261,7 @@ class CheckpointStore:
         return {
             'format': FORMAT, 'sequence': self._sequence,
             'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'epoch': epoch, 'partial': partial._asdict() if partial is not None else None,
+            'epoch': epoch, 'partial': partial.to_dict() if partial is not None else None,
             'history': [r.to_dict() for r in history], 'config': self.config, 'files': files,
             'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
         }

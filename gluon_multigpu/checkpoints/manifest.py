@@ -107,7 +107,10 @@ def validate_manifest(manifest):
                               'must be whole numbers in range')
     if manifest['partial'] is not None:
         partial = manifest['partial']
-        _check_record(partial, _PARTIAL_TYPES, 'its field partial')
+        _check_record({k: v for k, v in partial.items() if k != 'grad_norms'}
+                      if isinstance(partial, dict) else partial, _PARTIAL_TYPES,
+                      'its field partial')
+        _check_lists(partial, 'its field partial')
         if partial['samples'] < partial['batches'] or partial['num_correct'] > partial['samples']:
             raise CheckpointError('its field partial counts fewer samples than batches or more '
                                   'correct answers than samples')

@@ -17,7 +17,7 @@ import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
-from mxnet import gluon, np, npx
+from mxnet import gluon, npx
 
 from ..base import engine
 from .checks import BatchCheck
@@ -171,7 +171,6 @@ class Training:
         # ``_live``: the interrupted epoch, (its batches left, its totals so far); ``_pushers``:
         # a fit's device threads (``pushers``), while it runs; ``_target``: the epoch it ends
         self._live = self._target = self._pushers = None
-        self._norms = []  # the epoch's gradient norms so far (an interrupted one's too)
         _LAST['run'] = self  # built whole: a build that raised is never the last run
         # A training and its result refer to each other: an earlier one nothing holds still
         # holds its network's copies until a full collection, which Python runs rarely (five
@@ -187,8 +186,7 @@ class Training:
         if self._update is not None:
             record.rates = epoch_rates(self._update, epoch, self.run.train_iter)
             if self._update.norm:
-                record.grad_norms = self._norms
-        self._norms = []
+                record.grad_norms = list(totals.grad_norms)
         self.result.epochs.append(record)
         return record
 
@@ -271,7 +269,6 @@ class Training:
             seconds = timer.stop()
             run.call('steps_done')
             totals = _diverged_in(run, steps.totals, seconds)  # the epoch's one read-back
-            self._norms += _read_norms(steps.norms)
             totals, partial = (partial + totals if partial else totals), None
             if totals.stopped and not _whole_epoch(run, totals):
                 run.call('stopped', totals)
@@ -333,11 +330,6 @@ def _epoch_batches(run, epoch, skip=0):
     if isinstance(getattr(data, 'epoch', None), int):
         data.epoch = epoch - 1
     return iter(run.batches(skip))
-
-
-def _read_norms(norms):
-    """The gradient norms of an epoch's updates as floats (sync point: one read-back)."""
-    return [float(v) for v in np.stack(norms).asnumpy().astype('float64')] if norms else []
 
 
 def _check_once_through(data, epochs, iterated):

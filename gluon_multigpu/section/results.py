@@ -23,7 +23,7 @@ class EpochRecord:
     eval_seconds: float
     samples: int
     #: With an accumulated, clipped or scheduled update (``updates``): the rate of each update,
-    #: and the global gradient norm before clipping of each one trained in this process.
+    #: and the global gradient norm before clipping of each (a resumed epoch's from its checkpoint).
     rates: Optional[List[float]] = None
     grad_norms: Optional[List[float]] = None
 
@@ -85,10 +85,17 @@ class EpochTotals(NamedTuple):
     seconds: float
     batches: int
     stopped: bool = False  # ended early on request, not at the end of the data
+    grad_norms: tuple = ()  # with an ``Update`` that measures them: each update's norm so far
 
     def __add__(self, other):
         """Totals of this part of an epoch followed by ``other``."""
-        return EpochTotals(*(a + b for a, b in zip(self[:5], other[:5])), other.stopped)
+        return EpochTotals(*(a + b for a, b in zip(self[:5], other[:5])), other.stopped,
+                           (*self.grad_norms, *other.grad_norms))
+
+    def to_dict(self):
+        """The totals as plain data (``grad_norms`` only where there are some)."""
+        return {k: list(v) if k == 'grad_norms' else v for k, v in self._asdict().items()
+                if k != 'grad_norms' or v}
 
 
 def epoch_line(record, num_epochs):

@@ -214,7 +214,7 @@ class EpochSteps:
     norms: list = None
 
     def totals(self, seconds):
-        """Return the epoch's ``EpochTotals`` (sync point: one read-back per device).
+        """Return the epoch's ``EpochTotals`` (sync point: one read-back per device, one of norms).
 
         Raises ``TrainingDiverged`` naming the first step whose loss is not
         finite, and ``GluonMultiGPUError`` for an epoch without data.
@@ -227,8 +227,9 @@ class EpochSteps:
             if not math.isfinite(value):
                 raise TrainingDiverged(f'the training loss became non-finite at step {step}',
                                        step=step)
+        norms = np.stack(self.norms).asnumpy().astype('float64') if self.norms else ()
         return EpochTotals(float(sum(step_sums)), _read_sum(self.correct), self.samples,
-                           seconds, self.batches, self.stopped)
+                           seconds, self.batches, self.stopped, tuple(map(float, norms)))
 
 
 @dataclass

@@ -185,16 +185,21 @@ def test_a_stop_inside_a_group_waits_for_its_update_and_resumes_exactly(fashion_
 
     def run(hooks, epochs=2):
         net = gm.simple_cnn()
-        gm.Training(net, train, test, devices, lr=0.3, hooks=hooks, **OPTIONS).fit(epochs)
-        return net
-    whole = run([])
+        result = gm.Training(net, train, test, devices, lr=0.3, hooks=hooks, **OPTIONS).fit(epochs)
+        return net, result
+    whole, whole_result = run([])
     ckpt = tmp_path / 'ckpt'
     stop = StopAt(2, 4)  # step 4 of 20: inside the second group of three
     with pytest.raises(gm.Interrupted) as stopped:
         run([stop, gm.Checkpointer(ckpt, {'run': 1})])
     assert stopped.value.batches == 6  # the group of steps 4 to 6 was updated first
-    resumed = run([gm.Checkpointer(ckpt, {'run': 1}, resume=True)])
+    resumed, result = run([gm.Checkpointer(ckpt, {'run': 1}, resume=True)])
     assert farthest(weights(resumed), weights(whole)) < 1e-6
+    # The stopped epoch's norms before the stop come back from the checkpoint with the rest.
+    for mine, whole_epoch in zip(result.epochs, whole_result.epochs):
+        assert len(mine.grad_norms) == len(whole_epoch.grad_norms) == 7
+        assert mine.grad_norms == pytest.approx(whole_epoch.grad_norms, rel=1e-5)
+        assert mine.rates == pytest.approx(whole_epoch.rates, rel=1e-12)
 
 
 def test_bad_values_are_refused_in_one_line(fashion_dir):
