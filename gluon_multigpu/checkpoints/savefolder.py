@@ -45,6 +45,8 @@ _WHOLE = re.compile(re.escape(_MARK) + rb'\d+\n')
 PLACED = 'placed.json'
 #: The files a save writes in its folder, beside the marker.
 FILES = ('params', 'states', 'manifest.json', PLACED)
+#: fsync the file or folder ``path`` (opened for reading); errors raised.
+fsync = atomic.fsync_path
 
 
 def open_regular(path):
@@ -72,28 +74,13 @@ def is_regular(path):
         return False
 
 
-def fsync(path):
-    """fsync the file or folder ``path`` (opened for reading)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        fs.fsync(fd, path)
-    finally:
-        os.close(fd)
-
-
 def make(directory):
     """Make a new save folder in ``directory`` and mark it; return its path.
 
     If the marker cannot be written, what was made is removed (it is recognised: an empty
     folder, or one holding a marker cut short) and the error raised.
     """
-    while True:
-        path = os.path.join(directory, f'.ckpt-save.{secrets.token_hex(8)}')
-        try:
-            fs.mkdir(path, 0o700)
-            break
-        except FileExistsError:
-            continue
+    path = atomic.new_folder(lambda: os.path.join(directory, f'.ckpt-save.{secrets.token_hex(8)}'))
     try:
         atomic.create_exclusive(os.path.join(path, MARKER), _MARK + f'{os.getpid()}\n'.encode())
         fsync(path)  # the marker, then the folder, durable before anything else is put in it

@@ -20,9 +20,9 @@ import stat
 from . import fs, reading
 from .paths import resolve_output
 
-__all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'create_exclusive',
-           'remove_own', 'makedirs', 'UNFINISHED', 'open_unnamed', 'create_whole',
-           'remove_hashed', 'HASHED']
+__all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'fsync_path',
+           'create_exclusive', 'remove_own', 'makedirs', 'UNFINISHED', 'open_unnamed',
+           'create_whole', 'remove_hashed', 'HASHED', 'new_folder']
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -39,17 +39,24 @@ def _inode(path):
     return st.st_dev, st.st_ino
 
 
+def fsync_path(path, flags=os.O_NONBLOCK, quiet=()):
+    """fsync the file or folder ``path``, opened for reading with ``flags`` added; an ``OSError``
+    whose errno is in ``quiet`` (any, with ``quiet=True``) is no error."""
+    try:
+        fd = os.open(path or '.', os.O_RDONLY | os.O_CLOEXEC | flags)
+        try:
+            fs.fsync(fd, path)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if quiet is not True and e.errno not in quiet:
+            raise
+
+
 def fsync_directory(directory):
-    """fsync ``directory``, so that a rename in it outlives a power cut (best effort)."""
-    try:
-        fd = os.open(directory or '.', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some file systems refuse it; the rename is done
-            fs.fsync(fd, directory)
-    finally:
-        os.close(fd)
+    """fsync ``directory``, so that a rename in it outlives a power cut (best effort: some file
+    systems refuse it; the rename is done)."""
+    fsync_path(directory, os.O_DIRECTORY, quiet=True)
 
 
 def create_exclusive(path, data, mode=0o666, unfinished=False):
@@ -183,28 +190,38 @@ def write_file(path, data, check=None, mode=0o666):
     """
     directory, name = os.path.split(path)
     remove_hashed(directory, name)  # what a killed write of this file left
+    tmp = _link_unnamed(path, data, mode, lambda digest: os.path.join(
+        directory, f'.{name}.{secrets.token_hex(4)}.{digest[:16]}.tmp'),
+        lambda chunks: _write_named(path, chunks, check, mode))
+    if tmp is not None:  # else written through a named temporary
+        _finish(tmp, path, check)
+
+
+def _link_unnamed(path, data, mode, name, otherwise):
+    """Write ``data`` (bytes or chunks) to an unnamed file beside ``path``, fsync it and link it
+    as ``name(its sha256 in hex)``; return that name. Where ``O_TMPFILE`` is not supported (or
+    the link is refused): what ``otherwise(the chunks)`` returns, which writes them instead."""
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-    fd = open_unnamed(directory, mode)
+    fd = open_unnamed(os.path.dirname(path), mode)
     if fd is None:
-        return _write_named(path, chunks, check, mode)
+        return otherwise(chunks)
     digest = hashlib.sha256()
     try:
         for chunk in chunks:
             digest.update(chunk)
             fs.write(fd, chunk, path)
         fs.fsync(fd, path)
-        tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.'
-                                      f'{digest.hexdigest()[:16]}.tmp')
+        linked = name(digest.hexdigest())
         try:
-            fs.link_unnamed(fd, tmp)
+            fs.link_unnamed(fd, linked)
         except OSError as e:
             if e.errno not in _NO_LINK:
                 raise
-            os.lseek(fd, 0, os.SEEK_SET)  # nothing was named: copy it to a named temporary
-            return _write_named(path, iter(lambda: os.read(fd, 1 << 20), b''), check, mode)
+            os.lseek(fd, 0, os.SEEK_SET)  # nothing was named: copy it to a named file
+            return otherwise(iter(lambda: os.read(fd, 1 << 20), b''))
     finally:
         os.close(fd)
-    return _finish(tmp, path, check)
+    return linked
 
 
 def _finish(tmp, path, check):
@@ -234,33 +251,21 @@ def create_whole(path, data):
     """Create the new file ``path`` holding ``data`` (bytes), fsynced, all or nothing: written
     unnamed and then linked where ``O_TMPFILE`` is supported (a kill leaves nothing, or the
     whole file), else ``create_exclusive``. Raises ``FileExistsError`` if anything has the name."""
-    fd = open_unnamed(os.path.dirname(path))
-    if fd is None:
-        return create_exclusive(path, data)
-    try:
-        fs.write(fd, data, path)
-        fs.fsync(fd, path)
-        try:
-            fs.link_unnamed(fd, path)
-        except OSError as e:
-            if e.errno not in _NO_LINK:
-                raise
-            return create_exclusive(path, data)
-    finally:
-        os.close(fd)
-    return _inode(path)
+    made = _link_unnamed(path, data, 0o666, lambda digest: path,
+                         lambda chunks: create_exclusive(path, b''.join(chunks)))
+    return _inode(path) if made == path else made
 
 
 def _naming(error, path):
-    """``error`` (an ``OSError``) naming ``path`` as its file: itself, or a new one of its kind.
+    """Make ``error`` (an ``OSError``) name ``path`` as its file: itself, or raise a new one of its
+    kind from it.
 
     A rename's error names two files, and the second cannot be unset: such an error is replaced
     (``OSError`` picks the subclass its errno stands for).
     """
-    if error.filename2 is None:
-        error.filename = path
-        return error
-    return OSError(error.errno, error.strerror, path)
+    if error.filename2 is not None:
+        raise OSError(error.errno, error.strerror, path) from error
+    error.filename = path
 
 
 @contextlib.contextmanager
@@ -274,10 +279,18 @@ def naming(path):
     try:
         yield path
     except OSError as e:
-        named = _naming(e, path)
-        if named is not e:
-            raise named from e
+        _naming(e, path)
         raise
+
+
+def new_folder(name):
+    """Make a new folder (mode 0700) at ``name()``, a random name drawn again while one is
+    taken; return its path."""
+    while True:
+        path = name()
+        with contextlib.suppress(FileExistsError):
+            fs.mkdir(path, 0o700)
+            return path
 
 
 def makedirs(path, mode=0o777):

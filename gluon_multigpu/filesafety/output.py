@@ -43,8 +43,8 @@ from ..errors import GluonMultiGPUError
 from . import fs, reading
 from .paths import resolve_output
 from .atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, create_exclusive,
-                     create_whole, fsync_directory, makedirs, naming, remove_hashed, remove_own,
-                     write_file)
+                     create_whole, fsync_directory, fsync_path, makedirs, naming, new_folder,
+                     remove_hashed, remove_own, write_file)
 
 __all__ = ['atomic_write', 'naming', 'discard_unfinished', 'ReportSet', 'ReportFolder',
            'recover', 'fsync_directory', 'create_exclusive', 'remove_own', 'write_file', 'makedirs',
@@ -180,20 +180,6 @@ def recover(directory):
     return settled
 
 
-def _fsync_file(path):
-    """fsync the regular file ``path`` (a link is left as it is)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return
-        raise
-    try:
-        fs.fsync(fd, path)
-    finally:
-        os.close(fd)
-
-
 def _remove_empty(path):
     """``rmdir`` ``path``; False if it is not empty (or cannot be removed)."""
     try:
@@ -223,14 +209,9 @@ class ReportSet:
         self._current = None  # the report file being written or moved
 
     def __enter__(self):
-        probe = self.directory
-        while not os.path.lexists(probe):
-            self._made.append(probe)  # innermost first: the order to remove them in
-            probe = os.path.dirname(probe)
         try:
             with naming(self.directory):
-                for folder in reversed(self._made):
-                    fs.mkdir(folder)
+                self._made = makedirs(self.directory)  # innermost first: the order to remove them
                 recover(self.directory)
                 self._staging = self._make_staging()
         except BaseException:
@@ -239,24 +220,19 @@ class ReportSet:
         return self
 
     def _make_staging(self):
-        while True:
-            path = os.path.join(self.directory,
-                                f'{_STAGING_PREFIX}{secrets.token_hex(4)}{_STAGING_SUFFIX}')
-            try:
-                fs.mkdir(path, 0o700)
-            except FileExistsError:
-                continue
-            try:
-                create_whole(os.path.join(path, JOURNAL), json.dumps(
-                    {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    fs.rmdir(path)  # made just now, and empty
-                raise
-            fsync_directory(path)  # the journal, then the folder, durable before anything is staged
-            fsync_directory(self.directory)
-            _UNFINISHED[path] = _inode(path)
-            return path
+        path = new_folder(lambda: os.path.join(
+            self.directory, f'{_STAGING_PREFIX}{secrets.token_hex(4)}{_STAGING_SUFFIX}'))
+        try:
+            create_whole(os.path.join(path, JOURNAL), json.dumps(
+                {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fs.rmdir(path)  # made just now, and empty
+            raise
+        fsync_directory(path)  # the journal, then the folder, durable before anything is staged
+        fsync_directory(self.directory)
+        _UNFINISHED[path] = _inode(path)
+        return path
 
     def path(self, name):
         """Where to write the report's file ``name`` (staged until the block ends)."""
@@ -302,7 +278,8 @@ class ReportSet:
             entries = self._entries()
             for name, _, _, _ in entries:  # whoever wrote them (ssh-keygen does not fsync)
                 self._current = os.path.join(self.directory, name)
-                _fsync_file(os.path.join(self._staging, name))
+                fsync_path(os.path.join(self._staging, name), os.O_NOFOLLOW | os.O_NONBLOCK,
+                           (errno.ELOOP,))  # a link is left as it is
             for i, (name, _, _, has_old) in enumerate(entries):
                 if has_old:  # a backup, until the new set is complete
                     self._current = os.path.join(self.directory, name)
@@ -318,30 +295,24 @@ class ReportSet:
                 self._current = os.path.join(self.directory, name)
                 fs.replace(os.path.join(self._staging, name), self._current)
             fsync_directory(self.directory)
-        except BaseException:
-            self._roll_back(journal)
+        except BaseException:  # a move failed: put the previous files back (the journal first)
+            journal = dict(journal, state='rollback')
+            with contextlib.suppress(OSError):  # rolled back all the same; a kill rolls forward
+                _write_journal(self._staging, journal)
+            try:
+                _roll_back(self._staging, journal)
+            finally:
+                self._discard()
             raise
         self._finish()
-
-    def _roll_back(self, journal):
-        """A move failed: put the previous files back (the journal says so first)."""
-        journal = dict(journal, state='rollback')
-        with contextlib.suppress(OSError):  # rolled back all the same; a kill rolls forward
-            _write_journal(self._staging, journal)
-        try:
-            _roll_back(self._staging, journal)
-        finally:
-            self._discard()
 
     def _finish(self):
         """Remove the staging folder (tried twice: what a failure leaves, ``recover`` settles)."""
         for _ in range(2):
-            try:
+            with contextlib.suppress(OSError):
                 if os.path.lexists(self._staging):
                     _clear(self._staging)
                 break
-            except OSError:
-                continue
         _UNFINISHED.pop(self._staging, None)
 
     def _discard(self):
@@ -352,9 +323,7 @@ class ReportSet:
     def _name(self, error):
         """Make an ``OSError`` name the report file being written (raising a new one if it must)."""
         if isinstance(error, OSError) and self._current is not None:
-            named = _naming(error, self._current)
-            if named is not error:
-                raise named from error
+            _naming(error, self._current)
 
     def _remove_made(self):
         for directory in self._made:
