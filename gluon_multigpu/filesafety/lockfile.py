@@ -23,14 +23,13 @@ import time
 
 from ..errors import GluonMultiGPUError
 from . import fs
-from .atomic import _inode, remove_own
+from .atomic import _inode, open_unnamed, remove_own
 
 __all__ = ['Lock', 'MARKER']
 
 #: The first line of every lock file of the package.
 MARKER = 'gluon-multigpu lock 1'
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_UNNAMED = os.O_RDWR | getattr(os, 'O_TMPFILE', 0) | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -42,6 +41,11 @@ def _kind(mode):
     return f'not a regular file ({what})'
 
 
+def _inode_of(fd):
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 def _flocked(fd):
     """Take the ``flock`` of ``fd``: True, or False if another process holds it."""
     try:
@@ -51,10 +55,6 @@ def _flocked(fd):
             return False
         raise
     return True
-
-
-def _say_on_stderr(line):
-    print(line, file=sys.stderr, flush=True)
 
 
 class Lock:
@@ -82,7 +82,8 @@ class Lock:
         self.path, self.held, self.fix = os.path.abspath(os.fspath(path)), held, fix
         # A stale lock taken over is always said (the output rules promise it): on stderr
         # unless the program gives its own way to say it.
-        self.error, self.say, self.wait = error, say or _say_on_stderr, wait
+        self.error, self.wait = error, wait
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self._fd, self._inode = None, None
 
     @property
@@ -107,30 +108,35 @@ class Lock:
         """Make the lock under its name with its content already in it; False if the name is
         taken. The content is written to a file without a name (``O_TMPFILE``) which is then
         linked under the name, so that a kill at any moment leaves either no lock or a whole
-        one, never an empty file nobody could recognise."""
+        one, never an empty file nobody could recognise. Where the file system has no
+        ``O_TMPFILE``, the lock is created with ``O_EXCL`` and written in place."""
         try:
-            fd = fs.open(os.path.dirname(self.path) or '.', _UNNAMED, 0o644)
+            fd = open_unnamed(os.path.dirname(self.path), 0o644)
+            named = fd is None
+            if named:
+                fd = fs.open(self.path, _FLAGS, 0o644)
+        except FileExistsError:
+            return False
         except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                raise self._cannot(e) from None
-            return self._create_named()
+            raise self._cannot(e) from None
         try:
             _flocked(fd)  # new, so nobody else holds it
+            if named:
+                self._inode = _inode_of(fd)
             fs.write(fd, self._content(), self.path)
-            fs.fsync(fd, self.path)  # whole after a power cut too, not an empty file
-            try:
+            if not named:
+                fs.fsync(fd, self.path)  # whole after a power cut too, not an empty file
                 fs.link_unnamed(fd, self.path)
-            except FileExistsError:
-                os.close(fd)
+                self._inode = _inode_of(fd)
+        except BaseException as e:
+            os.close(fd)
+            remove_own(self.path, self._inode)  # named: made here; unnamed: nothing named yet
+            self._inode = None
+            if named or not isinstance(e, OSError):
+                raise
+            if isinstance(e, FileExistsError):
                 return False
-            st = os.fstat(fd)
-            self._inode = (st.st_dev, st.st_ino)
-        except OSError as e:
-            os.close(fd)
             raise self._cannot(e) from None
-        except BaseException:
-            os.close(fd)
-            raise
         self._fd = fd
         return True
 
@@ -140,27 +146,6 @@ class Lock:
     @staticmethod
     def _content():
         return f'{MARKER}\npid {os.getpid()}\nhost {socket.gethostname()}\n'.encode()
-
-    def _create_named(self):
-        """``_create`` where the file system has no ``O_TMPFILE``: created with ``O_EXCL``."""
-        try:
-            fd = fs.open(self.path, _FLAGS, 0o644)
-        except FileExistsError:
-            return False
-        except OSError as e:
-            raise self._cannot(e) from None
-        try:
-            _flocked(fd)  # new, so nobody else holds it
-            st = os.fstat(fd)
-            self._inode = (st.st_dev, st.st_ino)
-            fs.write(fd, self._content(), self.path)
-        except BaseException:
-            os.close(fd)
-            remove_own(self.path, self._inode)
-            self._inode = None
-            raise
-        self._fd = fd
-        return True
 
     def _inspect(self):
         """What has the name now: None after taking over a stale lock (or when the name went
