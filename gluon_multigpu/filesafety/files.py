@@ -33,9 +33,7 @@ def write_text(path, text):
 
 def write_json(path, obj):
     """Write ``obj`` as indented JSON to ``path``, atomically."""
-    with atomic_write(path, 'w') as f:
-        json.dump(obj, f, indent=2)
-        f.write('\n')
+    write_text(path, json.dumps(obj, indent=2) + '\n')
 
 
 def write_csv(path, rows, columns):

@@ -12,6 +12,7 @@ then to fail the n-th (``ENOSPC``, ``EIO``, ``EFBIG`` after half a write) or to 
 process there (SIGKILL). ``trace`` (tests only) also gets the file descriptor of a ``write``, ``fsync`` or ``link_unnamed``: the harness's
 power-cut model learns from it which file or folder an fsync makes durable.
 """
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -119,11 +120,8 @@ _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 def unlink(path, missing_ok=False):
     """``os.unlink``; with ``missing_ok``, a name already gone is no error."""
     _before('unlink', path)
-    try:
+    with contextlib.suppress(*((FileNotFoundError,) if missing_ok else ())):
         os.unlink(path)
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
 
 
 def mkdir(path, mode=0o777):

@@ -48,17 +48,10 @@ _CHECKPOINT_MARK = b'"format": "gluon-multigpu-checkpoint'
 def is_checkpoint_folder(directory):
     """Whether ``directory`` holds a checkpoint: a checkpoint manifest or a checkpoint's files."""
     try:
-        names = os.listdir(directory)
-    except OSError:
-        return False
-    if any(CHECKPOINT_FILE.fullmatch(n) for n in names):
-        return True
-    manifest = os.path.join(directory, 'manifest.json')
-    if 'manifest.json' not in names or not os.path.isfile(manifest):
-        return False
-    try:
-        with reading.open_regular(manifest, 'manifest') as f:
-            return _CHECKPOINT_MARK in f.read(4096)
+        if any(CHECKPOINT_FILE.fullmatch(n) for n in os.listdir(directory)):
+            return True
+        with reading.open_regular(os.path.join(directory, 'manifest.json'), 'manifest') as f:
+            return _CHECKPOINT_MARK in f.read(4096)  # a regular file (or a link to one) only
     except (OSError, GluonMultiGPUError):
         return False
 
