@@ -27,8 +27,6 @@ import mxnet as mx
 from ..errors import CheckpointError
 from ..filesafety import atomic, fs
 from . import savefolder
-from .savefolder import is_regular as _is_regular, open_regular as _open_regular, \
-    sha256 as _sha256
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
 from ..machinery.config import RunConfig
@@ -115,19 +113,14 @@ class CheckpointState:
             net.load_parameters(os.path.join(self.directory, params), ctx=devices)
         except (mx.base.MXNetError, AssertionError, ValueError, KeyError, IndexError) as e:
             why = '' if isinstance(e, mx.base.MXNetError) else f' ({str(e).strip()[:200]})'
-            raise _damaged(self.directory, f'{params} does not load into this network{why}') \
+            raise CheckpointStore._damaged(self, f'{params} does not load into this network{why}') \
                 from None
         if files['states']['bytes']:  # empty: the servers of a parameter server held it
             try:
                 load_trainer_states(net, trainer, os.path.join(self.directory, states))
             except CheckpointError as e:
-                raise _damaged(self.directory, f'{states} is not an optimizer state of this '
-                               f'network: {e}') from None
-
-
-def _damaged(directory, why):
-    return CheckpointError(f'the checkpoint in {directory} is damaged: {why}; remove it or '
-                           'choose another `checkpoint_dir`')
+                raise CheckpointStore._damaged(self, f'{states} is not an optimizer state of '
+                                               f'this network: {e}') from None
 
 
 class CheckpointStore:
@@ -162,19 +155,19 @@ class CheckpointStore:
             state = self.load(check_config=False)
         except CheckpointError:
             return f'damaged, in {self.directory}'
-        where = f'epoch {state.epoch}'
-        if state.partial:
-            where = f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}'
+        where = f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}' \
+            if state.partial else f'epoch {state.epoch}'
         return f'{where}, in {self.directory}'
 
     # -- reading --------------------------------------------------------------------------
 
-    def _damaged(self, why):
-        return _damaged(self.directory, why)
+    def _damaged(self, why):  # also a CheckpointState's (its ``directory``)
+        return CheckpointError(f'the checkpoint in {self.directory} is damaged: {why}; remove it '
+                               'or choose another `checkpoint_dir`')
 
     def _read_manifest(self):
         try:
-            with _open_regular(self.manifest_path) as f:
+            with savefolder.open_regular(self.manifest_path) as f:
                 manifest = read_manifest(f)
         except OSError as e:
             why = 'is a symbolic link' if os.path.islink(self.manifest_path) else \
@@ -206,10 +199,11 @@ class CheckpointStore:
                 path = os.path.join(self.directory, entry['name'])
                 if not os.path.lexists(path):
                     raise self._damaged(f'its {role} file {entry["name"]} is missing')
-                if not _is_regular(path):
+                if not savefolder.is_regular(path):
                     raise self._damaged(f'its {role} file {entry["name"]} is not a regular file '
                                         '(a link or a directory)')
-                if os.path.getsize(path) != entry['bytes'] or _sha256(path) != entry['sha256']:
+                if os.path.getsize(path) != entry['bytes'] or \
+                        savefolder.sha256(path) != entry['sha256']:
                     raise self._damaged(f'{entry["name"]} does not match its recorded hash')
             self._loaded = (stamp, CheckpointState(self.directory, manifest))
         state = self._loaded[1]
@@ -244,7 +238,7 @@ class CheckpointStore:
                               os.path.join(self.directory, f'{stem}.{role}')) from e
             savefolder.fsync(tmp)
             entries[role] = {'name': f'{stem}.{role}', 'bytes': os.path.getsize(tmp),
-                             'sha256': _sha256(tmp)}
+                             'sha256': savefolder.sha256(tmp)}
         atomic.create_exclusive(os.path.join(work, savefolder.PLACED), json.dumps(
             {'placed': entries, 'replaced': replaced}).encode())
         savefolder.fsync(work)
@@ -343,7 +337,7 @@ class CheckpointStore:
         folders, placed = savefolder.leftovers(self.directory, keep)
         removed = []
         for name in sorted((replaced | placed) - set(keep)):
-            if _is_regular(os.path.join(self.directory, name)):
+            if savefolder.is_regular(os.path.join(self.directory, name)):
                 fs.unlink(os.path.join(self.directory, name), missing_ok=True)
                 removed.append(name)
         if removed and folders:  # durable before the records naming them go

@@ -44,11 +44,14 @@ def _is(value, kind, low=None):
     return ok and (low is None or value >= low)
 
 
-def _check_record(fields, types, where):
-    """Raise ``CheckpointError`` unless ``fields`` is a dict with ``types`` (name -> kind, range).
+def _check_record(record, types, where, lists=()):
+    """Raise ``CheckpointError`` unless ``record`` is a dict with ``types`` (name -> kind, range)
+    and, where present, the fields ``lists``: lists of finite numbers 0 or more.
 
     A range is ``(low, high, low_included)``; None leaves a side open.
     """
+    fields = {k: v for k, v in record.items() if k not in lists} if isinstance(record, dict) \
+        else record
     if not isinstance(fields, dict) or set(fields) != set(types):
         raise CheckpointError(f'{where} must have exactly the fields {", ".join(types)}')
     for name, (kind, low, high, closed) in types.items():
@@ -65,6 +68,11 @@ def _check_record(fields, types, where):
             bound = (f'{"above" if not closed else "at least"} {low:g}' if high is None else
                      f'from {low:g} to {high:g}')
             raise CheckpointError(f'{where}: field {name} is {value!r}, and it must be {bound}')
+    for name in (n for n in lists if n in record):
+        values = record[name]
+        if not (isinstance(values, list) and all(
+                (_is(v, float) or _is(v, int)) and math.isfinite(v) and v >= 0 for v in values)):
+            raise CheckpointError(f'{where}: field {name} must be a list of numbers 0 or more')
 
 
 _WHOLE, _NONNEG, _POSITIVE, _SHARE = ((int, 1, None, True), (float, 0, None, True),
@@ -78,16 +86,6 @@ _RECORD_TYPES = {'epoch': _WHOLE, 'train_loss': _NONNEG, 'train_acc': _SHARE, 't
 #: Fields of an epoch's record that only some runs write (``results.OPTIONAL_FIELDS``): lists
 #: of finite numbers (the rate of each update, each update's gradient norm).
 _OPTIONAL = ('rates', 'grad_norms')
-
-
-def _check_lists(record, where):
-    for name in _OPTIONAL:
-        if name not in record:
-            continue
-        values = record[name]
-        if not (isinstance(values, list) and all(
-                (_is(v, float) or _is(v, int)) and math.isfinite(v) and v >= 0 for v in values)):
-            raise CheckpointError(f'{where}: field {name} must be a list of numbers 0 or more')
 
 
 def validate_manifest(manifest):
@@ -107,20 +105,14 @@ def validate_manifest(manifest):
                               'must be whole numbers in range')
     if manifest['partial'] is not None:
         partial = manifest['partial']
-        _check_record({k: v for k, v in partial.items() if k != 'grad_norms'}
-                      if isinstance(partial, dict) else partial, _PARTIAL_TYPES,
-                      'its field partial')
-        _check_lists(partial, 'its field partial')
+        _check_record(partial, _PARTIAL_TYPES, 'its field partial', ('grad_norms',))
         if partial['samples'] < partial['batches'] or partial['num_correct'] > partial['samples']:
             raise CheckpointError('its field partial counts fewer samples than batches or more '
                                   'correct answers than samples')
     if not isinstance(manifest['history'], list) or len(manifest['history']) != manifest['epoch']:
         raise CheckpointError(f'its field history must list {manifest["epoch"]} epoch(s)')
     for i, record in enumerate(manifest['history'], 1):
-        _check_record({k: v for k, v in record.items() if k not in _OPTIONAL}
-                      if isinstance(record, dict) else record, _RECORD_TYPES,
-                      f'its field history[{i - 1}]')
-        _check_lists(record, f'its field history[{i - 1}]')
+        _check_record(record, _RECORD_TYPES, f'its field history[{i - 1}]', _OPTIONAL)
         if record['epoch'] != i:
             raise CheckpointError(f'its field history[{i - 1}].epoch must be {i}')
     if not isinstance(manifest['config'], dict):

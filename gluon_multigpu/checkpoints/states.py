@@ -113,10 +113,9 @@ def save_trainer_states(net, trainer, path):
                     optimizer._all_index_update_counts.items()  # pylint: disable=protected-access
                     for i, n in per_index.items()
                     if isinstance(i, int) and 0 <= i < len(places) and isinstance(device, int))
-    arrays['layout'] = nd.array(onp.array(layout, dtype='int64').reshape(-1), dtype='int64')
-    arrays['counts'] = nd.array(onp.array(counts, dtype='int64').reshape(-1), dtype='int64')
-    arrays['num_update'] = nd.array([optimizer.num_update], dtype='int64')
-    arrays['version'] = nd.array([VERSION], dtype='int64')
+    for name, rows in (('layout', layout), ('counts', counts), ('num_update', [optimizer.num_update]),
+                       ('version', [VERSION])):
+        arrays[name] = nd.array(onp.array(rows, dtype='int64').reshape(-1), dtype='int64')
     nd.save(path, arrays)
 
 
@@ -170,11 +169,8 @@ def _decode(arrays, params):
 
 
 def _copy(state):
-    if state is None:
-        return None
-    if isinstance(state, tuple):
-        return tuple(_copy(s) for s in state)
-    return state.copy()
+    return tuple(map(_copy, state)) if isinstance(state, tuple) else \
+        None if state is None else state.copy()
 
 
 def _to_trainer(net, trainer, arrays):
