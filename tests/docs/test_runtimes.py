@@ -62,6 +62,22 @@ def test_the_checks_are_tests_that_exist_and_none_is_of_what_reads_the_tools_res
         assert what in named, what
 
 
+def test_a_runtime_on_the_suites_python_passes_over_only_the_checks_of_the_python_alone(
+        tmp_path, monkeypatch):
+    assert set(runtimes.PYTHON_ONLY) < set(runtimes.CHECKS)
+    ran = []
+    monkeypatch.setattr(runtimes, 'shell', lambda command, *args: ran.append(command) or 0)
+    monkeypatch.setattr(runtimes, 'tail', lambda log, lines=15: '3 passed in 1.0s')
+    record = runtimes.run_checks('VENV', str(tmp_path / 'log'), runtimes.PYTHON_ONLY)
+    named = [c for c in runtimes.CHECKS if f"'{c}'" in ran[0]]
+    assert named == [c for c in runtimes.CHECKS if c not in runtimes.PYTHON_ONLY]
+    assert record['passed_over'] == list(runtimes.PYTHON_ONLY) and record['passed'] == 3
+    assert '(2 of the suite\'s Python passed over)' in runtimes.summary(
+        {'name': 'numpy-2', 'checks': dict(record, failed=0), 'ok': True})
+    every = runtimes.run_checks('VENV', str(tmp_path / 'log'))
+    assert all(f"'{c}'" in ran[1] for c in runtimes.CHECKS) and 'passed_over' not in every
+
+
 def test_the_suites_venv_is_the_runtime_of_its_python_and_numpy():
     here = runtimes.versions(sys.prefix)
     row = runtimes.suite_runtime(sys.prefix)
