@@ -34,7 +34,6 @@ Notes
 """
 import builtins
 import importlib.machinery
-import importlib.util
 import os
 import re
 import contextlib
@@ -390,36 +389,22 @@ def load_advice(error):
             'mxnet==1.9.1) and run gluon-multigpu-doctor')
 
 
-class _BeforeMXNet:
-    """A ``sys.meta_path`` finder: at the process's first ``import mxnet``, ``prepare()`` before
-    MXNet's code runs and ``after_load`` once it has; then it is gone from ``sys.meta_path``."""
-
-    def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
-        if name != 'mxnet':
-            return None
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _BeforeMXNet)]  # gone
-        prepare()
-        spec = importlib.util.find_spec('mxnet')  # the finders after this one, as without it
-        if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            try:
-                with root_logging_kept():
-                    run(module)
-            except (ImportError, MXNetLoadError):  # as raised (_mxnet says an ImportError)
-                raise
-            # Any other failure: a library it needs (OSError), its own library missing
-            # (RuntimeError), a NumPy it cannot run on (AttributeError), a half-copied install...
-            except Exception as e:  # pylint: disable=broad-except
-                raise MXNetLoadError(load_advice(e)) from e
-            after_load(module)
-        spec.loader.exec_module = exec_module
-        return spec
+def _load_mxnet(execute, module):
+    """MXNet's import (``execute``): ``after_load`` once it has run; a failure that is no
+    ``ImportError`` becomes ``MXNetLoadError`` saying what to install."""
+    try:
+        with root_logging_kept():
+            execute(module)
+    except (ImportError, MXNetLoadError):  # as raised (_mxnet says an ImportError)
+        raise
+    # Any other failure: a library it needs (OSError), its own library missing
+    # (RuntimeError), a NumPy it cannot run on (AttributeError), a half-copied install...
+    except Exception as e:  # pylint: disable=broad-except
+        raise MXNetLoadError(load_advice(e)) from e
+    after_load(module)
 
 
 def install_hook():
-    """Put the finder of ``_BeforeMXNet`` first on ``sys.meta_path`` unless MXNet is loaded."""
-    if 'mxnet' not in sys.modules and not any(isinstance(f, _BeforeMXNet) for f in sys.meta_path):
-        sys.meta_path.insert(0, _BeforeMXNet())
+    """At the process's first ``import mxnet``: ``prepare()`` before MXNet's code runs and
+    ``after_load`` once it has (``opcache.OnLoad``); nothing once MXNet is loaded."""
+    opcache.on_load('mxnet', _load_mxnet, prepare)

@@ -14,14 +14,14 @@ be written changes nothing but the time. ``GLUON_MULTIGPU_OP_CACHE=0``
 turns it off.
 """
 import hashlib
-import importlib.machinery
 import importlib.util
 import marshal
 import os
 import sys
 import types
 
-__all__ = ['install', 'save', 'write_table', 'stats', 'cache_path', 'ENV']
+__all__ = ['install', 'save', 'write_table', 'stats', 'cache_path', 'ENV', 'OnLoad',
+           'on_load']
 
 #: The environment variable that turns the cache off (``0``).
 ENV = 'GLUON_MULTIGPU_OP_CACHE'
@@ -120,8 +120,9 @@ def _cached(make):
     return cached
 
 
-def _patch(base):
-    """Make MXNet's registering functions (in ``mxnet.base``, just loaded) use the cache."""
+def _patch(execute, base):
+    """Run ``mxnet.base`` (``execute``), then make its registering functions use the cache."""
+    execute(base)
     try:
         _STATE['path'] = cache_path(base._LIB._name, base.__version__)  # pylint: disable=protected-access
     except (OSError, AttributeError, TypeError):
@@ -139,32 +140,41 @@ def _patch(base):
     _STATE['installed'] = True
 
 
-class _Finder:
-    """A ``sys.meta_path`` finder for ``mxnet.base`` alone; gone once it has found it."""
+class OnLoad:
+    """A ``sys.meta_path`` finder for the module ``name`` alone, gone once it has found it:
+    ``first()`` (if given) before the spec is looked for, then the module is run as
+    ``run(execute, module)`` says (``execute``: as its own loader runs it)."""
+
+    def __init__(self, name, run, first=None):
+        self.name, self.run, self.first = name, run, first
 
     def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
-        if name != 'mxnet.base':
+        if name != self.name:
             return None
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        if self.first is not None:
+            self.first()
+        spec = importlib.util.find_spec(name)  # the finders after this one, as without it
         if spec is not None and hasattr(spec.loader, 'exec_module'):
-            run = spec.loader.exec_module
-
-            def exec_module(module):  # as its own loader does, then ``_patch`` it
-                run(module)
-                _patch(module)
-            spec.loader.exec_module = exec_module
+            execute = spec.loader.exec_module
+            spec.loader.exec_module = lambda module: self.run(execute, module)
         return spec
+
+
+def on_load(name, run, first=None):
+    """Put an ``OnLoad`` finder first on ``sys.meta_path`` unless ``name`` is loaded or one is
+    there already; return whether ``name`` is still to load."""
+    if name in sys.modules:
+        return False
+    if not any(isinstance(f, OnLoad) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, OnLoad(name, run, first))
+    return True
 
 
 def install(environ=None):
     """Before MXNet loads: have its operator functions come from the cache; False if not."""
-    environ = os.environ if environ is None else environ
-    if environ.get(ENV) == '0' or 'mxnet.base' in sys.modules:
-        return False
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-    return True
+    return (os.environ if environ is None else environ).get(ENV) != '0' and \
+        on_load('mxnet.base', _patch)
 
 
 def write_table(path, table):
