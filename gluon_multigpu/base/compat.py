@@ -189,11 +189,9 @@ def provide_distutils_version():
         return False
     _STAND_IN['withdraw'] = _real_distutils()
     if sys.modules.get('distutils') is not None:  # a real package, already loaded: cheap
-        try:
+        with contextlib.suppress(ImportError):
             import distutils.version  # noqa: F401  pylint: disable=import-outside-toplevel,deprecated-module
             return False
-        except ImportError:
-            pass
     _STAND_IN['before'] = {n: sys.modules[n] for n in ('distutils', 'distutils.version')
                            if n in sys.modules}
     if (package := sys.modules.get('distutils')) is None:

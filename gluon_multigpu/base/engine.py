@@ -33,6 +33,7 @@ What ``configure`` sets, unless the user set it (a variable set by the user alwa
   ``TRIM_THRESHOLD`` only; MXNet allocates and frees every array with ``malloc``, and glibc
   kept the freed blocks in its heap, fragmented. A ``MALLOC_*`` variable set keeps glibc's own.
 """
+import contextlib
 import ctypes
 import os
 import platform
@@ -294,12 +295,10 @@ def return_freed_memory(environ=None):
     if _STATE['malloc'] is None:
         _STATE['malloc'] = False
         if platform.libc_ver()[0] == 'glibc' and not any(k.startswith('MALLOC_') for k in environ):
-            try:
+            with contextlib.suppress(OSError, AttributeError):
                 libc = ctypes.CDLL(None)
                 _STATE['malloc'] = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
                                     libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
-            except (OSError, AttributeError):
-                pass
     return _STATE['malloc']
 
 

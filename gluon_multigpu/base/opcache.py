@@ -13,6 +13,7 @@ own is not read (it is written anew where it can be); a folder that cannot
 be written changes nothing but the time. ``GLUON_MULTIGPU_OP_CACHE=0``
 turns it off.
 """
+import contextlib
 import hashlib
 import importlib.util
 import marshal
@@ -35,26 +36,21 @@ _STATE = {'path': None, 'read': {}, 'made': {}, 'hits': 0, 'misses': 0, 'install
 
 def stats():
     """This process's use of the cache: its file, functions taken from it and made anew."""
-    return {'path': _STATE['path'], 'hits': _STATE['hits'], 'misses': _STATE['misses'],
-            'installed': _STATE['installed']}
-
-
-def _folder(environ):
-    """The cache folder; None where the user's is not known (no home folder, as XDG says)."""
-    root = environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return os.path.join(root, 'gluon-multigpu') if os.path.isabs(root) else None
+    return {k: _STATE[k] for k in ('path', 'hits', 'misses', 'installed')}
 
 
 def cache_path(library, version, environ=None):
-    """The cache file for MXNet's library file ``library`` (its size and time in the name);
-    None where there is no cache folder."""
-    if (folder := _folder(os.environ if environ is None else environ)) is None:
+    """The cache file for MXNet's library file ``library`` (its size and time in the name), in
+    the user's cache folder; None where that is not known (no home folder, as XDG says)."""
+    environ = os.environ if environ is None else environ
+    if not os.path.isabs(root := environ.get('XDG_CACHE_HOME') or
+                         os.path.join(os.path.expanduser('~'), '.cache')):
         return None
     info = os.stat(library)
     key = repr((os.path.realpath(library), info.st_size, info.st_mtime_ns, version, FORMAT,
                 importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag))
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return os.path.join(folder, f'mxnet-ops-{digest}.marshal')
+    return os.path.join(root, 'gluon-multigpu', f'mxnet-ops-{digest}.marshal')
 
 
 def _mine(name):
@@ -63,25 +59,22 @@ def _mine(name):
     return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-def _valid(entry):
-    return (isinstance(entry, tuple) and len(entry) == 3 and
-            isinstance(entry[0], types.CodeType) and isinstance(entry[1], str) and
-            isinstance(entry[2], int))
+def _typed(value, kinds):
+    """Whether ``value`` is a tuple of one instance of each of ``kinds``, in order."""
+    return (isinstance(value, tuple) and len(value) == len(kinds) and
+            all(map(isinstance, value, kinds)))
 
 
 def _read(path):
     """The entries of the file at ``path``: {} if it is missing, torn, foreign or not owned."""
-    try:
-        if not (_mine(path) and _mine(os.path.dirname(path))):  # the file and its folder
-            return {}
-        with open(path, 'rb') as f:
-            table = marshal.load(f)
-    except (OSError, EOFError, ValueError, TypeError):
-        return {}
-    valid = isinstance(table, dict) and all(
-        isinstance(k, tuple) and len(k) == 3 and all(isinstance(s, str) for s in k) and _valid(v)
-        for k, v in table.items())
-    return table if valid else {}
+    with contextlib.suppress(OSError, EOFError, ValueError, TypeError):
+        if _mine(path) and _mine(os.path.dirname(path)):  # the file and its folder
+            with open(path, 'rb') as f:
+                table = marshal.load(f)
+            if isinstance(table, dict) and all(_typed(k, (str, str, str)) and _typed(
+                    v, (types.CodeType, str, int)) for k, v in table.items()):
+                return table
+    return {}
 
 
 def _with_handle(code, old, new):
@@ -182,14 +175,12 @@ def write_table(path, table):
     not at all, what a killed writer left removed first); False where it cannot be written."""
     from ..filesafety import atomic  # pylint: disable=import-outside-toplevel  (only when writing)
     folder = os.path.dirname(path)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         atomic.makedirs(folder, 0o700)
-        if not _mine(folder):
-            return False
-        atomic.write_file(path, marshal.dumps(table), mode=0o600)
-    except (OSError, ValueError):
-        return False
-    return True
+        if _mine(folder):
+            atomic.write_file(path, marshal.dumps(table), mode=0o600)
+            return True
+    return False
 
 
 def save():

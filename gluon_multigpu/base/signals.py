@@ -13,6 +13,7 @@ they cannot break into the clean-up it started). A signal within ``SAME_REQUEST`
 the first is the same request (one Ctrl-C can arrive twice: a wrapper in the foreground group
 that forwards signals delivers it again), and handlers go back only once it passed (``wait_out``).
 """
+import contextlib
 import ctypes
 import functools
 import os
@@ -64,10 +65,8 @@ def interrupts_python(handler):
 
 def quietly(say, signum):
     """Call ``say(signum)``; a terminal that is gone (EIO, EPIPE) must not end the watcher."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # ValueError: the stream was closed
         say(signum)
-    except (OSError, ValueError):  # ValueError: the stream was closed
-        pass
 
 
 def install(handler, signums=STOP_SIGNALS, nohup=True):
@@ -226,10 +225,9 @@ _PR_SET_PDEATHSIG = 1
 def _prctl():
     """libc's ``prctl`` (None where there is none), looked up once in the parent: a child
     between fork and exec only calls it."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no libc with prctl: not Linux
         return ctypes.CDLL(None).prctl
-    except (OSError, AttributeError):  # no libc with prctl: not Linux
-        return None
+    return None
 
 
 def on_parent_death(signum):

@@ -10,6 +10,7 @@ together are exactly the batch a single process would draw with the same
 seed, so a synchronous run on W workers equals one process on all their
 devices.
 """
+import contextlib
 import os
 import signal
 import threading
@@ -193,19 +194,12 @@ class Control(StepReports):
 
     def _listen(self):
         """Take in the launcher's lines that have come (``stop-at S``)."""
-        while True:
-            try:
-                data = os.read(self._read_fd, 4096)
-            except (BlockingIOError, OSError):
-                return
-            if not data:
-                return
-            self._pending += data
-            *lines, self._pending = self._pending.split(b'\n')
-            for line in lines:
-                words = line.split()
-                if len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
-                    self.stop_at = int(words[1])
+        with contextlib.suppress(OSError):  # BlockingIOError: nothing more has come
+            while data := os.read(self._read_fd, 4096):
+                *lines, self._pending = (self._pending + data).split(b'\n')
+                for words in map(bytes.split, lines):
+                    if len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
+                        self.stop_at = int(words[1])
 
     def _reached(self):
         self._listen()
