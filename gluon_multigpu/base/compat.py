@@ -61,9 +61,6 @@ GPU_INSTALL = "pip install -e '.[cu112]' && pip install --force-reinstall --no-d
 #: (oldest, newest) as (major, minor). A newer one may work; the doctor says it is untried.
 KNOWN_NUMPY = ((1, 17), (2, 5))
 
-#: The financial functions NumPy 1.20 removed and MXNet's fallback table still reads.
-FINANCIAL = ('fv', 'ipmt', 'irr', 'mirr', 'nper', 'npv', 'pmt', 'ppmt', 'pv', 'rate')
-
 #: The ``distutils`` stand-ins of ``provide_distutils_version``, and whether to withdraw them.
 _STAND_IN = {}
 _DONE = {'prepared': False, 'numpy_names': [], 'distutils': False, 'plain_values': False,
@@ -106,7 +103,8 @@ def _replacements(numpy):
             'string_': numpy.bytes_, 'unicode_': numpy.str_, 'msort': msort, 'in1d': in1d,
             'asfarray': asfarray,
             **{name: vars(numpy)[new] for name, new in renamed if new in vars(numpy)},
-            **{name: removed(name) for name in FINANCIAL}}
+            # the financial functions NumPy 1.20 removed and MXNet's fallback table still reads
+            **{n: removed(n) for n in 'fv ipmt irr mirr nper npv pmt ppmt pv rate'.split()}}
 
 
 def _has(module, name):
@@ -139,11 +137,10 @@ class _Version:
         self.vstring = vstring
         self.version = _numeric(vstring) if vstring is not None else ()
 
-    def _key(self, other):
+    def _key(self, other):  # both padded with zeros to the same length
         other = other if isinstance(other, _Version) else type(self)(other)
         width = max(len(self.version), len(other.version))
-        pad = (0,) * width
-        return (self.version + pad)[:width], (other.version + pad)[:width]
+        return [(v.version + (0,) * width)[:width] for v in (self, other)]
 
     def __eq__(self, other):
         return operator.eq(*self._key(other))

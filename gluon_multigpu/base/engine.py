@@ -149,9 +149,7 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
     copies = (max(256, 128 * (cpu_devices or 2)) if sync_bn  # sync_bn's need
               else CPU_COPIES if cpu_devices else 64)
     env = {'MXNET_CPU_TEMP_COPY': str(copies)}
-    if cpu_devices:
-        env['OMP_NUM_THREADS'] = str(max(1, num_cores // cpu_devices))
-    return env
+    return dict(env, OMP_NUM_THREADS=str(max(1, num_cores // cpu_devices))) if cpu_devices else env
 
 
 def check_environment(environ=None):

@@ -171,10 +171,9 @@ class WakeupReader:
         """Take the descriptor and start the thread; False where it was not taken."""
         reader, writer = socket.socketpair()
         writer.setblocking(False)
-        try:
+        before = None
+        with contextlib.suppress(ValueError, OSError):  # not the main thread, or none can be set
             before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        except (ValueError, OSError):  # not the main thread, or no descriptor can be set
-            before = None
         if before is None or (only_if_free and before != -1):
             if before is not None:
                 signal.set_wakeup_fd(before)  # theirs stays

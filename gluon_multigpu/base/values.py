@@ -71,15 +71,12 @@ def _real(value):
     return isinstance(value, numbers.Real) and not _boolean(value)
 
 
-def _float32(value):
-    """``value`` rounded to float32, as MXNet's optimizer keeps a learning rate."""
-    return struct.unpack('<f', struct.pack('<f', value))[0]
-
-
 def check_lr(lr):
     """Return ``lr`` as a ``float``; raise unless a positive number float32 holds (not 0)."""
     value = float(lr) if _real(lr) else math.nan
-    if not (math.isfinite(value) and 0 < value <= LR_MAX and _float32(value) > 0):
+    # the last: rounded to float32, as MXNet's optimizer keeps a learning rate, it is not 0
+    if not (math.isfinite(value) and 0 < value <= LR_MAX and
+            struct.unpack('<f', struct.pack('<f', value))[0] > 0):
         raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
                                  f'range (at most {LR_MAX:.4g}), got {lr!r}')
     return value
