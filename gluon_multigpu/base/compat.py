@@ -134,8 +134,7 @@ class _Version:
     """A version compared by its leading numbers (``'2.4.6'`` > ``'1.17'``; ``'1.26.0rc1'`` as 1.26.0)."""
 
     def __init__(self, vstring=None):
-        self.vstring = vstring
-        self.version = _numeric(vstring) if vstring is not None else ()
+        self.vstring, self.version = vstring, _numeric(vstring) if vstring is not None else ()
 
     def _key(self, other):  # both padded with zeros to the same length
         other = other if isinstance(other, _Version) else type(self)(other)
@@ -199,8 +198,7 @@ def provide_distutils_version():
     version = types.ModuleType('distutils.version', 'LooseVersion and StrictVersion, for MXNet '
                                                     '(gluon_multigpu.base.compat).')
     version.LooseVersion, version.StrictVersion = LooseVersion, StrictVersion
-    sys.modules['distutils.version'] = version
-    package.version = version
+    sys.modules['distutils.version'] = package.version = version
     _STAND_IN['modules'] = {'distutils': package, 'distutils.version': version}
     return True
 
@@ -266,8 +264,7 @@ def _plain_values(invoke, generic, position):
         if any(isinstance(v, generic) or type(v) in (list, tuple) for v in vals):
             args = args[:position] + ([plain(x, generic) for x in vals],) + args[position + 1:]
         return invoke(*args, **kwargs)
-    wrapped.__wrapped__ = invoke
-    wrapped.__name__ = getattr(invoke, '__name__', 'invoke')
+    wrapped.__wrapped__, wrapped.__name__ = invoke, getattr(invoke, '__name__', 'invoke')
     return wrapped
 
 
@@ -280,8 +277,7 @@ def _quiet_print(*args, **kwargs):
 @contextlib.contextmanager
 def quiet():
     """In this thread only: MXNet's shape and type inference prints nothing (item 3)."""
-    was = getattr(_QUIET, 'on', False)
-    _QUIET.on = True
+    was, _QUIET.on = getattr(_QUIET, 'on', False), True
     try:
         yield
     finally:

@@ -21,8 +21,7 @@ import os
 import sys
 import types
 
-__all__ = ['install', 'save', 'write_table', 'stats', 'cache_path', 'ENV', 'OnLoad',
-           'on_load']
+__all__ = ['install', 'save', 'write_table', 'stats', 'cache_path', 'ENV', 'OnLoad', 'on_load']
 
 #: The environment variable that turns the cache off (``0``).
 ENV = 'GLUON_MULTIGPU_OP_CACHE'
@@ -89,11 +88,9 @@ def _with_handle(code, old, new):
 
 def _cached(make):
     """``make`` (a register module's function maker) taking its functions from the cache."""
-    scope = make.__globals__
-    generate = scope.get(_GENERATORS.get(make.__module__, ''))
-    if generate is None:
+    kind, scope = make.__module__, make.__globals__
+    if (generate := scope.get(_GENERATORS.get(kind, ''))) is None:
         return make  # not a maker this module knows: MXNet's own, untouched
-    kind = make.__module__
 
     def cached(handle, name, func_name):
         key, now = (kind, name, func_name), handle.value
@@ -104,8 +101,7 @@ def _cached(make):
             _STATE['made'][key] = entry = (compile(text, '<string>', 'exec'), doc, now)
             _STATE['misses'] += 1
         code, doc, then = entry
-        local = {}
-        exec(_with_handle(code, then, now), scope, local)  # pylint: disable=exec-used
+        exec(_with_handle(code, then, now), scope, local := {})  # pylint: disable=exec-used
         function = local[func_name]
         function.__name__, function.__doc__ = func_name, doc
         function.__module__ = kind.rsplit('.', 1)[0]
