@@ -144,11 +144,10 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
     The module's notes say what they are and why.
     """
     num_cores = num_cores or worker_cores(environ)
-    # per thread, and each CPU context's passes are queued from a thread of its own: one
-    # copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc (recipes)
-    copies = (max(256, 128 * (cpu_devices or 2)) if sync_bn  # sync_bn's need
-              else CPU_COPIES if cpu_devices else 64)
-    env = {'MXNET_CPU_TEMP_COPY': str(copies)}
+    # sync_bn's need; else per thread, and each CPU context's passes are queued from a thread of
+    # its own: one copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc
+    env = {'MXNET_CPU_TEMP_COPY': str(max(256, 128 * (cpu_devices or 2)) if sync_bn else
+                                      CPU_COPIES if cpu_devices else 64)}
     return dict(env, OMP_NUM_THREADS=str(max(1, num_cores // cpu_devices))) if cpu_devices else env
 
 

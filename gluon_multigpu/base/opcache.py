@@ -123,8 +123,7 @@ def _patch(execute, base):
         return init_op(root_namespace, module_name, _cached(make_op_func))
 
     def init_np_op_module(root_module_name, np_module_name, mx_module_name, make_op_func):
-        return init_np_op(root_module_name, np_module_name, mx_module_name,
-                          _cached(make_op_func))
+        return init_np_op(root_module_name, np_module_name, mx_module_name, _cached(make_op_func))
     base._init_op_module, base._init_np_op_module = init_op_module, init_np_op_module  # pylint: disable=protected-access
     _STATE['installed'] = True
 

@@ -58,9 +58,8 @@ def interrupts_python(handler):
     installs for a cell; for a cell with top-level ``await`` the kernel
     cancels the cell instead (a handler of ``ipykernel``).
     """
-    if handler is signal.default_int_handler:
-        return True
-    return callable(handler) and getattr(handler, '__module__', '').startswith('ipykernel.')
+    return handler is signal.default_int_handler or (
+        callable(handler) and getattr(handler, '__module__', '').startswith('ipykernel.'))
 
 
 def quietly(say, signum):
@@ -88,8 +87,7 @@ def restore(previous):
 def ignore(signums=STOP_SIGNALS):
     """Ignore ``signums`` from now on: a program that has stopped and only ends; SIGXFSZ, so
     that a write past a file-size limit fails (EFBIG) instead of killing the process."""
-    for signum in signums:
-        signal.signal(signum, signal.SIG_IGN)
+    install(signal.SIG_IGN, signums, nohup=False)
 
 
 class raising:  # pylint: disable=invalid-name

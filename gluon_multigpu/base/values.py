@@ -59,8 +59,7 @@ _NOT_WEIGHTS = ('is neither even, auto nor positive weights; give even, auto or 
 
 def _boolean(value):
     """Whether ``value`` is Python's or NumPy's bool (NumPy is loaded where one of its exists)."""
-    numpy = sys.modules.get('numpy')
-    return isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
+    return isinstance(value, (bool, getattr(sys.modules.get('numpy'), 'bool_', bool)))
 
 
 def _integer(value):

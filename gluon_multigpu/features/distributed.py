@@ -271,8 +271,7 @@ class WorkerShard(ArrayLoader):
     def __init__(self, images, labels, batch_size, rank, num_workers, seed=0):
         if not 0 <= rank < num_workers:
             raise GluonMultiGPUError(f'worker rank {rank} is not within 0..{num_workers - 1}')
-        super().__init__(images, labels, batch_size, shuffle=True, seed=seed,
-                         last_batch='discard')
+        super().__init__(images, labels, batch_size, shuffle=True, seed=seed, last_batch='discard')
         self.rank, self.num_workers = rank, num_workers
         if len(self) == 0:
             raise GluonMultiGPUError(
