@@ -211,10 +211,7 @@ def _number(text, kind, low, high, wanted, above_low=False):
 
 def int_in(low, high):
     """argparse type: a whole number from ``low`` to ``high``."""
-    def parse(text):
-        return _number(text, int, low, high, f'a whole number from {low} to {high}')
-    parse.__name__ = 'integer'
-    return parse
+    return lambda text: _number(text, int, low, high, f'a whole number from {low} to {high}')
 
 
 def positive_float(text):
@@ -233,7 +230,6 @@ def path_of(kind):
         if not text.strip():
             raise argparse.ArgumentTypeError(f'{text!r} is an empty path; give {kind}')
         return text
-    parse.__name__ = 'path'
     return parse
 
 
