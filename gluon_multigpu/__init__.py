@@ -66,10 +66,9 @@ __all__ = [*GROUPS, 'errors', *MODULES, *_WHERE]
 
 
 def _module(short):
-    if short in GROUPS or short == 'errors':
-        return _importlib.import_module(f'{__name__}.{short}')
-    group, _, name = MODULES[short].partition('.')
-    return _importlib.import_module(f'{__name__}.{group}.{name or short}')
+    group, _, name = MODULES.get(short, '').partition('.')
+    path = f'{group}.{name or short}' if group else short  # a group, or errors: itself
+    return _importlib.import_module(f'{__name__}.{path}')
 
 
 def __getattr__(name):

@@ -5,6 +5,7 @@ the machine's other processes: each is a loop on a daemon thread that starts
 with the block and ends with it. ``Background`` is that context manager once:
 a subclass writes the loop (``work``), which returns once ``finished`` is set.
 """
+import functools
 import threading
 
 __all__ = ['Background']
@@ -25,12 +26,10 @@ class Background:
         """The loop of the thread; returns once ``finished`` is set."""
         raise NotImplementedError
 
-    @property
+    @functools.cached_property
     def finished(self):
         """Set when the block has ended: ``work`` returns."""
-        if getattr(self, '_finished', None) is None:
-            self._finished = threading.Event()  # pylint: disable=attribute-defined-outside-init
-        return self._finished
+        return threading.Event()
 
     def __enter__(self):
         self.finished.clear()

@@ -34,7 +34,6 @@ Notes
 """
 import builtins
 import importlib.machinery
-import importlib.util
 import os
 import re
 import contextlib
@@ -61,9 +60,6 @@ GPU_INSTALL = "pip install -e '.[cu112]' && pip install --force-reinstall --no-d
 #: The NumPy releases this module was run against (the runtime matrix of ``tools/runtimes.py``):
 #: (oldest, newest) as (major, minor). A newer one may work; the doctor says it is untried.
 KNOWN_NUMPY = ((1, 17), (2, 5))
-
-#: The financial functions NumPy 1.20 removed and MXNet's fallback table still reads.
-FINANCIAL = ('fv', 'ipmt', 'irr', 'mirr', 'nper', 'npv', 'pmt', 'ppmt', 'pv', 'rate')
 
 #: The ``distutils`` stand-ins of ``provide_distutils_version``, and whether to withdraw them.
 _STAND_IN = {}
@@ -107,7 +103,8 @@ def _replacements(numpy):
             'string_': numpy.bytes_, 'unicode_': numpy.str_, 'msort': msort, 'in1d': in1d,
             'asfarray': asfarray,
             **{name: vars(numpy)[new] for name, new in renamed if new in vars(numpy)},
-            **{name: removed(name) for name in FINANCIAL}}
+            # the financial functions NumPy 1.20 removed and MXNet's fallback table still reads
+            **{n: removed(n) for n in 'fv ipmt irr mirr nper npv pmt ppmt pv rate'.split()}}
 
 
 def _has(module, name):
@@ -137,14 +134,12 @@ class _Version:
     """A version compared by its leading numbers (``'2.4.6'`` > ``'1.17'``; ``'1.26.0rc1'`` as 1.26.0)."""
 
     def __init__(self, vstring=None):
-        self.vstring = vstring
-        self.version = _numeric(vstring) if vstring is not None else ()
+        self.vstring, self.version = vstring, _numeric(vstring) if vstring is not None else ()
 
-    def _key(self, other):
+    def _key(self, other):  # both padded with zeros to the same length
         other = other if isinstance(other, _Version) else type(self)(other)
         width = max(len(self.version), len(other.version))
-        pad = (0,) * width
-        return (self.version + pad)[:width], (other.version + pad)[:width]
+        return [(v.version + (0,) * width)[:width] for v in (self, other)]
 
     def __eq__(self, other):
         return operator.eq(*self._key(other))
@@ -190,11 +185,9 @@ def provide_distutils_version():
         return False
     _STAND_IN['withdraw'] = _real_distutils()
     if sys.modules.get('distutils') is not None:  # a real package, already loaded: cheap
-        try:
+        with contextlib.suppress(ImportError):
             import distutils.version  # noqa: F401  pylint: disable=import-outside-toplevel,deprecated-module
             return False
-        except ImportError:
-            pass
     _STAND_IN['before'] = {n: sys.modules[n] for n in ('distutils', 'distutils.version')
                            if n in sys.modules}
     if (package := sys.modules.get('distutils')) is None:
@@ -205,8 +198,7 @@ def provide_distutils_version():
     version = types.ModuleType('distutils.version', 'LooseVersion and StrictVersion, for MXNet '
                                                     '(gluon_multigpu.base.compat).')
     version.LooseVersion, version.StrictVersion = LooseVersion, StrictVersion
-    sys.modules['distutils.version'] = version
-    package.version = version
+    sys.modules['distutils.version'] = package.version = version
     _STAND_IN['modules'] = {'distutils': package, 'distutils.version': version}
     return True
 
@@ -272,8 +264,7 @@ def _plain_values(invoke, generic, position):
         if any(isinstance(v, generic) or type(v) in (list, tuple) for v in vals):
             args = args[:position] + ([plain(x, generic) for x in vals],) + args[position + 1:]
         return invoke(*args, **kwargs)
-    wrapped.__wrapped__ = invoke
-    wrapped.__name__ = getattr(invoke, '__name__', 'invoke')
+    wrapped.__wrapped__, wrapped.__name__ = invoke, getattr(invoke, '__name__', 'invoke')
     return wrapped
 
 
@@ -286,8 +277,7 @@ def _quiet_print(*args, **kwargs):
 @contextlib.contextmanager
 def quiet():
     """In this thread only: MXNet's shape and type inference prints nothing (item 3)."""
-    was = getattr(_QUIET, 'on', False)
-    _QUIET.on = True
+    was, _QUIET.on = getattr(_QUIET, 'on', False), True
     try:
         yield
     finally:
@@ -390,36 +380,22 @@ def load_advice(error):
             'mxnet==1.9.1) and run gluon-multigpu-doctor')
 
 
-class _BeforeMXNet:
-    """A ``sys.meta_path`` finder: at the process's first ``import mxnet``, ``prepare()`` before
-    MXNet's code runs and ``after_load`` once it has; then it is gone from ``sys.meta_path``."""
-
-    def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
-        if name != 'mxnet':
-            return None
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _BeforeMXNet)]  # gone
-        prepare()
-        spec = importlib.util.find_spec('mxnet')  # the finders after this one, as without it
-        if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            try:
-                with root_logging_kept():
-                    run(module)
-            except (ImportError, MXNetLoadError):  # as raised (_mxnet says an ImportError)
-                raise
-            # Any other failure: a library it needs (OSError), its own library missing
-            # (RuntimeError), a NumPy it cannot run on (AttributeError), a half-copied install...
-            except Exception as e:  # pylint: disable=broad-except
-                raise MXNetLoadError(load_advice(e)) from e
-            after_load(module)
-        spec.loader.exec_module = exec_module
-        return spec
+def _load_mxnet(execute, module):
+    """MXNet's import (``execute``): ``after_load`` once it has run; a failure that is no
+    ``ImportError`` becomes ``MXNetLoadError`` saying what to install."""
+    try:
+        with root_logging_kept():
+            execute(module)
+    except (ImportError, MXNetLoadError):  # as raised (_mxnet says an ImportError)
+        raise
+    # Any other failure: a library it needs (OSError), its own library missing
+    # (RuntimeError), a NumPy it cannot run on (AttributeError), a half-copied install...
+    except Exception as e:  # pylint: disable=broad-except
+        raise MXNetLoadError(load_advice(e)) from e
+    after_load(module)
 
 
 def install_hook():
-    """Put the finder of ``_BeforeMXNet`` first on ``sys.meta_path`` unless MXNet is loaded."""
-    if 'mxnet' not in sys.modules and not any(isinstance(f, _BeforeMXNet) for f in sys.meta_path):
-        sys.meta_path.insert(0, _BeforeMXNet())
+    """At the process's first ``import mxnet``: ``prepare()`` before MXNet's code runs and
+    ``after_load`` once it has (``opcache.OnLoad``); nothing once MXNet is loaded."""
+    opcache.on_load('mxnet', _load_mxnet, prepare)

@@ -33,6 +33,7 @@ What ``configure`` sets, unless the user set it (a variable set by the user alwa
   ``TRIM_THRESHOLD`` only; MXNet allocates and frees every array with ``malloc``, and glibc
   kept the freed blocks in its heap, fragmented. A ``MALLOC_*`` variable set keeps glibc's own.
 """
+import contextlib
 import ctypes
 import os
 import platform
@@ -143,14 +144,11 @@ def recommended(cpu_devices=None, sync_bn=False, num_cores=None, environ=None):
     The module's notes say what they are and why.
     """
     num_cores = num_cores or worker_cores(environ)
-    # per thread, and each CPU context's passes are queued from a thread of its own: one
-    # copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc (recipes)
-    copies = (max(256, 128 * (cpu_devices or 2)) if sync_bn  # sync_bn's need
-              else CPU_COPIES if cpu_devices else 64)
-    env = {'MXNET_CPU_TEMP_COPY': str(copies)}
-    if cpu_devices:
-        env['OMP_NUM_THREADS'] = str(max(1, num_cores // cpu_devices))
-    return env
+    # sync_bn's need; else per thread, and each CPU context's passes are queued from a thread of
+    # its own: one copy each is as fast as MXNet's 4 and pays for ResNet-18's static_alloc
+    env = {'MXNET_CPU_TEMP_COPY': str(max(256, 128 * (cpu_devices or 2)) if sync_bn else
+                                      CPU_COPIES if cpu_devices else 64)}
+    return dict(env, OMP_NUM_THREADS=str(max(1, num_cores // cpu_devices))) if cpu_devices else env
 
 
 def check_environment(environ=None):
@@ -294,12 +292,10 @@ def return_freed_memory(environ=None):
     if _STATE['malloc'] is None:
         _STATE['malloc'] = False
         if platform.libc_ver()[0] == 'glibc' and not any(k.startswith('MALLOC_') for k in environ):
-            try:
+            with contextlib.suppress(OSError, AttributeError):
                 libc = ctypes.CDLL(None)
                 _STATE['malloc'] = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
                                     libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
-            except (OSError, AttributeError):
-                pass
     return _STATE['malloc']
 
 

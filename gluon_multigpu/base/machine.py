@@ -5,6 +5,7 @@ Every results file a study writes (``runs.json``, ``balance.csv``,
 beside its figures, so that a figure quoted in the docs says where and when
 it was measured (``tools/figures.py`` checks the docs against these files).
 """
+import contextlib
 import datetime
 import functools
 import os
@@ -20,13 +21,10 @@ STAMP_COLUMNS = ['machine', 'date']
 def _cpu_name():
     """The CPU's model name: /proc/cpuinfo's (as ``lscpu`` names it), else the platform's;
     read once a process (every results file a study writes is stamped)."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.lower().startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
+        for line in f:
+            if line.lower().startswith('model name'):
+                return line.split(':', 1)[1].strip()
     return platform.processor() or platform.machine() or 'unknown'
 
 

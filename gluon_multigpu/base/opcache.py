@@ -13,15 +13,15 @@ own is not read (it is written anew where it can be); a folder that cannot
 be written changes nothing but the time. ``GLUON_MULTIGPU_OP_CACHE=0``
 turns it off.
 """
+import contextlib
 import hashlib
-import importlib.machinery
 import importlib.util
 import marshal
 import os
 import sys
 import types
 
-__all__ = ['install', 'save', 'write_table', 'stats', 'cache_path', 'ENV']
+__all__ = ['install', 'save', 'write_table', 'stats', 'cache_path', 'ENV', 'OnLoad', 'on_load']
 
 #: The environment variable that turns the cache off (``0``).
 ENV = 'GLUON_MULTIGPU_OP_CACHE'
@@ -35,26 +35,21 @@ _STATE = {'path': None, 'read': {}, 'made': {}, 'hits': 0, 'misses': 0, 'install
 
 def stats():
     """This process's use of the cache: its file, functions taken from it and made anew."""
-    return {'path': _STATE['path'], 'hits': _STATE['hits'], 'misses': _STATE['misses'],
-            'installed': _STATE['installed']}
-
-
-def _folder(environ):
-    """The cache folder; None where the user's is not known (no home folder, as XDG says)."""
-    root = environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return os.path.join(root, 'gluon-multigpu') if os.path.isabs(root) else None
+    return {k: _STATE[k] for k in ('path', 'hits', 'misses', 'installed')}
 
 
 def cache_path(library, version, environ=None):
-    """The cache file for MXNet's library file ``library`` (its size and time in the name);
-    None where there is no cache folder."""
-    if (folder := _folder(os.environ if environ is None else environ)) is None:
+    """The cache file for MXNet's library file ``library`` (its size and time in the name), in
+    the user's cache folder; None where that is not known (no home folder, as XDG says)."""
+    environ = os.environ if environ is None else environ
+    if not os.path.isabs(root := environ.get('XDG_CACHE_HOME') or
+                         os.path.join(os.path.expanduser('~'), '.cache')):
         return None
     info = os.stat(library)
     key = repr((os.path.realpath(library), info.st_size, info.st_mtime_ns, version, FORMAT,
                 importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag))
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return os.path.join(folder, f'mxnet-ops-{digest}.marshal')
+    return os.path.join(root, 'gluon-multigpu', f'mxnet-ops-{digest}.marshal')
 
 
 def _mine(name):
@@ -63,25 +58,22 @@ def _mine(name):
     return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-def _valid(entry):
-    return (isinstance(entry, tuple) and len(entry) == 3 and
-            isinstance(entry[0], types.CodeType) and isinstance(entry[1], str) and
-            isinstance(entry[2], int))
+def _typed(value, kinds):
+    """Whether ``value`` is a tuple of one instance of each of ``kinds``, in order."""
+    return (isinstance(value, tuple) and len(value) == len(kinds) and
+            all(map(isinstance, value, kinds)))
 
 
 def _read(path):
     """The entries of the file at ``path``: {} if it is missing, torn, foreign or not owned."""
-    try:
-        if not (_mine(path) and _mine(os.path.dirname(path))):  # the file and its folder
-            return {}
-        with open(path, 'rb') as f:
-            table = marshal.load(f)
-    except (OSError, EOFError, ValueError, TypeError):
-        return {}
-    valid = isinstance(table, dict) and all(
-        isinstance(k, tuple) and len(k) == 3 and all(isinstance(s, str) for s in k) and _valid(v)
-        for k, v in table.items())
-    return table if valid else {}
+    with contextlib.suppress(OSError, EOFError, ValueError, TypeError):
+        if _mine(path) and _mine(os.path.dirname(path)):  # the file and its folder
+            with open(path, 'rb') as f:
+                table = marshal.load(f)
+            if isinstance(table, dict) and all(_typed(k, (str, str, str)) and _typed(
+                    v, (types.CodeType, str, int)) for k, v in table.items()):
+                return table
+    return {}
 
 
 def _with_handle(code, old, new):
@@ -96,11 +88,9 @@ def _with_handle(code, old, new):
 
 def _cached(make):
     """``make`` (a register module's function maker) taking its functions from the cache."""
-    scope = make.__globals__
-    generate = scope.get(_GENERATORS.get(make.__module__, ''))
-    if generate is None:
+    kind, scope = make.__module__, make.__globals__
+    if (generate := scope.get(_GENERATORS.get(kind, ''))) is None:
         return make  # not a maker this module knows: MXNet's own, untouched
-    kind = make.__module__
 
     def cached(handle, name, func_name):
         key, now = (kind, name, func_name), handle.value
@@ -111,8 +101,7 @@ def _cached(make):
             _STATE['made'][key] = entry = (compile(text, '<string>', 'exec'), doc, now)
             _STATE['misses'] += 1
         code, doc, then = entry
-        local = {}
-        exec(_with_handle(code, then, now), scope, local)  # pylint: disable=exec-used
+        exec(_with_handle(code, then, now), scope, local := {})  # pylint: disable=exec-used
         function = local[func_name]
         function.__name__, function.__doc__ = func_name, doc
         function.__module__ = kind.rsplit('.', 1)[0]
@@ -120,8 +109,9 @@ def _cached(make):
     return cached
 
 
-def _patch(base):
-    """Make MXNet's registering functions (in ``mxnet.base``, just loaded) use the cache."""
+def _patch(execute, base):
+    """Run ``mxnet.base`` (``execute``), then make its registering functions use the cache."""
+    execute(base)
     try:
         _STATE['path'] = cache_path(base._LIB._name, base.__version__)  # pylint: disable=protected-access
     except (OSError, AttributeError, TypeError):
@@ -133,38 +123,46 @@ def _patch(base):
         return init_op(root_namespace, module_name, _cached(make_op_func))
 
     def init_np_op_module(root_module_name, np_module_name, mx_module_name, make_op_func):
-        return init_np_op(root_module_name, np_module_name, mx_module_name,
-                          _cached(make_op_func))
+        return init_np_op(root_module_name, np_module_name, mx_module_name, _cached(make_op_func))
     base._init_op_module, base._init_np_op_module = init_op_module, init_np_op_module  # pylint: disable=protected-access
     _STATE['installed'] = True
 
 
-class _Finder:
-    """A ``sys.meta_path`` finder for ``mxnet.base`` alone; gone once it has found it."""
+class OnLoad:
+    """A ``sys.meta_path`` finder for the module ``name`` alone, gone once it has found it:
+    ``first()`` (if given) before the spec is looked for, then the module is run as
+    ``run(execute, module)`` says (``execute``: as its own loader runs it)."""
+
+    def __init__(self, name, run, first=None):
+        self.name, self.run, self.first = name, run, first
 
     def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
-        if name != 'mxnet.base':
+        if name != self.name:
             return None
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        if self.first is not None:
+            self.first()
+        spec = importlib.util.find_spec(name)  # the finders after this one, as without it
         if spec is not None and hasattr(spec.loader, 'exec_module'):
-            run = spec.loader.exec_module
-
-            def exec_module(module):  # as its own loader does, then ``_patch`` it
-                run(module)
-                _patch(module)
-            spec.loader.exec_module = exec_module
+            execute = spec.loader.exec_module
+            spec.loader.exec_module = lambda module: self.run(execute, module)
         return spec
+
+
+def on_load(name, run, first=None):
+    """Put an ``OnLoad`` finder first on ``sys.meta_path`` unless ``name`` is loaded or one is
+    there already; return whether ``name`` is still to load."""
+    if name in sys.modules:
+        return False
+    if not any(isinstance(f, OnLoad) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, OnLoad(name, run, first))
+    return True
 
 
 def install(environ=None):
     """Before MXNet loads: have its operator functions come from the cache; False if not."""
-    environ = os.environ if environ is None else environ
-    if environ.get(ENV) == '0' or 'mxnet.base' in sys.modules:
-        return False
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-    return True
+    return (os.environ if environ is None else environ).get(ENV) != '0' and \
+        on_load('mxnet.base', _patch)
 
 
 def write_table(path, table):
@@ -172,14 +170,12 @@ def write_table(path, table):
     not at all, what a killed writer left removed first); False where it cannot be written."""
     from ..filesafety import atomic  # pylint: disable=import-outside-toplevel  (only when writing)
     folder = os.path.dirname(path)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         atomic.makedirs(folder, 0o700)
-        if not _mine(folder):
-            return False
-        atomic.write_file(path, marshal.dumps(table), mode=0o600)
-    except (OSError, ValueError):
-        return False
-    return True
+        if _mine(folder):
+            atomic.write_file(path, marshal.dumps(table), mode=0o600)
+            return True
+    return False
 
 
 def save():

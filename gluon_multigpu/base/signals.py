@@ -13,6 +13,7 @@ they cannot break into the clean-up it started). A signal within ``SAME_REQUEST`
 the first is the same request (one Ctrl-C can arrive twice: a wrapper in the foreground group
 that forwards signals delivers it again), and handlers go back only once it passed (``wait_out``).
 """
+import contextlib
 import ctypes
 import functools
 import os
@@ -57,17 +58,14 @@ def interrupts_python(handler):
     installs for a cell; for a cell with top-level ``await`` the kernel
     cancels the cell instead (a handler of ``ipykernel``).
     """
-    if handler is signal.default_int_handler:
-        return True
-    return callable(handler) and getattr(handler, '__module__', '').startswith('ipykernel.')
+    return handler is signal.default_int_handler or (
+        callable(handler) and getattr(handler, '__module__', '').startswith('ipykernel.'))
 
 
 def quietly(say, signum):
     """Call ``say(signum)``; a terminal that is gone (EIO, EPIPE) must not end the watcher."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # ValueError: the stream was closed
         say(signum)
-    except (OSError, ValueError):  # ValueError: the stream was closed
-        pass
 
 
 def install(handler, signums=STOP_SIGNALS, nohup=True):
@@ -89,8 +87,7 @@ def restore(previous):
 def ignore(signums=STOP_SIGNALS):
     """Ignore ``signums`` from now on: a program that has stopped and only ends; SIGXFSZ, so
     that a write past a file-size limit fails (EFBIG) instead of killing the process."""
-    for signum in signums:
-        signal.signal(signum, signal.SIG_IGN)
+    install(signal.SIG_IGN, signums, nohup=False)
 
 
 class raising:  # pylint: disable=invalid-name
@@ -172,10 +169,9 @@ class WakeupReader:
         """Take the descriptor and start the thread; False where it was not taken."""
         reader, writer = socket.socketpair()
         writer.setblocking(False)
-        try:
+        before = None
+        with contextlib.suppress(ValueError, OSError):  # not the main thread, or none can be set
             before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        except (ValueError, OSError):  # not the main thread, or no descriptor can be set
-            before = None
         if before is None or (only_if_free and before != -1):
             if before is not None:
                 signal.set_wakeup_fd(before)  # theirs stays
@@ -226,10 +222,9 @@ _PR_SET_PDEATHSIG = 1
 def _prctl():
     """libc's ``prctl`` (None where there is none), looked up once in the parent: a child
     between fork and exec only calls it."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no libc with prctl: not Linux
         return ctypes.CDLL(None).prctl
-    except (OSError, AttributeError):  # no libc with prctl: not Linux
-        return None
+    return None
 
 
 def on_parent_death(signum):

@@ -8,6 +8,7 @@ the processes of its command that asked for it (``send_dump``: a process
 that did not would end on it). The stacks go to standard error, or to the
 process's own when ``sys.stderr`` has no descriptor (a notebook's).
 """
+import contextlib
 import faulthandler
 import os
 import signal
@@ -22,12 +23,10 @@ DUMP_SIGNAL = signal.SIGUSR1
 def _stream():
     """Standard error if it has a descriptor, else the process's own (None if neither has)."""
     for stream in (sys.stderr, sys.__stderr__):
-        try:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
             stream.flush()
             stream.fileno()
             return stream
-        except (AttributeError, ValueError, OSError):
-            continue
     return None
 
 
@@ -51,24 +50,19 @@ def dump_on_signal():
 
 def catches(pid, signum):
     """Whether process ``pid`` handles ``signum`` itself (``SigCgt`` in /proc; False if gone)."""
-    try:
-        with open(f'/proc/{pid}/status', encoding='ascii') as f:
-            for line in f:
-                if line.startswith('SigCgt:'):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), \
+            open(f'/proc/{pid}/status', encoding='ascii') as f:
+        for line in f:
+            if line.startswith('SigCgt:'):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     return False
 
 
 def send_dump(pids):
     """Send ``DUMP_SIGNAL`` to each of ``pids`` that handles it; return those signalled."""
     sent = []
-    for pid in pids:
-        if catches(pid, DUMP_SIGNAL):
-            try:
-                os.kill(pid, DUMP_SIGNAL)
-            except OSError:
-                continue
+    for pid in (pid for pid in pids if catches(pid, DUMP_SIGNAL)):
+        with contextlib.suppress(OSError):
+            os.kill(pid, DUMP_SIGNAL)
             sent.append(pid)
     return sent

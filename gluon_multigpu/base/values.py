@@ -59,8 +59,7 @@ _NOT_WEIGHTS = ('is neither even, auto nor positive weights; give even, auto or 
 
 def _boolean(value):
     """Whether ``value`` is Python's or NumPy's bool (NumPy is loaded where one of its exists)."""
-    numpy = sys.modules.get('numpy')
-    return isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
+    return isinstance(value, (bool, getattr(sys.modules.get('numpy'), 'bool_', bool)))
 
 
 def _integer(value):
@@ -71,41 +70,15 @@ def _real(value):
     return isinstance(value, numbers.Real) and not _boolean(value)
 
 
-def _float32(value):
-    """``value`` rounded to float32, as MXNet's optimizer keeps a learning rate."""
-    return struct.unpack('<f', struct.pack('<f', value))[0]
-
-
-def check_epochs(num_epochs):
-    """Return ``num_epochs`` as an ``int``; raise unless it is a positive integer."""
-    if not _integer(num_epochs) or num_epochs < 1:
-        raise GluonMultiGPUError(f'number of epochs must be a positive integer, got {num_epochs!r}')
-    return int(num_epochs)
-
-
-def check_seed(seed):
-    """Return ``seed`` as an ``int`` (None: not seeded); raise unless 0 to ``MAX_SEED``."""
-    if seed is not None and (not _integer(seed) or not 0 <= seed <= MAX_SEED):
-        raise GluonMultiGPUError(f'seed must be a whole number 0 to {MAX_SEED} (or None: not '
-                                 f'seeded), got {seed!r}')
-    return None if seed is None else int(seed)
-
-
 def check_lr(lr):
     """Return ``lr`` as a ``float``; raise unless a positive number float32 holds (not 0)."""
     value = float(lr) if _real(lr) else math.nan
-    if not (math.isfinite(value) and 0 < value <= LR_MAX and _float32(value) > 0):
+    # the last: rounded to float32, as MXNet's optimizer keeps a learning rate, it is not 0
+    if not (math.isfinite(value) and 0 < value <= LR_MAX and
+            struct.unpack('<f', struct.pack('<f', value))[0] > 0):
         raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
                                  f'range (at most {LR_MAX:.4g}), got {lr!r}')
     return value
-
-
-def check_accumulate(accumulate):
-    """Return ``accumulate`` as an ``int``; raise unless it is 1 to ``MAX_ACCUMULATE``."""
-    if not _integer(accumulate) or not 1 <= accumulate <= MAX_ACCUMULATE:
-        raise GluonMultiGPUError(f'`accumulate` must be a whole number 1 to {MAX_ACCUMULATE} (the '
-                                 f'batches summed into one update), got {accumulate!r}')
-    return int(accumulate)
 
 
 def check_clip(clip):
@@ -124,22 +97,29 @@ def check_schedule(name):
     return one_of(SCHEDULES)(name, 'lr_schedule')
 
 
-def check_warmup(warmup_steps):
-    """Return ``warmup_steps`` as an ``int`` if it is a whole number 0 to 10**8."""
-    if not _integer(warmup_steps) or not 0 <= warmup_steps <= 10**8:
-        raise GluonMultiGPUError(f'`warmup_steps` must be a whole number 0 or more (the updates '
-                                 f'whose rate rises to the learning rate), got {warmup_steps!r}')
-    return int(warmup_steps)
-
-
-def whole(low, high):
-    """A check of a whole number from ``low`` to ``high`` (None passes)."""
-    def check(value, name):
-        if value is not None and (not _integer(value) or not low <= value <= high):
-            raise GluonMultiGPUError(f'`{name}` must be a whole number {low} to {high}, '
-                                     f'got {value!r}')
+def whole(low, high, message='`{name}` must be a whole number {low} to {high}, got {value!r}',
+          optional=True):
+    """A check of a whole number from ``low`` to ``high`` (None passes where ``optional``):
+    ``check(value, name)``, whose error is ``message`` (``str.format`` of these names)."""
+    def check(value, name=None):
+        if (value is not None or not optional) and (not _integer(value) or
+                                                     not low <= value <= high):
+            raise GluonMultiGPUError(message.format(name=name, low=low, high=high, value=value))
         return None if value is None else int(value)
     return check
+
+
+#: ``check_*(value)``: ``value`` as an ``int``, or the one-line error: the number of epochs (a
+#: positive integer), the seed (0 to ``MAX_SEED``; None: not seeded), the batches summed into
+#: one update (1 to ``MAX_ACCUMULATE``), the warm-up's updates (0 to 10**8).
+check_epochs = whole(1, math.inf, 'number of epochs must be a positive integer, got {value!r}',
+                     optional=False)
+check_seed = whole(0, MAX_SEED, 'seed must be a whole number 0 to {high} (or None: not seeded), '
+                   'got {value!r}')
+check_accumulate = whole(1, MAX_ACCUMULATE, '`accumulate` must be a whole number 1 to {high} (the '
+                         'batches summed into one update), got {value!r}', optional=False)
+check_warmup = whole(0, 10**8, '`warmup_steps` must be a whole number 0 or more (the updates whose '
+                     'rate rises to the learning rate), got {value!r}', optional=False)
 
 
 def seconds(value, name):
@@ -231,10 +211,7 @@ def _number(text, kind, low, high, wanted, above_low=False):
 
 def int_in(low, high):
     """argparse type: a whole number from ``low`` to ``high``."""
-    def parse(text):
-        return _number(text, int, low, high, f'a whole number from {low} to {high}')
-    parse.__name__ = 'integer'
-    return parse
+    return lambda text: _number(text, int, low, high, f'a whole number from {low} to {high}')
 
 
 def positive_float(text):
@@ -253,7 +230,6 @@ def path_of(kind):
         if not text.strip():
             raise argparse.ArgumentTypeError(f'{text!r} is an empty path; give {kind}')
         return text
-    parse.__name__ = 'path'
     return parse
 
 

@@ -58,9 +58,8 @@ class Split(Hook):
         A last batch smaller than the device count reaches only the first
         devices (``evaluate_accuracy_gpus``), which then share it by their weights.
         """
-        if self.weights is None:
+        if (weights := self.weights and list(self.weights)) is None:  # a copy, as they are now
             return split_batch
-        weights = list(self.weights)
         return lambda X, y, devices: split_batch(X, y, devices, weights[:len(devices)])
 
     def shares(self, batch_size, num_devices):
@@ -69,9 +68,8 @@ class Split(Hook):
 
     def describe(self):
         """How the batch is shared, e.g. ``even`` or ``weights 1:3``."""
-        if self.weights is None:
-            return 'even'
-        return 'weights ' + ':'.join(f'{w:g}' for w in self.weights)
+        return 'even' if self.weights is None else \
+            'weights ' + ':'.join(f'{w:g}' for w in self.weights)
 
 
 class TimedSplit(Split):
@@ -98,8 +96,8 @@ class TimedSplit(Split):
         super().__init__(weights)
         if not isinstance(every, int) or every < 1:
             raise DeviceError(f'every must be a positive whole number of steps, got {every!r}')
-        self.every, self.steps = every, 0
-        self.times, self.sizes = [], []  # per timed step: seconds and samples per device
+        # times, sizes: per timed step, the seconds and the samples of each device
+        self.every, self.steps, self.times, self.sizes = every, 0, [], []
         self._params, self._sizes, self._start, self._since_change = [], [], None, 0
 
     def start(self, net, devices):
@@ -107,13 +105,10 @@ class TimedSplit(Split):
         self._params = [p for p in net.collect_params().values() if p.grad_req != 'null']
 
     def __call__(self, X, y, devices):
-        self.steps += 1
-        self._since_change += 1
-        self._start = None
+        self.steps, self._since_change, self._start = self.steps + 1, self._since_change + 1, None
         if self._due():
-            for p in self._params:  # Sync point: the previous update is done everywhere.
-                for ctx in p.list_ctx():
-                    p.data(ctx).wait_to_read()
+            for data in (p.data(ctx) for p in self._params for ctx in p.list_ctx()):
+                data.wait_to_read()  # Sync point: the previous update is done everywhere.
             self._start = time.perf_counter()
         X_shards, y_shards = super().__call__(X, y, devices)
         self._sizes = [s.shape[0] for s in y_shards]
@@ -194,8 +189,8 @@ class AutoSplit(TimedSplit):
         self.window, self.tolerance, self.hold = window, tolerance, hold
         self.changes = self.undone = 0
         self._speeds, self._gains, self._per_sample = [], [], []
-        self._trial = None  # (shares before the last change, their time per sample)
-        self._holding = 0
+        # _trial: the shares before the last change, and their time per sample
+        self._trial, self._holding = None, 0
 
     def start(self, net, devices):
         super().start(net, devices)
@@ -209,8 +204,7 @@ class AutoSplit(TimedSplit):
 
     def observe(self, times, sizes):
         super().observe(times, sizes)
-        speeds = [s / max(t, 1e-9) for s, t in zip(sizes, times)]
-        self._speeds.append(speeds)
+        self._speeds.append(speeds := [s / max(t, 1e-9) for s, t in zip(sizes, times)])
         self._gains.append(1 - sum(sizes) / sum(speeds) / max(times))
         self._per_sample.append(max(times) / sum(sizes))
         if len(self._speeds) < self.window:
@@ -219,21 +213,16 @@ class AutoSplit(TimedSplit):
         gain, per_sample = (statistics.median(v) for v in (self._gains, self._per_sample))
         self._speeds, self._gains, self._per_sample = [], [], []
         if self._trial is not None:  # the first window after a change: did it pay?
-            before, before_per_sample = self._trial
-            self._trial = None
+            (before, before_per_sample), self._trial = self._trial, None
             if per_sample > before_per_sample * (1 - self.tolerance / 2):
-                self.weights = before
-                self.undone += 1
+                self.weights, self.undone, self._since_change = before, self.undone + 1, 0
                 self._holding = self.hold * 2 ** (self.undone - 1)
-                self._since_change = 0
                 return
         if self._holding:
             self._holding -= 1
         elif gain > self.tolerance:
-            self._trial = (self.weights, per_sample)
-            self.weights = [s / sum(speed) for s in speed]
-            self.changes += 1
-            self._since_change = 0
+            self._trial, self.weights = (self.weights, per_sample), [s / sum(speed) for s in speed]
+            self.changes, self._since_change = self.changes + 1, 0
 
     def describe(self):
         shares = '/'.join(f'{100 * w / sum(self.weights):.0f}%' for w in self.weights or [])

@@ -10,6 +10,7 @@ together are exactly the batch a single process would draw with the same
 seed, so a synchronous run on W workers equals one process on all their
 devices.
 """
+import contextlib
 import os
 import signal
 import threading
@@ -58,10 +59,9 @@ class Worker(NamedTuple):
 
     def describe(self, batch_size):
         """The batch as a run's header line states it: per worker and global, with workers."""
-        if self.count == 1:
-            return ''
-        return (f' per worker x {self.count} workers = global batch {batch_size * self.count}, '
-                f'kvstore {self.kvstore.type}, worker rank {self.rank}')
+        return '' if self.count == 1 else (
+            f' per worker x {self.count} workers = global batch {batch_size * self.count}, '
+            f'kvstore {self.kvstore.type}, worker rank {self.rank}')
 
     def shard(self, train_iter, test_iter, seed=0):
         """This worker's ``(train_iter, test_iter)`` from the whole data set's loaders.
@@ -70,10 +70,9 @@ class Worker(NamedTuple):
         ``train_iter``'s samples and batch size) and, unless it is the first,
         does not evaluate (``test_iter`` None). On one machine: as given.
         """
-        if self.count == 1:
-            return train_iter, test_iter
-        return (WorkerShard(train_iter.images, train_iter.labels, train_iter.batch_size, self.rank,
-                            self.count, seed), None if self.rank else test_iter)
+        return (train_iter, test_iter) if self.count == 1 else (
+            WorkerShard(train_iter.images, train_iter.labels, train_iter.batch_size, self.rank,
+                        self.count, seed), None if self.rank else test_iter)
 
 
 def join(kvstores, start=None, environ=None, stop=None, timeout=None):
@@ -171,8 +170,7 @@ class Control(StepReports):
     def __init__(self, read_fd, write_fd, stop=None, on_stop=None):
         super().__init__(write_fd)
         self.stop_at, self.stop, self.on_stop = None, stop, on_stop
-        self._read_fd = read_fd
-        self._said, self._pending = False, b''
+        self._read_fd, self._said, self._pending = read_fd, False, b''
         # Read between steps, never by a thread: a thread blocked in a read when the process
         # exits makes MXNet's parameter server end it with "terminate called" (SIGABRT).
         os.set_blocking(read_fd, False)
@@ -182,8 +180,7 @@ class Control(StepReports):
         """The ``Control`` of this process if a launcher's agent started it, else None."""
         global _CONTROL  # pylint: disable=global-statement
         if _CONTROL is None:
-            fds = control_fds(environ)
-            if fds is None:
+            if (fds := control_fds(environ)) is None:
                 return None
             _CONTROL = cls(*fds)
             stacks.dump_on_signal()  # the launcher asks for the stacks of a hung job
@@ -193,19 +190,12 @@ class Control(StepReports):
 
     def _listen(self):
         """Take in the launcher's lines that have come (``stop-at S``)."""
-        while True:
-            try:
-                data = os.read(self._read_fd, 4096)
-            except (BlockingIOError, OSError):
-                return
-            if not data:
-                return
-            self._pending += data
-            *lines, self._pending = self._pending.split(b'\n')
-            for line in lines:
-                words = line.split()
-                if len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
-                    self.stop_at = int(words[1])
+        with contextlib.suppress(OSError):  # BlockingIOError: nothing more has come
+            while data := os.read(self._read_fd, 4096):
+                *lines, self._pending = (self._pending + data).split(b'\n')
+                for words in map(bytes.split, lines):
+                    if len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
+                        self.stop_at = int(words[1])
 
     def _reached(self):
         self._listen()
@@ -281,8 +271,7 @@ class WorkerShard(ArrayLoader):
     def __init__(self, images, labels, batch_size, rank, num_workers, seed=0):
         if not 0 <= rank < num_workers:
             raise GluonMultiGPUError(f'worker rank {rank} is not within 0..{num_workers - 1}')
-        super().__init__(images, labels, batch_size, shuffle=True, seed=seed,
-                         last_batch='discard')
+        super().__init__(images, labels, batch_size, shuffle=True, seed=seed, last_batch='discard')
         self.rank, self.num_workers = rank, num_workers
         if len(self) == 0:
             raise GluonMultiGPUError(
@@ -299,8 +288,6 @@ class WorkerShard(ArrayLoader):
 
     def batches_of(self, epoch):
         """This worker's batches of ``epoch`` (counted from 0)."""
-        order = self.order(epoch)
-        step = self.batch_size * self.num_workers
-        for i in range(len(self)):
-            start = i * step + self.rank * self.batch_size
-            yield self._to_batch(order[start:start + self.batch_size])
+        order, size, step = self.order(epoch), self.batch_size, self.batch_size * self.num_workers
+        for start in range(self.rank * size, len(self) * step, step):  # rank * size < step
+            yield self._to_batch(order[start:start + size])

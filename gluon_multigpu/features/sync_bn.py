@@ -121,8 +121,8 @@ class SyncBatchNorm(nn.BatchNorm):
 
     def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
         # pylint: disable=arguments-differ
-        numpy_mode = is_np_array()
-        if numpy_mode:  # the operator takes legacy arrays: the same memory, seen as legacy
+        # the operator takes legacy arrays: the same memory, seen as legacy
+        if numpy_mode := is_np_array():
             x, gamma, beta, running_mean, running_var = (
                 a.as_nd_ndarray() for a in (x, gamma, beta, running_mean, running_var))
         out = F.contrib.SyncBatchNorm(x, gamma, beta, running_mean, running_var, name='fwd',

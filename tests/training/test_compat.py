@@ -113,7 +113,7 @@ def test_mxnet_imported_directly_after_the_package_is_prepared_too():
     report, shard, finders = json.loads(proc.stdout.splitlines()[-1])
     assert report['prepared'] and shard == [2.0, 3.0, 4.0, 5.0]
     assert report['plain_values'] == (compat.numpy_version() >= (2, 0))
-    assert '_BeforeMXNet' not in finders  # the finder took itself off
+    assert 'OnLoad' not in finders  # the finders took themselves off
 
 
 #: The public line that makes a plain ``import mxnet`` work on NumPy 2 and Python 3.12+ (README,
