@@ -60,11 +60,8 @@ class StallGuard(Background, Hook):
 
     def work(self):
         while not self.finished.wait(1.0):
-            last = self._last
-            if last is None:
-                continue
-            waited = time.monotonic() - last
-            if waited > max(self.seconds, self.factor * self._longest):
+            if (last := self._last) is not None and (waited := time.monotonic() - last) > max(
+                    self.seconds, self.factor * self._longest):
                 self._last = None
                 self.on_stall(waited)
 

@@ -150,11 +150,10 @@ class Comparison:
             done = f'round {epoch - 1} (epoch {epoch - 1} of every kvstore)'
             left = []
         if epoch < self.rounds or index == 0:
-            first = epoch + (1 if index else 0)
+            first = epoch + bool(index)
             more = f's {first}-{self.rounds}' if first < self.rounds else f' {first}'
             left.append(f'epoch{more} of every kvstore')
-        return Interrupted.between_runs(epoch - (0 if index else 1), done, left,
-                                  self.stop.signum)
+        return Interrupted.between_runs(epoch - (not index), done, left, self.stop.signum)
 
     def _begin(self, kvstore, epoch):
         """The line before an epoch of a run: whose it is, when the comparison ends."""
