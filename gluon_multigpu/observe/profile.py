@@ -187,8 +187,7 @@ class Profile(Hook):
     def enter(self, run):
         if self._state == 'done':
             return
-        data = run.train_iter
-        self._per_epoch = len(data) if hasattr(data, '__len__') else None
+        self._per_epoch = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
         if self._per_epoch is None and run.num_epochs > 1:
             raise GluonMultiGPUError('`profile` counts steps across epochs: give training data '
                                      'that has a length (a list, a DataLoader), or one epoch')

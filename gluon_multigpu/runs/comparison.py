@@ -32,9 +32,8 @@ def write_outputs(config, results, record, tracker, pending=(), partial=None):
 
     def write():
         if config.plot:
-            devices = ', '.join(results[0].devices)
             accuracy_chart(config.plot, results, title=f'{config.model} on {config.dataset}, '
-                           f'[{devices}]' + (' (partial)' if partial else ''))
+                           f'[{", ".join(results[0].devices)}]' + (' (partial)' if partial else ''))
             written.append(config.plot)
         if config.json:
             write_json(config.json, runs_json(results, tracker, record, partial))

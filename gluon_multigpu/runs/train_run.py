@@ -240,11 +240,10 @@ def per_device(split, batch_size, num_devices):
     """How a batch is shared, for the first line: ``64 per device``, ``32 + 96 by --split 1,3``
     or ``64 per device at first, then --split auto``."""
     if isinstance(split, list):
-        sizes = split_sizes(batch_size, split)
-        return (' + '.join(str(n) for n in sizes) + ' by --split '
+        return (' + '.join(str(n) for n in split_sizes(batch_size, split)) + ' by --split '
                 + ','.join(f'{w:g}' for w in split))
-    even = even_shares(batch_size, num_devices)
-    return even + (f' at first, then --split {split}' if split else '')
+    return even_shares(batch_size, num_devices) + (f' at first, then --split {split}' if split
+                                                   else '')
 
 
 #: Whether the process waits to join the parameter server (a signal then ends it, not a step),
