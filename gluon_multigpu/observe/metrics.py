@@ -205,8 +205,7 @@ class EventFiles(_Records):
             # leaves no empty event file (nor takes a name another file has)
             atomic.create_whole(self.path, opening)
             atomic.fsync_directory(self.folder)
-            self._fd = fs.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW |
-                               os.O_CLOEXEC)
+            self._fd = fs.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
         event, _, summary, _ = self._records

@@ -51,9 +51,8 @@ def check_run(config):
     if config.sync_bn:
         check_training(config.model, devices, batch_size, config.split, config.book_literal)
     kvstores = list(config.kvstore)
-    for kvstore in kvstores:
-        if kvstore not in DIST_KVSTORES:
-            check_kvstore(kvstore, devices)
+    for kvstore in [k for k in kvstores if k not in DIST_KVSTORES]:
+        check_kvstore(kvstore, devices)
     if config.profile is not None:  # its steps, devices MXNet's profiler cannot tell apart,
         # a default trace file that is not one of ours (loaded with --profile)
         # pylint: disable-next=import-outside-toplevel
