@@ -98,10 +98,8 @@ def _record(line):
     except ValueError:
         return None
     step = record.get('step') if isinstance(record, dict) else None
-    if isinstance(step, int) and not isinstance(step, bool) and record.get('kind') in (
-            'step', 'epoch') and isinstance(record.get('values'), dict):
-        return record
-    return None
+    return record if isinstance(step, int) and not isinstance(step, bool) and record.get(
+        'kind') in ('step', 'epoch') and isinstance(record.get('values'), dict) else None
 
 
 class _Records:
