@@ -52,8 +52,7 @@ class Run:
 
     def call(self, method, *args):
         """Call ``method`` of every hook in turn; return True if any returned True."""
-        answers = [getattr(hook, method)(self, *args) for hook in self.hooks]
-        return any(a is True for a in answers)
+        return any([getattr(hook, method)(self, *args) is True for hook in self.hooks])
 
     def plug(self, what, value, by):
         """Set ``what`` (``split``, ``model``, ``scaler``) for plug-in ``by``; refuse a second."""

@@ -98,8 +98,7 @@ class Interruptible(Hook):
         if not signals.interrupts_python(previous):
             return  # a program's own handler, ignored, or outside Python: left as it is
         signals.install(self._handle, (signal.SIGINT,))
-        self._previous, self._installed = previous, True
-        self._heard_count = 0
+        self._previous, self._installed, self._heard_count = previous, True, 0
         self._reader.start(only_if_free=True)  # an event loop's stays theirs: the handler speaks
 
     def leave(self, run):

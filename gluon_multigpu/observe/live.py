@@ -153,17 +153,13 @@ class Live(Hook):
         epochs = run.result.epochs
         last = epochs[-1].epoch if epochs else 0
         took = duration(time.monotonic() - self._started)
-        if last >= run.num_epochs:
-            self._status = f'done: {len(self._epochs)} epoch(s) in {took}'
-        elif self._stop is not None:
-            self._status = self._stop
-        elif isinstance(error, Interrupted):
-            self._status = (f'interrupted after epoch {last} of {run.num_epochs}: fit() goes on '
-                            'from there')
-        elif error is not None:
-            self._status = f'stopped in epoch {run.epoch} by {type(error).__name__} ({took})'
-        else:
-            self._status = f'stopped after epoch {last} of {run.num_epochs} ({took})'
+        self._status = (
+            f'done: {len(self._epochs)} epoch(s) in {took}' if last >= run.num_epochs else
+            self._stop if self._stop is not None else
+            f'interrupted after epoch {last} of {run.num_epochs}: fit() goes on from there'
+            if isinstance(error, Interrupted) else
+            f'stopped in epoch {run.epoch} by {type(error).__name__} ({took})' if error is not None
+            else f'stopped after epoch {last} of {run.num_epochs} ({took})')
         self._bar = None
         self._draw()
         self._handle = None

@@ -98,10 +98,8 @@ def _record(line):
     except ValueError:
         return None
     step = record.get('step') if isinstance(record, dict) else None
-    if isinstance(step, int) and not isinstance(step, bool) and record.get('kind') in (
-            'step', 'epoch') and isinstance(record.get('values'), dict):
-        return record
-    return None
+    return record if isinstance(step, int) and not isinstance(step, bool) and record.get(
+        'kind') in ('step', 'epoch') and isinstance(record.get('values'), dict) else None
 
 
 class _Records:
@@ -205,8 +203,7 @@ class EventFiles(_Records):
             # leaves no empty event file (nor takes a name another file has)
             atomic.create_whole(self.path, opening)
             atomic.fsync_directory(self.folder)
-            self._fd = fs.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW |
-                               os.O_CLOEXEC)
+            self._fd = fs.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def write(self, kind, step, epoch, values):  # pylint: disable=unused-argument
         event, _, summary, _ = self._records
@@ -297,7 +294,10 @@ class Metrics(Hook):
         if not self.writes:
             return
         if run.epoch != self._epoch:  # the first step of an epoch, or of this fit
-            self._start_epoch(run, step, timer)
+            self._epoch = run.epoch
+            self._per_epoch = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
+            elapsed = timer.elapsed() if timer is not None else 0.0
+            self._window = (step, 0, time.perf_counter() - elapsed)
         # the global step: counted by epoch where the data has a length, else from the last epoch's
         self._last = ((run.epoch - 1) * self._per_epoch if self._per_epoch else self._offset) + step
         if not self._sinks:  # the first step of this fit: the earlier curves end before it
@@ -333,12 +333,6 @@ class Metrics(Hook):
                 lock.release()
 
     # -- the counting ---------------------------------------------------------------------
-
-    def _start_epoch(self, run, step, timer):
-        self._epoch = run.epoch
-        self._per_epoch = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
-        elapsed = timer.elapsed() if timer is not None else 0.0
-        self._window = (step, 0, time.perf_counter() - elapsed)
 
     def _open(self, purge):
         if self.path is not None:
@@ -377,11 +371,7 @@ class Metrics(Hook):
 
 def _read(groups):
     """The sum of each group (lists of lists of 0-d arrays, on any devices), read back at once."""
-    cpu, sums, owners = mx.cpu(), [], []
-    for g, group in enumerate(groups):
-        for arrays in group:
-            if arrays:
-                sums.append(np.stack([a.astype('float32') for a in arrays]).sum().as_in_ctx(cpu))
-                owners.append(g)
-    values = np.stack(sums).asnumpy().astype('float64').tolist() if sums else []
-    return [sum((v for o, v in zip(owners, values) if o == g), 0.0) for g in range(len(groups))]
+    owned = [(g, np.stack([a.astype('float32') for a in arrays]).sum().as_in_ctx(mx.cpu()))
+             for g, group in enumerate(groups) for arrays in group if arrays]
+    values = np.stack([s for _, s in owned]).asnumpy().astype('float64').tolist() if owned else []
+    return [sum((v for (o, _), v in zip(owned, values) if o == g), 0.0) for g in range(len(groups))]

@@ -20,7 +20,5 @@ def optional_hooks(tensorboard=None, metrics=None, log_every=50, profile=None,
         hooks.append(Profile(profile))  # (start, stop, path) too
     if stall_timeout is not None:
         from .stall import stall_hook
-        hook = stall_hook(stall_timeout)  # (checked: 0 watches nothing)
-        if hook is not None:
-            hooks.append(hook)
-    return hooks
+        hooks.append(stall_hook(stall_timeout))  # (checked; None for 0, which watches nothing)
+    return [hook for hook in hooks if hook is not None]

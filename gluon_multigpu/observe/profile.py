@@ -55,14 +55,10 @@ def parse_steps(steps):
     Raises ``GluonMultiGPUError`` naming `profile` for anything else, for a step 0 and for a
     STOP before START.
     """
-    if isinstance(steps, str):
-        parts = steps.strip().split(':')
-        parts = parts * 2 if len(parts) == 1 else parts
-        # ASCII digits only: int() also reads full-width and other scripts' digits
-        if len(parts) != 2 or not all(re.fullmatch(r'\s*[0-9]{1,18}\s*', p, re.ASCII)
-                                      for p in parts):
-            raise GluonMultiGPUError(f'`profile` {steps!r} is not a range of steps; {_HINT}')
-        start, stop = (int(p) for p in parts)
+    # ASCII digits only: int() also reads full-width and other scripts' digits
+    if isinstance(steps, str) and (found := re.fullmatch(
+            r'\s*([0-9]{1,18})\s*(?::\s*([0-9]{1,18})\s*)?', steps.strip(), re.ASCII)):
+        start, stop = int(found[1]), int(found[2] or found[1])
     elif isinstance(steps, (tuple, list)) and len(steps) == 2 and all(
             isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in steps):
         start, stop = (int(s) for s in steps)
@@ -191,8 +187,7 @@ class Profile(Hook):
     def enter(self, run):
         if self._state == 'done':
             return
-        data = run.train_iter
-        self._per_epoch = len(data) if hasattr(data, '__len__') else None
+        self._per_epoch = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
         if self._per_epoch is None and run.num_epochs > 1:
             raise GluonMultiGPUError('`profile` counts steps across epochs: give training data '
                                      'that has a length (a list, a DataLoader), or one epoch')

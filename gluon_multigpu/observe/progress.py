@@ -59,11 +59,10 @@ class Schedule:
         (None), the units not finished are expected to take the finished ones' mean.
         """
         finished = len(self.took)
+        mean = sum(self.took) / finished if finished else None
         if self._began is None or unit_left is None:
-            return (sum(self.took) / finished * (self.units - finished)) if finished \
-                else None
-        each = (sum(self.took) / finished if finished else
-                time.monotonic() - self._began + unit_left)
+            return mean * (self.units - finished) if finished else None
+        each = mean if finished else time.monotonic() - self._began + unit_left
         return unit_left + each * (self.units - self.index - 1)
 
 
@@ -121,14 +120,14 @@ class Progress(Hook):
         return (sum(self._evaluations) / len(self._evaluations)) if self._evaluations else 0
 
     def step_end(self, run, step, samples, timer):
+        every = self.interval if self.interval > 0 else 30.0
         if self._epoch != run.epoch:  # a new epoch (or the resumed part of one)
-            self._epoch, self._first = run.epoch, step
-            self._due = self.interval if self.interval > 0 else 30.0
+            self._epoch, self._first, self._due = run.epoch, step, every
         if timer.elapsed() < self._due or step == self._first:
             return
         npx.waitall()  # Sync point: the figures of a progress line are the devices' own.
         seconds = timer.elapsed()
-        self._due = seconds + (self.interval if self.interval > 0 else 30.0)
+        self._due = seconds + every
         total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
         per_step = seconds / (step - self._first + 1)
         epoch_left = per_step * (total - step) if total else None

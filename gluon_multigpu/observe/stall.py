@@ -60,11 +60,8 @@ class StallGuard(Background, Hook):
 
     def work(self):
         while not self.finished.wait(1.0):
-            last = self._last
-            if last is None:
-                continue
-            waited = time.monotonic() - last
-            if waited > max(self.seconds, self.factor * self._longest):
+            if (last := self._last) is not None and (waited := time.monotonic() - last) > max(
+                    self.seconds, self.factor * self._longest):
                 self._last = None
                 self.on_stall(waited)
 
@@ -106,11 +103,10 @@ def stall_line(seconds, waited, longest=0.0):
     """
     seen = (f'the steps before came at most {_seconds(longest)} apart' if longest else
             'no time between two steps was measured yet')
-    if longest and 2 * longest < seconds:
-        cause = 'the run is stuck'
-    else:  # a wait not far beyond the steps seen, or no step time to compare with
-        cause = ('the run is stuck, or its steps take longer than that: give a `stall_timeout` '
-                 'several times the longest step')
+    # (a wait not far beyond the steps seen, or no step time to compare with: maybe a slow step)
+    cause = 'the run is stuck' if longest and 2 * longest < seconds else (
+        'the run is stuck, or its steps take longer than that: give a `stall_timeout` several '
+        'times the longest step')
     return (f'no training step was queued for {_seconds(waited)}, past `stall_timeout` '
             f'{_seconds(seconds)} ({seen}): {cause} (every thread\'s Python stack is above); '
             f'ending the process with status {STALLED}: a step stuck inside MXNet cannot be '
@@ -224,8 +220,7 @@ def stall_hook(seconds, line=None, environ=None):
     ``scripts/launch.py`` (``environ``: where to look, default ``os.environ``).
     Raises ``GluonMultiGPUError`` for a value that is not a time.
     """
-    seconds = check_stall_timeout(seconds)
-    if not seconds:
+    if not (seconds := check_stall_timeout(seconds)):
         return None
     fds = protocol.control_fds(environ)
     return LaunchedStall(seconds, fds[1]) if fds else StallHook(seconds, line)

@@ -17,8 +17,7 @@ def read_events(text):
     body = text.strip()
     if body.startswith('{'):
         body = body[body.index('[') + 1:]
-    end = re.search(r'\]\s*,\s*"displayTimeUnit"\s*:\s*"\w+"\s*\}\s*$', body)
-    if end:
+    if end := re.search(r'\]\s*,\s*"displayTimeUnit"\s*:\s*"\w+"\s*\}\s*$', body):
         body = body[:end.start()]
     body = body.strip().strip(',')
     return json.loads(f'[{body}]')

@@ -32,9 +32,8 @@ def write_outputs(config, results, record, tracker, pending=(), partial=None):
 
     def write():
         if config.plot:
-            devices = ', '.join(results[0].devices)
             accuracy_chart(config.plot, results, title=f'{config.model} on {config.dataset}, '
-                           f'[{devices}]' + (' (partial)' if partial else ''))
+                           f'[{", ".join(results[0].devices)}]' + (' (partial)' if partial else ''))
             written.append(config.plot)
         if config.json:
             write_json(config.json, runs_json(results, tracker, record, partial))
@@ -150,11 +149,10 @@ class Comparison:
             done = f'round {epoch - 1} (epoch {epoch - 1} of every kvstore)'
             left = []
         if epoch < self.rounds or index == 0:
-            first = epoch + (1 if index else 0)
+            first = epoch + bool(index)
             more = f's {first}-{self.rounds}' if first < self.rounds else f' {first}'
             left.append(f'epoch{more} of every kvstore')
-        return Interrupted.between_runs(epoch - (0 if index else 1), done, left,
-                                  self.stop.signum)
+        return Interrupted.between_runs(epoch - (not index), done, left, self.stop.signum)
 
     def _begin(self, kvstore, epoch):
         """The line before an epoch of a run: whose it is, when the comparison ends."""

@@ -94,12 +94,9 @@ class KvstoreRun:
 
 def faster_advice(config, devices):
     """What to try when a run would take long: a smaller model, more contexts, GPUs."""
-    options = []
-    if config.model != 'simple-cnn':
-        options.append('--model simple-cnn trains about 60 times faster')
-    if devices[0].device_type == 'cpu' and len(devices) < max(2, engine.cores()):
-        options.append(f'--cpu-devices {max(2, engine.cores())} uses every core')
-    if devices[0].device_type == 'cpu':
-        options.append(f'a machine with GPUs takes seconds per epoch ({GPU_INSTALL})')
-    options.append('--num-train N trains on a subset')
-    return 'faster: ' + '; '.join(options)
+    cpu, cores = devices[0].device_type == 'cpu', max(2, engine.cores())
+    options = ((config.model != 'simple-cnn', '--model simple-cnn trains about 60 times faster'),
+               (cpu and len(devices) < cores, f'--cpu-devices {cores} uses every core'),
+               (cpu, f'a machine with GPUs takes seconds per epoch ({GPU_INSTALL})'),
+               (True, '--num-train N trains on a subset'))
+    return 'faster: ' + '; '.join(advice for wanted, advice in options if wanted)

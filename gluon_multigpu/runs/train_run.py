@@ -51,9 +51,8 @@ def check_run(config):
     if config.sync_bn:
         check_training(config.model, devices, batch_size, config.split, config.book_literal)
     kvstores = list(config.kvstore)
-    for kvstore in kvstores:
-        if kvstore not in DIST_KVSTORES:
-            check_kvstore(kvstore, devices)
+    for kvstore in [k for k in kvstores if k not in DIST_KVSTORES]:
+        check_kvstore(kvstore, devices)
     if config.profile is not None:  # its steps, devices MXNet's profiler cannot tell apart,
         # a default trace file that is not one of ours (loaded with --profile)
         # pylint: disable-next=import-outside-toplevel
@@ -114,9 +113,8 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
         if checkpoint is not None:
             checkpoint.check_directory(config.num_epochs, len(train_iter))
         profile = profile_hook(config, out, worker, config.num_epochs * len(train_iter))
-        for message in (*notes, data_note):
-            if message:
-                print(GluonMultiGPUError(message).describe(flag), file=out)
+        for message in filter(None, (*notes, data_note)):
+            print(GluonMultiGPUError(message).describe(flag), file=out)
         print(f'training {config.model} on {config.dataset}: {train_iter.num_samples} train / '
               f'{len(test_iter.labels) if test_iter else 0} test images, batch {batch_size} '
               f'({per_device(config.split, batch_size, len(devices))}){worker.describe(batch_size)}, '
@@ -163,17 +161,12 @@ def make_loaders(config, batch_size, num_devices, worker):
                                  equal_shards=equal, **more)
     train_iter, test_iter = worker.shard(train_iter, test_iter, config.seed)
     dropped = len(train_iter.labels) - train_iter.num_samples * worker.count
-    note = None
-    if dropped and worker.count > 1:
-        note = (f'dropping {dropped} training sample(s) of each epoch: they make no whole global '
-                f'batch of {batch_size} x {worker.count} workers')
-    elif dropped and equal:
-        note = (f'dropping the last {dropped} training sample(s) of each epoch: with `sync_bn` '
-                f'every batch must divide evenly among the {num_devices} devices')
-    elif dropped:
-        note = (f'dropping the last {dropped} training sample(s) of each epoch: '
-                f'fewer than the {num_devices} devices')
-    return train_iter, test_iter, note
+    why = (f'they make no whole global batch of {batch_size} x {worker.count} workers'
+           if worker.count > 1 else f'with `sync_bn` every batch must divide evenly among the '
+           f'{num_devices} devices' if equal else f'fewer than the {num_devices} devices')
+    last = '' if worker.count > 1 else 'the last '
+    return train_iter, test_iter, (f'dropping {last}{dropped} training sample(s) of each epoch: '
+                                   f'{why}' if dropped else None)
 
 
 def profile_hook(config, out, worker, total):
@@ -190,15 +183,12 @@ def profile_hook(config, out, worker, total):
 def updates_line(config):
     """`` (cosine after 100 warm-up updates), an update every 4 batches, ...``: what
     the first line says of updates other than the book's."""
-    parts = []
-    if config.lr_schedule != 'constant' or config.warmup_steps:
-        warm = f' after {config.warmup_steps} warm-up updates' if config.warmup_steps else ''
-        parts.append(f' ({config.lr_schedule}{warm})')
-    if config.accumulate > 1:
-        parts.append(f', an update every {config.accumulate} batches')
-    if config.clip_grad_norm is not None:
-        parts.append(f', gradient norm clipped at {config.clip_grad_norm:g}')
-    return ''.join(parts)
+    warm = f' after {config.warmup_steps} warm-up updates' if config.warmup_steps else ''
+    clip = config.clip_grad_norm
+    return ''.join(part for part in (
+        (config.lr_schedule != 'constant' or warm) and f' ({config.lr_schedule}{warm})',
+        config.accumulate > 1 and f', an update every {config.accumulate} batches',
+        clip is not None and f', gradient norm clipped at {clip:g}') if part)
 
 
 def print_resumed(checkpoint, num_epochs, out):
@@ -249,11 +239,10 @@ def per_device(split, batch_size, num_devices):
     """How a batch is shared, for the first line: ``64 per device``, ``32 + 96 by --split 1,3``
     or ``64 per device at first, then --split auto``."""
     if isinstance(split, list):
-        sizes = split_sizes(batch_size, split)
-        return (' + '.join(str(n) for n in sizes) + ' by --split '
+        return (' + '.join(str(n) for n in split_sizes(batch_size, split)) + ' by --split '
                 + ','.join(f'{w:g}' for w in split))
-    even = even_shares(batch_size, num_devices)
-    return even + (f' at first, then --split {split}' if split else '')
+    return even_shares(batch_size, num_devices) + (f' at first, then --split {split}' if split
+                                                   else '')
 
 
 #: Whether the process waits to join the parameter server (a signal then ends it, not a step),

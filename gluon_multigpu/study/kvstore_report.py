@@ -77,19 +77,14 @@ def rounds_table(results):
     The load columns give the range over the round's epochs of the CPU
     other processes used (cores) and of the load average (``paired.LoadMeter``).
     """
-    rounds = sorted({e.epoch for r in results for e in r.epochs})
     rows = []
-    for n in rounds:
-        cells = [str(n)]
-        loads = []
-        for r in results:
-            record = next((e for e in r.epochs if e.epoch == n), None)
-            cells.append(f'{record.seconds:.2f}' if record else '-')
-            loads.append(epoch_load(r, n))
-        for span in (_span(loads, 'others'), _span(loads, 'load')):
-            cells.append('-' if not span else f'{span[0]:.1f}' if span[0] == span[1]
-                         else f'{span[0]:.1f}-{span[1]:.1f}')
-        rows.append(cells)
+    for n in sorted({e.epoch for r in results for e in r.epochs}):
+        loads = [epoch_load(r, n) for r in results]
+        spans = (_span(loads, 'others'), _span(loads, 'load'))
+        rows.append([str(n), *(next((f'{e.seconds:.2f}' for e in r.epochs if e.epoch == n), '-')
+                               for r in results),
+                     *('-' if not s else f'{s[0]:.1f}' if s[0] == s[1] else f'{s[0]:.1f}-{s[1]:.1f}'
+                       for s in spans)])
     header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
     return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))
 
@@ -101,8 +96,7 @@ def batch_norm_sentence(tracker, config):
     statistics, or None for none); ``config['sync_bn']`` says whether they
     were synchronised. Nothing recorded: nothing said.
     """
-    recorded = [s for spreads in tracker.stats_spread.values() for s in spreads or ()]
-    if not any(s is not None for s in recorded):
+    if all(s is None for spreads in tracker.stats_spread.values() for s in spreads or ()):
         return ''
     if config.get('sync_bn'):
         return (' BatchNorm is synchronised: each layer\'s batch mean and variance are computed '

@@ -76,10 +76,8 @@ class Ratio:
     def differs(self, min_effect=MIN_EFFECT):
         """Whether A and B differ: the interval excludes 1 and the median is ``min_effect`` or
         more from it. With one round (no interval): never."""
-        if self.low is None:
-            return False
         beyond = self.median >= 1 + min_effect or self.median <= 1 / (1 + min_effect)
-        return beyond and (self.low > 1 or self.high < 1)
+        return self.low is not None and beyond and (self.low > 1 or self.high < 1)
 
     def equal(self, min_effect=MIN_EFFECT):
         """Whether A and B are equally fast: the whole interval within ``1 - min_effect`` to
@@ -143,9 +141,6 @@ class LoadMeter:
     not give is None, and so are the CPU figures of a round under a quarter of a second (the
     kernel counts in 10 ms ticks).
     """
-
-    def __init__(self):
-        self._start = None
 
     def start(self):
         """Begin a round."""
