@@ -7,6 +7,7 @@ that cannot load, or aborts while loading, is reported instead of ending
 the doctor. Exit status 0 when no problem was found, 1 when one was, 2 for
 bad flags.
 """
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -20,6 +21,7 @@ from .base import compat, engine, opcache, signals
 from .cli import console
 from .cli.arguments import OneLineParser
 from .errors import GluonMultiGPUError, Interrupted
+from .section.devices import _read_number
 
 __all__ = ['collect', 'problems', 'render', 'probe', 'run_probe', 'main', 'start']
 
@@ -69,8 +71,8 @@ def probe(out=None):
     try:
         found['gpus'] = mxnet.context.num_gpus()
     except mxnet.base.MXNetError as e:
-        found['gpus'] = 0
-        found['gpu_error'] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        found.update(gpus=0, gpu_error=str(e).strip().splitlines()[0] if str(e).strip() else
+                     type(e).__name__)
     print(STAGE + 'training one step on cpu(0) and cpu(1)', file=out, flush=True)
     found['step'] = two_context_step()
     print(MARK + json.dumps(found), file=out, flush=True)
@@ -161,12 +163,11 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
     """
     command = [python or sys.executable, '-c',
                'from gluon_multigpu import doctor; doctor.probe()']
-    env = dict(os.environ if environ is None else environ)
     # the probe ends with the doctor, however the doctor ends (an MXNet import that hangs
     # would keep it forever)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=env, stdin=subprocess.DEVNULL,
-                          preexec_fn=signals.dying_with_parent(signal.SIGKILL)) as child:
+                          env=os.environ if environ is None else environ,
+                          stdin=subprocess.DEVNULL, preexec_fn=signals.dying_with_parent(signal.SIGKILL)) as child:
         try:
             stdout, stderr = _wait_saying(child, timeout, every, say)
         except subprocess.TimeoutExpired:
@@ -179,13 +180,11 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
     for line in stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
-    last = (stderr.strip().splitlines() or [''])[-1]
-    if child.returncode < 0:
-        why = f'the process was killed by signal {-child.returncode} while loading MXNet'
-    else:
-        why = f'the process ended with status {child.returncode} while loading MXNet'
-    return {'loads': False, 'error': f'{why} ({last}): reinstall it (pip install '
-                                     '--force-reinstall --no-deps mxnet==1.9.1)'}
+    why = (f'was killed by signal {-child.returncode}' if child.returncode < 0 else
+           f'ended with status {child.returncode}')
+    return {'loads': False, 'error': f'the process {why} while loading MXNet '
+                                     f"({(stderr.strip().splitlines() or [''])[-1]}): reinstall "
+                                     'it (pip install --force-reinstall --no-deps mxnet==1.9.1)'}
 
 
 def _wait_saying(child, timeout, every, say):
@@ -209,41 +208,28 @@ def _wait_saying(child, timeout, every, say):
 def mxnet_distribution():
     """(name, version) of the installed distribution that provides ``mxnet`` (mxnet,
     mxnet-cu112, ...), or None."""
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata['Name'] or '').lower()
-        if name == 'mxnet' or name.startswith('mxnet-') or name.startswith('mxnet_'):
-            return name, dist.version
-    return None
-
-
-def memory():
-    """(total, available) bytes from /proc/meminfo, or (None, None)."""
-    found = {}
-    try:
-        with open('/proc/meminfo', encoding='ascii') as f:
-            for line in f:
-                key, _, rest = line.partition(':')
-                if key in ('MemTotal', 'MemAvailable'):
-                    found[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return found.get('MemTotal'), found.get('MemAvailable')
+    found = (((d.metadata['Name'] or '').lower(), d.version)
+             for d in importlib.metadata.distributions())
+    return next(((name, version) for name, version in found
+                 if name == 'mxnet' or name.startswith(('mxnet-', 'mxnet_'))), None)
 
 
 def collect(step=True, python=None):
     """Everything the doctor reports, as a dict; ``problems`` lists one line for each. Loading
     MXNet in the child (``step``) is announced on stderr first: it may take minutes."""
-    total, available = memory()
     facts = {
-        'package': _package_version(),
+        'package': next((d.version for d in importlib.metadata.distributions(
+            name='gluon-multigpu')), None),
         'python': {'version': platform.python_version(), 'executable': python or sys.executable},
         'numpy': numpy_facts(),
         'mxnet_distribution': mxnet_distribution(),
         'cores': engine.cores(),
-        'memory': {'total': total, 'available': available},
+        # /proc/meminfo's, or None (devices' reader)
+        'memory': {key: _read_number('/proc/meminfo', field) for key, field in
+                   (('total', 'MemTotal'), ('available', 'MemAvailable'))},
         'engine': engine.recommended(cpu_devices=2),
+        'probe': None,
     }
-    facts['probe'] = None
     if step and not facts['numpy'].get('error'):  # MXNet imports NumPy: no probe without it
         print(f'doctor: importing MXNet and training one step in a child process (up to '
               f'{PROBE_SECONDS} s)...', file=sys.stderr, flush=True)
@@ -255,28 +241,16 @@ def collect(step=True, python=None):
 def numpy_facts():
     """NumPy's version and whether it is known, or, for a NumPy that cannot be imported, why
     (``error``: its exception in one line)."""
-    known_range = ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]
+    facts = {'version': None, 'known': False,
+             'known_range': ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]}
     try:
         import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
-        version = str(numpy.__version__)
+        facts['version'] = str(numpy.__version__)
     except Exception as e:  # pylint: disable=broad-except  (a broken install: reported)
-        return {'version': None, 'known': False, 'known_range': known_range,
-                'error': _error_line(e)}
-    return {'version': version, 'known': _known(version), 'known_range': known_range}
-
-
-def _known(version):
-    try:
-        return compat.numpy_is_known(version)
-    except ValueError:
-        return False
-
-
-def _package_version():
-    try:
-        return importlib.metadata.version('gluon-multigpu')
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        return dict(facts, error=_error_line(e))
+    with contextlib.suppress(ValueError):  # a version it cannot read: not known
+        facts['known'] = compat.numpy_is_known(facts['version'])
+    return facts
 
 
 def problems(facts):
@@ -319,16 +293,11 @@ def problems(facts):
     return found
 
 
-def _yes(value):
-    return 'yes' if value else 'no'
-
-
 def render(facts):
     """The report as lines of text."""
     gib = 1 << 30
-    lines = [f"gluon-multigpu {facts['package'] or '(not installed)'}: doctor"]
-    python = facts['python']
-    lines.append(f"python    {python['version']} ({python['executable']})")
+    lines = [f"gluon-multigpu {facts['package'] or '(not installed)'}: doctor",
+             f"python    {facts['python']['version']} ({facts['python']['executable']})"]
     numpy = facts['numpy']
     known = 'known' if numpy['known'] else 'not among the known'
     lines.append(f"numpy     does not import ({numpy['error']})" if numpy.get('error') else
@@ -353,8 +322,8 @@ def render(facts):
         features = probed['features']
         cuda = features['CUDA'] and probed.get('cuda_version')
         lines.append('build     ' + ', '.join(
-            f"{name} {_yes(features[name])}{' ' + cuda if name == 'CUDA' and cuda else ''}"
-            for name in FEATURES))
+            f"{name} {'yes' if features[name] else 'no'}"
+            f"{' ' + cuda if name == 'CUDA' and cuda else ''}" for name in FEATURES))
         lines.append(f"devices   {probed.get('gpus', 0)} GPU(s); CPU contexts cpu(0), cpu(1), ...")
     total, available = facts['memory']['total'], facts['memory']['available']
     mem = (f'{total / gib:.1f} GiB memory ({available / gib:.1f} available)' if total and available
@@ -387,10 +356,7 @@ def main(argv=None):
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     facts = collect(step=not args.no_step)
-    if args.json:
-        print(json.dumps(facts, indent=2, sort_keys=True))
-    else:
-        print('\n'.join(render(facts)))
+    print(json.dumps(facts, indent=2, sort_keys=True) if args.json else '\n'.join(render(facts)))
     return 1 if facts['problems'] else 0
 
 
