@@ -219,11 +219,8 @@ def _end_as(code):
     return 128 - code
 
 
-def find_program(name):
-    """The path ``name`` runs as here (on the PATH, or a path from the current folder), or None."""
-    if os.sep in name:
-        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
-    return shutil.which(name)
+#: The path a program name runs as here (on the PATH, or a path from the current folder), or None.
+find_program = shutil.which
 
 
 def check(command, port=None):
@@ -248,9 +245,7 @@ class Agent:
     def __init__(self, command, heartbeat=2.0, timeout=15.0, grace=5.0, out=None, inp=None):
         self.command, self.heartbeat, self.timeout, self.grace = command, heartbeat, timeout, grace
         self.out, self.inp = out or sys.stdout.buffer, inp or sys.stdin.buffer
-        self.lock = threading.Lock()
-        self.heard = time.monotonic()
-        self.launcher_gone = False
+        self.lock, self.heard, self.launcher_gone = threading.Lock(), time.monotonic(), False
         # the keeper; the command's pid; the socket to it; the command's control pipe
         self.proc = self.pid = self._link = self._to_job = None
         _subreaper()  # daemonised descendants come back to the agent, which can then end them all

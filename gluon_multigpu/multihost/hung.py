@@ -48,8 +48,7 @@ class Stall(NamedTuple):
 def stall_seconds(settings, workers):
     """The stall time: the launcher's step timeout or the shortest the workers asked for,
     whichever is shorter (0: no watch)."""
-    asked = [t for t in (settings.step_timeout, *(r.stall for r in workers)) if t]
-    return min(asked) if asked else 0.0
+    return min((t for t in (settings.step_timeout, *(r.stall for r in workers)) if t), default=0.0)
 
 
 def find(workers, seconds, now=None):

@@ -86,24 +86,29 @@ def with_resume(command):
 # -- the roles ----------------------------------------------------------------------------------
 
 class Role:
-    """One process of the job: its place, its command, and what its agent has said."""
+    """One process of the job: its place, its command, and what its agent has said.
+
+    Attributes
+    ----------
+    proc, rank, steps, heard, stopped_since
+        Its agent's process, its rank, its steps, when it was last heard, stopped since when.
+    stepped, resting, stall
+        When its step count last changed (None: no step yet); whether its epoch's steps are
+        done (evaluation: not watched); the stall time its command asked for (seconds), if any.
+    status, started, relayed, exited
+        The exit status its agent reported; whether its agent has started its command; an
+        event set once its output is read to the end; when its agent was first seen ended.
+    lost, hung
+        Why the launcher gave up reaching it (silent); why it is taken as hung (stopped, no
+        step), though reachable.
+    """
 
     def __init__(self, kind, index, host, env, argv):
         self.kind, self.index, self.host, self.env, self.argv = kind, index, host, env, argv
-        self.proc = None
-        self.rank = None
-        self.steps = 0
-        self.stepped = None     # when its step count last changed (None: no step yet)
-        self.resting = False    # its epoch's steps are done (evaluation): not watched
-        self.stall = None       # the stall time its command asked for (seconds), if any
-        self.status = None      # the exit status its agent reported
-        self.started = False    # its agent has started its command
-        self.heard = time.monotonic()
-        self.stopped_since = None
-        self.relayed = threading.Event()  # its output is read to the end
-        self.exited = None      # when its agent was first seen ended
-        self.lost = None        # why the launcher gave up reaching it (silent)
-        self.hung = None        # why it is taken as hung (stopped, no step), though reachable
+        self.proc = self.rank = self.stepped = self.stall = self.status = None
+        self.stopped_since = self.exited = self.lost = self.hung = None
+        self.steps, self.resting, self.started = 0, False, False
+        self.heard, self.relayed = time.monotonic(), threading.Event()
 
     @property
     def label(self):
@@ -124,10 +129,8 @@ class Role:
 
     def failure(self):
         """What went wrong with this process, as words, or None."""
-        if self.lost or self.hung:
-            return self.lost or self.hung
-        if not self.ended():
-            return None
+        if self.lost or self.hung or not self.ended():
+            return self.lost or self.hung or None
         if self.status is None:  # no exit line: the agent or its connection died
             code = self.proc.returncode
             return (f'its connection to {self.host} ended (ssh status {code})'
@@ -181,8 +184,8 @@ def plan(settings, hosts, command):
     server = [sys.executable, '-c', ROLE]  # MXNet runs the role, then exits
 
     def role(kind, index, host, extra, argv):
-        env = dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host), **extra)
-        return Role(kind, index, host, env, argv)
+        return Role(kind, index, host, dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host),
+                                            **extra), argv)
     roles = [role('scheduler', 0, hosts[0], {}, server), *(
         role('server', i, hosts[(i + 1) % len(hosts)], {}, server)
         for i in range(settings.num_servers))]

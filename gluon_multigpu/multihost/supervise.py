@@ -58,19 +58,10 @@ class Job:
 
     def __init__(self, settings, roles, signals, words):
         self.settings, self.roles, self.signals, self.words = settings, roles, signals, words
-        self.lock = threading.Lock()
-        self.threads = []
-        self.seen_signals = 0
+        self.workers = [r for r in roles if r.kind == 'worker']
+        self.others = [r for r in roles if r.kind != 'worker']
+        self.lock, self.threads, self.seen_signals, self._next_ping = threading.Lock(), [], 0, 0.0
         self.killed = False  # a second signal killed every process at once
-        self._next_ping = 0.0
-
-    @property
-    def workers(self):
-        return [r for r in self.roles if r.kind == 'worker']
-
-    @property
-    def others(self):
-        return [r for r in self.roles if r.kind != 'worker']
 
     def say(self, line):
         say(line, self.lock)
@@ -103,20 +94,16 @@ class Job:
         if now >= self._next_ping:
             _tell(self.roles, 'ping')
             self._next_ping = now + HEARTBEAT
-        for r in _reachable(self.roles):
-            self._watch(r, now)
+        timeout = self.settings.timeout
+        for r in _reachable(self.roles):  # lost (not heard) or hung (stopped): the first kept
+            if now - r.heard > timeout:
+                r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
+            elif not r.hung and r.stopped_since and now - r.stopped_since > timeout:
+                r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
         if len(self.signals) > self.seen_signals:
             self.seen_signals = len(self.signals)
             return self.signals[-1]
         return None
-
-    def _watch(self, r, now):
-        """Mark role ``r`` lost (not heard) or hung (stopped), the first reason kept."""
-        timeout = self.settings.timeout
-        if now - r.heard > timeout:
-            r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
-        elif not r.hung and r.stopped_since and now - r.stopped_since > timeout:
-            r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
 
     def run(self):
         """Start the job and watch it; return ``(status, failed_role)``.
