@@ -13,14 +13,10 @@ import dataclasses
 import os
 import sys
 
-from ..base import values
+from ..base.values import (MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, int_in, non_negative_float,
+                           path_of, positive_float, split_weights)
 from ..machinery import config
 from ..errors import GluonMultiGPUError, flag
-
-MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED = values.MAX_CPU_DEVICES, values.MAX_GPUS, values.MAX_SEED
-int_in, positive_float, non_negative_float = values.int_in, values.positive_float, \
-    values.non_negative_float
-path_of, split_weights = values.path_of, values.split_weights
 
 
 class UsageError(Exception):
@@ -127,11 +123,8 @@ def script_parser(doc, epilog, gpu_help, cpu_help):
     return p
 
 
-class _QuietParser(argparse.ArgumentParser):
+class _QuietParser(OneLineParser):
     """A parser that raises ``UsageError`` instead of printing and exiting (no abbreviations)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         raise UsageError(message)

@@ -45,11 +45,6 @@ def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
 _RUN = {'began': False, 'program': False}
 
 
-def run_began():
-    """Say that the script's own handlers are in place: the pre-load ones act again only after."""
-    _RUN['began'] = True
-
-
 def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
     say_quietly(messages.while_starting(signum, _RUN['began']))
     files.discard_unfinished()
@@ -58,7 +53,7 @@ def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
 
 @contextlib.contextmanager
 def stop_request(on_signal, on_second, ignore_after=False):
-    """The program's ``StopRequest`` (its handlers in place: ``run_began``).
+    """The program's ``StopRequest`` (its handlers in place: ``_RUN['began']``).
 
     With ``ignore_after``, once it has stopped the run, a program (``start``)
     ignores the stop signals: its status is then 128 + the first signal, as
@@ -70,7 +65,7 @@ def stop_request(on_signal, on_second, ignore_after=False):
     stop = StopRequest(on_signal, on_second)
     try:
         with stop:
-            run_began()  # from its end on, a signal finds the run over, not starting
+            _RUN['began'] = True  # from its end on, a signal finds the run over, not starting
             yield stop
     finally:
         if ignore_after and stop.signum is not None and _RUN['program']:
@@ -107,20 +102,17 @@ class _QuietStream:
     def __init__(self, stream):
         self._stream, self.lost = stream, False
 
-    def _lose(self):
-        self.lost = True
-        # without a descriptor of its own (a test's capture), dropping the text is enough
-        with contextlib.suppress(OSError, ValueError, AttributeError), \
-                open(os.devnull, 'wb') as null:
-            os.dup2(null.fileno(), self._stream.fileno())
-
     def _try(self, method, *args):
         """Call the stream's ``method`` unless it is lost; lose it if the call fails."""
         if not self.lost:
             try:
                 getattr(self._stream, method)(*args)
             except (OSError, ValueError):
-                self._lose()
+                self.lost = True
+                # without a descriptor of its own (a test's capture), dropping the text is enough
+                with contextlib.suppress(OSError, ValueError, AttributeError), \
+                        open(os.devnull, 'wb') as null:
+                    os.dup2(null.fileno(), self._stream.fileno())
 
     def write(self, text):
         self._try('write', text)

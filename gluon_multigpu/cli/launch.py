@@ -192,10 +192,7 @@ def main(argv=None):
     process at once. Its stop lines are ``cli.messages``'.
     """
     taken = []
-
-    def on_signal(signum, frame):  # pylint: disable=unused-argument
-        taken.append(signum)
-    previous = signals.install(on_signal)
+    previous = signals.install(lambda signum, frame: taken.append(signum))
     try:
         args = build_parser().parse_args(argv)
         hosts, command = check_args(args)

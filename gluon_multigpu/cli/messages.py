@@ -13,12 +13,6 @@ import signal
 
 from ..observe.stopping import comparison_why, launcher_stops, say_quietly, signal_name  # noqa: F401
 
-__all__ = ['signal_name', 'heard', 'train_heard', 'train_stopped_now', 'train_stopped',
-           'comparison_kept', 'comparison_why', 'train_finished_anyway', 'launcher_stops',
-           'partial_heading', 'nothing_written', 'while_starting', 'could_not_write',
-           'kept_and_written', 'launch_heard', 'launch_stopped_now', 'launch_stopped',
-           'launch_not_started', 'launch_resume', 'say_quietly']
-
 
 def heard(signum, launched=False):
     """How the first line names a signal: ``Ctrl-C``, ``SIGHUP (the terminal closed)``, ``SIGTERM``.
@@ -171,3 +165,7 @@ def could_not_write(error, kept):
     where = f' {error.filename}' if error.filename else ''
     return (f'error: could not write{where}: {error.strerror or error}; free space or choose '
             f'another place ({kept})')
+
+
+#: Every function above, and those of ``stopping`` this module names too (not ``signal``).
+__all__ = [name for name in dir() if not name.startswith('_') and name != 'signal']

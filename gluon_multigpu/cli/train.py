@@ -66,9 +66,8 @@ def parse_args(argv=None):
     return RunConfig(**vars(build_parser().parse_args(argv)))
 
 
-def resume_command(argv):
-    """The command line that continues an interrupted run (``argv`` None: this one's)."""
-    return console.resume_command('train', argv)
+#: The command line that continues an interrupted run: ``resume_command(argv)`` (None: this one's).
+resume_command = functools.partial(console.resume_command, 'train')
 
 
 def interrupted_message(signum, error, checkpoint_dir, argv, rank=0):
@@ -115,7 +114,7 @@ def main(argv=None):
             with stop_request(heard, functools.partial(stop_now, config=config), ignore_after=True) \
                     as stop:
                 run(config, stop=stop, program=console.program,
-                    resume=lambda: console.resume_command('train'))
+                    resume=resume_command)
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, config, argv)
         if stop.signum:  # in the last evaluation, or while the outputs were written
