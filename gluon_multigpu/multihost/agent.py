@@ -82,29 +82,22 @@ def read_line(stream, limit):
     At most ``limit`` bytes are kept; the rest of a longer line is read and dropped in pieces, so
     memory stays bounded. Returns ``None`` at the end of the stream.
     """
-    line = stream.readline(limit)
-    if not line:
+    if not (line := stream.readline(limit)):
         return None
     if line.endswith(b'\n'):
         return line[:-1], 0
     cut = 0
-    while True:
-        more = stream.readline(limit)
-        if not more:
-            return line, cut
-        if more.endswith(b'\n'):
-            return line, cut + len(more) - 1
+    while (more := stream.readline(limit)) and not more.endswith(b'\n'):
         cut += len(more)
+    return line, cut + max(len(more) - 1, 0)  # the newline that ends the line is not counted
 
 
 def _stat(pid):
     """The fields of ``/proc/PID/stat`` after the program's name (bytes: state, parent, ...);
     an empty list once the process is gone."""
-    try:
-        with open(f'/proc/{pid}/stat', 'rb') as f:
-            return f.read().rsplit(b')', 1)[1].split()
-    except (OSError, IndexError):
-        return []
+    with contextlib.suppress(OSError, IndexError), open(f'/proc/{pid}/stat', 'rb') as f:
+        return f.read().rsplit(b')', 1)[1].split()
+    return []
 
 
 def _descendants(pid):
@@ -115,8 +108,7 @@ def _descendants(pid):
             parents.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [pid]
     while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
+        found += (kids := parents.get(todo.pop(), []))
         todo += kids
     return found
 
@@ -176,10 +168,9 @@ def keep(link, fds, command):
 
 def _heard(link):
     """What the agent sent on ``link`` (b'' once it is gone)."""
-    try:
+    with contextlib.suppress(OSError):
         return link.recv(4096)
-    except OSError:
-        return b''
+    return b''
 
 
 def _reaped(pid):
@@ -265,8 +256,7 @@ class Agent:
         to_job_r, to_job_w = os.pipe()
         from_job_r, from_job_w = os.pipe()
         self._link, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONUNBUFFERED=os.environ.get('PYTHONUNBUFFERED', '1'))
-        env[CONTROL_VARIABLE] = f'{to_job_r},{from_job_w}'
+        env = {'PYTHONUNBUFFERED': '1', **os.environ, CONTROL_VARIABLE: f'{to_job_r},{from_job_w}'}
         try:
             self.proc = subprocess.Popen(
                 agent_argv(['--keeper', str(theirs.fileno()), '--pass-fds',
@@ -313,9 +303,7 @@ class Agent:
             if read[1]:
                 self.write(f'agent: ignored an input line over {INPUT_LIMIT} bytes\n'.encode())
                 continue
-            words = read[0].decode(errors='replace').split()
-            if not words:
-                continue
+            words = read[0].decode(errors='replace').split() or ['']  # a blank line: nothing
             if words[0] == 'stop-at' and self._to_job is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._to_job.write(' '.join(words) + '\n')
@@ -369,9 +357,8 @@ class Agent:
 def build_parser():
     p = argparse.ArgumentParser(prog='python -m gluon_multigpu.multihost.agent',
                                 description=__doc__.splitlines()[0])
-    p.add_argument('--heartbeat', type=float, default=2.0)
-    p.add_argument('--timeout', type=float, default=15.0)
-    p.add_argument('--grace', type=float, default=5.0)
+    for name, default in (('--heartbeat', 2.0), ('--timeout', 15.0), ('--grace', 5.0)):
+        p.add_argument(name, type=float, default=default)
     p.add_argument('--check', action='store_true')
     p.add_argument('--port', type=int)
     p.add_argument('--hold-port', type=int, help='take this port for the job before starting '
@@ -403,10 +390,8 @@ def main(argv=None):
     if held is None:
         agent.say(f'exit {PORT_TAKEN}')
         return PORT_TAKEN
-
-    def gone(signum, frame):  # pylint: disable=unused-argument
-        agent.launcher_gone = True
-    signals.install(gone, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), nohup=False)
+    signals.install(lambda signum, frame: setattr(agent, 'launcher_gone', True),
+                    (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), nohup=False)
     signals.ignore((signal.SIGPIPE,))
     return agent.run()
 

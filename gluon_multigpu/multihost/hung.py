@@ -58,9 +58,8 @@ def find(workers, seconds, now=None):
     watched = [r for r in workers if r.running() and not r.lost and not r.hung
                and r.status is None]
     stepped = [r.stepped for r in watched if r.stepped is not None]
-    if not seconds or not stepped or any(r.resting for r in watched):
-        return None
-    if (time.monotonic() if now is None else now) - max(stepped) <= seconds:
+    if not seconds or not stepped or any(r.resting for r in watched) or \
+            (time.monotonic() if now is None else now) - max(stepped) <= seconds:
         return None
     low = min(r.steps for r in watched)
     return Stall([r for r in watched if r.steps == low], [r for r in watched if r.steps > low],

@@ -186,17 +186,15 @@ def plan(settings, hosts, command):
     def role(kind, index, host, extra, argv):
         return Role(kind, index, host, dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host),
                                             **extra), argv)
-    roles = [role('scheduler', 0, hosts[0], {}, server), *(
-        role('server', i, hosts[(i + 1) % len(hosts)], {}, server)
-        for i in range(settings.num_servers))]
     placed = [hosts[(i + settings.num_servers + 1) % len(hosts)]
               for i in range(settings.num_workers)]
-    for i, host in enumerate(placed):
-        # the host's cores are divided among the workers it runs (base.engine)
-        roles.append(role('worker', i, host, {'GLUON_MULTIGPU_WORKER': str(i),
-                                              engine.HOST_WORKERS: str(placed.count(host))},
-                          command))
-    return roles
+    # a worker's host's cores are divided among the workers it runs (base.engine)
+    return [role('scheduler', 0, hosts[0], {}, server),
+            *(role('server', i, hosts[(i + 1) % len(hosts)], {}, server)
+              for i in range(settings.num_servers)),
+            *(role('worker', i, host, {'GLUON_MULTIGPU_WORKER': str(i),
+                                       engine.HOST_WORKERS: str(placed.count(host))}, command)
+              for i, host in enumerate(placed))]
 
 
 def _address(host):
@@ -215,12 +213,9 @@ def _die_with_parent():
 
 def ssh_argv(settings, host, remote):
     """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
-    argv = ['ssh', '-T', '-o', 'BatchMode=yes']
-    for option, value in (('-p', settings.ssh_port), ('-i', settings.ssh_identity),
-                          ('-F', settings.ssh_config)):
-        if value is not None:
-            argv += [option, str(value)]
-    return argv + ['--', host, remote]
+    given = {'-p': settings.ssh_port, '-i': settings.ssh_identity, '-F': settings.ssh_config}
+    options = [w for flag, value in given.items() if value is not None for w in (flag, str(value))]
+    return ['ssh', '-T', '-o', 'BatchMode=yes', *options, '--', host, remote]
 
 
 def srun_argv(node, remote):
@@ -232,9 +227,8 @@ def srun_argv(node, remote):
 
 def transport_argv(settings, host, remote):
     """How ``remote`` runs on ``host``: over ssh, or as a job step on its node (slurm)."""
-    if settings.launcher == 'slurm':
-        return srun_argv(dict(settings.nodes)[host], remote)
-    return ssh_argv(settings, host, remote)
+    return srun_argv(dict(settings.nodes)[host], remote) if settings.launcher == 'slurm' else \
+        ssh_argv(settings, host, remote)
 
 
 def remote_command(env, argv):
@@ -248,10 +242,8 @@ def spawn(settings, role):
     hold = ['--hold-port', role.env['DMLC_PS_ROOT_PORT']] if role.kind == 'scheduler' else []
     under_agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(settings.timeout),
                               '--grace', str(TERM_WAIT), *hold], role.argv)
-    if settings.launcher != 'local':
-        argv, env = transport_argv(settings, role.host, remote_command(role.env, under_agent)), {}
-    else:
-        argv, env = under_agent, role.env
+    argv, env = (under_agent, role.env) if settings.launcher == 'local' else (
+        transport_argv(settings, role.host, remote_command(role.env, under_agent)), {})
     role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                  preexec_fn=_die_with_parent())
@@ -296,11 +288,10 @@ def _take_control(role, words):
 
 def _seconds(word):
     """A positive finite number of seconds from an agent's line, or None."""
-    try:
-        value = float(word)
-    except ValueError:
-        return None
-    return value if 0 < value < float('inf') else None
+    with contextlib.suppress(ValueError):
+        if 0 < (value := float(word)) < float('inf'):
+            return value
+    return None
 
 
 # -- the checks before anything starts ----------------------------------------------------------
@@ -373,12 +364,9 @@ def _answers(procs, launcher):
 
 def _last_json(out):
     for line in reversed(out.decode(errors='replace').splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
+        with contextlib.suppress(ValueError):
+            if isinstance(value := json.loads(line), dict):
+                return value
     return None
 
 

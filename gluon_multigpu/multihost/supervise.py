@@ -201,9 +201,7 @@ class Job:
         (on a lost host, the agent does so itself after the timeout)."""
         _tell(_reachable(self.roles), 'kill')
         deadline = time.monotonic() + 1.0
-        for r in self.roles:
-            if r.proc is None:
-                continue
+        for r in [r for r in self.roles if r.proc is not None]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             if r.proc.poll() is None:
@@ -274,6 +272,4 @@ def _ended(job, settings, status, failed, restarts):
 def _without_lost(roles, hosts):
     """``hosts`` without those lost in the attempt of ``roles`` (all of them if all were)."""
     lost = {r.host for r in roles if r.lost or (r.failure() or '').startswith('its connection')}
-    if lost and len(lost) < len(hosts):
-        return [h for h in hosts if h not in lost]
-    return hosts
+    return [h for h in hosts if h not in lost] if lost and len(lost) < len(hosts) else hosts
