@@ -51,8 +51,8 @@ class OneLineParser(argparse.ArgumentParser):
         for token in rest:
             if token == '--' or not token.startswith('-'):
                 return [*joined, token, *rest]
-            action = flags.get(token)
-            value = next(rest, None) if action is not None and action.nargs is None else None
+            # the next token, for a flag of this parser that takes one value
+            value = next(rest, None) if getattr(flags.get(token), 'nargs', 0) is None else None
             if value is not None and value.startswith('-') and value != '--' and \
                     value.split('=')[0] not in flags:
                 joined.append(f'{token}={value}')
@@ -189,11 +189,9 @@ def add_config_flags(p, config_class, exclusive=()):
     groups = {name: p.add_argument_group(name) for name in config.GROUPS}
     either = {}
     own = list(vars(config_class).get('__annotations__', {}))  # a subclass's own fields first
-    for f in sorted(dataclasses.fields(config_class),
+    for f in sorted((f for f in dataclasses.fields(config_class) if 'group' in f.metadata),
                     key=lambda f: own.index(f.name) if f.name in own else len(own)):
         meta = f.metadata
-        if 'group' not in meta:
-            continue
         where = groups[meta['group']]
         if f.name in exclusive:
             where = either.setdefault(meta['group'], where.add_mutually_exclusive_group())

@@ -202,21 +202,12 @@ def one_line_warnings():
 def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
     """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
 
-    ``launcher``, ``engine``, ``engine_argv``: as ``command`` takes them.
-    """
-    with command(launcher, engine, engine_argv):
-        sys.exit(main())
-
-
-@contextlib.contextmanager
-def command(launcher=None, engine=True, engine_argv=None):
-    """Within the block, the program's body: its engine set up before; after, a NumPy or MXNet
-    (or any other package) whose import fails is one line and exit status 2, not a traceback.
-
-    ``launcher``: the path of the ``scripts/NAME.py`` that started it (None:
-    its console script). ``engine``: set the engine for the device flags of
-    ``engine_argv`` (None: the command line's) before MXNet loads; False for
-    a program that loads no MXNet.
+    A NumPy or MXNet (or any other package) whose import fails is one line
+    and exit status 2, not a traceback. ``launcher``: the path of the
+    ``scripts/NAME.py`` that started it (None: its console script).
+    ``engine``: set the engine for the device flags of ``engine_argv`` (None:
+    the command line's) before MXNet loads; False for a program that loads
+    no MXNet.
     """
     started(launcher)
     _RUN['program'] = True
@@ -224,7 +215,7 @@ def command(launcher=None, engine=True, engine_argv=None):
     if engine:
         prepare_engine(engine_argv)
     try:
-        yield
+        sys.exit(main())
     except Exception as e:  # pylint: disable=broad-except  (re-raised unless an import's)
         # MXNet could not load, wherever the program first needed it; or NumPy or MXNet is
         # missing or broken (the install's). Not an import, or a module of the package's own:

@@ -26,14 +26,6 @@ def build_parser():
     return p
 
 
-def demo_devices(force_cpu=False):
-    """Return two devices for the walk-through: two GPUs, or cpu(1) and cpu(2)."""
-    import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)
-    if not force_cpu and num_gpus() >= 2:
-        return [mx.gpu(0), mx.gpu(1)]
-    return [mx.cpu(1), mx.cpu(2)]
-
-
 def show(arr):
     """Return the text's repr of an array: the values and, always, its device."""
     text = repr(arr)
@@ -72,16 +64,17 @@ def walk_through(devices, out=None):
 
 
 def run(args, out=None):
-    """Run the walk-through on the devices ``args`` ask for; return the network."""
+    """Run the walk-through on the devices ``args`` ask for (two GPUs, or cpu(1) and cpu(2));
+    return the network."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)
     out = out or sys.stdout
     if args.seed is not None:
-        import mxnet as mx  # pylint: disable=import-outside-toplevel
         mx.random.seed(args.seed)
-    devices = demo_devices(args.cpu)
-    if devices[0].device_type == 'cpu':
-        print('fewer than two GPUs (or --cpu): using CPU contexts cpu(1) and cpu(2); '
-              'cpu(0), the default context, plays the CPU of the text', file=out)
-    return walk_through(devices, out)
+    if not args.cpu and num_gpus() >= 2:
+        return walk_through([mx.gpu(0), mx.gpu(1)], out)
+    print('fewer than two GPUs (or --cpu): using CPU contexts cpu(1) and cpu(2); '
+          'cpu(0), the default context, plays the CPU of the text', file=out)
+    return walk_through([mx.cpu(1), mx.cpu(2)], out)
 
 
 def main(argv=None):

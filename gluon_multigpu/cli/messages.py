@@ -60,9 +60,8 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_ran
     that nothing can be resumed.
     """
     name = signal_name(signum)
-    done = getattr(error, 'done', None)
     if getattr(error, 'left', None) is not None:  # Interrupted.between_runs
-        where = f'interrupted by {name} at the end of {done}'
+        where = f"interrupted by {name} at the end of {getattr(error, 'done', None)}"
         if error.left:
             where += f': {kept_and_written(error.left)} not begun'
     else:
@@ -102,11 +101,9 @@ def kept_and_written(paths):
 
 def train_finished_anyway(signum, outputs=False, checkpoint=False):
     """The last line for a signal that came after the last step: the run finished all the same."""
-    done = ['the run is complete']
-    if outputs:
-        done.append('its outputs are written')
-    if checkpoint:
-        done.append('its checkpoint holds it')
+    done = [words for words, said in (('the run is complete', True),
+                                      ('its outputs are written', outputs),
+                                      ('its checkpoint holds it', checkpoint)) if said]
     return (f'{signal_name(signum)} came after the last step: {kept_and_written(done)}; exit '
             f'status {128 + signum}, as for any stop by a signal')
 

@@ -113,8 +113,7 @@ def main(argv=None):
         try:
             with stop_request(heard, functools.partial(stop_now, config=config), ignore_after=True) \
                     as stop:
-                run(config, stop=stop, program=console.program,
-                    resume=resume_command)
+                run(config, stop=stop, program=console.program, resume=resume_command)
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, config, argv)
         if stop.signum:  # in the last evaluation, or while the outputs were written
@@ -155,13 +154,11 @@ def _ended(error, stop, config, argv):
 
 def _kept(config, argv):
     """What a failed write left as it was, naming only what exists."""
-    said = []
-    for names, left in (('plot json report', 'as before this write'),
-                        ('metrics tensorboard', 'the figures written before it')):
-        if given := [f'--{name}' for name in names.split() if getattr(config, name)]:
-            said.append(f'{", ".join(given)}: {left}')
-    if config.checkpoint_dir:
-        said.append(_checkpoint_kept(config, argv))
+    said = [f'{", ".join(given)}: {left}'
+            for names, left in (('plot json report', 'as before this write'),
+                                ('metrics tensorboard', 'the figures written before it'))
+            if (given := [f'--{name}' for name in names.split() if getattr(config, name)])]
+    said += filter(None, [_checkpoint_kept(config, argv)])  # None: no --checkpoint-dir
     return '; '.join(said) or 'no other file was asked for'
 
 
@@ -190,8 +187,7 @@ def stop_now(signum, config):  # pylint: disable=unused-argument
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
-    with console.command(launcher):  # the engine set up first; MXNet's load errors in one line
-        sys.exit(main())
+    console.start(main, launcher)  # the engine set up first; MXNet's load errors in one line
 
 
 if __name__ == '__main__':

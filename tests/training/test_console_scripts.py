@@ -78,7 +78,7 @@ def test_setup_cfg_installs_every_program_and_each_launcher_starts_its_own():
                                               'lab.commands.bench_workers'])
 def test_no_program_loads_mxnet_when_imported(module):
     # it must set the engine first, from its flags: the package loads MXNet when a name needs it;
-    # nor NumPy: a NumPy that cannot load is then one line of the program's (console.command)
+    # nor NumPy: a NumPy that cannot load is then one line of the program's (console.start)
     proc = run_bounded([sys.executable, '-c', f'import sys, {module}; print(sorted(m for m in '
                         "('mxnet', 'matplotlib', 'numpy') if m in sys.modules))"],
                        timeout=120)
