@@ -82,13 +82,10 @@ def _cuda_runtime_version():
     """CUDA's runtime version as 'major.minor', read from the library MXNet's build loads."""
     import ctypes  # pylint: disable=import-outside-toplevel
     for name in ('libcudart.so', 'libcudart.so.11.0', 'libcudart.so.12'):
-        try:
-            library = ctypes.CDLL(name)
-        except OSError:
-            continue
-        version = ctypes.c_int()
-        if library.cudaRuntimeGetVersion(ctypes.byref(version)) == 0:
-            return f'{version.value // 1000}.{version.value % 1000 // 10}'
+        with contextlib.suppress(OSError):  # not this library's name here
+            library, version = ctypes.CDLL(name), ctypes.c_int()
+            if library.cudaRuntimeGetVersion(ctypes.byref(version)) == 0:
+                return f'{version.value // 1000}.{version.value % 1000 // 10}'
     return None
 
 
@@ -191,10 +188,7 @@ def _wait_saying(child, timeout, every, say):
     """``child.communicate()`` within ``timeout`` seconds, saying every ``every`` seconds which
     part of the probe (its last ``STAGE`` line) it is in."""
     began = time.monotonic()
-    while True:
-        left = timeout - (time.monotonic() - began)
-        if left <= 0:
-            raise subprocess.TimeoutExpired(child.args, timeout)
+    while (left := timeout - (time.monotonic() - began)) > 0:
         try:
             return child.communicate(timeout=min(every, left))
         except subprocess.TimeoutExpired as e:  # e.stdout: all the child wrote so far, as bytes
@@ -203,6 +197,7 @@ def _wait_saying(child, timeout, every, say):
             stages = [line[len(STAGE):] for line in text.splitlines() if line.startswith(STAGE)]
             say(f"doctor: still {stages[-1] if stages else 'starting Python'} "
                 f'({time.monotonic() - began:.0f} s of {timeout} s)...')
+    raise subprocess.TimeoutExpired(child.args, timeout)
 
 
 def mxnet_distribution():
