@@ -73,7 +73,6 @@ def add_device_flags(p, gpu_help, cpu_help):
     where.add_argument('--num-gpus', type=int_in(1, MAX_GPUS), metavar='N', help=gpu_help)
     where.add_argument('--cpu-devices', type=int_in(1, MAX_CPU_DEVICES), metavar='N',
                        help=cpu_help)
-    return where
 
 
 def add_run_flags(p, models, datasets, seed_help='the same in every run'):

@@ -143,25 +143,19 @@ def quiet_console():
 #: The checkout's scripts/ folder, beside the package (an installed package has none).
 CHECKOUT_SCRIPTS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'scripts')
-_CONSOLE = 'console'
-#: The scripts/NAME.py that started the program, _CONSOLE (its console script), or None
-#: (not told: called from Python, e.g. a test; the checkout's scripts if there are any).
-_STARTED = {'launcher': None}
+#: ``folder``: the folder of the scripts/NAME.py that started the program, None for its console
+#: script; absent if not told (called from Python, e.g. a test: the checkout's scripts, if any).
+_STARTED = {}
 
 
 def started(launcher=None):
     """Record how the program was started: from ``launcher`` (the path of ``scripts/NAME.py``),
     or, without it, as its console script ``gluon-multigpu-NAME``."""
-    _STARTED['launcher'] = os.path.abspath(launcher) if launcher else _CONSOLE
+    _STARTED['folder'] = os.path.dirname(os.path.abspath(launcher)) if launcher else None
 
 
 def _scripts_folder():
-    launcher = _STARTED['launcher']
-    if launcher == _CONSOLE:
-        return None
-    if launcher:
-        return os.path.dirname(launcher)
-    return CHECKOUT_SCRIPTS if os.path.isdir(CHECKOUT_SCRIPTS) else None
+    return _STARTED.get('folder', CHECKOUT_SCRIPTS if os.path.isdir(CHECKOUT_SCRIPTS) else None)
 
 
 def program(name):

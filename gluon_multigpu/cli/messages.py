@@ -20,10 +20,9 @@ def heard(signum, launched=False):
     A worker of the launcher (``launched``) has no terminal: its signals come
     from the launcher, and the line says so.
     """
-    if launched:
-        return f'{signal_name(signum)} from the launcher'
-    return {signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
-        signum, signal_name(signum))
+    return f'{signal_name(signum)} from the launcher' if launched else {
+        signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
+            signum, signal_name(signum))
 
 
 # -- train --------------------------------------------------------------------------------------
@@ -65,13 +64,11 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_ran
         if error.left:
             where += f': {kept_and_written(error.left)} not begun'
     else:
-        when = f'in epoch {error.epoch} after {error.batches} batch(es)'
-        if error.epoch_done:
-            when = (f'after epoch {error.epoch} had finished its steps, before epoch '
-                    f'{error.epoch + 1} began')
-        where = f'interrupted by {name} {when}'
-        if kept is not None and kept[1] is not None:
-            where = f'interrupted by {name} during {kept[1]} ({when})'
+        when = (f'after epoch {error.epoch} had finished its steps, before epoch '
+                f'{error.epoch + 1} began' if error.epoch_done else
+                f'in epoch {error.epoch} after {error.batches} batch(es)')
+        where = (f'interrupted by {name} during {kept[1]} ({when})'
+                 if kept is not None and kept[1] is not None else f'interrupted by {name} {when}')
     if kept is not None:
         return f'{where}; {comparison_kept(kept[0], kept[2])}'
     if checkpoint is not None and not saved:  # stopped before the first save
@@ -152,9 +149,8 @@ def nothing_written(error):
 
 def while_starting(signum, began):
     """The line of a signal before the program's own handlers (``began``: after them)."""
-    if began:
-        return f'{signal_name(signum)} came as the run was ending: its results are as printed'
-    return 'interrupted while starting: nothing was written'
+    return (f'{signal_name(signum)} came as the run was ending: its results are as printed'
+            if began else 'interrupted while starting: nothing was written')
 
 
 def could_not_write(error, kept):

@@ -174,7 +174,7 @@ def test_each_console_script_is_its_scripts_program(name):
 
 def test_a_resumed_run_is_started_as_the_interrupted_one_was(monkeypatch, tmp_path):
     train = importlib.import_module('gluon_multigpu.cli.train')
-    monkeypatch.setitem(console._STARTED, 'launcher', None)  # pylint: disable=protected-access
+    monkeypatch.delitem(console._STARTED, 'folder', raising=False)  # pylint: disable=W0212
     common.started()  # the console script
     assert train.resume_command(['--cpu-devices', '2']) == \
         'gluon-multigpu-train --cpu-devices 2 --resume'
