@@ -178,8 +178,7 @@ def _reaped(pid):
     with contextlib.suppress(ChildProcessError):
         while (done := os.waitpid(-1, os.WNOHANG))[0]:
             if done[0] == pid:  # as os.waitstatus_to_exitcode (Python 3.9) says it
-                status = done[1]
-                return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                return -os.WTERMSIG(done[1]) if os.WIFSIGNALED(done[1]) else os.WEXITSTATUS(done[1])
     return None
 
 

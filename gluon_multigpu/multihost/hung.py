@@ -32,10 +32,8 @@ class Stall(NamedTuple):
         several = len(self.behind) > 1
         names = ' and '.join(r.label for r in self.behind)
         line = f'{names} {"are" if several else "is"} stuck in step {self.behind[0].steps + 1}: '
-        if self.others or several:
-            line += f'no worker queued a step for {self.seconds:g} s'
-        else:
-            line += f'it queued no step for {self.seconds:g} s'
+        line += (f'no worker queued a step for {self.seconds:g} s' if self.others or several
+                 else f'it queued no step for {self.seconds:g} s')
         if self.others:
             waiting = ', '.join(f'{r.label} after step {r.steps}' for r in self.others)
             line += f', and the other workers wait for {"them" if several else "it"} ({waiting})'

@@ -163,10 +163,9 @@ def run_role():
     that cannot load here is one line saying what to do, and exit status 2."""
     try:
         import mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    except MXNetLoadError as e:  # base.compat's finder said what to do
-        why = str(e)
-    except ImportError as e:  # not installed, or a module of it missing
-        why = compat.load_advice(e)
+    except (MXNetLoadError, ImportError) as e:  # base.compat's finder said what to do, or
+        # not installed, or a module of it missing
+        why = str(e) if isinstance(e, MXNetLoadError) else compat.load_advice(e)
     else:
         return
     print(f'error: {why}', file=sys.stderr, flush=True)
@@ -317,8 +316,11 @@ def preflight(settings, roles, port):
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())
-    try:
-        return _answers(procs, settings.launcher)
+    try:  # the answers, host by host; the port the scheduler's host found
+        found, via = None, 'srun' if settings.launcher == 'slurm' else 'ssh'
+        for host, proc in procs.items():
+            found = _answer(host, proc, via).get('port', found)
+        return found
     except LaunchError:
         for p in procs.values():
             p.kill()
@@ -337,29 +339,25 @@ def _preflight_here(settings, command, port):
     return answer['port']
 
 
-def _answers(procs, launcher):
-    """The checks' answers, host by host (``{host: ssh or srun process}``); the port the
-    scheduler's host found. Raises ``LaunchError`` at the first host that does not answer well."""
-    found, via = None, 'srun' if launcher == 'slurm' else 'ssh'
-    how = 'a job step of the allocation' if via == 'srun' else 'ssh without a prompt'
-    for host, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            check = (f'`ssh {host}` works without a prompt' if via == 'ssh' else
-                     'a job step starts on each node (`srun hostname`)')
-            raise LaunchError(f'host {host}: no answer over {via} in 30 s; check that {check}') \
-                from None
-        answer = _last_json(out)
-        if answer is None or 'error' in answer:
-            why = ((answer or {}).get('error') or last_line(err.decode(errors='replace'))
-                   or f'{via} status {proc.returncode}')
-            raise LaunchError(f'host {host}: {why}; each host needs {how}, this '
-                              f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
-                              'the package, and the worker\'s program')
-        if 'port' in answer:
-            found = answer['port']
-    return found
+def _answer(host, proc, via):
+    """The check's answer of ``host`` (its ``via`` ssh or srun process). Raises ``LaunchError``
+    if it does not answer well."""
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        check = (f'`ssh {host}` works without a prompt' if via == 'ssh' else
+                 'a job step starts on each node (`srun hostname`)')
+        raise LaunchError(f'host {host}: no answer over {via} in 30 s; check that {check}') \
+            from None
+    answer = _last_json(out)
+    if answer is None or 'error' in answer:
+        how = 'a job step of the allocation' if via == 'srun' else 'ssh without a prompt'
+        why = ((answer or {}).get('error') or last_line(err.decode(errors='replace'))
+               or f'{via} status {proc.returncode}')
+        raise LaunchError(f'host {host}: {why}; each host needs {how}, this '
+                          f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
+                          'the package, and the worker\'s program')
+    return answer
 
 
 def _last_json(out):

@@ -246,8 +246,7 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
         if (done := _ended(job, settings, status, failed, restarts)) is not None:
             return done
         restarts += 1
-        hosts = _without_lost(roles, hosts)
-        command = with_resume(command)
+        hosts, command = _without_lost(roles, hosts), with_resume(command)
         job.say(f'restart {restarts} of {settings.max_restarts}: starting the job again from '
                 f'its checkpoint on {len(hosts)} host(s) ({", ".join(hosts)})')
 
