@@ -120,12 +120,10 @@ def two_context_step():
         mx.npx.waitall()
         first, second = ([p.data(d).asnumpy() for p in net.collect_params().values()]
                          for d in devices)
-        same = all(onp.array_equal(a, b) for a, b in zip(first, second))
-        moved = not onp.array_equal(before, first[0])
-        finite = all(onp.isfinite(a).all() for a in first)
-        return {'ok': bool(same and moved and finite), 'same_on_both': bool(same),
-                'changed': bool(moved), 'finite': bool(finite),
-                'seconds': time.perf_counter() - began}
+        checks = {'same_on_both': all(onp.array_equal(a, b) for a, b in zip(first, second)),
+                  'changed': not onp.array_equal(before, first[0]),
+                  'finite': all(onp.isfinite(a).all() for a in first)}
+        return {'ok': all(checks.values()), **checks, 'seconds': time.perf_counter() - began}
     except Exception as e:  # pylint: disable=broad-except  (reported, as the doctor's purpose)
         return {'ok': False, 'error': _error_line(e), 'seconds': time.perf_counter() - began}
 
@@ -164,7 +162,8 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
     # would keep it forever)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=os.environ if environ is None else environ,
-                          stdin=subprocess.DEVNULL, preexec_fn=signals.dying_with_parent(signal.SIGKILL)) as child:
+                          stdin=subprocess.DEVNULL,
+                          preexec_fn=signals.dying_with_parent(signal.SIGKILL)) as child:
         try:
             stdout, stderr = _wait_saying(child, timeout, every, say)
         except subprocess.TimeoutExpired:
@@ -251,38 +250,33 @@ def numpy_facts():
 def problems(facts):
     """One line for each problem in ``facts`` (what ``collect`` found), saying what to do."""
     found = []
-    low, high = facts['numpy']['known_range']
     if facts['numpy'].get('error'):
         found.append(f"NumPy cannot be imported ({facts['numpy']['error']}): reinstall it: pip "
                      f'install --force-reinstall {compat.numpy_pin()}')
     elif not facts['numpy']['known']:
         found.append(f"NumPy {facts['numpy']['version']} lies outside the releases gluon-multigpu "
-                     f'was run on ({low} to {high}): if training fails, pip install '
-                     f'{compat.numpy_pin()}')
+                     f'was run on ({" to ".join(facts["numpy"]["known_range"])}): if training '
+                     f'fails, pip install {compat.numpy_pin()}')
     if facts['mxnet_distribution'] is None:
         found.append('no MXNet distribution is installed: pip install mxnet==1.9.1 '
                      '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')
     elif facts['mxnet_distribution'][1] != '1.9.1':
         found.append(f"MXNet {facts['mxnet_distribution'][1]} is installed; gluon-multigpu is made "
                      'for 1.9.1: pip install --force-reinstall --no-deps mxnet==1.9.1')
-    probed = facts.get('probe')
-    if probed is None:
+    if (probed := facts.get('probe')) is None:
         return found
     if not probed.get('loads'):
         found.append(probed.get('error', 'MXNet cannot load'))
         return found
-    features = probed.get('features', {})
-    if features.get('CUDA') and not probed.get('gpus'):
+    if probed.get('features', {}).get('CUDA') and not probed.get('gpus'):
         found.append("MXNet's CUDA build sees no GPU (" + probed.get('gpu_error', 'none found') +
                      '): install the NVIDIA driver and check nvidia-smi, or use the CPU build: '
                      'pip install --force-reinstall --no-deps mxnet==1.9.1')
-    step = probed.get('step') or {}
-    if not step.get('ok'):
-        why = step.get('error') or ', '.join(
-            what for what, good in (('parameters differ between the contexts',
-                                     step.get('same_on_both')),
-                                    ('the step changed no parameter', step.get('changed')),
-                                    ('a parameter is not finite', step.get('finite'))) if not good)
+    if not (step := probed.get('step') or {}).get('ok'):
+        why = step.get('error') or ', '.join(what for what, key in (
+            ('parameters differ between the contexts', 'same_on_both'),
+            ('the step changed no parameter', 'changed'), ('a parameter is not finite', 'finite'))
+            if not step.get(key))
         found.append(f'the two-context step failed ({why}): report it with gluon-multigpu-doctor '
                      '--json')
     return found
@@ -327,8 +321,7 @@ def render(facts):
     settings = ', '.join(f'{k}={v}' for k, v in sorted(facts['engine'].items())) or \
         "MXNet's defaults"
     lines.append(f'engine    for 2 CPU contexts: {settings} (a variable already set wins)')
-    step = probed.get('step')
-    if step:
+    if step := probed.get('step'):
         lines.append('step      ' + (f"cpu(0) and cpu(1) trained one step (kvstore device) to the "
                                      f"same parameters in {step['seconds']:.2f} s"
                                      if step.get('ok') else 'failed'))
