@@ -71,9 +71,8 @@ def visible(text):
 def shown(read):
     """A line from ``read_line`` as it is relayed: control characters made visible, a cut line
     marked as such."""
-    line, cut = read
-    return visible(line.decode(errors='replace')) + (f' ... [line cut: {cut} bytes more]'
-                                                      if cut else '')
+    return visible(read[0].decode(errors='replace')) + (f' ... [line cut: {read[1]} bytes more]'
+                                                         if read[1] else '')
 
 
 def read_line(stream, limit):
@@ -252,8 +251,7 @@ class Agent:
     def start(self):
         """Start the command under its keeper with its control pipes; return False (and say why)
         if it cannot."""
-        to_job_r, to_job_w = os.pipe()
-        from_job_r, from_job_w = os.pipe()
+        (to_job_r, to_job_w), (from_job_r, from_job_w) = os.pipe(), os.pipe()
         self._link, theirs = socket.socketpair()
         env = {'PYTHONUNBUFFERED': '1', **os.environ, CONTROL_VARIABLE: f'{to_job_r},{from_job_w}'}
         try:
@@ -276,8 +274,7 @@ class Agent:
             why = said if kind == 'error' else f'its keeper ended (status {self.proc.wait()})'
             self.write(f'could not start {self.command[0]}: {why}\n'.encode())
             return False
-        self.pid = int(said)
-        self._to_job = os.fdopen(to_job_w, 'w', buffering=1)
+        self.pid, self._to_job = int(said), os.fdopen(to_job_w, 'w', buffering=1)
         self.say(f'started {self.pid}')
         self._output = threading.Thread(target=self._relay_output, daemon=True)
         self._output.start()
@@ -379,8 +376,7 @@ def main(argv=None):
             return 2
         return keep(args.keeper, [int(fd) for fd in fds], command)
     if args.check:
-        answer = check(command, args.port)
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer := check(command, args.port)), flush=True)
         return 0 if 'ok' in answer else 2
     # The launcher stops the job through the agent's input; a signal to the agent itself
     # (its ssh session closing, a kill) ends the job as the launcher's going would.

@@ -305,8 +305,14 @@ def preflight(settings, roles, port):
     first host. Raises ``LaunchError``.
     """
     command = next(r.argv for r in roles if r.kind == 'worker')
-    if settings.launcher == 'local':
-        return _preflight_here(settings, command, port)
+    if settings.launcher == 'local':  # on this machine alone
+        if agent.find_program(command[0]) is None:
+            raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
+                              'give an executable or one on the PATH, e.g. -- '
+                              f'{settings.train_program} ...')
+        if 'error' in (answer := agent.check([], port or 0)):
+            raise LaunchError(f'--{answer["error"]}; give another port or leave --port out')
+        return answer['port']
     first = next(r.host for r in roles if r.kind == 'scheduler')
     workers = {r.host for r in roles if r.kind == 'worker'}
     procs = {}
@@ -325,18 +331,6 @@ def preflight(settings, roles, port):
         for p in procs.values():
             p.kill()
         raise
-
-
-def _preflight_here(settings, command, port):
-    """``preflight`` on this machine alone."""
-    if agent.find_program(command[0]) is None:
-        raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
-                          'give an executable or one on the PATH, e.g. -- '
-                          f'{settings.train_program} ...')
-    answer = agent.check([], port or 0)
-    if 'error' in answer:
-        raise LaunchError(f'--{answer["error"]}; give another port or leave --port out')
-    return answer['port']
 
 
 def _answer(host, proc, via):

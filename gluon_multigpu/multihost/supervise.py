@@ -14,6 +14,7 @@ that were lost. Its lines go to standard error as ``launch: ...``; its stop
 lines are the caller's (``words``: the command line's ``cli.messages``).
 """
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -167,8 +168,7 @@ class Job:
         """
         deadline = time.monotonic() + seconds
         while any(r.running() for r in roles):
-            signum = self.tick()
-            if signum is not None and not self.killed:
+            if (signum := self.tick()) is not None and not self.killed:
                 self.say(self.words.launch_stopped_now(signum))
                 self.kill_all()
                 self.killed = True
@@ -224,8 +224,7 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
     Raises ``LaunchError`` when the first attempt's checks fail or the
     scheduler's port was taken: nothing of the job is left running.
     """
-    restarts = 0
-    while True:
+    for restarts in itertools.count():  # each attempt; the restarts before it
         roles = plan(settings, hosts, command)
         try:
             port = preflight(settings, roles, settings.port)
@@ -245,9 +244,11 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
             job.say(words.launch_resume(resume))
         if (done := _ended(job, settings, status, failed, restarts)) is not None:
             return done
-        restarts += 1
-        hosts, command = _without_lost(roles, hosts), with_resume(command)
-        job.say(f'restart {restarts} of {settings.max_restarts}: starting the job again from '
+        # without the hosts lost in this attempt (all of them if all were)
+        lost = {r.host for r in roles if r.lost or (r.failure() or '').startswith('its connection')}
+        hosts = [h for h in hosts if h not in lost] if lost and len(lost) < len(hosts) else hosts
+        command = with_resume(command)
+        job.say(f'restart {restarts + 1} of {settings.max_restarts}: starting the job again from '
                 f'its checkpoint on {len(hosts)} host(s) ({", ".join(hosts)})')
 
 
@@ -266,9 +267,3 @@ def _ended(job, settings, status, failed, restarts):
                     f'{settings.max_restarts})')
         return status
     return None
-
-
-def _without_lost(roles, hosts):
-    """``hosts`` without those lost in the attempt of ``roles`` (all of them if all were)."""
-    lost = {r.host for r in roles if r.lost or (r.failure() or '').startswith('its connection')}
-    return [h for h in hosts if h not in lost] if lost and len(lost) < len(hosts) else hosts
