@@ -22,9 +22,8 @@ import warnings
 from . import messages
 from .messages import say_quietly  # noqa: F401  (the programs' name for it)
 from .arguments import UsageError, engine_devices, error_line
-from ..errors import flag
 from ..base import compat, engine, signals
-from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError, SettingWarning
+from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError, SettingWarning, flag
 from ..filesafety import files
 from ..observe.stopping import StopRequest
 

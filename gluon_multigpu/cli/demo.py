@@ -9,8 +9,6 @@ With two GPUs it uses gpu(0) and gpu(1), as the text. Otherwise it uses the
 CPU contexts cpu(1) and cpu(2), so that cpu(0), MXNet's default context,
 plays the part of "the CPU" on which nothing was initialised.
 """
-import sys
-
 from . import common
 from ..section.devices import num_gpus
 
@@ -28,15 +26,14 @@ def build_parser():
 
 def show(arr):
     """Return the text's repr of an array: the values and, always, its device."""
-    text = repr(arr)
-    return text if 'ctx=' in text else f'{text[:-1]}, ctx={arr.ctx})'
+    return text if 'ctx=' in (text := repr(arr)) else f'{text[:-1]}, ctx={arr.ctx})'
 
 
 def walk_through(devices, out=None):
-    """Run the three steps of the text on ``devices``; return the network."""
+    """Run the three steps of the text on ``devices``, printing to ``out`` (None: standard
+    output); return the network."""
     from mxnet import gluon, init, np  # pylint: disable=import-outside-toplevel
     from ..section.book import resnet18  # pylint: disable=import-outside-toplevel
-    out = out or sys.stdout
     net = resnet18(10)
     net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
     print(f'devices = {devices}', file=out)
@@ -67,7 +64,6 @@ def run(args, out=None):
     """Run the walk-through on the devices ``args`` ask for (two GPUs, or cpu(1) and cpu(2));
     return the network."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)
-    out = out or sys.stdout
     if args.seed is not None:
         mx.random.seed(args.seed)
     if not args.cpu and num_gpus() >= 2:

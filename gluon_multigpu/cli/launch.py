@@ -11,8 +11,7 @@ import os
 import re
 import sys
 
-from . import common
-from . import messages
+from . import common, messages
 from ..errors import GluonMultiGPUError
 from ..base import signals
 from ..filesafety import reading

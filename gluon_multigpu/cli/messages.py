@@ -76,9 +76,8 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_ran
                 'run again from the beginning')
     if checkpoint is not None and by_rank_0:  # a worker after the first saves none
         return f'{where}; rank 0 keeps the checkpoint in {checkpoint}; resume with: {resume}'
-    if checkpoint is not None:
-        return f'{where}; checkpoint in {checkpoint}; resume with: {resume}'
-    return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
+    return (f'{where}; checkpoint in {checkpoint}; resume with: {resume}' if checkpoint is not None
+            else f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)')
 
 
 def comparison_kept(measured, written):

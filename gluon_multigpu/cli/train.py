@@ -17,8 +17,7 @@ import signal
 import sys
 import textwrap
 
-from . import console
-from . import messages
+from . import console, messages
 from .arguments import OneLineParser, add_config_flags, error_line
 from .console import quiet_console, say_quietly, stop_request
 from ..base import signals
