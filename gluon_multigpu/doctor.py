@@ -50,10 +50,9 @@ def _op_cache_line(cache):
 
 def probe(out=None):
     """In a child process: load MXNet as the package does, read its build and devices, and run
-    one two-context training step; print ``MARK`` and the findings as JSON."""
-    out = out or sys.stdout
-    found = {'loads': False}
-    began = time.perf_counter()
+    one two-context training step; print ``MARK`` and the findings as JSON (on ``out``, None:
+    standard output)."""
+    found, began = {'loads': False}, time.perf_counter()
     print(STAGE + 'importing MXNet', file=out, flush=True)
     try:
         engine.configure(2)
@@ -173,9 +172,8 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
         finally:
             if child.poll() is None:  # timed out, or this process is stopping: not left behind
                 child.kill()
-    for line in stdout.splitlines():
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
+    if (line := next((l for l in stdout.splitlines() if l.startswith(MARK)), None)) is not None:
+        return json.loads(line[len(MARK):])
     why = (f'was killed by signal {-child.returncode}' if child.returncode < 0 else
            f'ended with status {child.returncode}')
     return {'loads': False, 'error': f'the process {why} while loading MXNet '
@@ -199,15 +197,6 @@ def _wait_saying(child, timeout, every, say):
     raise subprocess.TimeoutExpired(child.args, timeout)
 
 
-def mxnet_distribution():
-    """(name, version) of the installed distribution that provides ``mxnet`` (mxnet,
-    mxnet-cu112, ...), or None."""
-    found = (((d.metadata['Name'] or '').lower(), d.version)
-             for d in importlib.metadata.distributions())
-    return next(((name, version) for name, version in found
-                 if name == 'mxnet' or name.startswith(('mxnet-', 'mxnet_'))), None)
-
-
 def collect(step=True, python=None):
     """Everything the doctor reports, as a dict; ``problems`` lists one line for each. Loading
     MXNet in the child (``step``) is announced on stderr first: it may take minutes."""
@@ -216,7 +205,11 @@ def collect(step=True, python=None):
             name='gluon-multigpu')), None),
         'python': {'version': platform.python_version(), 'executable': python or sys.executable},
         'numpy': numpy_facts(),
-        'mxnet_distribution': mxnet_distribution(),
+        # (name, version) of the distribution that provides mxnet (mxnet, mxnet-cu112, ...)
+        'mxnet_distribution': next(((name, version) for name, version in (
+            ((d.metadata['Name'] or '').lower(), d.version)
+            for d in importlib.metadata.distributions())
+            if name == 'mxnet' or name.startswith(('mxnet-', 'mxnet_'))), None),
         'cores': engine.cores(),
         # /proc/meminfo's, or None (devices' reader)
         'memory': {key: _read_number('/proc/meminfo', field) for key, field in
@@ -284,7 +277,6 @@ def problems(facts):
 
 def render(facts):
     """The report as lines of text."""
-    gib = 1 << 30
     lines = [f"gluon-multigpu {facts['package'] or '(not installed)'}: doctor",
              f"python    {facts['python']['version']} ({facts['python']['executable']})"]
     numpy = facts['numpy']
@@ -298,15 +290,14 @@ def render(facts):
     seconds = f" in {probed['load_seconds']:.1f} s" if probed.get('load_seconds') else ''
     lines.append(f"mxnet     {dist[1] + ' (' + dist[0] + ')' if dist else 'not installed'}"
                  f"{', ' + loads + seconds if loads else ''}")
-    if probed.get('compat'):
-        restored = probed['compat']['numpy_names']
+    if made := probed.get('compat'):  # what base.compat changed in the probe's MXNet
+        restored = made['numpy_names']
         changes = [f'{len(restored)} NumPy names restored' if restored else 'no NumPy name restored',
-                   'distutils.version provided' if probed['compat']['distutils'] else
-                   'distutils as installed',
-                   'operator values made plain' if probed['compat']['plain_values'] else
+                   'distutils.version provided' if made['distutils'] else 'distutils as installed',
+                   'operator values made plain' if made['plain_values'] else
                    'operator values as given']
-        lines.append('compat    ' + ', '.join(changes))
-        lines.append('op cache  ' + _op_cache_line(probed['compat'].get('op_cache') or {}))
+        lines += ['compat    ' + ', '.join(changes),
+                  'op cache  ' + _op_cache_line(made.get('op_cache') or {})]
     if probed.get('features'):
         features = probed['features']
         cuda = features['CUDA'] and probed.get('cuda_version')
@@ -315,8 +306,8 @@ def render(facts):
             f"{' ' + cuda if name == 'CUDA' and cuda else ''}" for name in FEATURES))
         lines.append(f"devices   {probed.get('gpus', 0)} GPU(s); CPU contexts cpu(0), cpu(1), ...")
     total, available = facts['memory']['total'], facts['memory']['available']
-    mem = (f'{total / gib:.1f} GiB memory ({available / gib:.1f} available)' if total and available
-           else 'memory unknown')
+    mem = (f'{total / 2**30:.1f} GiB memory ({available / 2**30:.1f} available)'
+           if total and available else 'memory unknown')
     lines.append(f"machine   {facts['cores']} cores, {mem}")
     settings = ', '.join(f'{k}={v}' for k, v in sorted(facts['engine'].items())) or \
         "MXNet's defaults"
