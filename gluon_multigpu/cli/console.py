@@ -180,18 +180,6 @@ def resume_command(name, argv=None):
     return command_line(name, argv if '--resume' in argv else [*argv, '--resume'])
 
 
-def one_line_warnings():
-    """Show the package's ``SettingWarning`` as one line on stderr, its arguments as flags."""
-    shown = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if isinstance(message, SettingWarning):
-            say_quietly(f'warning: {message.describe(flag)}')
-        else:
-            shown(message, category, filename, lineno, file, line)
-    warnings.showwarning = show
-
-
 def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
     """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
 
@@ -204,7 +192,15 @@ def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disabl
     """
     started(launcher)
     _RUN['program'] = True
-    one_line_warnings()
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        """The package's ``SettingWarning`` as one line on stderr, its arguments as flags."""
+        if isinstance(message, SettingWarning):
+            say_quietly(f'warning: {message.describe(flag)}')
+        else:
+            shown(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
     if engine:
         prepare_engine(engine_argv)
     try:
