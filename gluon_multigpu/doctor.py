@@ -7,6 +7,7 @@ that cannot load, or aborts while loading, is reported instead of ending
 the doctor. Exit status 0 when no problem was found, 1 when one was, 2 for
 bad flags.
 """
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -20,6 +21,7 @@ from .base import compat, engine, opcache, signals
 from .cli import console
 from .cli.arguments import OneLineParser
 from .errors import GluonMultiGPUError, Interrupted
+from .section.devices import _read_number
 
 __all__ = ['collect', 'problems', 'render', 'probe', 'run_probe', 'main', 'start']
 
@@ -48,10 +50,9 @@ def _op_cache_line(cache):
 
 def probe(out=None):
     """In a child process: load MXNet as the package does, read its build and devices, and run
-    one two-context training step; print ``MARK`` and the findings as JSON."""
-    out = out or sys.stdout
-    found = {'loads': False}
-    began = time.perf_counter()
+    one two-context training step; print ``MARK`` and the findings as JSON (on ``out``, None:
+    standard output)."""
+    found, began = {'loads': False}, time.perf_counter()
     print(STAGE + 'importing MXNet', file=out, flush=True)
     try:
         engine.configure(2)
@@ -69,8 +70,8 @@ def probe(out=None):
     try:
         found['gpus'] = mxnet.context.num_gpus()
     except mxnet.base.MXNetError as e:
-        found['gpus'] = 0
-        found['gpu_error'] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        found.update(gpus=0, gpu_error=str(e).strip().splitlines()[0] if str(e).strip() else
+                     type(e).__name__)
     print(STAGE + 'training one step on cpu(0) and cpu(1)', file=out, flush=True)
     found['step'] = two_context_step()
     print(MARK + json.dumps(found), file=out, flush=True)
@@ -80,13 +81,10 @@ def _cuda_runtime_version():
     """CUDA's runtime version as 'major.minor', read from the library MXNet's build loads."""
     import ctypes  # pylint: disable=import-outside-toplevel
     for name in ('libcudart.so', 'libcudart.so.11.0', 'libcudart.so.12'):
-        try:
-            library = ctypes.CDLL(name)
-        except OSError:
-            continue
-        version = ctypes.c_int()
-        if library.cudaRuntimeGetVersion(ctypes.byref(version)) == 0:
-            return f'{version.value // 1000}.{version.value % 1000 // 10}'
+        with contextlib.suppress(OSError):  # not this library's name here
+            library, version = ctypes.CDLL(name), ctypes.c_int()
+            if library.cudaRuntimeGetVersion(ctypes.byref(version)) == 0:
+                return f'{version.value // 1000}.{version.value % 1000 // 10}'
     return None
 
 
@@ -121,12 +119,10 @@ def two_context_step():
         mx.npx.waitall()
         first, second = ([p.data(d).asnumpy() for p in net.collect_params().values()]
                          for d in devices)
-        same = all(onp.array_equal(a, b) for a, b in zip(first, second))
-        moved = not onp.array_equal(before, first[0])
-        finite = all(onp.isfinite(a).all() for a in first)
-        return {'ok': bool(same and moved and finite), 'same_on_both': bool(same),
-                'changed': bool(moved), 'finite': bool(finite),
-                'seconds': time.perf_counter() - began}
+        checks = {'same_on_both': all(onp.array_equal(a, b) for a, b in zip(first, second)),
+                  'changed': not onp.array_equal(before, first[0]),
+                  'finite': all(onp.isfinite(a).all() for a in first)}
+        return {'ok': all(checks.values()), **checks, 'seconds': time.perf_counter() - began}
     except Exception as e:  # pylint: disable=broad-except  (reported, as the doctor's purpose)
         return {'ok': False, 'error': _error_line(e), 'seconds': time.perf_counter() - began}
 
@@ -161,11 +157,11 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
     """
     command = [python or sys.executable, '-c',
                'from gluon_multigpu import doctor; doctor.probe()']
-    env = dict(os.environ if environ is None else environ)
     # the probe ends with the doctor, however the doctor ends (an MXNet import that hangs
     # would keep it forever)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=env, stdin=subprocess.DEVNULL,
+                          env=os.environ if environ is None else environ,
+                          stdin=subprocess.DEVNULL,
                           preexec_fn=signals.dying_with_parent(signal.SIGKILL)) as child:
         try:
             stdout, stderr = _wait_saying(child, timeout, every, say)
@@ -176,26 +172,20 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
         finally:
             if child.poll() is None:  # timed out, or this process is stopping: not left behind
                 child.kill()
-    for line in stdout.splitlines():
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
-    last = (stderr.strip().splitlines() or [''])[-1]
-    if child.returncode < 0:
-        why = f'the process was killed by signal {-child.returncode} while loading MXNet'
-    else:
-        why = f'the process ended with status {child.returncode} while loading MXNet'
-    return {'loads': False, 'error': f'{why} ({last}): reinstall it (pip install '
-                                     '--force-reinstall --no-deps mxnet==1.9.1)'}
+    if (line := next((l for l in stdout.splitlines() if l.startswith(MARK)), None)) is not None:
+        return json.loads(line[len(MARK):])
+    why = (f'was killed by signal {-child.returncode}' if child.returncode < 0 else
+           f'ended with status {child.returncode}')
+    return {'loads': False, 'error': f'the process {why} while loading MXNet '
+                                     f"({(stderr.strip().splitlines() or [''])[-1]}): reinstall "
+                                     'it (pip install --force-reinstall --no-deps mxnet==1.9.1)'}
 
 
 def _wait_saying(child, timeout, every, say):
     """``child.communicate()`` within ``timeout`` seconds, saying every ``every`` seconds which
     part of the probe (its last ``STAGE`` line) it is in."""
     began = time.monotonic()
-    while True:
-        left = timeout - (time.monotonic() - began)
-        if left <= 0:
-            raise subprocess.TimeoutExpired(child.args, timeout)
+    while (left := timeout - (time.monotonic() - began)) > 0:
         try:
             return child.communicate(timeout=min(every, left))
         except subprocess.TimeoutExpired as e:  # e.stdout: all the child wrote so far, as bytes
@@ -204,46 +194,29 @@ def _wait_saying(child, timeout, every, say):
             stages = [line[len(STAGE):] for line in text.splitlines() if line.startswith(STAGE)]
             say(f"doctor: still {stages[-1] if stages else 'starting Python'} "
                 f'({time.monotonic() - began:.0f} s of {timeout} s)...')
-
-
-def mxnet_distribution():
-    """(name, version) of the installed distribution that provides ``mxnet`` (mxnet,
-    mxnet-cu112, ...), or None."""
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata['Name'] or '').lower()
-        if name == 'mxnet' or name.startswith('mxnet-') or name.startswith('mxnet_'):
-            return name, dist.version
-    return None
-
-
-def memory():
-    """(total, available) bytes from /proc/meminfo, or (None, None)."""
-    found = {}
-    try:
-        with open('/proc/meminfo', encoding='ascii') as f:
-            for line in f:
-                key, _, rest = line.partition(':')
-                if key in ('MemTotal', 'MemAvailable'):
-                    found[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return found.get('MemTotal'), found.get('MemAvailable')
+    raise subprocess.TimeoutExpired(child.args, timeout)
 
 
 def collect(step=True, python=None):
     """Everything the doctor reports, as a dict; ``problems`` lists one line for each. Loading
     MXNet in the child (``step``) is announced on stderr first: it may take minutes."""
-    total, available = memory()
     facts = {
-        'package': _package_version(),
+        'package': next((d.version for d in importlib.metadata.distributions(
+            name='gluon-multigpu')), None),
         'python': {'version': platform.python_version(), 'executable': python or sys.executable},
         'numpy': numpy_facts(),
-        'mxnet_distribution': mxnet_distribution(),
+        # (name, version) of the distribution that provides mxnet (mxnet, mxnet-cu112, ...)
+        'mxnet_distribution': next(((name, version) for name, version in (
+            ((d.metadata['Name'] or '').lower(), d.version)
+            for d in importlib.metadata.distributions())
+            if name == 'mxnet' or name.startswith(('mxnet-', 'mxnet_'))), None),
         'cores': engine.cores(),
-        'memory': {'total': total, 'available': available},
+        # /proc/meminfo's, or None (devices' reader)
+        'memory': {key: _read_number('/proc/meminfo', field) for key, field in
+                   (('total', 'MemTotal'), ('available', 'MemAvailable'))},
         'engine': engine.recommended(cpu_devices=2),
+        'probe': None,
     }
-    facts['probe'] = None
     if step and not facts['numpy'].get('error'):  # MXNet imports NumPy: no probe without it
         print(f'doctor: importing MXNet and training one step in a child process (up to '
               f'{PROBE_SECONDS} s)...', file=sys.stderr, flush=True)
@@ -255,80 +228,57 @@ def collect(step=True, python=None):
 def numpy_facts():
     """NumPy's version and whether it is known, or, for a NumPy that cannot be imported, why
     (``error``: its exception in one line)."""
-    known_range = ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]
+    facts = {'version': None, 'known': False,
+             'known_range': ['.'.join(map(str, v)) for v in compat.KNOWN_NUMPY]}
     try:
         import numpy  # pylint: disable=import-outside-toplevel  (NumPy only: MXNet is the child's)
-        version = str(numpy.__version__)
+        facts['version'] = str(numpy.__version__)
     except Exception as e:  # pylint: disable=broad-except  (a broken install: reported)
-        return {'version': None, 'known': False, 'known_range': known_range,
-                'error': _error_line(e)}
-    return {'version': version, 'known': _known(version), 'known_range': known_range}
-
-
-def _known(version):
-    try:
-        return compat.numpy_is_known(version)
-    except ValueError:
-        return False
-
-
-def _package_version():
-    try:
-        return importlib.metadata.version('gluon-multigpu')
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        return dict(facts, error=_error_line(e))
+    with contextlib.suppress(ValueError):  # a version it cannot read: not known
+        facts['known'] = compat.numpy_is_known(facts['version'])
+    return facts
 
 
 def problems(facts):
     """One line for each problem in ``facts`` (what ``collect`` found), saying what to do."""
     found = []
-    low, high = facts['numpy']['known_range']
     if facts['numpy'].get('error'):
         found.append(f"NumPy cannot be imported ({facts['numpy']['error']}): reinstall it: pip "
                      f'install --force-reinstall {compat.numpy_pin()}')
     elif not facts['numpy']['known']:
         found.append(f"NumPy {facts['numpy']['version']} lies outside the releases gluon-multigpu "
-                     f'was run on ({low} to {high}): if training fails, pip install '
-                     f'{compat.numpy_pin()}')
+                     f'was run on ({" to ".join(facts["numpy"]["known_range"])}): if training '
+                     f'fails, pip install {compat.numpy_pin()}')
     if facts['mxnet_distribution'] is None:
         found.append('no MXNet distribution is installed: pip install mxnet==1.9.1 '
                      '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')
     elif facts['mxnet_distribution'][1] != '1.9.1':
         found.append(f"MXNet {facts['mxnet_distribution'][1]} is installed; gluon-multigpu is made "
                      'for 1.9.1: pip install --force-reinstall --no-deps mxnet==1.9.1')
-    probed = facts.get('probe')
-    if probed is None:
+    if (probed := facts.get('probe')) is None:
         return found
     if not probed.get('loads'):
         found.append(probed.get('error', 'MXNet cannot load'))
         return found
-    features = probed.get('features', {})
-    if features.get('CUDA') and not probed.get('gpus'):
+    if probed.get('features', {}).get('CUDA') and not probed.get('gpus'):
         found.append("MXNet's CUDA build sees no GPU (" + probed.get('gpu_error', 'none found') +
                      '): install the NVIDIA driver and check nvidia-smi, or use the CPU build: '
                      'pip install --force-reinstall --no-deps mxnet==1.9.1')
-    step = probed.get('step') or {}
-    if not step.get('ok'):
-        why = step.get('error') or ', '.join(
-            what for what, good in (('parameters differ between the contexts',
-                                     step.get('same_on_both')),
-                                    ('the step changed no parameter', step.get('changed')),
-                                    ('a parameter is not finite', step.get('finite'))) if not good)
+    if not (step := probed.get('step') or {}).get('ok'):
+        why = step.get('error') or ', '.join(what for what, key in (
+            ('parameters differ between the contexts', 'same_on_both'),
+            ('the step changed no parameter', 'changed'), ('a parameter is not finite', 'finite'))
+            if not step.get(key))
         found.append(f'the two-context step failed ({why}): report it with gluon-multigpu-doctor '
                      '--json')
     return found
 
 
-def _yes(value):
-    return 'yes' if value else 'no'
-
-
 def render(facts):
     """The report as lines of text."""
-    gib = 1 << 30
-    lines = [f"gluon-multigpu {facts['package'] or '(not installed)'}: doctor"]
-    python = facts['python']
-    lines.append(f"python    {python['version']} ({python['executable']})")
+    lines = [f"gluon-multigpu {facts['package'] or '(not installed)'}: doctor",
+             f"python    {facts['python']['version']} ({facts['python']['executable']})"]
     numpy = facts['numpy']
     known = 'known' if numpy['known'] else 'not among the known'
     lines.append(f"numpy     does not import ({numpy['error']})" if numpy.get('error') else
@@ -340,31 +290,29 @@ def render(facts):
     seconds = f" in {probed['load_seconds']:.1f} s" if probed.get('load_seconds') else ''
     lines.append(f"mxnet     {dist[1] + ' (' + dist[0] + ')' if dist else 'not installed'}"
                  f"{', ' + loads + seconds if loads else ''}")
-    if probed.get('compat'):
-        restored = probed['compat']['numpy_names']
+    if made := probed.get('compat'):  # what base.compat changed in the probe's MXNet
+        restored = made['numpy_names']
         changes = [f'{len(restored)} NumPy names restored' if restored else 'no NumPy name restored',
-                   'distutils.version provided' if probed['compat']['distutils'] else
-                   'distutils as installed',
-                   'operator values made plain' if probed['compat']['plain_values'] else
+                   'distutils.version provided' if made['distutils'] else 'distutils as installed',
+                   'operator values made plain' if made['plain_values'] else
                    'operator values as given']
-        lines.append('compat    ' + ', '.join(changes))
-        lines.append('op cache  ' + _op_cache_line(probed['compat'].get('op_cache') or {}))
+        lines += ['compat    ' + ', '.join(changes),
+                  'op cache  ' + _op_cache_line(made.get('op_cache') or {})]
     if probed.get('features'):
         features = probed['features']
         cuda = features['CUDA'] and probed.get('cuda_version')
         lines.append('build     ' + ', '.join(
-            f"{name} {_yes(features[name])}{' ' + cuda if name == 'CUDA' and cuda else ''}"
-            for name in FEATURES))
+            f"{name} {'yes' if features[name] else 'no'}"
+            f"{' ' + cuda if name == 'CUDA' and cuda else ''}" for name in FEATURES))
         lines.append(f"devices   {probed.get('gpus', 0)} GPU(s); CPU contexts cpu(0), cpu(1), ...")
     total, available = facts['memory']['total'], facts['memory']['available']
-    mem = (f'{total / gib:.1f} GiB memory ({available / gib:.1f} available)' if total and available
-           else 'memory unknown')
+    mem = (f'{total / 2**30:.1f} GiB memory ({available / 2**30:.1f} available)'
+           if total and available else 'memory unknown')
     lines.append(f"machine   {facts['cores']} cores, {mem}")
     settings = ', '.join(f'{k}={v}' for k, v in sorted(facts['engine'].items())) or \
         "MXNet's defaults"
     lines.append(f'engine    for 2 CPU contexts: {settings} (a variable already set wins)')
-    step = probed.get('step')
-    if step:
+    if step := probed.get('step'):
         lines.append('step      ' + (f"cpu(0) and cpu(1) trained one step (kvstore device) to the "
                                      f"same parameters in {step['seconds']:.2f} s"
                                      if step.get('ok') else 'failed'))
@@ -387,10 +335,7 @@ def main(argv=None):
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     facts = collect(step=not args.no_step)
-    if args.json:
-        print(json.dumps(facts, indent=2, sort_keys=True))
-    else:
-        print('\n'.join(render(facts)))
+    print(json.dumps(facts, indent=2, sort_keys=True) if args.json else '\n'.join(render(facts)))
     return 1 if facts['problems'] else 0
 
 

@@ -13,14 +13,10 @@ import dataclasses
 import os
 import sys
 
-from ..base import values
+from ..base.values import (MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, int_in, non_negative_float,
+                           path_of, positive_float, split_weights)
 from ..machinery import config
 from ..errors import GluonMultiGPUError, flag
-
-MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED = values.MAX_CPU_DEVICES, values.MAX_GPUS, values.MAX_SEED
-int_in, positive_float, non_negative_float = values.int_in, values.positive_float, \
-    values.non_negative_float
-path_of, split_weights = values.path_of, values.split_weights
 
 
 class UsageError(Exception):
@@ -55,8 +51,8 @@ class OneLineParser(argparse.ArgumentParser):
         for token in rest:
             if token == '--' or not token.startswith('-'):
                 return [*joined, token, *rest]
-            action = flags.get(token)
-            value = next(rest, None) if action is not None and action.nargs is None else None
+            # the next token, for a flag of this parser that takes one value
+            value = next(rest, None) if getattr(flags.get(token), 'nargs', 0) is None else None
             if value is not None and value.startswith('-') and value != '--' and \
                     value.split('=')[0] not in flags:
                 joined.append(f'{token}={value}')
@@ -77,7 +73,6 @@ def add_device_flags(p, gpu_help, cpu_help):
     where.add_argument('--num-gpus', type=int_in(1, MAX_GPUS), metavar='N', help=gpu_help)
     where.add_argument('--cpu-devices', type=int_in(1, MAX_CPU_DEVICES), metavar='N',
                        help=cpu_help)
-    return where
 
 
 def add_run_flags(p, models, datasets, seed_help='the same in every run'):
@@ -127,11 +122,8 @@ def script_parser(doc, epilog, gpu_help, cpu_help):
     return p
 
 
-class _QuietParser(argparse.ArgumentParser):
+class _QuietParser(OneLineParser):
     """A parser that raises ``UsageError`` instead of printing and exiting (no abbreviations)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         raise UsageError(message)
@@ -196,11 +188,9 @@ def add_config_flags(p, config_class, exclusive=()):
     groups = {name: p.add_argument_group(name) for name in config.GROUPS}
     either = {}
     own = list(vars(config_class).get('__annotations__', {}))  # a subclass's own fields first
-    for f in sorted(dataclasses.fields(config_class),
+    for f in sorted((f for f in dataclasses.fields(config_class) if 'group' in f.metadata),
                     key=lambda f: own.index(f.name) if f.name in own else len(own)):
         meta = f.metadata
-        if 'group' not in meta:
-            continue
         where = groups[meta['group']]
         if f.name in exclusive:
             where = either.setdefault(meta['group'], where.add_mutually_exclusive_group())

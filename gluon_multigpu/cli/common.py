@@ -23,10 +23,4 @@ from .console import (apply_engine_settings, command_line, prepare_engine, progr
                       stopping_main)
 from .messages import partial_heading
 
-__all__ = ['flag', 'MAX_CPU_DEVICES', 'MAX_SEED', 'OneLineParser', 'UsageError', 'add_data_flags',
-           'add_device_flags', 'add_run_flags', 'add_sweep_flags', 'batch_size', 'engine_devices',
-           'error_line', 'int_in', 'non_negative_float', 'num_epochs', 'path_of', 'positive_float',
-           'script_parser', 'seed', 'split_weights', 'sweep_parser', 'apply_engine_settings',
-           'command_line', 'cores', 'prepare_engine', 'program', 'quiet_console',
-           'resume_command', 'say_quietly', 'start', 'started', 'stop_request', 'partial_heading',
-           'stopping_main']
+__all__ = [name for name in dir() if not name.startswith('_')]  # the names imported above

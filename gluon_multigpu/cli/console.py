@@ -22,9 +22,8 @@ import warnings
 from . import messages
 from .messages import say_quietly  # noqa: F401  (the programs' name for it)
 from .arguments import UsageError, engine_devices, error_line
-from ..errors import flag
 from ..base import compat, engine, signals
-from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError, SettingWarning
+from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError, SettingWarning, flag
 from ..filesafety import files
 from ..observe.stopping import StopRequest
 
@@ -45,11 +44,6 @@ def apply_engine_settings(num_cpu_devices=None, environ=None, sync_bn=False):
 _RUN = {'began': False, 'program': False}
 
 
-def run_began():
-    """Say that the script's own handlers are in place: the pre-load ones act again only after."""
-    _RUN['began'] = True
-
-
 def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
     say_quietly(messages.while_starting(signum, _RUN['began']))
     files.discard_unfinished()
@@ -58,7 +52,7 @@ def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
 
 @contextlib.contextmanager
 def stop_request(on_signal, on_second, ignore_after=False):
-    """The program's ``StopRequest`` (its handlers in place: ``run_began``).
+    """The program's ``StopRequest`` (its handlers in place: ``_RUN['began']``).
 
     With ``ignore_after``, once it has stopped the run, a program (``start``)
     ignores the stop signals: its status is then 128 + the first signal, as
@@ -70,7 +64,7 @@ def stop_request(on_signal, on_second, ignore_after=False):
     stop = StopRequest(on_signal, on_second)
     try:
         with stop:
-            run_began()  # from its end on, a signal finds the run over, not starting
+            _RUN['began'] = True  # from its end on, a signal finds the run over, not starting
             yield stop
     finally:
         if ignore_after and stop.signum is not None and _RUN['program']:
@@ -107,20 +101,17 @@ class _QuietStream:
     def __init__(self, stream):
         self._stream, self.lost = stream, False
 
-    def _lose(self):
-        self.lost = True
-        # without a descriptor of its own (a test's capture), dropping the text is enough
-        with contextlib.suppress(OSError, ValueError, AttributeError), \
-                open(os.devnull, 'wb') as null:
-            os.dup2(null.fileno(), self._stream.fileno())
-
     def _try(self, method, *args):
         """Call the stream's ``method`` unless it is lost; lose it if the call fails."""
         if not self.lost:
             try:
                 getattr(self._stream, method)(*args)
             except (OSError, ValueError):
-                self._lose()
+                self.lost = True
+                # without a descriptor of its own (a test's capture), dropping the text is enough
+                with contextlib.suppress(OSError, ValueError, AttributeError), \
+                        open(os.devnull, 'wb') as null:
+                    os.dup2(null.fileno(), self._stream.fileno())
 
     def write(self, text):
         self._try('write', text)
@@ -151,25 +142,19 @@ def quiet_console():
 #: The checkout's scripts/ folder, beside the package (an installed package has none).
 CHECKOUT_SCRIPTS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'scripts')
-_CONSOLE = 'console'
-#: The scripts/NAME.py that started the program, _CONSOLE (its console script), or None
-#: (not told: called from Python, e.g. a test; the checkout's scripts if there are any).
-_STARTED = {'launcher': None}
+#: ``folder``: the folder of the scripts/NAME.py that started the program, None for its console
+#: script; absent if not told (called from Python, e.g. a test: the checkout's scripts, if any).
+_STARTED = {}
 
 
 def started(launcher=None):
     """Record how the program was started: from ``launcher`` (the path of ``scripts/NAME.py``),
     or, without it, as its console script ``gluon-multigpu-NAME``."""
-    _STARTED['launcher'] = os.path.abspath(launcher) if launcher else _CONSOLE
+    _STARTED['folder'] = os.path.dirname(os.path.abspath(launcher)) if launcher else None
 
 
 def _scripts_folder():
-    launcher = _STARTED['launcher']
-    if launcher == _CONSOLE:
-        return None
-    if launcher:
-        return os.path.dirname(launcher)
-    return CHECKOUT_SCRIPTS if os.path.isdir(CHECKOUT_SCRIPTS) else None
+    return _STARTED.get('folder', CHECKOUT_SCRIPTS if os.path.isdir(CHECKOUT_SCRIPTS) else None)
 
 
 def program(name):
@@ -195,44 +180,31 @@ def resume_command(name, argv=None):
     return command_line(name, argv if '--resume' in argv else [*argv, '--resume'])
 
 
-def one_line_warnings():
-    """Show the package's ``SettingWarning`` as one line on stderr, its arguments as flags."""
+def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
+    """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
+
+    A NumPy or MXNet (or any other package) whose import fails is one line
+    and exit status 2, not a traceback. ``launcher``: the path of the
+    ``scripts/NAME.py`` that started it (None: its console script).
+    ``engine``: set the engine for the device flags of ``engine_argv`` (None:
+    the command line's) before MXNet loads; False for a program that loads
+    no MXNet.
+    """
+    started(launcher)
+    _RUN['program'] = True
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
+        """The package's ``SettingWarning`` as one line on stderr, its arguments as flags."""
         if isinstance(message, SettingWarning):
             say_quietly(f'warning: {message.describe(flag)}')
         else:
             shown(message, category, filename, lineno, file, line)
     warnings.showwarning = show
-
-
-def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
-    """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
-
-    ``launcher``, ``engine``, ``engine_argv``: as ``command`` takes them.
-    """
-    with command(launcher, engine, engine_argv):
-        sys.exit(main())
-
-
-@contextlib.contextmanager
-def command(launcher=None, engine=True, engine_argv=None):
-    """Within the block, the program's body: its engine set up before; after, a NumPy or MXNet
-    (or any other package) whose import fails is one line and exit status 2, not a traceback.
-
-    ``launcher``: the path of the ``scripts/NAME.py`` that started it (None:
-    its console script). ``engine``: set the engine for the device flags of
-    ``engine_argv`` (None: the command line's) before MXNet loads; False for
-    a program that loads no MXNet.
-    """
-    started(launcher)
-    _RUN['program'] = True
-    one_line_warnings()
     if engine:
         prepare_engine(engine_argv)
     try:
-        yield
+        sys.exit(main())
     except Exception as e:  # pylint: disable=broad-except  (re-raised unless an import's)
         # MXNet could not load, wherever the program first needed it; or NumPy or MXNet is
         # missing or broken (the install's). Not an import, or a module of the package's own:

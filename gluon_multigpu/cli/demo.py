@@ -9,8 +9,6 @@ With two GPUs it uses gpu(0) and gpu(1), as the text. Otherwise it uses the
 CPU contexts cpu(1) and cpu(2), so that cpu(0), MXNet's default context,
 plays the part of "the CPU" on which nothing was initialised.
 """
-import sys
-
 from . import common
 from ..section.devices import num_gpus
 
@@ -26,25 +24,16 @@ def build_parser():
     return p
 
 
-def demo_devices(force_cpu=False):
-    """Return two devices for the walk-through: two GPUs, or cpu(1) and cpu(2)."""
-    import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)
-    if not force_cpu and num_gpus() >= 2:
-        return [mx.gpu(0), mx.gpu(1)]
-    return [mx.cpu(1), mx.cpu(2)]
-
-
 def show(arr):
     """Return the text's repr of an array: the values and, always, its device."""
-    text = repr(arr)
-    return text if 'ctx=' in text else f'{text[:-1]}, ctx={arr.ctx})'
+    return text if 'ctx=' in (text := repr(arr)) else f'{text[:-1]}, ctx={arr.ctx})'
 
 
 def walk_through(devices, out=None):
-    """Run the three steps of the text on ``devices``; return the network."""
+    """Run the three steps of the text on ``devices``, printing to ``out`` (None: standard
+    output); return the network."""
     from mxnet import gluon, init, np  # pylint: disable=import-outside-toplevel
     from ..section.book import resnet18  # pylint: disable=import-outside-toplevel
-    out = out or sys.stdout
     net = resnet18(10)
     net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
     print(f'devices = {devices}', file=out)
@@ -72,16 +61,16 @@ def walk_through(devices, out=None):
 
 
 def run(args, out=None):
-    """Run the walk-through on the devices ``args`` ask for; return the network."""
-    out = out or sys.stdout
+    """Run the walk-through on the devices ``args`` ask for (two GPUs, or cpu(1) and cpu(2));
+    return the network."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel  (after the engine settings)
     if args.seed is not None:
-        import mxnet as mx  # pylint: disable=import-outside-toplevel
         mx.random.seed(args.seed)
-    devices = demo_devices(args.cpu)
-    if devices[0].device_type == 'cpu':
-        print('fewer than two GPUs (or --cpu): using CPU contexts cpu(1) and cpu(2); '
-              'cpu(0), the default context, plays the CPU of the text', file=out)
-    return walk_through(devices, out)
+    if not args.cpu and num_gpus() >= 2:
+        return walk_through([mx.gpu(0), mx.gpu(1)], out)
+    print('fewer than two GPUs (or --cpu): using CPU contexts cpu(1) and cpu(2); '
+          'cpu(0), the default context, plays the CPU of the text', file=out)
+    return walk_through([mx.cpu(1), mx.cpu(2)], out)
 
 
 def main(argv=None):

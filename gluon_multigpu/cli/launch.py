@@ -11,8 +11,7 @@ import os
 import re
 import sys
 
-from . import common
-from . import messages
+from . import common, messages
 from ..errors import GluonMultiGPUError
 from ..base import signals
 from ..filesafety import reading
@@ -114,7 +113,7 @@ def read_hosts(path):
                           'one host per line') from None
     except GluonMultiGPUError as e:
         raise LaunchError(str(e)) from None
-    hosts, seen = [], {}
+    seen = {}  # each host's name: its line and how it was given
     for number, line in enumerate(lines, 1):
         host = line.split('#')[0].strip()
         if not host:
@@ -126,16 +125,16 @@ def read_hosts(path):
                               "them, an optional user@, not beginning with '-'); fix the line")
         if name in seen:
             raise LaunchError(f'--hostfile {path} line {number}: host {name} is already on line '
-                              f'{seen[name]}; list each host once')
-        seen[name] = number
-        hosts.append(host)
-    if not hosts:
+                              f'{seen[name][0]}; list each host once')
+        seen[name] = number, host
+    if not seen:
         raise LaunchError(f'--hostfile {path} lists no host; give one host per line')
-    return hosts
+    return [host for _, host in seen.values()]
 
 
-def worker_command(args):
-    """The command every worker runs (after ``--``); raise ``LaunchError`` if there is none."""
+def check_args(args):
+    """Check the command line; return ``(hosts, command)``: the command every worker runs (after
+    ``--``), and the hosts."""
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
     if not command:
         raise LaunchError('no command to run: give it after --, e.g. -- '
@@ -143,12 +142,6 @@ def worker_command(args):
     if args.max_restarts and not keeps_checkpoints(command):
         raise LaunchError('--max-restarts resumes the workers from their checkpoint: give the '
                           'command --checkpoint-dir DIR (on storage every host reads)')
-    return command
-
-
-def check_args(args):
-    """Check the command line; return ``(hosts, command)``."""
-    command = worker_command(args)
     for flag in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
         if args.launcher != 'ssh' and getattr(args, flag) is not None:
             raise LaunchError(f'--{flag.replace("_", "-")} goes with --launcher ssh' + (
@@ -172,13 +165,6 @@ def check_args(args):
     return ['127.0.0.1'], command
 
 
-def settings_of(args):
-    """The launch's ``Settings`` from the command line's ``args``: each field it gives."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
-             if hasattr(args, f.name)}
-    return Settings(**given, train_program=common.program('train'))
-
-
 # -- the program: signals taken note of, for the job to stop in order ------------------------------
 
 def main(argv=None):
@@ -192,17 +178,17 @@ def main(argv=None):
     process at once. Its stop lines are ``cli.messages``'.
     """
     taken = []
-
-    def on_signal(signum, frame):  # pylint: disable=unused-argument
-        taken.append(signum)
-    previous = signals.install(on_signal)
+    previous = signals.install(lambda signum, frame: taken.append(signum))
     try:
         args = build_parser().parse_args(argv)
         hosts, command = check_args(args)
-        argv = list(sys.argv[1:] if argv is None else argv)
-        resume = common.command_line('launch', argv + ([] if '--resume' in command
-                                                       else ['--resume']))
-        return launch(settings_of(args), hosts, command, taken, resume, words=messages)
+        resume = common.command_line('launch', [*(sys.argv[1:] if argv is None else argv),
+                                                *([] if '--resume' in command else ['--resume'])])
+        # the launch's Settings: each of its fields the command line gives
+        given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
+                 if hasattr(args, f.name)}
+        return launch(Settings(**given, train_program=common.program('train')), hosts, command,
+                      taken, resume, words=messages)
     except LaunchError as e:
         print(f'error: {e}', file=sys.stderr)
         return 2

@@ -13,12 +13,6 @@ import signal
 
 from ..observe.stopping import comparison_why, launcher_stops, say_quietly, signal_name  # noqa: F401
 
-__all__ = ['signal_name', 'heard', 'train_heard', 'train_stopped_now', 'train_stopped',
-           'comparison_kept', 'comparison_why', 'train_finished_anyway', 'launcher_stops',
-           'partial_heading', 'nothing_written', 'while_starting', 'could_not_write',
-           'kept_and_written', 'launch_heard', 'launch_stopped_now', 'launch_stopped',
-           'launch_not_started', 'launch_resume', 'say_quietly']
-
 
 def heard(signum, launched=False):
     """How the first line names a signal: ``Ctrl-C``, ``SIGHUP (the terminal closed)``, ``SIGTERM``.
@@ -26,10 +20,9 @@ def heard(signum, launched=False):
     A worker of the launcher (``launched``) has no terminal: its signals come
     from the launcher, and the line says so.
     """
-    if launched:
-        return f'{signal_name(signum)} from the launcher'
-    return {signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
-        signum, signal_name(signum))
+    return f'{signal_name(signum)} from the launcher' if launched else {
+        signal.SIGINT: 'Ctrl-C', signal.SIGHUP: 'SIGHUP (the terminal closed)'}.get(
+            signum, signal_name(signum))
 
 
 # -- train --------------------------------------------------------------------------------------
@@ -66,19 +59,16 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_ran
     that nothing can be resumed.
     """
     name = signal_name(signum)
-    done = getattr(error, 'done', None)
     if getattr(error, 'left', None) is not None:  # Interrupted.between_runs
-        where = f'interrupted by {name} at the end of {done}'
+        where = f"interrupted by {name} at the end of {getattr(error, 'done', None)}"
         if error.left:
             where += f': {kept_and_written(error.left)} not begun'
     else:
-        when = f'in epoch {error.epoch} after {error.batches} batch(es)'
-        if error.epoch_done:
-            when = (f'after epoch {error.epoch} had finished its steps, before epoch '
-                    f'{error.epoch + 1} began')
-        where = f'interrupted by {name} {when}'
-        if kept is not None and kept[1] is not None:
-            where = f'interrupted by {name} during {kept[1]} ({when})'
+        when = (f'after epoch {error.epoch} had finished its steps, before epoch '
+                f'{error.epoch + 1} began' if error.epoch_done else
+                f'in epoch {error.epoch} after {error.batches} batch(es)')
+        where = (f'interrupted by {name} during {kept[1]} ({when})'
+                 if kept is not None and kept[1] is not None else f'interrupted by {name} {when}')
     if kept is not None:
         return f'{where}; {comparison_kept(kept[0], kept[2])}'
     if checkpoint is not None and not saved:  # stopped before the first save
@@ -86,9 +76,8 @@ def train_stopped(signum, error, resume=None, checkpoint=None, kept=None, by_ran
                 'run again from the beginning')
     if checkpoint is not None and by_rank_0:  # a worker after the first saves none
         return f'{where}; rank 0 keeps the checkpoint in {checkpoint}; resume with: {resume}'
-    if checkpoint is not None:
-        return f'{where}; checkpoint in {checkpoint}; resume with: {resume}'
-    return f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)'
+    return (f'{where}; checkpoint in {checkpoint}; resume with: {resume}' if checkpoint is not None
+            else f'{where}; no checkpoint written (add --checkpoint-dir DIR to be able to resume)')
 
 
 def comparison_kept(measured, written):
@@ -108,11 +97,9 @@ def kept_and_written(paths):
 
 def train_finished_anyway(signum, outputs=False, checkpoint=False):
     """The last line for a signal that came after the last step: the run finished all the same."""
-    done = ['the run is complete']
-    if outputs:
-        done.append('its outputs are written')
-    if checkpoint:
-        done.append('its checkpoint holds it')
+    done = [words for words, said in (('the run is complete', True),
+                                      ('its outputs are written', outputs),
+                                      ('its checkpoint holds it', checkpoint)) if said]
     return (f'{signal_name(signum)} came after the last step: {kept_and_written(done)}; exit '
             f'status {128 + signum}, as for any stop by a signal')
 
@@ -161,9 +148,8 @@ def nothing_written(error):
 
 def while_starting(signum, began):
     """The line of a signal before the program's own handlers (``began``: after them)."""
-    if began:
-        return f'{signal_name(signum)} came as the run was ending: its results are as printed'
-    return 'interrupted while starting: nothing was written'
+    return (f'{signal_name(signum)} came as the run was ending: its results are as printed'
+            if began else 'interrupted while starting: nothing was written')
 
 
 def could_not_write(error, kept):
@@ -171,3 +157,7 @@ def could_not_write(error, kept):
     where = f' {error.filename}' if error.filename else ''
     return (f'error: could not write{where}: {error.strerror or error}; free space or choose '
             f'another place ({kept})')
+
+
+#: Every function above, and those of ``stopping`` this module names too (not ``signal``).
+__all__ = [name for name in dir() if not name.startswith('_') and name != 'signal']

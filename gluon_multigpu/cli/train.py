@@ -17,8 +17,7 @@ import signal
 import sys
 import textwrap
 
-from . import console
-from . import messages
+from . import console, messages
 from .arguments import OneLineParser, add_config_flags, error_line
 from .console import quiet_console, say_quietly, stop_request
 from ..base import signals
@@ -66,9 +65,8 @@ def parse_args(argv=None):
     return RunConfig(**vars(build_parser().parse_args(argv)))
 
 
-def resume_command(argv):
-    """The command line that continues an interrupted run (``argv`` None: this one's)."""
-    return console.resume_command('train', argv)
+#: The command line that continues an interrupted run: ``resume_command(argv)`` (None: this one's).
+resume_command = functools.partial(console.resume_command, 'train')
 
 
 def interrupted_message(signum, error, checkpoint_dir, argv, rank=0):
@@ -114,8 +112,7 @@ def main(argv=None):
         try:
             with stop_request(heard, functools.partial(stop_now, config=config), ignore_after=True) \
                     as stop:
-                run(config, stop=stop, program=console.program,
-                    resume=lambda: console.resume_command('train'))
+                run(config, stop=stop, program=console.program, resume=resume_command)
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, config, argv)
         if stop.signum:  # in the last evaluation, or while the outputs were written
@@ -156,13 +153,11 @@ def _ended(error, stop, config, argv):
 
 def _kept(config, argv):
     """What a failed write left as it was, naming only what exists."""
-    said = []
-    for names, left in (('plot json report', 'as before this write'),
-                        ('metrics tensorboard', 'the figures written before it')):
-        if given := [f'--{name}' for name in names.split() if getattr(config, name)]:
-            said.append(f'{", ".join(given)}: {left}')
-    if config.checkpoint_dir:
-        said.append(_checkpoint_kept(config, argv))
+    said = [f'{", ".join(given)}: {left}'
+            for names, left in (('plot json report', 'as before this write'),
+                                ('metrics tensorboard', 'the figures written before it'))
+            if (given := [f'--{name}' for name in names.split() if getattr(config, name)])]
+    said += filter(None, [_checkpoint_kept(config, argv)])  # None: no --checkpoint-dir
     return '; '.join(said) or 'no other file was asked for'
 
 
@@ -191,8 +186,7 @@ def stop_now(signum, config):  # pylint: disable=unused-argument
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
-    with console.command(launcher):  # the engine set up first; MXNet's load errors in one line
-        sys.exit(main())
+    console.start(main, launcher)  # the engine set up first; MXNet's load errors in one line
 
 
 if __name__ == '__main__':

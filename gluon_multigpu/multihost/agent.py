@@ -71,9 +71,8 @@ def visible(text):
 def shown(read):
     """A line from ``read_line`` as it is relayed: control characters made visible, a cut line
     marked as such."""
-    line, cut = read
-    return visible(line.decode(errors='replace')) + (f' ... [line cut: {cut} bytes more]'
-                                                      if cut else '')
+    return visible(read[0].decode(errors='replace')) + (f' ... [line cut: {read[1]} bytes more]'
+                                                         if read[1] else '')
 
 
 def read_line(stream, limit):
@@ -82,29 +81,22 @@ def read_line(stream, limit):
     At most ``limit`` bytes are kept; the rest of a longer line is read and dropped in pieces, so
     memory stays bounded. Returns ``None`` at the end of the stream.
     """
-    line = stream.readline(limit)
-    if not line:
+    if not (line := stream.readline(limit)):
         return None
     if line.endswith(b'\n'):
         return line[:-1], 0
     cut = 0
-    while True:
-        more = stream.readline(limit)
-        if not more:
-            return line, cut
-        if more.endswith(b'\n'):
-            return line, cut + len(more) - 1
+    while (more := stream.readline(limit)) and not more.endswith(b'\n'):
         cut += len(more)
+    return line, cut + max(len(more) - 1, 0)  # the newline that ends the line is not counted
 
 
 def _stat(pid):
     """The fields of ``/proc/PID/stat`` after the program's name (bytes: state, parent, ...);
     an empty list once the process is gone."""
-    try:
-        with open(f'/proc/{pid}/stat', 'rb') as f:
-            return f.read().rsplit(b')', 1)[1].split()
-    except (OSError, IndexError):
-        return []
+    with contextlib.suppress(OSError, IndexError), open(f'/proc/{pid}/stat', 'rb') as f:
+        return f.read().rsplit(b')', 1)[1].split()
+    return []
 
 
 def _descendants(pid):
@@ -115,8 +107,7 @@ def _descendants(pid):
             parents.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [pid]
     while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
+        found += (kids := parents.get(todo.pop(), []))
         todo += kids
     return found
 
@@ -176,10 +167,9 @@ def keep(link, fds, command):
 
 def _heard(link):
     """What the agent sent on ``link`` (b'' once it is gone)."""
-    try:
+    with contextlib.suppress(OSError):
         return link.recv(4096)
-    except OSError:
-        return b''
+    return b''
 
 
 def _reaped(pid):
@@ -187,8 +177,7 @@ def _reaped(pid):
     with contextlib.suppress(ChildProcessError):
         while (done := os.waitpid(-1, os.WNOHANG))[0]:
             if done[0] == pid:  # as os.waitstatus_to_exitcode (Python 3.9) says it
-                status = done[1]
-                return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                return -os.WTERMSIG(done[1]) if os.WIFSIGNALED(done[1]) else os.WEXITSTATUS(done[1])
     return None
 
 
@@ -219,11 +208,8 @@ def _end_as(code):
     return 128 - code
 
 
-def find_program(name):
-    """The path ``name`` runs as here (on the PATH, or a path from the current folder), or None."""
-    if os.sep in name:
-        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
-    return shutil.which(name)
+#: The path a program name runs as here (on the PATH, or a path from the current folder), or None.
+find_program = shutil.which
 
 
 def check(command, port=None):
@@ -248,9 +234,7 @@ class Agent:
     def __init__(self, command, heartbeat=2.0, timeout=15.0, grace=5.0, out=None, inp=None):
         self.command, self.heartbeat, self.timeout, self.grace = command, heartbeat, timeout, grace
         self.out, self.inp = out or sys.stdout.buffer, inp or sys.stdin.buffer
-        self.lock = threading.Lock()
-        self.heard = time.monotonic()
-        self.launcher_gone = False
+        self.lock, self.heard, self.launcher_gone = threading.Lock(), time.monotonic(), False
         # the keeper; the command's pid; the socket to it; the command's control pipe
         self.proc = self.pid = self._link = self._to_job = None
         _subreaper()  # daemonised descendants come back to the agent, which can then end them all
@@ -267,11 +251,9 @@ class Agent:
     def start(self):
         """Start the command under its keeper with its control pipes; return False (and say why)
         if it cannot."""
-        to_job_r, to_job_w = os.pipe()
-        from_job_r, from_job_w = os.pipe()
+        (to_job_r, to_job_w), (from_job_r, from_job_w) = os.pipe(), os.pipe()
         self._link, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONUNBUFFERED=os.environ.get('PYTHONUNBUFFERED', '1'))
-        env[CONTROL_VARIABLE] = f'{to_job_r},{from_job_w}'
+        env = {'PYTHONUNBUFFERED': '1', **os.environ, CONTROL_VARIABLE: f'{to_job_r},{from_job_w}'}
         try:
             self.proc = subprocess.Popen(
                 agent_argv(['--keeper', str(theirs.fileno()), '--pass-fds',
@@ -292,8 +274,7 @@ class Agent:
             why = said if kind == 'error' else f'its keeper ended (status {self.proc.wait()})'
             self.write(f'could not start {self.command[0]}: {why}\n'.encode())
             return False
-        self.pid = int(said)
-        self._to_job = os.fdopen(to_job_w, 'w', buffering=1)
+        self.pid, self._to_job = int(said), os.fdopen(to_job_w, 'w', buffering=1)
         self.say(f'started {self.pid}')
         self._output = threading.Thread(target=self._relay_output, daemon=True)
         self._output.start()
@@ -318,9 +299,7 @@ class Agent:
             if read[1]:
                 self.write(f'agent: ignored an input line over {INPUT_LIMIT} bytes\n'.encode())
                 continue
-            words = read[0].decode(errors='replace').split()
-            if not words:
-                continue
+            words = read[0].decode(errors='replace').split() or ['']  # a blank line: nothing
             if words[0] == 'stop-at' and self._to_job is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._to_job.write(' '.join(words) + '\n')
@@ -374,9 +353,8 @@ class Agent:
 def build_parser():
     p = argparse.ArgumentParser(prog='python -m gluon_multigpu.multihost.agent',
                                 description=__doc__.splitlines()[0])
-    p.add_argument('--heartbeat', type=float, default=2.0)
-    p.add_argument('--timeout', type=float, default=15.0)
-    p.add_argument('--grace', type=float, default=5.0)
+    for name, default in (('--heartbeat', 2.0), ('--timeout', 15.0), ('--grace', 5.0)):
+        p.add_argument(name, type=float, default=default)
     p.add_argument('--check', action='store_true')
     p.add_argument('--port', type=int)
     p.add_argument('--hold-port', type=int, help='take this port for the job before starting '
@@ -398,8 +376,7 @@ def main(argv=None):
             return 2
         return keep(args.keeper, [int(fd) for fd in fds], command)
     if args.check:
-        answer = check(command, args.port)
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer := check(command, args.port)), flush=True)
         return 0 if 'ok' in answer else 2
     # The launcher stops the job through the agent's input; a signal to the agent itself
     # (its ssh session closing, a kill) ends the job as the launcher's going would.
@@ -408,10 +385,8 @@ def main(argv=None):
     if held is None:
         agent.say(f'exit {PORT_TAKEN}')
         return PORT_TAKEN
-
-    def gone(signum, frame):  # pylint: disable=unused-argument
-        agent.launcher_gone = True
-    signals.install(gone, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), nohup=False)
+    signals.install(lambda signum, frame: setattr(agent, 'launcher_gone', True),
+                    (signal.SIGTERM, signal.SIGHUP, signal.SIGINT), nohup=False)
     signals.ignore((signal.SIGPIPE,))
     return agent.run()
 

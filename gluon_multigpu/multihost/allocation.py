@@ -33,11 +33,9 @@ def allocation(environ=None):
                           'script (sbatch examples/slurm/train.sbatch ...) or under salloc')
     nodelist = env['SLURM_JOB_NODELIST']
     nodes = _scontrol(['show', 'hostnames', nodelist]).split()
-    addresses = {}
-    for line in _scontrol(['-o', 'show', 'node', nodelist]).splitlines():
-        name, address = re.search(r'\bNodeName=(\S+)', line), re.search(r'\bNodeAddr=(\S+)', line)
-        if name and address:
-            addresses[name.group(1)] = address.group(1)
+    found = ((re.search(r'\bNodeName=(\S+)', line), re.search(r'\bNodeAddr=(\S+)', line))
+             for line in _scontrol(['-o', 'show', 'node', nodelist]).splitlines())
+    addresses = {name.group(1): address.group(1) for name, address in found if name and address}
     missing = [n for n in nodes if n not in addresses]
     if not nodes or missing:
         raise LaunchError('scontrol gave no address for the node(s) '

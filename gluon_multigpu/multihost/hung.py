@@ -32,10 +32,8 @@ class Stall(NamedTuple):
         several = len(self.behind) > 1
         names = ' and '.join(r.label for r in self.behind)
         line = f'{names} {"are" if several else "is"} stuck in step {self.behind[0].steps + 1}: '
-        if self.others or several:
-            line += f'no worker queued a step for {self.seconds:g} s'
-        else:
-            line += f'it queued no step for {self.seconds:g} s'
+        line += (f'no worker queued a step for {self.seconds:g} s' if self.others or several
+                 else f'it queued no step for {self.seconds:g} s')
         if self.others:
             waiting = ', '.join(f'{r.label} after step {r.steps}' for r in self.others)
             line += f', and the other workers wait for {"them" if several else "it"} ({waiting})'
@@ -48,8 +46,7 @@ class Stall(NamedTuple):
 def stall_seconds(settings, workers):
     """The stall time: the launcher's step timeout or the shortest the workers asked for,
     whichever is shorter (0: no watch)."""
-    asked = [t for t in (settings.step_timeout, *(r.stall for r in workers)) if t]
-    return min(asked) if asked else 0.0
+    return min((t for t in (settings.step_timeout, *(r.stall for r in workers)) if t), default=0.0)
 
 
 def find(workers, seconds, now=None):
@@ -59,9 +56,8 @@ def find(workers, seconds, now=None):
     watched = [r for r in workers if r.running() and not r.lost and not r.hung
                and r.status is None]
     stepped = [r.stepped for r in watched if r.stepped is not None]
-    if not seconds or not stepped or any(r.resting for r in watched):
-        return None
-    if (time.monotonic() if now is None else now) - max(stepped) <= seconds:
+    if not seconds or not stepped or any(r.resting for r in watched) or \
+            (time.monotonic() if now is None else now) - max(stepped) <= seconds:
         return None
     low = min(r.steps for r in watched)
     return Stall([r for r in watched if r.steps == low], [r for r in watched if r.steps > low],

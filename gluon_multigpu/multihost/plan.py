@@ -86,24 +86,29 @@ def with_resume(command):
 # -- the roles ----------------------------------------------------------------------------------
 
 class Role:
-    """One process of the job: its place, its command, and what its agent has said."""
+    """One process of the job: its place, its command, and what its agent has said.
+
+    Attributes
+    ----------
+    proc, rank, steps, heard, stopped_since
+        Its agent's process, its rank, its steps, when it was last heard, stopped since when.
+    stepped, resting, stall
+        When its step count last changed (None: no step yet); whether its epoch's steps are
+        done (evaluation: not watched); the stall time its command asked for (seconds), if any.
+    status, started, relayed, exited
+        The exit status its agent reported; whether its agent has started its command; an
+        event set once its output is read to the end; when its agent was first seen ended.
+    lost, hung
+        Why the launcher gave up reaching it (silent); why it is taken as hung (stopped, no
+        step), though reachable.
+    """
 
     def __init__(self, kind, index, host, env, argv):
         self.kind, self.index, self.host, self.env, self.argv = kind, index, host, env, argv
-        self.proc = None
-        self.rank = None
-        self.steps = 0
-        self.stepped = None     # when its step count last changed (None: no step yet)
-        self.resting = False    # its epoch's steps are done (evaluation): not watched
-        self.stall = None       # the stall time its command asked for (seconds), if any
-        self.status = None      # the exit status its agent reported
-        self.started = False    # its agent has started its command
-        self.heard = time.monotonic()
-        self.stopped_since = None
-        self.relayed = threading.Event()  # its output is read to the end
-        self.exited = None      # when its agent was first seen ended
-        self.lost = None        # why the launcher gave up reaching it (silent)
-        self.hung = None        # why it is taken as hung (stopped, no step), though reachable
+        self.proc = self.rank = self.stepped = self.stall = self.status = None
+        self.stopped_since = self.exited = self.lost = self.hung = None
+        self.steps, self.resting, self.started = 0, False, False
+        self.heard, self.relayed = time.monotonic(), threading.Event()
 
     @property
     def label(self):
@@ -124,10 +129,8 @@ class Role:
 
     def failure(self):
         """What went wrong with this process, as words, or None."""
-        if self.lost or self.hung:
-            return self.lost or self.hung
-        if not self.ended():
-            return None
+        if self.lost or self.hung or not self.ended():
+            return self.lost or self.hung or None
         if self.status is None:  # no exit line: the agent or its connection died
             code = self.proc.returncode
             return (f'its connection to {self.host} ended (ssh status {code})'
@@ -160,10 +163,9 @@ def run_role():
     that cannot load here is one line saying what to do, and exit status 2."""
     try:
         import mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    except MXNetLoadError as e:  # base.compat's finder said what to do
-        why = str(e)
-    except ImportError as e:  # not installed, or a module of it missing
-        why = compat.load_advice(e)
+    except (MXNetLoadError, ImportError) as e:  # base.compat's finder said what to do, or
+        # not installed, or a module of it missing
+        why = str(e) if isinstance(e, MXNetLoadError) else compat.load_advice(e)
     else:
         return
     print(f'error: {why}', file=sys.stderr, flush=True)
@@ -181,19 +183,17 @@ def plan(settings, hosts, command):
     server = [sys.executable, '-c', ROLE]  # MXNet runs the role, then exits
 
     def role(kind, index, host, extra, argv):
-        env = dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host), **extra)
-        return Role(kind, index, host, env, argv)
-    roles = [role('scheduler', 0, hosts[0], {}, server), *(
-        role('server', i, hosts[(i + 1) % len(hosts)], {}, server)
-        for i in range(settings.num_servers))]
+        return Role(kind, index, host, dict(shared, DMLC_ROLE=kind, DMLC_NODE_HOST=_address(host),
+                                            **extra), argv)
     placed = [hosts[(i + settings.num_servers + 1) % len(hosts)]
               for i in range(settings.num_workers)]
-    for i, host in enumerate(placed):
-        # the host's cores are divided among the workers it runs (base.engine)
-        roles.append(role('worker', i, host, {'GLUON_MULTIGPU_WORKER': str(i),
-                                              engine.HOST_WORKERS: str(placed.count(host))},
-                          command))
-    return roles
+    # a worker's host's cores are divided among the workers it runs (base.engine)
+    return [role('scheduler', 0, hosts[0], {}, server),
+            *(role('server', i, hosts[(i + 1) % len(hosts)], {}, server)
+              for i in range(settings.num_servers)),
+            *(role('worker', i, host, {'GLUON_MULTIGPU_WORKER': str(i),
+                                       engine.HOST_WORKERS: str(placed.count(host))}, command)
+              for i, host in enumerate(placed))]
 
 
 def _address(host):
@@ -212,12 +212,9 @@ def _die_with_parent():
 
 def ssh_argv(settings, host, remote):
     """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
-    argv = ['ssh', '-T', '-o', 'BatchMode=yes']
-    for option, value in (('-p', settings.ssh_port), ('-i', settings.ssh_identity),
-                          ('-F', settings.ssh_config)):
-        if value is not None:
-            argv += [option, str(value)]
-    return argv + ['--', host, remote]
+    given = {'-p': settings.ssh_port, '-i': settings.ssh_identity, '-F': settings.ssh_config}
+    options = [w for flag, value in given.items() if value is not None for w in (flag, str(value))]
+    return ['ssh', '-T', '-o', 'BatchMode=yes', *options, '--', host, remote]
 
 
 def srun_argv(node, remote):
@@ -229,9 +226,8 @@ def srun_argv(node, remote):
 
 def transport_argv(settings, host, remote):
     """How ``remote`` runs on ``host``: over ssh, or as a job step on its node (slurm)."""
-    if settings.launcher == 'slurm':
-        return srun_argv(dict(settings.nodes)[host], remote)
-    return ssh_argv(settings, host, remote)
+    return srun_argv(dict(settings.nodes)[host], remote) if settings.launcher == 'slurm' else \
+        ssh_argv(settings, host, remote)
 
 
 def remote_command(env, argv):
@@ -245,10 +241,8 @@ def spawn(settings, role):
     hold = ['--hold-port', role.env['DMLC_PS_ROOT_PORT']] if role.kind == 'scheduler' else []
     under_agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(settings.timeout),
                               '--grace', str(TERM_WAIT), *hold], role.argv)
-    if settings.launcher != 'local':
-        argv, env = transport_argv(settings, role.host, remote_command(role.env, under_agent)), {}
-    else:
-        argv, env = under_agent, role.env
+    argv, env = (under_agent, role.env) if settings.launcher == 'local' else (
+        transport_argv(settings, role.host, remote_command(role.env, under_agent)), {})
     role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                  preexec_fn=_die_with_parent())
@@ -293,11 +287,10 @@ def _take_control(role, words):
 
 def _seconds(word):
     """A positive finite number of seconds from an agent's line, or None."""
-    try:
-        value = float(word)
-    except ValueError:
-        return None
-    return value if 0 < value < float('inf') else None
+    with contextlib.suppress(ValueError):
+        if 0 < (value := float(word)) < float('inf'):
+            return value
+    return None
 
 
 # -- the checks before anything starts ----------------------------------------------------------
@@ -312,8 +305,14 @@ def preflight(settings, roles, port):
     first host. Raises ``LaunchError``.
     """
     command = next(r.argv for r in roles if r.kind == 'worker')
-    if settings.launcher == 'local':
-        return _preflight_here(settings, command, port)
+    if settings.launcher == 'local':  # on this machine alone
+        if agent.find_program(command[0]) is None:
+            raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
+                              'give an executable or one on the PATH, e.g. -- '
+                              f'{settings.train_program} ...')
+        if 'error' in (answer := agent.check([], port or 0)):
+            raise LaunchError(f'--{answer["error"]}; give another port or leave --port out')
+        return answer['port']
     first = next(r.host for r in roles if r.kind == 'scheduler')
     workers = {r.host for r in roles if r.kind == 'worker'}
     procs = {}
@@ -323,59 +322,43 @@ def preflight(settings, roles, port):
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())
-    try:
-        return _answers(procs, settings.launcher)
+    try:  # the answers, host by host; the port the scheduler's host found
+        found, via = None, 'srun' if settings.launcher == 'slurm' else 'ssh'
+        for host, proc in procs.items():
+            found = _answer(host, proc, via).get('port', found)
+        return found
     except LaunchError:
         for p in procs.values():
             p.kill()
         raise
 
 
-def _preflight_here(settings, command, port):
-    """``preflight`` on this machine alone."""
-    if agent.find_program(command[0]) is None:
-        raise LaunchError(f'the command {command[0]} is not a program that can be run here; '
-                          'give an executable or one on the PATH, e.g. -- '
-                          f'{settings.train_program} ...')
-    answer = agent.check([], port or 0)
-    if 'error' in answer:
-        raise LaunchError(f'--{answer["error"]}; give another port or leave --port out')
-    return answer['port']
-
-
-def _answers(procs, launcher):
-    """The checks' answers, host by host (``{host: ssh or srun process}``); the port the
-    scheduler's host found. Raises ``LaunchError`` at the first host that does not answer well."""
-    found, via = None, 'srun' if launcher == 'slurm' else 'ssh'
-    how = 'a job step of the allocation' if via == 'srun' else 'ssh without a prompt'
-    for host, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            check = (f'`ssh {host}` works without a prompt' if via == 'ssh' else
-                     'a job step starts on each node (`srun hostname`)')
-            raise LaunchError(f'host {host}: no answer over {via} in 30 s; check that {check}') \
-                from None
-        answer = _last_json(out)
-        if answer is None or 'error' in answer:
-            why = ((answer or {}).get('error') or last_line(err.decode(errors='replace'))
-                   or f'{via} status {proc.returncode}')
-            raise LaunchError(f'host {host}: {why}; each host needs {how}, this '
-                              f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
-                              'the package, and the worker\'s program')
-        if 'port' in answer:
-            found = answer['port']
-    return found
+def _answer(host, proc, via):
+    """The check's answer of ``host`` (its ``via`` ssh or srun process). Raises ``LaunchError``
+    if it does not answer well."""
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        check = (f'`ssh {host}` works without a prompt' if via == 'ssh' else
+                 'a job step starts on each node (`srun hostname`)')
+        raise LaunchError(f'host {host}: no answer over {via} in 30 s; check that {check}') \
+            from None
+    answer = _last_json(out)
+    if answer is None or 'error' in answer:
+        how = 'a job step of the allocation' if via == 'srun' else 'ssh without a prompt'
+        why = ((answer or {}).get('error') or last_line(err.decode(errors='replace'))
+               or f'{via} status {proc.returncode}')
+        raise LaunchError(f'host {host}: {why}; each host needs {how}, this '
+                          f'folder ({os.getcwd()}) and this Python ({sys.executable}) with '
+                          'the package, and the worker\'s program')
+    return answer
 
 
 def _last_json(out):
     for line in reversed(out.decode(errors='replace').splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
+        with contextlib.suppress(ValueError):
+            if isinstance(value := json.loads(line), dict):
+                return value
     return None
 
 

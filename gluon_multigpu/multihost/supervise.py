@@ -14,6 +14,7 @@ that were lost. Its lines go to standard error as ``launch: ...``; its stop
 lines are the caller's (``words``: the command line's ``cli.messages``).
 """
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -58,19 +59,10 @@ class Job:
 
     def __init__(self, settings, roles, signals, words):
         self.settings, self.roles, self.signals, self.words = settings, roles, signals, words
-        self.lock = threading.Lock()
-        self.threads = []
-        self.seen_signals = 0
+        self.workers = [r for r in roles if r.kind == 'worker']
+        self.others = [r for r in roles if r.kind != 'worker']
+        self.lock, self.threads, self.seen_signals, self._next_ping = threading.Lock(), [], 0, 0.0
         self.killed = False  # a second signal killed every process at once
-        self._next_ping = 0.0
-
-    @property
-    def workers(self):
-        return [r for r in self.roles if r.kind == 'worker']
-
-    @property
-    def others(self):
-        return [r for r in self.roles if r.kind != 'worker']
 
     def say(self, line):
         say(line, self.lock)
@@ -103,20 +95,16 @@ class Job:
         if now >= self._next_ping:
             _tell(self.roles, 'ping')
             self._next_ping = now + HEARTBEAT
-        for r in _reachable(self.roles):
-            self._watch(r, now)
+        timeout = self.settings.timeout
+        for r in _reachable(self.roles):  # lost (not heard) or hung (stopped): the first kept
+            if now - r.heard > timeout:
+                r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
+            elif not r.hung and r.stopped_since and now - r.stopped_since > timeout:
+                r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
         if len(self.signals) > self.seen_signals:
             self.seen_signals = len(self.signals)
             return self.signals[-1]
         return None
-
-    def _watch(self, r, now):
-        """Mark role ``r`` lost (not heard) or hung (stopped), the first reason kept."""
-        timeout = self.settings.timeout
-        if now - r.heard > timeout:
-            r.lost = f'not heard from {r.host} for {timeout:g} s (host or link down)'
-        elif not r.hung and r.stopped_since and now - r.stopped_since > timeout:
-            r.hung = f'stopped (SIGSTOP) for {timeout:g} s'
 
     def run(self):
         """Start the job and watch it; return ``(status, failed_role)``.
@@ -180,8 +168,7 @@ class Job:
         """
         deadline = time.monotonic() + seconds
         while any(r.running() for r in roles):
-            signum = self.tick()
-            if signum is not None and not self.killed:
+            if (signum := self.tick()) is not None and not self.killed:
                 self.say(self.words.launch_stopped_now(signum))
                 self.kill_all()
                 self.killed = True
@@ -214,9 +201,7 @@ class Job:
         (on a lost host, the agent does so itself after the timeout)."""
         _tell(_reachable(self.roles), 'kill')
         deadline = time.monotonic() + 1.0
-        for r in self.roles:
-            if r.proc is None:
-                continue
+        for r in [r for r in self.roles if r.proc is not None]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             if r.proc.poll() is None:
@@ -239,8 +224,7 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
     Raises ``LaunchError`` when the first attempt's checks fail or the
     scheduler's port was taken: nothing of the job is left running.
     """
-    restarts = 0
-    while True:
+    for restarts in itertools.count():  # each attempt; the restarts before it
         roles = plan(settings, hosts, command)
         try:
             port = preflight(settings, roles, settings.port)
@@ -260,10 +244,11 @@ def launch(settings, hosts, command, signals, resume=None, *, words):
             job.say(words.launch_resume(resume))
         if (done := _ended(job, settings, status, failed, restarts)) is not None:
             return done
-        restarts += 1
-        hosts = _without_lost(roles, hosts)
+        # without the hosts lost in this attempt (all of them if all were)
+        lost = {r.host for r in roles if r.lost or (r.failure() or '').startswith('its connection')}
+        hosts = [h for h in hosts if h not in lost] if lost and len(lost) < len(hosts) else hosts
         command = with_resume(command)
-        job.say(f'restart {restarts} of {settings.max_restarts}: starting the job again from '
+        job.say(f'restart {restarts + 1} of {settings.max_restarts}: starting the job again from '
                 f'its checkpoint on {len(hosts)} host(s) ({", ".join(hosts)})')
 
 
@@ -282,11 +267,3 @@ def _ended(job, settings, status, failed, restarts):
                     f'{settings.max_restarts})')
         return status
     return None
-
-
-def _without_lost(roles, hosts):
-    """``hosts`` without those lost in the attempt of ``roles`` (all of them if all were)."""
-    lost = {r.host for r in roles if r.lost or (r.failure() or '').startswith('its connection')}
-    if lost and len(lost) < len(hosts):
-        return [h for h in hosts if h not in lost]
-    return hosts

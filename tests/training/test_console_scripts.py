@@ -78,7 +78,7 @@ def test_setup_cfg_installs_every_program_and_each_launcher_starts_its_own():
                                               'lab.commands.bench_workers'])
 def test_no_program_loads_mxnet_when_imported(module):
     # it must set the engine first, from its flags: the package loads MXNet when a name needs it;
-    # nor NumPy: a NumPy that cannot load is then one line of the program's (console.command)
+    # nor NumPy: a NumPy that cannot load is then one line of the program's (console.start)
     proc = run_bounded([sys.executable, '-c', f'import sys, {module}; print(sorted(m for m in '
                         "('mxnet', 'matplotlib', 'numpy') if m in sys.modules))"],
                        timeout=120)
@@ -174,7 +174,7 @@ def test_each_console_script_is_its_scripts_program(name):
 
 def test_a_resumed_run_is_started_as_the_interrupted_one_was(monkeypatch, tmp_path):
     train = importlib.import_module('gluon_multigpu.cli.train')
-    monkeypatch.setitem(console._STARTED, 'launcher', None)  # pylint: disable=protected-access
+    monkeypatch.delitem(console._STARTED, 'folder', raising=False)  # pylint: disable=W0212
     common.started()  # the console script
     assert train.resume_command(['--cpu-devices', '2']) == \
         'gluon-multigpu-train --cpu-devices 2 --resume'
