@@ -3,7 +3,7 @@ package's one-line ``GluonMultiGPUError``) or a command line's text (``int_in`` 
 other argparse types, raising argparse's error). ``config``'s fields name them.
 
 Nothing here loads MXNet, nor NumPy: every program imports this module before it can say
-in one line that NumPy or MXNet does not load (``cli.console.start``).
+in one line that NumPy or MXNet does not load (``cli.console.command``).
 """
 import argparse
 import importlib.util

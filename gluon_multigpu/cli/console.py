@@ -183,6 +183,16 @@ def resume_command(name, argv=None):
 def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disable=W0621
     """Run a program as a command: its engine settings first, then ``main()``; exit with its status.
 
+    ``launcher``, ``engine``, ``engine_argv``: as ``command`` takes them.
+    """
+    with command(launcher, engine, engine_argv):
+        sys.exit(main())
+
+
+@contextlib.contextmanager
+def command(launcher=None, engine=True, engine_argv=None):
+    """Within the block, the program's body (train's: its stack then leads one way to the step).
+
     A NumPy or MXNet (or any other package) whose import fails is one line
     and exit status 2, not a traceback. ``launcher``: the path of the
     ``scripts/NAME.py`` that started it (None: its console script).
@@ -204,7 +214,7 @@ def start(main, launcher=None, engine=True, engine_argv=None):  # pylint: disabl
     if engine:
         prepare_engine(engine_argv)
     try:
-        sys.exit(main())
+        yield
     except Exception as e:  # pylint: disable=broad-except  (re-raised unless an import's)
         # MXNet could not load, wherever the program first needed it; or NumPy or MXNet is
         # missing or broken (the install's). Not an import, or a module of the package's own:

@@ -7,7 +7,7 @@ Without GPUs, ``--cpu-devices N`` runs the same code on N CPU contexts.
 The program: its command line, its stops and its exit statuses. What a run
 does once parsed is ``runs.train_run``'s (every check and setting of it the
 library's); what it says when it stops, ``messages``'. Importing this module
-loads no MXNet: the program sets the engine up first (``console.start``), and
+loads no MXNet: the program sets the engine up first (``console.command``), and
 the parser and the run load the package's modules only when called.
 """
 import argparse
@@ -186,7 +186,8 @@ def stop_now(signum, config):  # pylint: disable=unused-argument
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-train``, or ``scripts/train.py`` (``launcher``, its path)."""
-    console.start(main, launcher)  # the engine set up first; MXNet's load errors in one line
+    with console.command(launcher):  # the engine set up first; MXNet's load errors in one line
+        sys.exit(main())
 
 
 if __name__ == '__main__':
