@@ -79,7 +79,9 @@ def test_the_converted_network_trains_and_tracks_float32(bfloat16, fashion_dir, 
     assert all(0 <= a <= 1 for a in accs)
     model_ = runs['bfloat16'].run.model  # the block trained and evaluated: the converted graph
     assert isinstance(model_, Bfloat16) and model_.converted is not None
-    assert 'bfloat16' in model_.converted._cached_graph[1].tojson()  # pylint: disable=protected-access
+    graph = model_.converted._cached_graph[1]  # pylint: disable=protected-access
+    # (its tojson() leaves the bfloat16 casts out; its internals list them)
+    assert any('amp_cast_bfloat16' in name for name in graph.get_internals().list_outputs())
     # The parameters (master weights) stay float32, the same on both contexts.
     net = runs['bfloat16'].net
     a, b = params_of(net, mx.cpu(0)), params_of(net, mx.cpu(1))
