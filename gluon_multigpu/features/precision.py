@@ -1,4 +1,4 @@
-"""Mixed precision: float16 on GPUs with float32 master weights and dynamic loss scaling.
+"""Mixed precision: float16 on GPUs (float32 master weights, loss scaling); bfloat16 on CPUs.
 
 With ``dtype`` float16 the network computes in float16 (BatchNorm keeps its
 parameters in float32: Gluon's ``BatchNorm.cast`` does so), the optimizer keeps
@@ -7,11 +7,11 @@ before the backward pass so that small gradients do not vanish in float16;
 ``trainer.step`` divides the scale out again. A step whose gradients overflow
 is skipped and the scale halved (``LossScaler``).
 
-On CPU contexts float16 is refused: MXNet 1.9.1 has no float16 matrix multiply
-on the CPU ("FP16 gemm on cpu not implemented"). bfloat16 trains on the CPU in
-MXNet 1.9.1 only through a converted graph, outside ``train``, so ``dtype``
-does not offer it; whether a CPU can compute in bfloat16 at all depends on its
-instruction set: ``check_bfloat16`` tries.
+float16 is refused on CPU contexts (MXNet 1.9.1: "FP16 gemm on cpu not
+implemented"). bfloat16 is for CPU contexts with oneDNN's bfloat16 kernels
+(``check_bfloat16``): the network compiled as one graph, converted by
+``amp.convert_symbol``, run as a ``SymbolBlock`` sharing its float32
+parameters, the master weights (``Bfloat16``); no loss scaling.
 """
 import contextlib
 import functools
@@ -27,7 +27,7 @@ from ..errors import DeviceError, GluonMultiGPUError
 from ..base import values
 from ..machinery.training import Hook
 
-__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision',
+__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision', 'Bfloat16',
            'make_precision', 'all_finite']
 
 #: What ``train`` and ``--dtype`` accept.

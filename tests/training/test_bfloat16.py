@@ -37,6 +37,10 @@ def training(fashion_dir, model, dtype, kvstore='device', hooks=()):
                        kvstore=kvstore, seed=1, progress_interval=0, hooks=hooks)
 
 
+def trained(net):
+    return [k for k, p in net.collect_params().items() if p.grad_req != 'null']
+
+
 def params_of(net, device):
     return {k: p.data(device).asnumpy() for k, p in net.collect_params().items()}
 
@@ -55,7 +59,7 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_kernels_and_on_gpus(monkeypatc
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and 'cannot compute in bfloat16' in err, err
     assert not out.exists()
-    with pytest.raises(gm.DeviceError, match='bfloat16 needs CPU contexts, and gpu\\(0\\) is a GPU'):
+    with pytest.raises(gm.DeviceError, match=r'bfloat16 needs CPU contexts, and gpu\(0\) is a GPU'):
         check_dtype('bfloat16', [mx.gpu(0), mx.gpu(1)])  # a Context is a name: no GPU is touched
 
 
@@ -82,10 +86,12 @@ def test_the_converted_network_trains_and_tracks_float32(bfloat16, fashion_dir, 
     graph = model_.converted._cached_graph[1]  # pylint: disable=protected-access
     # (its tojson() leaves the bfloat16 casts out; its internals list them)
     assert any('amp_cast_bfloat16' in name for name in graph.get_internals().list_outputs())
-    # The parameters (master weights) stay float32, the same on both contexts.
+    # The parameters (master weights) stay float32, the trained ones the same on both contexts
+    # (BatchNorm's running statistics are each context's own, as in float32).
     net = runs['bfloat16'].net
     a, b = params_of(net, mx.cpu(0)), params_of(net, mx.cpu(1))
-    assert all(v.dtype == onp.float32 and onp.array_equal(v, b[k]) for k, v in a.items())
+    assert all(v.dtype == onp.float32 for v in a.values())
+    assert all(onp.array_equal(a[k], b[k]) for k in trained(net))
 
 
 @pytest.mark.slow
@@ -116,4 +122,4 @@ def test_every_kvstore_trains_in_bfloat16(bfloat16, fashion_dir, kvstore):
     losses = [e.train_loss for e in run.fit(2).epochs]
     assert all(onp.isfinite(losses)) and losses[1] < losses[0], losses
     a, b = params_of(run.net, mx.cpu(0)), params_of(run.net, mx.cpu(1))
-    assert all(onp.array_equal(v, b[k]) for k, v in a.items())  # every context's update equal
+    assert all(onp.array_equal(a[k], b[k]) for k in trained(run.net))  # every context's update
