@@ -145,3 +145,13 @@ def test_every_kvstore_trains_in_bfloat16(bfloat16, fashion_dir, kvstore):
     assert all(onp.isfinite(losses)) and losses[1] < losses[0], losses
     a, b = params_of(run.net, mx.cpu(0)), params_of(run.net, mx.cpu(1))
     assert all(onp.array_equal(a[k], b[k]) for k in trained(run.net))  # every context's update
+
+
+def test_a_network_of_plain_blocks_is_one_line(bfloat16):
+    """The text's ResNet-18 (``nn.Block`` residuals) has no graph to convert."""
+    data, _ = gm.data.synthetic_data('fashion-mnist', 16, num_train=32, num_test=16, seed=0,
+                                     num_devices=2)
+    with pytest.raises(gm.GluonMultiGPUError, match='Residual is not a HybridBlock') as e:
+        gm.train(gm.book.resnet18(10), data, None, gm.cpu_devices(2), num_epochs=1,
+                 progress_interval=0, hooks=[MixedPrecision('bfloat16')])
+    assert '\n' not in str(e.value)
