@@ -1,4 +1,4 @@
-"""Mixed precision: float16 on GPUs with float32 master weights and dynamic loss scaling.
+"""Mixed precision: float16 on GPUs (float32 master weights, loss scaling); bfloat16 on CPUs.
 
 With ``dtype`` float16 the network computes in float16 (BatchNorm keeps its
 parameters in float32: Gluon's ``BatchNorm.cast`` does so), the optimizer keeps
@@ -7,14 +7,15 @@ before the backward pass so that small gradients do not vanish in float16;
 ``trainer.step`` divides the scale out again. A step whose gradients overflow
 is skipped and the scale halved (``LossScaler``).
 
-On CPU contexts float16 is refused: MXNet 1.9.1 has no float16 matrix multiply
-on the CPU ("FP16 gemm on cpu not implemented"). bfloat16 trains on the CPU in
-MXNet 1.9.1 only through a converted graph, outside ``train``, so ``dtype``
-does not offer it; whether a CPU can compute in bfloat16 at all depends on its
-instruction set: ``check_bfloat16`` tries.
+float16 is refused on CPU contexts (MXNet 1.9.1: "FP16 gemm on cpu not
+implemented"). bfloat16 is for CPU contexts with oneDNN's bfloat16 kernels
+(``check_bfloat16``): the network compiled as one graph, converted by
+``amp.convert_symbol``, run as a ``SymbolBlock`` sharing its float32
+parameters, the master weights (``Bfloat16``); no loss scaling.
 """
 import contextlib
 import functools
+import threading
 import warnings
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
@@ -26,7 +27,7 @@ from ..errors import DeviceError, GluonMultiGPUError
 from ..base import values
 from ..machinery.training import Hook
 
-__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision',
+__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision', 'Bfloat16',
            'make_precision', 'all_finite']
 
 #: What ``train`` and ``--dtype`` accept.
@@ -46,12 +47,13 @@ def check_dtype(dtype, devices):
         raise DeviceError(f'`dtype` float16 needs GPUs, and {cpus[0]} is a CPU context: MXNet '
                           '1.9.1 has no float16 matrix multiply on the CPU ("FP16 gemm on cpu not '
                           'implemented"); use `dtype` float32 on CPU contexts')
+    gpus = [str(d) for d in devices if d.device_type == 'gpu']
+    if dtype == 'bfloat16' and gpus:
+        raise DeviceError(f'`dtype` bfloat16 needs CPU contexts, and {gpus[0]} is a GPU: MXNet '
+                          '1.9.1 trains in bfloat16 with oneDNN, on the CPU only; use `dtype` '
+                          'float16 on GPUs')
     if dtype == 'bfloat16':
-        raise DeviceError('`dtype` bfloat16 is not offered: MXNet 1.9.1 trains these networks in '
-                          'bfloat16 on the CPU only through a converted graph, not the one '
-                          'training builds, slower than float32 for the simple CNN and faster '
-                          'for ResNet-18 on CPUs with bfloat16 instructions (docs/exercises.md; '
-                          'scripts/bfloat16.py measures your machine); use `dtype` float32')
+        check_bfloat16()
 
 
 def check_bfloat16():
@@ -197,6 +199,71 @@ class Cast(nn.Block):
         return self.net(X.astype(self.dtype, copy=False)).astype('float32', copy=False)
 
 
+def _as_hybrid(block):
+    """The same blocks (and parameters) under ``HybridSequential`` containers: one graph."""
+    if isinstance(block, nn.Sequential):
+        hybrid = nn.HybridSequential(prefix=block.prefix)
+        for child in block._children.values():  # pylint: disable=protected-access
+            hybrid.add(_as_hybrid(child))
+        return hybrid
+    if not isinstance(block, nn.HybridBlock):
+        raise GluonMultiGPUError(f'`dtype` bfloat16 converts the compiled graph of the network, '
+                                 f'and its {type(block).__name__} is not a HybridBlock (the '
+                                 "text's nn.Block residuals are not); use a hybridizable network")
+    return block
+
+
+#: NumPy-mode operators kept in float32 when only convolutions and dense layers compute in
+#: bfloat16 (``Bfloat16(conv_only=True)``); AMP's lists do not name them.
+CONV_ONLY_FP32 = ('BatchNorm', 'Pooling', '_npx_relu', '_npi_add')
+
+
+def _converted(net, X, conv_only=False):
+    """``net``'s graph for inputs like ``X``, converted by ``amp.convert_symbol`` to compute in
+    bfloat16, as a NumPy-mode ``SymbolBlock`` that shares ``net``'s float32 parameters."""
+    from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
+    from mxnet.contrib.amp.lists import symbol_bf16  # pylint: disable=import-outside-toplevel
+    with autograd.pause(train_mode=False):
+        net(X[:1])  # every parameter exists, in float32 (deferred shapes)
+    inputs, graph = _as_hybrid(net)._get_graph(X)  # pylint: disable=protected-access
+    known, fp32_ops, conditional = list(symbol_bf16.FP32_FUNCS), None, None
+    if conv_only:
+        fp32_ops = known + [op for op in CONV_ONLY_FP32 if op not in known]
+        conditional = [('Activation', 'act_type', ['softrelu', 'relu'])]
+        symbol_bf16.FP32_FUNCS[:] = fp32_ops  # convert_symbol takes only its lists' operators
+    try:
+        graph = amp.convert_symbol(graph, target_dtype='bfloat16', fp32_ops=fp32_ops,
+                                   data_names=[i.name for i in inputs],
+                                   conditional_fp32_ops=conditional)
+    finally:
+        symbol_bf16.FP32_FUNCS[:] = known
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        block = gluon.SymbolBlock(graph.as_np_ndarray(), [i.as_np_ndarray() for i in inputs],
+                                  params=net.collect_params())
+    block.hybridize(static_alloc=True)
+    return block
+
+
+class Bfloat16(nn.Block):
+    """Run ``net`` as its graph converted to bfloat16; float32 parameters, gradients, outputs.
+
+    Converted on the first call (under a lock: every device's thread calls it).
+    """
+
+    def __init__(self, net, conv_only=False):
+        super().__init__()
+        self.net, self.conv_only, self._lock = net, conv_only, threading.Lock()
+        self.__dict__['converted'] = None  # not a child: its parameters are ``net``'s
+
+    def forward(self, X):  # pylint: disable=arguments-differ
+        if self.converted is None:
+            with self._lock:
+                if self.converted is None:
+                    self.__dict__['converted'] = _converted(self.net, X, self.conv_only)
+        return self.converted(X)
+
+
 class MixedPrecision(Hook):
     """How ``train`` computes in ``dtype``: the network cast, the optimizer's float32 copies,
     and a ``LossScaler`` (a new one by default).
@@ -210,20 +277,28 @@ class MixedPrecision(Hook):
 
     def __init__(self, dtype='float16', scaler=None):
         _check_known(dtype)
-        self.dtype, self.scaler = dtype, scaler or LossScaler()
+        # bfloat16 has float32's range: its gradients need no scaling
+        self.dtype = dtype
+        self.scaler = scaler or (None if dtype == 'bfloat16' else LossScaler())
 
     def setup(self, run):
         """Plug into ``run``'s step: the cast network, the scaler, float32 master weights."""
         check_dtype(self.dtype, run.devices)
         run.plug('model', self.prepare(run.net), self)
-        run.plug('scaler', self.scaler, self)
-        if self.dtype != 'float32':  # the optimizer keeps float32 master copies of the weights
+        if self.scaler is not None:
+            run.plug('scaler', self.scaler, self)
+        if self.dtype == 'float16':  # the optimizer keeps float32 master copies of the weights
             run.trainer_options['multi_precision'] = True
 
     def prepare(self, net):
         """Return the block to call in training: ``net`` cast to the compute type (on its first
-        call, see ``Cast``), and the loss scaler told which gradients to check."""
-        self.scaler.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+        call, see ``Cast``; for bfloat16 its converted graph, ``Bfloat16``), and the loss
+        scaler told which gradients to check."""
+        if self.scaler is not None:
+            self.scaler.params = [p for p in net.collect_params().values()
+                                  if p.grad_req != 'null']
+        if self.dtype == 'bfloat16':
+            return Bfloat16(net)
         return net if self.dtype == 'float32' else Cast(net, self.dtype)
 
 

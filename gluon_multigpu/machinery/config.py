@@ -228,8 +228,8 @@ class RunConfig(TrainConfig):
         split_weights, 'even|auto|W1,W2,...')
     sync_bn: bool = setting(False, _DEV, "ResNet-18's BatchNorm statistics over all devices",
                             switch)
-    dtype: str = setting('float32', _DEV, 'compute type (float16: GPUs)', one_of(DTYPES),
-                         choices=DTYPES)
+    dtype: str = setting('float32', _DEV, 'compute type (float16: GPUs; bfloat16: CPUs with '
+                         'AVX512-BF16)', one_of(DTYPES), choices=DTYPES)
     book_literal: bool = setting(False, _DEV, "run the text's own loop (nn.Block residuals, no "
                                  'hybridization)', switch)
     max_in_flight: int = _count(MAX_IN_FLIGHT, _DEV, 'steps MXNet may run behind Python '
