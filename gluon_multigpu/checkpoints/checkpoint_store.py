@@ -29,7 +29,7 @@ from ..filesafety import atomic, fs
 from . import savefolder
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
-from ..machinery.config import RunConfig
+from ..machinery.config import PLAIN, RunConfig
 from ..section.results import EpochRecord, EpochTotals
 
 __all__ = ['CheckpointStore', 'CheckpointState', 'MANIFEST']
@@ -75,7 +75,8 @@ def config_differences(saved, now):
     sync_bn, dtype, updates) count when absent too."""
     saved, now = _settings(saved), _settings(now)
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    return [f'{f"`{k}`" if k in names else k} {_shown(saved.get(k))} (now {_shown(now.get(k))})'
+    return [f'{f"`{k}`" if k in names else k} {_shown(saved.get(k, PLAIN.get(k)))} '
+            f'(now {_shown(now.get(k, PLAIN.get(k)))})'
             for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
 
 

@@ -22,7 +22,12 @@ from ..base.values import (
     int_in, kvstores, non_negative_float, one_of, path, path_of, positive_float, seconds, split,
     split_weights, switch, whole)
 
-__all__ = ['TrainConfig', 'RunConfig', 'GROUPS', 'setting']
+__all__ = ['TrainConfig', 'RunConfig', 'GROUPS', 'PLAIN', 'setting']
+
+#: The value of each setting a checkpoint records only where a run differs from it (a plain
+#: run: one worker, float32, no sync_bn, the book's updates); what a resume names when absent.
+PLAIN = {'workers': 1, 'dtype': 'float32', 'sync_bn': False, 'accumulate': 1,
+         'clip_grad_norm': None, 'lr_schedule': 'constant', 'warmup_steps': 0}
 
 #: The groups of settings, in the order ``--help`` shows them.
 GROUPS = ('model and data', 'devices and kvstore', 'optimisation and schedule',
@@ -295,10 +300,9 @@ class RunConfig(TrainConfig):
     def updates(self):
         """What the run's updates do other than the book's (None: nothing), as its checkpoint
         records them: a schedule's length in epochs included."""
-        changed = {key: value for key, value, book in (
-            ('accumulate', self.accumulate, 1), ('clip_grad_norm', self.clip_grad_norm, None),
-            ('lr_schedule', self.lr_schedule, 'constant'), ('warmup_steps', self.warmup_steps, 0))
-            if value != book}
+        changed = {key: getattr(self, key) for key in ('accumulate', 'clip_grad_norm',
+                                                       'lr_schedule', 'warmup_steps')
+                   if getattr(self, key) != PLAIN[key]}
         if self.lr_schedule != 'constant':
             changed['schedule_epochs'] = self.num_epochs  # its rates follow the run's length
         return changed or None
@@ -312,10 +316,9 @@ class RunConfig(TrainConfig):
                   'seed': self.seed, 'num_train': self.num_train or DATASETS[self.dataset]['train'],
                   'num_test': self.num_test or DATASETS[self.dataset]['test'],
                   'book_literal': self.book_literal}
-        for key, value, plain in (('workers', workers, 1), ('dtype', self.dtype, 'float32'),
-                                  ('sync_bn', self.sync_bn, False),
-                                  ('updates', self.updates(), None)):
-            if value != plain:
+        for key, value in (('workers', workers), ('dtype', self.dtype),
+                           ('sync_bn', self.sync_bn), ('updates', self.updates())):
+            if value != PLAIN.get(key):
                 record[key] = value
         return record
 

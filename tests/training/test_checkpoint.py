@@ -141,6 +141,12 @@ def test_existing_foreign_and_damaged_checkpoints_are_refused(uninterrupted, fas
     m['config']['model'] = 'resnet18'
     (other / 'manifest.json').write_text(json.dumps(m))
     assert 'is of another run: --model resnet18 (now simple-cnn)' in answer(other, '--resume')
+    # a setting recorded only where a run differs from a plain one is named with the plain value
+    bfloat16 = copy('bfloat16')
+    m = manifest(bfloat16)
+    m['config']['dtype'] = 'bfloat16'
+    (bfloat16 / 'manifest.json').write_text(json.dumps(m))
+    assert 'is of another run: --dtype bfloat16 (now float32);' in answer(bfloat16, '--resume')
     assert "lr 0.2 (now 0.1)" in answer(copy('lr'), '--resume', '--lr', '0.1')
     truncated = copy('truncated')
     params = truncated / manifest(truncated)['files']['params']['name']

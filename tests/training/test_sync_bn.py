@@ -45,7 +45,7 @@ def test_the_cli_trains_with_sync_bn_and_its_checkpoint_remembers(tmp_path):
     assert manifest['config']['sync_bn'] is True
     # The same folder without --sync-bn is another run.
     again = run_bounded(args + ['--num-epochs', '2', '--resume'], timeout=240, env=env)
-    assert again.returncode == 2 and '--sync-bn True (now None)' in again.stderr
+    assert again.returncode == 2 and '--sync-bn True (now False)' in again.stderr
 
 
 def test_sync_bn_refuses_what_it_cannot_synchronise(capsys):
