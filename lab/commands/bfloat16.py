@@ -16,7 +16,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 
 # What loads MXNet (or matplotlib) is imported where it is first used: after the engine settings.
 from gluon_multigpu.cli import common
@@ -30,8 +29,8 @@ from gluon_multigpu.filesafety.targets import check_outputs
 
 #: model -> (batch, steps per round): about a second per round on two cores.
 SETTINGS = {'simple-cnn': (128, 10), 'resnet18': (64, 2)}
-#: The NumPy-mode operators kept in float32 by the conv-only variant (absent from AMP's lists).
-CONV_ONLY_FP32 = ['BatchNorm', 'Pooling', '_npx_relu', '_npi_add']
+#: What is measured: float32, AMP's bfloat16, bfloat16 in convolutions and dense layers only
+#: (``precision.CONV_ONLY_FP32`` kept in float32).
 VARIANTS = ('float32', 'bfloat16', 'bfloat16 conv/dense only')
 
 
@@ -95,46 +94,6 @@ def check_bfloat16():
         raise DeviceError(f'{e} ({missing_feature(cpu_flags())})') from None
 
 
-def to_hybrid(block):
-    """The same blocks (and parameters) under ``HybridSequential`` containers: a graph to convert."""
-    from mxnet.gluon import nn  # pylint: disable=import-outside-toplevel
-    if isinstance(block, nn.Sequential):
-        hybrid = nn.HybridSequential(prefix=block.prefix)
-        for child in block._children.values():  # pylint: disable=protected-access
-            hybrid.add(to_hybrid(child))
-        return hybrid
-    return block
-
-
-def bfloat16_block(net, X, conv_only):
-    """``net`` (initialised, a HybridBlock) as a block that computes in bfloat16; same parameters."""
-    from mxnet import gluon  # pylint: disable=import-outside-toplevel
-    from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
-    from mxnet.contrib.amp.lists import symbol_bf16  # pylint: disable=import-outside-toplevel
-    net.hybridize()
-    net(X)  # compiles the graph
-    inputs, graph = net._cached_graph  # pylint: disable=protected-access
-    fp32_ops = conditional = None
-    known = list(symbol_bf16.FP32_FUNCS)
-    if conv_only:
-        fp32_ops = known + [op for op in CONV_ONLY_FP32 if op not in known]
-        conditional = [('Activation', 'act_type', ['softrelu', 'relu'])]
-        # convert_symbol takes only operators of its own lists: the NumPy ones join for now
-        symbol_bf16.FP32_FUNCS[:] = fp32_ops
-    try:
-        converted = amp.convert_symbol(graph, target_dtype='bfloat16',
-                                       data_names=[i.name for i in inputs], fp32_ops=fp32_ops,
-                                       conditional_fp32_ops=conditional)
-    finally:
-        symbol_bf16.FP32_FUNCS[:] = known
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        block = gluon.SymbolBlock(converted.as_np_ndarray(), [i.as_np_ndarray() for i in inputs],
-                                  params=net.collect_params())
-    block.hybridize(static_alloc=True)
-    return block
-
-
 def batch_of(args, batch):
     """One batch of Fashion-MNIST (or random images of its shape) on the CPU."""
     from mxnet import np  # pylint: disable=import-outside-toplevel
@@ -153,13 +112,15 @@ def steps_of(model, variant, X, y):
     from mxnet import autograd, gluon  # pylint: disable=import-outside-toplevel
     from gluon_multigpu.section.model import default_initializer, get_model  # pylint: disable=import-outside-toplevel
     mx.random.seed(0)
-    net = to_hybrid(get_model(model))
+    # the package's conversion (--dtype bfloat16's), on the first step
+    from gluon_multigpu.features.precision import Bfloat16, _as_hybrid  # pylint: disable=import-outside-toplevel
+    net = _as_hybrid(get_model(model))
     net.initialize(default_initializer(model), ctx=mx.cpu())
     if variant == 'float32':
         net.hybridize(static_alloc=True)
         block = net
     else:
-        block = bfloat16_block(net, X, conv_only=variant != 'bfloat16')
+        block = Bfloat16(net, conv_only=variant != 'bfloat16')
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.01})
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
