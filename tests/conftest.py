@@ -1,6 +1,7 @@
 """Shared fixtures: the real data sets beside the checkout, the programs as modules, processes."""
 import ast
 import importlib
+import importlib.util
 import os
 import pathlib
 import re
@@ -177,6 +178,14 @@ def load_script(name):
              if isinstance(node, ast.ImportFrom) for alias in node.names]
     assert len(found) == 1, (name, found)
     return importlib.import_module(found[0])
+
+
+def load_tool(name):
+    """The maintainers' tool ``tools/<name>.py`` as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / 'tools' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

@@ -3,17 +3,14 @@
 (The evaluation itself needs the run's checkpoint, hours to make: its figures are in
 docs/results/book-run-check.json, beside the run's own in book-run.json.)
 """
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_tool
 
-_spec = importlib.util.spec_from_file_location('book_check', REPO / 'tools' / 'book_check.py')
-book_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(book_check)
+book_check = load_tool('book_check')
 
 REPORT = """\tCommand being timed: "python scripts/train.py"
 \tElapsed (wall clock) time (h:mm:ss or m:ss): 1:24:52

@@ -6,7 +6,6 @@ that writes a ``--json`` as the real one does, so what the tool does around
 the run is checked: that every segment runs from the one clone of the first
 call's commit, whatever the checkout does meanwhile.
 """
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,11 +13,9 @@ import textwrap
 
 import pytest
 
-from conftest import REPO
+from conftest import load_tool
 
-_spec = importlib.util.spec_from_file_location('book_run', REPO / 'tools' / 'book_run.py')
-book_run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(book_run)
+book_run = load_tool('book_run')
 
 #: Stands for scripts/train.py: a checkpoint after epoch 1, its --json when COMPLETE=1.
 TRAIN = textwrap.dedent('''\

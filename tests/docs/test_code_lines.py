@@ -1,19 +1,11 @@
 """tools/code_lines.py, the measure of the package's code that issue 51 sets a ceiling on: a line
 counts when it holds a statement, not a docstring, a comment or nothing."""
-import importlib.util
 import textwrap
 
-from conftest import REPO
+from conftest import load_tool
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location('code_lines', REPO / 'tools' / 'code_lines.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-code_lines = load_tool()
+code_lines = load_tool('code_lines')
 
 
 def test_docstrings_comments_and_blank_lines_do_not_count_and_every_line_of_a_statement_does():

@@ -7,7 +7,6 @@ its file, a measured figure without a marker and a results file that says
 not where or when it was measured each fail, naming the file and line.
 No training: they read text files only.
 """
-import importlib.util
 import json
 import os
 import re
@@ -19,11 +18,10 @@ from pathlib import Path
 import pytest
 
 from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
+from conftest import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location('figures', REPO / 'tools' / 'figures.py')
-figures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(figures)
+figures = load_tool('figures')
 
 STAMP = {'machine': 'AMD EPYC, 2 cores', 'date': '2026-11-27'}
 
@@ -158,9 +156,7 @@ def test_an_unchecked_section_is_skipped_to_the_next_heading_of_its_level(tmp_pa
 def test_the_parameter_server_model_table_is_what_tools_projection_computes():
     """docs/distributed.md's model table is computed, not timed: its results file must hold what
     tools/projection.py computes from the package's constants now (rerun the tool if not)."""
-    spec = importlib.util.spec_from_file_location('projection', REPO / 'tools' / 'projection.py')
-    projection = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(projection)
+    projection = load_tool('projection')
     written = json.loads(Path(projection.PATH).read_text())
     table = projection.table()
     assert {k: written[k] for k in table} == table

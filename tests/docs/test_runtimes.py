@@ -1,24 +1,16 @@
 """tools/runtimes.py, the runtime matrix CI runs: its install lines are the README's, each
 runtime runs what differs between runtimes, and its comparison of the main job's figures catches
 a difference."""
-import importlib.util
 import json
 import pathlib
 import sys
 
 import pytest
 
-from conftest import REPO, run_bounded
+from conftest import REPO, load_tool, run_bounded
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location('runtimes', REPO / 'tools' / 'runtimes.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-runtimes = load_tool()
+runtimes = load_tool('runtimes')
 
 
 def epochs(*rows):
