@@ -212,10 +212,9 @@ def withdraw_distutils_stand_in():
     before = _STAND_IN.pop('before', {})
     for name, module in ours.items():
         if sys.modules.get(name) is module:
+            del sys.modules[name]
             if name in before:
                 sys.modules[name] = before[name]
-            else:
-                del sys.modules[name]
     return True
 
 
@@ -260,9 +259,8 @@ def plain(value, generic):
 def _plain_values(invoke, generic, position):
     """``invoke`` with the operator parameters it is handed (argument ``position``) made plain."""
     def wrapped(*args, **kwargs):
-        vals = args[position]
-        if any(isinstance(v, generic) or type(v) in (list, tuple) for v in vals):
-            args = args[:position] + ([plain(x, generic) for x in vals],) + args[position + 1:]
+        if (vals := plain(args[position], generic)) is not args[position]:
+            args = args[:position] + (vals,) + args[position + 1:]
         return invoke(*args, **kwargs)
     wrapped.__wrapped__, wrapped.__name__ = invoke, getattr(invoke, '__name__', 'invoke')
     return wrapped
