@@ -102,8 +102,7 @@ def whole(low, high, message='`{name}` must be a whole number {low} to {high}, g
     """A check of a whole number from ``low`` to ``high`` (None passes where ``optional``):
     ``check(value, name)``, whose error is ``message`` (``str.format`` of these names)."""
     def check(value, name=None):
-        if (value is not None or not optional) and (not _integer(value) or
-                                                     not low <= value <= high):
+        if (value is not None or not optional) and not (_integer(value) and low <= value <= high):
             raise GluonMultiGPUError(message.format(name=name, low=low, high=high, value=value))
         return None if value is None else int(value)
     return check
@@ -123,8 +122,8 @@ check_warmup = whole(0, 10**8, '`warmup_steps` must be a whole number 0 or more 
 
 
 def seconds(value, name):
-    if value is not None and (not _real(value) or not math.isfinite(value) or
-                              not 0 <= value <= 1e6):
+    if value is not None and not (_real(value) and math.isfinite(value) and 0 <= value <= 1e6):
+
         raise GluonMultiGPUError(f'`{name}` must be a number of seconds from 0 to 1e6, '
                                  f'got {value!r}')
     return None if value is None else float(value)
