@@ -33,8 +33,9 @@ class Background:
 
     def __enter__(self):
         self.finished.clear()
-        self._thread = threading.Thread(  # pylint: disable=attribute-defined-outside-init
-            target=self.work, name=self.thread_name, daemon=True)
+        # pylint: disable-next=attribute-defined-outside-init
+        self._thread = threading.Thread(target=self.work, name=self.thread_name, daemon=True)
+
         self._thread.start()
         return self
 

@@ -199,10 +199,9 @@ class WakeupReader:
     def _read(self, reader):
         while True:
             try:
-                data = reader.recv(16)
+                if not (data := reader.recv(16)):
+                    return
             except OSError:
-                return
-            if not data:
                 return
             for signum in data:
                 if signum in self.signums:
