@@ -165,14 +165,12 @@ class LossScaler:
         """
         if not all_finite(self.params, devices):
             self.scale = max(self.min_scale, self.scale / self.factor)
-            self.skipped += 1
-            self._quiet = 0
+            self.skipped, self._quiet = self.skipped + 1, 0
             return False
         trainer.step(batch_size * self.scale)  # divides the gradients by the batch and the scale
         self._quiet += 1
         if self._quiet >= self.window:
-            self.scale *= self.factor
-            self._quiet = 0
+            self.scale, self._quiet = self.scale * self.factor, 0
         return True
 
 
@@ -295,8 +293,8 @@ class MixedPrecision(Hook):
         call, see ``Cast``; for bfloat16 its converted graph, ``Bfloat16``), and the loss
         scaler told which gradients to check."""
         if self.scaler is not None:
-            self.scaler.params = [p for p in net.collect_params().values()
-                                  if p.grad_req != 'null']
+            self.scaler.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+
         if self.dtype == 'bfloat16':
             return Bfloat16(net)
         return net if self.dtype == 'float32' else Cast(net, self.dtype)
