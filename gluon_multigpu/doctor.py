@@ -155,13 +155,11 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
     say : callable
         Takes each such line (default: printed on standard error).
     """
-    command = [python or sys.executable, '-c',
-               'from gluon_multigpu import doctor; doctor.probe()']
+    command = [python or sys.executable, '-c', 'from gluon_multigpu import doctor; doctor.probe()']
     # the probe ends with the doctor, however the doctor ends (an MXNet import that hangs
     # would keep it forever)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=os.environ if environ is None else environ,
-                          stdin=subprocess.DEVNULL,
+                          env=os.environ if environ is None else environ, stdin=subprocess.DEVNULL,
                           preexec_fn=signals.dying_with_parent(signal.SIGKILL)) as child:
         try:
             stdout, stderr = _wait_saying(child, timeout, every, say)
@@ -214,9 +212,7 @@ def collect(step=True, python=None):
         # /proc/meminfo's, or None (devices' reader)
         'memory': {key: _read_number('/proc/meminfo', field) for key, field in
                    (('total', 'MemTotal'), ('available', 'MemAvailable'))},
-        'engine': engine.recommended(cpu_devices=2),
-        'probe': None,
-    }
+        'engine': engine.recommended(cpu_devices=2), 'probe': None}
     if step and not facts['numpy'].get('error'):  # MXNet imports NumPy: no probe without it
         print(f'doctor: importing MXNet and training one step in a child process (up to '
               f'{PROBE_SECONDS} s)...', file=sys.stderr, flush=True)
