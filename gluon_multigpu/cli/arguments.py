@@ -71,8 +71,7 @@ def add_device_flags(p, gpu_help, cpu_help):
     """Add the mutually exclusive ``--num-gpus``/``--cpu-devices`` pair to parser ``p``."""
     where = p.add_mutually_exclusive_group()
     where.add_argument('--num-gpus', type=int_in(1, MAX_GPUS), metavar='N', help=gpu_help)
-    where.add_argument('--cpu-devices', type=int_in(1, MAX_CPU_DEVICES), metavar='N',
-                       help=cpu_help)
+    where.add_argument('--cpu-devices', type=int_in(1, MAX_CPU_DEVICES), metavar='N', help=cpu_help)
 
 
 def add_run_flags(p, models, datasets, seed_help='the same in every run'):
