@@ -16,7 +16,7 @@ from ..study.compare import recommend
 from ..study.kvstore_report import comparison_table, runs_json, write_kvstore_report
 from ..study.paired import LoadMeter
 
-__all__ = ['Comparison', 'write_outputs', 'partial_note']
+__all__ = ['Comparison', 'write_outputs']
 
 
 def write_outputs(config, results, record, tracker, pending=(), partial=None):
@@ -44,15 +44,6 @@ def write_outputs(config, results, record, tracker, pending=(), partial=None):
             written.append(config.report.rstrip('/') + '/')
     replace_together([p for p in (config.plot, config.json) if p], write)
     return written
-
-
-def partial_note(rounds_done, rounds, measured=None, why=None):
-    """Why the outputs of a comparison are partial: ``why`` it stopped (with what was
-    ``measured``), or that it still runs after ``rounds_done`` of ``rounds`` rounds."""
-    if why is None:
-        return (f'written after round {rounds_done} of {rounds} (epoch {rounds_done} of every '
-                'kvstore), while the comparison went on (a later version replaces this one)')
-    return f'{why}; measured: {measured}'
 
 
 class Comparison:
@@ -112,9 +103,11 @@ class Comparison:
                     result.loads = self.loads[kvstore]
                     self.schedule.end()
                     self.current = None
-                if epoch < self.rounds and self.record is not None:  # kept as it comes
-                    write_outputs(self.config, self.results, self.record, self.tracker,
-                                  partial=partial_note(epoch, self.rounds))
+                if epoch < self.rounds and self.record is not None:  # kept as it comes, partial
+                    write_outputs(self.config, self.results, self.record, self.tracker, partial=(
+                        f'written after round {epoch} of {self.rounds} (epoch {epoch} of every '
+                        'kvstore), while the comparison went on (a later version replaces '
+                        'this one)'))
         except Interrupted as e:
             e.comparison = self.kept()
             raise
@@ -188,8 +181,7 @@ class Comparison:
             return measured, self.current, []
         print(comparison_table(results, self.tracker), file=self.out)
         print(recommend(results, pending=pending), file=self.out, flush=True)
-        why = messages.comparison_why(self.stop.signum if self.stop is not None else None,
-                                      self.current)
-        note = partial_note(None, self.rounds, measured, why)
-        return measured, self.current, write_outputs(self.config, results, self.record,
-                                                     self.tracker, pending, note)
+        why = messages.comparison_why(getattr(self.stop, 'signum', None), self.current)
+        written = write_outputs(self.config, results, self.record, self.tracker, pending,
+                                f'{why}; measured: {measured}')
+        return measured, self.current, written
