@@ -116,9 +116,9 @@ def main(argv=None):
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, config, argv)
         if stop.signum:  # in the last evaluation, or while the outputs were written
-            print(messages.train_finished_anyway(stop.signum, bool(config.json or config.plot or
-                                                                   config.report),
-                                                 bool(config.checkpoint_dir)), file=sys.stderr)
+            outputs = bool(config.json or config.plot or config.report)
+            print(messages.train_finished_anyway(stop.signum, outputs, bool(config.checkpoint_dir)),
+                  file=sys.stderr)
             return 128 + stop.signum
     return 0
 
