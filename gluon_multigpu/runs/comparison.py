@@ -58,8 +58,7 @@ class Comparison:
 
     def __init__(self, config, record, tracker, out, stop=None):
         self.config, self.kvstores, self.record = config, list(config.kvstore), record
-        self.tracker, self.out, self.stop = tracker, out, stop
-        self.rounds = config.num_epochs
+        self.tracker, self.out, self.stop, self.rounds = tracker, out, stop, config.num_epochs
         self.runs = {}  # kvstore -> its run (``kvstore_run.KvstoreRun``)
         self.loads = {k: {} for k in self.kvstores}  # kvstore -> {epoch: LoadMeter figures}
         self.current = None  # the epoch in progress: 'epoch 2 of kvstore device'
