@@ -42,8 +42,7 @@ SIGTERM or SIGHUP stop after the current step, save a checkpoint with
 exits 1, a stalled run 3. What each flag does, in full: help(gm.RunConfig)
 and docs/guide.md.
 """.format(defaults='\n'.join(textwrap.fill(f'{name}: {r.describe}', 78, initial_indent='  ',
-                                         subsequent_indent='    ')
-                           for name, r in RECIPES.items()))
+                                         subsequent_indent='    ') for name, r in RECIPES.items()))
 
 
 def build_parser():

@@ -146,10 +146,9 @@ class Role:
 
 def _status_words(code):
     code = 128 - code if code < 0 else code
-    try:
+    with contextlib.suppress(ValueError):  # a status over 128 that is no signal's
         return f'signal {signal.Signals(code - 128).name}' if code > 128 else f'status {code}'
-    except ValueError:
-        return f'status {code}'
+    return f'status {code}'
 
 
 #: What a scheduler or server runs (``run_role``): MXNet runs the role as it loads (the DMLC_*
