@@ -71,8 +71,7 @@ def add_device_flags(p, gpu_help, cpu_help):
     """Add the mutually exclusive ``--num-gpus``/``--cpu-devices`` pair to parser ``p``."""
     where = p.add_mutually_exclusive_group()
     where.add_argument('--num-gpus', type=int_in(1, MAX_GPUS), metavar='N', help=gpu_help)
-    where.add_argument('--cpu-devices', type=int_in(1, MAX_CPU_DEVICES), metavar='N',
-                       help=cpu_help)
+    where.add_argument('--cpu-devices', type=int_in(1, MAX_CPU_DEVICES), metavar='N', help=cpu_help)
 
 
 def add_run_flags(p, models, datasets, seed_help='the same in every run'):
@@ -84,16 +83,14 @@ def add_run_flags(p, models, datasets, seed_help='the same in every run'):
                    help='network (default: resnet18)')
     p.add_argument('--dataset', choices=list(datasets), default='fashion-mnist',
                    help='data set (default: fashion-mnist)')
-    p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'),
-                   help='directory with the four IDX .gz files '
-                   '(default: ~/.mxnet/datasets/<dataset>)')
+    p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'), help='directory with '
+                   'the four IDX .gz files (default: ~/.mxnet/datasets/<dataset>)')
     p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
                    help='use only the first N training images (default: all 60000)')
     p.add_argument('--num-test', type=int_in(1, 10**8), metavar='N',
                    help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=seed, default=0,
-                   help=f'seed of the initial weights and the data order, 0 to {MAX_SEED}, '
-                   f'{seed_help} (default: 0)')
+    p.add_argument('--seed', type=seed, default=0, help='seed of the initial weights and the data '
+                   f'order, 0 to {MAX_SEED}, {seed_help} (default: 0)')
 
 
 def sweep_parser(doc, epilog, first, cpu_default, what):
@@ -159,9 +156,8 @@ def add_data_flags(p, what='its images', default=True):
     p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'),
                    help=f'Fashion-MNIST folder with the four IDX .gz files; {what}' +
                    (' (default: ~/.mxnet/datasets/fashion-mnist)' if default else ''))
-    p.add_argument('--download', action='store_true',
-                   help="download missing files into that folder from MXNet's mirror (needs "
-                   'internet)')
+    p.add_argument('--download', action='store_true', help='download missing files into that '
+                   "folder from MXNet's mirror (needs internet)")
 
 
 def add_sweep_flags(p, default):
@@ -171,13 +167,11 @@ def add_sweep_flags(p, default):
                    'atomically, marked partial until the run is complete), so that Ctrl-C or a '
                    f'crash loses only the measurement in progress (default: {default})')
     again = p.add_mutually_exclusive_group()
-    again.add_argument('--resume', action='store_true',
-                   help='continue the run kept in --results: what it measured is not measured '
-                   'again (the settings must be the same)')
-    again.add_argument('--overwrite', action='store_true',
-                   help='replace the results file kept in --results by a new run (it stays as it '
-                   'was until the first new measurement is written); without it or --resume, '
-                   'an existing results file is refused')
+    again.add_argument('--resume', action='store_true', help='continue the run kept in --results: '
+                   'what it measured is not measured again (the settings must be the same)')
+    again.add_argument('--overwrite', action='store_true', help='replace the results file kept in '
+                   '--results by a new run (it stays as it was until the first new measurement is '
+                   'written); without it or --resume, an existing results file is refused')
 
 
 def add_config_flags(p, config_class, exclusive=()):

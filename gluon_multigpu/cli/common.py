@@ -18,9 +18,8 @@ from .arguments import (MAX_CPU_DEVICES, MAX_SEED, OneLineParser, UsageError, ad
                         add_device_flags, add_run_flags, add_sweep_flags, batch_size,
                         engine_devices, error_line, int_in, non_negative_float, num_epochs,
                         path_of, positive_float, script_parser, seed, split_weights, sweep_parser)
-from .console import (apply_engine_settings, command_line, prepare_engine, program,
-                      quiet_console, resume_command, say_quietly, start, started, stop_request,
-                      stopping_main)
+from .console import (apply_engine_settings, command_line, prepare_engine, program, quiet_console,
+                      resume_command, say_quietly, start, started, stop_request, stopping_main)
 from .messages import partial_heading
 
 __all__ = [name for name in dir() if not name.startswith('_')]  # the names imported above

@@ -140,8 +140,7 @@ def quiet_console():
 # -- how the program was started, to say how to start it (or another) again ------------------
 
 #: The checkout's scripts/ folder, beside the package (an installed package has none).
-CHECKOUT_SCRIPTS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'scripts')
+CHECKOUT_SCRIPTS = os.path.abspath(os.path.join(__file__, '..', '..', '..', 'scripts'))
 #: ``folder``: the folder of the scripts/NAME.py that started the program, None for its console
 #: script; absent if not told (called from Python, e.g. a test: the checkout's scripts, if any).
 _STARTED = {}

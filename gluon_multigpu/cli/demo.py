@@ -18,9 +18,8 @@ def build_parser():
     p = common.OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--cpu', action='store_true',
                    help='use the CPU contexts cpu(1), cpu(2) even when two GPUs exist')
-    p.add_argument('--seed', type=common.seed,
-                   help="seed MXNet's generators first (default: MXNet's start-up state, "
-                   "which reproduces the weights printed in the text)")
+    p.add_argument('--seed', type=common.seed, help="seed MXNet's generators first (default: "
+                   "MXNet's start-up state, which reproduces the weights printed in the text)")
     return p
 
 

@@ -135,8 +135,7 @@ def launch_resume(command):
 
 def partial_heading(sweep):
     """The line above a partial table."""
-    return (f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} '
-            'measurements')
+    return f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} measurements'
 
 
 # -- any program ------------------------------------------------------------------------------

@@ -42,8 +42,7 @@ SIGTERM or SIGHUP stop after the current step, save a checkpoint with
 exits 1, a stalled run 3. What each flag does, in full: help(gm.RunConfig)
 and docs/guide.md.
 """.format(defaults='\n'.join(textwrap.fill(f'{name}: {r.describe}', 78, initial_indent='  ',
-                                         subsequent_indent='    ')
-                           for name, r in RECIPES.items()))
+                                         subsequent_indent='    ') for name, r in RECIPES.items()))
 
 
 def build_parser():
@@ -116,9 +115,9 @@ def main(argv=None):
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, config, argv)
         if stop.signum:  # in the last evaluation, or while the outputs were written
-            print(messages.train_finished_anyway(stop.signum, bool(config.json or config.plot or
-                                                                   config.report),
-                                                 bool(config.checkpoint_dir)), file=sys.stderr)
+            outputs = bool(config.json or config.plot or config.report)
+            print(messages.train_finished_anyway(stop.signum, outputs, bool(config.checkpoint_dir)),
+                  file=sys.stderr)
             return 128 + stop.signum
     return 0
 

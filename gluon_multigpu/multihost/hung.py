@@ -53,8 +53,7 @@ def find(workers, seconds, now=None):
     """The ``Stall`` of ``workers`` (``plan.Role``) if none queued a step for ``seconds``, else
     None. Only running workers count, and only once one has queued a step; a worker that
     queued none is at step 0; a resting worker (its epoch's end) means no stall."""
-    watched = [r for r in workers if r.running() and not r.lost and not r.hung
-               and r.status is None]
+    watched = [r for r in workers if r.running() and not r.lost and not r.hung and r.status is None]
     stepped = [r.stepped for r in watched if r.stepped is not None]
     if not seconds or not stepped or any(r.resting for r in watched) or \
             (time.monotonic() if now is None else now) - max(stepped) <= seconds:

@@ -28,10 +28,9 @@ from .agent import agent_argv
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, MXNetLoadError
 
-__all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role',
-           'plan', 'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv',
-           'transport_argv', 'remote_command', 'last_line',
-           'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
+__all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role', 'plan',
+           'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv', 'transport_argv',
+           'remote_command', 'last_line', 'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
 GRACE = 60.0
@@ -147,10 +146,9 @@ class Role:
 
 def _status_words(code):
     code = 128 - code if code < 0 else code
-    try:
+    with contextlib.suppress(ValueError):  # a status over 128 that is no signal's
         return f'signal {signal.Signals(code - 128).name}' if code > 128 else f'status {code}'
-    except ValueError:
-        return f'status {code}'
+    return f'status {code}'
 
 
 #: What a scheduler or server runs (``run_role``): MXNet runs the role as it loads (the DMLC_*
@@ -166,10 +164,8 @@ def run_role():
     except (MXNetLoadError, ImportError) as e:  # base.compat's finder said what to do, or
         # not installed, or a module of it missing
         why = str(e) if isinstance(e, MXNetLoadError) else compat.load_advice(e)
-    else:
-        return
-    print(f'error: {why}', file=sys.stderr, flush=True)
-    sys.exit(2)
+        print(f'error: {why}', file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def plan(settings, hosts, command):
@@ -177,8 +173,7 @@ def plan(settings, hosts, command):
 
     Their variables lack the scheduler's port (``DMLC_PS_ROOT_PORT``): the launch sets it
     once ``preflight`` has found it on the first host."""
-    shared = {'DMLC_PS_ROOT_URI': _address(hosts[0]),
-              'DMLC_NUM_SERVER': str(settings.num_servers),
+    shared = {'DMLC_PS_ROOT_URI': _address(hosts[0]), 'DMLC_NUM_SERVER': str(settings.num_servers),
               'DMLC_NUM_WORKER': str(settings.num_workers)}
     server = [sys.executable, '-c', ROLE]  # MXNet runs the role, then exits
 

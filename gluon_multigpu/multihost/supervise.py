@@ -124,8 +124,12 @@ class Job:
             if (signum := self.tick()) is not None:
                 return self.stop_on_signal(signum), None
             stall = hung.find(self.workers, hung.stall_seconds(self.settings, self.workers))
-            if stall is not None:
-                return self.stop_stalled(stall), stall.behind[0]
+            if stall is not None:  # each process's Python stack, the workers behind named
+                _tell(self.roles, 'dump')
+                time.sleep(hung.DUMP_WAIT)  # the stacks are written from a signal handler, at once
+                self.say(stall.describe())
+                self.stop(coordinated=False)
+                return hung.STALLED, stall.behind[0]
             if (failed := next((r for r in self.roles if r.failure()), None)) is not None:
                 self.say(f'{failed.label} {failed.failure()}; stopping the job')
                 self.stop(coordinated=False)
@@ -144,15 +148,6 @@ class Job:
                  'command never joined the parameter server (train.py joins it with --kvstore '
                  'dist_sync, dist_device_sync or dist_async)')
         return 1
-
-    def stop_stalled(self, stall):
-        """Ask every process for its Python stack, name the workers behind (``stall``, a
-        ``hung.Stall``), stop the job; return ``hung.STALLED``."""
-        _tell(self.roles, 'dump')
-        time.sleep(hung.DUMP_WAIT)  # the stacks are written from a signal handler, at once
-        self.say(stall.describe())
-        self.stop(coordinated=False)
-        return hung.STALLED
 
     def stop_on_signal(self, signum):
         """Stop the job in order on a first signal; return its exit status, 128 + ``signum``."""
@@ -263,7 +258,6 @@ def _ended(job, settings, status, failed, restarts):
         return 2  # the command's input is bad: its status
     if status not in (1, hung.STALLED) or restarts >= settings.max_restarts or job.signals:
         if status in (1, hung.STALLED) and settings.max_restarts:
-            job.say(f'gave up after {restarts} restart(s) (--max-restarts '
-                    f'{settings.max_restarts})')
+            job.say(f'gave up after {restarts} restart(s) (--max-restarts {settings.max_restarts})')
         return status
     return None

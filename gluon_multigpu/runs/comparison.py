@@ -16,7 +16,7 @@ from ..study.compare import recommend
 from ..study.kvstore_report import comparison_table, runs_json, write_kvstore_report
 from ..study.paired import LoadMeter
 
-__all__ = ['Comparison', 'write_outputs', 'partial_note']
+__all__ = ['Comparison', 'write_outputs']
 
 
 def write_outputs(config, results, record, tracker, pending=(), partial=None):
@@ -46,15 +46,6 @@ def write_outputs(config, results, record, tracker, pending=(), partial=None):
     return written
 
 
-def partial_note(rounds_done, rounds, measured=None, why=None):
-    """Why the outputs of a comparison are partial: ``why`` it stopped (with what was
-    ``measured``), or that it still runs after ``rounds_done`` of ``rounds`` rounds."""
-    if why is None:
-        return (f'written after round {rounds_done} of {rounds} (epoch {rounds_done} of every '
-                'kvstore), while the comparison went on (a later version replaces this one)')
-    return f'{why}; measured: {measured}'
-
-
 class Comparison:
     """The runs of ``kvstores``, taken in turn epoch after epoch (one kvstore: a single run).
 
@@ -67,8 +58,7 @@ class Comparison:
 
     def __init__(self, config, record, tracker, out, stop=None):
         self.config, self.kvstores, self.record = config, list(config.kvstore), record
-        self.tracker, self.out, self.stop = tracker, out, stop
-        self.rounds = config.num_epochs
+        self.tracker, self.out, self.stop, self.rounds = tracker, out, stop, config.num_epochs
         self.runs = {}  # kvstore -> its run (``kvstore_run.KvstoreRun``)
         self.loads = {k: {} for k in self.kvstores}  # kvstore -> {epoch: LoadMeter figures}
         self.current = None  # the epoch in progress: 'epoch 2 of kvstore device'
@@ -112,9 +102,11 @@ class Comparison:
                     result.loads = self.loads[kvstore]
                     self.schedule.end()
                     self.current = None
-                if epoch < self.rounds and self.record is not None:  # kept as it comes
-                    write_outputs(self.config, self.results, self.record, self.tracker,
-                                  partial=partial_note(epoch, self.rounds))
+                if epoch < self.rounds and self.record is not None:  # kept as it comes, partial
+                    write_outputs(self.config, self.results, self.record, self.tracker, partial=(
+                        f'written after round {epoch} of {self.rounds} (epoch {epoch} of every '
+                        'kvstore), while the comparison went on (a later version replaces '
+                        'this one)'))
         except Interrupted as e:
             e.comparison = self.kept()
             raise
@@ -188,8 +180,7 @@ class Comparison:
             return measured, self.current, []
         print(comparison_table(results, self.tracker), file=self.out)
         print(recommend(results, pending=pending), file=self.out, flush=True)
-        why = messages.comparison_why(self.stop.signum if self.stop is not None else None,
-                                      self.current)
-        note = partial_note(None, self.rounds, measured, why)
-        return measured, self.current, write_outputs(self.config, results, self.record,
-                                                     self.tracker, pending, note)
+        why = messages.comparison_why(getattr(self.stop, 'signum', None), self.current)
+        written = write_outputs(self.config, results, self.record, self.tracker, pending,
+                                f'{why}; measured: {measured}')
+        return measured, self.current, written

@@ -124,8 +124,7 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
             print_resumed(checkpoint, config.num_epochs, out)
         record = None if worker.rank else dict(
             config.as_dict(), batch_size=batch_size, lr=lr, devices=[str(d) for d in devices],
-            num_train=train_iter.num_samples, num_test=len(test_iter.labels),
-            workers=worker.count)
+            num_train=train_iter.num_samples, num_test=len(test_iter.labels), workers=worker.count)
         hooks = [h for h in (checkpoint, stop, control, guard, metrics, stall, profile)
                  if h is not None]
         runs = functools.partial(KvstoreRun, config, worker, devices, lr, train_iter, test_iter,
