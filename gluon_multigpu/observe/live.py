@@ -150,8 +150,7 @@ class Live(Hook):
         if self._handle is None:
             return
         error = getattr(run, 'error', None)  # what ended the fit (None: it returned)
-        epochs = run.result.epochs
-        last = epochs[-1].epoch if epochs else 0
+        last = run.result.epochs[-1].epoch if run.result.epochs else 0
         took = duration(time.monotonic() - self._started)
         self._status = (
             f'done: {len(self._epochs)} epoch(s) in {took}' if last >= run.num_epochs else

@@ -155,8 +155,7 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         f"{config['batch_size']} ({even_shares(config['batch_size'], len(results[0].devices))}), "
         f"lr {config['lr']:g}, {len(results[0].epochs)} epoch(s), seed {config['seed']}; every "
         'kvstore started from the same initial weights and saw the same batches.', '',
-        f'**Answer:** {answer}', '',
-        comparison_table(results, tracker), '',
+        f'**Answer:** {answer}', '', comparison_table(results, tracker), '',
         *(['The kvstores took turns, epoch after epoch (round 1 in the order above, round 2 '
            'backwards, and so on), so that a change of the load falls on all of them; the answer '
            'compares the epochs of the same round (paired ratios, their 95% interval; round 1, '
