@@ -85,7 +85,6 @@ class StopRequest(Hook):
         The first signal received (None: none yet).
     """
 
-    SIGNALS = STOP_SIGNALS
     handles_signals = True
     #: Seconds after the first signal within which another is the same request (see above).
     SAME_REQUEST = SAME_REQUEST
@@ -132,7 +131,7 @@ class StopRequest(Hook):
         if self._exit is None:
             from .progress import jupyter_shell  # pylint: disable=import-outside-toplevel
             self._exit = jupyter_shell() is None
-        self._previous = signals.install(self._handle, self.SIGNALS)  # nohup's SIGHUP stays ignored
+        self._previous = signals.install(self._handle, STOP_SIGNALS)  # nohup's SIGHUP stays ignored
         self._reader = signals.WakeupReader(self._previous, self._heard, 'stop-request')
         self._watching = self._reader.start()
         return self
