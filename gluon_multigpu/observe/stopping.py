@@ -14,6 +14,7 @@ SIGHUP stops like SIGTERM, but a repeated SIGHUP (a closing session may send
 several) is no second request; a SIGHUP ignored under ``nohup`` stays ignored.
 Here too: the lines a run says when it stops (the programs': ``cli.messages``).
 """
+import contextlib
 import os
 import signal
 import sys
@@ -32,10 +33,9 @@ __all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQ
 
 def say_quietly(line, stream=None):
     """Print ``line`` on ``stream`` (stderr) and flush; a terminal that is gone is not an error."""
-    try:
+    # EIO (a closed terminal), EPIPE; ValueError: the stream is closed
+    with contextlib.suppress(OSError, ValueError):
         print(line, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):  # EIO (a closed terminal), EPIPE; ValueError: stream closed
-        pass
 
 
 def signal_name(signum, default='a stop request'):
