@@ -146,14 +146,13 @@ class Live(Hook):
         error = getattr(run, 'error', None)  # what ended the fit (None: it returned)
         last = run.result.epochs[-1].epoch if run.result.epochs else 0
         took = duration(time.monotonic() - self._started)
-        self._status = (
+        self._status, self._bar = (
             f'done: {len(self._epochs)} epoch(s) in {took}' if last >= run.num_epochs else
             self._stop if self._stop is not None else
             f'interrupted after epoch {last} of {run.num_epochs}: fit() goes on from there'
             if isinstance(error, Interrupted) else
             f'stopped in epoch {run.epoch} by {type(error).__name__} ({took})' if error is not None
-            else f'stopped after epoch {last} of {run.num_epochs} ({took})')
-        self._bar = None
+            else f'stopped after epoch {last} of {run.num_epochs} ({took})'), None
         self._draw()
         self._handle = None
 

@@ -205,8 +205,7 @@ class EventFiles(_Records):
 
     def _frames(self, events):
         """``events`` as TFRecord frames (length, its checksum, the record, its checksum)."""
-        crc = self._records[3]
-        frames = []
+        crc, frames = self._records[3], []
         for record in events:
             data = record.SerializeToString()
             header = struct.pack('<Q', len(data))

@@ -89,8 +89,7 @@ class ParamTracker:
         self.compare = compare
         self._saved = {}  # epoch -> the reference run's parameters
         self._waiting = {}  # epoch -> [(run, index in its diff, parameters)] before the reference's
-        self.reference = None
-        self.diff, self.spread, self.stats_spread = {}, {}, {}
+        self.reference, self.diff, self.spread, self.stats_spread = None, {}, {}, {}
 
     def record(self, name, epoch, net):
         """Note the parameters of run ``name`` after ``epoch`` (1-based).
