@@ -42,9 +42,8 @@ class Interruptible(Hook):
     REPEAT_EVERY = 1.0
 
     def __init__(self, say=print):
-        self.say = say
-        self.signum, self.requests = None, 0
-        self._previous, self._installed, self._said, self._pending = None, False, None, []
+        self.say, self.signum, self.requests = say, None, 0
+        self._previous, self._said, self._pending = None, None, []  # (a handler: while installed)
         self._reader = signals.WakeupReader([signal.SIGINT], self._heard, 'interruptible')
         self._heard_count, self._first_at = 0, None
 
@@ -92,32 +91,30 @@ class Interruptible(Hook):
     def enter(self, run):
         self.signum, self.requests, self._said, self._pending = None, 0, None, []
         self._first_at = None
-        if self._installed or threading.current_thread() is not threading.main_thread():
+        if self._previous is not None or threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGINT)
         if not signals.interrupts_python(previous):
             return  # a program's own handler, ignored, or outside Python: left as it is
         signals.install(self._handle, (signal.SIGINT,))
-        self._previous, self._installed, self._heard_count = previous, True, 0
+        self._previous, self._heard_count = previous, 0
         self._reader.start(only_if_free=True)  # an event loop's stays theirs: the handler speaks
 
     def leave(self, run):
-        if self._installed:
-            self._installed = False
+        if self._previous is not None:
             try:
                 signals.wait_out(self._first_at)  # a repeat of this SIGINT still finds the handler
                 self._reader.stop()
             finally:
-                signals.restore({signal.SIGINT: self._previous})
-                self._previous = None
+                previous, self._previous = self._previous, None
+                signals.restore({signal.SIGINT: previous})
         self._flush()
         epochs = run.result.epochs if run.result is not None else []
         if self.signum is not None and epochs and epochs[-1].epoch >= run.num_epochs:
             signals.quietly(self.say, 'the interrupt came after the last step: the fit is complete')
 
     def step_end(self, run, step, samples, timer):
-        if self._pending:
-            self._flush()
+        self._flush()  # what a SIGINT could not say at once
         return self.signum is not None
 
     def epoch_end(self, run, record):

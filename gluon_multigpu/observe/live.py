@@ -86,7 +86,6 @@ class Live(Hook):
 
     def enter(self, run):
         self._handle, self._epochs, self._bar, self._stop = None, [], None, None
-        self._epoch = self._first = None
         show, self._say, self._every = self.display, None, self.interval
         if show is None and jupyter_shell() is not None:  # IPython is loaded: a new display
             from IPython.display import display  # pylint: disable=import-outside-toplevel
@@ -109,16 +108,13 @@ class Live(Hook):
             self._handle = None
 
     def step_end(self, run, step, samples, timer):
-        if self._handle is None:
-            return
-        if self._epoch != run.epoch:  # a new epoch (or the rest of an interrupted one)
-            self._epoch, self._first = run.epoch, step
-        if time.monotonic() < self._due:
+        if self._handle is None or time.monotonic() < self._due:
             return
         npx.waitall()  # Sync point: the figures shown are the devices' own (only when drawn).
         seconds = max(timer.elapsed(), 1e-9)
         total = len(run.train_iter) if hasattr(run.train_iter, '__len__') else None
-        per_step = seconds / (step - self._first + 1)
+        # the timer started at this fit's first step of the epoch (a resumed epoch's rest)
+        per_step = seconds / (step - run.steps.first_step + 1)
         text = (f'epoch {run.epoch}/{run.num_epochs}: step {step}/{total or "?"}, '
                 f'{samples / seconds:.0f} samples/s')
         if total:
@@ -128,9 +124,7 @@ class Live(Hook):
         self._status, self._bar = text, (step, total)
         self._draw()
 
-    def stopped(self, run, totals):
-        if self._handle is None:
-            return
+    def stopped(self, run, totals):  # (said by ``leave``, if shown)
         total = f'/{len(run.train_iter)}' if hasattr(run.train_iter, '__len__') else ''
         self._stop = (f'interrupted in epoch {run.epoch} after step {totals.batches}{total}: '
                       'fit() goes on from there')
@@ -150,17 +144,15 @@ class Live(Hook):
         if self._handle is None:
             return
         error = getattr(run, 'error', None)  # what ended the fit (None: it returned)
-        epochs = run.result.epochs
-        last = epochs[-1].epoch if epochs else 0
+        last = run.result.epochs[-1].epoch if run.result.epochs else 0
         took = duration(time.monotonic() - self._started)
-        self._status = (
+        self._status, self._bar = (
             f'done: {len(self._epochs)} epoch(s) in {took}' if last >= run.num_epochs else
             self._stop if self._stop is not None else
             f'interrupted after epoch {last} of {run.num_epochs}: fit() goes on from there'
             if isinstance(error, Interrupted) else
             f'stopped in epoch {run.epoch} by {type(error).__name__} ({took})' if error is not None
-            else f'stopped after epoch {last} of {run.num_epochs} ({took})')
-        self._bar = None
+            else f'stopped after epoch {last} of {run.num_epochs} ({took})'), None
         self._draw()
         self._handle = None
 

@@ -30,7 +30,7 @@ from ..errors import GluonMultiGPUError
 from .hooks import Hook
 from ..base.values import tensorboardx_missing
 
-__all__ = ['Metrics', 'STEP_FIGURES', 'EPOCH_FIGURES', 'check_every']
+__all__ = ['Metrics', 'STEP_FIGURES', 'EPOCH_FIGURES']
 
 #: The figures of a ``step`` record (the steps since the last one) and of an ``epoch`` record.
 STEP_FIGURES = ('loss', 'accuracy', 'learning_rate', 'images_per_sec', 'grad_norm')
@@ -39,14 +39,6 @@ EPOCH_FIGURES = ('train_loss', 'train_accuracy', 'test_accuracy', 'seconds', 'im
 MAX_LINES_FILE = 1 << 30
 #: The most steps between two figures.
 MAX_EVERY = 10**6
-
-
-def check_every(every):
-    """Return ``every`` (the steps between two step records) if it is a whole number in range."""
-    if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY:
-        raise GluonMultiGPUError(f'`log_every` is {every!r}: give the steps between two logged '
-                                 f'figures, a whole number from 1 to {MAX_EVERY}')
-    return every
 
 
 def _check_path(value, name, folder):
@@ -213,8 +205,7 @@ class EventFiles(_Records):
 
     def _frames(self, events):
         """``events`` as TFRecord frames (length, its checksum, the record, its checksum)."""
-        crc = self._records[3]
-        frames = []
+        crc, frames = self._records[3], []
         for record in events:
             data = record.SerializeToString()
             header = struct.pack('<Q', len(data))
@@ -246,7 +237,10 @@ class Metrics(Hook):
     """
 
     def __init__(self, tensorboard=None, path=None, every=50, *, rank=0):
-        self.every = check_every(every)
+        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY:
+            raise GluonMultiGPUError(f'`log_every` is {every!r}: give the steps between two logged '
+                                     f'figures, a whole number from 1 to {MAX_EVERY}')
+        self.every = every
         self.tensorboard = None if tensorboard is None else _check_path(tensorboard,
                                                                         'tensorboard', True)
         self.path = None if path is None else _check_path(path, 'metrics', False)

@@ -7,8 +7,7 @@ that uses none of them loads and runs nothing of theirs.
 __all__ = ['optional_hooks']
 
 
-def optional_hooks(tensorboard=None, metrics=None, log_every=50, profile=None,
-                   stall_timeout=None):
+def optional_hooks(tensorboard=None, metrics=None, log_every=50, profile=None, stall_timeout=None):
     """The hooks of ``Training``'s arguments of the same names (none given: none)."""
     # pylint: disable=import-outside-toplevel  (each loaded only when asked for)
     hooks = []

@@ -146,8 +146,7 @@ class Progress(Hook):
             # A unit is this epoch: its steps and evaluation; the run's other epochs are units
             # of their own, and the run's time left means nothing while the runs take turns.
             unit_left, run_left = epoch_left + self._evaluation(), None
-        all_left = self.schedule.left(unit_left) if self.schedule and unit_left is not None \
-            else None
+        all_left = None if not self.schedule or unit_left is None else self.schedule.left(unit_left)
         self._estimate_schedule(run, step - self._first + 1, all_left)
         if self.interval <= 0:
             return

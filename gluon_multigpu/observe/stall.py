@@ -10,6 +10,7 @@ would wait on it too. Under ``scripts/launch.py`` (``LaunchedStall``) the
 launcher watches every worker's steps (``StepReports``) and names the one
 behind; the hook tells it the time, and lets it ask for the stacks.
 """
+import contextlib
 import math
 import numbers
 import os
@@ -139,10 +140,8 @@ class StepReports(Hook):
 
     def report(self, message):
         """Send one line to the launcher (quietly nothing if it cannot be)."""
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._write_fd, (message + '\n').encode())
-        except OSError:
-            pass
 
     def step_end(self, run, step, samples, timer):
         self.steps += 1

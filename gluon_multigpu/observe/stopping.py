@@ -14,6 +14,7 @@ SIGHUP stops like SIGTERM, but a repeated SIGHUP (a closing session may send
 several) is no second request; a SIGHUP ignored under ``nohup`` stays ignored.
 Here too: the lines a run says when it stops (the programs': ``cli.messages``).
 """
+import contextlib
 import os
 import signal
 import sys
@@ -32,10 +33,9 @@ __all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQ
 
 def say_quietly(line, stream=None):
     """Print ``line`` on ``stream`` (stderr) and flush; a terminal that is gone is not an error."""
-    try:
+    # EIO (a closed terminal), EPIPE; ValueError: the stream is closed
+    with contextlib.suppress(OSError, ValueError):
         print(line, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):  # EIO (a closed terminal), EPIPE; ValueError: stream closed
-        pass
 
 
 def signal_name(signum, default='a stop request'):
@@ -85,7 +85,6 @@ class StopRequest(Hook):
         The first signal received (None: none yet).
     """
 
-    SIGNALS = STOP_SIGNALS
     handles_signals = True
     #: Seconds after the first signal within which another is the same request (see above).
     SAME_REQUEST = SAME_REQUEST
@@ -132,7 +131,7 @@ class StopRequest(Hook):
         if self._exit is None:
             from .progress import jupyter_shell  # pylint: disable=import-outside-toplevel
             self._exit = jupyter_shell() is None
-        self._previous = signals.install(self._handle, self.SIGNALS)  # nohup's SIGHUP stays ignored
+        self._previous = signals.install(self._handle, STOP_SIGNALS)  # nohup's SIGHUP stays ignored
         self._reader = signals.WakeupReader(self._previous, self._heard, 'stop-request')
         self._watching = self._reader.start()
         return self

@@ -43,6 +43,15 @@ def _axes(figsize):
     return fig, fig.add_subplot(1, 1, 1)
 
 
+def _finish(fig, ax, grid='both', **given):
+    """Set what is ``given`` of ``ax`` (labels, limits, title; None or empty: matplotlib's), draw
+    its grid (along ``grid``) and lay ``fig`` out; return ``fig``."""
+    ax.set(**{name: value for name, value in given.items() if value})
+    ax.grid(True, axis=grid, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def save_figure(fig, path):
     """Write ``fig`` to ``path`` atomically, in the format its extension names (PNG, SVG, PDF)."""
     chart_format = check_chart_path(path, 'chart')
@@ -104,14 +113,10 @@ class Animator:
                 ax.set_xticks(values)
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        given = {'xlim': self.xlim, 'ylim': self.ylim, 'title': self.title}  # None: matplotlib's
-        ax.set(xlabel=self.xlabel or '', ylabel=self.ylabel or '',
-               **{name: value for name, value in given.items() if value})
         if self.legend:
             ax.legend()
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        return fig
+        return _finish(fig, ax, xlabel=self.xlabel, ylabel=self.ylabel, xlim=self.xlim,
+                       ylim=self.ylim, title=self.title)
 
     def save(self, path):
         """Write the figure to ``path``, atomically, as PNG, SVG or PDF by its extension."""
@@ -127,12 +132,7 @@ def bar_chart(path, labels, values, ylabel, title=None, figsize=(5, 3.5), fmt='%
     bars = ax.bar(labels, values, color='tab:blue')
     ax.margins(y=0.12)  # room for the value labels
     ax.bar_label(bars, fmt=fmt)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(True, axis='y', alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(_finish(fig, ax, 'y', ylabel=ylabel, title=title), path)
 
 
 def _epochs_chart(path, results, ylabel, values, title, xlabel='epoch'):

@@ -51,13 +51,10 @@ def device_spread(net, trainable=True):
     keeps per device, each updated from that device's shards only (as in the
     book's code). Returns None when ``net`` has no such parameter.
     """
-    spread = None
-    for p in net.collect_params().values():
-        if (p.grad_req != 'null') != trainable:
-            continue
-        copies = [d.asnumpy() for d in p.list_data()]
-        spread = max(spread or 0.0, _max_abs_diff(copies[1:], itertools.repeat(copies[0])))
-    return spread
+    copies = ([d.asnumpy() for d in p.list_data()] for p in net.collect_params().values()
+              if (p.grad_req != 'null') == trainable)  # one parameter's at a time
+    spreads = [_max_abs_diff(c[1:], itertools.repeat(c[0])) for c in copies]
+    return max([0.0, *spreads]) if spreads else None
 
 
 class ParamTracker:
@@ -92,8 +89,7 @@ class ParamTracker:
         self.compare = compare
         self._saved = {}  # epoch -> the reference run's parameters
         self._waiting = {}  # epoch -> [(run, index in its diff, parameters)] before the reference's
-        self.reference = None
-        self.diff, self.spread, self.stats_spread = {}, {}, {}
+        self.reference, self.diff, self.spread, self.stats_spread = None, {}, {}, {}
 
     def record(self, name, epoch, net):
         """Note the parameters of run ``name`` after ``epoch`` (1-based).
@@ -102,8 +98,7 @@ class ParamTracker:
         round in reverse order): their parameters wait, and their difference
         is filled in when the reference's epoch is recorded.
         """
-        if self.reference is None:
-            self.reference = name
+        self.reference = name if self.reference is None else self.reference
         diffs = self.diff.setdefault(name, [])
         if name == self.reference:
             if self.compare:

@@ -3,7 +3,7 @@ from ..base.machine import stamp
 from ..section.devices import even_shares
 from .compare import epoch_load, paired_epochs
 from .paired import _span
-from ..filesafety.files import ReportFolder, atomic_write, write_json
+from ..filesafety.files import ReportFolder, write_json, write_text
 from .charts import accuracy_chart, seconds_chart
 
 __all__ = ['markdown_table', 'comparison_table', 'rounds_table', 'batch_norm_sentence', 'runs_json',
@@ -155,8 +155,7 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         f"{config['batch_size']} ({even_shares(config['batch_size'], len(results[0].devices))}), "
         f"lr {config['lr']:g}, {len(results[0].epochs)} epoch(s), seed {config['seed']}; every "
         'kvstore started from the same initial weights and saw the same batches.', '',
-        f'**Answer:** {answer}', '',
-        comparison_table(results, tracker), '',
+        f'**Answer:** {answer}', '', comparison_table(results, tracker), '',
         *(['The kvstores took turns, epoch after epoch (round 1 in the order above, round 2 '
            'backwards, and so on), so that a change of the load falls on all of them; the answer '
            'compares the epochs of the same round (paired ratios, their 95% interval; round 1, '
@@ -180,5 +179,4 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         accuracy_chart(folder.path('accuracy.png'), results, title=title)
         seconds_chart(folder.path('seconds.png'), results, title=title)
         write_json(folder.path('runs.json'), runs_json(results, tracker, config, partial))
-        with atomic_write(folder.path('report.md')) as f:
-            f.write('\n'.join(lines))
+        write_text(folder.path('report.md'), '\n'.join(lines))

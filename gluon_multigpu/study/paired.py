@@ -82,8 +82,7 @@ class Ratio:
     def equal(self, min_effect=MIN_EFFECT):
         """Whether A and B are equally fast: the whole interval within ``1 - min_effect`` to
         ``1 + min_effect``. With one round (no interval): never."""
-        return self.low is not None and 1 - min_effect <= self.low and \
-            self.high <= 1 + min_effect
+        return self.low is not None and 1 - min_effect <= self.low and self.high <= 1 + min_effect
 
     def verdict(self, min_effect=MIN_EFFECT):
         """``'slower'`` or ``'faster'`` (A against B), ``'equal'`` or ``'cannot tell'``."""
