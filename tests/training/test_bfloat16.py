@@ -17,7 +17,7 @@ import gluon_multigpu as gm
 from gluon_multigpu.features import precision
 from gluon_multigpu.features.precision import Bfloat16, MixedPrecision, check_dtype, make_precision
 from checkpoint_files import figures, manifest, saved_params
-from conftest import REPO, load_script, run_bounded
+from conftest import REPO, load_script, load_tool, run_bounded
 
 #: Batches of each epoch, and their size (16 a context).
 STEPS, BATCH = 3, 32
@@ -216,3 +216,47 @@ def test_a_network_of_plain_blocks_is_one_line(bfloat16):
         gm.train(gm.book.resnet18(10), data, None, gm.cpu_devices(2), num_epochs=1,
                  progress_interval=0, hooks=[MixedPrecision('bfloat16')])
     assert '\n' not in str(e.value)
+
+
+def test_the_accuracy_tool_sets_each_epoch_of_bfloat16_beside_float32(monkeypatch, tmp_path):
+    """The tool's bookkeeping, its runs replaced (on a CPU with bfloat16 kernels the next test
+    runs them); each gap recomputed from the epochs."""
+    tool = load_tool('bfloat16_accuracy')
+    monkeypatch.setattr(precision, 'check_bfloat16', lambda: None)
+    accs = {('resnet18', 'float32'): [0.85, 0.88, 0.90],
+            ('resnet18', 'bfloat16'): [0.86, 0.87, 0.93], ('simple-cnn', 'float32'): [0.81, 0.85], ('simple-cnn', 'bfloat16'): [0.815, 0.845]}
+    ran = []
+
+    def train(flags, dtype, data_dir, extra):
+        ran.append((flags[1], dtype))
+        return [{'epoch': i + 1, 'test_acc': a} for i, a in enumerate(accs[flags[1], dtype])]
+    monkeypatch.setattr(tool, 'train', train)
+    out = tmp_path / 'acc.json'
+    assert tool.main(['--out', str(out)]) == 1  # ResNet-18's third epoch: 0.03 apart
+    assert ran == [('resnet18', 'float32'), ('resnet18', 'bfloat16'), ('simple-cnn', 'float32'),
+                   ('simple-cnn', 'bfloat16')]
+    written = json.loads(out.read_text())
+    for r in written['records']:
+        f32, b16 = accs[r['job'], 'float32'], accs[r['job'], 'bfloat16']
+        assert r['gaps'] == pytest.approx([abs(a - b) for a, b in zip(f32, b16)])
+        assert r['within'] == (max(abs(a - b) for a, b in zip(f32, b16)) <= r['bound'])
+    assert [r['within'] for r in written['records']] == [False, True]
+    assert written['machine'] and written['date'] and len(written['commit']) >= 40
+
+
+@pytest.mark.slow
+def test_the_accuracy_tool_trains_both_or_refuses_in_one_line(tmp_path, fashion_dir):
+    proc = run_bounded([sys.executable, str(REPO / 'tools' / 'bfloat16_accuracy.py'), '--jobs',
+                        'simple-cnn', '--num-train', '256', '--data-dir', str(fashion_dir),
+                        '--out', str(tmp_path / 'acc.json')])
+    try:
+        precision.check_bfloat16()
+    except gm.DeviceError:  # no kernels here: told before the float32 run, nothing written
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith('error: this CPU cannot compute in bfloat16') and \
+            '--dtype float32' in proc.stderr and not (tmp_path / 'acc.json').exists()
+        return
+    assert proc.returncode in (0, 1), proc.stderr
+    record, = json.loads((tmp_path / 'acc.json').read_text())['records']
+    assert len(record['float32']) == len(record['bfloat16']) == 2
+    assert record['float32'] != record['bfloat16']  # two computations, not one run twice
