@@ -224,7 +224,8 @@ def test_the_accuracy_tool_sets_each_epoch_of_bfloat16_beside_float32(monkeypatc
     tool = load_tool('bfloat16_accuracy')
     monkeypatch.setattr(precision, 'check_bfloat16', lambda: None)
     accs = {('resnet18', 'float32'): [0.85, 0.88, 0.90],
-            ('resnet18', 'bfloat16'): [0.86, 0.87, 0.93], ('simple-cnn', 'float32'): [0.81, 0.85], ('simple-cnn', 'bfloat16'): [0.815, 0.845]}
+            ('resnet18', 'bfloat16'): [0.86, 0.87, 0.93], ('simple-cnn', 'float32'): [0.81, 0.85],
+            ('simple-cnn', 'bfloat16'): [0.815, 0.845]}
     ran = []
 
     def train(flags, dtype, data_dir, extra):
