@@ -74,6 +74,9 @@ def probe(out=None):
                      type(e).__name__)
     print(STAGE + 'training one step on cpu(0) and cpu(1)', file=out, flush=True)
     found['step'] = two_context_step()
+    print(STAGE + 'trying a bfloat16 convolution', file=out, flush=True)
+    from .features import precision  # pylint: disable=import-outside-toplevel  (MXNet is loaded)
+    found['bfloat16'] = precision.bfloat16_outlook()
     print(MARK + json.dumps(found), file=out, flush=True)
 
 
@@ -312,7 +315,21 @@ def render(facts):
         lines.append('step      ' + (f"cpu(0) and cpu(1) trained one step (kvstore device) to the "
                                      f"same parameters in {step['seconds']:.2f} s"
                                      if step.get('ok') else 'failed'))
+    if bf16 := probed.get('bfloat16'):
+        lines.append('bfloat16  ' + _bfloat16_line(bf16))
     return lines + ([f'problem   {line}' for line in facts['problems']] or ['problems  none'])
+
+
+def _bfloat16_line(bf16):
+    """Whether ``--dtype bfloat16`` trains here, why, and how much faster to expect."""
+    if not bf16['trains']:
+        return f"no ({bf16['cpu']}): --dtype bfloat16 is refused here"
+    if not bf16['speedup']:
+        return (f"emulated ({bf16['cpu']}): --dtype bfloat16 trains, expect it no faster than "
+                'float32')
+    return (f"yes ({bf16['cpu']}): --dtype bfloat16 is expected to train " + ', '.join(
+        f'{model} about {ratio:.1f}x' for model, ratio in bf16['speedup'].items()) +
+        ' as fast as float32')
 
 
 def build_parser():

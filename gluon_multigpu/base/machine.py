@@ -11,21 +11,34 @@ import functools
 import os
 import platform
 
-__all__ = ['machine', 'stamp', 'stamped', 'STAMP_COLUMNS']
+__all__ = ['machine', 'cpu_flags', 'stamp', 'stamped', 'STAMP_COLUMNS']
 
 #: The columns ``stamped`` adds to each row of a CSV results file.
 STAMP_COLUMNS = ['machine', 'date']
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_name():
-    """The CPU's model name: /proc/cpuinfo's (as ``lscpu`` names it), else the platform's;
-    read once a process (every results file a study writes is stamped)."""
+def _cpuinfo():
+    """The first CPU's /proc/cpuinfo fields by lower-case name (none where the system has no
+    such file); read once a process (every results file a study writes is stamped)."""
+    fields = {}
     with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
         for line in f:
-            if line.lower().startswith('model name'):
-                return line.split(':', 1)[1].strip()
-    return platform.processor() or platform.machine() or 'unknown'
+            if not line.strip():
+                break  # the first CPU's block ends here
+            name, _, value = line.partition(':')
+            fields.setdefault(name.strip().lower(), value.strip())
+    return fields
+
+
+def _cpu_name():
+    """The CPU's model name: /proc/cpuinfo's (as ``lscpu`` names it), else the platform's."""
+    return _cpuinfo().get('model name') or platform.processor() or platform.machine() or 'unknown'
+
+
+def cpu_flags():
+    """The CPU's instruction-set flags, as /proc/cpuinfo lists them (none where it does not)."""
+    return frozenset(_cpuinfo().get('flags', '').split())
 
 
 def machine():

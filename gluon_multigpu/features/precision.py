@@ -15,6 +15,8 @@ parameters, the master weights (``Bfloat16``); no loss scaling.
 """
 import contextlib
 import functools
+import os
+import sys
 import threading
 import warnings
 
@@ -23,12 +25,12 @@ import mxnet as mx
 from mxnet import autograd, gluon, np
 from mxnet.gluon import nn
 
-from ..errors import DeviceError, GluonMultiGPUError
-from ..base import values
+from ..errors import DeviceError, GluonMultiGPUError, SettingWarning
+from ..base import machine, values
 from ..machinery.training import Hook
 
-__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'LossScaler', 'MixedPrecision', 'Bfloat16',
-           'make_precision', 'all_finite']
+__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'cpu_bfloat16', 'bfloat16_outlook', 'SPEEDUP',
+           'LossScaler', 'MixedPrecision', 'Bfloat16', 'make_precision', 'all_finite']
 
 #: What ``train`` and ``--dtype`` accept.
 DTYPES = values.DTYPES
@@ -56,6 +58,30 @@ def check_dtype(dtype, devices):
         check_bfloat16()
 
 
+#: bfloat16 images/s over float32 to expect where the CPU has bfloat16 instructions: the medians
+#: of tools/bfloat16_train.py on two contexts, batch 128, a 2-core AMD EPYC with AVX512_BF16
+#: (docs/results/bfloat16-train.json; tests/training/test_bfloat16.py holds these to it).
+SPEEDUP = {'resnet18': 1.9, 'simple-cnn': 1.2}
+
+
+def cpu_bfloat16(flags=None, environ=None):
+    """Whether this CPU has bfloat16 instructions for oneDNN, and a phrase naming what it has or
+    lacks (``flags``: /proc/cpuinfo's, ``environ``: oneDNN's variables; default: this
+    machine's). AVX-512 without them: oneDNN emulates bfloat16, no faster than float32."""
+    flags = machine.cpu_flags() if flags is None else flags
+    environ = os.environ if environ is None else environ
+    native = [f for f in ('avx512_bf16', 'amx_bf16') if f in flags]
+    limit = environ.get('DNNL_MAX_CPU_ISA')  # oneDNN 2.4's name (it ignores ONEDNN_MAX_CPU_ISA)
+    if not flags:
+        return False, "the system does not list the CPU's features"
+    if 'avx512f' not in flags:
+        return False, 'the CPU lacks AVX-512: no avx512f among its /proc/cpuinfo flags'
+    if limit:
+        return False, f'the CPU has AVX-512, but oneDNN is held to {limit} (DNNL_MAX_CPU_ISA)'
+    return bool(native), f"the CPU lists avx512f and {native[0]}" if native else \
+        'the CPU lacks avx512_bf16'
+
+
 def check_bfloat16():
     """Raise ``DeviceError`` unless this CPU computes convolutions and dense layers in bfloat16.
 
@@ -63,20 +89,30 @@ def check_bfloat16():
     for some instruction sets (AVX-512; natively with AVX512_BF16): on a CPU
     with AVX2 alone, as many AMD EPYCs, oneDNN has none, and MXNet says so
     only when the operator runs ("could not create a primitive descriptor
-    iterator"). So this runs the smallest graph of the kind scripts/bfloat16.py
-    trains: a convolution and a dense layer on the bfloat16 casts that
-    ``amp.convert_symbol`` inserts, as a NumPy-mode ``SymbolBlock``, forward
-    and backward, on ``cpu()``. Tried once per process.
+    iterator"). So this runs the smallest graph of the kind ``Bfloat16``
+    trains, forward and backward, on ``cpu()``; tried once per process.
     """
     if reason := _bfloat16_failure():
-        raise DeviceError(f'this CPU cannot compute in bfloat16 (oneDNN has no bfloat16 kernel '
-                          f'for its instruction set): a bfloat16 convolution failed with '
-                          f'"{reason}"')
+        raise DeviceError(f'this CPU cannot compute in bfloat16 ({cpu_bfloat16()[1]}; oneDNN\'s '
+                          f'bfloat16 convolution failed with "{reason}"): train in `dtype` '
+                          'float32 here')
+
+
+def bfloat16_outlook():
+    """What the doctor says of bfloat16 here: whether it trains (its kernels tried), the CPU's
+    part (``cpu_bfloat16``), and the speed-ups over float32 to expect (``SPEEDUP``, or none)."""
+    native, phrase = cpu_bfloat16()
+    trains = not (failure := _bfloat16_failure())
+    return {'trains': trains, 'native': native, 'cpu': phrase, 'error': failure or None,
+            'speedup': SPEEDUP if trains and native else None}
 
 
 @functools.lru_cache(maxsize=None)
 def _bfloat16_failure():
-    """The first line of MXNet's error for a bfloat16 convolution and dense layer, or ''."""
+    """The first line of MXNet's error for a bfloat16 convolution and dense layer, or ''.
+
+    MXNet also logs the failure on the process's stderr: silenced here (``_silent_stderr``).
+    """
     from mxnet.contrib.amp.amp import bfloat16  # the dtype ``amp_cast`` takes (not NumPy's)
     data, weight, dense = mx.sym.var('data'), mx.sym.var('weight'), mx.sym.var('dense')
     conv = mx.sym.Convolution(mx.sym.amp_cast(data, dtype=bfloat16),
@@ -88,17 +124,32 @@ def _bfloat16_failure():
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # the parameters' types are known once they exist
         block = gluon.SymbolBlock(out.as_np_ndarray(), [data.as_np_ndarray()])
-    try:
-        block.initialize(mx.init.Constant(0.5), ctx=mx.cpu())
-        with autograd.record():
-            y = block(np.ones((2, 3, 6, 6), ctx=mx.cpu()))
-        y.backward()
-        for array in [y] + [p.grad() for p in block.collect_params().values()]:
-            array.wait_to_read()  # Sync point: oneDNN refuses only when the operator runs
-    except mx.MXNetError as e:
-        _drain_engine_errors()
-        return str(e).splitlines()[0].replace('MXNetError: ', '') or type(e).__name__
+    with _silent_stderr():
+        try:
+            block.initialize(mx.init.Constant(0.5), ctx=mx.cpu())
+            with autograd.record():
+                y = block(np.ones((2, 3, 6, 6), ctx=mx.cpu()))
+            y.backward()
+            for array in [y] + [p.grad() for p in block.collect_params().values()]:
+                array.wait_to_read()  # Sync point: oneDNN refuses only when the operator runs
+        except mx.MXNetError as e:
+            _drain_engine_errors()
+            return str(e).splitlines()[0].replace('MXNetError: ', '') or type(e).__name__
     return ''
+
+
+@contextlib.contextmanager
+def _silent_stderr():
+    """The process's stderr (descriptor 2, where MXNet's C++ logs) at the null device within."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, 'wb') as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _drain_engine_errors(limit=64):
@@ -282,6 +333,10 @@ class MixedPrecision(Hook):
     def setup(self, run):
         """Plug into ``run``'s step: the cast network, the scaler, float32 master weights."""
         check_dtype(self.dtype, run.devices)
+        if self.dtype == 'bfloat16' and not (found := cpu_bfloat16())[0]:
+            warnings.warn(SettingWarning(f'`dtype` bfloat16 on a CPU without bfloat16 '
+                                         f'instructions ({found[1]}): oneDNN emulates them, '
+                                         'expect no speed-up over float32'))
         run.plug('model', self.prepare(run.net), self)
         if self.scaler is not None:
             run.plug('scaler', self.scaler, self)

@@ -128,11 +128,15 @@ def throughput(spec):
     net.initialize(default_initializer(spec['model']), ctx=devices)
     if ours:
         training.hybridize(net)
+    model = net
+    if spec.get('dtype') == 'bfloat16':  # what --dtype bfloat16 trains: the converted graph
+        from gluon_multigpu.features.precision import Bfloat16
+        model = Bfloat16(net)
     trainer = make_trainer(net, LR, spec['kvstore'])
 
     def run(data):  # queue the steps of ``data``; return their images
         if ours:  # each CPU context's passes from a thread of its own, as ``train`` does
-            step = training.Step(net, loss, trainer, devices, pushers=pushers,
+            step = training.Step(model, loss, trainer, devices, pushers=pushers,
                                  max_in_flight=spec.get('max_in_flight', 1))
             return training.train_epoch(step, data).samples
         return book.train_epoch_book(net, data, loss, trainer, devices, batch)
@@ -206,6 +210,20 @@ def _torch_simple_cnn(nn, num_classes=10):
 TORCH_MODELS = {'resnet18': _torch_resnet18, 'simple-cnn': _torch_simple_cnn}
 
 
+#: What a PyTorch measurement returns where PyTorch is not installed.
+NO_TORCH = {'error': "PyTorch is not installed (pip install -e '.[bench]')", 'torch_missing': True}
+
+
+def _torch():
+    """PyTorch, its threads on every core this process may use (its own default), or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    return torch
+
+
 def torch_throughput(spec):
     """PyTorch CPU (eager) training figures for the same model, batch, steps and learning rate.
 
@@ -214,13 +232,9 @@ def torch_throughput(spec):
     count in the short run as MXNet's import does in ours); or why it could
     not run (``torch_missing``: PyTorch is not installed).
     """
-    try:
-        import torch
-        from torch import nn
-    except ImportError:
-        return {'error': "PyTorch is not installed (pip install -e '.[bench]')",
-                'torch_missing': True}
-    torch.set_num_threads(len(os.sched_getaffinity(0)))  # PyTorch's own default: every core
+    if (torch := _torch()) is None:
+        return dict(NO_TORCH)
+    nn = torch.nn
     torch.manual_seed(0)
     batch, warmup, steps = spec['batch'], spec['warmup'], spec['steps']
     images, labels = _test_images(spec, batch * (warmup + steps))
@@ -235,17 +249,38 @@ def torch_throughput(spec):
     net = TORCH_MODELS[spec.get('model', 'resnet18')](nn)
     opt = torch.optim.SGD(net.parameters(), lr=LR)
 
+    bfloat16, computed = spec.get('dtype') == 'bfloat16', set()
+
     def run(data):  # eager: each step is done when it returns
         for Xb, yb in data:
             opt.zero_grad()
-            loss(net(Xb), yb).backward()
+            with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bfloat16):
+                logits = net(Xb)
+                value = loss(logits, yb)
+            computed.add(str(logits.dtype).replace('torch.', ''))
+            value.backward()
             opt.step()
         return sum(len(yb) for _, yb in data)
     figures = _clocked(lambda: run(batches[:1]), lambda: run(batches[1:warmup]),
                        lambda: run(batches[warmup:]), lambda: None, len(labels),
                        launched_at(spec), ready)
     return dict(figures, param_count=sum(p.numel() for p in net.parameters()),
-                threads=torch.get_num_threads(), version=torch.__version__)
+                threads=torch.get_num_threads(), version=torch.__version__,
+                computed=sorted(computed))  # the networks' outputs' dtype: autocast's or not
+
+
+def torch_gemm(spec):
+    """bfloat16 matrix-multiply GFLOP/s on every core, by PyTorch (oneDNN): the CPU's bfloat16
+    rate as a library reaches it, against which ResNet-18's bfloat16 training is set."""
+    if (torch := _torch()) is None:
+        return dict(NO_TORCH)
+    n, reps = spec['n'], spec['reps']
+    a, b = (torch.rand(n, n).to(torch.bfloat16) for _ in range(2))
+    torch.mm(a, b)
+    tic = time.perf_counter()
+    for _ in range(reps):
+        torch.mm(a, b)
+    return {'gflops': 2 * n**3 * reps / (time.perf_counter() - tic) / 1e9}
 
 
 def book_loaders(images, labels, test_images, test_labels, batch, workers=4):
@@ -350,5 +385,5 @@ def memory(spec):
     return {'rss_mb': rss, 'peak_mb': _peak_rss_mb(), 'growth': rss[-1] / rss[0] - 1}
 
 
-WORKERS = {f.__name__: f for f in (throughput, gemm, torch_throughput, pipeline, evaluation,
-                                   end_to_end, memory)}
+WORKERS = {f.__name__: f for f in (throughput, gemm, torch_throughput, torch_gemm, pipeline,
+                                   evaluation, end_to_end, memory)}

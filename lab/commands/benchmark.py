@@ -10,10 +10,8 @@ with one line and status 2; Ctrl-C or SIGTERM stops with one line and status
 130 or 143, writing nothing.
 """
 import argparse
-import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -21,6 +19,8 @@ import time
 import lab
 from gluon_multigpu.cli import common
 from lab.commands import bench_workers
+from lab.commands.bench_aims import (  # noqa: F401  (TARGETS: the aims, for the tests)
+    TARGETS, detail_table, summarize, table, torch_missing)
 from gluon_multigpu.errors import DataError, GluonMultiGPUError
 from gluon_multigpu.base import signals
 from gluon_multigpu.base.machine import stamp
@@ -38,35 +38,6 @@ QUICK = {'steps': 1, 'warmup': 1, 'cnn_steps': 1, 'cnn_warmup': 1,
          'eval_images': 64, 'memory_train': 1024, 'e2e_train': 1024, 'e2e_test': 256,
          'batches': {'small': 8, 'target': 16, 'book': (12, 24), 'resnet_book': 24}}
 
-TARGETS = [  # key, what, comparison, threshold
-    ('resnet_vs_pytorch_short', 'ResNet-18 short run (start-up included) images/s, ours '
-     '(2 contexts) / PyTorch CPU', '>=', 1.1),
-    ('resnet_vs_pytorch', 'ResNet-18 steady-state images/s, ours (2 contexts) / PyTorch CPU',
-     '>=', 1.2),
-    ('resnet_speedup', 'ResNet-18 steady-state images/s, ours / book (2 contexts)', '>=', 1.8),
-    ('book_batch', 'ResNet-18 steady-state images/s, ours (2 contexts): the book\'s batch 512 '
-     '(256 a context) / batch 128', '>=', 1.0),
-    ('two_vs_one', 'ResNet-18 steady-state images/s, ours: 2 contexts / 1 context (same global '
-     'batch)', '>=', 0.95),
-    ('flop_efficiency', 'ResNet-18 achieved GFLOP/s (ours, 2 contexts) / measured '
-     'matrix-multiply GFLOP/s', '>=', 0.85),
-    ('cnn_vs_pytorch_short', 'small CNN short run (start-up included) images/s, ours '
-     '(2 contexts) / PyTorch CPU', '>=', 1.0),
-    ('cnn_vs_pytorch', 'small CNN steady-state images/s, ours (2 contexts) / PyTorch CPU',
-     '>=', 1.0),
-    ('resnet_memory', 'ResNet-18 peak MiB, ours (2 contexts) / PyTorch CPU', '<=', 1.2),
-    ('cnn_memory', 'small CNN peak MiB, ours (2 contexts) / PyTorch CPU', '<=', 1.2),
-    ('pipeline', 'data pipeline images/s, ours / book-style DataLoader', '>=', 20.0),
-    ('e2e_time', 'end to end (simple CNN, 2 epochs, real data): epoch wall time, ours / book',
-     '<=', 0.5),
-    ('e2e_accuracy', 'end to end: |test acc ours - book| (points)', '<=', 1.0),
-    ('memory_growth', 'ours: resident memory growth, epoch 1 to epoch 3', '<=', 0.05),
-]
-#: The training-speed aims are at this batch, on 2 contexts (QUICK uses its own)
-TARGET_BATCH = FULL['batches']['target']
-#: The book's batch for ResNet-18 (256 a device on two devices): measured beside the target's
-BOOK_BATCH = FULL['batches']['resnet_book']
-INSTALL_TORCH = "pip install -e '.[bench]'"
 
 
 def build_parser():
@@ -107,8 +78,9 @@ def variant_env():
     return lab.child_env(env)
 
 
-def plan(size, data_dir):
-    """Return the list of measurements: (key, spec) pairs, book and ours side by side."""
+def plan(size, data_dir, bfloat16=True):
+    """Return the list of measurements: (key, spec) pairs, book and ours side by side;
+    ``bfloat16``: with ResNet-18 in bfloat16, ours and PyTorch's, beside float32's."""
     tasks = []
 
     def add(key, kind, variant, **spec):
@@ -120,9 +92,10 @@ def plan(size, data_dir):
             return {'steps': size['cnn_steps'], 'warmup': size['cnn_warmup']}
         return {'steps': size['steps'], 'warmup': size['warmup']}
 
-    def train(model, devices, variant, batch, kvstore='device'):
-        add(f'train/{model}/{devices}/{kvstore}/{batch}/{variant}', 'throughput', variant,
-            model=model, devices=devices, kvstore=kvstore, batch=batch, **steps(model))
+    def train(model, devices, variant, batch, kvstore='device', **dtype):
+        add(f'train/{model}/{devices}/{kvstore}/{batch}/{variant}'
+            + ''.join(f'/{d}' for d in dtype.values()), 'throughput', variant,
+            model=model, devices=devices, kvstore=kvstore, batch=batch, **steps(model), **dtype)
     for model in ('resnet18', 'simple-cnn'):
         # the aims' four at the target batch, alternated within each round
         train(model, 2, 'book', target)
@@ -130,6 +103,10 @@ def plan(size, data_dir):
         add(f'pytorch/{model}/{target}', 'torch_throughput', 'pytorch', model=model,
             batch=target, **steps(model))
         train(model, 1, 'ours', target)
+        if bfloat16 and model == 'resnet18':  # its converted graph, and PyTorch's autocast
+            train(model, 2, 'ours', target, dtype='bfloat16')
+            add(f'pytorch/{model}/{target}/bfloat16', 'torch_throughput', 'pytorch',
+                model=model, batch=target, dtype='bfloat16', **steps(model))
         for variant in ('book', 'ours'):
             train(model, 2, variant, small)
         train(model, 2, 'ours', target, kvstore='local')
@@ -141,6 +118,8 @@ def plan(size, data_dir):
     for devices in (1, 2):
         add(f'gemm/{devices}', 'gemm', 'ours', devices=devices, n=size['gemm_n'],
             reps=size['gemm_reps'])
+    if bfloat16:  # the CPU's bfloat16 matrix-multiply rate, as PyTorch reaches it
+        add('gemm/bfloat16', 'torch_gemm', 'pytorch', n=size['gemm_n'], reps=size['gemm_reps'])
     for variant in ('book', 'ours'):
         add(f'pipeline/{variant}', 'pipeline', variant, images=size['pipeline_images'],
             batch=256)
@@ -168,181 +147,6 @@ def run_task(spec):
             return json.loads(line[len('RESULT '):])
     tail = (proc.stderr.strip().splitlines() or ['no output'])[-1]
     return {'error': f'exit {proc.returncode}: {tail}'}
-
-
-def median_of(runs, field):
-    values = [r[field] for r in runs if field in r]
-    return statistics.median(values) if values else None
-
-
-def _ratio(a, b):
-    return a / b if a is not None and b else None
-
-
-class _Medians:
-    """The medians of the measurements ``results`` that the aims compare, by what they measure."""
-
-    def __init__(self, results, target_batch):
-        self.results, self.batch = results, target_batch
-
-    def __call__(self, key, field='images_per_sec'):
-        return median_of(self.results.get(key, []), field)
-
-    def ours(self, model, devices=2, field='images_per_sec'):
-        return self(f'train/{model}/{devices}/device/{self.batch}/ours', field)
-
-    def pytorch(self, model, field='images_per_sec'):
-        return self(f'pytorch/{model}/{self.batch}', field)
-
-    def versus_torch(self, model, field):
-        return (self.pytorch(model, field), self.ours(model, field=field),
-                _ratio(self.ours(model, field=field), self.pytorch(model, field)))
-
-    def memory(self, model):
-        """PyTorch's peak, ours, their ratio (MiB, the same run)."""
-        peak, ours = self.pytorch(model, 'peak_mb'), self.ours(model, field='peak_mb')
-        return peak, ours, _ratio(ours, peak)
-
-    def end_to_end(self):
-        """The figures of the end-to-end runs: ``e2e_time`` and ``e2e_accuracy``."""
-        e2e_ours = [r for r in self.results.get('e2e/ours', []) if 'epoch_seconds' in r]
-        e2e_book = [r for r in self.results.get('e2e/book', []) if 'epoch_seconds' in r]
-
-        def e2e_time(rs):
-            return statistics.median(statistics.mean(r['epoch_seconds']) for r in rs) \
-                if rs else None
-        acc_gap = (abs(statistics.median(r['test_acc'] for r in e2e_ours)
-                       - statistics.median(r['test_acc'] for r in e2e_book)) * 100
-                   if e2e_ours and e2e_book else None)
-        return {'e2e_time': (e2e_time(e2e_book), e2e_time(e2e_ours),
-                             _ratio(e2e_time(e2e_ours), e2e_time(e2e_book))),
-                'e2e_accuracy': (median_of(e2e_book, 'test_acc'),
-                                 median_of(e2e_ours, 'test_acc'), acc_gap)}
-
-
-def figures(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
-    """The aims' figures from the medians: key -> (reference, ours, measured)."""
-    med = _Medians(results, target_batch)
-    resnet, book = med.ours('resnet18'), med(f'train/resnet18/2/device/{target_batch}/book')
-    gemm = max(filter(None, (med('gemm/1', 'gflops'), med('gemm/2', 'gflops'))), default=None)
-    achieved = resnet * flops_per_image / 1e9 if resnet else None
-    return {
-        'resnet_vs_pytorch_short': med.versus_torch('resnet18', 'short_images_per_sec'),
-        'resnet_vs_pytorch': med.versus_torch('resnet18', 'images_per_sec'),
-        'resnet_speedup': (book, resnet, _ratio(resnet, book)),
-        'book_batch': (resnet, med(f'train/resnet18/2/device/{book_batch}/ours'),
-                       _ratio(med(f'train/resnet18/2/device/{book_batch}/ours'), resnet)),
-        'two_vs_one': (med.ours('resnet18', 1), resnet, _ratio(resnet, med.ours('resnet18', 1))),
-        'flop_efficiency': (gemm, achieved, _ratio(achieved, gemm)),
-        'cnn_vs_pytorch_short': med.versus_torch('simple-cnn', 'short_images_per_sec'),
-        'cnn_vs_pytorch': med.versus_torch('simple-cnn', 'images_per_sec'),
-        'resnet_memory': med.memory('resnet18'),
-        'cnn_memory': med.memory('simple-cnn'),
-        'pipeline': (med('pipeline/book'), med('pipeline/ours'),
-                     _ratio(med('pipeline/ours'), med('pipeline/book'))),
-        **med.end_to_end(),
-        'memory_growth': (med('memory/book', 'growth'), med('memory/ours', 'growth'),
-                          med('memory/ours', 'growth')),
-    }
-
-
-def paired_ratios(results, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
-    """key -> ``paired.Ratio`` of the aims comparing two measurements, round ``i`` with round
-    ``i`` (the ``i``-th results), where both have the figure (none for e2e: made once)."""
-    from gluon_multigpu.study.paired import ratio_of  # pylint: disable=import-outside-toplevel
-    ours, cnn, torch, torch_cnn = (f'train/resnet18/2/device/{target_batch}/ours',
-                                   f'train/simple-cnn/2/device/{target_batch}/ours',
-                                   f'pytorch/resnet18/{target_batch}',
-                                   f'pytorch/simple-cnn/{target_batch}')
-    steady, short, peak = 'images_per_sec', 'short_images_per_sec', 'peak_mb'
-    found = {}
-    for key, num, den, field in (
-            ('resnet_vs_pytorch_short', ours, torch, short),
-            ('resnet_vs_pytorch', ours, torch, steady),
-            ('resnet_speedup', ours, f'train/resnet18/2/device/{target_batch}/book', steady),
-            ('book_batch', f'train/resnet18/2/device/{book_batch}/ours', ours, steady),
-            ('two_vs_one', ours, f'train/resnet18/1/device/{target_batch}/ours', steady),
-            ('cnn_vs_pytorch_short', cnn, torch_cnn, short),
-            ('cnn_vs_pytorch', cnn, torch_cnn, steady), ('resnet_memory', ours, torch, peak),
-            ('cnn_memory', cnn, torch_cnn, peak),
-            ('pipeline', 'pipeline/ours', 'pipeline/book', steady)):
-        both = [(a[field], b[field]) for a, b in zip(results.get(num, []), results.get(den, []))
-                if a.get(field) and b.get(field)]
-        found[key] = ratio_of(*zip(*both)) if both else None
-    return found
-
-
-def summarize(results, flops_per_image, target_batch=TARGET_BATCH, book_batch=BOOK_BATCH):
-    """Compute the aims' figures from the medians (``figures``); return a list of row dicts.
-
-    ``results``: measurement key -> list of result dicts (one a round);
-    ``target_batch``: the global batch of the training-speed aims. ``low``/``high``:
-    the 95% interval of an aim's paired ratio (``paired_ratios``), ``sure``:
-    whether the aim's threshold is outside it (None without an interval).
-    """
-    found = figures(results, flops_per_image, target_batch, book_batch)
-    intervals = paired_ratios(results, target_batch, book_batch)
-    rows = []
-    for key, what, op, threshold in TARGETS:
-        base, value, measured = found[key]
-        met = None if measured is None else (measured >= threshold if op == '>=' else
-                                             measured <= threshold)
-        ratio = intervals.get(key)
-        low, high = (ratio.low, ratio.high) if ratio is not None else (None, None)
-        sure = None if low is None else not low <= threshold <= high
-        rows.append({'key': key, 'what': what, 'reference': base, 'ours': value,
-                     'measured': measured, 'target': f'{op} {threshold:g}', 'met': met,
-                     'low': low, 'high': high, 'sure': sure})
-    return rows
-
-
-def torch_missing(results):
-    """Whether PyTorch is missing: no ``torch`` to import, or a measurement found none."""
-    return (importlib.util.find_spec('torch') is None
-            or any(r.get('torch_missing') for runs in results.values() for r in runs))
-
-
-def fmt(x, digits=3):
-    if x is None:
-        return 'n/a'
-    return f'{x:.{digits}g}' if abs(x) < 1000 else f'{x:,.0f}'
-
-
-def table(rows, no_torch=False):
-    """Return the Markdown table of the aims; ``no_torch``: a line under it says how to add
-    PyTorch, whose rows are n/a."""
-    lines = ['| aim | reference | ours | measured | aim | met |',
-             '| --- | ---: | ---: | ---: | :---: | :---: |']
-    for r in rows:
-        met = 'n/a' if r['met'] is None else ('yes' if r['met'] else 'NO')
-        if r.get('sure') is False:
-            met += ' (inside the noise)'
-        measured = fmt(r['measured'])
-        if r.get('low') is not None:
-            measured += f" ({fmt(r['low'])}-{fmt(r['high'])})"
-        lines.append(f"| {r['what']} | {fmt(r['reference'])} | {fmt(r['ours'])} | "
-                     f"{measured} | {r['target']} | {met} |")
-    if no_torch:
-        lines.append(f'\nPyTorch is not installed, so the rows against it are n/a: install it '
-                     f'with {INSTALL_TORCH}')
-    return '\n'.join(lines)
-
-
-def detail_table(results):
-    """Return the Markdown table of every measurement's median."""
-    lines = ['| measurement | median | runs |', '| --- | ---: | ---: |']
-    for key, runs in results.items():
-        fields = [f for f in ('images_per_sec', 'short_images_per_sec', 'startup_s', 'gflops',
-                              'growth', 'peak_mb', 'test_acc')
-                  if median_of(runs, f) is not None]
-        if key.startswith('e2e/'):
-            value = ', '.join(f"{statistics.mean(r['epoch_seconds']):.1f} s/epoch, acc "
-                              f"{r['test_acc']:.3f}" for r in runs if 'epoch_seconds' in r)
-        else:
-            value = ', '.join(f'{f} {fmt(median_of(runs, f))}' for f in fields)
-        errors = [r['error'] for r in runs if 'error' in r]
-        lines.append(f"| {key} | {value or errors[0] if errors else value} | {len(runs)} |")
-    return '\n'.join(lines)
 
 
 def main(argv=None):
@@ -383,7 +187,8 @@ def run(args, out=None):
     from gluon_multigpu.section.data import input_files  # pylint: disable=import-outside-toplevel
     check_outputs(files=[('--json', args.json)], inputs=input_files('fashion-mnist', args.data_dir))
     size = QUICK if args.quick else FULL
-    tasks = plan(size, os.path.abspath(args.data_dir))
+    no_bfloat16 = bfloat16_missing()
+    tasks = plan(size, os.path.abspath(args.data_dir), bfloat16=not no_bfloat16)
     if args.only:
         tasks = [(k, s) for k, s in tasks if any(k.startswith(p) for p in args.only)]
         if not tasks:
@@ -405,14 +210,17 @@ def run(args, out=None):
     flops = flops_per_image()
     rows = summarize(results, flops, size['batches']['target'], size['batches']['resnet_book'])
     no_torch = torch_missing(results)
-    print(table(rows, no_torch), f"\nTraining speeds at batch {size['batches']['target']}: the "
-          f"short run is every step's images over the process's whole time, from its launch "
-          f"(importing, reading the images, building: a user's run), the steady state the steps "
-          f"after the warm-up (ResNet-18: {size['steps']} after {size['warmup']}, the small CNN: "
-          f"{size['cnn_steps']} after {size['cnn_warmup']}); medians of {args.repeats} "
-          f"round(s), every other round "
+    no_bf16 = f'\nThe bfloat16 rows are n/a: {no_bfloat16}' if no_bfloat16 else ''
+    print(table(rows, no_torch) + no_bf16, f"\nTraining speeds at batch "
+          f"{size['batches']['target']}: the short run is every step's images over the "
+          f"process's whole time, from its launch (importing, reading the images, building: a "
+          f"user's run), the steady state the steps after the warm-up (ResNet-18: "
+          f"{size['steps']} after {size['warmup']}, the small CNN: {size['cnn_steps']} after "
+          f"{size['cnn_warmup']}); medians of {args.repeats} round(s), every other round "
           'backwards; beside a ratio of two measurements, the 95% interval of its paired ratios '
-          '(from 2 rounds), "inside the noise" where the aim\'s threshold falls within it. '
+          f'(from {args.repeats} rounds), "inside the noise" where the aim\'s threshold falls '
+          'within it. bfloat16: the package\'s --dtype bfloat16 against PyTorch eager under '
+          "torch.autocast('cpu', dtype=torch.bfloat16), the same steps. "
           'Memory: peak resident MiB of the whole process.\n', detail_table(results),
           file=out, sep='\n')
     print(f'\nResNet-18: {flops / 1e9:.2f} GFLOP per training image (forward + backward, '
@@ -422,8 +230,19 @@ def run(args, out=None):
                            'flops_per_image': flops, 'quick': args.quick,
                            'repeats': args.repeats, 'cpus': os.cpu_count(),
                            'target_batch': size['batches']['target'],
-                           'pytorch_missing': no_torch, **stamp()})
+                           'pytorch_missing': no_torch, 'bfloat16_missing': no_bfloat16,
+                           **stamp()})
     return rows
+
+
+def bfloat16_missing():
+    """Why this CPU trains no bfloat16 (``precision.check_bfloat16``'s line), or None."""
+    from gluon_multigpu.features import precision  # pylint: disable=import-outside-toplevel
+    try:
+        precision.check_bfloat16()
+    except GluonMultiGPUError as e:
+        return str(e)
+    return None
 
 
 def flops_per_image():

@@ -12,7 +12,6 @@ images/s of each and the ratio to float32: float32; bfloat16 with AMP's own
 operator lists (BatchNorm, ReLU and additions on bfloat16 data too); and
 bfloat16 in the convolutions and dense layers only.
 """
-import os
 import statistics
 import sys
 import time
@@ -21,7 +20,6 @@ import time
 from gluon_multigpu.cli import common
 from lab.commands import sweeps
 from gluon_multigpu.cli.common import int_in
-from gluon_multigpu.errors import DeviceError
 from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.filesafety import files
 from lab.studies import sweep as sweep_module
@@ -56,42 +54,6 @@ def build_parser():
 
 #: Where the rounds are kept as they are measured, unless --results says otherwise.
 RESULTS = 'bfloat16-results.json'
-
-
-def cpu_flags(path='/proc/cpuinfo'):
-    """The feature flags of this machine's first CPU (an empty set where the system does not say)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith('flags'):
-                    return set(line.partition(':')[2].split())
-    except OSError:
-        pass
-    return set()
-
-
-def missing_feature(flags, environ=None):
-    """Why oneDNN has no bfloat16 kernel here, naming the CPU feature it lacks (one phrase)."""
-    environ = os.environ if environ is None else environ
-    if not flags:
-        return 'the system does not list the CPU\'s features'
-    if 'avx512f' not in flags:
-        return 'the CPU lacks AVX-512 (no avx512f among its /proc/cpuinfo flags)'
-    limit = environ.get('ONEDNN_MAX_CPU_ISA') or environ.get('DNNL_MAX_CPU_ISA')
-    if limit:
-        return f'the CPU has AVX-512, but ONEDNN_MAX_CPU_ISA/DNNL_MAX_CPU_ISA={limit} forbids it'
-    if 'avx512_bf16' not in flags:
-        return 'the CPU lacks avx512_bf16'
-    return 'the CPU lists avx512f and avx512_bf16'
-
-
-def check_bfloat16():
-    """``precision.check_bfloat16``, its line naming the CPU feature that is missing."""
-    from gluon_multigpu.features import precision  # pylint: disable=import-outside-toplevel
-    try:
-        precision.check_bfloat16()
-    except DeviceError as e:
-        raise DeviceError(f'{e} ({missing_feature(cpu_flags())})') from None
 
 
 def batch_of(args, batch):
@@ -237,7 +199,8 @@ def answers(rows):
 
 def run(args, out=None, stop=None):
     """Measure every model, each round kept in --results; print one table and the answers."""
-    check_bfloat16()  # a CPU without bfloat16 kernels: one line naming what it lacks, status 2
+    from gluon_multigpu.features import precision  # pylint: disable=import-outside-toplevel
+    precision.check_bfloat16()  # no bfloat16 kernels: one line naming what the CPU lacks, status 2
     out = out or sys.stdout
     check_outputs(files=[('--results', args.results or RESULTS), ('--json', args.json)])
     if args.data_dir or args.download:

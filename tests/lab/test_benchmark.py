@@ -8,6 +8,7 @@ import time
 import pytest
 
 import gluon_multigpu as gm
+from gluon_multigpu.features import precision
 
 from conftest import REPO, load_script, run_bounded
 
@@ -43,6 +44,11 @@ def fake_results():
         'train/simple-cnn/2/device/128/ours': [speed(3000.0, 1000.0, 200.0, 2**18)],
         'pytorch/simple-cnn/128': [speed(4000.0, 500.0, 300.0, 2**18)],
         'gemm/1': [{'gflops': 100.0}], 'gemm/2': [{'gflops': 200.0}],
+        'train/resnet18/2/device/128/ours/bfloat16': [speed(90.0, 40.0, 1000.0, 2**20),
+                                                      speed(80.0, 30.0, 1100.0, 2**20),
+                                                      speed(85.0, 35.0, 1050.0, 2**20)],
+        'pytorch/resnet18/128/bfloat16': [speed(100.0, 25.0, 800.0, 2**20 - 10)],
+        'gemm/bfloat16': [{'gflops': 400.0}],
         'pipeline/book': ips(1000.0), 'pipeline/ours': ips(30000.0),
         'e2e/book': [{'epoch_seconds': [10.0, 12.0], 'test_acc': 0.80}],
         'e2e/ours': [{'epoch_seconds': [4.0, 6.0], 'test_acc': 0.795}],
@@ -99,6 +105,14 @@ def test_every_row_is_computed_from_its_figures(bench):
     assert row('resnet_memory') == pytest.approx((500.0, 950.0, 950.0 / 500.0, False))
     assert row('cnn_memory') == pytest.approx((300.0, 200.0, 200.0 / 300.0, True))
     assert row('pipeline') == pytest.approx((1000.0, 30000.0, 30.0, True))
+    # bfloat16: ours against our float32 of the same rounds, and against PyTorch's autocast
+    assert row('bf16_speedup') == pytest.approx((45.0, 85.0, 85.0 / 45.0, True))
+    assert row('bf16_speedup_short') == pytest.approx((25.0, 35.0, 1.4, False))  # aim 1.5
+    assert row('bf16_vs_pytorch') == pytest.approx((100.0, 85.0, 0.85, False))
+    assert row('bf16_vs_pytorch_short') == pytest.approx((25.0, 35.0, 1.4, True))
+    assert row('bf16_memory') == pytest.approx((800.0, 1050.0, 1050.0 / 800.0, False))
+    assert row('bf16_flop_efficiency') == pytest.approx((400.0, 170.0, 170.0 / 400.0, False))
+    assert rows['bf16_speedup']['low'] == pytest.approx(min(90 / 50, 80 / 40, 85 / 45), rel=0.5)
     assert row('e2e_time') == pytest.approx((11.0, 5.0, 5.0 / 11.0, True))
     assert row('e2e_accuracy') == pytest.approx((0.80, 0.795, 0.5, True))
     assert row('memory_growth') == pytest.approx((0.01, 0.08, 0.08, False))
@@ -138,6 +152,15 @@ def results_giving(key, value):
         model = 'resnet18' if key.startswith('resnet') else 'simple-cnn'
         return {**train(model, 2, 'ours', peak_mb=value * base, param_count=2**18),
                 f'pytorch/{model}/{BATCH}': [{'peak_mb': base}]}
+    bf16 = f'train/resnet18/2/device/{BATCH}/ours/bfloat16'
+    if key.startswith('bf16_') and key != 'bf16_flop_efficiency':
+        field = {'bf16_memory': 'peak_mb', 'bf16_speedup_short': 'short_images_per_sec',
+                 'bf16_vs_pytorch_short': 'short_images_per_sec'}.get(key, 'images_per_sec')
+        reference = (train('resnet18', 2, 'ours', **{field: base}) if 'speedup' in key else
+                     {f'pytorch/resnet18/{BATCH}/bfloat16': [{field: base}]})
+        return {bf16: [{field: value * base}], **reference}
+    if key == 'bf16_flop_efficiency':  # against PyTorch's bfloat16 matrix multiply
+        return {bf16: [{'images_per_sec': value * base}], 'gemm/bfloat16': [{'gflops': base}]}
     if key == 'book_batch':
         return {**train('resnet18', 2, 'ours', images_per_sec=base),
                 'train/resnet18/2/device/512/ours': [{'images_per_sec': value * base}]}
@@ -180,12 +203,38 @@ def test_missing_figures_are_not_applicable_rather_than_met(bench):
     assert 'PyTorch is not installed' not in bench.table(rows)
 
 
+def test_bfloat16_is_measured_beside_float32_where_the_cpu_has_it(bench):
+    keys = [k for k, _ in bench.plan(bench.FULL, '/data')]
+    bf16 = ['train/resnet18/2/device/128/ours/bfloat16', 'pytorch/resnet18/128/bfloat16',
+            'gemm/bfloat16']
+    assert all(k in keys for k in bf16)
+    # in the same round as float32's four, right after them
+    assert keys.index(bf16[0]) == keys.index('train/resnet18/1/device/128/ours') + 1
+    specs = dict(bench.plan(bench.FULL, '/data'))
+    assert specs[bf16[0]]['dtype'] == specs[bf16[1]]['dtype'] == 'bfloat16'
+    assert specs[bf16[0]]['steps'] == specs['train/resnet18/2/device/128/ours']['steps']
+    without = [k for k, _ in bench.plan(bench.FULL, '/data', bfloat16=False)]
+    assert not [k for k in without if 'bfloat16' in k] and len(without) == len(keys) - 3
+
+
+def test_pytorch_computes_in_bfloat16_under_autocast(fashion_dir):
+    pytest.importorskip('torch', reason="PyTorch is the '.[bench]' extra")
+    workers = importlib.import_module('lab.commands.bench_workers')
+    spec = {'model': 'simple-cnn', 'batch': 8, 'warmup': 1, 'steps': 1,
+            'data_dir': str(fashion_dir)}
+    assert workers.torch_throughput(spec)['computed'] == ['float32']
+    bf16 = workers.torch_throughput(dict(spec, dtype='bfloat16'))
+    assert bf16['computed'] == ['bfloat16'] and bf16['images_per_sec'] > 0
+    assert workers.torch_gemm({'n': 64, 'reps': 2})['gflops'] > 0
+
+
 def test_the_pytorch_process_says_when_pytorch_is_missing(monkeypatch):
     workers = importlib.import_module('lab.commands.bench_workers')
     monkeypatch.setitem(sys.modules, 'torch', None)  # ``import torch`` fails
     result = workers.torch_throughput({'model': 'simple-cnn', 'batch': 8, 'warmup': 1,
                                        'steps': 1, 'data_dir': '/nowhere'})
     assert result['torch_missing'] and ".[bench]" in result['error']
+    assert workers.torch_gemm({'n': 8, 'reps': 1})['torch_missing']
 
 
 def test_a_run_without_pytorch_shows_its_rows_as_not_applicable(bench, fashion_dir, tmp_path,
@@ -272,6 +321,12 @@ def test_quick_run_with_pytorch_prints_its_rows(fashion_dir, tmp_path):
         assert rows[key]['measured'] > 0 and rows[key]['met'] in (True, False)
         assert f"| {rows[key]['what']} | " in proc.stdout
     assert rows['resnet_vs_pytorch']['met'] is None and report['pytorch_missing'] is False
+    try:  # a CPU without bfloat16 kernels: its rows are n/a, saying why (here and in the file)
+        precision.check_bfloat16()
+        assert report['bfloat16_missing'] is None
+    except gm.DeviceError as e:
+        assert report['bfloat16_missing'] == str(e) and \
+            f'The bfloat16 rows are n/a: {e}' in proc.stdout
     assert '| pytorch/simple-cnn/16 | images_per_sec ' in proc.stdout
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import gluon_multigpu as gm
 from gluon_multigpu.base.machine import stamp
+from gluon_multigpu.features import precision
 from conftest import REPO, load_script, run_bounded
 
 
@@ -120,7 +121,7 @@ def test_bfloat16_json_holds_the_tables_medians_with_the_machine_and_the_date(
     """--json writes the printed table's figures, stamped (the results file docs/exercises.md
     asks for); the measurement is replaced, so this holds on a CPU without bfloat16 kernels."""
     script = load_script('bfloat16')
-    monkeypatch.setattr(script, 'check_bfloat16', lambda: None)
+    monkeypatch.setattr(precision, 'check_bfloat16', lambda: None)
     monkeypatch.setattr(script, 'warm_steps', lambda args, model, stop: {})
     rounds = iter([(100.0, 50.0, 80.0), (300.0, 90.0, 60.0), (200.0, 70.0, 40.0)])
     monkeypatch.setattr(script, 'measure_round', lambda runs, batch, steps, stop=None,

@@ -19,6 +19,7 @@ import gluon_multigpu as gm
 from lab.studies import measure as lab_measure
 from lab.studies import scaling_model as lab_scaling
 from gluon_multigpu.cli import common
+from gluon_multigpu.features import precision
 from lab.commands import sweeps
 from lab.studies import sweep
 from conftest import REPO, load_script
@@ -162,7 +163,7 @@ def test_a_partial_run_is_not_replaced_without_resume(fashion_dir, tmp_path, cap
 def test_every_program_takes_data_dir_and_download(name, tmp_path, monkeypatch, capsys):
     script = load_script(name)
     if name == 'bfloat16':
-        monkeypatch.setattr(script, 'check_bfloat16', lambda: None)
+        monkeypatch.setattr(precision, 'check_bfloat16', lambda: None)
     fetched = []
 
     def download(dataset, root, *args, **kwargs):
@@ -220,15 +221,6 @@ def test_a_default_too_large_for_the_memory_is_scaled_down_with_a_line(
                      'need about 2.7 GB of memory and 2.5 GB is available: measuring 16 per '
                      'device instead'], notes
     assert measured == [16, 16]
-
-
-def test_a_cpu_feature_the_machine_lacks_is_named():
-    bfloat16 = load_script('bfloat16')
-    assert bfloat16.missing_feature({'sse2', 'avx2'}, {}) == \
-        'the CPU lacks AVX-512 (no avx512f among its /proc/cpuinfo flags)'
-    assert bfloat16.missing_feature({'avx512f'}, {}) == 'the CPU lacks avx512_bf16'
-    assert 'DNNL_MAX_CPU_ISA=AVX2' in bfloat16.missing_feature(
-        {'avx512f', 'avx512_bf16'}, {'DNNL_MAX_CPU_ISA': 'AVX2'})
 
 
 def test_the_estimate_leaves_out_the_first_measurements_start_up(tmp_path, monkeypatch):

@@ -149,7 +149,8 @@ def test_a_results_file_with_damaged_entries_is_one_line_on_resume(
         script, argv, damage, tmp_path, fashion_dir, monkeypatch, capsys):
     module = load_script(script)
     if script == 'bfloat16':
-        monkeypatch.setattr(module, 'check_bfloat16', lambda: None)
+        from gluon_multigpu.features import precision
+        monkeypatch.setattr(precision, 'check_bfloat16', lambda: None)
     results = tmp_path / 'r.json'
     argv = [a.format(data=fashion_dir, tmp=tmp_path) for a in argv] + ['--results', str(results)]
     caught = captured_sweep(monkeypatch, module, argv)

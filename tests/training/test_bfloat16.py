@@ -3,9 +3,11 @@
 Every test but the refusal's needs a CPU with bfloat16 kernels (AVX-512): elsewhere it is
 skipped, saying why (``check_bfloat16``'s line).
 """
+import json
 import os
-import re
+import statistics
 import sys
+import warnings
 
 import mxnet as mx
 import numpy as onp
@@ -15,7 +17,7 @@ import gluon_multigpu as gm
 from gluon_multigpu.features import precision
 from gluon_multigpu.features.precision import Bfloat16, MixedPrecision, check_dtype, make_precision
 from checkpoint_files import figures, manifest, saved_params
-from conftest import REPO, load_script, run_bounded
+from conftest import REPO, load_script, load_tool, run_bounded
 
 #: Batches of each epoch, and their size (16 a context).
 STEPS, BATCH = 3, 32
@@ -67,17 +69,76 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_kernels_and_on_gpus(monkeypatc
         check_dtype('bfloat16', [mx.gpu(0), mx.gpu(1)])  # a Context is a name: no GPU is touched
 
 
+def test_the_cpu_feature_bfloat16_lacks_or_uses_is_named():
+    assert precision.cpu_bfloat16({'sse2', 'avx2'}, {}) == \
+        (False, 'the CPU lacks AVX-512: no avx512f among its /proc/cpuinfo flags')
+    assert precision.cpu_bfloat16({'avx512f'}, {}) == (False, 'the CPU lacks avx512_bf16')
+    assert precision.cpu_bfloat16({'avx512f', 'avx512_bf16'}, {}) == \
+        (True, 'the CPU lists avx512f and avx512_bf16')
+    assert precision.cpu_bfloat16({'avx512f', 'amx_bf16'}, {})[0]
+    held = precision.cpu_bfloat16({'avx512f', 'avx512_bf16'}, {'DNNL_MAX_CPU_ISA': 'AVX2'})
+    assert not held[0] and 'held to AVX2 (DNNL_MAX_CPU_ISA)' in held[1]
+    assert precision.cpu_bfloat16(set(), {}) == (False, "the system does not list the CPU's "
+                                                        'features')
+
+
+def test_the_speedups_the_doctor_expects_are_the_recorded_measurements():
+    rows = json.loads((REPO / 'docs' / 'results' / 'bfloat16-train.json').read_text())
+    assert {r['model'] for r in rows} == set(precision.SPEEDUP)
+    for r in rows:  # each kvstore's median of the rounds' paired ratios, to one decimal
+        assert abs(precision.SPEEDUP[r['model']] - r['median_ratio']) < 0.1, r
+        assert r['median_ratio'] == statistics.median(r['ratios'])
+        assert r['ratios'] == [b / f for f, b in zip(r['float32'], r['bfloat16'])]
+
+
+@pytest.mark.parametrize('outlook, line', [
+    ({'trains': False, 'cpu': 'the CPU lacks AVX-512', 'speedup': None},
+     'no (the CPU lacks AVX-512): --dtype bfloat16 is refused here'),
+    ({'trains': True, 'cpu': 'the CPU lacks avx512_bf16', 'speedup': None},
+     'emulated (the CPU lacks avx512_bf16): --dtype bfloat16 trains, expect it no faster than '
+     'float32'),
+    ({'trains': True, 'cpu': 'the CPU lists avx512f and avx512_bf16',
+      'speedup': {'resnet18': 1.94, 'simple-cnn': 1.2}},
+     'yes (the CPU lists avx512f and avx512_bf16): --dtype bfloat16 is expected to train '
+     'resnet18 about 1.9x, simple-cnn about 1.2x as fast as float32')])
+def test_the_doctor_says_whether_bfloat16_trains_and_how_fast(outlook, line):
+    from gluon_multigpu import doctor
+    assert doctor._bfloat16_line(outlook) == line
+
+
+def test_bfloat16_emulated_without_its_instructions_is_a_warning(monkeypatch):
+    monkeypatch.setattr(precision, '_bfloat16_failure', lambda: '')  # kernels: as if present
+    monkeypatch.setattr(precision.machine, 'cpu_flags', lambda: frozenset({'avx512f'}))
+
+    class Run:  # what ``setup`` reads and calls
+        devices, net, trainer_options = gm.cpu_devices(1), gm.get_model('simple-cnn'), {}
+        plugged = {}
+
+        def plug(self, name, value, owner):
+            self.plugged[name] = value
+    with pytest.warns(gm.SettingWarning, match='without bfloat16 instructions .the CPU lacks '
+                      'avx512_bf16.: oneDNN emulates them, expect no speed-up'):
+        MixedPrecision('bfloat16').setup(Run())
+    assert isinstance(Run.plugged['model'], Bfloat16)
+    monkeypatch.setattr(precision.machine, 'cpu_flags',
+                        lambda: frozenset({'avx512f', 'avx512_bf16'}))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        MixedPrecision('bfloat16').setup(Run())
+
+
 @pytest.mark.slow
 def test_train_refuses_bfloat16_where_onednn_has_no_kernel_in_one_line(tmp_path):
     """Not mocked: oneDNN held to AVX2 (as many AMD EPYCs) has no bfloat16 convolution."""
     env = dict(os.environ, DNNL_MAX_CPU_ISA='AVX2', ONEDNN_MAX_CPU_ISA='AVX2')
     proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), '--cpu-devices', '2',
                         '--dtype', 'bfloat16', '--synthetic', '--num-epochs', '1'], env=env)
-    # MXNet's own log lines ("[07:17:02] ../src/operator/...") go to stderr too
-    err = [l for l in proc.stderr.splitlines() if not re.match(r'\[\d\d:\d\d:\d\d\] ', l)]
+    err = proc.stderr.splitlines()  # MXNet's own log line of the failure silenced
     assert proc.returncode == 2 and len(err) == 1, proc.stderr
     assert err[0].startswith('error: this CPU cannot compute in bfloat16') and \
         'could not create a primitive descriptor' in err[0], err
+    assert precision.cpu_bfloat16(environ=env)[1] in err[0]  # what the CPU lacks, or the limit
+    assert err[0].endswith(': train in --dtype float32 here')
 
 
 @pytest.mark.slow
@@ -155,3 +216,48 @@ def test_a_network_of_plain_blocks_is_one_line(bfloat16):
         gm.train(gm.book.resnet18(10), data, None, gm.cpu_devices(2), num_epochs=1,
                  progress_interval=0, hooks=[MixedPrecision('bfloat16')])
     assert '\n' not in str(e.value)
+
+
+def test_the_accuracy_tool_sets_each_epoch_of_bfloat16_beside_float32(monkeypatch, tmp_path):
+    """The tool's bookkeeping, its runs replaced (on a CPU with bfloat16 kernels the next test
+    runs them); each gap recomputed from the epochs."""
+    tool = load_tool('bfloat16_accuracy')
+    monkeypatch.setattr(precision, 'check_bfloat16', lambda: None)
+    accs = {('resnet18', 'float32'): [0.85, 0.88, 0.90],
+            ('resnet18', 'bfloat16'): [0.86, 0.87, 0.93], ('simple-cnn', 'float32'): [0.81, 0.85],
+            ('simple-cnn', 'bfloat16'): [0.815, 0.845]}
+    ran = []
+
+    def train(flags, dtype, data_dir, extra):
+        ran.append((flags[1], dtype))
+        return [{'epoch': i + 1, 'test_acc': a} for i, a in enumerate(accs[flags[1], dtype])]
+    monkeypatch.setattr(tool, 'train', train)
+    out = tmp_path / 'acc.json'
+    assert tool.main(['--out', str(out)]) == 1  # ResNet-18's third epoch: 0.03 apart
+    assert ran == [('resnet18', 'float32'), ('resnet18', 'bfloat16'), ('simple-cnn', 'float32'),
+                   ('simple-cnn', 'bfloat16')]
+    written = json.loads(out.read_text())
+    for r in written['records']:
+        f32, b16 = accs[r['job'], 'float32'], accs[r['job'], 'bfloat16']
+        assert r['gaps'] == pytest.approx([abs(a - b) for a, b in zip(f32, b16)])
+        assert r['within'] == (max(abs(a - b) for a, b in zip(f32, b16)) <= r['bound'])
+    assert [r['within'] for r in written['records']] == [False, True]
+    assert written['machine'] and written['date'] and len(written['commit']) >= 40
+
+
+@pytest.mark.slow
+def test_the_accuracy_tool_trains_both_or_refuses_in_one_line(tmp_path, fashion_dir):
+    proc = run_bounded([sys.executable, str(REPO / 'tools' / 'bfloat16_accuracy.py'), '--jobs',
+                        'simple-cnn', '--num-train', '256', '--data-dir', str(fashion_dir),
+                        '--out', str(tmp_path / 'acc.json')])
+    try:
+        precision.check_bfloat16()
+    except gm.DeviceError:  # no kernels here: told before the float32 run, nothing written
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith('error: this CPU cannot compute in bfloat16') and \
+            '--dtype float32' in proc.stderr and not (tmp_path / 'acc.json').exists()
+        return
+    assert proc.returncode in (0, 1), proc.stderr
+    record, = json.loads((tmp_path / 'acc.json').read_text())['records']
+    assert len(record['float32']) == len(record['bfloat16']) == 2
+    assert record['float32'] != record['bfloat16']  # two computations, not one run twice

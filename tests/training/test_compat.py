@@ -389,8 +389,17 @@ def test_the_doctor_reports_this_machine_and_a_two_context_step():
     assert set(probed['features']) == set(doctor.FEATURES) and probed['features']['MKLDNN']
     step = probed['step']
     assert step['ok'] and step['same_on_both'] and step['changed'] and step['finite']
+    # oneDNN 2.4 has bfloat16 kernels wherever the CPU has AVX-512 (emulated without AVX512_BF16)
+    flags = next((l.partition(':')[2].split() for l in open('/proc/cpuinfo')
+                  if l.startswith('flags')), [])
+    assert probed['bfloat16']['trains'] == ('avx512f' in flags), probed['bfloat16']
+    assert bool(probed['bfloat16']['speedup']) == bool({'avx512_bf16', 'amx_bf16'} & set(flags))
     text = run_bounded([sys.executable, str(REPO / 'scripts' / 'doctor.py')], timeout=300)
     assert text.returncode == 0 and 8 <= len(text.stdout.splitlines()) <= 14, text.stdout
+    said = [l for l in text.stdout.splitlines() if l.startswith('bfloat16  ')]
+    assert len(said) == 1 and said[0].startswith('bfloat16  yes' if probed['bfloat16']['speedup']
+                                                 else 'bfloat16  no' if 'avx512f' not in flags
+                                                 else 'bfloat16  emulated'), said
     assert text.stdout.splitlines()[-1] == 'problems  none'
 
 
