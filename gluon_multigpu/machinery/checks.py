@@ -42,14 +42,11 @@ def check_split(devices, split=None):
 
 
 def check_labels(labels, num_classes, where):
-    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a class 0..n-1."""
-    labels = onp.asarray(labels)
-    if labels.size == 0:
-        return
-    check_whole(labels, where)
-    low, high = labels.min(), labels.max()
-    bad = low if low < 0 else high if high >= num_classes else None
-    if bad is not None:
+    """Raise ``DataError`` if a label of ``labels`` is not a class 0..n-1 (an MXNet array is
+    read back)."""
+    labels = check_whole(labels, where)
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = labels.min() if labels.min() < 0 else labels.max()
         raise DataError(f'label {bad.item()!r} in {where} is outside the network\'s '
                         f'{num_classes} classes; give class numbers 0 to {num_classes - 1}')
 
@@ -82,9 +79,8 @@ class BatchCheck:
             self.sample_shape = tuple(X.shape[1:])
             self._probe(X)
         elif tuple(X.shape[1:]) != self.sample_shape:
-            raise DataError(f'a batch of inputs shaped {tuple(X.shape)} after batches of '
-                            f'samples shaped {self.sample_shape}; give every batch samples of '
-                            'one shape')
+            raise DataError(f'a batch of inputs shaped {tuple(X.shape)} after batches of samples '
+                            f'shaped {self.sample_shape}; give every batch samples of one shape')
         if len(y.shape) != 1 or y.shape[0] != X.shape[0]:
             raise DataError(f'labels of shape {tuple(y.shape)} for {X.shape[0]} inputs; give '
                             'one class number per sample, shape (batch,)')
@@ -98,8 +94,7 @@ class BatchCheck:
                 # Labels already on the host (NumPy) cost a min and a max: every batch. Those
                 # in MXNet arrays would cost a wait for the array: an epoch's first batch only.
                 # (an MXNet array is read back: the first batch only)
-                check_labels(y.asnumpy() if hasattr(y, 'asnumpy') else y, self.num_classes,
-                             'the training data')
+                check_labels(y, self.num_classes, 'the training data')
         return X, y
 
     def _probe(self, X):

@@ -40,14 +40,16 @@ def batch_pair(batch):
 
 
 def check_whole(labels, where):
-    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a whole number."""
-    labels = onp.asarray(labels)
+    """Raise ``DataError`` if a label of ``labels`` is not a whole number; return the labels
+    on the host (those of an MXNet array read back: a sync point)."""
+    labels = labels.asnumpy() if hasattr(labels, 'asnumpy') else onp.asarray(labels)
     if labels.size and labels.dtype.kind not in 'iub':
         whole = onp.isfinite(labels) & (labels == onp.round(labels)) if \
             labels.dtype.kind == 'f' else onp.zeros(labels.shape, bool)
         if not whole.all():
             raise DataError(f'label {labels[~whole].flat[0].item()!r} in {where} is not a class '
                             'number; give whole numbers from 0 (integers)')
+    return labels
 
 
 def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers=None):
@@ -82,8 +84,7 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
         features, labels = batch_pair(batch)
         if total == 0 and getattr(labels, 'dtype', None) is not None and \
                 onp.dtype(labels.dtype).kind == 'f':  # whole numbers? (one read, the first batch)
-            check_whole(labels.asnumpy() if hasattr(labels, 'asnumpy') else labels,
-                        'the evaluation data')
+            check_whole(labels, 'the evaluation data')
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
         counts = pushers.run(calls, 'eval') if pushers is not None else [c() for c in calls]
