@@ -81,8 +81,7 @@ def last_run():
 
 def _config(config, given, settings):
     """``TrainConfig.of`` with the arguments given (not None) among ``given``."""
-    return TrainConfig.of(config, **{k: v for k, v in given.items() if v is not None},
-                          **settings)
+    return TrainConfig.of(config, **{k: v for k, v in given.items() if v is not None}, **settings)
 
 
 class Training:
@@ -311,9 +310,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=None, lr=None, kvstore
         ``final_line()``, the book's last line; ``training`` goes on with ``fit``.
     """
     config = _config(config, dict(num_epochs=num_epochs, lr=lr, kvstore=kvstore), settings)
-    return Training(net, train_iter, test_iter, devices, config=config, hooks=hooks,
-                    initializer=initializer, hybrid=hybrid,
-                    on_epoch=on_epoch).fit(config.num_epochs)
+    return Training(net, train_iter, test_iter, devices, config=config, hooks=hooks, hybrid=hybrid,
+                    initializer=initializer, on_epoch=on_epoch).fit(config.num_epochs)
 
 
 def _epoch_batches(run, epoch, skip=0):

@@ -60,8 +60,7 @@ def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None):
     for features, labels in train_iter:
         X_shards, y_shards = split_batch(features, labels, devices)
         with autograd.record():
-            losses = [loss(net(X_shard), y_shard) for X_shard, y_shard
-                      in zip(X_shards, y_shards)]
+            losses = [loss(net(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
         for l in losses:
             l.backward()
         trainer.step(batch_size or features.shape[0])

@@ -308,8 +308,7 @@ def last_batch_rule(num_samples, batch_size, num_devices):
     return 'discard' if 0 < num_samples % batch_size < num_devices else 'keep'
 
 
-def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None,
-                 equal_shards=False):
+def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None, equal_shards=False):
     """The shuffled training ``ArrayLoader`` of a run on ``num_devices`` (see ``last_batch_rule``).
 
     With ``equal_shards`` (synchronised BatchNorm averages the devices'
