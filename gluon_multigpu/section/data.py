@@ -20,7 +20,8 @@ from mxnet import np, npx
 
 from ..errors import DataError
 from ..filesafety import atomic
-from ..base import values
+# Expected sizes of the data sets this package knows: samples per split, image shape, classes.
+from ..base.values import DATASETS
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx',
            'read_split', 'ArrayLoader', 'last_batch_rule', 'train_loader', 'synthetic_data',
@@ -32,9 +33,6 @@ IDX_FILES = {('train', 'images'): 'train-images-idx3-ubyte.gz',
              ('train', 'labels'): 'train-labels-idx1-ubyte.gz',
              ('test', 'images'): 't10k-images-idx3-ubyte.gz',
              ('test', 'labels'): 't10k-labels-idx1-ubyte.gz'}
-
-#: Expected sizes of the data sets this package knows: samples per split, image shape, classes.
-DATASETS = values.DATASETS
 
 #: Where MXNet's own dataset classes download these files from.
 MXNET_MIRROR = 'https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/gluon/dataset/'
