@@ -9,9 +9,7 @@ every batch, and those in MXNet arrays in each epoch's first batch; the shape
 of each epoch's first batch by one forward pass of a single sample, whose
 output also says how many classes the network has. Every batch is checked
 to be a pair ``(X, y)`` whose samples are shaped like the first one's, from
-shapes Python already holds. A study that trains on the same images at every
-count of devices checks that they can be split across the most
-(``check_train_count``).
+shapes Python already holds.
 """
 
 import numpy as onp
@@ -24,14 +22,7 @@ from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
 from ..section.steps import batch_pair, check_whole
 
-__all__ = ['check_train_count', 'check_split', 'BatchCheck']
-
-def check_train_count(num_train, num_devices):
-    """Raise unless ``num_train`` training images can be split across ``num_devices`` devices
-    (a study that runs every count of devices on the same images)."""
-    if num_train < num_devices:
-        raise GluonMultiGPUError(f'{num_train} training images cannot be split across '
-                                 f'{num_devices} devices; raise `num_train`')
+__all__ = ['check_split', 'BatchCheck']
 
 
 def check_split(devices, split=None):
