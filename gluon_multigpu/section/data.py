@@ -24,9 +24,8 @@ from ..filesafety import atomic
 from ..base.values import DATASETS
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx',
-           'read_split', 'ArrayLoader', 'last_batch_rule', 'train_loader', 'synthetic_data',
-           'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
-           'load_data_mnist']
+           'read_split', 'ArrayLoader', 'train_loader', 'synthetic_data', 'check_data_dir',
+           'download_dataset', 'load_data', 'load_data_fashion_mnist', 'load_data_mnist']
 
 #: The four standard file names, by split and kind.
 IDX_FILES = {('train', 'images'): 'train-images-idx3-ubyte.gz',
@@ -297,25 +296,18 @@ class ArrayLoader:
         return X, np.array(self.labels[idx], dtype='int32')
 
 
-def last_batch_rule(num_samples, batch_size, num_devices):
-    """``'discard'`` if the last training batch would be too small to split across the devices.
-
-    A last batch of fewer samples than devices cannot be split; dropping it
-    beats stopping in the middle of an epoch. Otherwise ``'keep'``.
-    """
-    return 'discard' if 0 < num_samples % batch_size < num_devices else 'keep'
-
-
 def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None, equal_shards=False):
-    """The shuffled training ``ArrayLoader`` of a run on ``num_devices`` (see ``last_batch_rule``).
+    """The shuffled training ``ArrayLoader`` of a run on ``num_devices``.
 
-    With ``equal_shards`` (synchronised BatchNorm averages the devices'
+    A last batch of fewer samples than devices cannot be split: it is
+    dropped, which beats stopping in the middle of an epoch. With
+    ``equal_shards`` (synchronised BatchNorm averages the devices'
     statistics with equal weights) every batch divides evenly among the
     devices: the samples that would make the last batch uneven are dropped.
     """
+    last = 'discard' if 0 < len(labels) % batch_size < num_devices else 'keep'
     return ArrayLoader(images, labels, batch_size, shuffle=True, seed=seed, resize=resize,
-                       last_batch=last_batch_rule(len(labels), batch_size, num_devices),
-                       multiple=num_devices if equal_shards else 1)
+                       last_batch=last, multiple=num_devices if equal_shards else 1)
 
 
 def download_dataset(name, root, base_url=MXNET_MIRROR):
@@ -371,7 +363,7 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
         Seed of the training set's shuffling.
     num_devices : int
         Devices the batches are split across: a last training batch with fewer samples
-        is dropped (``last_batch_rule``).
+        is dropped (``train_loader``).
     equal_shards : bool
         Drop the samples that would make the last training batch divide unevenly among
         the devices (``train_loader``).
