@@ -24,8 +24,8 @@ from ..errors import DataError, GluonMultiGPUError, TrainingDiverged
 from .results import EpochTotals
 from .utils import accuracy
 
-__all__ = ['evaluate_accuracy_gpus', 'train_batch', 'non_finite_params', 'check_finite_params',
-           'EpochSteps', 'Step', 'train_epoch', 'hybridize', 'batch_pair', 'check_whole']
+__all__ = ['evaluate_accuracy_gpus', 'train_batch', 'check_finite_params', 'EpochSteps', 'Step',
+           'train_epoch', 'hybridize', 'batch_pair', 'check_whole']
 
 
 def batch_pair(batch):
@@ -178,21 +178,13 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
 
 
-def non_finite_params(params):
-    """Names of the ``params`` that hold a NaN or an infinity on their first device.
-
-    Sync point: one read-back for all of them.
-    """
-    if not (params := [p for p in params if p.list_data()]):
-        return []
-    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
-                   for p in params]).asnumpy()
-    return [p.name for p, good in zip(params, ok) if not good]
-
-
 def check_finite_params(net, where=''):
-    """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
-    if bad := non_finite_params(net.collect_params().values()):
+    """Raise ``TrainingDiverged`` if any parameter, running statistics included, holds a NaN or
+    an infinity on its first device (sync point: one read-back for all of them)."""
+    params = [p for p in net.collect_params().values() if p.list_data()]
+    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
+                   for p in params]).asnumpy() if params else []
+    if bad := [p.name for p, good in zip(params, ok) if not good]:
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
         raise TrainingDiverged(f'parameter {bad[0]}{more} became non-finite{where}')
 
