@@ -2,14 +2,14 @@
 
 Every refusal is a one-line ``GluonMultiGPUError`` that names the value and
 says what to give instead. The arguments are checked before anything is
-made (``book.check_train_args``); the data where it is already on the host, so
-that no check adds a wait on the devices to a step (``BatchCheck``): the
-labels of the package's loaders once, as a whole, labels in NumPy arrays in
-every batch, and those in MXNet arrays in each epoch's first batch; the shape
-of each epoch's first batch by one forward pass of a single sample, whose
-output also says how many classes the network has. Every batch is checked
-to be a pair ``(X, y)`` whose samples are shaped like the first one's, from
-shapes Python already holds.
+made (``devices.check_devices``, ``kvstores.check_kvstore``); the data where
+it is already on the host, so that no check adds a wait on the devices to a
+step (``BatchCheck``): the labels of the package's loaders once, as a whole,
+labels in NumPy arrays in every batch, and those in MXNet arrays in each
+epoch's first batch; the shape of each epoch's first batch by one forward
+pass of a single sample, whose output also says how many classes the
+network has. Every batch is checked to be a pair ``(X, y)`` whose samples
+are shaped like the first one's, from shapes Python already holds.
 """
 
 import numpy as onp
