@@ -45,17 +45,12 @@ class Update:
         self.devices, self.accumulate, self.clip = devices, accumulate, clip
         self.norm = norm or clip is not None
         self.schedule, self.lr = schedule, lr
-        self.count = self.samples = self.done = 0  # ``done``: updates made in the run
+        self.count = self.samples = self.done = 0  # batches of the group so far; updates made
         self.batch = None  # a batch's samples (the first's): a whole group is ``accumulate``
         self.rates, self.norms = [], []  # per update: its rate, its norm before clipping
         if accumulate > 1:
             for p in self.params:
                 p.grad_req = 'add'
-
-    @property
-    def pending(self):
-        """Whether batches wait in a group (no update made of them yet)."""
-        return self.count > 0
 
     def __call__(self, trainer, samples):
         """One batch's gradients are in; update if its group is whole."""

@@ -300,7 +300,8 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
             steps.losses[0][steps.batches - max_in_flight].wait_to_read()
         stop = (hooks_of is not None and hooks_of.call('step_end', first_step - 1 + steps.batches,
                                                        steps.samples, timer)) or stop
-        if stop and (update is None or not update.pending):  # a stop waits for its update
+        # A stop waits for its update: no batch may wait in a group (``count``) not applied yet
+        if stop and (update is None or not update.count):
             steps.stopped = True
             break
     if update is not None and not steps.stopped:
