@@ -45,7 +45,7 @@ class Update:
         self.devices, self.accumulate, self.clip = devices, accumulate, clip
         self.norm = norm or clip is not None
         self.schedule, self.lr = schedule, lr
-        self.count = self.samples = self.done = 0  # batches of the group so far; updates made
+        self.count = self.samples = self.done = 0  # the group's batches, samples; updates made
         self.batch = None  # a batch's samples (the first's): a whole group is ``accumulate``
         self.rates, self.norms = [], []  # per update: its rate, its norm before clipping
         if accumulate > 1:
