@@ -296,9 +296,8 @@ class RunConfig(TrainConfig):
     def updates(self):
         """What the run's updates do other than the book's (None: nothing), as its checkpoint
         records them: a schedule's length in epochs included."""
-        changed = {key: getattr(self, key) for key in ('accumulate', 'clip_grad_norm',
-                                                       'lr_schedule', 'warmup_steps')
-                   if getattr(self, key) != PLAIN[key]}
+        keys = ('accumulate', 'clip_grad_norm', 'lr_schedule', 'warmup_steps')
+        changed = {key: getattr(self, key) for key in keys if getattr(self, key) != PLAIN[key]}
         if self.lr_schedule != 'constant':
             changed['schedule_epochs'] = self.num_epochs  # its rates follow the run's length
         return changed or None

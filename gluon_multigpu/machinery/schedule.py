@@ -60,8 +60,3 @@ class Schedule:
         if self.name == 'cosine':
             return lr * 0.5 * (1 + math.cos(math.pi * p))
         return lr
-
-    def describe(self):
-        """``cosine after 100 warm-up updates, 1,880 updates``: for a first line."""
-        warm = f' after {self.warmup} warm-up updates' if self.warmup else ''
-        return f'{self.name}{warm}' + (f' over {self.total} updates' if self.total else '')
