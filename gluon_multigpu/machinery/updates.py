@@ -43,8 +43,7 @@ class Update:
     def __init__(self, net, devices, accumulate=1, clip=None, norm=False, schedule=None, lr=None):
         self.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
         self.devices, self.accumulate, self.clip = devices, accumulate, clip
-        self.norm = norm or clip is not None
-        self.schedule, self.lr = schedule, lr
+        self.schedule, self.lr, self.norm = schedule, lr, norm or clip is not None
         self.count = self.samples = self.done = 0  # the group's batches, samples; updates made
         self.batch = None  # a batch's samples (the first's): a whole group is ``accumulate``
         self.rates, self.norms = [], []  # per update: its rate, its norm before clipping
