@@ -255,9 +255,7 @@ class ArrayLoader:
 
     def _last_size(self):
         """Samples in the final, incomplete batch (0: none)."""
-        if self.last_batch == 'discard':
-            return 0
-        rest = len(self.labels) % self.batch_size
+        rest = len(self.labels) % self.batch_size if self.last_batch == 'keep' else 0
         return rest - rest % self.multiple
 
     def __len__(self):
