@@ -5,9 +5,7 @@ optimizer while MXNet is still loading.
 """
 import math
 
-from ..base.values import SCHEDULES
-
-__all__ = ['SCHEDULES', 'Schedule']
+__all__ = ['Schedule']
 
 
 class Schedule:
@@ -24,7 +22,7 @@ class Schedule:
     Parameters
     ----------
     name : {'constant', 'step', 'cosine', 'onecycle'}
-        The shape of the schedule (``SCHEDULES``).
+        The shape of the schedule (``values.SCHEDULES``).
     lr : float
         The learning rate the schedule is made of: its rate after the warm-up (``onecycle``:
         its peak).

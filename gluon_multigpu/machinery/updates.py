@@ -15,8 +15,8 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import np
 
 from ..base.engine import caller_stacklevel
-from .schedule import SCHEDULES, Schedule
-from ..base.values import NO_DIST_CLIP
+from .schedule import Schedule
+from ..base.values import NO_DIST_CLIP, SCHEDULES
 from ..section.kvstores import kvstore_name
 from ..errors import GluonMultiGPUError, SettingWarning
 
