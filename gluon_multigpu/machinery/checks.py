@@ -2,16 +2,14 @@
 
 Every refusal is a one-line ``GluonMultiGPUError`` that names the value and
 says what to give instead. The arguments are checked before anything is
-made (``book.check_train_args``); the data where it is already on the host, so
-that no check adds a wait on the devices to a step (``BatchCheck``): the
-labels of the package's loaders once, as a whole, labels in NumPy arrays in
-every batch, and those in MXNet arrays in each epoch's first batch; the shape
-of each epoch's first batch by one forward pass of a single sample, whose
-output also says how many classes the network has. Every batch is checked
-to be a pair ``(X, y)`` whose samples are shaped like the first one's, from
-shapes Python already holds. A study that trains on the same images at every
-count of devices checks that they can be split across the most
-(``check_train_count``).
+made (``devices.check_devices``, ``kvstores.check_kvstore``); the data where
+it is already on the host, so that no check adds a wait on the devices to a
+step (``BatchCheck``): the labels of the package's loaders once, as a whole,
+labels in NumPy arrays in every batch, and those in MXNet arrays in each
+epoch's first batch; the shape of each epoch's first batch by one forward
+pass of a single sample, whose output also says how many classes the
+network has. Every batch is checked to be a pair ``(X, y)`` whose samples
+are shaped like the first one's, from shapes Python already holds.
 """
 
 import numpy as onp
@@ -24,14 +22,7 @@ from ..base import compat
 from ..errors import DataError, DeviceError, GluonMultiGPUError
 from ..section.steps import batch_pair, check_whole
 
-__all__ = ['check_train_count', 'check_split', 'BatchCheck']
-
-def check_train_count(num_train, num_devices):
-    """Raise unless ``num_train`` training images can be split across ``num_devices`` devices
-    (a study that runs every count of devices on the same images)."""
-    if num_train < num_devices:
-        raise GluonMultiGPUError(f'{num_train} training images cannot be split across '
-                                 f'{num_devices} devices; raise `num_train`')
+__all__ = ['check_split', 'BatchCheck']
 
 
 def check_split(devices, split=None):
@@ -42,14 +33,11 @@ def check_split(devices, split=None):
 
 
 def check_labels(labels, num_classes, where):
-    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a class 0..n-1."""
-    labels = onp.asarray(labels)
-    if labels.size == 0:
-        return
-    check_whole(labels, where)
-    low, high = labels.min(), labels.max()
-    bad = low if low < 0 else high if high >= num_classes else None
-    if bad is not None:
+    """Raise ``DataError`` if a label of ``labels`` is not a class 0..n-1 (an MXNet array is
+    read back)."""
+    labels = check_whole(labels, where)
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = labels.min() if labels.min() < 0 else labels.max()
         raise DataError(f'label {bad.item()!r} in {where} is outside the network\'s '
                         f'{num_classes} classes; give class numbers 0 to {num_classes - 1}')
 
@@ -82,9 +70,8 @@ class BatchCheck:
             self.sample_shape = tuple(X.shape[1:])
             self._probe(X)
         elif tuple(X.shape[1:]) != self.sample_shape:
-            raise DataError(f'a batch of inputs shaped {tuple(X.shape)} after batches of '
-                            f'samples shaped {self.sample_shape}; give every batch samples of '
-                            'one shape')
+            raise DataError(f'a batch of inputs shaped {tuple(X.shape)} after batches of samples '
+                            f'shaped {self.sample_shape}; give every batch samples of one shape')
         if len(y.shape) != 1 or y.shape[0] != X.shape[0]:
             raise DataError(f'labels of shape {tuple(y.shape)} for {X.shape[0]} inputs; give '
                             'one class number per sample, shape (batch,)')
@@ -98,8 +85,7 @@ class BatchCheck:
                 # Labels already on the host (NumPy) cost a min and a max: every batch. Those
                 # in MXNet arrays would cost a wait for the array: an epoch's first batch only.
                 # (an MXNet array is read back: the first batch only)
-                check_labels(y.asnumpy() if hasattr(y, 'asnumpy') else y, self.num_classes,
-                             'the training data')
+                check_labels(y, self.num_classes, 'the training data')
         return X, y
 
     def _probe(self, X):

@@ -61,7 +61,7 @@ def _named(check):
     return lambda value, name: check(value)
 
 
-_OPT, _OUT, _OBS = GROUPS[2], GROUPS[3], GROUPS[4]
+_DATA, _DEV, _OPT, _OUT, _OBS = GROUPS
 
 
 @dataclass
@@ -114,7 +114,7 @@ class TrainConfig:
                                   lambda v, n: None if v is None else check_lr(v),
                                   positive_float, 'LR')
     kvstore: object = 'device'
-    seed: Optional[int] = setting(0, GROUPS[0], 'seed of the initial weights and the data order',
+    seed: Optional[int] = setting(0, _DATA, 'seed of the initial weights and the data order',
                                   _named(check_seed), int_in(0, MAX_SEED), 'N')
     max_in_flight: Optional[int] = None
     accumulate: int = setting(1, _OPT, 'sum the gradients of K batches into one update',
@@ -156,9 +156,6 @@ class TrainConfig:
         """Every setting by name, as ``--json`` writes it (tuples as lists)."""
         return {f.name: list(v) if isinstance(v, tuple) else v
                 for f in fields(self) for v in [getattr(self, f.name)]}
-
-
-_DATA, _DEV = GROUPS[0], GROUPS[1]
 
 
 @dataclass
@@ -243,8 +240,7 @@ class RunConfig(TrainConfig):
                                        '(default: per model, below)', 1, 10**6)
     checkpoint_dir: Optional[str] = _path(None, _OUT, 'save the run after every epoch and on a '
                                           'stop into DIR', 'DIR')
-    resume: bool = setting(False, _OUT, 'continue from the checkpoint in `checkpoint_dir`',
-                           switch)
+    resume: bool = setting(False, _OUT, 'continue from the checkpoint in `checkpoint_dir`', switch)
     json: Optional[str] = _path(None, _OUT, 'every figure of the run(s) as JSON', 'PATH')
     plot: Optional[str] = _path(None, _OUT, 'the test-accuracy curve, PNG, SVG or PDF by the '
                                 'extension', 'PATH')
@@ -300,9 +296,8 @@ class RunConfig(TrainConfig):
     def updates(self):
         """What the run's updates do other than the book's (None: nothing), as its checkpoint
         records them: a schedule's length in epochs included."""
-        changed = {key: getattr(self, key) for key in ('accumulate', 'clip_grad_norm',
-                                                       'lr_schedule', 'warmup_steps')
-                   if getattr(self, key) != PLAIN[key]}
+        keys = ('accumulate', 'clip_grad_norm', 'lr_schedule', 'warmup_steps')
+        changed = {key: getattr(self, key) for key in keys if getattr(self, key) != PLAIN[key]}
         if self.lr_schedule != 'constant':
             changed['schedule_epochs'] = self.num_epochs  # its rates follow the run's length
         return changed or None
@@ -327,8 +322,7 @@ class RunConfig(TrainConfig):
         # (the command line makes the hooks of the observability settings itself)
         names = {f.name for f in fields(TrainConfig)} - {'kvstore', 'lr', 'profile', 'metrics',
                                                           'stall_timeout', 'tensorboard'}
-        return TrainConfig(**{name: getattr(self, name) for name in names},
-                           kvstore=kvstore, lr=lr)
+        return TrainConfig(**{name: getattr(self, name) for name in names}, kvstore=kvstore, lr=lr)
 
     @property
     def profile_path(self):

@@ -5,9 +5,7 @@ optimizer while MXNet is still loading.
 """
 import math
 
-from ..base.values import SCHEDULES
-
-__all__ = ['SCHEDULES', 'Schedule']
+__all__ = ['Schedule']
 
 
 class Schedule:
@@ -24,7 +22,7 @@ class Schedule:
     Parameters
     ----------
     name : {'constant', 'step', 'cosine', 'onecycle'}
-        The shape of the schedule (``SCHEDULES``).
+        The shape of the schedule (``values.SCHEDULES``).
     lr : float
         The learning rate the schedule is made of: its rate after the warm-up (``onecycle``:
         its peak).
@@ -60,8 +58,3 @@ class Schedule:
         if self.name == 'cosine':
             return lr * 0.5 * (1 + math.cos(math.pi * p))
         return lr
-
-    def describe(self):
-        """``cosine after 100 warm-up updates, 1,880 updates``: for a first line."""
-        warm = f' after {self.warmup} warm-up updates' if self.warmup else ''
-        return f'{self.name}{warm}' + (f' over {self.total} updates' if self.total else '')

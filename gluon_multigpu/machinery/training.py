@@ -81,8 +81,7 @@ def last_run():
 
 def _config(config, given, settings):
     """``TrainConfig.of`` with the arguments given (not None) among ``given``."""
-    return TrainConfig.of(config, **{k: v for k, v in given.items() if v is not None},
-                          **settings)
+    return TrainConfig.of(config, **{k: v for k, v in given.items() if v is not None}, **settings)
 
 
 class Training:
@@ -270,16 +269,17 @@ class Training:
             run.call('steps_done')
             totals = _diverged_in(run, steps.totals, seconds)  # the epoch's one read-back
             totals, partial = (partial + totals if partial else totals), None
-            if totals.stopped and not _whole_epoch(run, totals):
+            # Stopped before the epoch's end (a stop in its last step leaves the epoch whole)
+            if totals.stopped and not (hasattr(run.train_iter, '__len__')
+                                       and totals.batches >= len(run.train_iter)):
                 run.call('stopped', totals)
                 self._live = (batches, totals)
                 raise Interrupted(epoch, totals.batches, training=self)
             batches = None
             _diverged_in(run, check_finite_params, self.net, f' by step {totals.batches}')
             tic = time.perf_counter()
-            test_acc = (evaluate_accuracy_gpus(run.model, run.test_iter, run.devices,
-                                               run.eval_split, self._pushers)
-                        if run.test_iter else None)
+            test_acc = evaluate_accuracy_gpus(run.model, run.test_iter, run.devices, run.eval_split,
+                                              self._pushers) if run.test_iter else None
             record = self._record(epoch, totals, test_acc, time.perf_counter() - tic)
             stop = run.call('epoch_end', record)  # every hook: the checkpoint
             # A stop asked for in the epoch's last step or its evaluation: at the epoch's end.
@@ -311,9 +311,8 @@ def train(net, train_iter, test_iter, devices, num_epochs=None, lr=None, kvstore
         ``final_line()``, the book's last line; ``training`` goes on with ``fit``.
     """
     config = _config(config, dict(num_epochs=num_epochs, lr=lr, kvstore=kvstore), settings)
-    return Training(net, train_iter, test_iter, devices, config=config, hooks=hooks,
-                    initializer=initializer, hybrid=hybrid,
-                    on_epoch=on_epoch).fit(config.num_epochs)
+    return Training(net, train_iter, test_iter, devices, config=config, hooks=hooks, hybrid=hybrid,
+                    initializer=initializer, on_epoch=on_epoch).fit(config.num_epochs)
 
 
 def _epoch_batches(run, epoch, skip=0):
@@ -356,11 +355,6 @@ def _leave_all(run, entered):
             first = first or e
     if first is not None and run.error is None:
         raise first
-
-
-def _whole_epoch(run, totals):
-    """Whether ``totals`` cover all of the epoch's batches (a stop in its last step)."""
-    return hasattr(run.train_iter, '__len__') and totals.batches >= len(run.train_iter)
 
 
 def _diverged_in(run, fn, *args, **kwargs):

@@ -15,8 +15,8 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import np
 
 from ..base.engine import caller_stacklevel
-from .schedule import SCHEDULES, Schedule
-from ..base.values import NO_DIST_CLIP
+from .schedule import Schedule
+from ..base.values import NO_DIST_CLIP, SCHEDULES
 from ..section.kvstores import kvstore_name
 from ..errors import GluonMultiGPUError, SettingWarning
 
@@ -40,33 +40,24 @@ class Update:
     are scaled by ``min(1, clip / norm)`` before ``trainer.update``.
     """
 
-    def __init__(self, net, devices, accumulate=1, clip=None, norm=False, schedule=None,
-                 lr=None):
+    def __init__(self, net, devices, accumulate=1, clip=None, norm=False, schedule=None, lr=None):
         self.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
         self.devices, self.accumulate, self.clip = devices, accumulate, clip
-        self.norm = norm or clip is not None
-        self.schedule, self.lr = schedule, lr
-        self.count = self.samples = self.done = 0  # ``done``: updates made in the run
+        self.schedule, self.lr, self.norm = schedule, lr, norm or clip is not None
+        self.count = self.samples = self.done = 0  # the group's batches, samples; updates made
         self.batch = None  # a batch's samples (the first's): a whole group is ``accumulate``
         self.rates, self.norms = [], []  # per update: its rate, its norm before clipping
         if accumulate > 1:
             for p in self.params:
                 p.grad_req = 'add'
 
-    @property
-    def pending(self):
-        """Whether batches wait in a group (no update made of them yet)."""
-        return self.count > 0
-
     def __call__(self, trainer, samples):
-        """One batch's gradients are in; update if its group is whole. Return whether it did."""
+        """One batch's gradients are in; update if its group is whole."""
         self.count += 1
         self.samples += samples
         self.batch = self.batch or samples
-        if self.count < self.accumulate:
-            return False
-        self.finish(trainer)
-        return True
+        if self.count >= self.accumulate:
+            self.finish(trainer)
 
     def finish(self, trainer):
         """Update with the batches of the group so far (none: nothing)."""
@@ -105,10 +96,8 @@ class Update:
         if self.clip is None:
             return
         factor = np.minimum(self.clip / (norm + 1e-12), 1.0)
-        factors = {str(self.devices[0]): factor}
         for g in self._grads():
-            f = factors.setdefault(str(g.ctx), factor.as_in_ctx(g.ctx))
-            g *= f.astype(g.dtype)
+            g *= factor.as_in_ctx(g.ctx).astype(g.dtype)
 
 
 def plan_updates(run, config):

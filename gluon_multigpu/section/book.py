@@ -20,20 +20,7 @@ from .steps import check_finite_params
 from .utils import Accumulator, Timer, accuracy
 from ..base.values import check_epochs, check_lr
 
-__all__ = ['resnet18', 'check_train_args', 'evaluate_accuracy_book', 'train_epoch_book',
-           'train_book', 'book_epochs']
-
-
-def check_train_args(devices, num_epochs, kvstore, lr):
-    """Raise ``GluonMultiGPUError`` for arguments ``train`` cannot use, before any work.
-
-    Return ``(devices, num_epochs, lr)`` as the loop uses them (a list, an
-    ``int``, a ``float``); ``num_epochs`` and ``lr`` None (the recipe's) pass.
-    """
-    devices = check_devices(devices)
-    num_epochs = check_epochs(num_epochs) if num_epochs is not None else None
-    check_kvstore(kvstore, devices)
-    return devices, num_epochs, (check_lr(lr) if lr is not None else None)
+__all__ = ['resnet18', 'evaluate_accuracy_book', 'train_epoch_book', 'train_book', 'book_epochs']
 
 
 def evaluate_accuracy_book(net, data_iter, split_f=split_batch):
@@ -60,8 +47,7 @@ def train_epoch_book(net, train_iter, loss, trainer, devices, batch_size=None):
     for features, labels in train_iter:
         X_shards, y_shards = split_batch(features, labels, devices)
         with autograd.record():
-            losses = [loss(net(X_shard), y_shard) for X_shard, y_shard
-                      in zip(X_shards, y_shards)]
+            losses = [loss(net(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
         for l in losses:
             l.backward()
         trainer.step(batch_size or features.shape[0])
@@ -143,11 +129,15 @@ def book_epochs(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvst
                 batch_size=None, seed=None, initializer=None, on_epoch=None, stop=None):
     """``train_book`` an epoch at a time: a generator of the ``TrainResult`` after each epoch.
 
-    The arguments are ``train_book``'s; the checks and the initialisation run
-    at the first ``next``. A comparison takes the runs of several kvstores in
-    turn this way, epoch after epoch.
+    The arguments are ``train_book``'s; the checks (each raising the one-line
+    ``GluonMultiGPUError`` before any work) and the initialisation run at the
+    first ``next``. A comparison takes the runs of several kvstores in turn
+    this way, epoch after epoch.
     """
-    devices, num_epochs, lr = check_train_args(devices, num_epochs, kvstore, lr)
+    devices = check_devices(devices)
+    num_epochs = check_epochs(num_epochs) if num_epochs is not None else None
+    check_kvstore(kvstore, devices)
+    lr = check_lr(lr) if lr is not None else None
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(init=initializer or init.Normal(sigma=0.01), ctx=devices, force_reinit=True)

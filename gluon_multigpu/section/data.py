@@ -20,21 +20,18 @@ from mxnet import np, npx
 
 from ..errors import DataError
 from ..filesafety import atomic
-from ..base import values
+# Expected sizes of the data sets this package knows: samples per split, image shape, classes.
+from ..base.values import DATASETS
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx',
-           'read_split', 'ArrayLoader', 'last_batch_rule', 'train_loader', 'synthetic_data',
-           'check_data_dir', 'download_dataset', 'load_data', 'load_data_fashion_mnist',
-           'load_data_mnist']
+           'read_split', 'ArrayLoader', 'train_loader', 'synthetic_data', 'check_data_dir',
+           'download_dataset', 'load_data', 'load_data_fashion_mnist', 'load_data_mnist']
 
 #: The four standard file names, by split and kind.
 IDX_FILES = {('train', 'images'): 'train-images-idx3-ubyte.gz',
              ('train', 'labels'): 'train-labels-idx1-ubyte.gz',
              ('test', 'images'): 't10k-images-idx3-ubyte.gz',
              ('test', 'labels'): 't10k-labels-idx1-ubyte.gz'}
-
-#: Expected sizes of the data sets this package knows: samples per split, image shape, classes.
-DATASETS = values.DATASETS
 
 #: Where MXNet's own dataset classes download these files from.
 MXNET_MIRROR = 'https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/gluon/dataset/'
@@ -258,9 +255,7 @@ class ArrayLoader:
 
     def _last_size(self):
         """Samples in the final, incomplete batch (0: none)."""
-        if self.last_batch == 'discard':
-            return 0
-        rest = len(self.labels) % self.batch_size
+        rest = len(self.labels) % self.batch_size if self.last_batch == 'keep' else 0
         return rest - rest % self.multiple
 
     def __len__(self):
@@ -299,26 +294,18 @@ class ArrayLoader:
         return X, np.array(self.labels[idx], dtype='int32')
 
 
-def last_batch_rule(num_samples, batch_size, num_devices):
-    """``'discard'`` if the last training batch would be too small to split across the devices.
+def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None, equal_shards=False):
+    """The shuffled training ``ArrayLoader`` of a run on ``num_devices``.
 
-    A last batch of fewer samples than devices cannot be split; dropping it
-    beats stopping in the middle of an epoch. Otherwise ``'keep'``.
-    """
-    return 'discard' if 0 < num_samples % batch_size < num_devices else 'keep'
-
-
-def train_loader(images, labels, batch_size, num_devices, seed=0, resize=None,
-                 equal_shards=False):
-    """The shuffled training ``ArrayLoader`` of a run on ``num_devices`` (see ``last_batch_rule``).
-
-    With ``equal_shards`` (synchronised BatchNorm averages the devices'
+    A last batch of fewer samples than devices cannot be split: it is
+    dropped, which beats stopping in the middle of an epoch. With
+    ``equal_shards`` (synchronised BatchNorm averages the devices'
     statistics with equal weights) every batch divides evenly among the
     devices: the samples that would make the last batch uneven are dropped.
     """
+    last = 'discard' if 0 < len(labels) % batch_size < num_devices else 'keep'
     return ArrayLoader(images, labels, batch_size, shuffle=True, seed=seed, resize=resize,
-                       last_batch=last_batch_rule(len(labels), batch_size, num_devices),
-                       multiple=num_devices if equal_shards else 1)
+                       last_batch=last, multiple=num_devices if equal_shards else 1)
 
 
 def download_dataset(name, root, base_url=MXNET_MIRROR):
@@ -374,7 +361,7 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
         Seed of the training set's shuffling.
     num_devices : int
         Devices the batches are split across: a last training batch with fewer samples
-        is dropped (``last_batch_rule``).
+        is dropped (``train_loader``).
     equal_shards : bool
         Drop the samples that would make the last training batch divide unevenly among
         the devices (``train_loader``).

@@ -218,13 +218,14 @@ def split_batch(X, y, devices, weights=None):
     return tuple(split_and_load(a, devices, even_split=n % len(devices) == 0) for a in (X, y))
 
 
-def _read_number(path, field=None):
-    """The number in file ``path`` (or on its line ``field:``); None if unreadable or 'max'."""
+def _read_number(path, field=None, column=0):
+    """The number in file ``path`` (its first line's ``column``, or on its line ``field:``);
+    None if unreadable or 'max'."""
     try:
         with open(path) as f:
             for line in f:
                 if field is None:
-                    return int(line.split()[0])
+                    return int(line.split()[column])
                 if line.startswith(field + ':'):
                     return int(line.split()[1]) * 1024  # /proc/meminfo counts kB
     except (OSError, ValueError, IndexError):
@@ -240,10 +241,8 @@ def _cgroup_room():
     except OSError:
         return None
     rooms = []
-    for line in lines:
-        if len(line) != 3:
-            continue
-        controllers, path = line[1], line[2].rstrip('/')
+    for _, controllers, path in (line for line in lines if len(line) == 3):
+        path = path.rstrip('/')
         if controllers == '':  # cgroup v2
             folder, limit_file, usage_file = '/sys/fs/cgroup' + path, 'memory.max', 'memory.current'
         elif 'memory' in controllers.split(','):  # cgroup v1
@@ -268,9 +267,5 @@ def available_memory():
         return None
     if (room := _cgroup_room()) is not None:
         free = min(free, max(room, 0))
-    try:
-        with open('/proc/self/statm') as f:
-            resident = int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-    except (OSError, ValueError, IndexError):
-        resident = 0
-    return free + resident
+    resident = _read_number('/proc/self/statm', column=1) or 0  # in pages
+    return free + resident * os.sysconf('SC_PAGE_SIZE')

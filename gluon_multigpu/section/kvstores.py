@@ -14,16 +14,12 @@ from mxnet import gluon
 
 from ..base.compat import GPU_INSTALL
 from ..errors import GluonMultiGPUError
-from ..base import values
-from ..base.values import check_lr
+# The kvstores ``train`` accepts: of one machine (KVSTORES), of a parameter server (a worker of
+# ``scripts/launch.py``: DIST_KVSTORES).
+from ..base.values import DIST_KVSTORES, KVSTORES, check_lr
 
 __all__ = ['KVSTORES', 'DIST_KVSTORES', 'kvstore_name', 'has_nccl', 'check_kvstore', 'check_lr',
            'allreduce', 'ReducingTrainer', 'make_trainer']
-
-#: Gradient-synchronisation back ends of one machine accepted by ``train``.
-KVSTORES = values.KVSTORES
-#: The parameter-server kvstores (a worker of ``scripts/launch.py``).
-DIST_KVSTORES = values.DIST_KVSTORES
 
 
 def kvstore_name(kvstore):

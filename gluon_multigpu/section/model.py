@@ -27,8 +27,7 @@ class _ResidualLayers:  # pylint: disable=too-few-public-methods
         self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
         self.conv3 = (nn.Conv2D(num_channels, kernel_size=1, strides=strides) if use_1x1conv
                       else None)
-        self.bn1 = norm()
-        self.bn2 = norm()
+        self.bn1, self.bn2 = norm(), norm()
 
 
 class Residual(_ResidualLayers, nn.Block):
@@ -177,12 +176,10 @@ def count_flops(net, input_shape=(1, 1, 28, 28)):
         else:
             macs.append(output.size * (x.size // x.shape[0]))
 
-    handles = []
-
-    def register(block):
-        if isinstance(block, (nn.Conv2D, nn.Dense)):
-            handles.append(block.register_forward_hook(hook))
-    net.apply(register)  # every block of ``net``, itself included
+    blocks = []
+    net.apply(blocks.append)  # every block of ``net``, itself included
+    handles = [block.register_forward_hook(hook) for block in blocks
+               if isinstance(block, (nn.Conv2D, nn.Dense))]
     ctx = list(net.collect_params().values())[0].list_ctx()[0]
     with autograd.predict_mode():
         net(np.zeros(input_shape, ctx=ctx))

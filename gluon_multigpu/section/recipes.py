@@ -11,11 +11,11 @@ from it, so ``gm.train(gm.simple_cnn(), ...)`` trains as the command line's
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-__all__ = ['Recipe', 'RECIPES', 'BOOK', 'recipe_of', 'MAX_IN_FLIGHT']
+# MAX_IN_FLIGHT, the steps the engine may run ahead of Python: 1 was as fast as unbounded and
+# lets Ctrl-C, progress and the memory act within a step (docs/results.md, scripts/inflight.py).
+from ..base.values import MAX_IN_FLIGHT
 
-#: Steps the engine may run ahead of Python: 1 was as fast as unbounded and lets Ctrl-C,
-#: progress and the memory act within a step (docs/results.md, scripts/inflight.py).
-MAX_IN_FLIGHT = 1
+__all__ = ['Recipe', 'RECIPES', 'BOOK', 'recipe_of', 'MAX_IN_FLIGHT']
 
 
 @dataclass(frozen=True)

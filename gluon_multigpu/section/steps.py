@@ -24,8 +24,8 @@ from ..errors import DataError, GluonMultiGPUError, TrainingDiverged
 from .results import EpochTotals
 from .utils import accuracy
 
-__all__ = ['evaluate_accuracy_gpus', 'train_batch', 'non_finite_params', 'check_finite_params',
-           'EpochSteps', 'Step', 'train_epoch', 'hybridize', 'batch_pair', 'check_whole']
+__all__ = ['evaluate_accuracy_gpus', 'train_batch', 'check_finite_params', 'EpochSteps', 'Step',
+           'train_epoch', 'hybridize', 'batch_pair', 'check_whole']
 
 
 def batch_pair(batch):
@@ -40,14 +40,16 @@ def batch_pair(batch):
 
 
 def check_whole(labels, where):
-    """Raise ``DataError`` if a label of ``labels`` (on the host) is not a whole number."""
-    labels = onp.asarray(labels)
+    """Raise ``DataError`` if a label of ``labels`` is not a whole number; return the labels
+    on the host (those of an MXNet array read back: a sync point)."""
+    labels = labels.asnumpy() if hasattr(labels, 'asnumpy') else onp.asarray(labels)
     if labels.size and labels.dtype.kind not in 'iub':
         whole = onp.isfinite(labels) & (labels == onp.round(labels)) if \
             labels.dtype.kind == 'f' else onp.zeros(labels.shape, bool)
         if not whole.all():
             raise DataError(f'label {labels[~whole].flat[0].item()!r} in {where} is not a class '
                             'number; give whole numbers from 0 (integers)')
+    return labels
 
 
 def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers=None):
@@ -82,8 +84,7 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
         features, labels = batch_pair(batch)
         if total == 0 and getattr(labels, 'dtype', None) is not None and \
                 onp.dtype(labels.dtype).kind == 'f':  # whole numbers? (one read, the first batch)
-            check_whole(labels.asnumpy() if hasattr(labels, 'asnumpy') else labels,
-                        'the evaluation data')
+            check_whole(labels, 'the evaluation data')
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
         counts = pushers.run(calls, 'eval') if pushers is not None else [c() for c in calls]
@@ -177,21 +178,13 @@ def train_batch(net, X, y, loss, trainer, devices, batch_size=None, split_f=spli
             for l, y_hat, y_shard in zip(losses, y_hats, y_shards)]
 
 
-def non_finite_params(params):
-    """Names of the ``params`` that hold a NaN or an infinity on their first device.
-
-    Sync point: one read-back for all of them.
-    """
-    if not (params := [p for p in params if p.list_data()]):
-        return []
-    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
-                   for p in params]).asnumpy()
-    return [p.name for p, good in zip(params, ok) if not good]
-
-
 def check_finite_params(net, where=''):
-    """Raise ``TrainingDiverged`` if any parameter, running statistics included, is not finite."""
-    if bad := non_finite_params(net.collect_params().values()):
+    """Raise ``TrainingDiverged`` if any parameter, running statistics included, holds a NaN or
+    an infinity on its first device (sync point: one read-back for all of them)."""
+    params = [p for p in net.collect_params().values() if p.list_data()]
+    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
+                   for p in params]).asnumpy() if params else []
+    if bad := [p.name for p, good in zip(params, ok) if not good]:
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
         raise TrainingDiverged(f'parameter {bad[0]}{more} became non-finite{where}')
 
@@ -307,7 +300,8 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
             steps.losses[0][steps.batches - max_in_flight].wait_to_read()
         stop = (hooks_of is not None and hooks_of.call('step_end', first_step - 1 + steps.batches,
                                                        steps.samples, timer)) or stop
-        if stop and (update is None or not update.pending):  # a stop waits for its update
+        # A stop waits for its update: no batch may wait in a group (``count``) not applied yet
+        if stop and (update is None or not update.count):
             steps.stopped = True
             break
     if update is not None and not steps.stopped:

@@ -311,12 +311,13 @@ def plan_sweep(args):
 
 def sweep_data(args, devices):
     """The training and test images and labels of every run, as NumPy array pairs; enough
-    training images to split across ``devices`` (``checks.check_train_count``)."""
-    from gluon_multigpu.machinery.checks import check_train_count
+    training images to split across ``devices`` (the most of a sweep's counts)."""
     from gluon_multigpu.section.data import load_data
     train_iter, test_iter = load_data(args.dataset, 1, root=args.data_dir, download=args.download,
                                       num_train=args.num_train, num_test=args.num_test)
-    check_train_count(len(train_iter.labels), devices)
+    if (num_train := len(train_iter.labels)) < devices:
+        raise GluonMultiGPUError(f'{num_train} training images cannot be split across '
+                                 f'{devices} devices; raise `num_train`')
     return (train_iter.images, train_iter.labels), (test_iter.images, test_iter.labels)
 
 
