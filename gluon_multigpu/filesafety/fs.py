@@ -136,18 +136,25 @@ def rmdir(path):
     os.rmdir(path)
 
 
-def remove_tree(path):
-    """Remove a folder the package made for itself alone (``mkdtemp``) and all it holds.
+def remove_tree(path, last=None, settle=None):
+    """Remove a folder the package made for itself alone (``mkdtemp``, a staging folder) and all
+    it holds.
 
     Bottom up, each removal one ``unlink`` or ``rmdir`` call through the hook; a symbolic link is
     removed, never followed. The first failure raises, with what was not reached left in place.
+    ``last`` names the file in ``path`` that makes the folder the package's (a staging folder's
+    journal): it goes after all else, once ``settle(path)`` made those removals durable.
     """
+    path = os.fspath(path)
     for folder, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            unlink(os.path.join(folder, name))
-        for name in dirs:
-            inner = os.path.join(folder, name)
-            (unlink if os.path.islink(inner) else rmdir)(inner)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+            if (folder, name) != (path, last):
+                unlink(os.path.join(folder, name))
+        if folder != path:
+            rmdir(folder)
+    if last is not None and os.path.lexists(os.path.join(path, last)):
+        settle(path)  # the removals durable first: a power cut keeps them in order
+        unlink(os.path.join(path, last))  # last: until here the folder is recognised
     rmdir(path)
 
 

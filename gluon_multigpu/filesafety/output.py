@@ -127,20 +127,6 @@ def _roll_back(staging, journal):
     fsync_directory(directory)
 
 
-def _clear(staging):
-    """Remove the staging folder ``staging`` (ours: it holds our journal) and what is in it."""
-    for root, folders, names in os.walk(staging, topdown=False):
-        for name in names + [f for f in folders if os.path.islink(os.path.join(root, f))]:
-            if os.path.join(root, name) != os.path.join(staging, JOURNAL):
-                fs.unlink(os.path.join(root, name))
-        if root != staging:
-            fs.rmdir(root)
-    if os.path.lexists(os.path.join(staging, JOURNAL)):
-        fsync_directory(staging)  # the removals durable first: a power cut keeps them in order
-        fs.unlink(os.path.join(staging, JOURNAL))  # last: until here the folder is ours
-    fs.rmdir(staging)
-
-
 def _settle(staging):
     """Finish what a writer of ``staging`` left: forward if committed, back if rolling back,
     else discard. Not ours (no journal with the marker): left untouched; returns False."""
@@ -151,7 +137,7 @@ def _settle(staging):
         _roll_forward(staging, journal)
     elif journal['state'] == 'rollback':
         _roll_back(staging, journal)
-    _clear(staging)
+    fs.remove_tree(staging, JOURNAL, fsync_directory)
     return True
 
 
@@ -311,7 +297,7 @@ class ReportSet:
         for _ in range(2):
             with contextlib.suppress(OSError):
                 if os.path.lexists(self._staging):
-                    _clear(self._staging)
+                    fs.remove_tree(self._staging, JOURNAL, fsync_directory)
                 break
         _UNFINISHED.pop(self._staging, None)
 
