@@ -25,7 +25,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
 from ..errors import CheckpointError
-from ..filesafety import atomic, fs
+from ..filesafety import atomic, fs, reading
 from . import savefolder
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
@@ -168,7 +168,7 @@ class CheckpointStore:
 
     def _read_manifest(self):
         try:
-            with savefolder.open_regular(self.manifest_path) as f:
+            with reading.open_file(self.manifest_path, follow_links=False) as f:
                 manifest = read_manifest(f)
         except OSError as e:
             why = 'is a symbolic link' if os.path.islink(self.manifest_path) else \

@@ -22,8 +22,6 @@ directory, are fsynced before anything else is put in it, and the folder again b
 marker is removed, so that a power cut keeps these steps in their order.
 """
 import contextlib
-import errno
-import json
 import os
 import re
 import secrets
@@ -33,7 +31,7 @@ from ..filesafety import atomic, fs, reading
 from ..filesafety.files import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
-           'leftovers', 'fsync', 'open_regular', 'sha256', 'is_regular']
+           'leftovers', 'fsync', 'sha256', 'is_regular']
 
 #: The names of save folders.
 NAME = re.compile(r'\.ckpt-save\.[A-Za-z0-9_]+')
@@ -49,29 +47,17 @@ FILES = ('params', 'states', 'manifest.json', PLACED)
 fsync = atomic.fsync_path
 
 
-def open_regular(path):
-    """Open ``path`` for reading without following a link or blocking (a FIFO); raise OSError
-    unless a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise IsADirectoryError(errno.EISDIR, 'not a regular file', path)
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, 'rb')
-
-
 def sha256(path):
-    """The SHA-256 of the regular file ``path``, in hex."""
-    with open_regular(path) as f:
+    """The SHA-256 of the regular file ``path`` (not a link to one), in hex."""
+    with reading.open_file(path, follow_links=False) as f:
         return reading.sha256(f)
 
 
 def is_regular(path):
     """Whether ``path`` is a regular file (not a link to one)."""
-    try:
+    with contextlib.suppress(OSError):
         return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
+    return False
 
 
 def make(directory):
@@ -106,12 +92,10 @@ def _cut_short(content):
 
 def _entries(path):
     """The names in the folder ``path`` (not a link), or None."""
-    try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return None
-        return set(os.listdir(path))
-    except OSError:
-        return None
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return set(os.listdir(path))
+    return None
 
 
 def marked(path):
@@ -140,14 +124,9 @@ def removable(path):
 
 
 def remove(path):
-    """Remove the save folder ``path`` (``removable``): its files, the marker last, the folder."""
-    names = _entries(path) or set()
-    for name in (*FILES, MARKER):
-        if name == MARKER and names & set(FILES):
-            fsync(path)  # the removals durable first: a power cut keeps them in order
-        if name in names:
-            fs.unlink(os.path.join(path, name), missing_ok=True)
-    fs.rmdir(path)
+    """Remove the save folder ``path`` (``removable``): its files, the marker last (the folder
+    fsynced first where files went before it), the folder (``fs.remove_tree``)."""
+    fs.remove_tree(path, MARKER, fsync if set(FILES) & (_entries(path) or set()) else None)
 
 
 def leftovers(directory, keep=()):
@@ -175,10 +154,9 @@ def leftovers(directory, keep=()):
 def _recorded(directory, record_path, keep):
     """The files a save's record names that are still as it placed them, but ``keep``."""
     try:
-        with open_regular(record_path) as f:
-            record = json.loads(f.read(1 << 16))
+        record = reading.read_json(record_path, 1 << 16, 'record', follow_links=False)
         entries = [*record['placed'].values(), *record['replaced'].values()]
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):  # ValueError: not JSON
         return set()
     found = set()
     for entry in entries:

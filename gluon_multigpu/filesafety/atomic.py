@@ -190,11 +190,9 @@ def write_file(path, data, check=None, mode=0o666):
     """
     directory, name = os.path.split(path)
     remove_hashed(directory, name)  # what a killed write of this file left
-    tmp = _link_unnamed(path, data, mode, lambda digest: os.path.join(
-        directory, f'.{name}.{secrets.token_hex(4)}.{digest[:16]}.tmp'),
-        lambda chunks: _write_named(path, chunks, check, mode))
-    if tmp is not None:  # else written through a named temporary
-        _finish(tmp, path, check)
+    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}')
+    _finish(_link_unnamed(path, data, mode, lambda digest: f'{tmp}.{digest[:16]}.tmp',
+                          lambda chunks: _write_named(f'{tmp}.tmp', chunks, mode)), path, check)
 
 
 def _link_unnamed(path, data, mode, name, otherwise):
@@ -239,12 +237,10 @@ def _finish(tmp, path, check):
     fsync_directory(os.path.dirname(path))
 
 
-def _write_named(path, chunks, check, mode=0o666):
-    """``write_file`` through an ``O_EXCL`` named temporary (no ``O_TMPFILE`` here)."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
+def _write_named(tmp, chunks, mode):
+    """``write_file``'s temporary ``tmp``, named and ``O_EXCL`` (no ``O_TMPFILE`` here)."""
     create_exclusive(tmp, chunks, mode, unfinished=True)
-    return _finish(tmp, path, check)
+    return tmp
 
 
 def create_whole(path, data):

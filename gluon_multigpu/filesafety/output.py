@@ -106,15 +106,6 @@ def _entries(journal):
             yield entry[0], (entry[1], entry[2]), bool(entry[3])
 
 
-def _roll_forward(staging, journal):
-    directory = os.path.dirname(staging)
-    for name, _, _ in _entries(journal):
-        source = os.path.join(staging, name)
-        if os.path.lexists(source):
-            fs.replace(source, os.path.join(directory, name))
-    fsync_directory(directory)
-
-
 def _roll_back(staging, journal):
     directory = os.path.dirname(staging)
     for i, (name, made, backup) in enumerate(_entries(journal)):
@@ -133,8 +124,12 @@ def _settle(staging):
     journal = _read_journal(staging)
     if journal is None:
         return False
-    if journal['state'] == 'committed':
-        _roll_forward(staging, journal)
+    if journal['state'] == 'committed':  # roll forward: the staged files not yet moved
+        directory = os.path.dirname(staging)
+        for name, _, _ in _entries(journal):
+            if os.path.lexists(os.path.join(staging, name)):
+                fs.replace(os.path.join(staging, name), os.path.join(directory, name))
+        fsync_directory(directory)
     elif journal['state'] == 'rollback':
         _roll_back(staging, journal)
     fs.remove_tree(staging, JOURNAL, fsync_directory)
@@ -161,18 +156,13 @@ def recover(directory):
         path = os.path.join(directory, name)
         if name.startswith(_STAGING_PREFIX) and name.endswith(_STAGING_SUFFIX) and \
                 os.path.isdir(path) and not os.path.islink(path):
-            if _settle(path) or (_STAGING_NAME.match(name) and _remove_empty(path)):
+            if _settle(path):
                 settled.append(name)
+            elif _STAGING_NAME.match(name):
+                with contextlib.suppress(OSError):  # not empty: not ours, left
+                    fs.rmdir(path)
+                    settled.append(name)
     return settled
-
-
-def _remove_empty(path):
-    """``rmdir`` ``path``; False if it is not empty (or cannot be removed)."""
-    try:
-        fs.rmdir(path)
-    except OSError:
-        return False
-    return True
 
 
 class ReportSet:
