@@ -62,9 +62,8 @@ def _check_record(record, types, where, lists=()):
             raise CheckpointError(f'{where}: field {name} is {value!r}, not a {kind.__name__}')
         if kind is bool:
             continue
-        if (kind is float and not math.isfinite(value)) or (low is not None and (
-                value < low or (value == low and not closed))) or (
-                    high is not None and value > high):
+        if (kind is float and not math.isfinite(value)) or (high is not None and value > high) or (
+                low is not None and (value < low or (value == low and not closed))):
             bound = (f'{"above" if not closed else "at least"} {low:g}' if high is None else
                      f'from {low:g} to {high:g}')
             raise CheckpointError(f'{where}: field {name} is {value!r}, and it must be {bound}')

@@ -117,10 +117,9 @@ def removable(path):
         return False
     if not kinds <= {stat.S_IFREG, stat.S_IFLNK}:
         return False  # a folder (or a pipe) in it: not what a save makes
-    if marked(path):
-        return True
-    content = _marker(os.path.join(path, MARKER))
-    return names == {MARKER} and content is not None and _cut_short(content)
+    content = _marker(os.path.join(path, MARKER))  # whole, or cut short with nothing beside it
+    return content is not None and (_WHOLE.fullmatch(content) is not None or (
+        names == {MARKER} and _cut_short(content)))
 
 
 def remove(path):
