@@ -123,8 +123,7 @@ def validate_manifest(manifest):
         _check_record(entry, {'name': (str, None, None, True), 'bytes': (int, 0, None, True),
                               'sha256': (str, None, None, True)}, f'its field files.{role}')
         if entry['name'] != f'ckpt-{manifest["sequence"]:06d}.{role}':
-            raise CheckpointError(f'its field files.{role}.name {entry["name"]!r} is not '
-                                  f'ckpt-{manifest["sequence"]:06d}.{role}, the name of its '
-                                  f'{role} file')
+            raise CheckpointError(f'its field files.{role}.name {entry["name"]!r} is not ckpt-'
+                                  f'{manifest["sequence"]:06d}.{role}, the name of its {role} file')
         if len(entry['sha256']) != 64:  # its size is checked above: a whole number, 0 or more
             raise CheckpointError(f'its field files.{role} does not give a size and a SHA-256')

@@ -31,7 +31,7 @@ from ..filesafety import atomic, fs, reading
 from ..filesafety.files import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
-           'leftovers', 'fsync', 'sha256', 'is_regular']
+           'leftovers', 'sha256', 'is_regular']
 
 #: The names of save folders.
 NAME = re.compile(r'\.ckpt-save\.[A-Za-z0-9_]+')
@@ -43,8 +43,6 @@ _WHOLE = re.compile(re.escape(_MARK) + rb'\d+\n')
 PLACED = 'placed.json'
 #: The files a save writes in its folder, beside the marker.
 FILES = ('params', 'states', 'manifest.json', PLACED)
-#: fsync the file or folder ``path`` (opened for reading); errors raised.
-fsync = atomic.fsync_path
 
 
 def sha256(path):
@@ -69,8 +67,8 @@ def make(directory):
     path = atomic.new_folder(lambda: os.path.join(directory, f'.ckpt-save.{secrets.token_hex(8)}'))
     try:
         atomic.create_exclusive(os.path.join(path, MARKER), _MARK + f'{os.getpid()}\n'.encode())
-        fsync(path)  # the marker, then the folder, durable before anything else is put in it
-        fsync(directory)
+        atomic.fsync_path(path)  # the marker, then the folder, durable before anything else
+        atomic.fsync_path(directory)
     except BaseException:
         with contextlib.suppress(OSError):  # else recognised by the next save, which removes it
             remove(path)
@@ -125,7 +123,8 @@ def removable(path):
 def remove(path):
     """Remove the save folder ``path`` (``removable``): its files, the marker last (the folder
     fsynced first where files went before it), the folder (``fs.remove_tree``)."""
-    fs.remove_tree(path, MARKER, fsync if set(FILES) & (_entries(path) or set()) else None)
+    files = set(FILES) & (_entries(path) or set())
+    fs.remove_tree(path, MARKER, atomic.fsync_path if files else None)
 
 
 def leftovers(directory, keep=()):
