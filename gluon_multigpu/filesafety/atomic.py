@@ -32,11 +32,10 @@ UNFINISHED = {}
 
 
 def _inode(path):
-    try:
+    with contextlib.suppress(OSError):
         st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+        return st.st_dev, st.st_ino
+    return None
 
 
 def fsync_path(path, flags=os.O_NONBLOCK, quiet=()):
@@ -104,9 +103,8 @@ def atomic_write(path, mode='w', follow_links=True):
     """
     if mode not in ('w', 'wb'):
         raise ValueError(f"atomic_write writes with mode 'w' or 'wb', not {mode!r}")
-    path = os.path.abspath(path)
-    if follow_links:
-        path = resolve_output(path, 'output')
+    path = os.path.abspath(path)  # as messages name it
+    path = resolve_output(path, 'output') if follow_links else path
     _check_target(path, follow_links)
     buffer = io.StringIO() if mode == 'w' else io.BytesIO()
     try:

@@ -333,10 +333,8 @@ def replace_together(paths, write, limit=256 << 20):
     except BaseException:
         for target, (old, made) in before.items():
             now = _inode(target)
-            if now == made:
-                continue  # not replaced
-            if old is None:
+            if now != made and old is None:
                 remove_own(target, now)  # made by ``write`` just now
-            else:
+            elif now != made:  # replaced: what it held, back
                 write_file(target, old)
         raise
