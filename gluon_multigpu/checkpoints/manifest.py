@@ -39,8 +39,7 @@ def read_manifest(stream):
 
 
 def _is(value, kind, low=None):
-    ok = isinstance(value, kind) and not isinstance(value, bool) if kind is not bool \
-        else isinstance(value, bool)
+    ok = isinstance(value, kind) and (kind is bool) == isinstance(value, bool)  # True is no int
     return ok and (low is None or value >= low)
 
 
