@@ -182,9 +182,8 @@ class Checkpointer(CheckpointStore, Hook):
     def _check_partial(self, state, batches_per_epoch):
         if state.partial is not None and batches_per_epoch is not None and \
                 state.partial.batches >= batches_per_epoch:
-            raise self._damaged(f'{MANIFEST}: its field partial.batches '
-                                f'({state.partial.batches}) is past the end of an epoch of '
-                                f'{batches_per_epoch} batches')
+            raise self._damaged(f'{MANIFEST}: its field partial.batches ({state.partial.batches}) '
+                                f'is past the end of an epoch of {batches_per_epoch} batches')
 
     def __enter__(self):
         """Check the path, create the directory if missing and lock it against a second run."""
@@ -315,11 +314,10 @@ def recover(directory):
         if busy:
             raise  # else not a lock of ours: cleaned without one (``release`` does nothing)
     try:
-        try:
-            keep = {e['name'] for e in ckpt._read_manifest()['files'].values()} \
-                if ckpt.exists() else set()
-        except CheckpointError:
-            return []
+        keep = {e['name'] for e in ckpt._read_manifest()['files'].values()} \
+            if ckpt.exists() else set()
         return ckpt._clean(set(), keep)
+    except CheckpointError:  # the manifest cannot be read: which files are current is not known
+        return []
     finally:
         lock.release()

@@ -25,7 +25,7 @@ from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 
 from ..errors import CheckpointError
-from ..filesafety import atomic, fs
+from ..filesafety import atomic, fs, reading
 from . import savefolder
 from .manifest import FORMAT, MAX_SEQUENCE, read_manifest, validate_manifest
 from .states import load_trainer_states, save_trainer_states
@@ -168,7 +168,7 @@ class CheckpointStore:
 
     def _read_manifest(self):
         try:
-            with savefolder.open_regular(self.manifest_path) as f:
+            with reading.open_file(self.manifest_path, follow_links=False) as f:
                 manifest = read_manifest(f)
         except OSError as e:
             why = 'is a symbolic link' if os.path.islink(self.manifest_path) else \
@@ -237,12 +237,12 @@ class CheckpointStore:
             except mx.base.MXNetError as e:  # MXNet's file stream: no errno, say what it is
                 raise OSError(errno.EIO, 'the write stopped short (disk full or file size limit?)',
                               os.path.join(self.directory, f'{stem}.{role}')) from e
-            savefolder.fsync(tmp)
+            atomic.fsync_path(tmp)
             entries[role] = {'name': f'{stem}.{role}', 'bytes': os.path.getsize(tmp),
                              'sha256': savefolder.sha256(tmp)}
         atomic.create_exclusive(os.path.join(work, savefolder.PLACED), json.dumps(
             {'placed': entries, 'replaced': replaced}).encode())
-        savefolder.fsync(work)
+        atomic.fsync_path(work)
         for role, entry in entries.items():
             final = os.path.join(self.directory, entry['name'])
             if os.path.lexists(final):  # put there during the run: not ours to replace
@@ -270,8 +270,8 @@ class CheckpointStore:
                 pass
             except FileNotFoundError:
                 raise CheckpointError(f'checkpoint directory {self.directory}: directory '
-                                      f'{os.path.dirname(self.directory)} does not exist; '
-                                      'create it first') from None
+                                      f'{os.path.dirname(self.directory)} does not exist; create '
+                                      'it first') from None
 
     def save(self, net, trainer, history, epoch, partial=None):
         """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next).
@@ -294,7 +294,7 @@ class CheckpointStore:
             files = self._place(work, f'ckpt-{self._sequence:06d}', net, trainer, old, placed)
             text = json.dumps(self._manifest(epoch, partial, history, files), indent=2) + '\n'
             made = atomic.create_exclusive(staged, text.encode())  # its inode
-            savefolder.fsync(self.directory)  # the files placed durable before what names them
+            atomic.fsync_path(self.directory)  # the files placed durable before what names them
             fs.replace(staged, self.manifest_path)  # the new checkpoint is complete here
         except BaseException:
             if made is None or atomic._inode(self.manifest_path) != made:  # not committed
@@ -302,7 +302,7 @@ class CheckpointStore:
             raise
         new = {entry['name'] for entry in files.values()}
         try:
-            savefolder.fsync(self.directory)
+            atomic.fsync_path(self.directory)
         finally:  # the new checkpoint is in place: leave no old files beside it either
             self._finish(replaced - new, new)
 
@@ -342,7 +342,7 @@ class CheckpointStore:
                 fs.unlink(os.path.join(self.directory, name), missing_ok=True)
                 removed.append(name)
         if removed and folders:  # durable before the records naming them go
-            savefolder.fsync(self.directory)
+            atomic.fsync_path(self.directory)
         for folder in folders:
             savefolder.remove(folder)
             removed.append(os.path.basename(folder))

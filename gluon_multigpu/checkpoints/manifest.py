@@ -39,8 +39,7 @@ def read_manifest(stream):
 
 
 def _is(value, kind, low=None):
-    ok = isinstance(value, kind) and not isinstance(value, bool) if kind is not bool \
-        else isinstance(value, bool)
+    ok = isinstance(value, kind) and (kind is bool) == isinstance(value, bool)  # True is no int
     return ok and (low is None or value >= low)
 
 
@@ -62,9 +61,8 @@ def _check_record(record, types, where, lists=()):
             raise CheckpointError(f'{where}: field {name} is {value!r}, not a {kind.__name__}')
         if kind is bool:
             continue
-        if (kind is float and not math.isfinite(value)) or (low is not None and (
-                value < low or (value == low and not closed))) or (
-                    high is not None and value > high):
+        if (kind is float and not math.isfinite(value)) or (high is not None and value > high) or (
+                low is not None and (value < low or (value == low and not closed))):
             bound = (f'{"above" if not closed else "at least"} {low:g}' if high is None else
                      f'from {low:g} to {high:g}')
             raise CheckpointError(f'{where}: field {name} is {value!r}, and it must be {bound}')
@@ -124,8 +122,7 @@ def validate_manifest(manifest):
         _check_record(entry, {'name': (str, None, None, True), 'bytes': (int, 0, None, True),
                               'sha256': (str, None, None, True)}, f'its field files.{role}')
         if entry['name'] != f'ckpt-{manifest["sequence"]:06d}.{role}':
-            raise CheckpointError(f'its field files.{role}.name {entry["name"]!r} is not '
-                                  f'ckpt-{manifest["sequence"]:06d}.{role}, the name of its '
-                                  f'{role} file')
+            raise CheckpointError(f'its field files.{role}.name {entry["name"]!r} is not ckpt-'
+                                  f'{manifest["sequence"]:06d}.{role}, the name of its {role} file')
         if len(entry['sha256']) != 64:  # its size is checked above: a whole number, 0 or more
             raise CheckpointError(f'its field files.{role} does not give a size and a SHA-256')

@@ -22,8 +22,6 @@ directory, are fsynced before anything else is put in it, and the folder again b
 marker is removed, so that a power cut keeps these steps in their order.
 """
 import contextlib
-import errno
-import json
 import os
 import re
 import secrets
@@ -33,7 +31,7 @@ from ..filesafety import atomic, fs, reading
 from ..filesafety.files import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
-           'leftovers', 'fsync', 'open_regular', 'sha256', 'is_regular']
+           'leftovers', 'sha256', 'is_regular']
 
 #: The names of save folders.
 NAME = re.compile(r'\.ckpt-save\.[A-Za-z0-9_]+')
@@ -45,33 +43,19 @@ _WHOLE = re.compile(re.escape(_MARK) + rb'\d+\n')
 PLACED = 'placed.json'
 #: The files a save writes in its folder, beside the marker.
 FILES = ('params', 'states', 'manifest.json', PLACED)
-#: fsync the file or folder ``path`` (opened for reading); errors raised.
-fsync = atomic.fsync_path
-
-
-def open_regular(path):
-    """Open ``path`` for reading without following a link or blocking (a FIFO); raise OSError
-    unless a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise IsADirectoryError(errno.EISDIR, 'not a regular file', path)
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, 'rb')
 
 
 def sha256(path):
-    """The SHA-256 of the regular file ``path``, in hex."""
-    with open_regular(path) as f:
+    """The SHA-256 of the regular file ``path`` (not a link to one), in hex."""
+    with reading.open_file(path, follow_links=False) as f:
         return reading.sha256(f)
 
 
 def is_regular(path):
     """Whether ``path`` is a regular file (not a link to one)."""
-    try:
+    with contextlib.suppress(OSError):
         return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
+    return False
 
 
 def make(directory):
@@ -83,8 +67,8 @@ def make(directory):
     path = atomic.new_folder(lambda: os.path.join(directory, f'.ckpt-save.{secrets.token_hex(8)}'))
     try:
         atomic.create_exclusive(os.path.join(path, MARKER), _MARK + f'{os.getpid()}\n'.encode())
-        fsync(path)  # the marker, then the folder, durable before anything else is put in it
-        fsync(directory)
+        atomic.fsync_path(path)  # the marker, then the folder, durable before anything else
+        atomic.fsync_path(directory)
     except BaseException:
         with contextlib.suppress(OSError):  # else recognised by the next save, which removes it
             remove(path)
@@ -106,12 +90,10 @@ def _cut_short(content):
 
 def _entries(path):
     """The names in the folder ``path`` (not a link), or None."""
-    try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return None
-        return set(os.listdir(path))
-    except OSError:
-        return None
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return set(os.listdir(path))
+    return None
 
 
 def marked(path):
@@ -133,21 +115,16 @@ def removable(path):
         return False
     if not kinds <= {stat.S_IFREG, stat.S_IFLNK}:
         return False  # a folder (or a pipe) in it: not what a save makes
-    if marked(path):
-        return True
-    content = _marker(os.path.join(path, MARKER))
-    return names == {MARKER} and content is not None and _cut_short(content)
+    content = _marker(os.path.join(path, MARKER))  # whole, or cut short with nothing beside it
+    return content is not None and (_WHOLE.fullmatch(content) is not None or (
+        names == {MARKER} and _cut_short(content)))
 
 
 def remove(path):
-    """Remove the save folder ``path`` (``removable``): its files, the marker last, the folder."""
-    names = _entries(path) or set()
-    for name in (*FILES, MARKER):
-        if name == MARKER and names & set(FILES):
-            fsync(path)  # the removals durable first: a power cut keeps them in order
-        if name in names:
-            fs.unlink(os.path.join(path, name), missing_ok=True)
-    fs.rmdir(path)
+    """Remove the save folder ``path`` (``removable``): its files, the marker last (the folder
+    fsynced first where files went before it), the folder (``fs.remove_tree``)."""
+    files = set(FILES) & (_entries(path) or set())
+    fs.remove_tree(path, MARKER, atomic.fsync_path if files else None)
 
 
 def leftovers(directory, keep=()):
@@ -175,10 +152,9 @@ def leftovers(directory, keep=()):
 def _recorded(directory, record_path, keep):
     """The files a save's record names that are still as it placed them, but ``keep``."""
     try:
-        with open_regular(record_path) as f:
-            record = json.loads(f.read(1 << 16))
+        record = reading.read_json(record_path, 1 << 16, 'record', follow_links=False)
         entries = [*record['placed'].values(), *record['replaced'].values()]
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):  # ValueError: not JSON
         return set()
     found = set()
     for entry in entries:

@@ -32,11 +32,10 @@ UNFINISHED = {}
 
 
 def _inode(path):
-    try:
+    with contextlib.suppress(OSError):
         st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+        return st.st_dev, st.st_ino
+    return None
 
 
 def fsync_path(path, flags=os.O_NONBLOCK, quiet=()):
@@ -104,9 +103,8 @@ def atomic_write(path, mode='w', follow_links=True):
     """
     if mode not in ('w', 'wb'):
         raise ValueError(f"atomic_write writes with mode 'w' or 'wb', not {mode!r}")
-    path = os.path.abspath(path)
-    if follow_links:
-        path = resolve_output(path, 'output')
+    path = os.path.abspath(path)  # as messages name it
+    path = resolve_output(path, 'output') if follow_links else path
     _check_target(path, follow_links)
     buffer = io.StringIO() if mode == 'w' else io.BytesIO()
     try:
@@ -190,11 +188,9 @@ def write_file(path, data, check=None, mode=0o666):
     """
     directory, name = os.path.split(path)
     remove_hashed(directory, name)  # what a killed write of this file left
-    tmp = _link_unnamed(path, data, mode, lambda digest: os.path.join(
-        directory, f'.{name}.{secrets.token_hex(4)}.{digest[:16]}.tmp'),
-        lambda chunks: _write_named(path, chunks, check, mode))
-    if tmp is not None:  # else written through a named temporary
-        _finish(tmp, path, check)
+    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}')
+    _finish(_link_unnamed(path, data, mode, lambda digest: f'{tmp}.{digest[:16]}.tmp',
+                          lambda chunks: _write_named(f'{tmp}.tmp', chunks, mode)), path, check)
 
 
 def _link_unnamed(path, data, mode, name, otherwise):
@@ -239,12 +235,10 @@ def _finish(tmp, path, check):
     fsync_directory(os.path.dirname(path))
 
 
-def _write_named(path, chunks, check, mode=0o666):
-    """``write_file`` through an ``O_EXCL`` named temporary (no ``O_TMPFILE`` here)."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}.tmp')
+def _write_named(tmp, chunks, mode):
+    """``write_file``'s temporary ``tmp``, named and ``O_EXCL`` (no ``O_TMPFILE`` here)."""
     create_exclusive(tmp, chunks, mode, unfinished=True)
-    return _finish(tmp, path, check)
+    return tmp
 
 
 def create_whole(path, data):

@@ -58,6 +58,5 @@ def read_csv(path):
             with contextlib.suppress(ValueError):
                 return kind(text)
         return text
-    text = reading.read_text(path, CSV_LIMIT, 'CSV file')
-    return [{k: value(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(text,
-                                                                                    newline=''))]
+    rows = csv.DictReader(io.StringIO(reading.read_text(path, CSV_LIMIT, 'CSV file'), newline=''))
+    return [{k: value(v) for k, v in r.items()} for r in rows]

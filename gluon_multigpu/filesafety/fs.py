@@ -64,12 +64,9 @@ def write(fd, data, path=''):
 def _end_of(fd):
     """The length of the regular file ``fd`` when it is written at its end, else None."""
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND or \
-            os.lseek(fd, 0, os.SEEK_CUR) == info.st_size:
-        return info.st_size
-    return None
+    at_end = stat.S_ISREG(info.st_mode) and (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND or
+                                              os.lseek(fd, 0, os.SEEK_CUR) == info.st_size)
+    return info.st_size if at_end else None
 
 
 def fsync(fd, path=''):
@@ -136,18 +133,27 @@ def rmdir(path):
     os.rmdir(path)
 
 
-def remove_tree(path):
-    """Remove a folder the package made for itself alone (``mkdtemp``) and all it holds.
+def remove_tree(path, last=None, settle=None):
+    """Remove a folder the package made for itself alone (``mkdtemp``, a staging or save folder)
+    and all it holds.
 
     Bottom up, each removal one ``unlink`` or ``rmdir`` call through the hook; a symbolic link is
     removed, never followed. The first failure raises, with what was not reached left in place.
+    ``last`` names the file in ``path`` that makes the folder the package's (a journal, a
+    marker): it goes after all else, once ``settle(path)``, if given, made those removals
+    durable.
     """
+    path = os.fspath(path)
     for folder, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            unlink(os.path.join(folder, name))
-        for name in dirs:
-            inner = os.path.join(folder, name)
-            (unlink if os.path.islink(inner) else rmdir)(inner)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+            if (folder, name) != (path, last):
+                unlink(os.path.join(folder, name))
+        if folder != path:
+            rmdir(folder)
+    if last is not None and os.path.lexists(os.path.join(path, last)):
+        if settle is not None:
+            settle(path)  # the removals durable first: a power cut keeps them in order
+        unlink(os.path.join(path, last))  # last: until here the folder is recognised
     rmdir(path)
 
 

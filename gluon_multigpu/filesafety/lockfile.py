@@ -22,7 +22,7 @@ import sys
 import time
 
 from ..errors import GluonMultiGPUError
-from . import fs
+from . import fs, reading
 from .atomic import _inode, open_unnamed, remove_own
 
 __all__ = ['Lock', 'MARKER']
@@ -30,7 +30,6 @@ __all__ = ['Lock', 'MARKER']
 #: The first line of every lock file of the package.
 MARKER = 'gluon-multigpu lock 1'
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _kind(mode):
@@ -151,19 +150,18 @@ class Lock:
         """What has the name now: None after taking over a stale lock (or when the name went
         away: try again), ``who`` text when another process holds it; else raise."""
         try:
-            fd = os.open(self.path, _READ)
+            lock = reading.open_file(self.path, follow_links=False)
         except FileNotFoundError:
             return None
-        except OSError as e:
+        except OSError as e:  # not a regular file (a link, a folder, a FIFO), or unreadable
             try:
                 kind = _kind(os.lstat(self.path).st_mode)
             except OSError:
                 kind = f'unreadable ({e.strerror})'
             raise self._not_ours(kind) from None
-        try:
+        with lock:
+            fd = lock.fileno()
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise self._not_ours(_kind(st.st_mode))
             text = os.pread(fd, 4096, 0).decode('utf-8', 'replace')
             ours = text.startswith(MARKER + '\n')
             free = _flocked(fd)
@@ -177,8 +175,6 @@ class Lock:
                 self.say(f'note: took over the lock {self.path} of a run that ended without '
                          f'letting it go{self._who(text)}')
             return None
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _who(text):

@@ -106,15 +106,6 @@ def _entries(journal):
             yield entry[0], (entry[1], entry[2]), bool(entry[3])
 
 
-def _roll_forward(staging, journal):
-    directory = os.path.dirname(staging)
-    for name, _, _ in _entries(journal):
-        source = os.path.join(staging, name)
-        if os.path.lexists(source):
-            fs.replace(source, os.path.join(directory, name))
-    fsync_directory(directory)
-
-
 def _roll_back(staging, journal):
     directory = os.path.dirname(staging)
     for i, (name, made, backup) in enumerate(_entries(journal)):
@@ -127,31 +118,21 @@ def _roll_back(staging, journal):
     fsync_directory(directory)
 
 
-def _clear(staging):
-    """Remove the staging folder ``staging`` (ours: it holds our journal) and what is in it."""
-    for root, folders, names in os.walk(staging, topdown=False):
-        for name in names + [f for f in folders if os.path.islink(os.path.join(root, f))]:
-            if os.path.join(root, name) != os.path.join(staging, JOURNAL):
-                fs.unlink(os.path.join(root, name))
-        if root != staging:
-            fs.rmdir(root)
-    if os.path.lexists(os.path.join(staging, JOURNAL)):
-        fsync_directory(staging)  # the removals durable first: a power cut keeps them in order
-        fs.unlink(os.path.join(staging, JOURNAL))  # last: until here the folder is ours
-    fs.rmdir(staging)
-
-
 def _settle(staging):
     """Finish what a writer of ``staging`` left: forward if committed, back if rolling back,
     else discard. Not ours (no journal with the marker): left untouched; returns False."""
     journal = _read_journal(staging)
     if journal is None:
         return False
-    if journal['state'] == 'committed':
-        _roll_forward(staging, journal)
+    if journal['state'] == 'committed':  # roll forward: the staged files not yet moved
+        directory = os.path.dirname(staging)
+        for name, _, _ in _entries(journal):
+            if os.path.lexists(os.path.join(staging, name)):
+                fs.replace(os.path.join(staging, name), os.path.join(directory, name))
+        fsync_directory(directory)
     elif journal['state'] == 'rollback':
         _roll_back(staging, journal)
-    _clear(staging)
+    fs.remove_tree(staging, JOURNAL, fsync_directory)
     return True
 
 
@@ -175,18 +156,13 @@ def recover(directory):
         path = os.path.join(directory, name)
         if name.startswith(_STAGING_PREFIX) and name.endswith(_STAGING_SUFFIX) and \
                 os.path.isdir(path) and not os.path.islink(path):
-            if _settle(path) or (_STAGING_NAME.match(name) and _remove_empty(path)):
+            if _settle(path):
                 settled.append(name)
+            elif _STAGING_NAME.match(name):
+                with contextlib.suppress(OSError):  # not empty: not ours, left
+                    fs.rmdir(path)
+                    settled.append(name)
     return settled
-
-
-def _remove_empty(path):
-    """``rmdir`` ``path``; False if it is not empty (or cannot be removed)."""
-    try:
-        fs.rmdir(path)
-    except OSError:
-        return False
-    return True
 
 
 class ReportSet:
@@ -311,7 +287,7 @@ class ReportSet:
         for _ in range(2):
             with contextlib.suppress(OSError):
                 if os.path.lexists(self._staging):
-                    _clear(self._staging)
+                    fs.remove_tree(self._staging, JOURNAL, fsync_directory)
                 break
         _UNFINISHED.pop(self._staging, None)
 
@@ -357,10 +333,8 @@ def replace_together(paths, write, limit=256 << 20):
     except BaseException:
         for target, (old, made) in before.items():
             now = _inode(target)
-            if now == made:
-                continue  # not replaced
-            if old is None:
+            if now != made and old is None:
                 remove_own(target, now)  # made by ``write`` just now
-            else:
+            elif now != made:  # replaced: what it held, back
                 write_file(target, old)
         raise

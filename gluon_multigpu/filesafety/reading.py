@@ -15,8 +15,8 @@ import stat
 
 from ..errors import GluonMultiGPUError
 
-__all__ = ['open_regular', 'read_if_regular', 'read_bytes', 'read_text', 'read_json', 'size_text',
-           'sha256']
+__all__ = ['open_file', 'open_regular', 'read_if_regular', 'read_bytes', 'read_text', 'read_json',
+           'size_text', 'sha256']
 
 
 def size_text(num_bytes):
@@ -27,6 +27,21 @@ def size_text(num_bytes):
     return f'{num_bytes} bytes'
 
 
+def open_file(path, follow_links):
+    """Open ``path`` for reading in binary, or raise ``OSError``: ``open_regular`` with the error
+    as it is (``IsADirectoryError`` for anything but a regular file, its ``strerror`` what it
+    is), for callers that say in their own words what is wrong."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, 'a directory' if stat.S_ISDIR(mode) else
+                                'not a regular file (a pipe, socket or device)', path)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, 'rb')
+
+
 def open_regular(path, what, follow_links=True):
     """Open ``path`` for reading in binary, or raise ``GluonMultiGPUError`` naming ``what``.
 
@@ -34,25 +49,19 @@ def open_regular(path, what, follow_links=True):
     treat a missing file as they choose. Anything but a regular file (a folder, FIFO, socket,
     device; with ``follow_links`` False, a symbolic link) is refused in one line.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags)
+        return open_file(path, follow_links)
     except FileNotFoundError:
         raise
+    except IsADirectoryError as e:  # os.open reads a folder: only ``open_file``'s own refusal
+        raise GluonMultiGPUError(f'{what} {path} is {e.strerror}; give the name of a regular '
+                                 'file') from None
     except OSError as e:
         if e.errno == errno.ELOOP and not follow_links:
             raise GluonMultiGPUError(f'{what} {path} is a symbolic link, which is not followed '
                                      'here; give the file itself') from None
         raise GluonMultiGPUError(f'{what} {path} cannot be read ({e.strerror}); give a readable '
                                  'file') from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = 'a directory' if stat.S_ISDIR(mode) else 'not a regular file (a pipe, socket ' \
-                                                        'or device)'
-        raise GluonMultiGPUError(f'{what} {path} is {kind}; give the name of a regular file')
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, 'rb')
 
 
 def read_if_regular(path, read):

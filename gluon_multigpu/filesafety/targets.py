@@ -148,14 +148,11 @@ def check_outputs(files=(), directories=(), checkpoint_dir=None, inputs=()):
     one lie inside another.
     """
     places = []
-    for what, path in files:
-        if path is not None:
+    for i, (what, path) in enumerate((*files, *directories, ('`checkpoint_dir`', checkpoint_dir))):
+        if path is not None:  # a file where its links lead, a folder where it really is
             _check_not_empty(path, what)
-            places.append((what, resolve_output(path, what)))
-    for what, path in (*directories, ('`checkpoint_dir`', checkpoint_dir)):
-        if path is not None:
-            _check_not_empty(path, what)
-            places.append((what, os.path.realpath(path)))
+            places.append((what, resolve_output(path, what) if i < len(files) else
+                           os.path.realpath(path)))
     for i, (what, path) in enumerate(places):
         for other, other_path in places[i + 1:]:
             if path == other_path or other_path.startswith(path + os.sep) or \
