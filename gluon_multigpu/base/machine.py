@@ -41,16 +41,26 @@ def cpu_flags():
     return frozenset(_cpuinfo().get('flags', '').split())
 
 
+#: The widest vector instructions a CPU has, by /proc/cpuinfo's flag, widest first: the
+#: kernels oneDNN picks (a model name such as "AMD EPYC" can be a CPU with any of them).
+VECTORS = (('amx_bf16', 'AMX'), ('avx512_bf16', 'AVX512-BF16'), ('avx512f', 'AVX-512'),
+           ('avx2', 'AVX2'))
+
+
 def machine():
-    """This machine's CPU (its model name, as ``lscpu`` names it) and cores."""
-    return {'cpu': _cpu_name(), 'cores': os.cpu_count()}
+    """This machine's CPU (its model name, as ``lscpu`` names it), its widest vector
+    instructions (``VECTORS``; None where it lists none of them) and its cores."""
+    vectors = next((name for flag, name in VECTORS if flag in cpu_flags()), None)
+    return {'cpu': _cpu_name(), 'vectors': vectors, 'cores': os.cpu_count()}
 
 
 def stamp():
-    """``{'machine': 'CPU, N cores', 'date': 'YYYY-MM-DD'}`` (UTC) for a results file made now."""
+    """``{'machine': 'CPU (VECTORS), N cores', 'date': 'YYYY-MM-DD'}`` (UTC) for a results file
+    made now."""
     m = machine()
     today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    return {'machine': f"{m['cpu']}, {m['cores']} cores", 'date': today}
+    vectors = f" ({m['vectors']})" if m['vectors'] else ''
+    return {'machine': f"{m['cpu']}{vectors}, {m['cores']} cores", 'date': today}
 
 
 def stamped(rows):

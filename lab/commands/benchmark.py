@@ -21,7 +21,7 @@ from gluon_multigpu.cli import common
 from lab.commands import bench_workers
 from lab.commands.bench_aims import (  # noqa: F401  (TARGETS: the aims, for the tests)
     TARGETS, detail_table, summarize, table, torch_missing)
-from gluon_multigpu.errors import DataError, GluonMultiGPUError
+from gluon_multigpu.errors import DataError, GluonMultiGPUError, flag
 from gluon_multigpu.base import signals
 from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.filesafety.files import write_json
@@ -241,7 +241,7 @@ def bfloat16_missing():
     try:
         precision.check_bfloat16()
     except GluonMultiGPUError as e:
-        return str(e)
+        return e.describe(flag)
     return None
 
 

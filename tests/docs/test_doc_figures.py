@@ -142,6 +142,11 @@ def test_results_rows_are_stamped_with_the_machine_and_the_date():
     mark = stamp()
     assert sorted(mark) == sorted(STAMP_COLUMNS)
     assert mark['machine'].endswith(f'{os.cpu_count()} cores')
+    flags = next((l.split(':')[1].split() for l in open('/proc/cpuinfo') if l.startswith('flags')),
+                 [])  # the widest vector instructions the CPU lists, named after its model
+    widest = ('AMX' if 'amx_bf16' in flags else 'AVX512-BF16' if 'avx512_bf16' in flags else
+              'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else None)
+    assert (f' ({widest}), ' in mark['machine']) if widest else ' (' not in mark['machine']
     assert len(mark['date']) == 10 and mark['date'][4] == '-'
     assert stamped([{'a': 1}]) == [dict(a=1, **mark)]
 
