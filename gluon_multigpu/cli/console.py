@@ -93,13 +93,15 @@ class _QuietStream:
     """A console stream whose write errors end its output, not the run.
 
     A terminal that closed (EIO) or a reader that went away (EPIPE) would
-    turn the next progress line into an exception. On the first failure the
+    turn the next progress line into an exception; a stream Python could not
+    open (``2>&-``: ``sys.stderr`` is None) is lost from the start, so that
+    its flush at exit does not turn a finished run into status 120. On the first failure the
     stream's descriptor is pointed at the null device, so that what is still
     buffered, and Python's flush at exit, go nowhere quietly.
     """
 
-    def __init__(self, stream):
-        self._stream, self.lost = stream, False
+    def __init__(self, stream):  # None: the descriptor was closed before Python started
+        self._stream, self.lost = stream, stream is None
 
     def _try(self, method, *args):
         """Call the stream's ``method`` unless it is lost; lose it if the call fails."""

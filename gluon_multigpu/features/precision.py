@@ -140,9 +140,15 @@ def _bfloat16_failure():
 
 @contextlib.contextmanager
 def _silent_stderr():
-    """The process's stderr (descriptor 2, where MXNet's C++ logs) at the null device within."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+    """The process's stderr (descriptor 2, where MXNet's C++ logs) at the null device within
+    (a closed descriptor 2, as after ``2>&-``, stays closed)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # none, or closed
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
     try:
         with open(os.devnull, 'wb') as null:
             os.dup2(null.fileno(), 2)

@@ -12,6 +12,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -240,6 +241,20 @@ def test_sighup_while_mxnet_loads_is_one_line(tmp_path):
     assert err.count('\n') == 1 and err.startswith('interrupted while starting') and \
         'nothing was written' in err, err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('closed', ['2>&-', '>&-', '>&- 2>&-'])
+def test_a_run_started_with_its_output_closed_keeps_its_exit_status(closed, tmp_path):
+    """A daemon or a shell's ``2>&-``: Python starts with ``sys.stderr`` (or stdout) None; a
+    run that trained is 0, a refused one 2 (it was 120: Python's flush of None at exit)."""
+    run = (f'{shlex.quote(sys.executable)} {shlex.quote(SCRIPT)} --cpu-devices 2 --model '
+           f'simple-cnn --num-epochs 1 --synthetic --num-train 256 --num-test 64')
+    trained = subprocess.run(['bash', '-c', f'{run} --json {tmp_path}/r.json {closed}'],
+                             timeout=300, check=False)
+    assert trained.returncode == 0 and json.loads((tmp_path / 'r.json').read_text())['complete']
+    refused = subprocess.run(['bash', '-c', f'{run} --batch-size 1 {closed}'], timeout=300,
+                             check=False)
+    assert refused.returncode == 2
 
 
 def test_a_quiet_console_survives_a_closed_terminal():
