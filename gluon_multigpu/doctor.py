@@ -76,7 +76,10 @@ def probe(out=None):
     found['step'] = two_context_step()
     print(STAGE + 'trying a bfloat16 convolution', file=out, flush=True)
     from .features import precision  # pylint: disable=import-outside-toplevel  (MXNet is loaded)
-    found['bfloat16'] = precision.bfloat16_outlook()
+    try:
+        found['bfloat16'] = precision.bfloat16_outlook()
+    except Exception as e:  # pylint: disable=broad-except  (reported, not a failed MXNet load)
+        found['bfloat16'] = {'trains': False, 'cpu': _error_line(e), 'speedup': None}
     print(MARK + json.dumps(found), file=out, flush=True)
 
 

@@ -261,3 +261,19 @@ def test_the_accuracy_tool_trains_both_or_refuses_in_one_line(tmp_path, fashion_
     record, = json.loads((tmp_path / 'acc.json').read_text())['records']
     assert len(record['float32']) == len(record['bfloat16']) == 2
     assert record['float32'] != record['bfloat16']  # two computations, not one run twice
+
+
+def test_a_bfloat16_probe_that_raises_is_the_doctors_line_not_a_failed_load(monkeypatch):
+    import io
+    from gluon_multigpu import doctor
+
+    def broken():
+        raise TypeError('unexpected')
+    monkeypatch.setattr(precision, 'bfloat16_outlook', broken)
+    out = io.StringIO()
+    doctor.probe(out)
+    found = json.loads(next(l for l in out.getvalue().splitlines()
+                            if l.startswith(doctor.MARK))[len(doctor.MARK):])
+    assert found['loads'] and found['step']['ok']
+    assert doctor._bfloat16_line(found['bfloat16']) == \
+        'no (TypeError: unexpected): --dtype bfloat16 is refused here'
