@@ -12,6 +12,7 @@ devices.
 """
 import contextlib
 import os
+import select
 import signal
 import threading
 import time
@@ -148,14 +149,16 @@ class Control(StepReports):
     """The launcher's line to one of its workers (``launch``, through ``multihost.agent``).
 
     The worker reports its rank once joined and its steps (``StepReports``: the
-    launcher watches them for a stall); told ``stop-at S``, it stops after
-    step S, ``stop`` (a ``StopRequest``) is marked as stopped by SIGTERM, and
-    ``on_stop`` says so. Made from the ``CONTROL_VARIABLE`` the agent sets
-    (``from_environment``), which also makes ``stacks.DUMP_SIGNAL`` write the
-    stacks; nothing outside a launched job. The launcher tells every worker the
-    same S: a synchronous run must end on one step everywhere (a worker that
-    stopped a step earlier would leave the others waiting for its gradients
-    forever), and its first worker writes the checkpoint of that step.
+    launcher watches them for a stall). A synchronous run must end on one step
+    everywhere (its first worker writes that step's checkpoint), so the launcher
+    stops a job by agreement. Asked (``stop-ask``), the worker says the step it
+    holds at (``held N``) and waits there; told ``step-on``, it goes on one step
+    and holds again; told ``stop-at S`` (the largest step held), it goes on to
+    step S and stops: ``stop`` (a ``StopRequest``) is marked as stopped by
+    SIGTERM and ``on_stop`` says so. A signal to the worker ends a hold. Made
+    from the ``CONTROL_VARIABLE`` the agent sets (``from_environment``), which
+    also makes ``stacks.DUMP_SIGNAL`` write the stacks; nothing outside a
+    launched job.
 
     Parameters
     ----------
@@ -171,6 +174,7 @@ class Control(StepReports):
         super().__init__(write_fd)
         self.stop_at, self.stop, self.on_stop = None, stop, on_stop
         self._read_fd, self._said, self._pending = read_fd, False, b''
+        self._asked = self._step_on = self._closed = False
         # Read between steps, never by a thread: a thread blocked in a read when the process
         # exits makes MXNet's parameter server end it with "terminate called" (SIGABRT).
         os.set_blocking(read_fd, False)
@@ -188,17 +192,35 @@ class Control(StepReports):
             setattr(_CONTROL, k, v)
         return _CONTROL
 
-    def _listen(self):
-        """Take in the launcher's lines that have come (``stop-at S``)."""
+    def _listen(self, wait=0.0):
+        """Take in the launcher's lines that have come, after waiting up to ``wait`` seconds
+        for one."""
+        if wait:
+            select.select([self._read_fd], [], [], wait)
         with contextlib.suppress(OSError):  # BlockingIOError: nothing more has come
             while data := os.read(self._read_fd, 4096):
                 *lines, self._pending = (self._pending + data).split(b'\n')
                 for words in map(bytes.split, lines):
-                    if len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
+                    if words == [b'stop-ask']:
+                        self._asked = True
+                    elif words == [b'step-on']:
+                        self._step_on = True
+                    elif len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
                         self.stop_at = int(words[1])
+            self._closed = True  # the agent's end is closed: no answer can come
+
+    def _hold(self):
+        """Asked to stop: say the step held at and wait for ``stop-at`` or ``step-on``."""
+        self.report(f'held {self.steps}')
+        while not (self.stop_at is not None or self._step_on or self._closed
+                   or getattr(self.stop, 'signum', None) is not None):
+            self._listen(0.1)
+        self._step_on = False
 
     def _reached(self):
         self._listen()
+        if self._asked and self.stop_at is None:
+            self._hold()
         if self.stop_at is None or self.steps < self.stop_at:
             return False
         if not self._said:

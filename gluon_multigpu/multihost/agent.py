@@ -6,9 +6,9 @@ agent runs COMMAND under a keeper (``keep``: this module with ``--keeper``) that
 COMMAND's whole tree should the agent die, even by SIGKILL. It copies COMMAND's output (lines
 cut at ``LINE_LIMIT``, control characters shown as ``^X``) and adds lines that begin with
 ``CONTROL`` for the launcher (``beat`` every ``--heartbeat`` seconds, ``beat stopped`` while
-COMMAND is stopped, ``step N``, ``rest``, ``watch``, ``stall S``, ``rank R W``, ``exit
-STATUS``); it takes the launcher's lines (``ping``, ``stop-at S``, ``term``, ``kill``,
-``dump``) on its standard input, and ends COMMAND (SIGTERM, SIGKILL ``--grace`` seconds later)
+COMMAND is stopped, ``step N``, ``held N``, ``rest``, ``watch``, ``stall S``, ``rank R W``,
+``exit STATUS``); it takes the launcher's lines (``ping``, ``stop-ask``, ``step-on``, ``stop-at
+S``, ``term``, ``kill``, ``dump``) on its standard input, and ends COMMAND (SIGTERM, SIGKILL ``--grace`` seconds later)
 when that closes or is silent for ``--timeout`` seconds: status ``LAUNCHER_GONE``, else
 COMMAND's (128 + a signal). ``--check`` runs nothing: one JSON line, whether COMMAND's program
 (and a ``--port``) is available here.
@@ -300,7 +300,7 @@ class Agent:
                 self.write(f'agent: ignored an input line over {INPUT_LIMIT} bytes\n'.encode())
                 continue
             words = read[0].decode(errors='replace').split() or ['']  # a blank line: nothing
-            if words[0] == 'stop-at' and self._to_job is not None:
+            if words[0] in ('stop-ask', 'step-on', 'stop-at') and self._to_job is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._to_job.write(' '.join(words) + '\n')
             elif words[0] in ('term', 'kill'):

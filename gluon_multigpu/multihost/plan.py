@@ -89,8 +89,9 @@ class Role:
 
     Attributes
     ----------
-    proc, rank, steps, heard, stopped_since
-        Its agent's process, its rank, its steps, when it was last heard, stopped since when.
+    proc, rank, steps, held, heard, stopped_since
+        Its agent's process, its rank, its steps, the step it holds at when asked to stop,
+        when it was last heard, stopped since when.
     stepped, resting, stall
         When its step count last changed (None: no step yet); whether its epoch's steps are
         done (evaluation: not watched); the stall time its command asked for (seconds), if any.
@@ -104,7 +105,7 @@ class Role:
 
     def __init__(self, kind, index, host, env, argv):
         self.kind, self.index, self.host, self.env, self.argv = kind, index, host, env, argv
-        self.proc = self.rank = self.stepped = self.stall = self.status = None
+        self.proc = self.rank = self.stepped = self.stall = self.status = self.held = None
         self.stopped_since = self.exited = self.lost = self.hung = None
         self.steps, self.resting, self.started = 0, False, False
         self.heard, self.relayed = time.monotonic(), threading.Event()
@@ -267,6 +268,8 @@ def _take_control(role, words):
         role.stopped_since = (role.stopped_since or time.monotonic()) if stopped else None
     elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
         role.steps, role.stepped, role.resting = int(words[1]), time.monotonic(), False
+    elif words[:1] == ['held'] and words[1:2] and words[1].isdigit():
+        role.held = int(words[1])  # the step it holds at, asked to stop (``Job.stop_together``)
     elif words[:1] in (['rest'], ['watch']):  # an epoch's steps done; the next epoch's ahead
         role.resting = words[0] == 'rest'
         role.stepped = role.stepped and time.monotonic()

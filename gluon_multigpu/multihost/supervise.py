@@ -26,7 +26,10 @@ from . import agent, hung
 from .plan import (HEARTBEAT, TERM_WAIT, LaunchError, keeps_checkpoints, plan, preflight, relay,
                    spawn, with_resume)
 
-__all__ = ['Job', 'launch', 'say']
+__all__ = ['Job', 'launch', 'say', 'STEP_ON']
+
+#: Seconds without every worker's answer to a stop before those holding lowest go on a step.
+STEP_ON = 1.0
 
 
 def _reachable(roles):
@@ -156,20 +159,21 @@ class Job:
             self.say(self.words.launch_stopped(signum))
         return 128 + signum
 
-    def wait(self, roles, seconds):
-        """Wait until every role of ``roles`` has ended, at most ``seconds``; True if they have.
+    def wait(self, roles, seconds, done=None):
+        """Wait until every role of ``roles`` has ended (or ``done()``), at most ``seconds``;
+        True if it came.
 
         A further signal meanwhile kills every process at once (``killed``) and returns False.
         """
         deadline = time.monotonic() + seconds
-        while any(r.running() for r in roles):
+        while not done() if done else any(r.running() for r in roles):
             if (signum := self.tick()) is not None and not self.killed:
                 self.say(self.words.launch_stopped_now(signum))
                 self.kill_all()
                 self.killed = True
             if self.killed or time.monotonic() > deadline:
                 return False
-            time.sleep(0.1)
+            time.sleep(0.05 if done else 0.1)
         return True
 
     def stop(self, coordinated):
@@ -177,9 +181,7 @@ class Job:
         and scheduler; SIGTERM, then SIGKILL, through the agents. Return False if a second
         signal made it kill everything at once."""
         if coordinated:
-            workers = _reachable(self.workers)
-            _tell(workers, f'stop-at {max(r.steps for r in self.workers) + 2}')
-            self.wait(workers, self.settings.grace)
+            self.stop_together(_reachable(self.workers))
         for group in (self.workers, self.others):
             alive = _reachable(group)
             _tell(alive, 'term')
@@ -190,6 +192,40 @@ class Job:
                 return False
         self.kill_all()
         return True
+
+    def stop_together(self, workers):
+        """Stop ``workers`` after one step, the same for all, within the grace period.
+
+        Each is asked (``stop-ask``) and holds at its next step end, saying which
+        (``held N``); once every one still running has, all are told the largest
+        (``stop-at S``): none is past it, those behind go on to it. One behind a
+        worker that holds may wait for that worker's gradients before it can hear
+        the question: when not every one has answered within ``STEP_ON`` seconds,
+        those holding at the lowest step go on one step (``step-on``) and say again.
+        """
+        deadline, next_step_on = time.monotonic() + self.settings.grace, 0.0
+        for r in workers:
+            r.held = None
+        _tell(workers, 'stop-ask')
+
+        def all_held():
+            nonlocal next_step_on
+            running = [r for r in workers if r.running()]
+            if all(r.held is not None for r in running):
+                return True
+            if (now := time.monotonic()) >= next_step_on:
+                if next_step_on:
+                    low = min((r.held for r in running if r.held is not None), default=None)
+                    lowest = [r for r in running if r.held is not None and r.held == low]
+                    for r in lowest:
+                        r.held = None
+                    _tell(lowest, 'step-on')
+                next_step_on = now + STEP_ON
+            return False
+        if self.wait(workers, self.settings.grace, all_held):
+            running = [r for r in workers if r.running()]
+            _tell(running, f'stop-at {max((r.held for r in running), default=0)}')
+            self.wait(workers, deadline - time.monotonic())
 
     def kill_all(self):
         """Kill every agent (and ssh client) still running here; the agents end their processes
