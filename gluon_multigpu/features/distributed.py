@@ -152,9 +152,9 @@ class Control(StepReports):
     launcher watches them for a stall). A synchronous run must end on one step
     everywhere (its first worker writes that step's checkpoint), so the launcher
     stops a job by agreement. Asked (``stop-ask``), the worker says the step it
-    holds at (``held N``) and waits there; told ``step-on``, it goes on one step
-    and holds again; told ``stop-at S`` (the largest step held), it goes on to
-    step S and stops: ``stop`` (a ``StopRequest``) is marked as stopped by
+    holds at (``held N``) and waits there; asked again, it goes on one step and
+    holds again; told ``stop-at S`` (the largest step held), it goes on to step
+    S and stops: ``stop`` (a ``StopRequest``) is marked as stopped by
     SIGTERM and ``on_stop`` says so. A signal to the worker ends a hold. Made
     from the ``CONTROL_VARIABLE`` the agent sets (``from_environment``), which
     also makes ``stacks.DUMP_SIGNAL`` write the stacks; nothing outside a
@@ -174,7 +174,7 @@ class Control(StepReports):
         super().__init__(write_fd)
         self.stop_at, self.stop, self.on_stop = None, stop, on_stop
         self._read_fd, self._said, self._pending = read_fd, False, b''
-        self._asked = self._step_on = self._closed = False
+        self._asks, self._closed = 0, False
         # Read between steps, never by a thread: a thread blocked in a read when the process
         # exits makes MXNet's parameter server end it with "terminate called" (SIGABRT).
         os.set_blocking(read_fd, False)
@@ -202,25 +202,18 @@ class Control(StepReports):
                 *lines, self._pending = (self._pending + data).split(b'\n')
                 for words in map(bytes.split, lines):
                     if words == [b'stop-ask']:
-                        self._asked = True
-                    elif words == [b'step-on']:
-                        self._step_on = True
+                        self._asks += 1
                     elif len(words) == 2 and words[0] == b'stop-at' and words[1].isdigit():
                         self.stop_at = int(words[1])
             self._closed = True  # the agent's end is closed: no answer can come
 
-    def _hold(self):
-        """Asked to stop: say the step held at and wait for ``stop-at`` or ``step-on``."""
-        self.report(f'held {self.steps}')
-        while not (self.stop_at is not None or self._step_on or self._closed
-                   or getattr(self.stop, 'signum', None) is not None):
-            self._listen(0.1)
-        self._step_on = False
-
     def _reached(self):
         self._listen()
-        if self._asked and self.stop_at is None:
-            self._hold()
+        if (asks := self._asks) and self.stop_at is None:  # hold here until told what next
+            self.report(f'held {self.steps}')
+            while not (self.stop_at is not None or self._asks > asks or self._closed
+                       or getattr(self.stop, 'signum', None) is not None):
+                self._listen(0.1)
         if self.stop_at is None or self.steps < self.stop_at:
             return False
         if not self._said:

@@ -2,16 +2,16 @@
 
 ``launch`` starts every role of a job through an agent, here or over ssh, as ``python -m
 gluon_multigpu.multihost.agent [--heartbeat S] [--timeout S] [--grace S] -- COMMAND``. The
-agent runs COMMAND under a keeper (``keep``: this module with ``--keeper``) that ends
-COMMAND's whole tree should the agent die, even by SIGKILL. It copies COMMAND's output (lines
-cut at ``LINE_LIMIT``, control characters shown as ``^X``) and adds lines that begin with
-``CONTROL`` for the launcher (``beat`` every ``--heartbeat`` seconds, ``beat stopped`` while
-COMMAND is stopped, ``step N``, ``held N``, ``rest``, ``watch``, ``stall S``, ``rank R W``,
-``exit STATUS``); it takes the launcher's lines (``ping``, ``stop-ask``, ``step-on``, ``stop-at
-S``, ``term``, ``kill``, ``dump``) on its standard input, and ends COMMAND (SIGTERM, SIGKILL ``--grace`` seconds later)
-when that closes or is silent for ``--timeout`` seconds: status ``LAUNCHER_GONE``, else
-COMMAND's (128 + a signal). ``--check`` runs nothing: one JSON line, whether COMMAND's program
-(and a ``--port``) is available here.
+agent runs COMMAND under a keeper (``keep``: this module with ``--keeper``) that ends COMMAND's
+whole tree should the agent die, even by SIGKILL. It copies COMMAND's output (lines cut at
+``LINE_LIMIT``, control characters shown as ``^X``) and adds lines that begin with ``CONTROL``
+for the launcher (``beat`` every ``--heartbeat`` seconds, ``beat stopped`` while COMMAND is
+stopped, ``step N``, ``held N``, ``rest``, ``watch``, ``stall S``, ``rank R W``, ``exit
+STATUS``); it takes the launcher's lines (``ping``, ``stop-ask``, ``stop-at S``, ``term``,
+``kill``, ``dump``) on its standard input, and ends COMMAND (SIGTERM, SIGKILL ``--grace``
+seconds later) when that closes or is silent for ``--timeout`` seconds: status
+``LAUNCHER_GONE``, else COMMAND's (128 + a signal). ``--check`` runs nothing: one JSON line,
+whether COMMAND's program (and a ``--port``) is available here.
 """
 import argparse
 import contextlib
@@ -300,7 +300,7 @@ class Agent:
                 self.write(f'agent: ignored an input line over {INPUT_LIMIT} bytes\n'.encode())
                 continue
             words = read[0].decode(errors='replace').split() or ['']  # a blank line: nothing
-            if words[0] in ('stop-ask', 'step-on', 'stop-at') and self._to_job is not None:
+            if words[0] in ('stop-ask', 'stop-at') and self._to_job is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._to_job.write(' '.join(words) + '\n')
             elif words[0] in ('term', 'kill'):

@@ -200,32 +200,24 @@ class Job:
         (``held N``); once every one still running has, all are told the largest
         (``stop-at S``): none is past it, those behind go on to it. One behind a
         worker that holds may wait for that worker's gradients before it can hear
-        the question: when not every one has answered within ``STEP_ON`` seconds,
-        those holding at the lowest step go on one step (``step-on``) and say again.
+        the question: while an answer is missing, every ``STEP_ON`` seconds those
+        holding at the lowest step are asked again (they go on one step and say).
         """
-        deadline, next_step_on = time.monotonic() + self.settings.grace, 0.0
+        deadline, asked = time.monotonic() + self.settings.grace, workers
         for r in workers:
             r.held = None
-        _tell(workers, 'stop-ask')
-
-        def all_held():
-            nonlocal next_step_on
-            running = [r for r in workers if r.running()]
-            if all(r.held is not None for r in running):
-                return True
-            if (now := time.monotonic()) >= next_step_on:
-                if next_step_on:
-                    low = min((r.held for r in running if r.held is not None), default=None)
-                    lowest = [r for r in running if r.held is not None and r.held == low]
-                    for r in lowest:
-                        r.held = None
-                    _tell(lowest, 'step-on')
-                next_step_on = now + STEP_ON
-            return False
-        if self.wait(workers, self.settings.grace, all_held):
-            running = [r for r in workers if r.running()]
-            _tell(running, f'stop-at {max((r.held for r in running), default=0)}')
-            self.wait(workers, deadline - time.monotonic())
+        while not self.killed and (left := deadline - time.monotonic()) > 0:
+            _tell(asked, 'stop-ask')
+            if self.wait(workers, min(STEP_ON, left),
+                         lambda: all(r.held is not None for r in workers if r.running())):
+                running = [r for r in workers if r.running()]
+                _tell(running, f'stop-at {max((r.held for r in running), default=0)}')
+                self.wait(workers, deadline - time.monotonic())
+                return
+            held = [r for r in workers if r.running() and r.held is not None]
+            asked = [r for r in held if r.held == min(h.held for h in held)]
+            for r in asked:
+                r.held = None
 
     def kill_all(self):
         """Kill every agent (and ssh client) still running here; the agents end their processes

@@ -47,7 +47,7 @@ def test_a_worker_asked_to_stop_holds_says_its_step_and_goes_on_only_as_told():
     assert next(said) == ['step', '3'] and next(said) == ['held', '3']
     t.join(0.5)
     assert t.is_alive() and not answer  # holding: no step until the launcher says
-    os.write(to_w, b'step-on\n')
+    os.write(to_w, b'stop-ask\n')  # asked again while holding
     t.join(5)
     assert answer == [False]  # one step on, ...
     t, answer = hold_in_thread(control)
@@ -59,7 +59,7 @@ def test_a_worker_asked_to_stop_holds_says_its_step_and_goes_on_only_as_told():
     assert control.stop.signum is not None  # the run stops as on SIGTERM (its checkpoint kept)
     # A signal to the worker ends a hold (the launcher's SIGTERM after its grace period)
     control = Control(*os.pipe()[:1], from_w, stop=SimpleNamespace(signum=None))
-    control._asked = True
+    control._asks = 1
     t, answer = hold_in_thread(control)
     time.sleep(0.3)
     control.stop.signum = 15
@@ -133,7 +133,7 @@ def test_every_worker_stops_after_one_step_though_one_hears_late(delays):
 
 
 def test_without_stepping_on_a_worker_that_hears_late_waits_forever(monkeypatch):
-    # The scenario above is the one that needs ``step-on``: without it the job hangs
+    # The scenario above is the one that needs the second question: without it the job hangs
     monkeypatch.setattr(supervise, 'STEP_ON', 1e9)
     workers = [SimulatedWorker(0, 0.05, 0.0), SimulatedWorker(1, 0.05, 0.6)]
     job = job_of(workers, grace=3)
