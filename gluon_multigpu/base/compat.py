@@ -296,7 +296,7 @@ def after_load(mxnet):
     # _imperative_invoke(handle, ndargs, keys, vals, ...), _symbol_creator(handle, args,
     # kwargs, keys, vals, ...): ``vals`` at 3 and 4
     for register, name, index in ((mxnet.ndarray.register, '_imperative_invoke', 3),
-                                     (mxnet.symbol.register, '_symbol_creator', 4)):
+                                  (mxnet.symbol.register, '_symbol_creator', 4)):
         setattr(register, name, _plain_values(getattr(register, name), numpy.generic, index))
     _DONE['plain_values'] = True
 
