@@ -56,6 +56,8 @@ __all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'n
 #: The extra adds mxnet-cu112, which writes the same ``mxnet`` module as the CPU build the package
 #: requires; the second command makes the GPU build's files the ones in place.
 GPU_INSTALL = "pip install -e '.[cu112]' && pip install --force-reinstall --no-deps mxnet-cu112==1.9.1"
+#: MXNet's CPU build put in place of whatever build is there, as the messages below give it.
+CPU_INSTALL = 'pip install --force-reinstall --no-deps mxnet==1.9.1'
 
 #: The NumPy releases this module was run against (the runtime matrix of ``tools/runtimes.py``):
 #: (oldest, newest) as (major, minor). A newer one may work; the doctor says it is untried.
@@ -92,9 +94,8 @@ def _replacements(numpy):
     renamed = (('trapz', 'trapezoid'), ('product', 'prod'), ('cumproduct', 'cumprod'),
                ('row_stack', 'vstack'), ('round_', 'round'), ('alltrue', 'all'),
                ('sometrue', 'any'), ('mat', 'asmatrix'))
-    return {'bool': builtins.bool, 'int': builtins.int, 'float': builtins.float,
-            'complex': builtins.complex, 'object': builtins.object, 'str': builtins.str,
-            'unicode': builtins.str, 'long': builtins.int, 'Inf': numpy.inf, 'Infinity': numpy.inf,
+    return {'bool': bool, 'int': int, 'float': float, 'complex': complex, 'object': object,
+            'str': str, 'unicode': str, 'long': int, 'Inf': numpy.inf, 'Infinity': numpy.inf,
             'infty': numpy.inf, 'PINF': numpy.inf, 'NINF': -numpy.inf, 'NaN': numpy.nan,
             'NAN': numpy.nan, 'PZERO': 0.0, 'NZERO': -0.0, 'float_': numpy.float64,
             'complex_': numpy.complex128, 'cfloat': numpy.complex128,
@@ -136,10 +137,9 @@ class _Version:
     def __init__(self, vstring=None):
         self.vstring, self.version = vstring, _numeric(vstring) if vstring is not None else ()
 
-    def _key(self, other):  # both padded with zeros to the same length
+    def _key(self, other):  # both padded with zeros to the same length (the two lengths' sum)
         other = other if isinstance(other, _Version) else type(self)(other)
-        width = max(len(self.version), len(other.version))
-        return [(v.version + (0,) * width)[:width] for v in (self, other)]
+        return self.version + (0,) * len(other.version), other.version + (0,) * len(self.version)
 
     def __eq__(self, other):
         return operator.eq(*self._key(other))
@@ -205,17 +205,16 @@ def provide_distutils_version():
 
 def withdraw_distutils_stand_in():
     """Once MXNet has loaded: the stand-ins out of ``sys.modules`` where a real ``distutils``
-    exists, so that other code imports that one; return whether they were withdrawn."""
+    exists, so that other code imports that one."""
     ours = _STAND_IN.pop('modules', None)
     if not ours or not _STAND_IN.get('withdraw'):
-        return False
+        return
     before = _STAND_IN.pop('before', {})
     for name, module in ours.items():
         if sys.modules.get(name) is module:
             del sys.modules[name]
             if name in before:
                 sys.modules[name] = before[name]
-    return True
 
 
 def numpy_version(text=None):
@@ -256,12 +255,10 @@ def plain(value, generic):
     return value.item() if isinstance(value, generic) else value
 
 
-def _plain_values(invoke, generic, position):
-    """``invoke`` with the operator parameters it is handed (argument ``position``) made plain."""
+def _plain_values(invoke, generic, index):
+    """``invoke`` with the operator parameters it is handed (argument ``index``) made plain."""
     def wrapped(*args, **kwargs):
-        if (vals := plain(args[position], generic)) is not args[position]:
-            args = args[:position] + (vals,) + args[position + 1:]
-        return invoke(*args, **kwargs)
+        return invoke(*args[:index], plain(args[index], generic), *args[index + 1:], **kwargs)
     wrapped.__wrapped__, wrapped.__name__ = invoke, getattr(invoke, '__name__', 'invoke')
     return wrapped
 
@@ -298,9 +295,9 @@ def after_load(mxnet):
     # MXNet's register modules, whose generated code calls these two names in their globals.
     # _imperative_invoke(handle, ndargs, keys, vals, ...), _symbol_creator(handle, args,
     # kwargs, keys, vals, ...): ``vals`` at 3 and 4
-    for register, name, position in ((mxnet.ndarray.register, '_imperative_invoke', 3),
-                                     (mxnet.symbol.register, '_symbol_creator', 4)):
-        setattr(register, name, _plain_values(getattr(register, name), numpy.generic, position))
+    for register, name, index in ((mxnet.ndarray.register, '_imperative_invoke', 3),
+                                  (mxnet.symbol.register, '_symbol_creator', 4)):
+        setattr(register, name, _plain_values(getattr(register, name), numpy.generic, index))
     _DONE['plain_values'] = True
 
 
@@ -336,11 +333,9 @@ LIBRARIES = (
     ('libgfortran', 'install the GNU Fortran runtime (Debian/Ubuntu: apt-get install '
                     'libgfortran5)'),
     ('libcuda.so', "this is MXNet's CUDA build and no NVIDIA driver is installed: install the "
-                   'driver, or the CPU build: pip install --force-reinstall --no-deps '
-                   'mxnet==1.9.1'),
+                   f'driver, or the CPU build: {CPU_INSTALL}'),
     ('libcud', "MXNet's CUDA build (mxnet-cu112) needs CUDA 11.2's libraries (cudart, cublas, "
-               'cudnn) on the library path: install them, or the CPU build: pip install '
-               '--force-reinstall --no-deps mxnet==1.9.1'),
+               f'cudnn) on the library path: install them, or the CPU build: {CPU_INSTALL}'),
     ('libnccl', "MXNet's CUDA build needs NCCL's library (libnccl.so.2) on the library path"))
 
 
@@ -374,8 +369,8 @@ def load_advice(error):
         return (f'MXNet cannot load on NumPy {numpy.__version__} ({text}): this NumPy is newer '
                 f'than the ones gluon-multigpu knows (up to {".".join(map(str, KNOWN_NUMPY[1]))}); '
                 f'pip install {numpy_pin()}')
-    return (f'MXNet cannot load ({text}): reinstall it (pip install --force-reinstall --no-deps '
-            'mxnet==1.9.1) and run gluon-multigpu-doctor')
+    return (f'MXNet cannot load ({text}): reinstall it ({CPU_INSTALL}) and run '
+            'gluon-multigpu-doctor')
 
 
 def _load_mxnet(execute, module):

@@ -47,6 +47,10 @@ __all__ = ['EngineError', 'EngineWarning', 'configure', 'recommended', 'check_en
            'cores', 'worker_cores', 'HOST_CORES', 'HOST_WORKERS', 'loaded', 'note_loading',
            'settings', 'return_freed_memory', 'caller_stacklevel']
 
+#: Set by the launcher and the namespace lab, not by users (see the module's text): the cores
+#: of the host this process runs on, where it has fewer than the machine; the workers of the
+#: job that the host runs.
+HOST_CORES, HOST_WORKERS = 'GLUON_MULTIGPU_HOST_CORES', 'GLUON_MULTIGPU_HOST_WORKERS'
 #: Engine variables checked before MXNet loads: name -> (smallest, largest) whole value.
 #: MXNet aborts (OMP_NUM_THREADS=abc: status 134) or dies silently
 #: (MXNET_CPU_TEMP_COPY=0: status 136) on values outside these; it parses
@@ -62,8 +66,7 @@ LIMITS = {'OMP_NUM_THREADS': (1, 1024), 'MXNET_CPU_TEMP_COPY': (1, 4096),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': (0, 2**31 - 1),
           'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (0, 2**31 - 1),
           'MXNET_MKLDNN_CACHE_NUM': (-1, 2**31 - 1), 'MXNET_PROFILER_AUTOSTART': (0, 1),
-          'MXNET_PROFILER_MODE': (0, 2**31 - 1), 'GLUON_MULTIGPU_HOST_CORES': (1, 65536),
-          'GLUON_MULTIGPU_HOST_WORKERS': (1, 65536)}
+          'MXNET_PROFILER_MODE': (0, 2**31 - 1), HOST_CORES: (1, 65536), HOST_WORKERS: (1, 65536)}
 #: Engine variables MXNet reads as booleans: 0, 1, true or false (any case), nothing else
 #: (MXNET_EXEC_BULK_EXEC_TRAIN=abc is an MXNetError, MXNET_MKLDNN_ENABLED=abc status 134).
 BOOLEANS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_EXEC_BULK_EXEC_INFERENCE',
@@ -79,14 +82,8 @@ CHOICES = {
     'GLUON_MULTIGPU_OP_CACHE': (('0', '1'), "set 0 to turn the cache of MXNet's operator "
                                 "functions off, or 1 (or unset it) to keep it on "
                                 '(docs/guide.md, "Python and NumPy")')}
-#: What MXNet's parser skips around a number (C's isspace; not Unicode spaces).
-_C_SPACE = ' \t\n\r\v\f'
 #: The variables ``recommended`` chooses.
 CHOSEN = ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY')
-#: Set by the launcher and the namespace lab, not by users (see the module's text): the cores
-#: of the host this process runs on, where it has fewer than the machine; the workers of the
-#: job that the host runs.
-HOST_CORES, HOST_WORKERS = 'GLUON_MULTIGPU_HOST_CORES', 'GLUON_MULTIGPU_HOST_WORKERS'
 
 
 class EngineError(GluonMultiGPUError):
@@ -161,10 +158,10 @@ def check_environment(environ=None):
     """
     environ = os.environ if environ is None else environ
     for name, (low, high) in LIMITS.items():
-        if (text := environ.get(name)) is None:
-            continue
-        value = text.strip(_C_SPACE)
-        if not re.fullmatch(r'-?[0-9]+', value, re.ASCII) or not low <= int(value) <= high:
+        # unset: in range; around the number, what MXNet's parser skips: C's isspace, which is
+        # ``\s`` of an ASCII pattern (no Unicode spaces)
+        number = re.fullmatch(r'\s*(-?[0-9]+)\s*', text := environ.get(name, str(low)), re.ASCII)
+        if not number or not low <= int(number[1]) <= high:
             raise EngineError(f'environment variable {name}={text!r} is not a whole number from '
                               f'{low} to {high}; set it so or unset it')
     for name in BOOLEANS:
@@ -183,12 +180,11 @@ def loaded():
     return 'mxnet' in sys.modules
 
 
-def note_loading(environ=None):
+def note_loading():
     """Record the engine variables MXNet loads with (the package calls it just before it loads
     MXNet; if other code loaded MXNet first, the first call records the environment then)."""
     if _STATE['loaded_with'] is None:
-        environ = os.environ if environ is None else environ
-        _STATE['loaded_with'] = {k: environ.get(k) for k in CHOSEN}
+        _STATE['loaded_with'] = {k: os.environ.get(k) for k in CHOSEN}
 
 
 def settings():

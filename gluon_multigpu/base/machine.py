@@ -31,11 +31,6 @@ def _cpuinfo():
     return fields
 
 
-def _cpu_name():
-    """The CPU's model name: /proc/cpuinfo's (as ``lscpu`` names it), else the platform's."""
-    return _cpuinfo().get('model name') or platform.processor() or platform.machine() or 'unknown'
-
-
 def cpu_flags():
     """The CPU's instruction-set flags, as /proc/cpuinfo lists them (none where it does not)."""
     return frozenset(_cpuinfo().get('flags', '').split())
@@ -48,10 +43,12 @@ VECTORS = (('amx_bf16', 'AMX'), ('avx512_bf16', 'AVX512-BF16'), ('avx512f', 'AVX
 
 
 def machine():
-    """This machine's CPU (its model name, as ``lscpu`` names it), its widest vector
-    instructions (``VECTORS``; None where it lists none of them) and its cores."""
+    """This machine's CPU (its model name, as ``lscpu`` names it: /proc/cpuinfo's, else the
+    platform's), its widest vector instructions (``VECTORS``; None where it lists none of them)
+    and its cores."""
+    cpu = _cpuinfo().get('model name') or platform.processor() or platform.machine() or 'unknown'
     vectors = next((name for flag, name in VECTORS if flag in cpu_flags()), None)
-    return {'cpu': _cpu_name(), 'vectors': vectors, 'cores': os.cpu_count()}
+    return {'cpu': cpu, 'vectors': vectors, 'cores': os.cpu_count()}
 
 
 def stamp():

@@ -38,11 +38,10 @@ def stats():
     return {k: _STATE[k] for k in ('path', 'hits', 'misses', 'installed')}
 
 
-def cache_path(library, version, environ=None):
+def cache_path(library, version):
     """The cache file for MXNet's library file ``library`` (its size and time in the name), in
     the user's cache folder; None where that is not known (no home folder, as XDG says)."""
-    environ = os.environ if environ is None else environ
-    if not os.path.isabs(root := environ.get('XDG_CACHE_HOME') or
+    if not os.path.isabs(root := os.environ.get('XDG_CACHE_HOME') or
                          os.path.join(os.path.expanduser('~'), '.cache')):
         return None
     info = os.stat(library)
@@ -159,10 +158,9 @@ def on_load(name, run, first=None):
     return True
 
 
-def install(environ=None):
+def install():
     """Before MXNet loads: have its operator functions come from the cache; False if not."""
-    return (os.environ if environ is None else environ).get(ENV) != '0' and \
-        on_load('mxnet.base', _patch)
+    return os.environ.get(ENV) != '0' and on_load('mxnet.base', _patch)
 
 
 def write_table(path, table):

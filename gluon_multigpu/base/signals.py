@@ -197,16 +197,12 @@ class WakeupReader:
         self._sockets = self._thread = self._before = None
 
     def _read(self, reader):
-        while True:
-            try:
-                if not (data := reader.recv(16)):
-                    return
-            except OSError:
-                return
-            for signum in data:
-                if signum in self.signums:
-                    self.on_signal(signum)
-                self.bytes_read += 1
+        with contextlib.suppress(OSError):  # a failing recv ends the thread, as the end does
+            while data := reader.recv(16):
+                for signum in data:
+                    if signum in self.signums:
+                        self.on_signal(signum)
+                    self.bytes_read += 1
 
 
 # -- no process outlives its job ----------------------------------------------------------------

@@ -31,12 +31,10 @@ def _stream():
 
 
 def dump():
-    """Write every thread's Python stack to standard error now; False if there is nowhere to."""
-    if (stream := _stream()) is None:
-        return False
-    faulthandler.dump_traceback(file=stream, all_threads=True)
-    stream.flush()
-    return True
+    """Write every thread's Python stack to standard error now (nothing where there is none)."""
+    if (stream := _stream()) is not None:
+        faulthandler.dump_traceback(file=stream, all_threads=True)
+        stream.flush()
 
 
 def dump_on_signal():
@@ -59,10 +57,7 @@ def catches(pid, signum):
 
 
 def send_dump(pids):
-    """Send ``DUMP_SIGNAL`` to each of ``pids`` that handles it; return those signalled."""
-    sent = []
+    """Send ``DUMP_SIGNAL`` to each of ``pids`` that handles it (one that is gone is skipped)."""
     for pid in (pid for pid in pids if catches(pid, DUMP_SIGNAL)):
         with contextlib.suppress(OSError):
             os.kill(pid, DUMP_SIGNAL)
-            sent.append(pid)
-    return sent

@@ -5,11 +5,8 @@ __all__ = ['duration', 'size']
 
 def duration(seconds):
     """``seconds`` as a short text: ``45 s``, ``12 min``, ``3.2 h``."""
-    if seconds < 90:
-        return f'{seconds:.0f} s'
-    if seconds < 90 * 60:
-        return f'{seconds / 60:.0f} min'
-    return f'{seconds / 3600:.1f} h'
+    return (f'{seconds:.0f} s' if seconds < 90 else
+            f'{seconds / 60:.0f} min' if seconds < 90 * 60 else f'{seconds / 3600:.1f} h')
 
 
 def size(num_bytes):

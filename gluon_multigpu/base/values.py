@@ -19,7 +19,7 @@ from ..errors import GluonMultiGPUError
 __all__ = ['MODEL_NAMES', 'DATASETS', 'DATASET_NAMES', 'KVSTORES', 'DIST_KVSTORES', 'DTYPES',
            'SCHEDULES', 'MAX_SEED', 'MAX_ACCUMULATE', 'MAX_IN_FLIGHT', 'MAX_CPU_DEVICES',
            'MAX_GPUS', 'LR_MAX', 'NO_DIST_CLIP', 'check_epochs', 'check_seed', 'check_lr',
-           'check_accumulate', 'check_clip', 'check_schedule', 'check_warmup', 'whole', 'seconds',
+           'check_accumulate', 'check_clip', 'check_warmup', 'whole', 'seconds',
            'one_of', 'path', 'switch', 'kvstores', 'split', 'int_in', 'positive_float',
            'non_negative_float', 'path_of', 'split_weights', 'event_files', 'tensorboardx_missing']
 
@@ -73,9 +73,9 @@ def _real(value):
 def check_lr(lr):
     """Return ``lr`` as a ``float``; raise unless a positive number float32 holds (not 0)."""
     value = float(lr) if _real(lr) else math.nan
-    # the last: rounded to float32, as MXNet's optimizer keeps a learning rate, it is not 0
-    if not (math.isfinite(value) and 0 < value <= LR_MAX and
-            struct.unpack('<f', struct.pack('<f', value))[0] > 0):
+    # a NaN or an infinity fails the range; rounded to float32, as MXNet's optimizer keeps a
+    # learning rate, it must not be 0
+    if not (0 < value <= LR_MAX and struct.unpack('<f', struct.pack('<f', value))[0] > 0):
         raise GluonMultiGPUError(f'learning rate must be a positive number within float32\'s '
                                  f'range (at most {LR_MAX:.4g}), got {lr!r}')
     return value
@@ -83,18 +83,10 @@ def check_lr(lr):
 
 def check_clip(clip):
     """Return ``clip`` as a ``float`` (None: no clipping); raise unless positive and finite."""
-    if clip is None:
-        return None
-    value = float(clip) if _real(clip) else math.nan
-    if not (math.isfinite(value) and value > 0):
+    if clip is not None and not (_real(clip) and math.isfinite(clip) and float(clip) > 0):
         raise GluonMultiGPUError(f'`clip_grad_norm` must be a positive number (the largest '
                                  f'global gradient norm an update uses), got {clip!r}')
-    return value
-
-
-def check_schedule(name):
-    """Return ``name`` if it is one of ``SCHEDULES``."""
-    return one_of(SCHEDULES)(name, 'lr_schedule')
+    return None if clip is None else float(clip)
 
 
 def whole(low, high, message='`{name}` must be a whole number {low} to {high}, got {value!r}',

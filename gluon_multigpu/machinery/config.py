@@ -18,7 +18,7 @@ from ..errors import GluonMultiGPUError
 from ..base.values import (
     DATASET_NAMES, DATASETS, DIST_KVSTORES, DTYPES, KVSTORES, MAX_ACCUMULATE, MAX_CPU_DEVICES,
     MAX_GPUS, MAX_IN_FLIGHT, MAX_SEED, MODEL_NAMES, NO_DIST_CLIP, SCHEDULES, check_accumulate,
-    check_clip, check_epochs, check_lr, check_schedule, check_seed, check_warmup, event_files,
+    check_clip, check_epochs, check_lr, check_seed, check_warmup, event_files,
     int_in, kvstores, non_negative_float, one_of, path, path_of, positive_float, seconds, split,
     split_weights, switch, whole)
 
@@ -123,7 +123,7 @@ class TrainConfig:
         None, _OPT, "clip each update's global gradient norm (per sample) at X",
         _named(check_clip), positive_float, 'X')
     lr_schedule: str = setting('constant', _OPT, 'learning rate of each update',
-                               _named(check_schedule), choices=SCHEDULES)
+                               one_of(SCHEDULES), choices=SCHEDULES)
     warmup_steps: int = setting(0, _OPT, 'updates whose rate rises linearly to `lr` first',
                                 _named(check_warmup), int_in(0, 10**8), 'N')
     tensorboard: Optional[str] = _path(None, _OBS, 'TensorBoard event files in DIR (needs '
