@@ -36,8 +36,8 @@ IDX_FILES = {('train', 'images'): 'train-images-idx3-ubyte.gz',
 #: Where MXNet's own dataset classes download these files from.
 MXNET_MIRROR = 'https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/gluon/dataset/'
 
-_IDX_DTYPES = {0x08: onp.uint8, 0x09: onp.int8, 0x0B: onp.dtype('>i2'),
-               0x0C: onp.dtype('>i4'), 0x0D: onp.dtype('>f4'), 0x0E: onp.dtype('>f8')}
+#: The element types of an IDX file, by its magic number's third byte (big-endian).
+_IDX_DTYPES = {0x08: 'u1', 0x09: 'i1', 0x0B: '>i2', 0x0C: '>i4', 0x0D: '>f4', 0x0E: '>f8'}
 
 
 def default_root(name='fashion-mnist'):
@@ -119,8 +119,7 @@ def read_idx(path, max_items=MAX_ITEMS):
         if _read(f, 1, path):
             raise DataError(f'{path} holds more data than its header {shape} says; download it '
                             'again')
-    data = onp.frombuffer(raw, dtype=dtype).reshape(shape)
-    return data.astype(dtype.newbyteorder('='), copy=False)
+    return onp.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder('='), copy=False)
 
 
 def _not_a_file(path):
@@ -134,11 +133,9 @@ def _not_a_file(path):
         return 'a symbolic link to nothing' if os.path.islink(path) else None
     except OSError as e:
         return f'not readable ({e.strerror})'
-    if stat.S_ISREG(mode):
-        return None
-    kinds = ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
-             (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
-             (stat.S_ISBLK, 'a block device'))
+    kinds = ((stat.S_ISREG, None), (stat.S_ISDIR, 'a directory'),
+             (stat.S_ISFIFO, 'a FIFO (named pipe)'), (stat.S_ISSOCK, 'a socket'),
+             (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'))
     return next((kind for test, kind in kinds if test(mode)), 'not a regular file')
 
 
@@ -198,15 +195,13 @@ def read_split(root, split='train', name=None):
         raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} holds '
                         f'{labels.shape[0]} labels; the files belong to different releases: '
                         'download both again')
-    if spec:
-        if images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]:
-            raise DataError(f'{images_path} holds {images.shape[0]} images of '
-                            f'{images.shape[1:]}, but {name} {split} has {spec[split]} of '
-                            f'{spec["shape"]}; check `data_dir` and `dataset`')
-        if labels.size and int(labels.max()) >= spec['classes']:
-            raise DataError(f'{labels_path} has label {int(labels.max())}, but {name} has '
-                            f'{spec["classes"]} classes; check `dataset`, or download the '
-                            'file again')
+    if spec and (images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]):
+        raise DataError(f'{images_path} holds {images.shape[0]} images of {images.shape[1:]}, '
+                        f'but {name} {split} has {spec[split]} of {spec["shape"]}; check '
+                        '`data_dir` and `dataset`')
+    if spec and labels.size and int(labels.max()) >= spec['classes']:
+        raise DataError(f'{labels_path} has label {int(labels.max())}, but {name} has '
+                        f'{spec["classes"]} classes; check `dataset`, or download the file again')
     return images, labels.astype(onp.int32)
 
 
@@ -268,9 +263,8 @@ class ArrayLoader:
 
     def order(self, epoch):
         """Return the sample order of ``epoch`` (a NumPy index array)."""
-        if not self.shuffle:
-            return onp.arange(len(self.labels))
-        return onp.random.default_rng([self.seed, epoch]).permutation(len(self.labels))
+        return (onp.random.default_rng([self.seed, epoch]).permutation(len(self.labels))
+                if self.shuffle else onp.arange(len(self.labels)))
 
     def __iter__(self):
         self.epoch += 1
