@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as onp
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
-import mxnet as mx
-from mxnet import autograd, np
+from mxnet import autograd, cpu, np
 
 from .recipes import recipe_of
 from .devices import split_batch
@@ -82,8 +81,8 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
     correct, total = [[] for _ in devices], 0
     for batch in data_iter:
         features, labels = batch_pair(batch)
-        if total == 0 and getattr(labels, 'dtype', None) is not None and \
-                onp.dtype(labels.dtype).kind == 'f':  # whole numbers? (one read, the first batch)
+        # float labels: whole numbers? (one read, the first batch)
+        if total == 0 and onp.dtype(getattr(labels, 'dtype', 'i')).kind == 'f':
             check_whole(labels, 'the evaluation data')
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
@@ -182,7 +181,7 @@ def check_finite_params(net, where=''):
     """Raise ``TrainingDiverged`` if any parameter, running statistics included, holds a NaN or
     an infinity on its first device (sync point: one read-back for all of them)."""
     params = [p for p in net.collect_params().values() if p.list_data()]
-    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
+    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(cpu())
                    for p in params]).asnumpy() if params else []
     if bad := [p.name for p, good in zip(params, ok) if not good]:
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
