@@ -322,6 +322,5 @@ def hybridize(net):
     """
     with warnings.catch_warnings():
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
-        warnings.filterwarnings('ignore', message='All children of this Sequential layer',
-                                category=UserWarning)
+        warnings.filterwarnings('ignore', 'All children of this Sequential layer', UserWarning)
         net.hybridize(static_alloc=recipe_of(net).static_alloc)
