@@ -157,10 +157,9 @@ def check_data_dir(root):
                             'four files)')
     if missing := [name for name in IDX_FILES.values()
                    if not os.path.isfile(os.path.join(root, name))]:
-        where = (f'{root} does not exist' if not os.path.isdir(root)
-                 else f'{root} lacks {", ".join(missing)}')
-        raise DataError(f'{where}; it must hold the four files {files} '
-                        '(point `data_dir` at them, or pass `download=True`)')
+        where = 'does not exist' if not os.path.isdir(root) else f'lacks {", ".join(missing)}'
+        raise DataError(f'{root} {where}; it must hold the four files {files} (point `data_dir` '
+                        'at them, or pass `download=True`)')
 
 
 def read_split(root, split='train', name=None):

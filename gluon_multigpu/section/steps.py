@@ -31,11 +31,10 @@ def batch_pair(batch):
     """Return ``(X, y)`` of one batch; raise ``DataError`` unless it is such a pair."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch
-    what = (f'a {type(batch).__name__} of {len(batch)}' if isinstance(batch, (tuple, list))
-            else f'a {type(batch).__name__}' + (f' of shape {tuple(batch.shape)}'
-                                                if hasattr(batch, 'shape') else ''))
-    raise DataError(f'each batch must be a pair (inputs, labels), got {what}; make the data '
-                    'yield (X, y)')
+    of = (f' of {len(batch)}' if isinstance(batch, (tuple, list))
+          else f' of shape {tuple(batch.shape)}' if hasattr(batch, 'shape') else '')
+    raise DataError(f'each batch must be a pair (inputs, labels), got a {type(batch).__name__}'
+                    f'{of}; make the data yield (X, y)')
 
 
 def check_whole(labels, where):
