@@ -104,16 +104,14 @@ def read_idx(path, max_items=MAX_ITEMS):
         if not 1 <= ndim <= MAX_RANK:
             raise DataError(f'{path} has an IDX header of {ndim} dimensions (1 to {MAX_RANK} '
                             'make sense); download it again')
-        dims = _read(f, 4 * ndim, path)
-        if len(dims) < 4 * ndim:
+        if len(dims := _read(f, 4 * ndim, path)) < 4 * ndim:
             raise DataError(f'{path} has a truncated IDX header; download it again')
         shape = struct.unpack(f'>{ndim}I', dims)
         if (items := math.prod(shape)) > max_items:  # Python integers: no overflow
             raise DataError(f'{path} has an IDX header {shape} of {items} elements, more than '
                             f'the {max_items} this data set can hold; download it again')
         expected = items * dtype.itemsize
-        raw = _read(f, expected, path)
-        if len(raw) != expected:
+        if len(raw := _read(f, expected, path)) != expected:
             raise DataError(f'{path} holds {len(raw)} data bytes but its header {shape} needs '
                             f'{expected}; download it again')
         if _read(f, 1, path):
@@ -319,8 +317,7 @@ def download_dataset(name, root, base_url=MXNET_MIRROR):
         raise DataError(f'cannot create the data folder {root} ({e.strerror}); give a folder '
                         'that can be written') from None
     for fname in IDX_FILES.values():
-        target = os.path.join(root, fname)
-        if os.path.isfile(target):
+        if os.path.isfile(target := os.path.join(root, fname)):
             continue
         url = f'{base_url.rstrip("/")}/{name}/{fname}'
         try:
