@@ -120,9 +120,8 @@ def train_book(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvsto
     TrainResult
         The test accuracy, seconds and samples of every epoch, the devices and kvstore.
     """
-    *_, result = book_epochs(net, train_iter, test_iter, devices, num_epochs, lr, kvstore,
-                             batch_size, seed, initializer, on_epoch, stop)
-    return result
+    return list(book_epochs(net, train_iter, test_iter, devices, num_epochs, lr, kvstore,
+                            batch_size, seed, initializer, on_epoch, stop))[-1]  # the last epoch's
 
 
 def book_epochs(net, train_iter, test_iter, devices, num_epochs=10, lr=0.1, kvstore='device',

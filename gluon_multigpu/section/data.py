@@ -36,8 +36,8 @@ IDX_FILES = {('train', 'images'): 'train-images-idx3-ubyte.gz',
 #: Where MXNet's own dataset classes download these files from.
 MXNET_MIRROR = 'https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/gluon/dataset/'
 
-_IDX_DTYPES = {0x08: onp.uint8, 0x09: onp.int8, 0x0B: onp.dtype('>i2'),
-               0x0C: onp.dtype('>i4'), 0x0D: onp.dtype('>f4'), 0x0E: onp.dtype('>f8')}
+#: The element types of an IDX file, by its magic number's third byte (big-endian).
+_IDX_DTYPES = {0x08: 'u1', 0x09: 'i1', 0x0B: '>i2', 0x0C: '>i4', 0x0D: '>f4', 0x0E: '>f8'}
 
 
 def default_root(name='fashion-mnist'):
@@ -104,23 +104,20 @@ def read_idx(path, max_items=MAX_ITEMS):
         if not 1 <= ndim <= MAX_RANK:
             raise DataError(f'{path} has an IDX header of {ndim} dimensions (1 to {MAX_RANK} '
                             'make sense); download it again')
-        dims = _read(f, 4 * ndim, path)
-        if len(dims) < 4 * ndim:
+        if len(dims := _read(f, 4 * ndim, path)) < 4 * ndim:
             raise DataError(f'{path} has a truncated IDX header; download it again')
         shape = struct.unpack(f'>{ndim}I', dims)
         if (items := math.prod(shape)) > max_items:  # Python integers: no overflow
             raise DataError(f'{path} has an IDX header {shape} of {items} elements, more than '
                             f'the {max_items} this data set can hold; download it again')
         expected = items * dtype.itemsize
-        raw = _read(f, expected, path)
-        if len(raw) != expected:
+        if len(raw := _read(f, expected, path)) != expected:
             raise DataError(f'{path} holds {len(raw)} data bytes but its header {shape} needs '
                             f'{expected}; download it again')
         if _read(f, 1, path):
             raise DataError(f'{path} holds more data than its header {shape} says; download it '
                             'again')
-    data = onp.frombuffer(raw, dtype=dtype).reshape(shape)
-    return data.astype(dtype.newbyteorder('='), copy=False)
+    return onp.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder('='), copy=False)
 
 
 def _not_a_file(path):
@@ -134,11 +131,9 @@ def _not_a_file(path):
         return 'a symbolic link to nothing' if os.path.islink(path) else None
     except OSError as e:
         return f'not readable ({e.strerror})'
-    if stat.S_ISREG(mode):
-        return None
-    kinds = ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
-             (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
-             (stat.S_ISBLK, 'a block device'))
+    kinds = ((stat.S_ISREG, None), (stat.S_ISDIR, 'a directory'),
+             (stat.S_ISFIFO, 'a FIFO (named pipe)'), (stat.S_ISSOCK, 'a socket'),
+             (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'))
     return next((kind for test, kind in kinds if test(mode)), 'not a regular file')
 
 
@@ -160,10 +155,9 @@ def check_data_dir(root):
                             'four files)')
     if missing := [name for name in IDX_FILES.values()
                    if not os.path.isfile(os.path.join(root, name))]:
-        where = (f'{root} does not exist' if not os.path.isdir(root)
-                 else f'{root} lacks {", ".join(missing)}')
-        raise DataError(f'{where}; it must hold the four files {files} '
-                        '(point `data_dir` at them, or pass `download=True`)')
+        where = 'does not exist' if not os.path.isdir(root) else f'lacks {", ".join(missing)}'
+        raise DataError(f'{root} {where}; it must hold the four files {files} (point `data_dir` '
+                        'at them, or pass `download=True`)')
 
 
 def read_split(root, split='train', name=None):
@@ -198,15 +192,13 @@ def read_split(root, split='train', name=None):
         raise DataError(f'{images_path} holds {images.shape[0]} images but {labels_path} holds '
                         f'{labels.shape[0]} labels; the files belong to different releases: '
                         'download both again')
-    if spec:
-        if images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]:
-            raise DataError(f'{images_path} holds {images.shape[0]} images of '
-                            f'{images.shape[1:]}, but {name} {split} has {spec[split]} of '
-                            f'{spec["shape"]}; check `data_dir` and `dataset`')
-        if labels.size and int(labels.max()) >= spec['classes']:
-            raise DataError(f'{labels_path} has label {int(labels.max())}, but {name} has '
-                            f'{spec["classes"]} classes; check `dataset`, or download the '
-                            'file again')
+    if spec and (images.shape[1:] != spec['shape'] or images.shape[0] != spec[split]):
+        raise DataError(f'{images_path} holds {images.shape[0]} images of {images.shape[1:]}, '
+                        f'but {name} {split} has {spec[split]} of {spec["shape"]}; check '
+                        '`data_dir` and `dataset`')
+    if spec and labels.size and int(labels.max()) >= spec['classes']:
+        raise DataError(f'{labels_path} has label {int(labels.max())}, but {name} has '
+                        f'{spec["classes"]} classes; check `dataset`, or download the file again')
     return images, labels.astype(onp.int32)
 
 
@@ -268,9 +260,8 @@ class ArrayLoader:
 
     def order(self, epoch):
         """Return the sample order of ``epoch`` (a NumPy index array)."""
-        if not self.shuffle:
-            return onp.arange(len(self.labels))
-        return onp.random.default_rng([self.seed, epoch]).permutation(len(self.labels))
+        return (onp.random.default_rng([self.seed, epoch]).permutation(len(self.labels))
+                if self.shuffle else onp.arange(len(self.labels)))
 
     def __iter__(self):
         self.epoch += 1
@@ -326,8 +317,7 @@ def download_dataset(name, root, base_url=MXNET_MIRROR):
         raise DataError(f'cannot create the data folder {root} ({e.strerror}); give a folder '
                         'that can be written') from None
     for fname in IDX_FILES.values():
-        target = os.path.join(root, fname)
-        if os.path.isfile(target):
+        if os.path.isfile(target := os.path.join(root, fname)):
             continue
         url = f'{base_url.rstrip("/")}/{name}/{fname}'
         try:

@@ -121,8 +121,7 @@ def gpu_devices(n):
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DeviceError(f'the number of GPUs must be a positive integer, got {n!r}')
     engine.configure(cpu_devices=None)
-    available = num_gpus()
-    if n > available:
+    if n > (available := num_gpus()):
         have = (f'only {available} available; ask for at most {available}' if available
                 else 'none is available (no GPU, or a CPU build of MXNet)')
         raise DeviceError(f'{n} GPU(s) requested but {have}, or use `cpu_devices` {n} '
@@ -172,9 +171,8 @@ def even_shares(batch_size, num_devices):
     """How ``split_batch`` shares a batch without weights, in words: ``64 per device``, or
     ``64 + 63`` for a batch that does not divide evenly (the first devices take one more)."""
     each, extra = divmod(batch_size, num_devices)
-    if not extra:
-        return f'{each} per device'
-    return ' + '.join(str(each + (i < extra)) for i in range(num_devices))
+    return (' + '.join(str(each + (i < extra)) for i in range(num_devices)) if extra
+            else f'{each} per device')
 
 
 def split_batch(X, y, devices, weights=None):
@@ -202,8 +200,7 @@ def split_batch(X, y, devices, weights=None):
     """
     if not devices:
         raise DeviceError('the device list is empty; pass at least one device')
-    n = X.shape[0]
-    if n != y.shape[0]:
+    if (n := X.shape[0]) != y.shape[0]:
         raise DeviceError(f'features hold {n} samples but labels hold {y.shape[0]}')
     if weights is not None and len(weights) != len(devices):
         raise DeviceError(f'{len(weights)} split weights for {len(devices)} devices; give '
@@ -242,7 +239,6 @@ def _cgroup_room():
         return None
     rooms = []
     for _, controllers, path in (line for line in lines if len(line) == 3):
-        path = path.rstrip('/')
         if controllers == '':  # cgroup v2
             folder, limit_file, usage_file = '/sys/fs/cgroup' + path, 'memory.max', 'memory.current'
         elif 'memory' in controllers.split(','):  # cgroup v1
@@ -267,5 +263,5 @@ def available_memory():
         return None
     if (room := _cgroup_room()) is not None:
         free = min(free, max(room, 0))
-    resident = _read_number('/proc/self/statm', column=1) or 0  # in pages
-    return free + resident * os.sysconf('SC_PAGE_SIZE')
+    # and the resident set: statm's second number, in pages
+    return free + (_read_number('/proc/self/statm', column=1) or 0) * os.sysconf('SC_PAGE_SIZE')

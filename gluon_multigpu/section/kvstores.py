@@ -10,7 +10,6 @@ workers on several machines too (see ``distributed``).
 """
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
-from mxnet import gluon
 
 from ..base.compat import GPU_INSTALL
 from ..errors import GluonMultiGPUError
@@ -69,7 +68,7 @@ def allreduce(arrays):
         arrays[0].copyto(a)
 
 
-class ReducingTrainer(gluon.Trainer):
+class ReducingTrainer(mx.gluon.Trainer):
     """A ``gluon.Trainer`` without a kvstore that sums the gradients of all devices itself.
 
     MXNet's Trainer with ``kvstore=None`` lets every device update its copy
@@ -123,5 +122,5 @@ def make_trainer(net, lr, kvstore, multi_precision=False, lr_scheduler=None,
     # With a parameter server MXNet updates on the servers and the workers pull
     # the weights. (Pulling summed gradients instead, update_on_kvstore=False,
     # let the workers' parameters drift apart in MXNet 1.9.1: measured.)
-    return gluon.Trainer(net.collect_params(), 'sgd', options, kvstore=kvstore,
-                         update_on_kvstore=update_on_kvstore)
+    return mx.gluon.Trainer(net.collect_params(), 'sgd', options, kvstore=kvstore,
+                            update_on_kvstore=update_on_kvstore)

@@ -180,9 +180,8 @@ def count_flops(net, input_shape=(1, 1, 28, 28)):
     net.apply(blocks.append)  # every block of ``net``, itself included
     handles = [block.register_forward_hook(hook) for block in blocks
                if isinstance(block, (nn.Conv2D, nn.Dense))]
-    ctx = list(net.collect_params().values())[0].list_ctx()[0]
-    with autograd.predict_mode():
-        net(np.zeros(input_shape, ctx=ctx))
+    with autograd.predict_mode():  # on the device of the first parameter
+        net(np.zeros(input_shape, ctx=list(net.collect_params().values())[0].list_ctx()[0]))
     for h in handles:
         h.detach()
     return 3 * 2 * sum(macs) / input_shape[0]
@@ -266,9 +265,8 @@ def check_memory(name, batch_size, num_devices, available, multiple=1, sync_bn=F
     for equal shards). ``available`` None (unknown) or a model without an
     estimate: no check.
     """
-    if available is None or (figures := _memory(name, sync_bn)) is None:
-        return
-    if (need := memory_needed(name, batch_size, num_devices, sync_bn)) <= available:
+    if available is None or (figures := _memory(name, sync_bn)) is None or \
+            (need := memory_needed(name, batch_size, num_devices, sync_bn)) <= available:
         return
     fits = largest_batch(name, num_devices, available, multiple, sync_bn)
     what = (f'a batch of {batch_size} on {num_devices} CPU context(s) needs about {_size(need)} '

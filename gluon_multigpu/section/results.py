@@ -67,8 +67,8 @@ class TrainResult:
         where = f'on {workers}[{", ".join(self.devices)}]'
         if not self.epochs:
             return f'no epoch trained {where}'
-        last = self.test_acc[-1]  # None without a test set (the workers of a parameter server)
-        accuracy = 'no test set' if last is None else f'test acc: {last:.2f}'
+        # the last None: no test set (the workers of a parameter server)
+        accuracy = 'no test set' if (acc := self.test_acc[-1]) is None else f'test acc: {acc:.2f}'
         return f'{accuracy}, {self.sec_per_epoch:.1f} sec/epoch {where}'
 
     def to_dict(self):

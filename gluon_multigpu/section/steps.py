@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as onp
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
-import mxnet as mx
-from mxnet import autograd, np
+from mxnet import autograd, cpu, np
 
 from .recipes import recipe_of
 from .devices import split_batch
@@ -32,11 +31,10 @@ def batch_pair(batch):
     """Return ``(X, y)`` of one batch; raise ``DataError`` unless it is such a pair."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch
-    what = (f'a {type(batch).__name__} of {len(batch)}' if isinstance(batch, (tuple, list))
-            else f'a {type(batch).__name__}' + (f' of shape {tuple(batch.shape)}'
-                                                if hasattr(batch, 'shape') else ''))
-    raise DataError(f'each batch must be a pair (inputs, labels), got {what}; make the data '
-                    'yield (X, y)')
+    of = (f' of {len(batch)}' if isinstance(batch, (tuple, list))
+          else f' of shape {tuple(batch.shape)}' if hasattr(batch, 'shape') else '')
+    raise DataError(f'each batch must be a pair (inputs, labels), got a {type(batch).__name__}'
+                    f'{of}; make the data yield (X, y)')
 
 
 def check_whole(labels, where):
@@ -82,8 +80,8 @@ def evaluate_accuracy_gpus(net, data_iter, devices, split_f=split_batch, pushers
     correct, total = [[] for _ in devices], 0
     for batch in data_iter:
         features, labels = batch_pair(batch)
-        if total == 0 and getattr(labels, 'dtype', None) is not None and \
-                onp.dtype(labels.dtype).kind == 'f':  # whole numbers? (one read, the first batch)
+        # float labels: whole numbers? (one read, the first batch)
+        if total == 0 and onp.dtype(getattr(labels, 'dtype', 'i')).kind == 'f':
             check_whole(labels, 'the evaluation data')
         X_shards, y_shards = split_f(features, labels, devices[:features.shape[0]])
         calls = [functools.partial(_shard_correct, net, *s) for s in zip(X_shards, y_shards)]
@@ -182,7 +180,7 @@ def check_finite_params(net, where=''):
     """Raise ``TrainingDiverged`` if any parameter, running statistics included, holds a NaN or
     an infinity on its first device (sync point: one read-back for all of them)."""
     params = [p for p in net.collect_params().values() if p.list_data()]
-    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(mx.cpu())
+    ok = np.stack([np.isfinite(p.data(p.list_ctx()[0])).all().as_in_ctx(cpu())
                    for p in params]).asnumpy() if params else []
     if bad := [p.name for p, good in zip(params, ok) if not good]:
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
@@ -323,6 +321,5 @@ def hybridize(net):
     """
     with warnings.catch_warnings():
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
-        warnings.filterwarnings('ignore', message='All children of this Sequential layer',
-                                category=UserWarning)
+        warnings.filterwarnings('ignore', 'All children of this Sequential layer', UserWarning)
         net.hybridize(static_alloc=recipe_of(net).static_alloc)
