@@ -131,7 +131,6 @@ class ParamTracker:
 
     def __exit__(self, *exc):
         self.close()
-        return False
 
 
 def epoch_load(result, epoch):

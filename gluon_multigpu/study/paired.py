@@ -54,24 +54,19 @@ class Ratio:
     """The paired ratio of two variants' figures: per round, its median, its interval.
 
     ``values``: one ratio per round (A's figure over B's, both "lower is
-    better", e.g. seconds). ``low``/``high``: the 95% interval of their
-    geometric mean, None with one round.
+    better", e.g. seconds); ``rounds``: how many. ``low``/``high``: the 95%
+    interval of their geometric mean, None with one round.
     """
 
     def __init__(self, values):
         self.values = list(values)
-        self.median = statistics.median(self.values)
+        self.median, self.rounds = statistics.median(self.values), len(self.values)
         self.low = self.high = None
-        if len(self.values) > 1:
+        if self.rounds > 1:
             logs = [math.log(v) for v in self.values]
             half = t_quantile(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
             centre = statistics.fmean(logs)
             self.low, self.high = math.exp(centre - half), math.exp(centre + half)
-
-    @property
-    def rounds(self):
-        """How many rounds the ratio is made of."""
-        return len(self.values)
 
     def differs(self, min_effect=MIN_EFFECT):
         """Whether A and B differ: the interval excludes 1 and the median is ``min_effect`` or
@@ -126,8 +121,7 @@ def _cpu_jiffies():
 def _own_cpu():
     """CPU seconds this process has used (every thread), and its children that have ended
     (the measured runs of a program that measures in fresh processes)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return sum(os.times()[:4])  # user, system, and the ended children's user and system
 
 
 class LoadMeter:
@@ -148,8 +142,7 @@ class LoadMeter:
     def stop(self):
         """End the round: ``{'load': ..., 'others': ..., 'steal': ..., 'cores': ...}``."""
         began, jiffies, own = self._start
-        wall = max(time.monotonic() - began, 1e-6)
-        now = _cpu_jiffies()
+        wall, now = max(time.monotonic() - began, 1e-6), _cpu_jiffies()  # the round's end
         others = steal = None
         # The kernel counts CPU time in ticks (10 ms): a round much shorter than a quarter of a
         # second gives no figure worth the name.
@@ -239,8 +232,7 @@ class Paired:
 
     def add(self, name, round_, figure, load=None):
         """Round ``round_`` of variant ``name`` measured ``figure`` (``load``: LoadMeter's)."""
-        self.figures[name][round_] = figure
-        self.loads[name][round_] = load
+        self.figures[name][round_], self.loads[name][round_] = figure, load
 
     def rounds(self, names=None):
         """The rounds judged: those every variant of ``names`` (default: all) has a figure for,
@@ -258,9 +250,8 @@ class Paired:
         """Whether the variants of ``names`` met different loads in ``round_``: the CPU other
         processes took during their measurements differs by ``LOAD_CHANGE_CORES`` or more (a
         load that came or went within the round, which tells against one side of its ratio)."""
-        others = [(self.loads[n].get(round_) or {}).get('others') for n in names or self.names]
-        others = [o for o in others if o is not None]
-        return len(others) > 1 and max(others) - min(others) >= LOAD_CHANGE_CORES
+        others = _span([self.loads[n].get(round_) for n in names or self.names], 'others')
+        return bool(others) and others[1] - others[0] >= LOAD_CHANGE_CORES
 
     def set_aside(self, names=None):
         """How many rounds ``rounds`` left out because their variants met different loads."""
@@ -305,8 +296,7 @@ class Paired:
         if len(names) < 2:
             return (f'{lead}only {label(names[0])} was measured: nothing to compare.'
                     if names else 'nothing was measured.')
-        rounds = self.rounds(names)
-        if not rounds:
+        if not (rounds := self.rounds(names)):
             return f'{lead}no round measured every variant: nothing to compare yet.'
         best = self.fastest()
         if len(rounds) < 2:
