@@ -196,11 +196,9 @@ class AutoSplit(TimedSplit):
         super().start(net, devices)
         self.weights = self.weights if self.weights else [1.0] * len(devices)
 
-    def _due(self):
-        if self._since_change <= 1:
-            return False
+    def _due(self):  # TimedSplit's steps, and every step of the window after a change
         just_changed = len(self._speeds) < self.window and self._since_change <= 1 + self.window
-        return just_changed or self.steps % self.every == 0
+        return (self._since_change > 1 and just_changed) or super()._due()
 
     def observe(self, times, sizes):
         super().observe(times, sizes)
@@ -250,11 +248,9 @@ def make_split(split):
     ``'auto'`` an ``AutoSplit``, a list of numbers fixed weights."""
     if isinstance(split, Split):
         return split
-    if split is None or split == 'even':
-        return Split()
     if split == 'auto':
         return AutoSplit()
-    if isinstance(split, str):
+    if isinstance(split, str) and split != 'even':
         raise DeviceError(f'unknown split {split!r}; give `split` even, auto or one weight per '
                           'device')
-    return Split(split)
+    return Split(None if split == 'even' else split)
