@@ -190,10 +190,8 @@ def load_note(loads):
     if not (others or average):
         return ''
     cores = max((l.get('cores') or 0 for l in loads if l), default=0)
-    parts = []
-    if others:
-        parts.append(f'other processes used {others[0]:.1f} to {others[1]:.1f} '
-                     + (f'of the {cores} cores' if cores else 'cores'))
+    parts = [f'other processes used {others[0]:.1f} to {others[1]:.1f} '
+             + (f'of the {cores} cores' if cores else 'cores')] if others else []
     if average:
         parts.append(f'load average {average[0]:.1f} to {average[1]:.1f}, this run included')
     if steal and steal[1] >= 0.01:
@@ -227,8 +225,8 @@ class Paired:
     def __init__(self, names, higher_is_better=False, min_effect=MIN_EFFECT, warmup=1):
         self.names, self.higher_is_better = list(names), higher_is_better
         self.min_effect, self.warmup = min_effect, warmup
-        self.figures = {n: {} for n in self.names}  # name -> {round: figure}
-        self.loads = {n: {} for n in self.names}
+        # name -> {round: figure}, and {round: its load}
+        self.figures, self.loads = {n: {} for n in self.names}, {n: {} for n in self.names}
 
     def add(self, name, round_, figure, load=None):
         """Round ``round_`` of variant ``name`` measured ``figure`` (``load``: LoadMeter's)."""
@@ -240,9 +238,9 @@ class Paired:
         the rounds whose variants met different loads (``uneven``) where two others remain."""
         names = names or self.names
         common = sorted(set.intersection(*(set(self.figures[n]) for n in names)))
+        # the run's first round (None: no round at all, so none in common either)
         first = min((r for n in self.names for r in self.figures[n]), default=None)
-        warm = [r for r in common if r < first + self.warmup] if first is not None else []
-        judged = common[len(warm):] if len(common) > len(warm) else common
+        judged = [r for r in common if r >= first + self.warmup] or common
         even = [r for r in judged if not self.uneven(r, names)]
         return even if len(even) >= 2 else judged
 
@@ -323,11 +321,10 @@ class Paired:
         clear = not equal and not unsure
         clauses = [f'{label(best)} is fastest'] if clear else []
         if equal:
-            listed = [best] + equal
+            *listed, last = [best] + equal
             within = '; '.join(f'{n} vs {best} {r.describe()}' for n, r in others if n in equal)
-            clauses.append(f'{noun + "s " if noun else ""}{", ".join(listed[:-1])} and '
-                           f'{listed[-1]} are equally fast ({within}: the whole interval within '
-                           f'{band})')
+            clauses.append(f'{noun + "s " if noun else ""}{", ".join(listed)} and {last} are '
+                           f'equally fast ({within}: the whole interval within {band})')
         than = '' if clear else f' than {label(best)}'
         clauses += [f'{label(n)} takes {abs(r.median - 1):.0%} '
                     f'{"longer" if r.median > 1 else "less time"}{than} ({r.describe()})'
@@ -345,8 +342,7 @@ class Paired:
     def to_dict(self):
         """Every round's figure and load, and each variant's ratio to the first, for a results
         file."""
-        first = self.names[0]
-        ratios = {n: self.ratio(n, first) for n in self.names[1:]}
+        ratios = {n: self.ratio(n, self.names[0]) for n in self.names[1:]}
         return {'variants': self.names, 'higher_is_better': self.higher_is_better,
                 'min_effect': self.min_effect,
                 'rounds': {n: [{'round': r, 'figure': f, 'load': self.loads[n].get(r)}
