@@ -187,10 +187,9 @@ class AutoSplit(TimedSplit):
         if not isinstance(hold, int) or hold < 0:
             raise DeviceError(f'hold must be a whole number of windows, got {hold!r}')
         self.window, self.tolerance, self.hold = window, tolerance, hold
-        self.changes = self.undone = 0
         self._speeds, self._gains, self._per_sample = [], [], []
         # _trial: the shares before the last change, and their time per sample
-        self._trial, self._holding = None, 0
+        self.changes, self.undone, self._trial, self._holding = 0, 0, None, 0
 
     def start(self, net, devices):
         super().start(net, devices)

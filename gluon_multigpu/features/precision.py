@@ -111,11 +111,9 @@ def _bfloat16_failure():
     """
     from mxnet.contrib.amp.amp import bfloat16  # the dtype ``amp_cast`` takes (not NumPy's)
     data, weight, dense = mx.sym.var('data'), mx.sym.var('weight'), mx.sym.var('dense')
-    conv = mx.sym.Convolution(mx.sym.amp_cast(data, dtype=bfloat16),
-                              mx.sym.amp_cast(weight, dtype=bfloat16), kernel=(3, 3),
-                              num_filter=4, no_bias=True)
-    out = mx.sym.FullyConnected(conv, mx.sym.amp_cast(dense, dtype=bfloat16), num_hidden=2,
-                                no_bias=True)
+    bf16 = functools.partial(mx.sym.amp_cast, dtype=bfloat16)
+    conv = mx.sym.Convolution(bf16(data), bf16(weight), kernel=(3, 3), num_filter=4, no_bias=True)
+    out = mx.sym.FullyConnected(conv, bf16(dense), num_hidden=2, no_bias=True)
     out = mx.sym.amp_cast(out, dtype='float32')
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # the parameters' types are known once they exist
