@@ -279,8 +279,7 @@ def render(facts):
     numpy = facts['numpy']
     known = 'known' if numpy['known'] else 'not among the known'
     lines.append(f"numpy     does not import ({numpy['error']})" if numpy.get('error') else
-                 f"numpy     {numpy['version']} ({known}: {numpy['known_range'][0]} to "
-                 f"{numpy['known_range'][1]})")
+                 f"numpy     {numpy['version']} ({known}: {' to '.join(numpy['known_range'])})")
     dist = facts['mxnet_distribution']
     probed = facts.get('probe') or {}
     loads = ('loads' if probed.get('loads') else 'does not load') if facts.get('probe') else ''
