@@ -26,8 +26,7 @@ def _ratio_cell(pairs, kvstore, best):
     judges it."""
     if kvstore == best:
         return 'reference'
-    r = pairs.ratio(kvstore, best)
-    if r is None:
+    if (r := pairs.ratio(kvstore, best)) is None:
         return '-'
     interval = f'{r.low:.2f}-{r.high:.2f}' if r.low is not None else '1 round'
     verdict = r.verdict(pairs.min_effect)
