@@ -28,8 +28,7 @@ except MXNetLoadError:  # said already (base.compat's finder)
     raise
 except Exception as _error:  # its library missing (RuntimeError), a NumPy it cannot run on...
     raise MXNetLoadError(_compat.load_advice(_error)) from _error
-from mxnet import npx  # noqa: E402
 
 _compat.after_load(mxnet)
 with _compat.root_logging_kept():  # the first set_np logs (logging.info): no handler left for it
-    npx.set_np()
+    mxnet.npx.set_np()

@@ -8,7 +8,7 @@ the doctor. Exit status 0 when no problem was found, 1 when one was, 2 for
 bad flags.
 """
 import contextlib
-import importlib.metadata
+from importlib.metadata import distributions
 import json
 import os
 import platform
@@ -56,12 +56,11 @@ def probe(out=None):
     print(STAGE + 'importing MXNet', file=out, flush=True)
     try:
         engine.configure(2)
-        from . import _mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        from ._mxnet import mxnet  # pylint: disable=import-outside-toplevel
     except Exception as e:  # pylint: disable=broad-except  (reported, as the doctor's purpose)
         found['error'] = str(e) if isinstance(e, GluonMultiGPUError) else compat.load_advice(e)
         print(MARK + json.dumps(found), file=out, flush=True)
         return
-    import mxnet  # pylint: disable=import-outside-toplevel
     found.update(loads=True, version=mxnet.__version__, load_seconds=time.perf_counter() - began,
                  compat=compat.report())
     features = mxnet.runtime.Features()
@@ -70,8 +69,7 @@ def probe(out=None):
     try:
         found['gpus'] = mxnet.context.num_gpus()
     except mxnet.base.MXNetError as e:
-        found.update(gpus=0, gpu_error=str(e).strip().splitlines()[0] if str(e).strip() else
-                     type(e).__name__)
+        found.update(gpus=0, gpu_error=(str(e).strip().splitlines() or [type(e).__name__])[0])
     print(STAGE + 'training one step on cpu(0) and cpu(1)', file=out, flush=True)
     found['step'] = two_context_step()
     print(STAGE + 'trying a bfloat16 convolution', file=out, flush=True)
@@ -171,8 +169,7 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
             stdout, stderr = _wait_saying(child, timeout, every, say)
         except subprocess.TimeoutExpired:
             return {'loads': False, 'error': f'loading MXNet and one step took more than '
-                                             f'{timeout} s: run gluon-multigpu-doctor again on a '
-                                             'quieter machine'}
+                    f'{timeout} s: run gluon-multigpu-doctor again on a quieter machine'}
         finally:
             if child.poll() is None:  # timed out, or this process is stopping: not left behind
                 child.kill()
@@ -205,14 +202,12 @@ def collect(step=True, python=None):
     """Everything the doctor reports, as a dict; ``problems`` lists one line for each. Loading
     MXNet in the child (``step``) is announced on stderr first: it may take minutes."""
     facts = {
-        'package': next((d.version for d in importlib.metadata.distributions(
-            name='gluon-multigpu')), None),
+        'package': next((d.version for d in distributions(name='gluon-multigpu')), None),
         'python': {'version': platform.python_version(), 'executable': python or sys.executable},
         'numpy': numpy_facts(),
         # (name, version) of the distribution that provides mxnet (mxnet, mxnet-cu112, ...)
         'mxnet_distribution': next(((name, version) for name, version in (
-            ((d.metadata['Name'] or '').lower(), d.version)
-            for d in importlib.metadata.distributions())
+            ((d.metadata['Name'] or '').lower(), d.version) for d in distributions())
             if name == 'mxnet' or name.startswith(('mxnet-', 'mxnet_'))), None),
         'cores': engine.cores(),
         # /proc/meminfo's, or None (devices' reader)
@@ -284,8 +279,7 @@ def render(facts):
     numpy = facts['numpy']
     known = 'known' if numpy['known'] else 'not among the known'
     lines.append(f"numpy     does not import ({numpy['error']})" if numpy.get('error') else
-                 f"numpy     {numpy['version']} ({known}: {numpy['known_range'][0]} to "
-                 f"{numpy['known_range'][1]})")
+                 f"numpy     {numpy['version']} ({known}: {' to '.join(numpy['known_range'])})")
     dist = facts['mxnet_distribution']
     probed = facts.get('probe') or {}
     loads = ('loads' if probed.get('loads') else 'does not load') if facts.get('probe') else ''
@@ -300,8 +294,7 @@ def render(facts):
                    'operator values as given']
         lines += ['compat    ' + ', '.join(changes),
                   'op cache  ' + _op_cache_line(made.get('op_cache') or {})]
-    if probed.get('features'):
-        features = probed['features']
+    if features := probed.get('features'):
         cuda = features['CUDA'] and probed.get('cuda_version')
         lines.append('build     ' + ', '.join(
             f"{name} {'yes' if features[name] else 'no'}"

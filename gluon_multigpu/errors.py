@@ -110,9 +110,8 @@ class Interrupted(BaseException):
         if message is None:
             where = (f'after epoch {epoch}, before the next began' if epoch_done else
                      f'in epoch {epoch} after {batches} batch(es)')
-            more = ('; the run is kept: gm.last_run().fit() goes on from there'
-                    if training is not None else '')
-            message = f'interrupted {where}{more}'
+            kept = '; the run is kept: gm.last_run().fit() goes on from there'
+            message = f'interrupted {where}{kept if training is not None else ""}'
         super().__init__(message)
         for name, value in dict(details, epoch=epoch, batches=batches, epoch_done=epoch_done,
                                 training=training, signum=signum).items():

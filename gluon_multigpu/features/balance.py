@@ -187,20 +187,17 @@ class AutoSplit(TimedSplit):
         if not isinstance(hold, int) or hold < 0:
             raise DeviceError(f'hold must be a whole number of windows, got {hold!r}')
         self.window, self.tolerance, self.hold = window, tolerance, hold
-        self.changes = self.undone = 0
         self._speeds, self._gains, self._per_sample = [], [], []
         # _trial: the shares before the last change, and their time per sample
-        self._trial, self._holding = None, 0
+        self.changes, self.undone, self._trial, self._holding = 0, 0, None, 0
 
     def start(self, net, devices):
         super().start(net, devices)
         self.weights = self.weights if self.weights else [1.0] * len(devices)
 
-    def _due(self):
-        if self._since_change <= 1:
-            return False
+    def _due(self):  # TimedSplit's steps, and every step of the window after a change
         just_changed = len(self._speeds) < self.window and self._since_change <= 1 + self.window
-        return just_changed or self.steps % self.every == 0
+        return (self._since_change > 1 and just_changed) or super()._due()
 
     def observe(self, times, sizes):
         super().observe(times, sizes)
@@ -250,11 +247,9 @@ def make_split(split):
     ``'auto'`` an ``AutoSplit``, a list of numbers fixed weights."""
     if isinstance(split, Split):
         return split
-    if split is None or split == 'even':
-        return Split()
     if split == 'auto':
         return AutoSplit()
-    if isinstance(split, str):
+    if isinstance(split, str) and split != 'even':
         raise DeviceError(f'unknown split {split!r}; give `split` even, auto or one weight per '
                           'device')
-    return Split(split)
+    return Split(None if split == 'even' else split)

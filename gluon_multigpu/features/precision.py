@@ -23,7 +23,6 @@ import warnings
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 import mxnet as mx
 from mxnet import autograd, gluon, np
-from mxnet.gluon import nn
 
 from ..errors import DeviceError, GluonMultiGPUError, SettingWarning
 from ..base import machine, values
@@ -44,13 +43,11 @@ def _check_known(dtype):
 def check_dtype(dtype, devices):
     """Raise ``GluonMultiGPUError`` unless ``train`` can compute in ``dtype`` on ``devices``."""
     _check_known(dtype)
-    cpus = [str(d) for d in devices if d.device_type != 'gpu']
-    if dtype == 'float16' and cpus:
+    if dtype == 'float16' and (cpus := [str(d) for d in devices if d.device_type != 'gpu']):
         raise DeviceError(f'`dtype` float16 needs GPUs, and {cpus[0]} is a CPU context: MXNet '
                           '1.9.1 has no float16 matrix multiply on the CPU ("FP16 gemm on cpu not '
                           'implemented"); use `dtype` float32 on CPU contexts')
-    gpus = [str(d) for d in devices if d.device_type == 'gpu']
-    if dtype == 'bfloat16' and gpus:
+    if dtype == 'bfloat16' and (gpus := [str(d) for d in devices if d.device_type == 'gpu']):
         raise DeviceError(f'`dtype` bfloat16 needs CPU contexts, and {gpus[0]} is a GPU: MXNet '
                           '1.9.1 trains in bfloat16 with oneDNN, on the CPU only; use `dtype` '
                           'float16 on GPUs')
@@ -69,14 +66,13 @@ def cpu_bfloat16(flags=None, environ=None):
     lacks (``flags``: /proc/cpuinfo's, ``environ``: oneDNN's variables; default: this
     machine's). AVX-512 without them: oneDNN emulates bfloat16, no faster than float32."""
     flags = machine.cpu_flags() if flags is None else flags
-    environ = os.environ if environ is None else environ
     native = [f for f in ('avx512_bf16', 'amx_bf16') if f in flags]
-    limit = environ.get('DNNL_MAX_CPU_ISA')  # oneDNN 2.4's name (it ignores ONEDNN_MAX_CPU_ISA)
     if not flags:
         return False, "the system does not list the CPU's features"
     if 'avx512f' not in flags:
         return False, 'the CPU lacks AVX-512: no avx512f among its /proc/cpuinfo flags'
-    if limit:
+    # DNNL_MAX_CPU_ISA: oneDNN 2.4's name (it ignores ONEDNN_MAX_CPU_ISA)
+    if limit := (os.environ if environ is None else environ).get('DNNL_MAX_CPU_ISA'):
         return False, f'the CPU has AVX-512, but oneDNN is held to {limit} (DNNL_MAX_CPU_ISA)'
     return bool(native), f"the CPU lists avx512f and {native[0]}" if native else \
         'the CPU lacks avx512_bf16'
@@ -115,11 +111,9 @@ def _bfloat16_failure():
     """
     from mxnet.contrib.amp.amp import bfloat16  # the dtype ``amp_cast`` takes (not NumPy's)
     data, weight, dense = mx.sym.var('data'), mx.sym.var('weight'), mx.sym.var('dense')
-    conv = mx.sym.Convolution(mx.sym.amp_cast(data, dtype=bfloat16),
-                              mx.sym.amp_cast(weight, dtype=bfloat16), kernel=(3, 3),
-                              num_filter=4, no_bias=True)
-    out = mx.sym.FullyConnected(conv, mx.sym.amp_cast(dense, dtype=bfloat16), num_hidden=2,
-                                no_bias=True)
+    bf16 = functools.partial(mx.sym.amp_cast, dtype=bfloat16)
+    conv = mx.sym.Convolution(bf16(data), bf16(weight), kernel=(3, 3), num_filter=4, no_bias=True)
+    out = mx.sym.FullyConnected(conv, bf16(dense), num_hidden=2, no_bias=True)
     out = mx.sym.amp_cast(out, dtype='float32')
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # the parameters' types are known once they exist
@@ -231,7 +225,7 @@ class LossScaler:
         return True
 
 
-class Cast(nn.Block):
+class Cast(gluon.nn.Block):
     """Run ``net`` in ``dtype`` on its inputs cast to it; give back float32 outputs for the loss.
 
     The network is cast on the first call: parameters whose shape waits for
@@ -256,12 +250,12 @@ class Cast(nn.Block):
 
 def _as_hybrid(block):
     """The same blocks (and parameters) under ``HybridSequential`` containers: one graph."""
-    if isinstance(block, nn.Sequential):
-        hybrid = nn.HybridSequential(prefix=block.prefix)
+    if isinstance(block, gluon.nn.Sequential):
+        hybrid = gluon.nn.HybridSequential(prefix=block.prefix)
         for child in block._children.values():  # pylint: disable=protected-access
             hybrid.add(_as_hybrid(child))
         return hybrid
-    if not isinstance(block, nn.HybridBlock):
+    if not isinstance(block, gluon.nn.HybridBlock):
         raise GluonMultiGPUError(f'`dtype` bfloat16 converts the compiled graph of the network, '
                                  f'and its {type(block).__name__} is not a HybridBlock (the '
                                  "text's nn.Block residuals are not); use a hybridizable network")
@@ -300,7 +294,7 @@ def _converted(net, X, conv_only=False):
     return block
 
 
-class Bfloat16(nn.Block):
+class Bfloat16(gluon.nn.Block):
     """Run ``net`` as its graph converted to bfloat16; float32 parameters, gradients, outputs.
 
     Converted on the first call (under a lock: every device's thread calls it).
@@ -333,8 +327,7 @@ class MixedPrecision(Hook):
     def __init__(self, dtype='float16', scaler=None):
         _check_known(dtype)
         # bfloat16 has float32's range: its gradients need no scaling
-        self.dtype = dtype
-        self.scaler = scaler or (None if dtype == 'bfloat16' else LossScaler())
+        self.dtype, self.scaler = dtype, scaler or (None if dtype == 'bfloat16' else LossScaler())
 
     def setup(self, run):
         """Plug into ``run``'s step: the cast network, the scaler, float32 master weights."""
@@ -355,7 +348,6 @@ class MixedPrecision(Hook):
         scaler told which gradients to check."""
         if self.scaler is not None:
             self.scaler.params = [p for p in net.collect_params().values() if p.grad_req != 'null']
-
         if self.dtype == 'bfloat16':
             return Bfloat16(net)
         return net if self.dtype == 'float32' else Cast(net, self.dtype)
@@ -368,7 +360,6 @@ def make_precision(precision, devices):
     """
     if precision is None or precision == 'float32':
         return None
-    if not isinstance(precision, MixedPrecision):
-        precision = MixedPrecision(precision)
+    precision = precision if isinstance(precision, MixedPrecision) else MixedPrecision(precision)
     check_dtype(precision.dtype, devices)
     return precision

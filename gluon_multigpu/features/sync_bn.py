@@ -112,8 +112,7 @@ class SyncBatchNorm(nn.BatchNorm):
         self._checked = False
 
     def forward(self, x, *args):  # pylint: disable=arguments-differ
-        if not self._checked and getattr(x, 'ctx', None) is not None \
-                and x.ctx.device_type == 'cpu':
+        if not self._checked and getattr(getattr(x, 'ctx', None), 'device_type', None) == 'cpu':
             # MXNet read this variable when it loaded; 4 is its default.
             check_cpu_scratch(self.num_devices, int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')))
             self._checked = True

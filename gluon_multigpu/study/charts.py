@@ -88,10 +88,8 @@ class Animator:
 
     def add(self, x, y):
         """Append the point ``(x, y_i)`` to every line ``i``; ``y`` is a number or a sequence."""
-        if not hasattr(y, '__len__'):
-            y = [y]
-        if not hasattr(x, '__len__'):
-            x = [x] * len(y)
+        y = y if hasattr(y, '__len__') else [y]
+        x = x if hasattr(x, '__len__') else [x] * len(y)
         if self.X is None:
             self.X, self.Y = [[] for _ in y], [[] for _ in y]
         for i, (a, b) in enumerate(zip(x, y)):

@@ -86,9 +86,9 @@ class ParamTracker:
     """
 
     def __init__(self, compare=True):
-        self.compare = compare
-        self._saved = {}  # epoch -> the reference run's parameters
-        self._waiting = {}  # epoch -> [(run, index in its diff, parameters)] before the reference's
+        # _saved: epoch -> the reference run's parameters; _waiting: epoch -> [(run, index in
+        # its diff, parameters)] before the reference's
+        self.compare, self._saved, self._waiting = compare, {}, {}
         self.reference, self.diff, self.spread, self.stats_spread = None, {}, {}, {}
 
     def record(self, name, epoch, net):
@@ -131,7 +131,6 @@ class ParamTracker:
 
     def __exit__(self, *exc):
         self.close()
-        return False
 
 
 def epoch_load(result, epoch):

@@ -26,8 +26,7 @@ def _ratio_cell(pairs, kvstore, best):
     judges it."""
     if kvstore == best:
         return 'reference'
-    r = pairs.ratio(kvstore, best)
-    if r is None:
+    if (r := pairs.ratio(kvstore, best)) is None:
         return '-'
     interval = f'{r.low:.2f}-{r.high:.2f}' if r.low is not None else '1 round'
     verdict = r.verdict(pairs.min_effect)
@@ -118,8 +117,7 @@ def runs_json(results, tracker, config, partial=None):
             for r in results]
     return {'config': config, 'complete': partial is None, 'partial': partial,
             'reference': tracker.reference, 'runs': runs,
-            'paired': paired_epochs(results).to_dict() if len(results) > 1 else None,
-            **stamp()}
+            'paired': paired_epochs(results).to_dict() if len(results) > 1 else None, **stamp()}
 
 
 def write_kvstore_report(directory, results, tracker, config, answer, partial=None):
@@ -146,8 +144,7 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         Why the comparison is incomplete (stopped, or written while it ran): the report is
         titled partial and says so first.
     """
-    devices = ', '.join(results[0].devices)
-    what = f"{config['model']} on {config['dataset']}, [{devices}]"
+    what = f"{config['model']} on {config['dataset']}, [{', '.join(results[0].devices)}]"
     lines = [
         f'# kvstore comparison{" (partial)" if partial else ""}: {what}', '',
         *([f'> **Partial:** {partial}', ''] if partial else []),
@@ -159,15 +156,14 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         *(['The kvstores took turns, epoch after epoch (round 1 in the order above, round 2 '
            'backwards, and so on), so that a change of the load falls on all of them; the answer '
            'compares the epochs of the same round (paired ratios, their 95% interval; round 1, '
-           'which warms the process, is left out when later rounds exist). Each round, with '
-           'the load measured during it:', '', rounds_table(results), '']
-          if len(results) > 1 else []),
+           'which warms the process, is left out when later rounds exist). Each round, with the '
+           'load measured during it:', '', rounds_table(results), ''] if len(results) > 1 else []),
         'sec/epoch is training time only, measured up to `npx.waitall()`, over every epoch; '
         'beside it, the paired ratio the answer judges, its 95% interval and the answer; '
         'samples/s is over all epochs. The parameter differences are the largest absolute '
         f'difference of any weight to the {tracker.reference} run after each epoch (float '
-        'rounding when the back ends agree), and the largest difference between the copies on the devices of one run: '
-        '0 for the weights when every device holds the same parameters.'
+        'rounding when the back ends agree), and the largest difference between the copies on the '
+        'devices of one run: 0 for the weights when every device holds the same parameters.'
         + batch_norm_sentence(tracker, config), '',
         '![test accuracy per epoch](accuracy.png)', '',
         '![training seconds of every round (round 1, the warm-up, not judged)](seconds.png)', '',

@@ -54,24 +54,19 @@ class Ratio:
     """The paired ratio of two variants' figures: per round, its median, its interval.
 
     ``values``: one ratio per round (A's figure over B's, both "lower is
-    better", e.g. seconds). ``low``/``high``: the 95% interval of their
-    geometric mean, None with one round.
+    better", e.g. seconds); ``rounds``: how many. ``low``/``high``: the 95%
+    interval of their geometric mean, None with one round.
     """
 
     def __init__(self, values):
         self.values = list(values)
-        self.median = statistics.median(self.values)
+        self.median, self.rounds = statistics.median(self.values), len(self.values)
         self.low = self.high = None
-        if len(self.values) > 1:
+        if self.rounds > 1:
             logs = [math.log(v) for v in self.values]
             half = t_quantile(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
             centre = statistics.fmean(logs)
             self.low, self.high = math.exp(centre - half), math.exp(centre + half)
-
-    @property
-    def rounds(self):
-        """How many rounds the ratio is made of."""
-        return len(self.values)
 
     def differs(self, min_effect=MIN_EFFECT):
         """Whether A and B differ: the interval excludes 1 and the median is ``min_effect`` or
@@ -126,8 +121,7 @@ def _cpu_jiffies():
 def _own_cpu():
     """CPU seconds this process has used (every thread), and its children that have ended
     (the measured runs of a program that measures in fresh processes)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return sum(os.times()[:4])  # user, system, and the ended children's user and system
 
 
 class LoadMeter:
@@ -148,8 +142,7 @@ class LoadMeter:
     def stop(self):
         """End the round: ``{'load': ..., 'others': ..., 'steal': ..., 'cores': ...}``."""
         began, jiffies, own = self._start
-        wall = max(time.monotonic() - began, 1e-6)
-        now = _cpu_jiffies()
+        wall, now = max(time.monotonic() - began, 1e-6), _cpu_jiffies()  # the round's end
         others = steal = None
         # The kernel counts CPU time in ticks (10 ms): a round much shorter than a quarter of a
         # second gives no figure worth the name.
@@ -197,10 +190,8 @@ def load_note(loads):
     if not (others or average):
         return ''
     cores = max((l.get('cores') or 0 for l in loads if l), default=0)
-    parts = []
-    if others:
-        parts.append(f'other processes used {others[0]:.1f} to {others[1]:.1f} '
-                     + (f'of the {cores} cores' if cores else 'cores'))
+    parts = [f'other processes used {others[0]:.1f} to {others[1]:.1f} '
+             + (f'of the {cores} cores' if cores else 'cores')] if others else []
     if average:
         parts.append(f'load average {average[0]:.1f} to {average[1]:.1f}, this run included')
     if steal and steal[1] >= 0.01:
@@ -234,13 +225,12 @@ class Paired:
     def __init__(self, names, higher_is_better=False, min_effect=MIN_EFFECT, warmup=1):
         self.names, self.higher_is_better = list(names), higher_is_better
         self.min_effect, self.warmup = min_effect, warmup
-        self.figures = {n: {} for n in self.names}  # name -> {round: figure}
-        self.loads = {n: {} for n in self.names}
+        # name -> {round: figure}, and {round: its load}
+        self.figures, self.loads = {n: {} for n in self.names}, {n: {} for n in self.names}
 
     def add(self, name, round_, figure, load=None):
         """Round ``round_`` of variant ``name`` measured ``figure`` (``load``: LoadMeter's)."""
-        self.figures[name][round_] = figure
-        self.loads[name][round_] = load
+        self.figures[name][round_], self.loads[name][round_] = figure, load
 
     def rounds(self, names=None):
         """The rounds judged: those every variant of ``names`` (default: all) has a figure for,
@@ -248,9 +238,9 @@ class Paired:
         the rounds whose variants met different loads (``uneven``) where two others remain."""
         names = names or self.names
         common = sorted(set.intersection(*(set(self.figures[n]) for n in names)))
+        # the run's first round (None: no round at all, so none in common either)
         first = min((r for n in self.names for r in self.figures[n]), default=None)
-        warm = [r for r in common if r < first + self.warmup] if first is not None else []
-        judged = common[len(warm):] if len(common) > len(warm) else common
+        judged = [r for r in common if r >= first + self.warmup] or common
         even = [r for r in judged if not self.uneven(r, names)]
         return even if len(even) >= 2 else judged
 
@@ -258,9 +248,8 @@ class Paired:
         """Whether the variants of ``names`` met different loads in ``round_``: the CPU other
         processes took during their measurements differs by ``LOAD_CHANGE_CORES`` or more (a
         load that came or went within the round, which tells against one side of its ratio)."""
-        others = [(self.loads[n].get(round_) or {}).get('others') for n in names or self.names]
-        others = [o for o in others if o is not None]
-        return len(others) > 1 and max(others) - min(others) >= LOAD_CHANGE_CORES
+        others = _span([self.loads[n].get(round_) for n in names or self.names], 'others')
+        return bool(others) and others[1] - others[0] >= LOAD_CHANGE_CORES
 
     def set_aside(self, names=None):
         """How many rounds ``rounds`` left out because their variants met different loads."""
@@ -305,8 +294,7 @@ class Paired:
         if len(names) < 2:
             return (f'{lead}only {label(names[0])} was measured: nothing to compare.'
                     if names else 'nothing was measured.')
-        rounds = self.rounds(names)
-        if not rounds:
+        if not (rounds := self.rounds(names)):
             return f'{lead}no round measured every variant: nothing to compare yet.'
         best = self.fastest()
         if len(rounds) < 2:
@@ -333,11 +321,10 @@ class Paired:
         clear = not equal and not unsure
         clauses = [f'{label(best)} is fastest'] if clear else []
         if equal:
-            listed = [best] + equal
+            *listed, last = [best] + equal
             within = '; '.join(f'{n} vs {best} {r.describe()}' for n, r in others if n in equal)
-            clauses.append(f'{noun + "s " if noun else ""}{", ".join(listed[:-1])} and '
-                           f'{listed[-1]} are equally fast ({within}: the whole interval within '
-                           f'{band})')
+            clauses.append(f'{noun + "s " if noun else ""}{", ".join(listed)} and {last} are '
+                           f'equally fast ({within}: the whole interval within {band})')
         than = '' if clear else f' than {label(best)}'
         clauses += [f'{label(n)} takes {abs(r.median - 1):.0%} '
                     f'{"longer" if r.median > 1 else "less time"}{than} ({r.describe()})'
@@ -355,8 +342,7 @@ class Paired:
     def to_dict(self):
         """Every round's figure and load, and each variant's ratio to the first, for a results
         file."""
-        first = self.names[0]
-        ratios = {n: self.ratio(n, first) for n in self.names[1:]}
+        ratios = {n: self.ratio(n, self.names[0]) for n in self.names[1:]}
         return {'variants': self.names, 'higher_is_better': self.higher_is_better,
                 'min_effect': self.min_effect,
                 'rounds': {n: [{'round': r, 'figure': f, 'load': self.loads[n].get(r)}
