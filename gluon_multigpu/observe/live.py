@@ -1,5 +1,6 @@
 """The progress ``train`` shows where a person watches: a notebook's display updated in place,
 or lines on a terminal. The hook ``train`` adds unless the caller shows progress."""
+import contextlib
 import functools
 import html
 import sys
@@ -24,9 +25,7 @@ def jupyter_shell():
     plain Python is not. IPython is never imported here: where it is not
     loaded already, this is no kernel.
     """
-    get_ipython = getattr(sys.modules.get('IPython'), 'get_ipython', None)
-    if get_ipython is None:
-        return None
+    get_ipython = getattr(sys.modules.get('IPython'), 'get_ipython', lambda: None)  # no IPython
     try:
         shell = get_ipython()
         if shell is None or any(c.__name__ == 'ZMQInteractiveShell' for c in type(shell).__mro__):
@@ -102,10 +101,8 @@ class Live(Hook):
         self._status = (f'epoch {run.epoch}/{run.num_epochs}: going on from the step where it '
                         'stopped' if run.epoch > done else
                         f'epoch {done + 1}/{run.num_epochs}: starting')
-        try:
+        with contextlib.suppress(Exception):  # a display never stops training (no handle)
             self._handle = show(self._bundle())
-        except Exception:  # pylint: disable=broad-except  (a display never stops training)
-            self._handle = None
 
     def step_end(self, run, step, samples, timer):
         if self._handle is None or time.monotonic() < self._due:

@@ -69,20 +69,6 @@ def _check_path(value, name, folder):
     return os.path.abspath(path)
 
 
-def _event_records():
-    """``(Event, SessionLog, Summary, masked_crc32c)`` of tensorboardX (TensorBoard's records
-    and their checksum), or one line saying how to install it."""
-    # pylint: disable=import-outside-toplevel
-    try:
-        import tensorboardX  # noqa: F401  (the package itself: a missing one is missing)
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
-        from tensorboardX.proto.summary_pb2 import Summary
-        from tensorboardX.record_writer import masked_crc32c
-    except ImportError:
-        raise GluonMultiGPUError(tensorboardx_missing()) from None
-    return Event, SessionLog, Summary, masked_crc32c
-
-
 def _record(line):
     """The record of the package's that ``line`` is (a dict), or None."""
     try:
@@ -172,11 +158,21 @@ class EventFiles(_Records):
 
     Tags are ``step/<figure>`` and ``epoch/<figure>``. The file's purge step makes TensorBoard's
     reader drop the events at or after it that earlier files hold. The records are those
-    tensorboardX's ``SummaryWriter`` writes (TFRecord frames of ``Event``), written here.
+    tensorboardX's ``SummaryWriter`` writes (TFRecord frames of ``Event``), written here: its
+    ``(Event, SessionLog, Summary, masked_crc32c)`` are loaded when this is made (a missing
+    tensorboardX is one line saying how to install it).
     """
 
-    def __init__(self, folder, records):
-        self.folder, self._records = folder, records
+    def __init__(self, folder):
+        # pylint: disable=import-outside-toplevel
+        try:
+            import tensorboardX  # noqa: F401  (the package itself: a missing one is missing)
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+            from tensorboardX.proto.summary_pb2 import Summary
+            from tensorboardX.record_writer import masked_crc32c
+        except ImportError:
+            raise GluonMultiGPUError(tensorboardx_missing()) from None
+        self.folder, self._records = folder, (Event, SessionLog, Summary, masked_crc32c)
 
     def open(self, purge):
         atomic.makedirs(self.folder)
@@ -247,7 +243,8 @@ class Metrics(Hook):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise GluonMultiGPUError(f'the rank is {rank!r}: give a whole number of 0 or more')
         self.rank = rank
-        self._records = _event_records() if tensorboard is not None else None
+        self._files = ([] if path is None else [JsonLines(self.path)]) + (
+            [] if tensorboard is None else [EventFiles(self.tensorboard)])  # (opened by a fit)
         self._sinks = []  # the open files (one fit's)
         self._lock = None  # the metrics file's lock, held through a fit
         self._epoch = None  # the epoch whose steps are being counted (None: none yet this fit)
@@ -272,11 +269,9 @@ class Metrics(Hook):
         self._epoch = None
         if self.writes and self.path is not None and self._lock is None:
             folder, name = os.path.split(resolve_output(self.path, '`metrics`'))
-            self._lock = lockfile.Lock(
-                os.path.join(folder, f'.{name}.lock'),
-                held=lambda who: f'another run{who} is writing the metrics file {self.path}; '
-                                 'wait until it ends, or give `metrics` another path',
-                fix='give `metrics` another path').acquire()
+            self._lock = lockfile.Lock(os.path.join(folder, f'.{name}.lock'), held=lambda who: (
+                f'another run{who} is writing the metrics file {self.path}; wait until it ends, '
+                'or give `metrics` another path'), fix='give `metrics` another path').acquire()
             try:
                 JsonLines(self.path).check()  # before any step: nothing written yet
             except BaseException:
@@ -329,10 +324,7 @@ class Metrics(Hook):
     # -- the counting ---------------------------------------------------------------------
 
     def _open(self, purge):
-        if self.path is not None:
-            self._sinks.append(JsonLines(self.path))
-        if self.tensorboard is not None:
-            self._sinks.append(EventFiles(self.tensorboard, self._records))
+        self._sinks = self._files  # (before opening them: ``leave`` closes what was opened)
         for sink in self._sinks:
             sink.open(purge)
 
@@ -354,9 +346,8 @@ class Metrics(Hook):
             count = samples - before
             values.update(loss=loss / count, accuracy=correct / count,
                           grad_norm=norm if norms else None)
-        rates = getattr(steps, 'rates', None)
-        values['learning_rate'] = rates[-1] if rates else \
-            getattr(run.trainer, 'learning_rate', None)
+        rates = getattr(steps, 'rates', None) or [getattr(run.trainer, 'learning_rate', None)]
+        values['learning_rate'] = rates[-1]
         now = time.perf_counter()
         values['images_per_sec'] = (samples - before) / max(now - began, 1e-9)
         self._window = (step + 1, samples, now)

@@ -278,10 +278,8 @@ class Profile(Hook):
     def _close(self, keep=True):
         """Stop the profiler and take MXNet's dump; return its events (``keep``) or drop them."""
         try:
-            try:
-                npx.waitall()  # Sync point: the last step is done, all of its operators are in
-            finally:
-                mx.profiler.set_state('stop')
+            npx.waitall()  # Sync point: the last step is done, all of its operators are in
+            mx.profiler.set_state('stop')  # (where waitall raises, _release stops it)
             # The dump empties MXNet's record: taken also when dropped, through the pipe: none
             # of it reaches a disk, none is left by a kill.
             events = self._capture.take(_dump, parse=(

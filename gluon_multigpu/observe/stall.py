@@ -23,7 +23,7 @@ from ..errors import GluonMultiGPUError
 from .hooks import Hook
 
 __all__ = ['STALLED', 'StallGuard', 'StepReports', 'StallHook', 'LaunchedStall', 'stall_hook',
-           'check_stall_timeout', 'stall_line']
+           'stall_line']
 
 #: The exit status of a process, and of a launched job, whose steps stalled.
 STALLED = 3
@@ -76,19 +76,6 @@ class StallGuard(Background, Hook):
         self._last = None
 
     steps_done = stopped = epoch_end = diverged = _rest
-
-
-def check_stall_timeout(seconds):
-    """``seconds`` as a float, 0.0 for None (not watched); raise ``GluonMultiGPUError`` unless
-    it is a finite number of 0 or more."""
-    if seconds is None:
-        return 0.0
-    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
-            or not math.isfinite(seconds) or seconds < 0):
-        raise GluonMultiGPUError(f'`stall_timeout` {seconds!r} is not a number of seconds of 0 '
-                                 'or more; give the longest wait for a step, or 0 or None for '
-                                 'no watch')
-    return float(seconds)
 
 
 def _seconds(value):
@@ -219,7 +206,12 @@ def stall_hook(seconds, line=None, environ=None):
     ``scripts/launch.py`` (``environ``: where to look, default ``os.environ``).
     Raises ``GluonMultiGPUError`` for a value that is not a time.
     """
-    if not (seconds := check_stall_timeout(seconds)):
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
+                                or not math.isfinite(seconds) or seconds < 0):
+        raise GluonMultiGPUError(f'`stall_timeout` {seconds!r} is not a number of seconds of 0 '
+                                 'or more; give the longest wait for a step, or 0 or None for '
+                                 'no watch')
+    if not seconds:  # None or 0: not watched
         return None
     fds = protocol.control_fds(environ)
-    return LaunchedStall(seconds, fds[1]) if fds else StallHook(seconds, line)
+    return LaunchedStall(float(seconds), fds[1]) if fds else StallHook(float(seconds), line)

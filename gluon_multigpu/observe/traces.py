@@ -108,7 +108,6 @@ def costliest(trace, count=10):
 def cost_table(rows):
     """``costliest``'s rows as lines of text: operator, calls, total ms, share."""
     width = max([len('operator')] + [len(name) for name, *_ in rows])
-    lines = [f'  {"operator":<{width}}  {"calls":>7}  {"total ms":>10}  {"share":>6}']
-    lines += [f'  {name:<{width}}  {calls:>7}  {ms:>10.2f}  {share:>6.1%}'
-              for name, calls, ms, share in rows]
-    return lines
+    return [f'  {"operator":<{width}}  {"calls":>7}  {"total ms":>10}  {"share":>6}', *(
+        f'  {name:<{width}}  {calls:>7}  {ms:>10.2f}  {share:>6.1%}'
+        for name, calls, ms, share in rows)]
