@@ -95,8 +95,7 @@ class CheckpointState:
     """
 
     def __init__(self, directory, manifest):
-        self.directory, self.manifest = directory, manifest
-        self.epoch = manifest['epoch']
+        self.directory, self.manifest, self.epoch = directory, manifest, manifest['epoch']
         partial = manifest['partial']
         self.partial = EpochTotals(**{**partial, 'grad_norms': tuple(partial.get(
             'grad_norms', ()))}) if partial else None
@@ -137,10 +136,9 @@ class CheckpointStore:
     """
 
     def __init__(self, directory, config):
-        self.directory = os.path.abspath(directory)
-        self.config = dict(config)
-        self._sequence = 0
-        self._loaded = None  # (manifest stat, state): the checks and hashes are done once
+        self.directory, self.config = os.path.abspath(directory), dict(config)
+        # ``_loaded``: (manifest stat, state), so that the checks and hashes are done once
+        self._sequence, self._loaded = 0, None
 
     @property
     def manifest_path(self):
@@ -253,13 +251,11 @@ class CheckpointStore:
         return entries
 
     def _manifest(self, epoch, partial, history, files):
-        return {
-            'format': FORMAT, 'sequence': self._sequence,
-            'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'epoch': epoch, 'partial': partial.to_dict() if partial is not None else None,
-            'history': [r.to_dict() for r in history], 'config': self.config, 'files': files,
-            'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
-        }
+        written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+        return {'format': FORMAT, 'sequence': self._sequence, 'written': written, 'epoch': epoch,
+                'partial': partial.to_dict() if partial is not None else None,
+                'history': [r.to_dict() for r in history], 'config': self.config, 'files': files,
+                'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch}}
 
     def _make_directory(self):
         """Make the directory if missing (its parent must exist)."""
