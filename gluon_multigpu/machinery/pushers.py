@@ -50,8 +50,7 @@ class _Pusher(threading.Thread):
         return future
 
 
-_THREADS = {}
-_LOCK = threading.Lock()
+_THREADS, _LOCK = {}, threading.Lock()
 
 
 def device_thread(device):
