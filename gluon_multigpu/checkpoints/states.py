@@ -96,9 +96,8 @@ def save_trainer_states(net, trainer, path):
             layout.append((index, _ARRAY, 0, int(_is_numpy(state))))
         elif isinstance(state, (tuple, list)) and len(state) <= MAX_ENTRIES and all(
                 s is None or isinstance(s, nd.NDArray) for s in state):
-            for k, entry in enumerate(state):
-                if entry is not None:
-                    arrays[f'state:{index}:{k}'] = _to_file(entry)
+            arrays.update({f'state:{index}:{k}': _to_file(s)
+                           for k, s in enumerate(state) if s is not None})
             layout.append((index, _TUPLE, len(state),
                            int(any(_is_numpy(s) for s in state if s is not None))))
         else:
