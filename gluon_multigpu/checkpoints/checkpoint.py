@@ -149,8 +149,7 @@ class Checkpointer(CheckpointStore, Hook):
             candidates = {n for n in os.listdir(self.directory) if CHECKPOINT_FILE.fullmatch(n)}
         except FileNotFoundError:
             return
-        foreign = sorted(candidates - named - savefolder.leftovers(self.directory, named)[1])
-        if foreign:
+        if foreign := sorted(candidates - named - savefolder.leftovers(self.directory, named)[1]):
             more = f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''
             raise CheckpointError(f'{self.directory} holds {foreign[0]}{more}, which no '
                                   'checkpoint of this package there names (a file of your own?); '

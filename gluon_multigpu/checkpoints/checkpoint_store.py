@@ -206,12 +206,10 @@ class CheckpointStore:
                     raise self._damaged(f'{entry["name"]} does not match its recorded hash')
             self._loaded = (stamp, CheckpointState(self.directory, manifest))
         state = self._loaded[1]
-        if check_config:
-            differ = config_differences(state.manifest['config'], self.config)
-            if differ:
-                raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
-                                      f'{", ".join(differ)}; use the same settings, choose '
-                                      'another `checkpoint_dir`, or remove it')
+        if check_config and (differ := config_differences(state.manifest['config'], self.config)):
+            raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
+                                  f'{", ".join(differ)}; use the same settings, choose '
+                                  'another `checkpoint_dir`, or remove it')
         self._sequence = state.manifest['sequence']
         return state
 
@@ -261,9 +259,8 @@ class CheckpointStore:
         """Make the directory if missing (its parent must exist)."""
         if not os.path.isdir(self.directory):
             try:
-                fs.mkdir(self.directory)
-            except FileExistsError:
-                pass
+                with contextlib.suppress(FileExistsError):
+                    fs.mkdir(self.directory)
             except FileNotFoundError:
                 raise CheckpointError(f'checkpoint directory {self.directory}: directory '
                                       f'{os.path.dirname(self.directory)} does not exist; create '
@@ -277,10 +274,9 @@ class CheckpointStore:
         complete checkpoint stays as it was, unless the new one is complete.
         """
         self._make_directory()
-        try:
+        old = {}
+        with contextlib.suppress(CheckpointError):
             old = self._read_manifest()['files'] if self.exists() else {}
-        except CheckpointError:
-            old = {}
         replaced = {e['name'] for e in old.values()}
         self._clean(set(), keep=replaced)  # what killed saves left, before placing new files
         self._sequence = self._sequence % MAX_SEQUENCE + 1  # the names need only be new

@@ -172,8 +172,7 @@ def _to_trainer(net, trainer, arrays):
     params = trainer._params  # pylint: disable=protected-access
     if 'version' not in arrays:  # version 1: written before states were keyed by place
         return params, list(range(len(params)))
-    rows = _rows(arrays, 'version', 1)
-    if rows != [[VERSION]]:
+    if (rows := _rows(arrays, 'version', 1)) != [[VERSION]]:
         raise CheckpointError(f'it is of version {rows}, and this package reads 1 and {VERSION}')
     placed = list(net.collect_params().values())
     index_of = {id(param): i for i, param in enumerate(params)}
