@@ -96,9 +96,8 @@ class Checkpointer(CheckpointStore, Hook):
 
     def __init__(self, directory, config, resume=False):
         super().__init__(directory, config)
-        self.resume = resume
-        self._lock, self._made = None, False
-        self._claimed = False  # checked that this run may write here (``_claim``)
+        # ``_claimed``: checked that this run may write here (``_claim``)
+        self.resume, self._lock, self._made, self._claimed = resume, None, False, False
 
     # -- the directory: checked, locked, released -----------------------------------------
 
@@ -133,36 +132,32 @@ class Checkpointer(CheckpointStore, Hook):
         checkpoint here names (``_check_foreign``).
         """
         if not self.exists():
-            self._check_foreign(())
+            self._check_foreign(set())
             return None
         if not self.resume:
             raise CheckpointError(f'{self.directory} already holds a checkpoint '
                                   f'({self.describe()}); add `resume=True` to continue it, choose '
                                   'another `checkpoint_dir`, or remove it')
         state = self.load()  # refuses a damaged checkpoint or one of another run
-        self._check_foreign(entry['name'] for entry in state.manifest['files'].values())
+        self._check_foreign({entry['name'] for entry in state.manifest['files'].values()})
         return state
 
     def _check_foreign(self, named):
-        """Refuse the files here with a checkpoint's name that neither ``named`` nor a killed save
-        owns."""
+        """Refuse the files here with a checkpoint's name that neither ``named`` (a set) nor a
+        killed save owns."""
         try:
             candidates = {n for n in os.listdir(self.directory) if CHECKPOINT_FILE.fullmatch(n)}
         except FileNotFoundError:
             return
-        named = set(named)
-        foreign = sorted(candidates - named - savefolder.leftovers(self.directory, named)[1])
-        if foreign:
+        if foreign := sorted(candidates - named - savefolder.leftovers(self.directory, named)[1]):
             more = f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''
             raise CheckpointError(f'{self.directory} holds {foreign[0]}{more}, which no '
                                   'checkpoint of this package there names (a file of your own?); '
                                   'move it away or choose another `checkpoint_dir`')
 
-    def _claim(self, state=False):
-        """Check (``_check_run``, unless its ``state`` is given), then remove what killed saves
-        left; from then on this run's saves may replace the checkpoint here."""
-        if state is False:
-            state = self._check_run()
+    def _claim(self, state):
+        """Remove what killed saves left, once ``_check_run`` said this run may write here (its
+        ``state``); from then on this run's saves may replace the checkpoint here."""
         keep = {entry['name'] for entry in state.manifest['files'].values()} if state else set()
         self._clean(set(), keep)
         self._claimed = True
@@ -217,7 +212,6 @@ class Checkpointer(CheckpointStore, Hook):
         if self._made and not self.exists():
             with contextlib.suppress(OSError):  # not if something was put there meanwhile
                 fs.rmdir(self.directory)
-        return False
 
 
     def save(self, net, trainer, history, epoch, partial=None):
@@ -231,7 +225,7 @@ class Checkpointer(CheckpointStore, Hook):
         stays as it was, unless the new one is complete (``CheckpointStore.save``).
         """
         if not self._claimed:
-            self._claim()
+            self._claim(self._check_run())
         super().save(net, trainer, history, epoch, partial)
 
     # -- as a hook of train ----------------------------------------------------------------
@@ -276,7 +270,7 @@ class CheckpointReader(Checkpointer):
         return self
 
     def __exit__(self, *exc):
-        return False
+        """Nothing to release: no lock was taken."""
 
     def save(self, net, trainer, history, epoch, partial=None):
         """Nothing: the first worker saves."""

@@ -95,8 +95,7 @@ class CheckpointState:
     """
 
     def __init__(self, directory, manifest):
-        self.directory, self.manifest = directory, manifest
-        self.epoch = manifest['epoch']
+        self.directory, self.manifest, self.epoch = directory, manifest, manifest['epoch']
         partial = manifest['partial']
         self.partial = EpochTotals(**{**partial, 'grad_norms': tuple(partial.get(
             'grad_norms', ()))}) if partial else None
@@ -137,10 +136,9 @@ class CheckpointStore:
     """
 
     def __init__(self, directory, config):
-        self.directory = os.path.abspath(directory)
-        self.config = dict(config)
-        self._sequence = 0
-        self._loaded = None  # (manifest stat, state): the checks and hashes are done once
+        self.directory, self.config = os.path.abspath(directory), dict(config)
+        # ``_loaded``: (manifest stat, state), so that the checks and hashes are done once
+        self._sequence, self._loaded = 0, None
 
     @property
     def manifest_path(self):
@@ -208,12 +206,10 @@ class CheckpointStore:
                     raise self._damaged(f'{entry["name"]} does not match its recorded hash')
             self._loaded = (stamp, CheckpointState(self.directory, manifest))
         state = self._loaded[1]
-        if check_config:
-            differ = config_differences(state.manifest['config'], self.config)
-            if differ:
-                raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
-                                      f'{", ".join(differ)}; use the same settings, choose '
-                                      'another `checkpoint_dir`, or remove it')
+        if check_config and (differ := config_differences(state.manifest['config'], self.config)):
+            raise CheckpointError(f'the checkpoint in {self.directory} is of another run: '
+                                  f'{", ".join(differ)}; use the same settings, choose '
+                                  'another `checkpoint_dir`, or remove it')
         self._sequence = state.manifest['sequence']
         return state
 
@@ -253,21 +249,18 @@ class CheckpointStore:
         return entries
 
     def _manifest(self, epoch, partial, history, files):
-        return {
-            'format': FORMAT, 'sequence': self._sequence,
-            'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'epoch': epoch, 'partial': partial.to_dict() if partial is not None else None,
-            'history': [r.to_dict() for r in history], 'config': self.config, 'files': files,
-            'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch},
-        }
+        written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+        return {'format': FORMAT, 'sequence': self._sequence, 'written': written, 'epoch': epoch,
+                'partial': partial.to_dict() if partial is not None else None,
+                'history': [r.to_dict() for r in history], 'config': self.config, 'files': files,
+                'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch}}
 
     def _make_directory(self):
         """Make the directory if missing (its parent must exist)."""
         if not os.path.isdir(self.directory):
             try:
-                fs.mkdir(self.directory)
-            except FileExistsError:
-                pass
+                with contextlib.suppress(FileExistsError):
+                    fs.mkdir(self.directory)
             except FileNotFoundError:
                 raise CheckpointError(f'checkpoint directory {self.directory}: directory '
                                       f'{os.path.dirname(self.directory)} does not exist; create '
@@ -281,10 +274,9 @@ class CheckpointStore:
         complete checkpoint stays as it was, unless the new one is complete.
         """
         self._make_directory()
-        try:
+        old = {}
+        with contextlib.suppress(CheckpointError):
             old = self._read_manifest()['files'] if self.exists() else {}
-        except CheckpointError:
-            old = {}
         replaced = {e['name'] for e in old.values()}
         self._clean(set(), keep=replaced)  # what killed saves left, before placing new files
         self._sequence = self._sequence % MAX_SEQUENCE + 1  # the names need only be new

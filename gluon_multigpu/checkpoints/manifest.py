@@ -101,8 +101,7 @@ def validate_manifest(manifest):
             manifest['sequence'] > MAX_SEQUENCE or manifest['epoch'] > 10**7:
         raise CheckpointError(f'its fields sequence (1 to {MAX_SEQUENCE}) and epoch (0 or more) '
                               'must be whole numbers in range')
-    if manifest['partial'] is not None:
-        partial = manifest['partial']
+    if (partial := manifest['partial']) is not None:
         _check_record(partial, _PARTIAL_TYPES, 'its field partial', ('grad_norms',))
         if partial['samples'] < partial['batches'] or partial['num_correct'] > partial['samples']:
             raise CheckpointError('its field partial counts fewer samples than batches or more '

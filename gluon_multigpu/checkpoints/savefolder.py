@@ -83,9 +83,8 @@ def _marker(path):
 
 def _cut_short(content):
     """Whether ``content`` is the beginning of a marker (a save killed while writing it)."""
-    if len(content) <= len(_MARK):
-        return _MARK.startswith(content)
-    return content.startswith(_MARK) and re.fullmatch(rb'\d*\n?', content[len(_MARK):]) is not None
+    return _MARK.startswith(content) or (
+        content.startswith(_MARK) and re.fullmatch(rb'\d*\n?', content[len(_MARK):]) is not None)
 
 
 def _entries(path):

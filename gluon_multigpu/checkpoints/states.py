@@ -41,13 +41,12 @@ _NO_STATE, _ARRAY, _TUPLE = 0, 1, 2
 
 def _updaters(trainer):
     """The Trainer's updaters (one per device, or the kvstore's), its kvstore set up first."""
-    if not trainer._kv_initialized:  # pylint: disable=protected-access
-        trainer._init_kvstore()  # pylint: disable=protected-access
-    if trainer._params_to_init:  # pylint: disable=protected-access
-        trainer._init_params()  # pylint: disable=protected-access
-    if trainer._update_on_kvstore:  # pylint: disable=protected-access
-        return [trainer._kvstore._updater]  # pylint: disable=protected-access
-    return trainer._updaters  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    return [trainer._kvstore._updater] if trainer._update_on_kvstore else trainer._updaters
 
 
 def _is_numpy(array):
@@ -73,20 +72,17 @@ def _places(net, trainer):
     The place in the network (its structure's order) is the same for both.
     """
     place_of = {id(param): place for place, param in enumerate(net.collect_params().values())}
-    places = []
     for param in trainer._params:  # pylint: disable=protected-access
         if id(param) not in place_of:
             raise CheckpointError(f'the Trainer updates {param.name}, which is not a parameter '
                                   'of the network given')
-        places.append(place_of[id(param)])
-    return places
+    return [place_of[id(param)] for param in trainer._params]  # pylint: disable=W0212
 
 
 def save_trainer_states(net, trainer, path):
     """Write ``trainer``'s optimizer state for ``net``'s parameters to ``path`` (see the
     module's description)."""
-    updater = _updaters(trainer)[0]
-    places = _places(net, trainer)
+    updater, places = _updaters(trainer)[0], _places(net, trainer)
     arrays, layout = {}, []
     for index, state in sorted(updater.states.items(), key=lambda item: str(item[0])):
         if not isinstance(index, int) or not 0 <= index < len(places):
@@ -100,9 +96,8 @@ def save_trainer_states(net, trainer, path):
             layout.append((index, _ARRAY, 0, int(_is_numpy(state))))
         elif isinstance(state, (tuple, list)) and len(state) <= MAX_ENTRIES and all(
                 s is None or isinstance(s, nd.NDArray) for s in state):
-            for k, entry in enumerate(state):
-                if entry is not None:
-                    arrays[f'state:{index}:{k}'] = _to_file(entry)
+            arrays.update({f'state:{index}:{k}': _to_file(s)
+                           for k, s in enumerate(state) if s is not None})
             layout.append((index, _TUPLE, len(state),
                            int(any(_is_numpy(s) for s in state if s is not None))))
         else:
@@ -162,10 +157,9 @@ def _decode(arrays, params):
     total = _rows(arrays, 'num_update', 1)
     if len(total) != 1 or total[0][0] < 0:
         raise CheckpointError('its overall update count is not one number of 0 or more')
-    num_update = total[0][0]
     if arrays:
         raise CheckpointError(f'it holds arrays it does not write ({", ".join(sorted(arrays))})')
-    return states, counts, num_update
+    return states, counts, total[0][0]
 
 
 def _copy(state):
@@ -178,8 +172,7 @@ def _to_trainer(net, trainer, arrays):
     params = trainer._params  # pylint: disable=protected-access
     if 'version' not in arrays:  # version 1: written before states were keyed by place
         return params, list(range(len(params)))
-    rows = _rows(arrays, 'version', 1)
-    if rows != [[VERSION]]:
+    if (rows := _rows(arrays, 'version', 1)) != [[VERSION]]:
         raise CheckpointError(f'it is of version {rows}, and this package reads 1 and {VERSION}')
     placed = list(net.collect_params().values())
     index_of = {id(param): i for i, param in enumerate(params)}
@@ -210,7 +203,6 @@ def load_trainer_states(net, trainer, path):
         raise CheckpointError('it is not an array file MXNet can read') from None
     if not isinstance(arrays, dict):
         raise CheckpointError('it holds a list of arrays, not named ones')
-    arrays = dict(arrays)
     params, indices = _to_trainer(net, trainer, arrays)
     states, counts, num_update = _decode(arrays, params)
     states, counts = _remap(states, counts, indices)

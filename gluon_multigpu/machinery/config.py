@@ -311,11 +311,9 @@ class RunConfig(TrainConfig):
                   'seed': self.seed, 'num_train': self.num_train or DATASETS[self.dataset]['train'],
                   'num_test': self.num_test or DATASETS[self.dataset]['test'],
                   'book_literal': self.book_literal}
-        for key, value in (('workers', workers), ('dtype', self.dtype),
-                           ('sync_bn', self.sync_bn), ('updates', self.updates())):
-            if value != PLAIN.get(key):
-                record[key] = value
-        return record
+        optional = {'workers': workers, 'dtype': self.dtype, 'sync_bn': self.sync_bn,
+                    'updates': self.updates()}
+        return {**record, **{k: v for k, v in optional.items() if v != PLAIN.get(k)}}
 
     def training(self, kvstore, lr):
         """The ``TrainConfig`` of this run's training with ``kvstore`` at rate ``lr``."""

@@ -50,8 +50,7 @@ class _Pusher(threading.Thread):
         return future
 
 
-_THREADS = {}
-_LOCK = threading.Lock()
+_THREADS, _LOCK = {}, threading.Lock()
 
 
 def device_thread(device):
@@ -95,6 +94,5 @@ class DevicePushers:
 def pushers_for(devices):
     """A ``DevicePushers`` for several CPU contexts (each its own scratch copies), to use
     in a ``with``; for one device or GPUs, a context that gives None (one thread serves)."""
-    if len(devices) > 1 and all(d.device_type == 'cpu' for d in devices):
-        return DevicePushers(devices)
-    return contextlib.nullcontext()
+    several_cpus = len(devices) > 1 and all(d.device_type == 'cpu' for d in devices)
+    return DevicePushers(devices) if several_cpus else contextlib.nullcontext()

@@ -42,8 +42,7 @@ class Schedule:
 
     def rate(self, k):
         """The rate of update ``k`` (1-based)."""
-        total = self.total or k
-        t, lr = k - 1, self.lr
+        total, t, lr = self.total or k, k - 1, self.lr
         if self.name == 'onecycle':
             ramp = self.warmup or max(1, total // 3)
             if t < ramp:

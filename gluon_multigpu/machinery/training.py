@@ -242,11 +242,9 @@ class Training:
                           partial)
             self._started = True  # only now: a begin that raised is called again by fit()
             if partial is not None:
-                batches = _epoch_batches(run, first_epoch, partial.batches)
-                self._iterated = True
+                batches, self._iterated = _epoch_batches(run, first_epoch, partial.batches), True
         elif self._live is not None:
-            batches, partial = self._live
-            first_epoch = run.epoch
+            (batches, partial), first_epoch = self._live, run.epoch
         self._live = None
         return first_epoch, partial, batches
 
