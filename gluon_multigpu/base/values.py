@@ -81,7 +81,7 @@ def check_lr(lr):
     return value
 
 
-def check_clip(clip):
+def check_clip(clip, name=None):  # pylint: disable=unused-argument  (a field's check)
     """Return ``clip`` as a ``float`` (None: no clipping); raise unless positive and finite."""
     if clip is not None and not (_real(clip) and math.isfinite(clip) and float(clip) > 0):
         raise GluonMultiGPUError(f'`clip_grad_norm` must be a positive number (the largest '

@@ -57,10 +57,6 @@ def _path(default, group, help, metavar, check=path):
 _PATH_KINDS = {'DIR': 'a directory', 'PATH': 'a file name'}
 
 
-def _named(check):
-    return lambda value, name: check(value)
-
-
 _DATA, _DEV, _OPT, _OUT, _OBS = GROUPS
 
 
@@ -109,23 +105,23 @@ class TrainConfig:
     """
 
     num_epochs: int = setting(10, _OPT, 'passes over the training set',
-                              _named(check_epochs), int_in(1, 10**5), 'N')
+                              check_epochs, int_in(1, 10**5), 'N')
     lr: Optional[float] = setting(None, _OPT, 'SGD learning rate (default: per model, below)',
                                   lambda v, n: None if v is None else check_lr(v),
                                   positive_float, 'LR')
     kvstore: object = 'device'
     seed: Optional[int] = setting(0, _DATA, 'seed of the initial weights and the data order',
-                                  _named(check_seed), int_in(0, MAX_SEED), 'N')
+                                  check_seed, int_in(0, MAX_SEED), 'N')
     max_in_flight: Optional[int] = None
     accumulate: int = setting(1, _OPT, 'sum the gradients of K batches into one update',
-                              _named(check_accumulate), int_in(1, MAX_ACCUMULATE), 'K')
+                              check_accumulate, int_in(1, MAX_ACCUMULATE), 'K')
     clip_grad_norm: Optional[float] = setting(
         None, _OPT, "clip each update's global gradient norm (per sample) at X",
-        _named(check_clip), positive_float, 'X')
+        check_clip, positive_float, 'X')
     lr_schedule: str = setting('constant', _OPT, 'learning rate of each update',
                                one_of(SCHEDULES), choices=SCHEDULES)
     warmup_steps: int = setting(0, _OPT, 'updates whose rate rises linearly to `lr` first',
-                                _named(check_warmup), int_in(0, 10**8), 'N')
+                                check_warmup, int_in(0, 10**8), 'N')
     tensorboard: Optional[str] = _path(None, _OBS, 'TensorBoard event files in DIR (needs '
                                        'tensorboardX)', 'DIR', event_files)
     metrics: Optional[str] = _path(None, _OBS, 'the same figures as JSON lines in PATH', 'PATH')
