@@ -157,11 +157,9 @@ class Comparison:
 
     def measured(self):
         """The epochs measured, in words: ``epochs 1-2 of kvstore local; epoch 1 of kvstore device, none``."""
-        counts = {}
+        counts, done = {}, {r.kvstore: len(r.epochs) for r in self.results}
         for k in self.kvstores:
-            result = self.runs[k].result if k in self.runs else None
-            n = len(result.epochs) if result is not None else 0
-            counts.setdefault(n, []).append(k)
+            counts.setdefault(done.get(k, 0), []).append(k)
         return '; '.join((f'epochs 1-{n}' if n > 1 else 'epoch 1' if n else 'no epoch')
                          + f' of kvstore {", ".join(names)}'
                          for n, names in sorted(counts.items(), reverse=True))
