@@ -28,22 +28,19 @@ def write_outputs(config, results, record, tracker, pending=(), partial=None):
     the run resolved them); ``pending``: the kvstores compared with no epoch measured; ``partial``
     says why the outputs are incomplete (they are then marked partial).
     """
-    written = []
 
     def write():
         if config.plot:
             accuracy_chart(config.plot, results, title=f'{config.model} on {config.dataset}, '
                            f'[{", ".join(results[0].devices)}]' + (' (partial)' if partial else ''))
-            written.append(config.plot)
         if config.json:
             write_json(config.json, runs_json(results, tracker, record, partial))
-            written.append(config.json)
         if config.report:  # last: its folder is replaced as a whole, or not at all
             write_kvstore_report(config.report, results, tracker, record,
                                  recommend(results, pending=pending), partial)
-            written.append(config.report.rstrip('/') + '/')
-    replace_together([p for p in (config.plot, config.json) if p], write)
-    return written
+    replace_together([p for p in (config.plot, config.json) if p], write)  # raises if one fails
+    report = config.report and config.report.rstrip('/') + '/'  # a folder
+    return [p for p in (config.plot, config.json, report) if p]
 
 
 class Comparison:
