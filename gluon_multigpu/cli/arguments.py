@@ -138,10 +138,8 @@ def engine_devices(argv):
         args, _ = p.parse_known_args(argv)
     except UsageError:
         return None
-    if args.cpu_devices is not None:
-        return args.cpu_devices
-    if args.num_gpus is not None:
-        return 0
+    if args.cpu_devices is not None or args.num_gpus is not None:  # (the group allows one)
+        return args.cpu_devices or 0  # --num-gpus: no CPU context
     # Neither flag: all GPUs, or one CPU context when there are none (no NVIDIA
     # device node: MXNet would find no GPU either).
     return None if os.path.exists('/dev/nvidiactl') else 1

@@ -42,8 +42,7 @@ def walk_through(devices, out=None):
     print('>>> net(x_shards[0]), net(x_shards[1])', file=out)
     x = np.random.uniform(size=(4, 1, 28, 28))
     x_shards = gluon.utils.split_and_load(x, devices)
-    outputs = [net(x_shard) for x_shard in x_shards]
-    print(f'({show(outputs[0])},\n {show(outputs[1])})', file=out)
+    print(f'({show(net(x_shards[0]))},\n {show(net(x_shards[1]))})', file=out)
 
     print("\n>>> weight = net[0].params.get('weight')", file=out)
     print('>>> try: weight.data()  # on the default context, where nothing was initialised',

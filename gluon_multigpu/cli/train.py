@@ -19,7 +19,6 @@ import textwrap
 
 from . import console, messages
 from .arguments import OneLineParser, add_config_flags, error_line
-from .console import quiet_console, say_quietly, stop_request
 from ..base import signals
 from ..base.protocol import CONTROL_VARIABLE
 from ..machinery.config import RunConfig
@@ -105,12 +104,12 @@ def main(argv=None):
     launched = bool(os.environ.get(CONTROL_VARIABLE))
 
     def heard(signum):
-        say_quietly(messages.train_heard(signum, config.book_literal, launched, joining()))
+        console.say_quietly(messages.train_heard(signum, config.book_literal, launched, joining()))
     stop = None
-    with quiet_console():  # a closed terminal (SIGHUP) must not turn a print into an error
+    with console.quiet_console():  # a closed terminal (SIGHUP) must not turn a print into an error
         try:
-            with stop_request(heard, functools.partial(stop_now, config=config), ignore_after=True) \
-                    as stop:
+            with console.stop_request(heard, functools.partial(stop_now, config=config),
+                                      ignore_after=True) as stop:
                 run(config, stop=stop, program=console.program, resume=resume_command)
         except (GluonMultiGPUError, OSError, Interrupted, KeyboardInterrupt) as e:
             return _ended(e, stop, config, argv)
@@ -180,7 +179,7 @@ def _end_joining(line, status):
 
 def stop_now(signum, config):  # pylint: disable=unused-argument
     """Say that a second signal ends the run at once, and what checkpoint is left."""
-    say_quietly(messages.train_stopped_now(_checkpoint_kept(config)))
+    console.say_quietly(messages.train_stopped_now(_checkpoint_kept(config)))
 
 
 def start(launcher=None):

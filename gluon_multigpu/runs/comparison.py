@@ -28,22 +28,19 @@ def write_outputs(config, results, record, tracker, pending=(), partial=None):
     the run resolved them); ``pending``: the kvstores compared with no epoch measured; ``partial``
     says why the outputs are incomplete (they are then marked partial).
     """
-    written = []
 
     def write():
         if config.plot:
             accuracy_chart(config.plot, results, title=f'{config.model} on {config.dataset}, '
                            f'[{", ".join(results[0].devices)}]' + (' (partial)' if partial else ''))
-            written.append(config.plot)
         if config.json:
             write_json(config.json, runs_json(results, tracker, record, partial))
-            written.append(config.json)
         if config.report:  # last: its folder is replaced as a whole, or not at all
             write_kvstore_report(config.report, results, tracker, record,
                                  recommend(results, pending=pending), partial)
-            written.append(config.report.rstrip('/') + '/')
-    replace_together([p for p in (config.plot, config.json) if p], write)
-    return written
+    replace_together([p for p in (config.plot, config.json) if p], write)  # raises if one fails
+    report = config.report and config.report.rstrip('/') + '/'  # a folder
+    return [p for p in (config.plot, config.json, report) if p]
 
 
 class Comparison:
@@ -157,11 +154,9 @@ class Comparison:
 
     def measured(self):
         """The epochs measured, in words: ``epochs 1-2 of kvstore local; epoch 1 of kvstore device, none``."""
-        counts = {}
+        counts, done = {}, {r.kvstore: len(r.epochs) for r in self.results}
         for k in self.kvstores:
-            result = self.runs[k].result if k in self.runs else None
-            n = len(result.epochs) if result is not None else 0
-            counts.setdefault(n, []).append(k)
+            counts.setdefault(done.get(k, 0), []).append(k)
         return '; '.join((f'epochs 1-{n}' if n > 1 else 'epoch 1' if n else 'no epoch')
                          + f' of kvstore {", ".join(names)}'
                          for n, names in sorted(counts.items(), reverse=True))

@@ -43,18 +43,16 @@ class KvstoreRun:
         kvstore = worker.kvstore or kvstore
         train_iter.epoch = 0  # every kvstore sees the same sequence of batches
         classes = DATASETS[config.dataset]['classes']
-        if config.book_literal and config.model == 'resnet18':
-            net = book_resnet18(classes)  # the text's: nn.Block residuals
-        else:
-            net = get_model(config.model, classes,
-                            sync_batch_norm(len(devices)) if config.sync_bn else None)
+        # --book-literal trains the text's own ResNet-18 (nn.Block residuals)
+        net = (book_resnet18(classes) if config.book_literal and config.model == 'resnet18' else
+               get_model(config.model, classes,
+                         sync_batch_norm(len(devices)) if config.sync_bn else None))
         split = make_split(config.split)
 
         def on_epoch(record):
-            line = epoch_line(record, config.num_epochs)
-            if worker.count > 1:  # the workers must agree: show it
-                line += f', parameters {fingerprint(net)}'
-            print(line, file=out, flush=True)
+            # the workers must agree: with several, the line shows their parameters' fingerprint
+            agreed = f', parameters {fingerprint(net)}' if worker.count > 1 else ''
+            print(epoch_line(record, config.num_epochs) + agreed, file=out, flush=True)
             if isinstance(split, TimedSplit):
                 print(f'  {split.summary()}', file=out, flush=True)
                 split.reset_stats()

@@ -130,9 +130,9 @@ def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=
         runs = functools.partial(KvstoreRun, config, worker, devices, lr, train_iter, test_iter,
                                  out, tracker, hooks)
         comparison = Comparison(config, record, tracker, out, stop)
-        if len(kvstores) > 1:  # the kvstores take turns, epoch after epoch
-            return comparison.run(runs, quiet=bool(worker.rank))
-        return _train_one(comparison, kvstores[0], runs, config.num_epochs, worker)
+        # several kvstores take turns, epoch after epoch; a single one trains directly
+        return (comparison.run(runs, quiet=bool(worker.rank)) if len(kvstores) > 1 else
+                _train_one(comparison, kvstores[0], runs, config.num_epochs, worker))
 
 
 def _train_one(comparison, kvstore, runs, num_epochs, worker):
@@ -282,9 +282,7 @@ class RankPrefixed:
 
     def write(self, text):
         for piece in text.splitlines(keepends=True):
-            if self._start:
-                self.stream.write(self.prefix)
-            self.stream.write(piece)
+            self.stream.write(self.prefix + piece if self._start else piece)
             self._start = piece.endswith('\n')
         return len(text)
 
