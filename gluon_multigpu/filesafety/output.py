@@ -259,8 +259,7 @@ class ReportSet:
             for i, (name, _, _, has_old) in enumerate(entries):
                 if has_old:  # a backup, until the new set is complete
                     self._current = os.path.join(self.directory, name)
-                    fs.link(self._current, os.path.join(self._staging, _BACKUP.format(i)),
-                            follow_symlinks=False)
+                    fs.link(self._current, os.path.join(self._staging, _BACKUP.format(i)))
             journal = {'format': STAGING_FORMAT, 'state': 'committed', 'files': entries}
             _write_journal(self._staging, journal)
         except BaseException:
