@@ -68,16 +68,15 @@ def create_exclusive(path, data, mode=0o666, unfinished=False):
     if unfinished:
         UNFINISHED[path] = made
     try:
-        try:
-            for chunk in chunks:
-                fs.write(fd, chunk, path)
-            fs.fsync(fd, path)
-        finally:
-            os.close(fd)
+        for chunk in chunks:
+            fs.write(fd, chunk, path)
+        fs.fsync(fd, path)
     except BaseException:
         UNFINISHED.pop(path, None)
         remove_own(path, made)
         raise
+    finally:
+        os.close(fd)
     return made
 
 
@@ -113,10 +112,9 @@ def atomic_write(path, mode='w', follow_links=True):
         if not e.filename:
             e.filename = path  # a write in the block failed: name the file meant
         raise
-    data = buffer.getvalue()
     with naming(path):
         _check_target(path, follow_links)
-        write_file(path, data.encode('utf-8') if mode == 'w' else data)
+        write_file(path, buffer.getvalue().encode('utf-8') if mode == 'w' else buffer.getvalue())
 
 
 def _check_target(path, follow_links):
