@@ -186,9 +186,19 @@ def write_file(path, data, check=None, mode=0o666):
     """
     directory, name = os.path.split(path)
     remove_hashed(directory, name)  # what a killed write of this file left
-    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}')
-    _finish(_link_unnamed(path, data, mode, lambda digest: f'{tmp}.{digest[:16]}.tmp',
-                          lambda chunks: _write_named(f'{tmp}.tmp', chunks, mode)), path, check)
+    base = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}')
+    tmp = _link_unnamed(path, data, mode, lambda digest: f'{base}.{digest[:16]}.tmp',
+                        lambda chunks: _write_named(f'{base}.tmp', chunks, mode))
+    made = UNFINISHED[tmp] = _inode(tmp)  # complete and ours: checked and renamed, else removed
+    try:
+        if check is not None:
+            check(tmp)
+        fs.replace(tmp, path)
+        made = None
+    finally:
+        UNFINISHED.pop(tmp, None)
+        remove_own(tmp, made)
+    fsync_directory(directory)
 
 
 def _link_unnamed(path, data, mode, name, otherwise):
@@ -216,21 +226,6 @@ def _link_unnamed(path, data, mode, name, otherwise):
     finally:
         os.close(fd)
     return linked
-
-
-def _finish(tmp, path, check):
-    """Check ``tmp`` (a complete temporary, ours) and rename it over ``path``; on any failure it
-    is removed."""
-    made = UNFINISHED[tmp] = _inode(tmp)
-    try:
-        if check is not None:
-            check(tmp)
-        fs.replace(tmp, path)
-        made = None
-    finally:
-        UNFINISHED.pop(tmp, None)
-        remove_own(tmp, made)
-    fsync_directory(os.path.dirname(path))
 
 
 def _write_named(tmp, chunks, mode):
