@@ -68,16 +68,15 @@ def create_exclusive(path, data, mode=0o666, unfinished=False):
     if unfinished:
         UNFINISHED[path] = made
     try:
-        try:
-            for chunk in chunks:
-                fs.write(fd, chunk, path)
-            fs.fsync(fd, path)
-        finally:
-            os.close(fd)
+        for chunk in chunks:
+            fs.write(fd, chunk, path)
+        fs.fsync(fd, path)
     except BaseException:
         UNFINISHED.pop(path, None)
         remove_own(path, made)
         raise
+    finally:
+        os.close(fd)
     return made
 
 
@@ -113,10 +112,9 @@ def atomic_write(path, mode='w', follow_links=True):
         if not e.filename:
             e.filename = path  # a write in the block failed: name the file meant
         raise
-    data = buffer.getvalue()
     with naming(path):
         _check_target(path, follow_links)
-        write_file(path, data.encode('utf-8') if mode == 'w' else data)
+        write_file(path, buffer.getvalue().encode('utf-8') if mode == 'w' else buffer.getvalue())
 
 
 def _check_target(path, follow_links):
@@ -188,9 +186,19 @@ def write_file(path, data, check=None, mode=0o666):
     """
     directory, name = os.path.split(path)
     remove_hashed(directory, name)  # what a killed write of this file left
-    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}')
-    _finish(_link_unnamed(path, data, mode, lambda digest: f'{tmp}.{digest[:16]}.tmp',
-                          lambda chunks: _write_named(f'{tmp}.tmp', chunks, mode)), path, check)
+    base = os.path.join(directory, f'.{name}.{secrets.token_hex(4)}')
+    tmp = _link_unnamed(path, data, mode, lambda digest: f'{base}.{digest[:16]}.tmp',
+                        lambda chunks: _write_named(f'{base}.tmp', chunks, mode))
+    made = UNFINISHED[tmp] = _inode(tmp)  # complete and ours: checked and renamed, else removed
+    try:
+        if check is not None:
+            check(tmp)
+        fs.replace(tmp, path)
+        made = None
+    finally:
+        UNFINISHED.pop(tmp, None)
+        remove_own(tmp, made)
+    fsync_directory(directory)
 
 
 def _link_unnamed(path, data, mode, name, otherwise):
@@ -218,21 +226,6 @@ def _link_unnamed(path, data, mode, name, otherwise):
     finally:
         os.close(fd)
     return linked
-
-
-def _finish(tmp, path, check):
-    """Check ``tmp`` (a complete temporary, ours) and rename it over ``path``; on any failure it
-    is removed."""
-    made = UNFINISHED[tmp] = _inode(tmp)
-    try:
-        if check is not None:
-            check(tmp)
-        fs.replace(tmp, path)
-        made = None
-    finally:
-        UNFINISHED.pop(tmp, None)
-        remove_own(tmp, made)
-    fsync_directory(os.path.dirname(path))
 
 
 def _write_named(tmp, chunks, mode):

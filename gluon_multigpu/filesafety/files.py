@@ -45,8 +45,7 @@ def write_csv(path, rows, columns):
     with atomic_write(path, 'w') as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction='ignore', lineterminator='\n')
         writer.writeheader()
-        for r in rows:
-            writer.writerow({k: '' if r.get(k) is None else r[k] for k in columns})
+        writer.writerows({k: '' if r.get(k) is None else r[k] for k in columns} for r in rows)
 
 
 def read_csv(path):

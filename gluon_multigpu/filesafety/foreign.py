@@ -64,9 +64,9 @@ class Capture:
         except BaseException as e:  # pylint: disable=broad-except  (raised by ``take``)
             self._error = e
 
-    def take(self, write, parse=None):
+    def take(self, write, parse=bytes):
         """Call ``write()`` (the writer writes its file now, then lets go of ``path``) and return
-        what it wrote since the capture began (bytes, or ``parse(bytes)``); the capture is then
+        ``parse(what it wrote since the capture began)``, bytes by default; the capture is then
         closed. Raises ``OSError`` naming ``output`` where the writer delivered more than
         ``limit`` bytes (``EFBIG``) or what ``parse`` refuses with a ``ValueError`` (``EIO``:
         cut short, damaged); an error of ``write`` itself is raised as it is."""
@@ -81,8 +81,6 @@ class Capture:
             raise OSError(errno.EFBIG, f'{self.what} wrote {self._size} bytes, more than the '
                                        f'{self.limit} it may', self.output)
         data = b''.join(self._chunks)
-        if parse is None:
-            return data
         try:
             return parse(data)
         except ValueError as e:
@@ -100,7 +98,7 @@ class Capture:
         os.close(self._read)
 
 
-def capture(write, output, what, parse=None, limit=LIMIT):
+def capture(write, output, what, parse=bytes, limit=LIMIT):
     """Call ``write(path)``, an outside writer that writes a whole file at the ``path`` it is
     given, and return what it wrote (``Capture.take``)."""
     pipe = Capture(output, what, limit)

@@ -48,8 +48,10 @@ def write(fd, data, path=''):
     """Write all of ``data`` (bytes) to ``fd``, or none of it: a write at the end of a regular
     file that fails part way (a full disk, a file-size limit: ``ulimit -f``) cuts the file back
     to its length before, then raises. ``path`` names the file for the hook."""
-    view = memoryview(data)
-    end = _end_of(fd)
+    view, info = memoryview(data), os.fstat(fd)
+    at_end = stat.S_ISREG(info.st_mode) and (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND or
+                                              os.lseek(fd, 0, os.SEEK_CUR) == info.st_size)
+    end = info.st_size if at_end else None  # the length to cut a failed write back to
     while view:
         try:
             _before('write', path, fd)
@@ -59,14 +61,6 @@ def write(fd, data, path=''):
                 os.ftruncate(fd, end)
                 os.lseek(fd, end, os.SEEK_SET)
             raise
-
-
-def _end_of(fd):
-    """The length of the regular file ``fd`` when it is written at its end, else None."""
-    info = os.fstat(fd)
-    at_end = stat.S_ISREG(info.st_mode) and (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND or
-                                              os.lseek(fd, 0, os.SEEK_CUR) == info.st_size)
-    return info.st_size if at_end else None
 
 
 def fsync(fd, path=''):
@@ -81,11 +75,11 @@ def replace(source, target):
     os.replace(source, target)
 
 
-def link(source, target, follow_symlinks=True):
-    """``os.link``: a hard link ``target`` to ``source`` (fails if ``target`` exists); without
-    ``follow_symlinks``, a link ``source`` is itself linked."""
+def link(source, target):
+    """``os.link``: a hard link ``target`` to ``source`` (fails if ``target`` exists); a symbolic
+    link ``source`` is itself linked, not followed."""
     _before('link', target)
-    os.link(source, target, follow_symlinks=follow_symlinks)
+    os.link(source, target, follow_symlinks=False)
 
 
 def link_unnamed(fd, target):

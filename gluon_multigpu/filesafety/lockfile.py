@@ -40,13 +40,9 @@ def _kind(mode):
     return f'not a regular file ({what})'
 
 
-def _inode_of(fd):
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
 def _flocked(fd):
-    """Take the ``flock`` of ``fd``: True, or False if another process holds it."""
+    """Take the ``flock`` of ``fd`` (a descriptor or a file): True, or False if another process
+    holds it."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -120,13 +116,13 @@ class Lock:
             raise self._cannot(e) from None
         try:
             _flocked(fd)  # new, so nobody else holds it
-            if named:
-                self._inode = _inode_of(fd)
-            fs.write(fd, self._content(), self.path)
+            st = os.fstat(fd)  # ours: removed on failure while its name leads to it (once named)
+            self._inode = st.st_dev, st.st_ino
+            fs.write(fd, f'{MARKER}\npid {os.getpid()}\nhost {socket.gethostname()}\n'.encode(),
+                     self.path)
             if not named:
                 fs.fsync(fd, self.path)  # whole after a power cut too, not an empty file
                 fs.link_unnamed(fd, self.path)
-                self._inode = _inode_of(fd)
         except BaseException as e:
             os.close(fd)
             remove_own(self.path, self._inode)  # named: made here; unnamed: nothing named yet
@@ -142,10 +138,6 @@ class Lock:
     def _cannot(self, error):
         return self.error(f'cannot create the lock file {self.path} ({error.strerror}); {self.fix}')
 
-    @staticmethod
-    def _content():
-        return f'{MARKER}\npid {os.getpid()}\nhost {socket.gethostname()}\n'.encode()
-
     def _inspect(self):
         """What has the name now: None after taking over a stale lock (or when the name went
         away: try again), ``who`` text when another process holds it; else raise."""
@@ -160,12 +152,10 @@ class Lock:
                 kind = f'unreadable ({e.strerror})'
             raise self._not_ours(kind) from None
         with lock:
-            fd = lock.fileno()
-            st = os.fstat(fd)
-            text = os.pread(fd, 4096, 0).decode('utf-8', 'replace')
+            st = os.fstat(lock.fileno())
+            text = lock.read(4096).decode('utf-8', 'replace')
             ours = text.startswith(MARKER + '\n')
-            free = _flocked(fd)
-            if not free and (ours or not text):  # held: a lock of ours (or one being written)
+            if not _flocked(lock) and (ours or not text):  # held: our lock (or one being written)
                 return self._who(text)
             if not ours or st.st_nlink != 1:
                 raise self._not_ours(_kind(st.st_mode) if not ours else

@@ -232,7 +232,8 @@ class ReportSet:
         return False
 
     def _entries(self):
-        """The journal's entries, each name's old file checked (before anything is replaced)."""
+        """The journal's entries, each name's old file checked (before anything is replaced) and
+        its staged file fsynced (whoever wrote it: ssh-keygen does not fsync)."""
         entries = []
         for name in dict.fromkeys(self._names):
             self._current = target = os.path.join(self.directory, name)
@@ -246,21 +247,18 @@ class ReportSet:
                 raise GluonMultiGPUError(f'report folder {self.directory}: {name} is {kind}, not '
                                          'a file of a report; nothing was replaced: move it away '
                                          'or give another folder')
+            fsync_path(os.path.join(self._staging, name), os.O_NOFOLLOW | os.O_NONBLOCK,
+                       (errno.ELOOP,))  # a link is left as it is
             entries.append([name, staged.st_dev, staged.st_ino, mode is not None])
         return entries
 
     def _commit(self):
         try:
             entries = self._entries()
-            for name, _, _, _ in entries:  # whoever wrote them (ssh-keygen does not fsync)
-                self._current = os.path.join(self.directory, name)
-                fsync_path(os.path.join(self._staging, name), os.O_NOFOLLOW | os.O_NONBLOCK,
-                           (errno.ELOOP,))  # a link is left as it is
             for i, (name, _, _, has_old) in enumerate(entries):
                 if has_old:  # a backup, until the new set is complete
                     self._current = os.path.join(self.directory, name)
-                    fs.link(self._current, os.path.join(self._staging, _BACKUP.format(i)),
-                            follow_symlinks=False)
+                    fs.link(self._current, os.path.join(self._staging, _BACKUP.format(i)))
             journal = {'format': STAGING_FORMAT, 'state': 'committed', 'files': entries}
             _write_journal(self._staging, journal)
         except BaseException:
@@ -322,12 +320,10 @@ def replace_together(paths, write, limit=256 << 20):
     process is killed between the two writes.
     """
     before = {}
-    for path in paths:
-        target = resolve_output(path, 'output')
-        try:
+    for target in (resolve_output(path, 'output') for path in paths):
+        before[target] = (None, None)  # nothing there
+        with contextlib.suppress(FileNotFoundError):
             before[target] = (reading.read_bytes(target, limit, 'output'), _inode(target))
-        except FileNotFoundError:
-            before[target] = (None, None)
     try:
         write()
     except BaseException:

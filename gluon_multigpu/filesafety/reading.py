@@ -87,9 +87,8 @@ def read_bytes(path, limit, what, follow_links=True):
 
 def read_text(path, limit, what, follow_links=True):
     """``read_bytes`` decoded as UTF-8; a file that is not text is one line."""
-    data = read_bytes(path, limit, what, follow_links)
     try:
-        return data.decode('utf-8')
+        return read_bytes(path, limit, what, follow_links).decode('utf-8')
     except UnicodeDecodeError as e:
         raise GluonMultiGPUError(f'{what} {path} is not UTF-8 text (byte {e.start}); give a text '
                                  'file') from None
