@@ -20,7 +20,7 @@ __all__ = ['MODEL_NAMES', 'DATASETS', 'DATASET_NAMES', 'KVSTORES', 'DIST_KVSTORE
            'SCHEDULES', 'MAX_SEED', 'MAX_ACCUMULATE', 'MAX_IN_FLIGHT', 'MAX_CPU_DEVICES',
            'MAX_GPUS', 'LR_MAX', 'NO_DIST_CLIP', 'check_epochs', 'check_seed', 'check_lr',
            'check_accumulate', 'check_clip', 'check_warmup', 'whole', 'seconds',
-           'one_of', 'path', 'switch', 'kvstores', 'split', 'int_in', 'positive_float',
+           'one_of', 'known', 'path', 'switch', 'kvstores', 'split', 'int_in', 'positive_float',
            'non_negative_float', 'path_of', 'split_weights', 'event_files', 'tensorboardx_missing']
 
 #: The networks, data sets, kvstores and compute types a run can name (the package's
@@ -128,6 +128,13 @@ def one_of(choices):
                                      'give one of them')
         return value
     return check
+
+
+def known(value, choices, what, error=GluonMultiGPUError):
+    """Raise ``error`` unless ``value`` is one of ``choices`` (the names of a registry: an
+    unknown ``what``, "dtype" or "model", and the names to choose from)."""
+    if value not in choices:
+        raise error(f'unknown {what} {value!r}; choose one of {", ".join(choices)}')
 
 
 def path(value, name):

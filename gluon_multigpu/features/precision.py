@@ -35,14 +35,9 @@ __all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'cpu_bfloat16', 'bfloat16_
 DTYPES = values.DTYPES
 
 
-def _check_known(dtype):
-    if dtype not in DTYPES:
-        raise GluonMultiGPUError(f'unknown dtype {dtype!r}; choose one of {", ".join(DTYPES)}')
-
-
 def check_dtype(dtype, devices):
     """Raise ``GluonMultiGPUError`` unless ``train`` can compute in ``dtype`` on ``devices``."""
-    _check_known(dtype)
+    values.known(dtype, DTYPES, 'dtype')
     if dtype == 'float16' and (cpus := [str(d) for d in devices if d.device_type != 'gpu']):
         raise DeviceError(f'`dtype` float16 needs GPUs, and {cpus[0]} is a CPU context: MXNet '
                           '1.9.1 has no float16 matrix multiply on the CPU ("FP16 gemm on cpu not '
@@ -325,7 +320,7 @@ class MixedPrecision(Hook):
     """
 
     def __init__(self, dtype='float16', scaler=None):
-        _check_known(dtype)
+        values.known(dtype, DTYPES, 'dtype')
         # bfloat16 has float32's range: its gradients need no scaling
         self.dtype, self.scaler = dtype, scaler or (None if dtype == 'bfloat16' else LossScaler())
 

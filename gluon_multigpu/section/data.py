@@ -21,7 +21,7 @@ from mxnet import np, npx
 from ..errors import DataError
 from ..filesafety import atomic
 # Expected sizes of the data sets this package knows: samples per split, image shape, classes.
-from ..base.values import DATASETS
+from ..base.values import DATASETS, known
 
 __all__ = ['IDX_FILES', 'DATASETS', 'MAX_ITEMS', 'default_root', 'input_files', 'read_idx',
            'read_split', 'ArrayLoader', 'train_loader', 'synthetic_data', 'check_data_dir',
@@ -361,8 +361,7 @@ def load_data(name, batch_size, resize=None, root=None, download=False, num_trai
     (ArrayLoader, ArrayLoader)
         The shuffled training batches and the test batches, in order.
     """
-    if name not in DATASETS:
-        raise DataError(f'unknown dataset {name!r}; choose one of {", ".join(DATASETS)}')
+    known(name, DATASETS, 'dataset', DataError)
     root = os.path.expanduser(root or default_root(name))
     if download:
         download_dataset(name, root)
@@ -385,8 +384,7 @@ def synthetic_data(name, batch_size, num_train=None, num_test=None, seed=0, num_
     and labels drawn from ``seed``, as many as the data set has unless
     ``num_train``/``num_test`` say otherwise.
     """
-    if name not in DATASETS:
-        raise DataError(f'unknown dataset {name!r}; choose one of {", ".join(DATASETS)}')
+    known(name, DATASETS, 'dataset', DataError)
     spec, rng = DATASETS[name], onp.random.default_rng(seed)
 
     def split(n):

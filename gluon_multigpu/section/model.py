@@ -6,6 +6,7 @@ from mxnet import autograd, np, npx
 from mxnet.gluon import nn
 
 from . import devices as _devices
+from ..base.values import known
 from ..errors import DeviceError, GluonMultiGPUError
 from .recipes import RECIPES
 
@@ -193,8 +194,7 @@ def get_model(name, num_classes=10, norm=None):
     ``norm`` makes the batch-normalisation layers of a network that has them
     (ResNet-18; the simple CNN has none); None: ``nn.BatchNorm``.
     """
-    if name not in MODELS:
-        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}')
+    known(name, MODELS, 'model', ValueError)
     if norm is None:
         return MODELS[name](num_classes)
     if name not in NORMALISED:
@@ -210,8 +210,7 @@ def default_initializer(name):
     Simple CNN: MXNet's default ``Uniform(0.07)``, as in the lab;
     without BatchNorm, ``Normal(0.01)`` leaves it stuck near chance for epochs.
     """
-    if name not in MODELS:
-        raise ValueError(f'unknown model {name!r}; choose one of {", ".join(MODELS)}')
+    known(name, MODELS, 'model', ValueError)
     return RECIPES[name].initializer()
 
 
