@@ -179,7 +179,7 @@ def run_probe(python=None, timeout=PROBE_SECONDS, environ=None, every=PROGRESS_S
            f'ended with status {child.returncode}')
     return {'loads': False, 'error': f'the process {why} while loading MXNet '
                                      f"({(stderr.strip().splitlines() or [''])[-1]}): reinstall "
-                                     'it (pip install --force-reinstall --no-deps mxnet==1.9.1)'}
+                                     f'it ({compat.CPU_INSTALL})'}
 
 
 def _wait_saying(child, timeout, every, say):
@@ -248,11 +248,10 @@ def problems(facts):
                      f'was run on ({" to ".join(facts["numpy"]["known_range"])}): if training '
                      f'fails, pip install {compat.numpy_pin()}')
     if facts['mxnet_distribution'] is None:
-        found.append('no MXNet distribution is installed: pip install mxnet==1.9.1 '
-                     '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')
+        found.append(f'no MXNet distribution is installed: {compat.MXNET_INSTALL}')
     elif facts['mxnet_distribution'][1] != '1.9.1':
         found.append(f"MXNet {facts['mxnet_distribution'][1]} is installed; gluon-multigpu is made "
-                     'for 1.9.1: pip install --force-reinstall --no-deps mxnet==1.9.1')
+                     f'for 1.9.1: {compat.CPU_INSTALL}')
     if (probed := facts.get('probe')) is None:
         return found
     if not probed.get('loads'):
@@ -261,7 +260,7 @@ def problems(facts):
     if probed.get('features', {}).get('CUDA') and not probed.get('gpus'):
         found.append("MXNet's CUDA build sees no GPU (" + probed.get('gpu_error', 'none found') +
                      '): install the NVIDIA driver and check nvidia-smi, or use the CPU build: '
-                     'pip install --force-reinstall --no-deps mxnet==1.9.1')
+                     f'{compat.CPU_INSTALL}')
     if not (step := probed.get('step') or {}).get('ok'):
         why = step.get('error') or ', '.join(what for what, key in (
             ('parameters differ between the contexts', 'same_on_both'),

@@ -58,6 +58,8 @@ __all__ = ['prepare', 'after_load', 'report', 'numpy_version', 'KNOWN_NUMPY', 'n
 GPU_INSTALL = "pip install -e '.[cu112]' && pip install --force-reinstall --no-deps mxnet-cu112==1.9.1"
 #: MXNet's CPU build put in place of whatever build is there, as the messages below give it.
 CPU_INSTALL = 'pip install --force-reinstall --no-deps mxnet==1.9.1'
+#: MXNet where none is installed (on NumPy 2 without its requirements: it asks for NumPy 1).
+MXNET_INSTALL = 'pip install mxnet==1.9.1 (on NumPy 2: pip install --no-deps mxnet==1.9.1)'
 
 #: The NumPy releases this module was run against (the runtime matrix of ``tools/runtimes.py``):
 #: (oldest, newest) as (major, minor). A newer one may work; the doctor says it is untried.
@@ -359,8 +361,7 @@ def load_advice(error):
     if package not in ('mxnet', 'gluon_multigpu', '__main__', ''):
         return f'{package} cannot be imported ({text}): reinstall the package that provides it'
     if isinstance(error, ModuleNotFoundError) and (error.name or '').split('.')[0] == 'mxnet':
-        return ('MXNet is not installed in this Python: pip install mxnet==1.9.1 '
-                '(on NumPy 2: pip install --no-deps mxnet==1.9.1)')
+        return f'MXNet is not installed in this Python: {MXNET_INSTALL}'
     for library, advice in LIBRARIES:
         if library in str(error):
             return f'MXNet cannot load ({text}): {advice}'
