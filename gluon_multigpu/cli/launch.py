@@ -142,9 +142,9 @@ def check_args(args):
     if args.max_restarts and not keeps_checkpoints(command):
         raise LaunchError('--max-restarts resumes the workers from their checkpoint: give the '
                           'command --checkpoint-dir DIR (on storage every host reads)')
-    for flag in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
-        if args.launcher != 'ssh' and getattr(args, flag) is not None:
-            raise LaunchError(f'--{flag.replace("_", "-")} goes with --launcher ssh' + (
+    for name in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
+        if args.launcher != 'ssh' and getattr(args, name) is not None:
+            raise LaunchError(f'{common.flag(name)} goes with --launcher ssh' + (
                 "; with --launcher slurm the hosts are the allocation's nodes"
                 if args.launcher == 'slurm' else ''))
     if args.launcher == 'slurm':
