@@ -29,7 +29,8 @@ def hold_in_thread(control):
     """``control.step_end`` in a thread (it may hold); the thread and the list its answer
     goes to."""
     answer = []
-    t = threading.Thread(target=lambda: answer.append(control.step_end(None, 0, 0, None)))
+    t = threading.Thread(target=lambda: answer.append(control.step_end(None, 0, 0, None)),
+                         daemon=True)  # (a failed test leaves no thread holding the process)
     t.start()
     return t, answer
 
@@ -56,12 +57,13 @@ def test_a_worker_asked_to_stop_holds_says_its_step_and_goes_on_only_as_told():
     t.join(5)
     assert answer == [False] and not stopped  # behind the common step: on to it
     assert control.step_end(None, 0, 0, None) is True and stopped == [5]
+    assert next(said) == ['step', '5']
     assert control.stop.signum is not None  # the run stops as on SIGTERM (its checkpoint kept)
     # A signal to the worker ends a hold (the launcher's SIGTERM after its grace period)
     control = Control(*os.pipe()[:1], from_w, stop=SimpleNamespace(signum=None))
     control._asks = 1
     t, answer = hold_in_thread(control)
-    time.sleep(0.3)
+    assert next(said) == ['step', '1'] and next(said) == ['held', '1']  # holding
     control.stop.signum = 15
     t.join(5)
     assert answer == [False] and not t.is_alive()
@@ -111,8 +113,12 @@ class SimulatedWorker:
 
 
 def job_of(workers, grace):
+    """The launcher's ``Job`` of ``workers``, once every one of them has taken 3 steps."""
     for w in workers:
         w.peers = [p for p in workers if p is not w]
+    deadline = time.monotonic() + 60
+    while min(w.control.steps for w in workers) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     return supervise.Job(plan.Settings(num_workers=len(workers), grace=grace), workers, [],
                          words=None)
 
@@ -123,7 +129,6 @@ def test_every_worker_stops_after_one_step_though_one_hears_late(delays):
     # their gradients before it can hear the question, so they go on step by step
     workers = [SimulatedWorker(i, 0.05, delay) for i, delay in enumerate(delays)]
     job = job_of(workers, grace=60)
-    time.sleep(0.5)
     started = time.monotonic()
     job.stop_together(workers)
     assert time.monotonic() - started < 30
@@ -137,7 +142,6 @@ def test_without_stepping_on_a_worker_that_hears_late_waits_forever(monkeypatch)
     monkeypatch.setattr(supervise, 'STEP_ON', 1e9)
     workers = [SimulatedWorker(0, 0.05, 0.0), SimulatedWorker(1, 0.05, 0.6)]
     job = job_of(workers, grace=3)
-    time.sleep(0.5)
     job.stop_together(workers)
     assert any(w.running() for w in workers)
     for w in workers:  # let them go
