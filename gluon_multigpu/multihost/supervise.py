@@ -173,7 +173,7 @@ class Job:
                 self.killed = True
             if self.killed or time.monotonic() > deadline:
                 return False
-            time.sleep(0.05 if done else 0.1)
+            time.sleep(0.1)
         return True
 
     def stop(self, coordinated):
