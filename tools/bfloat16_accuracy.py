@@ -10,6 +10,11 @@ test accuracy against the job's bound, the machine and the commit:
 
 The jobs: ResNet-18 on the whole of Fashion-MNIST for 3 epochs (bound 0.02; about an hour of
 two cores with bfloat16 kernels) and the main job, the simple CNN for 2 epochs (bound 0.01).
+ResNet-18 trains at a quarter of the book's rate (0.05 for batch 512): at the book's 0.2 its
+test accuracy swings between epochs by more than the bound in float32 alone (0.81 after the
+second epoch, 0.59 after the third), and a float32 run whose rounding differs in any way lands
+elsewhere on that swing, so the bound could not tell bfloat16 from float32 there.
+Each run's progress and epoch lines pass through as train.py prints them.
 On a CPU without bfloat16 kernels it stops before training, in one line (status 2).
 """
 import argparse
@@ -27,23 +32,20 @@ from gluon_multigpu.base.machine import stamp  # noqa: E402
 from gluon_multigpu.filesafety.files import write_json  # noqa: E402
 
 #: job -> (train.py's flags, the largest test-accuracy gap allowed in any epoch)
-JOBS = {'resnet18': (['--model', 'resnet18', '--num-epochs', '3'], 0.02),
+JOBS = {'resnet18': (['--model', 'resnet18', '--num-epochs', '3', '--lr', '0.05'], 0.02),
         'simple-cnn': (['--model', 'simple-cnn', '--num-epochs', '2'], 0.01)}
 DTYPES = ('float32', 'bfloat16')
 
 
 def train(flags, dtype, data_dir, extra):
-    """One run of scripts/train.py; its epochs (``--json``'s), or a one-line exit on failure."""
+    """One run of scripts/train.py, its output passed through; its epochs (``--json``'s), or
+    its exit status where it failed (it has said why)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, 'run.json')
         proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'train.py'),
                                '--cpu-devices', '2', *flags, '--dtype', dtype, '--data-dir',
-                               data_dir, *extra, '--json', out], capture_output=True, text=True,
-                              check=False)
+                               data_dir, *extra, '--json', out], check=False)
         if proc.returncode:
-            print((proc.stderr.strip().splitlines() or [f'train.py ended with status '
-                                                         f'{proc.returncode}'])[-1],
-                  file=sys.stderr)
             raise SystemExit(proc.returncode)
         with open(out, encoding='utf-8') as f:
             return json.load(f)['runs'][0]['epochs']
