@@ -26,9 +26,7 @@ from ..base.values import check_epochs, check_lr
 from ..section.data import ArrayLoader
 from ..errors import Interrupted, GluonMultiGPUError, TrainingDiverged
 from ..observe.hooks import Hook, Run
-from ..observe.interrupt import Interruptible
 from .pushers import pushers_for
-from ..observe.live import Live
 from ..section.kvstores import check_kvstore, kvstore_name, make_trainer
 from ..section.recipes import recipe_of
 from ..section.results import EpochRecord, TrainResult
@@ -41,30 +39,6 @@ from ..section.utils import Timer
 
 __all__ = ['Hook', 'Run', 'EpochSteps', 'evaluate_accuracy_gpus', 'train_batch', 'train_epoch',
            'check_finite_params', 'hybridize', 'Training', 'train', 'last_run']
-
-
-class _EpochCallback(Hook):
-    """The ``on_epoch`` argument of ``train`` as a hook."""
-
-    def __init__(self, on_epoch):
-        self.on_epoch = on_epoch
-
-    def epoch_end(self, run, record):
-        self.on_epoch(record)
-
-
-def _default_hooks(hooks, progress_interval):
-    """The hooks ``train`` adds: Ctrl-C that stops after a step, and a live display (its
-    lines on a terminal every ``progress_interval`` s; 0: none).
-
-    Only where the caller's hooks do neither themselves (the scripts bring their own).
-    """
-    added = []
-    if not any(getattr(h, 'handles_signals', False) for h in hooks):
-        added.append(Interruptible())
-    if progress_interval and not any(getattr(h, 'shows_progress', False) for h in hooks):
-        added.append(Live(line_interval=progress_interval))
-    return added
 
 
 _LAST = {'run': None}
@@ -127,9 +101,7 @@ class Training:
         config = _config(config, dict(lr=lr, kvstore=kvstore), settings)
         devices = check_devices(devices)
         check_kvstore(config.kvstore, devices)
-        hooks = list(hooks) + optional_hooks(
-            tensorboard=config.tensorboard, metrics=config.metrics, log_every=config.log_every,
-            profile=config.profile, stall_timeout=config.stall_timeout)
+        hooks = optional_hooks(hooks, config, on_epoch)
         if all(d.device_type == 'cpu' for d in devices):
             # Devices the caller built after MXNet loaded unconfigured (``[mx.cpu(0), mx.cpu(1)]``
             # as the book writes them): one warning, with the cost and the line that avoids it.
@@ -142,8 +114,6 @@ class Training:
         self.max_in_flight = (self.recipe.max_in_flight if config.max_in_flight is None
                               else config.max_in_flight)
         self.config = dataclasses.replace(config, lr=lr)
-        hooks += [_EpochCallback(on_epoch)] if on_epoch else []
-        hooks += _default_hooks(hooks, config.progress_interval)
         self.net, self.devices = net, devices
         self.result = TrainResult(devices=[str(d) for d in devices],
                                   kvstore=kvstore_name(config.kvstore), lr=lr)

@@ -5,5 +5,6 @@
 ``stall`` (steps that stop finishing), ``live`` (a notebook's display),
 ``progress`` (the programs' progress lines), ``interrupt`` (Ctrl-C after a
 step), ``stopping`` (``StopRequest``, ``StallGuard``, the lines a run says when
-it stops) and ``optional`` (the hooks ``train``'s settings add).
+it stops) and ``optional`` (the hooks ``train`` adds: its settings', ``on_epoch``'s,
+Ctrl-C's and the display's).
 """
