@@ -93,12 +93,13 @@ def _cuda_runtime_version():
 
 
 def two_context_step():
-    """One step of a small network with BatchNorm on cpu(0) and cpu(1), split_and_load and a
-    Trainer on kvstore ``device``: whether both contexts hold the same parameters afterwards,
-    changed by the step, and the seconds it took."""
+    """One step of a small network with BatchNorm on cpu(0) and cpu(1), the section's
+    ``train_batch`` (split_and_load, a Trainer on kvstore ``device``): whether both contexts
+    hold the same parameters afterwards, changed by the step, and the seconds it took."""
     import numpy as onp  # pylint: disable=import-outside-toplevel
     import mxnet as mx  # pylint: disable=import-outside-toplevel
-    from mxnet import autograd, gluon, np  # pylint: disable=import-outside-toplevel
+    from mxnet import gluon, np  # pylint: disable=import-outside-toplevel
+    from .section.steps import train_batch  # pylint: disable=import-outside-toplevel
     began = time.perf_counter()
     try:
         devices = [mx.cpu(0), mx.cpu(1)]
@@ -113,13 +114,7 @@ def two_context_step():
         x = np.array(rng.uniform(size=(8, 20)).astype('float32'))
         y = np.array(rng.randint(0, 10, size=8).astype('float32'))
         before = net[0].weight.data(devices[0]).asnumpy()
-        loss = gluon.loss.SoftmaxCrossEntropyLoss()
-        with autograd.record():
-            losses = [loss(net(a), b) for a, b in zip(gluon.utils.split_and_load(x, devices),
-                                                       gluon.utils.split_and_load(y, devices))]
-        for value in losses:
-            value.backward()
-        trainer.step(8)
+        train_batch(net, x, y, gluon.loss.SoftmaxCrossEntropyLoss(), trainer, devices)
         mx.npx.waitall()
         first, second = ([p.data(d).asnumpy() for p in net.collect_params().values()]
                          for d in devices)
