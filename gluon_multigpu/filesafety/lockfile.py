@@ -23,7 +23,7 @@ import time
 
 from ..errors import GluonMultiGPUError
 from . import fs, reading
-from .atomic import _inode, open_unnamed, remove_own
+from .atomic import _inode, open_new, remove_own
 
 __all__ = ['Lock', 'MARKER']
 
@@ -105,16 +105,9 @@ class Lock:
         linked under the name, so that a kill at any moment leaves either no lock or a whole
         one, never an empty file nobody could recognise. Where the file system has no
         ``O_TMPFILE``, the lock is created with ``O_EXCL`` and written in place."""
+        fd = named = None
         try:
-            fd = open_unnamed(os.path.dirname(self.path), 0o644)
-            named = fd is None
-            if named:
-                fd = fs.open(self.path, _FLAGS, 0o644)
-        except FileExistsError:
-            return False
-        except OSError as e:
-            raise self._cannot(e) from None
-        try:
+            fd, named = open_new(self.path, 0o644, _FLAGS)
             _flocked(fd)  # new, so nobody else holds it
             st = os.fstat(fd)  # ours: removed on failure while its name leads to it (once named)
             self._inode = st.st_dev, st.st_ino
@@ -124,12 +117,13 @@ class Lock:
                 fs.fsync(fd, self.path)  # whole after a power cut too, not an empty file
                 fs.link_unnamed(fd, self.path)
         except BaseException as e:
-            os.close(fd)
-            remove_own(self.path, self._inode)  # named: made here; unnamed: nothing named yet
-            self._inode = None
-            if named or not isinstance(e, OSError):
+            if fd is not None:
+                os.close(fd)
+                remove_own(self.path, self._inode)  # named: made here; unnamed: nothing named yet
+                self._inode = None
+            if named or not isinstance(e, OSError):  # a named lock's own write: as it is
                 raise
-            if isinstance(e, FileExistsError):
+            if isinstance(e, FileExistsError):  # at the open, or at the link: the name is taken
                 return False
             raise self._cannot(e) from None
         self._fd = fd
