@@ -79,7 +79,8 @@ class Lock:
         # unless the program gives its own way to say it.
         self.error, self.wait = error, wait
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-        self._fd, self._inode = None, None
+        # ``held_by``: who held the lock when ``acquire`` last looked (``who`` text), or None
+        self._fd, self._inode, self.held_by = None, None, None
 
     @property
     def locked(self):
@@ -92,10 +93,10 @@ class Lock:
         for _ in range(1000):
             if self._create():
                 return self
-            busy = self._inspect()
-            if busy is not None:
+            self.held_by = self._inspect()
+            if self.held_by is not None:
                 if time.monotonic() >= deadline:
-                    raise self.error(self.held(busy))
+                    raise self.error(self.held(self.held_by))
                 time.sleep(0.05)
         raise self.error(f'the lock file {self.path} keeps changing; {self.fix}')
 
