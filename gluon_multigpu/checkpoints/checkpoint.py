@@ -28,6 +28,13 @@ __all__ = ['Checkpointer', 'CheckpointReader', 'CheckpointState', 'MANIFEST', 'F
 LOCK = '.lock'
 
 
+def _lock(directory, then, fix):
+    """The lock of the checkpoint directory ``directory``; ``then`` ends the message when another
+    run holds it, ``fix`` when something else has its name."""
+    return Lock(os.path.join(directory, LOCK), held=lambda who: 'another run is using the '
+                f'checkpoint directory {directory}{who}; {then}', fix=fix, error=CheckpointError)
+
+
 def for_run(checkpoint_dir, config, resume=False, kvstores=('device',), rank=0):
     """The checkpoint hook of a run with settings ``config`` (``RunConfig.recorded``), or None without
     ``checkpoint_dir``.
@@ -191,11 +198,8 @@ class Checkpointer(CheckpointStore, Hook):
             self._made = True
         # An existing directory gets no probe file (a kill would leave it, unrecognisable): the
         # lock file, created next, is the test that files can be created in it.
-        self._lock = Lock(os.path.join(self.directory, LOCK),
-                          held=lambda who: f'another run is using the checkpoint directory '
-                                           f'{self.directory}{who}; wait for it to end or choose '
-                                           'another `checkpoint_dir`',
-                          fix='choose another `checkpoint_dir`', error=CheckpointError)
+        self._lock = _lock(self.directory, 'wait for it to end or choose another `checkpoint_dir`',
+                           'choose another `checkpoint_dir`')
         try:
             self._lock.acquire()
         except BaseException:
@@ -294,18 +298,11 @@ def recover(directory):
     ckpt = Checkpointer(directory, {}, resume=True)  # not entered: the lock is taken below
     if not os.path.isdir(ckpt.directory):
         return []
-    busy = []
-
-    def held(who):
-        busy.append(who)
-        return f'another run is using the checkpoint directory {ckpt.directory}{who}; wait ' \
-               'for it to end'
-    lock = Lock(os.path.join(ckpt.directory, LOCK), held=held, fix='leave it',
-                error=CheckpointError)
+    lock = _lock(ckpt.directory, 'wait for it to end', 'leave it')
     try:
         lock.acquire()
     except CheckpointError:
-        if busy:
+        if lock.held_by is not None:
             raise  # else not a lock of ours: cleaned without one (``release`` does nothing)
     try:
         keep = {e['name'] for e in ckpt._read_manifest()['files'].values()} \

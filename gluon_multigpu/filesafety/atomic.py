@@ -22,7 +22,7 @@ from .paths import resolve_output
 
 __all__ = ['atomic_write', 'write_file', 'naming', 'fsync_directory', 'fsync_path',
            'create_exclusive', 'remove_own', 'makedirs', 'UNFINISHED', 'open_unnamed',
-           'create_whole', 'remove_hashed', 'HASHED', 'new_folder']
+           'create_whole', 'remove_hashed', 'HASHED', 'new_folder', 'open_new']
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -145,6 +145,14 @@ def open_unnamed(directory, mode=0o666):
         if e.errno in _NO_TMPFILE:
             return None
         raise
+
+
+def open_new(path, mode, flags=_FLAGS):
+    """A new file for ``path``, open for writing: ``(fd, named)``. Unnamed in its folder
+    (``open_unnamed``; ``named`` False: nothing has the name yet), else created at ``path`` with
+    ``flags`` (``O_EXCL``: ``FileExistsError`` if anything has the name; ``named`` True)."""
+    fd = open_unnamed(os.path.dirname(path), mode)
+    return (fs.open(path, flags, mode), True) if fd is None else (fd, False)
 
 
 #: Errors of linking an unnamed file that mean "cannot be linked here" (fall back).

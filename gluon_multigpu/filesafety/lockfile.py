@@ -23,7 +23,7 @@ import time
 
 from ..errors import GluonMultiGPUError
 from . import fs, reading
-from .atomic import _inode, open_unnamed, remove_own
+from .atomic import _inode, open_new, remove_own
 
 __all__ = ['Lock', 'MARKER']
 
@@ -79,7 +79,8 @@ class Lock:
         # unless the program gives its own way to say it.
         self.error, self.wait = error, wait
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-        self._fd, self._inode = None, None
+        # ``held_by``: who held the lock when ``acquire`` last looked (``who`` text), or None
+        self._fd, self._inode, self.held_by = None, None, None
 
     @property
     def locked(self):
@@ -92,10 +93,10 @@ class Lock:
         for _ in range(1000):
             if self._create():
                 return self
-            busy = self._inspect()
-            if busy is not None:
+            self.held_by = self._inspect()
+            if self.held_by is not None:
                 if time.monotonic() >= deadline:
-                    raise self.error(self.held(busy))
+                    raise self.error(self.held(self.held_by))
                 time.sleep(0.05)
         raise self.error(f'the lock file {self.path} keeps changing; {self.fix}')
 
@@ -105,16 +106,9 @@ class Lock:
         linked under the name, so that a kill at any moment leaves either no lock or a whole
         one, never an empty file nobody could recognise. Where the file system has no
         ``O_TMPFILE``, the lock is created with ``O_EXCL`` and written in place."""
+        fd = named = None
         try:
-            fd = open_unnamed(os.path.dirname(self.path), 0o644)
-            named = fd is None
-            if named:
-                fd = fs.open(self.path, _FLAGS, 0o644)
-        except FileExistsError:
-            return False
-        except OSError as e:
-            raise self._cannot(e) from None
-        try:
+            fd, named = open_new(self.path, 0o644, _FLAGS)
             _flocked(fd)  # new, so nobody else holds it
             st = os.fstat(fd)  # ours: removed on failure while its name leads to it (once named)
             self._inode = st.st_dev, st.st_ino
@@ -124,12 +118,13 @@ class Lock:
                 fs.fsync(fd, self.path)  # whole after a power cut too, not an empty file
                 fs.link_unnamed(fd, self.path)
         except BaseException as e:
-            os.close(fd)
-            remove_own(self.path, self._inode)  # named: made here; unnamed: nothing named yet
-            self._inode = None
-            if named or not isinstance(e, OSError):
+            if fd is not None:
+                os.close(fd)
+                remove_own(self.path, self._inode)  # named: made here; unnamed: nothing named yet
+                self._inode = None
+            if named or not isinstance(e, OSError):  # a named lock's own write: as it is
                 raise
-            if isinstance(e, FileExistsError):
+            if isinstance(e, FileExistsError):  # at the open, or at the link: the name is taken
                 return False
             raise self._cannot(e) from None
         self._fd = fd

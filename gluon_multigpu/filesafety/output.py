@@ -189,26 +189,21 @@ class ReportSet:
             with naming(self.directory):
                 self._made = makedirs(self.directory)  # innermost first: the order to remove them
                 recover(self.directory)
-                self._staging = self._make_staging()
+                self._staging = new_folder(lambda: os.path.join(
+                    self.directory, f'{_STAGING_PREFIX}{secrets.token_hex(4)}{_STAGING_SUFFIX}'))
+                create_whole(os.path.join(self._staging, JOURNAL), json.dumps(
+                    {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
         except BaseException:
+            if self._staging is not None:
+                with contextlib.suppress(OSError):
+                    fs.rmdir(self._staging)  # made just now, and empty
             self._remove_made()
             raise
-        return self
-
-    def _make_staging(self):
-        path = new_folder(lambda: os.path.join(
-            self.directory, f'{_STAGING_PREFIX}{secrets.token_hex(4)}{_STAGING_SUFFIX}'))
-        try:
-            create_whole(os.path.join(path, JOURNAL), json.dumps(
-                {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                fs.rmdir(path)  # made just now, and empty
-            raise
-        fsync_directory(path)  # the journal, then the folder, durable before anything is staged
+        # the journal, then the folder, durable before anything is staged
+        fsync_directory(self._staging)
         fsync_directory(self.directory)
-        _UNFINISHED[path] = _inode(path)
-        return path
+        _UNFINISHED[self._staging] = _inode(self._staging)
+        return self
 
     def path(self, name):
         """Where to write the report's file ``name`` (staged until the block ends)."""

@@ -12,7 +12,7 @@ import secrets
 
 from ..errors import GluonMultiGPUError
 from . import fs, reading
-from .atomic import _FLAGS, open_unnamed
+from .atomic import open_new
 from .paths import check_default_output, check_name as _check_name, kind_of, resolve_output
 
 __all__ = ['check_writable', 'check_output_dir', 'check_output_path', 'check_outputs',
@@ -72,12 +72,10 @@ def check_writable(directory, what):
     ``what`` names the option and path in the message.
     """
     try:
-        fd = open_unnamed(directory, 0o600)
-        if fd is not None:
-            os.close(fd)
-        else:
-            probe = os.path.join(directory, f'.write-test.{secrets.token_hex(4)}.tmp')
-            os.close(fs.open(probe, _FLAGS, 0o600))
+        probe = os.path.join(directory, f'.write-test.{secrets.token_hex(4)}.tmp')
+        fd, named = open_new(probe, 0o600)
+        os.close(fd)
+        if named:
             fs.unlink(probe)  # created just now, exclusively: ours
     except OSError as e:
         raise GluonMultiGPUError(f'{what}: cannot create files in {directory} ({e.strerror}); '
