@@ -12,7 +12,7 @@ import re
 import sys
 
 from . import common, messages
-from ..errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError, flag
 from ..base import signals
 from ..filesafety import reading
 from ..multihost.allocation import allocation
@@ -144,7 +144,7 @@ def check_args(args):
                           'command --checkpoint-dir DIR (on storage every host reads)')
     for name in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
         if args.launcher != 'ssh' and getattr(args, name) is not None:
-            raise LaunchError(f'{common.flag(name)} goes with --launcher ssh' + (
+            raise LaunchError(f'{flag(name)} goes with --launcher ssh' + (
                 "; with --launcher slurm the hosts are the allocation's nodes"
                 if args.launcher == 'slurm' else ''))
     if args.launcher == 'slurm':
@@ -157,10 +157,9 @@ def check_args(args):
     if args.launcher == 'ssh':
         if not args.hostfile:
             raise LaunchError('--launcher ssh needs --hostfile FILE with the hosts')
-        for flag, path in (('--ssh-identity', args.ssh_identity),
-                           ('--ssh-config', args.ssh_config)):
-            if path is not None and not os.path.isfile(path):
-                raise LaunchError(f'{flag} {path}: no such file; give an existing file')
+        for name in ('ssh_identity', 'ssh_config'):
+            if (path := getattr(args, name)) is not None and not os.path.isfile(path):
+                raise LaunchError(f'{flag(name)} {path}: no such file; give an existing file')
         return read_hosts(args.hostfile), command
     return ['127.0.0.1'], command
 
