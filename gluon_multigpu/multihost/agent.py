@@ -49,16 +49,14 @@ def hold_port(port):
     process, so two launches on one port at once cannot both pass; the TCP port is then checked
     free too (anything else may have taken it since the launcher's check).
     """
-    mark = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    mark, bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), False
+    with contextlib.suppress(OSError):
         mark.bind(f'\0gluon-multigpu-port-{port}')
-    except OSError:
-        mark.close()
-        return None
-    if 'error' in check([], port):
-        mark.close()
-        return None
-    return mark
+        bound = True
+    if bound and 'error' not in check([], port):
+        return mark
+    mark.close()
+    return None
 #: Control characters made visible (``^[`` for ESC), all but tab; ``\x1e`` so none forges CONTROL.
 _VISIBLE = {c: '^' + chr(c ^ 64) for c in (*range(32), 127) if c != 9}
 
@@ -226,15 +224,14 @@ def check(command, port=None):
     if command and find_program(command[0]) is None:
         return {'error': f'the command {command[0]} is not a program on this host '
                 f'({socket.gethostname()}, in {os.getcwd()})'}
-    answer = {'ok': True}
-    if port is not None:
-        with socket.socket() as s:
-            try:
-                s.bind(('', port))
-            except OSError as e:
-                return {'error': f'port {port} is in use ({e.strerror})'}
-            answer['port'] = s.getsockname()[1]
-    return answer
+    if port is None:
+        return {'ok': True}
+    with socket.socket() as s:
+        try:
+            s.bind(('', port))
+        except OSError as e:
+            return {'error': f'port {port} is in use ({e.strerror})'}
+        return {'ok': True, 'port': s.getsockname()[1]}
 
 
 class Agent:

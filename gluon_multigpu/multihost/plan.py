@@ -241,9 +241,8 @@ def relay(role, out, lock):
     """Copy ``role``'s output to ``out`` behind its label; take in its agent's control lines."""
     try:
         while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
-            line = read[0].decode(errors='replace')
             role.heard = time.monotonic()
-            if line.startswith(agent.CONTROL):
+            if (line := read[0].decode(errors='replace')).startswith(agent.CONTROL):
                 _take_control(role, line[len(agent.CONTROL):].split())
                 continue
             with lock, contextlib.suppress(OSError, ValueError):
