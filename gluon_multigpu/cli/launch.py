@@ -105,14 +105,13 @@ def build_parser():
 def read_hosts(path):
     """The hosts of a host file (at most ``HOSTFILE_LIMIT`` bytes), one per line; raise
     ``LaunchError`` if there are none, one is not a host name (nothing that ssh could take for
-    an option; a name at most 253 bytes, a user at most 32) or a host comes twice."""
+    an option; a name at most 253 bytes, a user at most 32) or a host comes twice (a file that
+    cannot be read as text: ``reading``'s ``GluonMultiGPUError``)."""
     try:
         lines = reading.read_text(path, HOSTFILE_LIMIT, '--hostfile').splitlines()
     except FileNotFoundError:
         raise LaunchError(f'--hostfile {path}: No such file or directory; give a file with '
                           'one host per line') from None
-    except GluonMultiGPUError as e:
-        raise LaunchError(str(e)) from None
     seen = {}  # each host's name: its line and how it was given
     for number, line in enumerate(lines, 1):
         host = line.split('#')[0].strip()
@@ -188,7 +187,7 @@ def main(argv=None):
                  if hasattr(args, f.name)}
         return launch(Settings(**given, train_program=common.program('train')), hosts, command,
                       taken, resume, words=messages)
-    except LaunchError as e:
+    except GluonMultiGPUError as e:  # a LaunchError, or the host file's reading
         print(f'error: {e}', file=sys.stderr)
         return 2
     finally:

@@ -28,7 +28,6 @@ import threading
 import time
 
 from ..base import signals, stacks
-from ..base.signals import on_parent_death  # noqa: F401  (lab/hosts/slurm_cluster.py uses it)
 from ..base.protocol import CONTROL, CONTROL_VARIABLE, control_fds
 
 #: Exit status when the launcher was gone and the agent ended the command.
@@ -311,14 +310,6 @@ class Agent:
                 stacks.send_dump(_descendants(os.getpid()))
         self.launcher_gone = True
 
-    def end(self):
-        """SIGTERM the command's session, SIGKILL what is left after the grace period."""
-        _signal(signal.SIGTERM, self.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=self.grace)
-        _signal(signal.SIGKILL, self.pid)
-        self.proc.wait()
-
     def run(self):
         """Supervise the command until it ends or the launcher is gone; return the exit status."""
         if (why := self.start()) is not None:
@@ -335,7 +326,12 @@ class Agent:
                 return status
             now = time.monotonic()
             if self.launcher_gone or now - self.heard > self.timeout:
-                self.end()
+                # SIGTERM the command's session, SIGKILL what is left after the grace period
+                _signal(signal.SIGTERM, self.pid)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=self.grace)
+                _signal(signal.SIGKILL, self.pid)
+                self.proc.wait()
                 return LAUNCHER_GONE
             if now >= next_beat:
                 self.say('beat stopped' if _stat(self.pid)[:1] in ([b'T'], [b't']) else 'beat')
