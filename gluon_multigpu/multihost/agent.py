@@ -304,7 +304,7 @@ class Agent:
             if words[0] in ('stop-ask', 'stop-at') and self._to_job is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._to_job.write(' '.join(words) + '\n')
-            elif words[0] in ('term', 'kill'):
+            elif words[0] in ('term', 'kill'):  # the command's session, not what left it
                 _signal(signal.SIGTERM if words[0] == 'term' else signal.SIGKILL, self.pid, False)
             elif words[0] == 'dump':  # a hung job: the stacks of the processes that write them
                 stacks.send_dump(_descendants(os.getpid()))
