@@ -12,7 +12,7 @@ import re
 import sys
 
 from . import common, messages
-from ..errors import GluonMultiGPUError
+from ..errors import GluonMultiGPUError, flag
 from ..base import signals
 from ..filesafety import reading
 from ..multihost.allocation import allocation
@@ -105,14 +105,13 @@ def build_parser():
 def read_hosts(path):
     """The hosts of a host file (at most ``HOSTFILE_LIMIT`` bytes), one per line; raise
     ``LaunchError`` if there are none, one is not a host name (nothing that ssh could take for
-    an option; a name at most 253 bytes, a user at most 32) or a host comes twice."""
+    an option; a name at most 253 bytes, a user at most 32) or a host comes twice (a file that
+    cannot be read as text: ``reading``'s ``GluonMultiGPUError``)."""
     try:
         lines = reading.read_text(path, HOSTFILE_LIMIT, '--hostfile').splitlines()
     except FileNotFoundError:
         raise LaunchError(f'--hostfile {path}: No such file or directory; give a file with '
                           'one host per line') from None
-    except GluonMultiGPUError as e:
-        raise LaunchError(str(e)) from None
     seen = {}  # each host's name: its line and how it was given
     for number, line in enumerate(lines, 1):
         host = line.split('#')[0].strip()
@@ -144,7 +143,7 @@ def check_args(args):
                           'command --checkpoint-dir DIR (on storage every host reads)')
     for name in ('hostfile', 'ssh_port', 'ssh_identity', 'ssh_config'):
         if args.launcher != 'ssh' and getattr(args, name) is not None:
-            raise LaunchError(f'{common.flag(name)} goes with --launcher ssh' + (
+            raise LaunchError(f'{flag(name)} goes with --launcher ssh' + (
                 "; with --launcher slurm the hosts are the allocation's nodes"
                 if args.launcher == 'slurm' else ''))
     if args.launcher == 'slurm':
@@ -157,10 +156,9 @@ def check_args(args):
     if args.launcher == 'ssh':
         if not args.hostfile:
             raise LaunchError('--launcher ssh needs --hostfile FILE with the hosts')
-        for flag, path in (('--ssh-identity', args.ssh_identity),
-                           ('--ssh-config', args.ssh_config)):
-            if path is not None and not os.path.isfile(path):
-                raise LaunchError(f'{flag} {path}: no such file; give an existing file')
+        for name in ('ssh_identity', 'ssh_config'):
+            if (path := getattr(args, name)) is not None and not os.path.isfile(path):
+                raise LaunchError(f'{flag(name)} {path}: no such file; give an existing file')
         return read_hosts(args.hostfile), command
     return ['127.0.0.1'], command
 
@@ -189,7 +187,7 @@ def main(argv=None):
                  if hasattr(args, f.name)}
         return launch(Settings(**given, train_program=common.program('train')), hosts, command,
                       taken, resume, words=messages)
-    except LaunchError as e:
+    except GluonMultiGPUError as e:  # a LaunchError, or the host file's reading
         print(f'error: {e}', file=sys.stderr)
         return 2
     finally:

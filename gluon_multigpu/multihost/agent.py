@@ -28,8 +28,7 @@ import threading
 import time
 
 from ..base import signals, stacks
-from ..base.signals import on_parent_death  # noqa: F401  (lab/hosts/slurm_cluster.py uses it)
-from ..base.protocol import CONTROL, CONTROL_VARIABLE
+from ..base.protocol import CONTROL, CONTROL_VARIABLE, control_fds
 
 #: Exit status when the launcher was gone and the agent ended the command.
 LAUNCHER_GONE = 124
@@ -49,16 +48,14 @@ def hold_port(port):
     process, so two launches on one port at once cannot both pass; the TCP port is then checked
     free too (anything else may have taken it since the launcher's check).
     """
-    mark = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    mark, bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), False
+    with contextlib.suppress(OSError):
         mark.bind(f'\0gluon-multigpu-port-{port}')
-    except OSError:
-        mark.close()
-        return None
-    if 'error' in check([], port):
-        mark.close()
-        return None
-    return mark
+        bound = True
+    if bound and 'error' not in check([], port):
+        return mark
+    mark.close()
+    return None
 #: Control characters made visible (``^[`` for ESC), all but tab; ``\x1e`` so none forges CONTROL.
 _VISIBLE = {c: '^' + chr(c ^ 64) for c in (*range(32), 127) if c != 9}
 
@@ -120,14 +117,15 @@ def _subreaper():
 
 def agent_argv(extra, command):
     """The command that runs ``command`` under an agent given the options ``extra`` (under a
-    keeper, ``keep``, with ``--keeper`` and ``--pass-fds``)."""
+    keeper, ``keep``, with ``--keeper``)."""
     return [sys.executable, '-m', 'gluon_multigpu.multihost.agent', *extra, '--', *command]
 
 
-def keep(link, fds, command):
-    """The keeper between the agent and ``command`` (the module's text): run it, tell the agent
-    its pid on ``link``, end its whole tree when it ends or when ``link`` closes (the agent is
-    gone); return (or end by) the command's status."""
+def keep(link, command):
+    """The keeper between the agent and ``command`` (the module's text): run it with its control
+    pipes (``CONTROL_VARIABLE``: the keeper's own are closed), tell the agent its pid on ``link``,
+    end its whole tree when it ends or when ``link`` closes (the agent is gone); return (or end
+    by) the command's status."""
     try:
         link = socket.socket(fileno=link)
     except OSError as e:  # an option of the agent's own, not for people: one line all the same
@@ -135,6 +133,7 @@ def keep(link, fds, command):
               file=sys.stderr)
         return 2
     _subreaper()
+    fds = control_fds() or ()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
@@ -155,12 +154,10 @@ def keep(link, fds, command):
         link.sendall(f'pid {proc.pid}\n'.encode())
     while proc.returncode is None:
         ready = select.select([link, wake_r], [], [], 1.0)[0]
-        if link in ready and not _heard(link):  # the agent is gone
-            _end_tree(proc.pid)
-            return LAUNCHER_GONE
         if wake_r in ready:
             os.read(wake_r, 4096)
-        proc.returncode = _reaped(proc.pid)
+        gone = link in ready and not _heard(link)  # the agent is gone: its end closed
+        proc.returncode = LAUNCHER_GONE if gone else _reaped(proc.pid)  # else reaped, if ended
     _end_tree(proc.pid)
     return _end_as(proc.returncode)
 
@@ -181,19 +178,28 @@ def _reaped(pid):
     return None
 
 
+def _signal(signum, group=None, below=True):
+    """Send ``signum`` to every process of the session ``group`` (if any); with ``below``, to
+    every process below this one too (daemons that left the session come back to it as their
+    subreaper)."""
+    if group is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(group, signum)
+    for pid in _descendants(os.getpid()) if below else ():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
 def _end_tree(group):
     """SIGKILL the session ``group`` and every process below this one, until none is left (each
     orphan comes back to this process, the subreaper, and is ended in its turn)."""
-    with contextlib.suppress(OSError):
-        os.killpg(group, signal.SIGKILL)
+    _signal(signal.SIGKILL, group)
     while True:
-        for pid in _descendants(os.getpid()):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
         try:
             os.waitpid(-1, 0)
         except ChildProcessError:
             return
+        _signal(signal.SIGKILL)
 
 
 def _end_as(code):
@@ -217,15 +223,14 @@ def check(command, port=None):
     if command and find_program(command[0]) is None:
         return {'error': f'the command {command[0]} is not a program on this host '
                 f'({socket.gethostname()}, in {os.getcwd()})'}
-    answer = {'ok': True}
-    if port is not None:
-        with socket.socket() as s:
-            try:
-                s.bind(('', port))
-            except OSError as e:
-                return {'error': f'port {port} is in use ({e.strerror})'}
-            answer['port'] = s.getsockname()[1]
-    return answer
+    if port is None:
+        return {'ok': True}
+    with socket.socket() as s:
+        try:
+            s.bind(('', port))
+        except OSError as e:
+            return {'error': f'port {port} is in use ({e.strerror})'}
+        return {'ok': True, 'port': s.getsockname()[1]}
 
 
 class Agent:
@@ -249,20 +254,18 @@ class Agent:
             self.out.flush()
 
     def start(self):
-        """Start the command under its keeper with its control pipes; return False (and say why)
-        if it cannot."""
+        """Start the command under its keeper with its control pipes; return why it cannot
+        (None once it runs)."""
         (to_job_r, to_job_w), (from_job_r, from_job_w) = os.pipe(), os.pipe()
         self._link, theirs = socket.socketpair()
         env = {'PYTHONUNBUFFERED': '1', **os.environ, CONTROL_VARIABLE: f'{to_job_r},{from_job_w}'}
         try:
             self.proc = subprocess.Popen(
-                agent_argv(['--keeper', str(theirs.fileno()), '--pass-fds',
-                            f'{to_job_r},{from_job_w}'], self.command),
+                agent_argv(['--keeper', str(theirs.fileno())], self.command),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True, pass_fds=(to_job_r, from_job_w, theirs.fileno()))
         except OSError as e:
-            self.write(f'could not start {self.command[0]}: {e.strerror or e}\n'.encode())
-            return False
+            return e.strerror or e
         finally:
             os.close(to_job_r)
             os.close(from_job_w)
@@ -271,16 +274,14 @@ class Agent:
         kind, _, said = reply[0].decode(errors='replace').partition(' ') if reply else ('', '', '')
         if kind != 'pid':
             self._relay_output()  # what the keeper wrote, if it could not start
-            why = said if kind == 'error' else f'its keeper ended (status {self.proc.wait()})'
-            self.write(f'could not start {self.command[0]}: {why}\n'.encode())
-            return False
+            return said if kind == 'error' else f'its keeper ended (status {self.proc.wait()})'
         self.pid, self._to_job = int(said), os.fdopen(to_job_w, 'w', buffering=1)
         self.say(f'started {self.pid}')
         self._output = threading.Thread(target=self._relay_output, daemon=True)
         self._output.start()
         threading.Thread(target=self._relay_control, args=(from_job_r,), daemon=True).start()
         threading.Thread(target=self._listen, daemon=True).start()
-        return True
+        return None
 
     def _relay_output(self):
         """Relay the command's lines, control characters made visible, long ones cut."""
@@ -303,46 +304,34 @@ class Agent:
             if words[0] in ('stop-ask', 'stop-at') and self._to_job is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._to_job.write(' '.join(words) + '\n')
-            elif words[0] in ('term', 'kill'):
-                self.signal(signal.SIGTERM if words[0] == 'term' else signal.SIGKILL)
+            elif words[0] in ('term', 'kill'):  # the command's session, not what left it
+                _signal(signal.SIGTERM if words[0] == 'term' else signal.SIGKILL, self.pid, False)
             elif words[0] == 'dump':  # a hung job: the stacks of the processes that write them
                 stacks.send_dump(_descendants(os.getpid()))
         self.launcher_gone = True
 
-    def signal(self, signum, everything=False):
-        """Send ``signum`` to every process of the command's session; with ``everything``, to
-        every process below the agent too (daemons that left the session come back to it as
-        their subreaper)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signum)
-        for pid in _descendants(os.getpid()) if everything else ():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-
-    def end(self):
-        """SIGTERM the command's session, SIGKILL what is left after the grace period."""
-        self.signal(signal.SIGTERM, everything=True)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=self.grace)
-        self.signal(signal.SIGKILL, everything=True)
-        self.proc.wait()
-
     def run(self):
         """Supervise the command until it ends or the launcher is gone; return the exit status."""
-        if not self.start():
+        if (why := self.start()) is not None:
+            self.write(f'could not start {self.command[0]}: {why}\n'.encode())
             self.say('exit 127')
             return 127
         next_beat = 0.0
         while True:
             if (code := self.proc.poll()) is not None:
-                self.signal(signal.SIGKILL, everything=True)  # whatever the command left
+                _signal(signal.SIGKILL, self.pid)  # whatever the command left
                 self._output.join(timeout=2)  # its last lines before the exit line
                 status = 128 - code if code < 0 else code
                 self.say(f'exit {status}')
                 return status
             now = time.monotonic()
             if self.launcher_gone or now - self.heard > self.timeout:
-                self.end()
+                # SIGTERM the command's session, SIGKILL what is left after the grace period
+                _signal(signal.SIGTERM, self.pid)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=self.grace)
+                _signal(signal.SIGKILL, self.pid)
+                self.proc.wait()
                 return LAUNCHER_GONE
             if now >= next_beat:
                 self.say('beat stopped' if _stat(self.pid)[:1] in ([b'T'], [b't']) else 'beat')
@@ -360,7 +349,6 @@ def build_parser():
     p.add_argument('--hold-port', type=int, help='take this port for the job before starting '
                    '(the scheduler); exit with PORT_TAKEN if another holds it')
     p.add_argument('--keeper', type=int, help=argparse.SUPPRESS)  # keep(): the socket's fd
-    p.add_argument('--pass-fds', default='', help=argparse.SUPPRESS)
     p.add_argument('command', nargs=argparse.REMAINDER)
     return p
 
@@ -369,12 +357,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
     if args.keeper is not None:
-        fds = args.pass_fds.split(',') if args.pass_fds else []
-        if not all(fd.isdigit() for fd in fds):
-            print(f'error: the keeper\'s descriptors {args.pass_fds!r} are not N,M,...',
-                  file=sys.stderr)
-            return 2
-        return keep(args.keeper, [int(fd) for fd in fds], command)
+        return keep(args.keeper, command)
     if args.check:
         print(json.dumps(answer := check(command, args.port)), flush=True)
         return 0 if 'ok' in answer else 2

@@ -4,7 +4,7 @@ The launcher's slurm placement runs inside an allocation (a batch
 script of ``sbatch``, or a shell of ``salloc``): its hosts are the
 allocation's nodes, in Slurm's order (``scontrol show hostnames
 $SLURM_JOB_NODELIST``), each at the address Slurm reaches it at (its
-``NodeAddr``); the roles start as job steps (``launch.srun_argv``) instead
+``NodeAddr``); the roles start as job steps (``plan.transport_argv``) instead
 of over ssh. The scheduler's port is found free on the first node by the
 same check as over ssh, never fixed.
 """
@@ -20,18 +20,17 @@ __all__ = ['allocation']
 _WAIT = 30  # seconds scontrol has to answer
 
 
-def allocation(environ=None):
+def allocation():
     """``[(address, node), ...]``: the allocation's nodes, in order, with their addresses.
 
     Raises ``LaunchError`` outside an allocation (no ``SLURM_JOB_ID``), or where
     ``scontrol`` cannot say what the allocation holds.
     """
-    env = os.environ if environ is None else environ
-    if not env.get('SLURM_JOB_ID') or not env.get('SLURM_JOB_NODELIST'):
+    if not os.environ.get('SLURM_JOB_ID') or not os.environ.get('SLURM_JOB_NODELIST'):
         raise LaunchError('the slurm placement runs inside a Slurm allocation, and there is '
                           'none here (no SLURM_JOB_ID or SLURM_JOB_NODELIST); run it from a batch '
                           'script (sbatch examples/slurm/train.sbatch ...) or under salloc')
-    nodelist = env['SLURM_JOB_NODELIST']
+    nodelist = os.environ['SLURM_JOB_NODELIST']
     nodes = _scontrol(['show', 'hostnames', nodelist]).split()
     found = ((re.search(r'\bNodeName=(\S+)', line), re.search(r'\bNodeAddr=(\S+)', line))
              for line in _scontrol(['-o', 'show', 'node', nodelist]).splitlines())
@@ -39,8 +38,8 @@ def allocation(environ=None):
     missing = [n for n in nodes if n not in addresses]
     if not nodes or missing:
         raise LaunchError('scontrol gave no address for the node(s) '
-                          f'{", ".join(missing) or nodelist} '
-                          f'of allocation {env["SLURM_JOB_ID"]}; check `scontrol show node`')
+                          f'{", ".join(missing) or nodelist} of allocation '
+                          f'{os.environ["SLURM_JOB_ID"]}; check `scontrol show node`')
     return [(addresses[n], n) for n in nodes]
 
 

@@ -29,8 +29,8 @@ from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, MXNetLoadError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role', 'plan',
-           'preflight', 'spawn', 'relay', 'agent_argv', 'ssh_argv', 'srun_argv', 'transport_argv',
-           'remote_command', 'last_line', 'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
+           'preflight', 'spawn', 'relay', 'agent_argv', 'transport_argv', 'remote_command',
+           'last_line', 'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
 GRACE = 60.0
@@ -206,24 +206,16 @@ def _die_with_parent():
     return signals.dying_with_parent(signal.SIGTERM, first=os.setpgrp)
 
 
-def ssh_argv(settings, host, remote):
-    """``ssh`` to ``host`` running the shell command ``remote``; the host comes after ``--``."""
+def transport_argv(settings, host, remote):
+    """How the shell command ``remote`` runs on ``host``: as a job step of the allocation on its
+    node (slurm: one task, sharing the node with the job's other steps, ``--overlap``, its lines
+    as they come), or over ``ssh``, the host after ``--``."""
+    if settings.launcher == 'slurm':
+        return ['srun', '--nodes=1', '--ntasks=1', f'--nodelist={dict(settings.nodes)[host]}',
+                '--overlap', '--quiet', '--unbuffered', '--', '/bin/sh', '-c', remote]
     given = {'-p': settings.ssh_port, '-i': settings.ssh_identity, '-F': settings.ssh_config}
     options = [w for flag, value in given.items() if value is not None for w in (flag, str(value))]
     return ['ssh', '-T', '-o', 'BatchMode=yes', *options, '--', host, remote]
-
-
-def srun_argv(node, remote):
-    """A job step of the allocation on ``node`` running the shell command ``remote``: one task,
-    sharing the node with the job's other steps (``--overlap``), its lines as they come."""
-    return ['srun', '--nodes=1', '--ntasks=1', f'--nodelist={node}', '--overlap', '--quiet',
-            '--unbuffered', '--', '/bin/sh', '-c', remote]
-
-
-def transport_argv(settings, host, remote):
-    """How ``remote`` runs on ``host``: over ssh, or as a job step on its node (slurm)."""
-    return srun_argv(dict(settings.nodes)[host], remote) if settings.launcher == 'slurm' else \
-        ssh_argv(settings, host, remote)
 
 
 def remote_command(env, argv):
@@ -249,9 +241,8 @@ def relay(role, out, lock):
     """Copy ``role``'s output to ``out`` behind its label; take in its agent's control lines."""
     try:
         while (read := agent.read_line(role.proc.stdout, agent.LINE_LIMIT + 64)) is not None:
-            line = read[0].decode(errors='replace')
             role.heard = time.monotonic()
-            if line.startswith(agent.CONTROL):
+            if (line := read[0].decode(errors='replace')).startswith(agent.CONTROL):
                 _take_control(role, line[len(agent.CONTROL):].split())
                 continue
             with lock, contextlib.suppress(OSError, ValueError):
@@ -261,34 +252,29 @@ def relay(role, out, lock):
         role.relayed.set()
 
 
+#: The control lines that give a count (``step N``, ...): the ``Role`` attribute each sets.
+_COUNTS = {'step': 'steps', 'held': 'held', 'rank': 'rank', 'exit': 'status'}
+
+
 def _take_control(role, words):
     """What an agent's control line (its ``words``) says of ``role``."""
-    if words[:1] == ['beat']:
+    what, value = (*words, '', '')[:2]
+    if what in _COUNTS and value.isdigit():  # ``held``: the step it holds at, asked to stop
+        setattr(role, _COUNTS[what], int(value))
+        if what == 'step':
+            role.stepped, role.resting = time.monotonic(), False
+    elif what == 'beat':
         stopped = words[1:] == ['stopped']
         role.stopped_since = (role.stopped_since or time.monotonic()) if stopped else None
-    elif words[:1] == ['step'] and words[1:2] and words[1].isdigit():
-        role.steps, role.stepped, role.resting = int(words[1]), time.monotonic(), False
-    elif words[:1] == ['held'] and words[1:2] and words[1].isdigit():
-        role.held = int(words[1])  # the step it holds at, asked to stop (``Job.stop_together``)
-    elif words[:1] in (['rest'], ['watch']):  # an epoch's steps done; the next epoch's ahead
-        role.resting = words[0] == 'rest'
+    elif what in ('rest', 'watch'):  # an epoch's steps done; the next epoch's ahead
+        role.resting = what == 'rest'
         role.stepped = role.stepped and time.monotonic()
-    elif words[:1] == ['stall'] and words[1:2]:
-        role.stall = _seconds(words[1])
-    elif words[:1] == ['rank'] and words[1:2] and words[1].isdigit():
-        role.rank = int(words[1])
-    elif words[:1] == ['started']:
+    elif what == 'stall' and value:  # a positive finite number of seconds, else none
+        role.stall = None
+        with contextlib.suppress(ValueError):
+            role.stall = float(value) if 0 < float(value) < float('inf') else None
+    elif what == 'started':
         role.started = True
-    elif words[:1] == ['exit'] and words[1:2] and words[1].isdigit():
-        role.status = int(words[1])
-
-
-def _seconds(word):
-    """A positive finite number of seconds from an agent's line, or None."""
-    with contextlib.suppress(ValueError):
-        if 0 < (value := float(word)) < float('inf'):
-            return value
-    return None
 
 
 # -- the checks before anything starts ----------------------------------------------------------

@@ -64,7 +64,7 @@ class Job:
         self.settings, self.roles, self.signals, self.words = settings, roles, signals, words
         self.workers = [r for r in roles if r.kind == 'worker']
         self.others = [r for r in roles if r.kind != 'worker']
-        self.lock, self.threads, self.seen_signals, self._next_ping = threading.Lock(), [], 0, 0.0
+        self.lock, self.seen_signals, self._next_ping = threading.Lock(), 0, 0.0
         self.killed = False  # a second signal killed every process at once
 
     def say(self, line):
@@ -74,9 +74,7 @@ class Job:
         """Start the scheduler, and once its agent holds the port, the other roles."""
         for role in self.roles:
             spawn(self.settings, role)
-            t = threading.Thread(target=relay, args=(role, sys.stdout, self.lock), daemon=True)
-            t.start()
-            self.threads.append(t)
+            threading.Thread(target=relay, args=(role, sys.stdout, self.lock), daemon=True).start()
             if role.kind == 'scheduler':
                 self._await_port(role)
 
@@ -223,16 +221,16 @@ class Job:
         """Kill every agent (and ssh client) still running here; the agents end their processes
         (on a lost host, the agent does so itself after the timeout)."""
         _tell(_reachable(self.roles), 'kill')
-        deadline = time.monotonic() + 1.0
-        for r in [r for r in self.roles if r.proc is not None]:
+        deadline, started = time.monotonic() + 1.0, [r for r in self.roles if r.proc is not None]
+        for r in started:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             if r.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(r.proc.pid, signal.SIGKILL)
                 r.proc.wait()
-        for t in self.threads:
-            t.join(timeout=1)
+        for r in started:  # their output read to the end (``relay``)
+            r.relayed.wait(timeout=1)
 
 
 def launch(settings, hosts, command, signals, resume=None, *, words):

@@ -17,10 +17,9 @@ import socket
 import subprocess
 import time
 
-from gluon_multigpu.multihost import agent
 from lab.hosts import registry
 from lab.hosts.netns import ClusterError
-from gluon_multigpu.base import engine
+from gluon_multigpu.base import engine, signals
 from gluon_multigpu.filesafety import fs
 from gluon_multigpu.filesafety import output
 
@@ -146,7 +145,7 @@ class SlurmCluster:
         with open(self.path(f'{name}.out'), 'ab') as log:  # a file of our own folder
             self._procs[name] = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env(),
-                start_new_session=True, preexec_fn=lambda: agent.on_parent_death(signal.SIGKILL))
+                start_new_session=True, preexec_fn=lambda: signals.on_parent_death(signal.SIGKILL))
 
     def _await(self, ready, name, what, wait=_START_WAIT):
         deadline = time.monotonic() + wait
