@@ -7,6 +7,7 @@ import pathlib
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -245,6 +246,22 @@ def assert_one_step_close(before, a, b, terms, names=None):
         worst = float(onp.abs(x - y).max())
         assert worst <= bound, (f'{names[i] if names else i}: {worst:.3g} apart after one step, '
                                 f'more than rounding allows ({bound:.3g})')
+
+
+#: Sets resource limits, then becomes the command (``limited``).
+_LIMITED = ('import os, resource, sys\n'
+            'for name, value in (a.split("=") for a in sys.argv[1].split(",")):\n'
+            '    resource.setrlimit(getattr(resource, name), (int(value), int(value)))\n'
+            'os.execv(sys.argv[2], sys.argv[2:])')
+
+
+def limited(args, **limits):
+    """``args`` (a command line whose first word is a path) run with resource limits set first,
+    ``limited(args, FSIZE=1024)``: what a ``preexec_fn`` setting them did, without forking the
+    test process (a ``preexec_fn`` rules out vfork, and the fork of a worker that has loaded
+    MXNet failed with ENOMEM on a loaded machine)."""
+    spec = ','.join(f'RLIMIT_{name}={value}' for name, value in limits.items())
+    return [sys.executable, '-c', _LIMITED, spec, *args]
 
 
 def run_bounded(args, timeout=300, **kwargs):

@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import random
-import resource
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,7 @@ import time
 import pytest
 
 import gluon_multigpu as gm
-from conftest import REPO, Lines, run_bounded, wait_bounded
+from conftest import REPO, Lines, limited, run_bounded, wait_bounded
 from checkpoint_files import assert_same_run, manifest
 
 pytestmark = pytest.mark.slow  # subprocesses or real training: the full suite's
@@ -194,10 +193,6 @@ def bad_header_dir(base, fashion_dir):
     return d
 
 
-def limit_file_size():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-
-
 QUICK = ['--cpu-devices', '2', '--model', 'simple-cnn', '--num-epochs', '1', '--num-train', '256',
          '--num-test', '64', '--batch-size', '64', '--progress-interval', '0']
 
@@ -228,9 +223,9 @@ def test_a_hostile_input_is_one_line_and_loses_nothing(fashion_dir, tmp_path, na
     (work / 'dangling').symlink_to(work / 'gone')
     data = bad_header_dir(tmp_path, fashion_dir) if name == 'absurd IDX header' else fashion_dir
     environ = dict(os.environ, TMPDIR=str(tmp), **env)
-    proc = run_bounded([sys.executable, SCRIPT, *args, '--data-dir', str(data)], cwd=work,
-                       env=environ,
-                       preexec_fn=limit_file_size if name == 'file size limit' else None)
+    command = [sys.executable, SCRIPT, *args, '--data-dir', str(data)]
+    proc = run_bounded(limited(command, FSIZE=200_000) if name == 'file size limit' else command,
+                       cwd=work, env=environ)
     assert proc.returncode == status, (proc.returncode, proc.stderr)
     assert len(proc.stderr.splitlines()) == 1 and 'Traceback' not in proc.stderr, proc.stderr
     assert phrase in proc.stderr, proc.stderr

@@ -11,7 +11,6 @@ dies of SIGFPE).
 import json
 import os
 import pathlib
-import resource
 import signal
 import sys
 import textwrap
@@ -19,7 +18,7 @@ import textwrap
 import pytest
 
 import gluon_multigpu as gm
-from conftest import run_bounded
+from conftest import limited, run_bounded
 
 #: Variables a fresh process must not inherit from this one (conftest configures the engine).
 ENGINE_VARS = ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY', 'GLUON_MULTIGPU_ENGINE_ENV',
@@ -462,8 +461,8 @@ def test_mxnet_reads_the_scratch_copies_at_a_threads_first_operator_that_needs_t
         (a + 1).wait_to_read()
         print('ran', flush=True)
         '''))
-    proc = run_bounded([sys.executable, str(script)], timeout=120, env=fresh_env(),
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    proc = run_bounded(limited([sys.executable, str(script)], CORE=0), timeout=120,
+                       env=fresh_env())
     assert proc.returncode == (-signal.SIGFPE if reads else 0), (first, proc.stderr[-2000:])
     assert proc.stdout.split() == ([] if reads else ['ran'])
 
@@ -489,7 +488,7 @@ def test_mxnet_reads_the_scratch_copies_once_per_thread(tmp_path):
         thread.join()
         print('new thread ran', flush=True)
         '''))
-    proc = run_bounded([sys.executable, str(script)], timeout=120, env=fresh_env(),
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    proc = run_bounded(limited([sys.executable, str(script)], CORE=0), timeout=120,
+                       env=fresh_env())
     assert proc.returncode == -signal.SIGFPE, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ['main thread ran']

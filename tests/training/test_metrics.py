@@ -10,7 +10,6 @@ file; a parameter server's workers after the first write nothing.
 import json
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import gluon_multigpu as gm
 from gluon_multigpu.features.distributed import Worker
-from conftest import REPO, load_script, run_bounded, wait_bounded
+from conftest import REPO, limited, load_script, run_bounded, wait_bounded
 
 STEPS = 8  # steps of an epoch of the data below (batch 32 on two devices)
 EVERY = 2
@@ -284,19 +283,15 @@ def test_the_train_commands_workers_after_the_first_write_nothing(train_script, 
     assert os.listdir(tmp_path) == []
 
 
-def limit_file_size(limit):
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-
 def test_event_files_past_a_file_size_limit_are_one_line_naming_the_file(tmp_path):
     """A full disk or a file-size limit while the event file is written: one line naming the
     event file, status 1; no traceback from a writer's thread or an atexit handler."""
     tb = tmp_path / 'tb'
-    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), '--cpu-devices', '2',
-                        '--model', 'simple-cnn', '--num-train', '512', '--num-test', '64',
-                        '--batch-size', '64', '--synthetic', '--progress-interval', '0',
-                        '--num-epochs', '2', '--tensorboard', str(tb), '--log-every', '1'],
-                       cwd=tmp_path, preexec_fn=limit_file_size(1024))
+    proc = run_bounded(limited([sys.executable, str(REPO / 'scripts' / 'train.py'),
+                                '--cpu-devices', '2', '--model', 'simple-cnn', '--num-train',
+                                '512', '--num-test', '64', '--batch-size', '64', '--synthetic',
+                                '--progress-interval', '0', '--num-epochs', '2', '--tensorboard',
+                                str(tb), '--log-every', '1'], FSIZE=1024), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and 'Traceback' not in proc.stderr, proc.stderr
     [name] = os.listdir(tb)

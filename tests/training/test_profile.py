@@ -5,7 +5,6 @@ import errno
 import io
 import json
 import os
-import resource
 import shutil
 import signal
 import sys
@@ -18,7 +17,7 @@ from gluon_multigpu.observe import profile as profiling
 from gluon_multigpu.observe.profile import Profile
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.filesafety import foreign
-from conftest import REPO, load_script, run_bounded
+from conftest import REPO, limited, load_script, run_bounded
 
 import mxnet as mx
 from mxnet.gluon import nn
@@ -291,10 +290,6 @@ def test_a_resumed_run_is_profiled_from_where_it_can_be(train_script, tmp_path, 
 
 # -- MXNet's dump: through a pipe, never from a disk ---------------------------------------------
 
-def limit_file_size(limit):
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-
 @pytest.mark.parametrize('limit', [100 << 10, 8 << 10])
 def test_a_trace_past_a_file_size_limit_is_one_line_and_status_1(tmp_path, limit):
     """``ulimit -f 100`` once cut MXNet's own dump short, and reading it was a traceback
@@ -303,9 +298,9 @@ def test_a_trace_past_a_file_size_limit_is_one_line_and_status_1(tmp_path, limit
     (tmp_path / 'mine.txt').write_text("the user's own file")
     path = tmp_path / 'p.json'
     path.write_text('{"an earlier trace": true}')
-    proc = run_bounded([sys.executable, str(REPO / 'scripts' / 'train.py'), *QUICK,
-                        '--num-epochs', '1', '--profile', '2:3', '--profile-file', str(path)],
-                       cwd=tmp_path, preexec_fn=limit_file_size(limit))
+    proc = run_bounded(limited([sys.executable, str(REPO / 'scripts' / 'train.py'), *QUICK,
+                                '--num-epochs', '1', '--profile', '2:3', '--profile-file',
+                                str(path)], FSIZE=limit), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and 'Traceback' not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f'error: could not write {path}: File too large; '), \
