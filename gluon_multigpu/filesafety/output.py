@@ -193,16 +193,16 @@ class ReportSet:
                     self.directory, f'{_STAGING_PREFIX}{secrets.token_hex(4)}{_STAGING_SUFFIX}'))
                 create_whole(os.path.join(self._staging, JOURNAL), json.dumps(
                     {'format': STAGING_FORMAT, 'state': 'staging', 'pid': os.getpid()}).encode())
+                # the journal, then the folder, durable before anything is staged
+                fsync_directory(self._staging)
+                fsync_directory(self.directory)
+                _UNFINISHED[self._staging] = _inode(self._staging)
         except BaseException:
             if self._staging is not None:
                 with contextlib.suppress(OSError):
-                    fs.rmdir(self._staging)  # made just now, and empty
+                    fs.rmdir(self._staging)  # made just now, and empty (else left to recover)
             self._remove_made()
             raise
-        # the journal, then the folder, durable before anything is staged
-        fsync_directory(self._staging)
-        fsync_directory(self.directory)
-        _UNFINISHED[self._staging] = _inode(self._staging)
         return self
 
     def path(self, name):
