@@ -32,6 +32,7 @@ What ``configure`` sets, unless the user set it (a variable set by the user alwa
   bytes or more are mapped and handed back when freed, the heap's top trimmed past
   ``TRIM_THRESHOLD`` only; MXNet allocates and frees every array with ``malloc``, and glibc
   kept the freed blocks in its heap, fragmented. A ``MALLOC_*`` variable set keeps glibc's own.
+  A model's recipe may lower the threshold as its network is compiled (``freed_blocks_from``).
 """
 import contextlib
 import ctypes
@@ -45,7 +46,7 @@ from ..errors import GluonMultiGPUError
 
 __all__ = ['EngineError', 'EngineWarning', 'configure', 'recommended', 'check_environment',
            'cores', 'worker_cores', 'HOST_CORES', 'HOST_WORKERS', 'loaded', 'note_loading',
-           'settings', 'return_freed_memory', 'caller_stacklevel']
+           'settings', 'return_freed_memory', 'freed_blocks_from', 'caller_stacklevel']
 
 #: Set by the launcher and the namespace lab, not by users (see the module's text): the cores
 #: of the host this process runs on, where it has fewer than the machine; the workers of the
@@ -118,7 +119,8 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What this process knows: the variables ``configure`` set (and that still hold them), those
 # MXNet loaded with, and the warnings already given.
-_STATE = {'applied': {}, 'loaded_with': None, 'warned': set(), 'malloc': None}
+_STATE = {'applied': {}, 'loaded_with': None, 'warned': set(), 'malloc': None,
+          'threshold': None}
 
 
 def cores():
@@ -292,7 +294,18 @@ def return_freed_memory(environ=None):
                 libc = ctypes.CDLL(None)
                 _STATE['malloc'] = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
                                     libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+                _STATE['threshold'] = MMAP_THRESHOLD
     return _STATE['malloc']
+
+
+def freed_blocks_from(threshold):
+    """From now on have glibc map blocks of ``threshold`` bytes or more (and hand them back
+    when freed), where this process's allocator is the package's (``return_freed_memory`` took
+    it; otherwise nothing changes); return whether it is. A recipe's ``mmap_threshold``."""
+    if _STATE['malloc'] and _STATE['threshold'] != threshold:
+        _STATE['malloc'] = ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold) == 1
+        _STATE['threshold'] = threshold
+    return bool(_STATE['malloc'])
 
 
 def caller_stacklevel():

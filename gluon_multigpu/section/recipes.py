@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 # MAX_IN_FLIGHT, the steps the engine may run ahead of Python: 1 was as fast as unbounded and
 # lets Ctrl-C, progress and the memory act within a step (docs/results.md, scripts/inflight.py).
+from ..base.engine import MMAP_THRESHOLD
 from ..base.values import MAX_IN_FLIGHT
 
 __all__ = ['Recipe', 'RECIPES', 'BOOK', 'recipe_of', 'MAX_IN_FLIGHT']
@@ -39,6 +40,9 @@ class Recipe:
         The settings in words, for ``--help``.
     static_alloc : bool
         Hybridize with ``static_alloc`` (each block's buffers kept between calls).
+    mmap_threshold : int
+        Bytes from which glibc maps a block and hands it back when freed, set as the network
+        is compiled (``engine.freed_blocks_from``; the engine's ``MMAP_THRESHOLD`` unless lower).
     """
     name: str
     per_device: int
@@ -49,6 +53,9 @@ class Recipe:
     #: Compile with ``static_alloc`` (each block's buffers kept between calls): ResNet-18's
     #: steps gain by it, the small CNN's not (docs/results.md, "Memory")
     static_alloc: bool = False
+    #: 1 MiB for ResNet-18: 0.97x its peak memory, speed unchanged; the small CNN's steps lost
+    #: 12% with it on an Intel Xeon (tools/levers.py, docs/results.md "Memory")
+    mmap_threshold: int = MMAP_THRESHOLD
 
     def batch_size(self, num_devices):
         """The recipe's whole batch on ``num_devices`` devices."""
@@ -73,7 +80,8 @@ def _uniform():
 #: interval 1.01 to 1.12); the small CNN gained nothing established by it.
 RECIPES = {'resnet18': Recipe('resnet18', 256, lambda batch: 0.1 * batch / 256, _normal,
                               MAX_IN_FLIGHT, '256 per device, lr 0.1 per 256 samples (the book: '
-                              'batch 512 and lr 0.2 on two GPUs)', static_alloc=True),
+                              'batch 512 and lr 0.2 on two GPUs)', static_alloc=True,
+                              mmap_threshold=1 << 20),
            'simple-cnn': Recipe('simple-cnn', 64, lambda batch: 0.3, _uniform, MAX_IN_FLIGHT,
                                 '64 per device, lr 0.3 (the Gluon multi-GPU lab)')}
 #: A network without a recipe: the book's section as printed (lr 0.1 at batch 256 per device).

@@ -19,6 +19,7 @@ from mxnet import autograd, cpu, np
 
 from .recipes import recipe_of
 from .devices import split_batch
+from ..base import engine
 from ..errors import DataError, GluonMultiGPUError, TrainingDiverged
 from .results import EpochTotals
 from .utils import accuracy
@@ -315,7 +316,8 @@ def hybridize(net):
     backward buffers between calls: with one scratch copy a thread, 1.06x the
     images/s at 1.13x the memory; without it (the small CNN's, which gained
     nothing established) memory comes from MXNet's allocator at each call
-    (docs/results.md, "Memory"). ``static_shape`` is not used: in MXNet 1.9.1
+    (docs/results.md, "Memory"); the recipe's ``mmap_threshold`` is set then.
+    ``static_shape`` is not used: in MXNet 1.9.1
     it drops BatchNorm's running-statistics update on the first steps of a
     block nested in an ``nn.Sequential`` (tests/section/test_fast_path.py).
     """
@@ -323,3 +325,4 @@ def hybridize(net):
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
         warnings.filterwarnings('ignore', 'All children of this Sequential layer', UserWarning)
         net.hybridize(static_alloc=recipe_of(net).static_alloc)
+    engine.freed_blocks_from(recipe_of(net).mmap_threshold)

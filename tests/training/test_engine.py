@@ -492,3 +492,56 @@ def test_mxnet_reads_the_scratch_copies_once_per_thread(tmp_path):
                        env=fresh_env())
     assert proc.returncode == -signal.SIGFPE, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ['main thread ran']
+
+
+
+#: A probe's count of the blocks glibc has mapped (``mallinfo2().hblks``) around a 2 MiB
+#: ``malloc``: 1 where glibc maps it (its threshold at or below 2 MiB and the heap's top
+#: smaller: glibc maps only what the top cannot serve, so the probe loads no MXNet).
+MAPS_2MIB = '''
+import ctypes
+from gluon_multigpu.base import engine
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        'arena', 'ordblks', 'smblks', 'hblks', 'hblkhd', 'usmblks', 'fsmblks', 'uordblks',
+        'fordblks', 'keepcost')]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype, libc.malloc.restype = Mallinfo2, ctypes.c_void_p
+libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
+
+def maps_2mib():
+    before = libc.mallinfo2().hblks
+    block = libc.malloc(2 << 20)
+    mapped = libc.mallinfo2().hblks - before
+    libc.free(block)
+    return mapped
+'''
+
+
+@pytest.mark.parametrize('user_setting', [None, 'MALLOC_MMAP_THRESHOLD_'])
+def test_freed_blocks_from_sets_glibcs_threshold_unless_the_user_chose_glibcs_own(
+        tmp_path, user_setting):
+    # From 1 MiB a 2 MiB block is mapped; from the engine's 4 MiB again, not. A MALLOC_*
+    # variable the user set (here glibc's own threshold, 8 MiB) keeps glibc's behaviour.
+    env = fresh_env(**({user_setting: str(8 << 20)} if user_setting else {}))
+    got = probe(tmp_path, MAPS_2MIB + '''
+managed = engine.return_freed_memory()
+report(managed=managed, from_1mib=(engine.freed_blocks_from(1 << 20), maps_2mib()),
+       from_4mib=(engine.freed_blocks_from(4 << 20), maps_2mib()))
+''', env=env)
+    if user_setting:
+        assert got == {'managed': False, 'from_1mib': [False, 0], 'from_4mib': [False, 0]}
+    else:
+        assert got == {'managed': True, 'from_1mib': [True, 1], 'from_4mib': [True, 0]}
+
+
+def test_a_network_compiles_with_its_recipes_mmap_threshold(monkeypatch):
+    # ResNet-18's recipe hands freed blocks back from 1 MiB (0.97x its peak memory,
+    # docs/results.md "Memory"); the small CNN's keeps the engine's 4 MiB (its steps lost 12%).
+    asked = []
+    monkeypatch.setattr(gm.engine, 'freed_blocks_from', asked.append)
+    gm.training.hybridize(gm.resnet18())
+    gm.training.hybridize(gm.simple_cnn())
+    assert asked == [1 << 20, gm.engine.MMAP_THRESHOLD] and gm.engine.MMAP_THRESHOLD == 4 << 20
