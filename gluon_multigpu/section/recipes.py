@@ -53,8 +53,8 @@ class Recipe:
     #: Compile with ``static_alloc`` (each block's buffers kept between calls): ResNet-18's
     #: steps gain by it, the small CNN's not (docs/results.md, "Memory")
     static_alloc: bool = False
-    #: 1 MiB for ResNet-18: 0.97x its peak memory, speed unchanged; the small CNN's steps lost
-    #: 12% with it on an Intel Xeon (tools/levers.py, docs/results.md "Memory")
+    #: 1 MiB for ResNet-18: 0.97x its peak memory, no speed change seen; the small CNN's
+    #: steps lost 12% with it on an Intel Xeon (tools/levers.py, docs/results.md "Memory")
     mmap_threshold: int = MMAP_THRESHOLD
 
     def batch_size(self, num_devices):
