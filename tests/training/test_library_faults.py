@@ -304,10 +304,11 @@ def test_train_works_in_a_thread_that_builds_the_network():
 
 def _process_state():
     """What a training must leave as it found it: the streams, the stop signals' handlers, the
-    environment, NumPy's settings, the threads."""
+    environment, NumPy's settings, and no thread of its own (a thread an earlier test left,
+    ending meanwhile, is not one: under load one did, and a count of threads failed)."""
     return (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__,
             [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)],
-            dict(os.environ), onp.get_printoptions(), onp.geterr(), threading.active_count())
+            dict(os.environ), onp.get_printoptions(), onp.geterr())
 
 
 @pytest.mark.parametrize('at_once', [2, 4])
@@ -323,7 +324,7 @@ def test_trainings_from_threads_at_once_each_get_their_own_result_and_leave_the_
         epochs = gm.train(gm.simple_cnn(), train_iter, test_iter, devices, num_epochs=1).epochs
         return [(e.train_loss, e.train_acc, e.test_acc) for e in epochs]
     alone = one()
-    before = _process_state()
+    before, threads_before = _process_state(), set(threading.enumerate())
     for _ in range(20):
         results = [None] * at_once
 
@@ -339,6 +340,7 @@ def test_trainings_from_threads_at_once_each_get_their_own_result_and_leave_the_
             thread.join()
         assert results == [alone] * at_once
         assert _process_state() == before
+        assert set(threading.enumerate()) <= threads_before
 
 
 def test_two_trainings_at_once_on_the_same_loaders_each_get_the_result_alone():
