@@ -291,10 +291,8 @@ def return_freed_memory(environ=None):
         _STATE['malloc'] = False
         if platform.libc_ver()[0] == 'glibc' and not any(k.startswith('MALLOC_') for k in environ):
             with contextlib.suppress(OSError, AttributeError):
-                libc = ctypes.CDLL(None)
-                _STATE['malloc'] = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and
-                                    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
-                _STATE['threshold'] = MMAP_THRESHOLD
+                _STATE['malloc'] = ctypes.CDLL(None).mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+        freed_blocks_from(MMAP_THRESHOLD)
     return _STATE['malloc']
 
 

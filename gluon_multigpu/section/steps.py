@@ -321,8 +321,9 @@ def hybridize(net):
     it drops BatchNorm's running-statistics update on the first steps of a
     block nested in an ``nn.Sequential`` (tests/section/test_fast_path.py).
     """
+    recipe = recipe_of(net)
     with warnings.catch_warnings():
         # nn.Sequential suggests HybridSequential; hybridizing its children is what we want.
         warnings.filterwarnings('ignore', 'All children of this Sequential layer', UserWarning)
-        net.hybridize(static_alloc=recipe_of(net).static_alloc)
-    engine.freed_blocks_from(recipe_of(net).mmap_threshold)
+        net.hybridize(static_alloc=recipe.static_alloc)
+    engine.freed_blocks_from(recipe.mmap_threshold)
