@@ -35,6 +35,8 @@ from gluon_multigpu.base.machine import stamp  # noqa: E402
 LEVERS = {
     'package': ('the package: a thread per context, 1 scratch copy each, static_alloc '
                 "(ResNet-18's recipe), freed blocks of 4 MiB or more returned", {}),
+    'per_block': ('each block below the containers compiled as a graph of its own (ResNet-18 '
+                  'before it was built with HybridSequential containers)', {'per_block': True}),
     'before_43': ("without static_alloc, MXNet's 4 scratch copies (the package before issue 43)",
                   {'static_alloc': False, 'copies': '4'}),
     'glibc_default': ("glibc's own allocator behaviour (freed blocks kept in its heap)",
@@ -57,6 +59,8 @@ LEVERS = {
                          {'model': 'simple-cnn', 'static_alloc': True}),
     'cnn_one_copy': ('the small CNN, 1 scratch copy per thread',
                      {'model': 'simple-cnn', 'copies': '1'}),
+    'cnn_one_graph': ('the small CNN compiled as one graph (under a HybridSequential)',
+                      {'model': 'simple-cnn', 'one_graph': True}),
     'cnn_one_thread': ('the small CNN, one thread queues both contexts',
                        {'model': 'simple-cnn', 'pushers': False}),
     'cnn_glibc_default': ("the small CNN, glibc's own allocator behaviour",
@@ -102,8 +106,15 @@ def worker(spec):
     batches = list(ArrayLoader(images, labels, BATCH))
     net = get_model(model, 10)
     net.initialize(default_initializer(model), ctx=devices)
+    if spec.get('one_graph'):
+        from gluon_multigpu.features.precision import _as_hybrid
+        net, recipe = _as_hybrid(net), net.recipe  # the same blocks, HybridSequential containers
+        net.recipe = recipe
     if 'static_alloc' in spec:  # the lever, whatever the model's recipe says
         net.hybridize(static_alloc=spec['static_alloc'])
+    elif spec.get('per_block'):
+        _per_block(net, steps_mod.recipe_of(net).static_alloc)
+        engine.freed_blocks_from(steps_mod.recipe_of(net).mmap_threshold)
     else:
         steps_mod.hybridize(net)
     trainer = make_trainer(net, 0.1, 'device')
@@ -121,6 +132,16 @@ def worker(spec):
     return {'images_per_sec': steps * BATCH / seconds,
             'peak_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             'settings': engine.settings(), 'malloc': engine.return_freed_memory()}
+
+
+def _per_block(net, static_alloc):
+    """Compile each block below ``net``'s containers as a graph of its own."""
+    from mxnet.gluon import nn
+    for child in net._children.values():  # pylint: disable=protected-access
+        if isinstance(child, (nn.Sequential, nn.HybridSequential)):
+            _per_block(child, static_alloc)
+        else:
+            child.hybridize(static_alloc=static_alloc)
 
 
 def measure(name, data_dir):

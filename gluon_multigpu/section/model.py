@@ -73,16 +73,22 @@ class HybridResidual(_ResidualLayers, nn.HybridBlock):
 
 def _resnet_block(residual, num_channels, num_residuals, norm, first_block=False):
     """Return one ResNet stage; all but the first halve height and width."""
-    blk = nn.Sequential()
+    blk = _container(residual)()
     for i in range(num_residuals):
         halve = i == 0 and not first_block
         blk.add(residual(num_channels, use_1x1conv=halve, strides=2 if halve else 1, norm=norm))
     return blk
 
 
+def _container(residual):
+    """The text's ``nn.Sequential`` around its ``Residual``; around ``HybridResidual`` a
+    ``HybridSequential``, so that the whole network compiles as one graph."""
+    return nn.HybridSequential if issubclass(residual, nn.HybridBlock) else nn.Sequential
+
+
 def _resnet18(num_classes, residual, norm):
     npx.set_np()  # the layers take the semantics of the thread that builds them: turn them on
-    net = nn.Sequential()
+    net = _container(residual)()
     # This model uses a smaller convolution kernel, stride, and padding and
     # removes the max-pooling layer
     net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1), norm(), nn.Activation('relu'))
