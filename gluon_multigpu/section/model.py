@@ -119,8 +119,10 @@ def resnet18(num_classes=10, norm=nn.BatchNorm):
     """Return the book's ResNet-18 built from ``HybridResidual``: the fast path's network.
 
     The same layers and parameters, in the same order, as the text's
-    ``text_resnet18`` (``book.resnet18``), but compilable: ``train``
-    hybridizes it. It carries its recipe (``recipes.RECIPES['resnet18']``).
+    ``text_resnet18`` (``book.resnet18``), but compilable, in
+    ``HybridSequential`` containers: ``train`` hybridizes it as one graph
+    (0.74x the memory of compiling each block apart, docs/results.md,
+    "Memory"). It carries its recipe (``recipes.RECIPES['resnet18']``).
     """
     net = _resnet18(num_classes, HybridResidual, norm)
     net.recipe = RECIPES['resnet18']
@@ -224,7 +226,8 @@ def default_initializer(name):
 #: process, bytes per device, bytes per sample of the batch). An upper bound fitted to the peak
 #: RSS of runs of three steps on Fashion-MNIST (MXNet 1.9.1, 2-core CPU; docs/guide.md), each
 #: context's passes queued from its own thread with MXNet's 4 scratch copies (``pushers``;
-#: with one copy and ResNet-18's static_alloc since, 1.53 GB at batch 128 on 2 contexts):
+#: with one copy and ResNet-18's static_alloc since, 1.53 GB at batch 128 on 2 contexts, 1.09 GB
+#: compiled as one graph):
 #: ResNet-18 0.54 GB at batch 16 on 1 context, 0.92 on 2, then 4.0-4.5 MB more per sample
 #: (2 contexts: 1.37 GB at batch 128, 1.88 at 256, 3.16 at 512; 1.49 GB at batch 96 on 3
 #: contexts, 1.89 at 128 on 4; the book's run, batch 512, 2.9 GB in its fourth epoch), with

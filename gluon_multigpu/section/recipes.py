@@ -77,7 +77,8 @@ def _uniform():
 #: without BatchNorm, Normal(0.01) leaves it near chance for epochs, MXNet's Uniform(0.07)
 #: (the lab's) does not. ResNet-18 compiles with ``static_alloc``: with one scratch copy a
 #: thread (``engine.CPU_COPIES``) 1.06x its images/s at 1.13x its memory (tools/levers.py,
-#: interval 1.01 to 1.12); the small CNN gained nothing established by it.
+#: interval 1.01 to 1.12; block by block, before it compiled as one graph); the small CNN
+#: gained nothing established by it.
 RECIPES = {'resnet18': Recipe('resnet18', 256, lambda batch: 0.1 * batch / 256, _normal,
                               MAX_IN_FLIGHT, '256 per device, lr 0.1 per 256 samples (the book: '
                               'batch 512 and lr 0.2 on two GPUs)', static_alloc=True,

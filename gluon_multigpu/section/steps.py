@@ -311,15 +311,15 @@ def train_epoch(step, train_iter, *, hooks_of=None, timer=None, first_step=1):
 def hybridize(net):
     """Compile every ``HybridBlock`` of ``net``, as its recipe says (``recipes.recipe_of``).
 
-    A compiled graph runs without Python between its operators. With the
-    recipe's ``static_alloc`` (ResNet-18's) each block keeps its forward and
-    backward buffers between calls: with one scratch copy a thread, 1.06x the
-    images/s at 1.13x the memory; without it (the small CNN's, which gained
-    nothing established) memory comes from MXNet's allocator at each call
+    ``HybridSequential`` containers (the package's ResNet-18) compile as one
+    graph, an ``nn.Sequential``'s blocks each as their own. With the recipe's
+    ``static_alloc`` (ResNet-18's) a graph keeps its forward and backward
+    buffers between calls; without it (the small CNN's, which gained nothing
+    established) memory comes from MXNet's allocator at each call
     (docs/results.md, "Memory"); the recipe's ``mmap_threshold`` is set then.
-    ``static_shape`` is not used: in MXNet 1.9.1
-    it drops BatchNorm's running-statistics update on the first steps of a
-    block nested in an ``nn.Sequential`` (tests/section/test_fast_path.py).
+    ``static_shape`` is not used: in MXNet 1.9.1 it drops BatchNorm's
+    running-statistics update on the first steps of a block nested in an
+    ``nn.Sequential`` (tests/section/test_fast_path.py).
     """
     recipe = recipe_of(net)
     with warnings.catch_warnings():
