@@ -17,9 +17,9 @@ import sys
 
 # What loads MXNet (or matplotlib) is imported where it is first used: after the engine
 # settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
-from gluon_multigpu.cli import common
+from lab.commands import common
 from lab.commands import sweeps
-from gluon_multigpu.cli.common import batch_size, int_in, seed
+from lab.commands.common import batch_size, int_in, seed
 from gluon_multigpu.filesafety.atomic import atomic_write
 from gluon_multigpu.section.devices import num_gpus, resolve_devices
 from gluon_multigpu.observe.hooks import Hook

@@ -13,9 +13,9 @@ import sys
 
 # What loads MXNet (or matplotlib) is imported where it is first used: after the engine
 # settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
-from gluon_multigpu.cli import common
+from lab.commands import common
 from lab.commands import sweeps
-from gluon_multigpu.cli.common import int_in, seed
+from lab.commands.common import int_in, seed
 from lab.studies.counts import devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as _sweep

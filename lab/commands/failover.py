@@ -9,8 +9,8 @@ import signal
 import sys
 import tempfile
 
-from gluon_multigpu.cli import common
-from gluon_multigpu.cli.common import positive_float
+from lab.commands import common
+from lab.commands.common import positive_float
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.base import signals
 from gluon_multigpu.filesafety import files

@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 
-from gluon_multigpu.cli import common
-from gluon_multigpu.cli.common import int_in, non_negative_float
+from lab.commands import common
+from lab.commands.common import int_in, non_negative_float
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.base import signals
 from gluon_multigpu.filesafety import files
