@@ -234,7 +234,7 @@ def measure_all(args, devices, weights, say, stop=None, out=None):
                 'load': load}
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out or sys.stdout)
+        print(sweeps.partial_heading(sweep), file=out or sys.stdout)
         print(table(summarise(results, len(devices)), [str(d) for d in devices]),
               file=out or sys.stdout, flush=True)
     return summarise(sweeps.measure_sweep(sweep, measure, stop, partial), len(devices)), batch

@@ -208,7 +208,7 @@ def run(args, out=None, stop=None):
                                        labels, repeats, seed=args.seed, progress=say, stop=stop)
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out)
+        print(sweeps.partial_heading(sweep), file=out)
         print_table([r for _, rows in results for r in rows], out)
     rows = [r for _, unit_rows in sweeps.measure_sweep(sweep, measure, stop, partial)
             for r in unit_rows]

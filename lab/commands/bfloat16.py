@@ -223,7 +223,7 @@ def run(args, out=None, stop=None):
         return speeds
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out)
+        print(sweeps.partial_heading(sweep), file=out)
         print(table(results)[1], file=out, flush=True)
     results = sweeps.measure_sweep(sweep, measure, stop, partial)
     rows, text = table(results)

@@ -389,7 +389,7 @@ def measure_and_report(args, out, stop):
         say(note)
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out)
+        print(sweeps.partial_heading(sweep), file=out)
         print_tables(measured_rows(results), None, out)
     results = sweeps.measure_sweep(
         sweep, unit_measure(args, plan, sweep, train_data, test_data, stop), stop, partial)

@@ -70,6 +70,11 @@ def sweep_finished_anyway(signum):
             f'written; exit status {128 + signum}')
 
 
+def partial_heading(sweep):
+    """The line above a partial table."""
+    return f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} measurements'
+
+
 def available_memory(environ=None):
     """Bytes of memory a measuring program may use: ``MEMORY_VARIABLE`` if set, else the
     system's (``devices.available_memory``: MemAvailable plus what this process holds);
