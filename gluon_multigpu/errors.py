@@ -122,7 +122,7 @@ class Interrupted(BaseException):
     @classmethod
     def by_signal(cls, signum):
         """Raised where the code was: by a signal handler (``signals.raising``), or where work
-        asks a stop request between its steps (``stopping.check_stop``)."""
+        asks a stop request between its steps (the lab's ``sweep.check_stop``)."""
         return cls(signum=signum, message=f'interrupted by {signal.Signals(signum).name}')
 
     @classmethod

@@ -28,7 +28,7 @@ from .stall import StallGuard
 from ..errors import Interrupted
 from ..filesafety.files import discard_unfinished
 
-__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
+__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'SAME_REQUEST',
            'STOP_SIGNALS', 'say_quietly', 'signal_name', 'comparison_why', 'launcher_stops']
 
 def say_quietly(line, stream=None):
@@ -142,11 +142,3 @@ class StopRequest(Hook):
         signals.restore(self._previous)
         return False
 
-
-def check_stop(stop):
-    """Raise ``Interrupted`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop.
-
-    What work that is not a training run asks between its steps (a measurement's repeats).
-    """
-    if stop is not None and stop():
-        raise Interrupted.by_signal(stop.signum or signal.SIGINT)

@@ -26,8 +26,7 @@ from gluon_multigpu.observe.hooks import Hook
 from gluon_multigpu.errors import DeviceError, GluonMultiGPUError
 from lab.studies import sweep as sweep_module
 from lab.studies.budget import check_memory
-from lab.studies.csvfiles import write_csv
-from gluon_multigpu.base.machine import STAMP_COLUMNS, stamped
+from lab.studies.csvfiles import STAMP_COLUMNS, stamped, write_csv
 from gluon_multigpu.filesafety.output import ReportFolder
 from gluon_multigpu.filesafety.targets import check_outputs
 

@@ -17,10 +17,10 @@ from lab.commands import common
 from lab.commands import sweeps
 from lab.commands.common import int_in, seed
 from lab.studies.counts import devices_for, resolve_counts
-from lab.studies.csvfiles import write_csv
+from lab.studies.csvfiles import STAMP_COLUMNS, stamped, write_csv
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as _sweep
-from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
+from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.filesafety.files import write_json
 from gluon_multigpu.filesafety.output import replace_together
 from gluon_multigpu.filesafety.targets import check_outputs

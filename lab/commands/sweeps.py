@@ -17,7 +17,7 @@ from gluon_multigpu.cli.arguments import UsageError, error_line
 from gluon_multigpu.cli.console import quiet_console, resume_command, say_quietly, stop_request
 from gluon_multigpu.base import signals
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
-from gluon_multigpu.observe.stopping import check_stop
+from lab.studies.sweep import check_stop
 
 #: An environment variable the measuring programs read instead of the system's MemAvailable,
 #: in bytes (e.g. ``2e9``): to try, or test, how they answer on a machine with less memory.

@@ -10,14 +10,13 @@ import statistics
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from gluon_multigpu.study.compare import NOISE
-from gluon_multigpu.base.machine import STAMP_COLUMNS, stamped
+from gluon_multigpu.study.paired import MIN_EFFECT as NOISE
 from gluon_multigpu.filesafety.files import atomic_write
 from gluon_multigpu.filesafety.files import ReportFolder
 from gluon_multigpu.study.charts import check_chart_path, save_figure
 from gluon_multigpu.study.kvstore_report import markdown_table
 from lab.studies.counts import device_counts
-from lab.studies.csvfiles import write_csv
+from lab.studies.csvfiles import STAMP_COLUMNS, stamped, write_csv
 from lab.studies.scaling_model import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS, \
     WARMUP_STEPS
 

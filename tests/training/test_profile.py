@@ -309,6 +309,13 @@ def test_a_trace_past_a_file_size_limit_is_one_line_and_status_1(tmp_path, limit
     assert path.read_text() == '{"an earlier trace": true}'
 
 
+def capture(write, output, what, parse=bytes, limit=foreign.LIMIT):
+    """Call ``write(path)``, an outside writer that writes a whole file at the ``path`` it is
+    given, and return what it wrote (``foreign.Capture.take``)."""
+    pipe = foreign.Capture(output, what, limit)
+    return pipe.take(lambda: write(pipe.path), parse)
+
+
 def test_a_dump_that_cannot_be_read_whole_is_an_oserror_naming_the_trace(tmp_path):
     threads = threading.active_count()
     target = str(tmp_path / 'p.json')
@@ -317,7 +324,7 @@ def test_a_dump_that_cannot_be_read_whole_is_an_oserror_naming_the_trace(tmp_pat
         with open(path, 'w', encoding='utf-8') as f:
             f.write('{\n    "traceEvents": [\n        {"ph": "B", "na')
     with pytest.raises(OSError) as failed:
-        foreign.capture(cut_short, target, "MXNet's profiler",
+        capture(cut_short, target, "MXNet's profiler",
                         parse=lambda data: profiling.read_events(data.decode()))
     assert failed.value.errno == errno.EIO and failed.value.filename == target
     assert "MXNet's profiler delivered 46 bytes that cannot be read whole" in str(failed.value)
@@ -327,12 +334,12 @@ def test_a_dump_that_cannot_be_read_whole_is_an_oserror_naming_the_trace(tmp_pat
             for _ in range(40):
                 f.write(b'x' * 4096)  # past the pipe's buffer: read on, not blocked
     with pytest.raises(OSError) as failed:
-        foreign.capture(too_much, target, 'a writer', limit=1000)
+        capture(too_much, target, 'a writer', limit=1000)
     assert failed.value.errno == errno.EFBIG and failed.value.filename == target
     with pytest.raises(RuntimeError, match='its own error'):
-        foreign.capture(lambda path: (_ for _ in ()).throw(RuntimeError('its own error')),
+        capture(lambda path: (_ for _ in ()).throw(RuntimeError('its own error')),
                         target, 'a writer')
-    assert foreign.capture(lambda path: open(path, 'wb').close(), target, 'a writer') == b''
+    assert capture(lambda path: open(path, 'wb').close(), target, 'a writer') == b''
     assert os.listdir(tmp_path) == [] and threading.active_count() == threads
 
 
