@@ -82,11 +82,6 @@ class Lock:
         # ``held_by``: who held the lock when ``acquire`` last looked (``who`` text), or None
         self._fd, self._inode, self.held_by = None, None, None
 
-    @property
-    def locked(self):
-        """Whether this process holds the lock."""
-        return self._fd is not None
-
     def acquire(self):
         """Take the lock, or raise ``error`` in one line (see the module); returns ``self``."""
         deadline = time.monotonic() + self.wait

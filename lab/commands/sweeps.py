@@ -149,8 +149,8 @@ def measure_sweep(sweep, measure, stop, show_partial):
 
     ``stop`` is asked before every unit; when it stops the run (any
     ``Interrupted``: raised between steps, or training's own after
-    one), ``show_partial(results)`` prints what was measured, and
-    ``Interrupted.sweep_stopped`` is raised.
+    one), ``show_partial(results)`` prints what was measured, and an
+    ``Interrupted`` that keeps the ``sweep`` is raised.
     """
     _ACTIVE['sweep'] = sweep
     try:
@@ -165,7 +165,7 @@ def measure_sweep(sweep, measure, stop, show_partial):
         signum = stop.signum or e.signum or signal.SIGINT
         if sweep.done:
             show_partial(sweep.results())
-        raise Interrupted.sweep_stopped(sweep, signum) from None
+        raise Interrupted(signum=signum, message='stopped', sweep=sweep) from None
     finally:
         sweep.close()  # also when ``with`` was never reached
 
@@ -174,7 +174,7 @@ def sweep_main(argv, make_parser, run_script, name):
     """The ``main`` of a measuring program that keeps its results as it goes; its exit status.
 
     ``run_script(args, stop)`` measures, asking ``stop`` (a ``StopRequest``)
-    between steps, and raises ``Interrupted.sweep_stopped`` when it stopped. Ctrl-C,
+    between steps, and raises ``Interrupted`` (with its ``sweep``) when it stopped. Ctrl-C,
     SIGTERM or SIGHUP: one line at once, the current step ends, the partial
     table is printed (by ``run_script``), one line says what was kept and how
     to continue, status 128 + the signal; a second signal ends the process at

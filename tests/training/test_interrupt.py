@@ -411,7 +411,7 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
 def test_every_stop_is_an_interrupted_that_except_exception_does_not_catch():
     stops = [gm.Interrupted(1, 2, signum=signal.SIGINT),
              gm.Interrupted.between_runs(2, 'device', ['local'], signal.SIGTERM),
-             gm.Interrupted.sweep_stopped(None, signal.SIGHUP),
+             gm.Interrupted(signum=signal.SIGHUP, message='stopped', sweep=None),
              gm.Interrupted.by_signal(signal.SIGTERM)]
     for stop in stops:
         assert type(stop) is gm.Interrupted and stop.signum is not None  # one class
