@@ -2,19 +2,19 @@
 
 The rules of every write are ``output``'s (its docstring); the checks made
 before any work are ``targets``'. This module keeps the names other modules
-and scripts import from it: ``atomic_write``, ``ReportFolder``,
+and scripts import from it: ``atomic_write``, ``ReportSet``,
 ``check_outputs`` ...
 """
 import json
 
 from .targets import (CHECKPOINT_FILE, check_output_dir, check_output_path,  # noqa: F401
                       check_outputs, check_writable, is_checkpoint_folder, resolve_output)
-from .output import (ReportFolder, ReportSet, atomic_write, discard_unfinished,  # noqa: F401
-                     makedirs, naming, recover)
+from .output import (ReportSet, atomic_write, discard_unfinished, makedirs, naming,  # noqa: F401
+                     recover)
 
 __all__ = ['atomic_write', 'write_json', 'write_text', 'check_writable', 'check_output_dir',
            'check_output_path', 'check_outputs', 'resolve_output', 'is_checkpoint_folder',
-           'ReportFolder', 'ReportSet', 'recover', 'naming', 'discard_unfinished', 'makedirs']
+           'ReportSet', 'recover', 'naming', 'discard_unfinished', 'makedirs']
 
 
 def write_text(path, text):

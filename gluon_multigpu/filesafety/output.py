@@ -46,7 +46,7 @@ from .atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, c
                      create_whole, fsync_directory, fsync_path, makedirs, naming, new_folder,
                      remove_hashed, remove_own, write_file)
 
-__all__ = ['atomic_write', 'naming', 'discard_unfinished', 'ReportSet', 'ReportFolder',
+__all__ = ['atomic_write', 'naming', 'discard_unfinished', 'ReportSet',
            'recover', 'fsync_directory', 'create_exclusive', 'remove_own', 'write_file', 'makedirs',
            'replace_together', 'STAGING_FORMAT', 'JOURNAL']
 
@@ -301,10 +301,6 @@ class ReportSet:
             except OSError:
                 return
         self._made = []
-
-
-#: The name the package used before (``files.ReportFolder``).
-ReportFolder = ReportSet
 
 
 def replace_together(paths, write, limit=256 << 20):

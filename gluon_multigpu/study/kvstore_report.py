@@ -3,7 +3,7 @@ from ..base.machine import stamp
 from ..section.devices import even_shares
 from .compare import epoch_load, paired_epochs
 from .paired import _span
-from ..filesafety.files import ReportFolder, write_json, write_text
+from ..filesafety.files import ReportSet, write_json, write_text
 from .charts import accuracy_chart, seconds_chart
 
 __all__ = ['markdown_table', 'comparison_table', 'rounds_table', 'batch_norm_sentence', 'runs_json',
@@ -123,7 +123,7 @@ def runs_json(results, tracker, config, partial=None):
 def write_kvstore_report(directory, results, tracker, config, answer, partial=None):
     """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
 
-    All or nothing (``ReportFolder``): the directory is created if missing,
+    All or nothing (``ReportSet``): the directory is created if missing,
     and a failure half-way (a full disk, an interruption) leaves it as it
     was, with an ``OSError`` naming the file it was writing.
 
@@ -170,7 +170,7 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '
         'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
         'compute per step).', '']
-    with ReportFolder(directory) as folder:
+    with ReportSet(directory) as folder:
         title = f'{what} (partial)' if partial else what
         accuracy_chart(folder.path('accuracy.png'), results, title=title)
         seconds_chart(folder.path('seconds.png'), results, title=title)

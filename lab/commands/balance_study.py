@@ -27,7 +27,7 @@ from gluon_multigpu.errors import DeviceError, GluonMultiGPUError
 from lab.studies import sweep as sweep_module
 from lab.studies.budget import check_memory
 from lab.studies.csvfiles import STAMP_COLUMNS, stamped, write_csv
-from gluon_multigpu.filesafety.output import ReportFolder
+from gluon_multigpu.filesafety.output import ReportSet
 from gluon_multigpu.filesafety.targets import check_outputs
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
@@ -335,13 +335,13 @@ def answers(rows):
 
 
 def write_outputs(directory, rows, devices, config):
-    """report.md, balance.csv and images.png in ``directory``, all or nothing (a ReportFolder)."""
+    """report.md, balance.csv and images.png in ``directory``, all or nothing (a ReportSet)."""
     from gluon_multigpu.study.charts import bar_chart
     flat = [dict({k: v for k, v in r.items() if k != 'loads'},
                  idle='/'.join(f'{i:.4f}' for i in r['idle']),
                  shares='/'.join(map(str, r['shares'])),
                  rounds='/'.join(f'{s:.1f}' for s in r['rounds'])) for r in rows]
-    with ReportFolder(directory) as folder:
+    with ReportSet(directory) as folder:
         write_csv(folder.path('balance.csv'), stamped(flat),
                   ['scenario', 'split', 'images_per_sec', 'vs_even', 'vs_even_low',
                    'vs_even_high', 'verdict', 'idle', 'shares', 'changes', 'undone',

@@ -271,7 +271,7 @@ def test_another_signals_wakeup_byte_does_not_count(other):
 
 
 def test_in_a_jupyter_kernel_a_second_signal_does_not_end_the_process(monkeypatch):
-    monkeypatch.setattr(gm.progress, 'jupyter_shell', lambda: object())
+    monkeypatch.setattr(gm.live, 'jupyter_shell', lambda: object())
     heard, second = [], []
     with gm.StopRequest(on_signal=heard.append, on_second=second.append) as stop:
         os.kill(os.getpid(), signal.SIGINT)
@@ -383,7 +383,7 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
         from gluon_multigpu.observe import stopping
         from gluon_multigpu.filesafety import files
         with stopping.StopRequest() as stop:
-            with files.ReportFolder({str(out)!r}) as report:
+            with files.ReportSet({str(out)!r}) as report:
                 with open(report.path('kept.md'), 'w') as f:
                     f.write('new')
                 with files.atomic_write({str(tmp_path / 'results.json')!r}) as f:
