@@ -148,11 +148,7 @@ def check_args(args):
             raise LaunchError(f'{flag(name)} goes with --launcher ssh' + (
                 "; with --launcher slurm the hosts are the allocation's nodes"
                 if args.launcher == 'slurm' else ''))
-    if args.launcher == 'slurm':
-        if not os.environ.get('SLURM_JOB_ID'):
-            raise LaunchError('--launcher slurm runs inside a Slurm allocation, and there is none '
-                              'here (no SLURM_JOB_ID); run it in a batch script (sbatch '
-                              'examples/slurm/train.sbatch ...) or under salloc')
+    if args.launcher == 'slurm':  # (``allocation`` refuses to run outside an allocation)
         args.nodes = tuple(allocation())
         return [address for address, _ in args.nodes], command
     if args.launcher == 'ssh':
@@ -182,8 +178,7 @@ def main(argv=None):
     try:
         args = build_parser().parse_args(argv)
         hosts, command = check_args(args)
-        resume = console.command_line('launch', [*(sys.argv[1:] if argv is None else argv),
-                                                 *([] if '--resume' in command else ['--resume'])])
+        resume = console.resume_command('launch', argv)
         # the launch's Settings: each of its fields the command line gives
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
                  if hasattr(args, f.name)}
