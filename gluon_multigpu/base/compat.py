@@ -149,8 +149,6 @@ class _Version:
     def __lt__(self, other):
         return operator.lt(*self._key(other))
 
-    __hash__ = None
-
     def __str__(self):
         return str(self.vstring)
 

@@ -181,4 +181,3 @@ class Lock:
 
     def __exit__(self, *exc):
         self.release()
-        return False

@@ -218,13 +218,12 @@ class ReportSet:
         if exc_type is not None:
             self._discard()
             self._name(exc)
-            return False
+            return
         try:
             self._commit()
         except BaseException as e:
             self._name(e)
             raise
-        return False
 
     def _entries(self):
         """The journal's entries, each name's old file checked (before anything is replaced) and

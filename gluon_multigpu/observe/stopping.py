@@ -139,5 +139,3 @@ class StopRequest(Hook):
         signals.wait_out(self._first_at)  # a repeat of the first signal still finds this hook
         self._reader.stop()  # the handler stays this request's until the previous comes back
         signals.restore(self._previous)
-        return False
-
