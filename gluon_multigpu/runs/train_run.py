@@ -61,15 +61,8 @@ def check_run(config):
         check_devices(devices)
         if config.profile_file is None:
             check_default(config.profile_path)
-    check_outputs(config)
-    # Last: what the machine has (a run too large here) after what the command line asks.
-    check_batch_memory(config.model, devices, batch_size, config.sync_bn)
-    return devices, batch_size, kvstores, [note, cut]
-
-
-def check_outputs(config):
-    """Raise GluonMultiGPUError unless every output path can be written, each its own (see
-    ``targets.check_outputs``); a chart's format must be one its extension names."""
+    # every output can be written, each its own (``targets.check_outputs``); a chart's format
+    # must be one its extension names
     check_paths(files=[('--plot', config.plot), ('--json', config.json),
                        ('--metrics', config.metrics), ('--profile-file', config.profile_path)],
                 directories=[('--report', config.report), ('--tensorboard', config.tensorboard)],
@@ -77,6 +70,9 @@ def check_outputs(config):
                 inputs=[] if config.synthetic else input_files(config.dataset, config.data_dir))
     if config.plot is not None:
         check_chart_path(config.plot, '--plot')
+    # Last: what the machine has (a run too large here) after what the command line asks.
+    check_batch_memory(config.model, devices, batch_size, config.sync_bn)
+    return devices, batch_size, kvstores, [note, cut]
 
 
 def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=None):
