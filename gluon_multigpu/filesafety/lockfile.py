@@ -121,12 +121,10 @@ class Lock:
                 raise
             if isinstance(e, FileExistsError):  # at the open, or at the link: the name is taken
                 return False
-            raise self._cannot(e) from None
+            raise self.error(f'cannot create the lock file {self.path} ({e.strerror}); '
+                             f'{self.fix}') from None
         self._fd = fd
         return True
-
-    def _cannot(self, error):
-        return self.error(f'cannot create the lock file {self.path} ({error.strerror}); {self.fix}')
 
     def _inspect(self):
         """What has the name now: None after taking over a stale lock (or when the name went

@@ -28,7 +28,7 @@ from ..observe.stall import STALLED, stall_hook, stall_line
 from ..errors import GluonMultiGPUError, flag
 from ..features.distributed import Control, join
 from ..features.precision import check_dtype
-from ..features.sync_bn import check_options as check_sync_bn_options, check_training
+from ..features.sync_bn import check_training
 from ..checkpoints.checkpoint import for_run
 from ..filesafety.targets import check_outputs as check_paths
 from ..study.charts import check_chart_path
@@ -43,8 +43,6 @@ def check_run(config):
     devices, note = resolve_devices(config.num_gpus, config.cpu_devices)
     check_split(devices, config.split)
     check_dtype(config.dtype, devices)
-    if config.sync_bn:
-        check_sync_bn_options(config.model, config.split, config.book_literal)
     images = DATASETS[config.dataset]['train']
     batch_size, cut = fit_batch(config.model, devices, min(config.num_train or images, images),
                                 config.batch_size, sync_bn=config.sync_bn, memory=False)
