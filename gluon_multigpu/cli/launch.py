@@ -178,12 +178,11 @@ def main(argv=None):
     try:
         args = build_parser().parse_args(argv)
         hosts, command = check_args(args)
-        resume = console.resume_command('launch', argv)
         # the launch's Settings: each of its fields the command line gives
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
                  if hasattr(args, f.name)}
         return launch(Settings(**given, train_program=console.program('train')), hosts, command,
-                      taken, resume, words=messages)
+                      taken, console.resume_command('launch', argv), words=messages)
     except GluonMultiGPUError as e:  # a LaunchError, or the host file's reading
         print(f'error: {e}', file=sys.stderr)
         return 2

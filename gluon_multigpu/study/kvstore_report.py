@@ -113,10 +113,9 @@ def runs_json(results, tracker, config, partial=None):
     ``partial`` (why the comparison is incomplete, or None) is kept as is:
     ``complete`` says whether every kvstore of ``config['kvstore']`` finished.
     """
-    runs = [dict(tracker.run_dict(r), load=[epoch_load(r, e.epoch) for e in r.epochs])
-            for r in results]
     return {'config': config, 'complete': partial is None, 'partial': partial,
-            'reference': tracker.reference, 'runs': runs,
+            'reference': tracker.reference, 'runs': [dict(tracker.run_dict(r), load=[
+                epoch_load(r, e.epoch) for e in r.epochs]) for r in results],
             'paired': paired_epochs(results).to_dict() if len(results) > 1 else None, **stamp()}
 
 
