@@ -31,7 +31,7 @@ from .hooks import Hook
 from .traces import cost_table, costliest, device_trace, read_events
 
 __all__ = ['Profile', 'parse_steps', 'check_path', 'check_default', 'check_devices',
-           'profiled_cpus', 'read_events', 'device_trace', 'costliest', 'cost_table',
+           'read_events', 'device_trace', 'costliest', 'cost_table',
            'DEFAULT_FILE', 'TRACE_FORMAT', 'TRACE_MARKER']
 
 #: What MXNet's profiler is given as its file while no dump is taken: a path below /dev/null,
@@ -96,18 +96,13 @@ def check_default(path=DEFAULT_FILE):
                                 "name the trace's file (`profile_file`), or move it away")
 
 
-def profiled_cpus():
-    """How many CPU devices MXNet's profiler tells apart: the cores this process may run on."""
-    return engine.cores()
-
-
 def check_devices(devices):
     """Raise ``GluonMultiGPUError`` if MXNet's profiler cannot keep each of ``devices`` apart.
 
     It files a CPU context's operators by its number among the process's cores: past them,
     under the pinned-memory device, then the process ends (MXNet 1.9.1).
     """
-    cores = profiled_cpus()
+    cores = engine.cores()  # the CPU devices MXNet's profiler tells apart
     beyond = [d for d in devices if d.device_type == 'cpu' and d.device_id >= cores]
     if beyond:
         raise GluonMultiGPUError(
@@ -313,7 +308,7 @@ class Profile(Hook):
         trace = {'otherData': {'format': TRACE_FORMAT, 'steps': f'{self.start}:{self.stop}',
                                'profiled': f'{first}:{last}', 'devices': ', '.join(devices)},
                  # its format first: TRACE_MARKER
-                 **device_trace(events, devices, profiled_cpus(), gpus=gpus)}
+                 **device_trace(events, devices, engine.cores(), gpus=gpus)}
         with atomic.atomic_write(self._file) as f:
             json.dump(trace, f, separators=(',', ':'))
         self.written, self.rows = (first, last), costliest(trace)

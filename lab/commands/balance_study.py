@@ -21,7 +21,7 @@ from lab.commands import common
 from lab.commands import sweeps
 from lab.commands.common import batch_size, int_in, seed
 from gluon_multigpu.filesafety.atomic import atomic_write
-from gluon_multigpu.section.devices import num_gpus, resolve_devices
+from gluon_multigpu.section.devices import num_gpus, resolve_devices, split_sizes
 from gluon_multigpu.observe.hooks import Hook
 from gluon_multigpu.errors import DeviceError, GluonMultiGPUError
 from lab.studies import sweep as sweep_module
@@ -228,7 +228,7 @@ def measure_all(args, devices, weights, say, stop=None, out=None):
         load = meter.stop()
         say(f'  {unit.label}: {speed:.0f} images/s, {split.summary()}')
         return {'speed': speed, 'idle': list(split.idle()),
-                'shares': list(split.shares(batch, len(devices))),
+                'shares': split_sizes(batch, split.weights or [1.0] * len(devices)),
                 'changes': getattr(split, 'changes', 0), 'undone': getattr(split, 'undone', 0),
                 'load': load}
 

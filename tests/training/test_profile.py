@@ -211,7 +211,7 @@ def test_the_range_and_the_file_are_checked_before_any_step(data, tmp_path):
 
 
 def test_cpu_contexts_the_profiler_cannot_tell_apart_are_refused(monkeypatch):
-    monkeypatch.setattr(profiling, 'profiled_cpus', lambda: 1)
+    monkeypatch.setattr(profiling.engine, 'cores', lambda: 1)
     with pytest.raises(GluonMultiGPUError, match=r'cores \(1\), and cpu\(1\) is past them'):
         profiling.check_devices(gm.cpu_devices(2))
 
