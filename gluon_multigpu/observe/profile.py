@@ -25,7 +25,7 @@ from mxnet import npx
 
 from ..base import engine
 from ..filesafety import atomic, foreign
-from ..filesafety.paths import check_default_output, check_name, resolve_output
+from ..filesafety.paths import check_argument, check_default_output, check_name, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 from .traces import cost_table, costliest, device_trace, read_events
@@ -74,18 +74,11 @@ def parse_steps(steps):
 def check_path(path):
     """The file the trace of ``path`` is written to (its links followed); raise
     ``GluonMultiGPUError`` if it cannot be one (a folder, a device, a missing folder)."""
-    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-        raise GluonMultiGPUError(f'the `profile` file {path!r} is empty; give a file name')
-    what = f'the `profile` file {path}'
-    target = resolve_output(os.fspath(path), 'the `profile` file')
-    if os.path.isdir(target):
-        raise GluonMultiGPUError(f'{what} is a directory; give a file name')
+    target = resolve_output(check_argument(path, 'profile_file', False), '`profile_file`')
     if os.path.lexists(target) and not os.path.isfile(target):
-        raise GluonMultiGPUError(f'{what} is not a regular file; give the name of a file')
-    if not os.path.isdir(os.path.dirname(target)):
-        raise GluonMultiGPUError(f'{what}: directory {os.path.dirname(target)} does not exist; '
-                                 'create it first')
-    check_name(target, what)
+        raise GluonMultiGPUError(f'`profile_file` {path} is not a regular file; give the name of '
+                                 'a file')
+    check_name(target, f'`profile_file` {path}')
     return target
 
 

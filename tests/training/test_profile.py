@@ -203,11 +203,25 @@ def test_bad_ranges_are_refused_in_one_line(steps, message):
 def test_the_range_and_the_file_are_checked_before_any_step(data, tmp_path):
     with pytest.raises(GluonMultiGPUError, match=r"ends past the run's last step, 8 \(2 epoch"):
         train(data, [Profile('7:9', str(tmp_path / 'p.json'))])
-    with pytest.raises(GluonMultiGPUError, match='does not exist; create it first'):
+    with pytest.raises(GluonMultiGPUError, match=r'^`profile_file` \S+/missing/p\.json: directory '
+                       r'\S+/missing does not exist; create it first$'):
         Profile('1:2', str(tmp_path / 'missing' / 'p.json'))
-    with pytest.raises(GluonMultiGPUError, match='is a directory'):
+    with pytest.raises(GluonMultiGPUError, match=r'^`profile_file` \S+ is a directory; give a file '
+                       'name$'):
         Profile('1:2', str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('path, message', [
+    ('', '`profile_file` is an empty path; give a file name'),
+    (3, '`profile_file` is int: give a file name (a str or a path)'),
+    ('/dev/null', '`profile_file` /dev/null is not a regular file; give the name of a file'),
+])
+def test_a_trace_file_that_cannot_be_one_is_refused_in_one_line(path, message):
+    # the library's words for train's `profile_file` (and Profile's path), as for `metrics`
+    with pytest.raises(GluonMultiGPUError) as refused:
+        Profile('1:2', path)
+    assert str(refused.value) == message
 
 
 def test_cpu_contexts_the_profiler_cannot_tell_apart_are_refused(monkeypatch):
