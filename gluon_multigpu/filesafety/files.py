@@ -1,20 +1,14 @@
-"""Writing files so that nothing half-written is ever left: JSON, and the output layer's names.
+"""Writing a whole text or JSON file so that nothing half-written is ever left.
 
-The rules of every write are ``output``'s (its docstring); the checks made
-before any work are ``targets``'. This module keeps the names other modules
-and scripts import from it: ``atomic_write``, ``ReportSet``,
-``check_outputs`` ...
+The rules of every write are ``output``'s (its docstring: ``atomic_write``,
+``ReportSet``, ``recover`` ...); the checks made before any work are
+``targets``' (``check_outputs`` ...).
 """
 import json
 
-from .targets import (CHECKPOINT_FILE, check_output_dir, check_output_path,  # noqa: F401
-                      check_outputs, check_writable, is_checkpoint_folder, resolve_output)
-from .output import (ReportSet, atomic_write, discard_unfinished, makedirs, naming,  # noqa: F401
-                     recover)
+from .output import atomic_write
 
-__all__ = ['atomic_write', 'write_json', 'write_text', 'check_writable', 'check_output_dir',
-           'check_output_path', 'check_outputs', 'resolve_output', 'is_checkpoint_folder',
-           'ReportSet', 'recover', 'naming', 'discard_unfinished', 'makedirs']
+__all__ = ['write_json', 'write_text']
 
 
 def write_text(path, text):

@@ -25,7 +25,7 @@ from ..base.signals import SAME_REQUEST, STOP_SIGNALS
 from .hooks import Hook
 from .stall import StallGuard
 from ..errors import Interrupted
-from ..filesafety.files import discard_unfinished
+from ..filesafety.output import discard_unfinished
 
 __all__ = ['StopRequest', 'StallGuard', 'SAME_REQUEST',
            'STOP_SIGNALS', 'say_quietly', 'signal_name', 'comparison_why', 'launcher_stops']

@@ -3,7 +3,8 @@ from ..base.machine import stamp
 from ..section.devices import even_shares
 from .compare import epoch_load, paired_epochs
 from .paired import _span
-from ..filesafety.files import ReportSet, write_json, write_text
+from ..filesafety.files import write_json, write_text
+from ..filesafety.output import ReportSet
 from .charts import accuracy_chart, seconds_chart
 
 __all__ = ['markdown_table', 'comparison_table', 'rounds_table', 'batch_norm_sentence', 'runs_json',

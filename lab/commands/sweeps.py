@@ -111,7 +111,7 @@ def in_out_folder(results, out):
 
 
 def results_output(results, out, report_files):
-    """What ``files.check_outputs`` checks of --results beside --out: ``[('--results', path)]``.
+    """What ``targets.check_outputs`` checks of --results beside --out: ``[('--results', path)]``.
 
     --results in the --out folder itself is where the run keeps it by
     default (``DIR/results.json``): allowed, unless it takes the name of one

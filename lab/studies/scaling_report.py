@@ -11,8 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from gluon_multigpu.study.paired import MIN_EFFECT as NOISE
-from gluon_multigpu.filesafety.files import atomic_write
-from gluon_multigpu.filesafety.files import ReportSet
+from gluon_multigpu.filesafety.output import ReportSet, atomic_write
 from gluon_multigpu.study.charts import check_chart_path, save_figure
 from gluon_multigpu.study.kvstore_report import markdown_table
 from lab.studies.counts import device_counts
@@ -400,7 +399,7 @@ def _report_projection(c, projection, rows, sync_rows):
 def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=()):
     """Write ``scaling.csv``, ``projection.csv``, ``sync.csv``, the charts and ``report.md``.
 
-    All or nothing (``files.ReportSet``): ``directory`` is created if
+    All or nothing (``output.ReportSet``): ``directory`` is created if
     missing, and a failure half-way (a full disk, an interruption) leaves it
     as it was, with an ``OSError`` naming the file it was writing. Returns
     the names of the files written: no ``accuracy.png`` for a speed sweep

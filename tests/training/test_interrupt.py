@@ -381,12 +381,12 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
     code = textwrap.dedent(f'''
         import os, signal, sys, time
         from gluon_multigpu.observe import stopping
-        from gluon_multigpu.filesafety import files
+        from gluon_multigpu.filesafety import output
         with stopping.StopRequest() as stop:
-            with files.ReportSet({str(out)!r}) as report:
+            with output.ReportSet({str(out)!r}) as report:
                 with open(report.path('kept.md'), 'w') as f:
                     f.write('new')
-                with files.atomic_write({str(tmp_path / 'results.json')!r}) as f:
+                with output.atomic_write({str(tmp_path / 'results.json')!r}) as f:
                     f.write('{{"half": ')
                     print('writing', flush=True)
                     time.sleep(60)

@@ -236,6 +236,6 @@ def test_no_output_may_replace_the_runs_data(tmp_path):
     assert gm.data.input_files('mnist')[0].startswith(gm.data.default_root('mnist'))
     (data / 'train-images-idx3-ubyte.gz').write_bytes(b'images')
     with pytest.raises(gm.GluonMultiGPUError, match="one of the run's input files"):
-        gm.files.check_outputs(files=[('`json`', str(data / 'train-images-idx3-ubyte.gz'))],
+        gm.targets.check_outputs(files=[('`json`', str(data / 'train-images-idx3-ubyte.gz'))],
                                inputs=inputs)
-    gm.files.check_outputs(files=[('`json`', str(tmp_path / 'runs.json'))], inputs=inputs)
+    gm.targets.check_outputs(files=[('`json`', str(tmp_path / 'runs.json'))], inputs=inputs)
