@@ -232,10 +232,9 @@ class ReportSet:
         for name in dict.fromkeys(self._names):
             self._current = target = os.path.join(self.directory, name)
             staged = os.lstat(os.path.join(self._staging, name))
-            try:
+            mode = None
+            with contextlib.suppress(FileNotFoundError):
                 mode = os.lstat(target).st_mode
-            except FileNotFoundError:
-                mode = None
             if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 kind = 'a folder' if stat.S_ISDIR(mode) else 'a device, pipe or socket'
                 raise GluonMultiGPUError(f'report folder {self.directory}: {name} is {kind}, not '

@@ -80,11 +80,10 @@ def rounds_table(results):
     rows = []
     for n in sorted({e.epoch for r in results for e in r.epochs}):
         loads = [epoch_load(r, n) for r in results]
-        spans = (_span(loads, 'others'), _span(loads, 'load'))
         rows.append([str(n), *(next((f'{e.seconds:.2f}' for e in r.epochs if e.epoch == n), '-')
                                for r in results),
                      *('-' if not s else f'{s[0]:.1f}' if s[0] == s[1] else f'{s[0]:.1f}-{s[1]:.1f}'
-                       for s in spans)])
+                       for s in (_span(loads, 'others'), _span(loads, 'load')))])
     header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
     return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))
 
