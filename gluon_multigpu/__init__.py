@@ -39,7 +39,6 @@ _GROUPED = {
 GROUPS = tuple(_GROUPED)
 #: Where each module lives: short name -> group (or ``group.module`` where the name differs).
 MODULES = {name: group for group, names in _GROUPED.items() for name in names.split()}
-MODULES['locks'] = 'filesafety.lockfile'  # the name lockfile had in the output layer
 
 #: The package's names, by the short name of the module that defines them.
 NAMES = {module: names.split() for module, names in {

@@ -11,8 +11,7 @@ an MXNet that still cannot load is an ``MXNetLoadError`` saying what to
 install. If other code loaded MXNet first, only the semantics and the
 after-load part of ``base.compat`` are applied.
 """
-from .base import compat as _compat
-from .base import engine as _engine
+from .base import compat as _compat, engine as _engine
 from .errors import MXNetLoadError
 
 if not _engine.loaded():

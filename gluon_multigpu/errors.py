@@ -74,8 +74,8 @@ class Interrupted(BaseException):
 
     Raised wherever a stop request ends work: when ``train`` stops after a
     step (Ctrl-C in a notebook, a script's signal), between the epochs of a
-    comparison (``between_runs``), when a sweep of measurements stops
-    (``sweep_stopped``), where a signal handler raises it in the middle of
+    comparison (``between_runs``), when a sweep of measurements stops (its
+    ``sweep``), where a signal handler raises it in the middle of
     the code (``by_signal``), and while a worker waits to join the parameter
     server (``joining``). ``str(e)`` is the reason, in one line. A
     ``BaseException``, as ``KeyboardInterrupt`` is: a stop is a request, not a
@@ -122,7 +122,7 @@ class Interrupted(BaseException):
     @classmethod
     def by_signal(cls, signum):
         """Raised where the code was: by a signal handler (``signals.raising``), or where work
-        asks a stop request between its steps (``stopping.check_stop``)."""
+        asks a stop request between its steps (the lab's ``sweep.check_stop``)."""
         return cls(signum=signum, message=f'interrupted by {signal.Signals(signum).name}')
 
     @classmethod
@@ -131,11 +131,6 @@ class Interrupted(BaseException):
         the epoch that finished last, ``left`` what was not begun; ``num_epochs`` is the last
         round every run finished."""
         return cls(num_epochs, None, epoch_done=True, signum=signum, done=done, left=left)
-
-    @classmethod
-    def sweep_stopped(cls, sweep, signum):
-        """A measuring program's sweep stopped by ``signum``: ``sweep`` keeps what it measured."""
-        return cls(signum=signum, message='stopped', sweep=sweep)
 
     def _render_traceback_(self):
         """What IPython shows for it in a notebook: the one line, not a traceback."""

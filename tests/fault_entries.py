@@ -18,6 +18,7 @@ import types
 import warnings
 
 import gluon_multigpu as gm
+from lab.studies import csvfiles
 from lab.studies import scaling_model as lab_scaling
 from lab.studies import scaling_report as lab_scaling_report
 from lab.studies import sweep as lab_sweep
@@ -147,18 +148,18 @@ class WriteJson(Entry):
 
 
 class WriteCsv(Entry):
-    name, what = 'write_csv', '`--csv` outputs (`files.write_csv`)'
+    name, what = 'write_csv', '`--csv` outputs (`lab/studies/csvfiles.write_csv`)'
     columns = ['epoch', 'loss', 'acc']
 
     def previous(self, root):
-        gm.files.write_csv(os.path.join(root, 'out.csv'), [{'epoch': 1, 'loss': 0.5}], self.columns)
+        csvfiles.write_csv(os.path.join(root, 'out.csv'), [{'epoch': 1, 'loss': 0.5}], self.columns)
 
     def decoys(self, root):
         return [user_file(root, 'notes.txt'), user_file(root, '.out.csv.a1b2c3d4.tmp')]
 
     def act(self, root):
         rows = [{'epoch': e, 'loss': 1.0 / e, 'acc': 0.5 + e / 10} for e in (1, 2, 3)]
-        gm.files.write_csv(os.path.join(root, 'out.csv'), rows, self.columns)
+        csvfiles.write_csv(os.path.join(root, 'out.csv'), rows, self.columns)
 
 
 class Chart(Entry):

@@ -149,8 +149,6 @@ class _Version:
     def __lt__(self, other):
         return operator.lt(*self._key(other))
 
-    __hash__ = None
-
     def __str__(self):
         return str(self.vstring)
 
@@ -345,9 +343,8 @@ def failing_package(error):
     """The top-level package whose import ``error`` ended, or None (an ``ImportError``'s module;
     else the code's that raised it while loading: a broken NumPy raises in its ``__init__``)."""
     frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
-    name = (error.name if isinstance(error, ImportError) else None) or \
-        (frames[-1].f_globals.get('__name__', '') if frames else '')
-    top = name.split('.')[0]
+    top = ((error.name if isinstance(error, ImportError) else None) or
+           (frames[-1].f_globals.get('__name__', '') if frames else '')).split('.')[0]
     return top if top and (isinstance(error, ImportError) or top not in sys.modules) else None
 
 

@@ -119,8 +119,7 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What this process knows: the variables ``configure`` set (and that still hold them), those
 # MXNet loaded with, and the warnings already given.
-_STATE = {'applied': {}, 'loaded_with': None, 'warned': set(), 'malloc': None,
-          'threshold': None}
+_STATE = {'applied': {}, 'loaded_with': None, 'warned': set(), 'malloc': None, 'threshold': None}
 
 
 def cores():

@@ -11,10 +11,7 @@ import functools
 import os
 import platform
 
-__all__ = ['machine', 'cpu_flags', 'stamp', 'stamped', 'STAMP_COLUMNS']
-
-#: The columns ``stamped`` adds to each row of a CSV results file.
-STAMP_COLUMNS = ['machine', 'date']
+__all__ = ['machine', 'cpu_flags', 'stamp']
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,8 +56,3 @@ def stamp():
     vectors = f" ({m['vectors']})" if m['vectors'] else ''
     return {'machine': f"{m['cpu']}{vectors}, {m['cores']} cores", 'date': today}
 
-
-def stamped(rows):
-    """``rows`` (dicts) with this machine and today's date added to each (``STAMP_COLUMNS``)."""
-    mark = stamp()
-    return [dict(r, **mark) for r in rows]

@@ -16,7 +16,7 @@ from ..errors import CheckpointError, GluonMultiGPUError
 from ..filesafety import fs
 from . import savefolder
 from .checkpoint_store import MANIFEST, CheckpointState, CheckpointStore
-from ..filesafety.files import CHECKPOINT_FILE, check_output_dir
+from ..filesafety.targets import CHECKPOINT_FILE, check_output_dir
 from ..filesafety.lockfile import Lock
 from .manifest import FORMAT
 from ..section.data import ArrayLoader

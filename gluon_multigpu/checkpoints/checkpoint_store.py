@@ -154,9 +154,8 @@ class CheckpointStore:
             state = self.load(check_config=False)
         except CheckpointError:
             return f'damaged, in {self.directory}'
-        where = f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}' \
-            if state.partial else f'epoch {state.epoch}'
-        return f'{where}, in {self.directory}'
+        return (f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}' if state.partial
+                else f'epoch {state.epoch}') + f', in {self.directory}'
 
     # -- reading --------------------------------------------------------------------------
 

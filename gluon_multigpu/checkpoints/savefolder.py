@@ -28,7 +28,7 @@ import secrets
 import stat
 
 from ..filesafety import atomic, fs, reading
-from ..filesafety.files import CHECKPOINT_FILE
+from ..filesafety.targets import CHECKPOINT_FILE
 
 __all__ = ['NAME', 'MARKER', 'FILES', 'PLACED', 'make', 'marked', 'removable', 'remove',
            'leftovers', 'sha256', 'is_regular']

@@ -13,8 +13,7 @@ import dataclasses
 import os
 import sys
 
-from ..base.values import (MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, int_in, non_negative_float,
-                           path_of, positive_float, split_weights)
+from ..base.values import MAX_CPU_DEVICES, MAX_GPUS, MAX_SEED, int_in
 from ..machinery import config
 from ..errors import GluonMultiGPUError, flag
 
@@ -61,9 +60,7 @@ class OneLineParser(argparse.ArgumentParser):
         return joined
 
 
-#: Samples per batch, epochs: more than any run here could use, small enough to stay exact.
-batch_size = int_in(1, 10**6)
-num_epochs = int_in(1, 10**5)
+#: A seed of the initial weights and the data order.
 seed = int_in(0, MAX_SEED)
 
 
@@ -72,51 +69,6 @@ def add_device_flags(p, gpu_help, cpu_help):
     where = p.add_mutually_exclusive_group()
     where.add_argument('--num-gpus', type=int_in(1, MAX_GPUS), metavar='N', help=gpu_help)
     where.add_argument('--cpu-devices', type=int_in(1, MAX_CPU_DEVICES), metavar='N', help=cpu_help)
-
-
-def add_run_flags(p, models, datasets, seed_help='the same in every run'):
-    """Add what a training run is made of: --model, --dataset, --data-dir, subsets and --seed.
-
-    ``models`` and ``datasets`` are the choices (the package's names).
-    """
-    p.add_argument('--model', choices=list(models), default='resnet18',
-                   help='network (default: resnet18)')
-    p.add_argument('--dataset', choices=list(datasets), default='fashion-mnist',
-                   help='data set (default: fashion-mnist)')
-    p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'), help='directory with '
-                   'the four IDX .gz files (default: ~/.mxnet/datasets/<dataset>)')
-    p.add_argument('--num-train', type=int_in(1, 10**8), metavar='N',
-                   help='use only the first N training images (default: all 60000)')
-    p.add_argument('--num-test', type=int_in(1, 10**8), metavar='N',
-                   help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=seed, default=0, help='seed of the initial weights and the data '
-                   f'order, 0 to {MAX_SEED}, {seed_help} (default: 0)')
-
-
-def sweep_parser(doc, epilog, first, cpu_default, what):
-    """A parser for a script that sweeps device counts ``first``, 2 x ``first``, ... up to N.
-
-    ``cpu_default`` says what it sweeps without GPUs and flags; ``what`` ends
-    the help of ``--counts`` ("device counts to ...").
-    """
-    counts = f'counts {first}, {2 * first if first > 1 else 2}, ... up to N and N'
-    p = script_parser(doc, epilog, f'GPUs, {counts} (default: all GPUs)',
-                      f'CPU contexts, {counts} (default without GPUs: {cpu_default})')
-    p.add_argument('--counts', type=int_in(1, MAX_CPU_DEVICES), nargs='+', metavar='N',
-                   help=f'device counts to {what} (default: see above)')
-    return p
-
-
-def script_parser(doc, epilog, gpu_help, cpu_help):
-    """A ``OneLineParser`` for a script, with its ``--num-gpus``/``--cpu-devices`` pair.
-
-    ``doc`` is the script's docstring (its first line describes it), ``epilog``
-    ends ``--help``; the two help texts say what the device flags mean there.
-    """
-    p = OneLineParser(description=doc.splitlines()[0], epilog=epilog,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_device_flags(p, gpu_help, cpu_help)
-    return p
 
 
 class _QuietParser(OneLineParser):
@@ -143,33 +95,6 @@ def engine_devices(argv):
     # Neither flag: all GPUs, or one CPU context when there are none (no NVIDIA
     # device node: MXNet would find no GPU either).
     return None if os.path.exists('/dev/nvidiactl') else 1
-
-
-def add_data_flags(p, what='its images', default=True):
-    """Add --data-dir and --download, as every program that reads Fashion-MNIST takes them.
-
-    ``default``: whether the help names MXNet's folder as the default (``what`` says it
-    otherwise).
-    """
-    p.add_argument('--data-dir', metavar='DIR', type=path_of('a directory'),
-                   help=f'Fashion-MNIST folder with the four IDX .gz files; {what}' +
-                   (' (default: ~/.mxnet/datasets/fashion-mnist)' if default else ''))
-    p.add_argument('--download', action='store_true', help='download missing files into that '
-                   "folder from MXNet's mirror (needs internet)")
-
-
-def add_sweep_flags(p, default):
-    """Add --results, --resume and --overwrite: the file every measurement is kept in."""
-    p.add_argument('--results', metavar='PATH', type=path_of('a file name'),
-                   help='JSON file that keeps every measurement as soon as it is made (replaced '
-                   'atomically, marked partial until the run is complete), so that Ctrl-C or a '
-                   f'crash loses only the measurement in progress (default: {default})')
-    again = p.add_mutually_exclusive_group()
-    again.add_argument('--resume', action='store_true', help='continue the run kept in --results: '
-                   'what it measured is not measured again (the settings must be the same)')
-    again.add_argument('--overwrite', action='store_true', help='replace the results file kept in '
-                   '--results by a new run (it stays as it was until the first new measurement is '
-                   'written); without it or --resume, an existing results file is refused')
 
 
 def add_config_flags(p, config_class, exclusive=()):

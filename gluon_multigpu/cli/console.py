@@ -24,7 +24,7 @@ from .messages import say_quietly  # noqa: F401  (the programs' name for it)
 from .arguments import UsageError, engine_devices, error_line
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, Interrupted, MXNetLoadError, SettingWarning, flag
-from ..filesafety import files
+from ..filesafety import output
 from ..observe.stopping import StopRequest
 
 
@@ -46,7 +46,7 @@ _RUN = {'began': False, 'program': False}
 
 def _stopped_while_starting(signum, frame):  # pylint: disable=unused-argument
     say_quietly(messages.while_starting(signum, _RUN['began']))
-    files.discard_unfinished()
+    output.discard_unfinished()
     os._exit(128 + signum)  # pylint: disable=protected-access
 
 

@@ -9,16 +9,17 @@ With two GPUs it uses gpu(0) and gpu(1), as the text. Otherwise it uses the
 CPU contexts cpu(1) and cpu(2), so that cpu(0), MXNet's default context,
 plays the part of "the CPU" on which nothing was initialised.
 """
-from . import common
+from . import console
+from .arguments import OneLineParser, seed
 from ..section.devices import num_gpus
 
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = common.OneLineParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument('--cpu', action='store_true',
                    help='use the CPU contexts cpu(1), cpu(2) even when two GPUs exist')
-    p.add_argument('--seed', type=common.seed, help="seed MXNet's generators first (default: "
+    p.add_argument('--seed', type=seed, help="seed MXNet's generators first (default: "
                    "MXNet's start-up state, which reproduces the weights printed in the text)")
     return p
 
@@ -74,12 +75,12 @@ def run(args, out=None):
 def main(argv=None):
     """Run the walk-through; return the exit status (0, 2 for bad input, 130 or 143 when
     stopped by SIGINT or SIGTERM)."""
-    return common.stopping_main(argv, build_parser, run)
+    return console.stopping_main(argv, build_parser, run)
 
 
 def start(launcher=None):
     """The program: ``gluon-multigpu-demo``, or ``scripts/demo.py`` (``launcher``)."""
-    common.start(main, launcher)
+    console.start(main, launcher)
 
 
 if __name__ == '__main__':

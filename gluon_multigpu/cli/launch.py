@@ -11,7 +11,9 @@ import os
 import re
 import sys
 
-from . import common, messages
+from . import console, messages
+from .arguments import OneLineParser
+from ..base.values import int_in, non_negative_float, positive_float
 from ..errors import GluonMultiGPUError, flag
 from ..base import signals
 from ..filesafety import reading
@@ -58,31 +60,31 @@ HOST = re.compile(r'^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9.:_-]
 
 def build_parser():
     """Return the argument parser of this script."""
-    p = common.OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('-n', '--num-workers', type=common.int_in(1, 256), required=True, metavar='N',
+    p = OneLineParser(description=__doc__.splitlines()[0], epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('-n', '--num-workers', type=int_in(1, 256), required=True, metavar='N',
                    help='worker processes, each running the command')
-    p.add_argument('-s', '--num-servers', type=common.int_in(1, 256), default=1, metavar='N',
+    p.add_argument('-s', '--num-servers', type=int_in(1, 256), default=1, metavar='N',
                    help='parameter-server processes (default: 1)')
     p.add_argument('--launcher', choices=['local', 'ssh', 'slurm'], default='local',
                    help='local: every process on this machine, on loopback; ssh: on the hosts of '
                    '--hostfile; slurm: as job steps (srun) on the nodes of the Slurm allocation it '
                    'runs in (sbatch, salloc) (default: local)')
     p.add_argument('-H', '--hostfile', metavar='FILE', help='hosts for --launcher ssh')
-    p.add_argument('--port', type=common.int_in(1024, 65535), metavar='PORT',
+    p.add_argument('--port', type=int_in(1024, 65535), metavar='PORT',
                    help="the scheduler's port, checked free on its host (default: a free one)")
-    p.add_argument('--max-restarts', type=common.int_in(0, 1000), default=0, metavar='N',
+    p.add_argument('--max-restarts', type=int_in(0, 1000), default=0, metavar='N',
                    help='when a process fails or a host is lost, stop the job and start it again '
                    'with --resume, up to N times, without the hosts that were lost; the command '
                    'must give --checkpoint-dir (default: 0)')
-    p.add_argument('--grace', type=common.positive_float, default=GRACE, metavar='SECONDS',
+    p.add_argument('--grace', type=positive_float, default=GRACE, metavar='SECONDS',
                    help='when the job is stopped, seconds the workers get to finish their step '
                    f'and write their checkpoint before SIGTERM and SIGKILL (default: {GRACE:g})')
-    p.add_argument('--timeout', type=common.positive_float, default=TIMEOUT, metavar='SECONDS',
+    p.add_argument('--timeout', type=positive_float, default=TIMEOUT, metavar='SECONDS',
                    help='a host not heard from (heartbeats every 2 s), or a process stopped, for '
                    'this long is lost, and stops the job; an agent that does not hear the '
                    f'launcher for this long ends its process (default: {TIMEOUT:g})')
-    p.add_argument('--step-timeout', type=common.non_negative_float, default=0.0,
+    p.add_argument('--step-timeout', type=non_negative_float, default=0.0,
                    metavar='SECONDS', help='when no worker has queued a step for this long (from '
                    "the first step reported; train.py's workers leave their evaluation out), the "
                    'job is hung (deadlocked, or waiting for a process that cannot answer): every '
@@ -90,7 +92,7 @@ def build_parser():
                    'fewest steps) with its host, rank and step, and stops the job with status 3; '
                    "a worker command's own --stall-timeout asks for the same, and the shorter "
                    'time wins (default: 0, not watched)')
-    p.add_argument('--ssh-port', type=common.int_in(1, 65535), metavar='PORT',
+    p.add_argument('--ssh-port', type=int_in(1, 65535), metavar='PORT',
                    help="the hosts' ssh port (default: ssh's configuration, else 22)")
     p.add_argument('--ssh-identity', metavar='FILE', help='the private key ssh logs in with')
     p.add_argument('--ssh-config', metavar='FILE',
@@ -137,7 +139,7 @@ def check_args(args):
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
     if not command:
         raise LaunchError('no command to run: give it after --, e.g. -- '
-                          f'{common.program("train")} --kvstore dist_sync ...')
+                          f'{console.program("train")} --kvstore dist_sync ...')
     if args.max_restarts and not keeps_checkpoints(command):
         raise LaunchError('--max-restarts resumes the workers from their checkpoint: give the '
                           'command --checkpoint-dir DIR (on storage every host reads)')
@@ -146,11 +148,7 @@ def check_args(args):
             raise LaunchError(f'{flag(name)} goes with --launcher ssh' + (
                 "; with --launcher slurm the hosts are the allocation's nodes"
                 if args.launcher == 'slurm' else ''))
-    if args.launcher == 'slurm':
-        if not os.environ.get('SLURM_JOB_ID'):
-            raise LaunchError('--launcher slurm runs inside a Slurm allocation, and there is none '
-                              'here (no SLURM_JOB_ID); run it in a batch script (sbatch '
-                              'examples/slurm/train.sbatch ...) or under salloc')
+    if args.launcher == 'slurm':  # (``allocation`` refuses to run outside an allocation)
         args.nodes = tuple(allocation())
         return [address for address, _ in args.nodes], command
     if args.launcher == 'ssh':
@@ -180,13 +178,11 @@ def main(argv=None):
     try:
         args = build_parser().parse_args(argv)
         hosts, command = check_args(args)
-        resume = common.command_line('launch', [*(sys.argv[1:] if argv is None else argv),
-                                                *([] if '--resume' in command else ['--resume'])])
         # the launch's Settings: each of its fields the command line gives
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
                  if hasattr(args, f.name)}
-        return launch(Settings(**given, train_program=common.program('train')), hosts, command,
-                      taken, resume, words=messages)
+        return launch(Settings(**given, train_program=console.program('train')), hosts, command,
+                      taken, console.resume_command('launch', argv), words=messages)
     except GluonMultiGPUError as e:  # a LaunchError, or the host file's reading
         print(f'error: {e}', file=sys.stderr)
         return 2
@@ -197,7 +193,7 @@ def main(argv=None):
 def start(launcher=None):
     """The program: ``gluon-multigpu-launch``, or ``scripts/launch.py`` (``launcher``); it loads
     no MXNet, so it sets no engine."""
-    common.start(main, launcher, engine=False)
+    console.start(main, launcher, engine=False)
 
 
 if __name__ == '__main__':

@@ -133,11 +133,6 @@ def launch_resume(command):
     return f'resume with: {command}'
 
 
-def partial_heading(sweep):
-    """The line above a partial table."""
-    return f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} measurements'
-
-
 # -- any program ------------------------------------------------------------------------------
 
 def nothing_written(error):

@@ -62,10 +62,6 @@ class Split(Hook):
             return split_batch
         return lambda X, y, devices: split_batch(X, y, devices, weights[:len(devices)])
 
-    def shares(self, batch_size, num_devices):
-        """Shard sizes of a batch of ``batch_size`` on ``num_devices`` devices now."""
-        return split_sizes(batch_size, self.weights or [1.0] * num_devices)
-
     def describe(self):
         """How the batch is shared, e.g. ``even`` or ``weights 1:3``."""
         return 'even' if self.weights is None else \

@@ -26,7 +26,7 @@ from ..base import stacks
 from ..base.protocol import control_fds
 from ..section.data import ArrayLoader
 from ..errors import GluonMultiGPUError, Interrupted
-from ..section.kvstores import DIST_KVSTORES
+from ..section.kvstores import DIST_KVSTORES, kvstore_name
 from ..observe.stall import StepReports
 from ..machinery.training import Hook
 
@@ -243,8 +243,7 @@ def step_scale(kvstore, num_workers):
     gradients, so the step normalises by the global batch (``num_workers``);
     ``dist_async`` applies each worker's own gradient, normalised by its batch.
     """
-    name = kvstore if isinstance(kvstore, str) else kvstore.type
-    return 1 if name == 'dist_async' else num_workers
+    return 1 if kvstore_name(kvstore) == 'dist_async' else num_workers
 
 
 class StepScale(Hook):

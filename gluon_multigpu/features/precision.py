@@ -28,16 +28,13 @@ from ..errors import DeviceError, GluonMultiGPUError, SettingWarning
 from ..base import machine, values
 from ..machinery.training import Hook
 
-__all__ = ['DTYPES', 'check_dtype', 'check_bfloat16', 'cpu_bfloat16', 'bfloat16_outlook', 'SPEEDUP',
+__all__ = ['check_dtype', 'check_bfloat16', 'cpu_bfloat16', 'bfloat16_outlook', 'SPEEDUP',
            'LossScaler', 'MixedPrecision', 'Bfloat16', 'make_precision', 'all_finite']
-
-#: What ``train`` and ``--dtype`` accept.
-DTYPES = values.DTYPES
 
 
 def check_dtype(dtype, devices):
     """Raise ``GluonMultiGPUError`` unless ``train`` can compute in ``dtype`` on ``devices``."""
-    values.known(dtype, DTYPES, 'dtype')
+    values.known(dtype, values.DTYPES, 'dtype')
     if dtype == 'float16' and (cpus := [str(d) for d in devices if d.device_type != 'gpu']):
         raise DeviceError(f'`dtype` float16 needs GPUs, and {cpus[0]} is a CPU context: MXNet '
                           '1.9.1 has no float16 matrix multiply on the CPU ("FP16 gemm on cpu not '
@@ -320,7 +317,7 @@ class MixedPrecision(Hook):
     """
 
     def __init__(self, dtype='float16', scaler=None):
-        values.known(dtype, DTYPES, 'dtype')
+        values.known(dtype, values.DTYPES, 'dtype')
         # bfloat16 has float32's range: its gradients need no scaling
         self.dtype, self.scaler = dtype, scaler or (None if dtype == 'bfloat16' else LossScaler())
 

@@ -10,8 +10,7 @@ The package then writes what it makes of it through ``atomic`` like every other 
 a failure is an ``OSError`` naming the output. ``take`` announces the outside write to ``fs``
 (``fs.external``, as MXNet's ``save_parameters`` is), so that the fault harness can fail it,
 or kill the process, there; what the writer delivers past ``limit``, or that ``parse``
-refuses, is an ``OSError`` naming the output too. ``capture`` is the same for a writer that
-is given its path when it writes.
+refuses, is an ``OSError`` naming the output too.
 """
 import errno
 import os
@@ -19,9 +18,9 @@ import threading
 
 from . import fs
 
-__all__ = ['Capture', 'capture', 'available', 'LIMIT']
+__all__ = ['Capture', 'available', 'LIMIT']
 
-#: The most a capture keeps in memory (bytes): past it, ``capture`` fails (``EFBIG``).
+#: The most a capture keeps in memory (bytes): past it, ``take`` fails (``EFBIG``).
 LIMIT = 1 << 30
 _FOLDER = '/proc/self/fd'
 
@@ -97,9 +96,3 @@ class Capture:
         self._reader.join()
         os.close(self._read)
 
-
-def capture(write, output, what, parse=bytes, limit=LIMIT):
-    """Call ``write(path)``, an outside writer that writes a whole file at the ``path`` it is
-    given, and return what it wrote (``Capture.take``)."""
-    pipe = Capture(output, what, limit)
-    return pipe.take(lambda: write(pipe.path), parse)

@@ -82,11 +82,6 @@ class Lock:
         # ``held_by``: who held the lock when ``acquire`` last looked (``who`` text), or None
         self._fd, self._inode, self.held_by = None, None, None
 
-    @property
-    def locked(self):
-        """Whether this process holds the lock."""
-        return self._fd is not None
-
     def acquire(self):
         """Take the lock, or raise ``error`` in one line (see the module); returns ``self``."""
         deadline = time.monotonic() + self.wait
@@ -126,12 +121,10 @@ class Lock:
                 raise
             if isinstance(e, FileExistsError):  # at the open, or at the link: the name is taken
                 return False
-            raise self._cannot(e) from None
+            raise self.error(f'cannot create the lock file {self.path} ({e.strerror}); '
+                             f'{self.fix}') from None
         self._fd = fd
         return True
-
-    def _cannot(self, error):
-        return self.error(f'cannot create the lock file {self.path} ({error.strerror}); {self.fix}')
 
     def _inspect(self):
         """What has the name now: None after taking over a stale lock (or when the name went
@@ -186,4 +179,3 @@ class Lock:
 
     def __exit__(self, *exc):
         self.release()
-        return False

@@ -46,7 +46,7 @@ from .atomic import (UNFINISHED as _UNFINISHED, _inode, _naming, atomic_write, c
                      create_whole, fsync_directory, fsync_path, makedirs, naming, new_folder,
                      remove_hashed, remove_own, write_file)
 
-__all__ = ['atomic_write', 'naming', 'discard_unfinished', 'ReportSet', 'ReportFolder',
+__all__ = ['atomic_write', 'naming', 'discard_unfinished', 'ReportSet',
            'recover', 'fsync_directory', 'create_exclusive', 'remove_own', 'write_file', 'makedirs',
            'replace_together', 'STAGING_FORMAT', 'JOURNAL']
 
@@ -218,13 +218,12 @@ class ReportSet:
         if exc_type is not None:
             self._discard()
             self._name(exc)
-            return False
+            return
         try:
             self._commit()
         except BaseException as e:
             self._name(e)
             raise
-        return False
 
     def _entries(self):
         """The journal's entries, each name's old file checked (before anything is replaced) and
@@ -233,10 +232,9 @@ class ReportSet:
         for name in dict.fromkeys(self._names):
             self._current = target = os.path.join(self.directory, name)
             staged = os.lstat(os.path.join(self._staging, name))
-            try:
+            mode = None
+            with contextlib.suppress(FileNotFoundError):
                 mode = os.lstat(target).st_mode
-            except FileNotFoundError:
-                mode = None
             if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 kind = 'a folder' if stat.S_ISDIR(mode) else 'a device, pipe or socket'
                 raise GluonMultiGPUError(f'report folder {self.directory}: {name} is {kind}, not '
@@ -301,10 +299,6 @@ class ReportSet:
             except OSError:
                 return
         self._made = []
-
-
-#: The name the package used before (``files.ReportFolder``).
-ReportFolder = ReportSet
 
 
 def replace_together(paths, write, limit=256 << 20):

@@ -10,7 +10,7 @@ from . import reading
 from ..errors import GluonMultiGPUError
 
 __all__ = ['TMP_EXTRA', 'check_name', 'resolve_output', 'check_default_output', 'kind_of',
-           'SYSTEM_TREES', 'MAX_LINKS']
+           'check_argument', 'SYSTEM_TREES', 'MAX_LINKS']
 
 
 #: Bytes ``atomic_write`` adds to a name for its temporary file (``.NAME.XXXXXXXX.tmp``).
@@ -92,3 +92,32 @@ def kind_of(path):
     return ('a file' if stat.S_ISREG(mode) else 'a folder' if stat.S_ISDIR(mode) else
             'a FIFO (a named pipe)' if stat.S_ISFIFO(mode) else
             'a socket' if stat.S_ISSOCK(mode) else 'a device')
+
+
+def check_argument(value, name, folder):
+    """Return ``value``, a path argument of the library, as an absolute path, or raise naming the
+    argument ``name`` (in backquotes).
+
+    ``folder``: a folder (made if missing, its parent must exist); else a file name.
+    """
+    kind = 'a folder' if folder else 'a file name'
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str):
+        raise GluonMultiGPUError(f'`{name}` is {type(value).__name__}: give {kind} (a str or a '
+                                 'path)')
+    if not path.strip():
+        raise GluonMultiGPUError(f'`{name}` is an empty path; give {kind}')
+    if folder:
+        if os.path.exists(path) and not os.path.isdir(path):
+            kind = kind_of(path)
+            kind += '' if kind == 'a file' else ', not a folder'
+            raise GluonMultiGPUError(f'`{name}` {path} is {kind}; give a folder')
+        parent = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    else:
+        if os.path.isdir(path):
+            raise GluonMultiGPUError(f'`{name}` {path} is a directory; give a file name')
+        parent = os.path.dirname(resolve_output(path, f'`{name}`'))
+    if not os.path.isdir(parent):
+        raise GluonMultiGPUError(f'`{name}` {path}: directory {parent} does not exist; create it '
+                                 'first')
+    return os.path.abspath(path)

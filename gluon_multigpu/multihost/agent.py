@@ -156,8 +156,8 @@ def keep(link, command):
         ready = select.select([link, wake_r], [], [], 1.0)[0]
         if wake_r in ready:
             os.read(wake_r, 4096)
-        gone = link in ready and not _heard(link)  # the agent is gone: its end closed
-        proc.returncode = LAUNCHER_GONE if gone else _reaped(proc.pid)  # else reaped, if ended
+        # the agent is gone (its end closed), else the process is reaped, if it ended
+        proc.returncode = LAUNCHER_GONE if link in ready and not _heard(link) else _reaped(proc.pid)
     _end_tree(proc.pid)
     return _end_as(proc.returncode)
 
@@ -364,8 +364,7 @@ def main(argv=None):
     # The launcher stops the job through the agent's input; a signal to the agent itself
     # (its ssh session closing, a kill) ends the job as the launcher's going would.
     agent = Agent(command, args.heartbeat, args.timeout, args.grace)
-    held = hold_port(args.hold_port) if args.hold_port is not None else True
-    if held is None:
+    if args.hold_port is not None and hold_port(args.hold_port) is None:
         agent.say(f'exit {PORT_TAKEN}')
         return PORT_TAKEN
     signals.install(lambda signum, frame: setattr(agent, 'launcher_gone', True),

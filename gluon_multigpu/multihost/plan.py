@@ -113,8 +113,7 @@ class Role:
     @property
     def label(self):
         name = self.kind if self.kind == 'scheduler' else f'{self.kind} {self.index}'
-        rank = f' as rank {self.rank}' if self.rank is not None else ''
-        return f'{name}@{self.host}{rank}'
+        return f'{name}@{self.host}' + (f' as rank {self.rank}' if self.rank is not None else '')
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None

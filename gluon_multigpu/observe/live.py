@@ -25,9 +25,8 @@ def jupyter_shell():
     plain Python is not. IPython is never imported here: where it is not
     loaded already, this is no kernel.
     """
-    get_ipython = getattr(sys.modules.get('IPython'), 'get_ipython', lambda: None)  # no IPython
     try:
-        shell = get_ipython()
+        shell = getattr(sys.modules.get('IPython'), 'get_ipython', lambda: None)()  # no IPython
         if shell is None or any(c.__name__ == 'ZMQInteractiveShell' for c in type(shell).__mro__):
             return shell  # (None: no shell)
         return shell if 'IPKernelApp' in shell.config else None

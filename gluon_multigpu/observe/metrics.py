@@ -25,7 +25,7 @@ import mxnet as mx
 from mxnet import np
 
 from ..filesafety import atomic, fs, lockfile, reading
-from ..filesafety.paths import kind_of, resolve_output
+from ..filesafety.paths import check_argument, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 from ..base.values import tensorboardx_missing
@@ -39,34 +39,6 @@ EPOCH_FIGURES = ('train_loss', 'train_accuracy', 'test_accuracy', 'seconds', 'im
 MAX_LINES_FILE = 1 << 30
 #: The most steps between two figures.
 MAX_EVERY = 10**6
-
-
-def _check_path(value, name, folder):
-    """Return ``value`` as an absolute path, or raise naming the argument ``name``.
-
-    ``folder``: a folder (made if missing, its parent must exist); else a file name.
-    """
-    kind = 'a folder' if folder else 'a file name'
-    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(path, str):
-        raise GluonMultiGPUError(f'`{name}` is {type(value).__name__}: give {kind} (a str or a '
-                                 'path)')
-    if not path.strip():
-        raise GluonMultiGPUError(f'`{name}` is an empty path; give {kind}')
-    if folder:
-        if os.path.exists(path) and not os.path.isdir(path):
-            kind = kind_of(path)
-            kind += '' if kind == 'a file' else ', not a folder'
-            raise GluonMultiGPUError(f'`{name}` {path} is {kind}; give a folder')
-        parent = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    else:
-        if os.path.isdir(path):
-            raise GluonMultiGPUError(f'`{name}` {path} is a directory; give a file name')
-        parent = os.path.dirname(resolve_output(path, f'`{name}`'))
-    if not os.path.isdir(parent):
-        raise GluonMultiGPUError(f'`{name}` {path}: directory {parent} does not exist; create it '
-                                 'first')
-    return os.path.abspath(path)
 
 
 def _record(line):
@@ -237,9 +209,9 @@ class Metrics(Hook):
             raise GluonMultiGPUError(f'`log_every` is {every!r}: give the steps between two logged '
                                      f'figures, a whole number from 1 to {MAX_EVERY}')
         self.every = every
-        self.tensorboard = None if tensorboard is None else _check_path(tensorboard,
-                                                                        'tensorboard', True)
-        self.path = None if path is None else _check_path(path, 'metrics', False)
+        self.tensorboard = None if tensorboard is None else check_argument(tensorboard,
+                                                                           'tensorboard', True)
+        self.path = None if path is None else check_argument(path, 'metrics', False)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise GluonMultiGPUError(f'the rank is {rank!r}: give a whole number of 0 or more')
         self.rank = rank

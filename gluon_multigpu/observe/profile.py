@@ -25,13 +25,13 @@ from mxnet import npx
 
 from ..base import engine
 from ..filesafety import atomic, foreign
-from ..filesafety.paths import check_default_output, check_name, resolve_output
+from ..filesafety.paths import check_argument, check_default_output, check_name, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
 from .traces import cost_table, costliest, device_trace, read_events
 
 __all__ = ['Profile', 'parse_steps', 'check_path', 'check_default', 'check_devices',
-           'profiled_cpus', 'read_events', 'device_trace', 'costliest', 'cost_table',
+           'read_events', 'device_trace', 'costliest', 'cost_table',
            'DEFAULT_FILE', 'TRACE_FORMAT', 'TRACE_MARKER']
 
 #: What MXNet's profiler is given as its file while no dump is taken: a path below /dev/null,
@@ -74,18 +74,11 @@ def parse_steps(steps):
 def check_path(path):
     """The file the trace of ``path`` is written to (its links followed); raise
     ``GluonMultiGPUError`` if it cannot be one (a folder, a device, a missing folder)."""
-    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-        raise GluonMultiGPUError(f'the `profile` file {path!r} is empty; give a file name')
-    what = f'the `profile` file {path}'
-    target = resolve_output(os.fspath(path), 'the `profile` file')
-    if os.path.isdir(target):
-        raise GluonMultiGPUError(f'{what} is a directory; give a file name')
+    target = resolve_output(check_argument(path, 'profile_file', False), '`profile_file`')
     if os.path.lexists(target) and not os.path.isfile(target):
-        raise GluonMultiGPUError(f'{what} is not a regular file; give the name of a file')
-    if not os.path.isdir(os.path.dirname(target)):
-        raise GluonMultiGPUError(f'{what}: directory {os.path.dirname(target)} does not exist; '
-                                 'create it first')
-    check_name(target, what)
+        raise GluonMultiGPUError(f'`profile_file` {path} is not a regular file; give the name of '
+                                 'a file')
+    check_name(target, f'`profile_file` {path}')
     return target
 
 
@@ -96,18 +89,13 @@ def check_default(path=DEFAULT_FILE):
                                 "name the trace's file (`profile_file`), or move it away")
 
 
-def profiled_cpus():
-    """How many CPU devices MXNet's profiler tells apart: the cores this process may run on."""
-    return engine.cores()
-
-
 def check_devices(devices):
     """Raise ``GluonMultiGPUError`` if MXNet's profiler cannot keep each of ``devices`` apart.
 
     It files a CPU context's operators by its number among the process's cores: past them,
     under the pinned-memory device, then the process ends (MXNet 1.9.1).
     """
-    cores = profiled_cpus()
+    cores = engine.cores()  # the CPU devices MXNet's profiler tells apart
     beyond = [d for d in devices if d.device_type == 'cpu' and d.device_id >= cores]
     if beyond:
         raise GluonMultiGPUError(
@@ -313,7 +301,7 @@ class Profile(Hook):
         trace = {'otherData': {'format': TRACE_FORMAT, 'steps': f'{self.start}:{self.stop}',
                                'profiled': f'{first}:{last}', 'devices': ', '.join(devices)},
                  # its format first: TRACE_MARKER
-                 **device_trace(events, devices, profiled_cpus(), gpus=gpus)}
+                 **device_trace(events, devices, engine.cores(), gpus=gpus)}
         with atomic.atomic_write(self._file) as f:
             json.dump(trace, f, separators=(',', ':'))
         self.written, self.rows = (first, last), costliest(trace)

@@ -1,14 +1,13 @@
-"""Progress within an epoch: ``Progress`` lines (the scripts'), ``Live`` (a notebook's display)."""
+"""Progress within an epoch: ``Progress`` lines, the scripts' (a notebook's: ``live.Live``)."""
 import time
 
 from .. import _mxnet  # noqa: F401  (MXNet with the book's NumPy semantics)
 from mxnet import npx
 
 from .hooks import Hook
-from .live import Live, jupyter_shell
 from ..base.units import duration
 
-__all__ = ['Progress', 'Schedule', 'Live', 'duration', 'jupyter_shell']
+__all__ = ['Progress', 'Schedule']
 
 
 class Schedule:

@@ -23,12 +23,11 @@ import time
 from ..base import signals
 from ..base.signals import SAME_REQUEST, STOP_SIGNALS
 from .hooks import Hook
-from .interrupt import Interruptible
 from .stall import StallGuard
 from ..errors import Interrupted
-from ..filesafety.files import discard_unfinished
+from ..filesafety.output import discard_unfinished
 
-__all__ = ['StopRequest', 'StallGuard', 'Interruptible', 'check_stop', 'SAME_REQUEST',
+__all__ = ['StopRequest', 'StallGuard', 'SAME_REQUEST',
            'STOP_SIGNALS', 'say_quietly', 'signal_name', 'comparison_why', 'launcher_stops']
 
 def say_quietly(line, stream=None):
@@ -129,7 +128,7 @@ class StopRequest(Hook):
     def __enter__(self):
         self._exit = self.exit_on_second
         if self._exit is None:
-            from .progress import jupyter_shell  # pylint: disable=import-outside-toplevel
+            from .live import jupyter_shell  # pylint: disable=import-outside-toplevel
             self._exit = jupyter_shell() is None
         self._previous = signals.install(self._handle, STOP_SIGNALS)  # nohup's SIGHUP stays ignored
         self._reader = signals.WakeupReader(self._previous, self._heard, 'stop-request')
@@ -140,13 +139,3 @@ class StopRequest(Hook):
         signals.wait_out(self._first_at)  # a repeat of the first signal still finds this hook
         self._reader.stop()  # the handler stays this request's until the previous comes back
         signals.restore(self._previous)
-        return False
-
-
-def check_stop(stop):
-    """Raise ``Interrupted`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop.
-
-    What work that is not a training run asks between its steps (a measurement's repeats).
-    """
-    if stop is not None and stop():
-        raise Interrupted.by_signal(stop.signum or signal.SIGINT)

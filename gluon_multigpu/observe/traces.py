@@ -46,7 +46,7 @@ def device_trace(events, devices, cpus, gpus=0):
     ``operator`` domain, a copy of every device's operators without their device. Memory
     counters go to their device's process. Process, thread and async ids become small
     numbers (MXNet's 64-bit hashes are beyond what a browser's JSON keeps exact).
-    ``cpus``/``gpus``: the devices MXNet's profiler knows (``profile.profiled_cpus``; 32
+    ``cpus``/``gpus``: the devices MXNet's profiler knows (``engine.cores()``; 32
     GPUs in a CUDA build).
     """
     labels = _device_names(events, cpus, gpus)

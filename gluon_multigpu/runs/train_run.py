@@ -28,7 +28,7 @@ from ..observe.stall import STALLED, stall_hook, stall_line
 from ..errors import GluonMultiGPUError, flag
 from ..features.distributed import Control, join
 from ..features.precision import check_dtype
-from ..features.sync_bn import check_options as check_sync_bn_options, check_training
+from ..features.sync_bn import check_training
 from ..checkpoints.checkpoint import for_run
 from ..filesafety.targets import check_outputs as check_paths
 from ..study.charts import check_chart_path
@@ -43,8 +43,6 @@ def check_run(config):
     devices, note = resolve_devices(config.num_gpus, config.cpu_devices)
     check_split(devices, config.split)
     check_dtype(config.dtype, devices)
-    if config.sync_bn:
-        check_sync_bn_options(config.model, config.split, config.book_literal)
     images = DATASETS[config.dataset]['train']
     batch_size, cut = fit_batch(config.model, devices, min(config.num_train or images, images),
                                 config.batch_size, sync_bn=config.sync_bn, memory=False)
@@ -61,15 +59,8 @@ def check_run(config):
         check_devices(devices)
         if config.profile_file is None:
             check_default(config.profile_path)
-    check_outputs(config)
-    # Last: what the machine has (a run too large here) after what the command line asks.
-    check_batch_memory(config.model, devices, batch_size, config.sync_bn)
-    return devices, batch_size, kvstores, [note, cut]
-
-
-def check_outputs(config):
-    """Raise GluonMultiGPUError unless every output path can be written, each its own (see
-    ``targets.check_outputs``); a chart's format must be one its extension names."""
+    # every output can be written, each its own (``targets.check_outputs``); a chart's format
+    # must be one its extension names
     check_paths(files=[('--plot', config.plot), ('--json', config.json),
                        ('--metrics', config.metrics), ('--profile-file', config.profile_path)],
                 directories=[('--report', config.report), ('--tensorboard', config.tensorboard)],
@@ -77,6 +68,9 @@ def check_outputs(config):
                 inputs=[] if config.synthetic else input_files(config.dataset, config.data_dir))
     if config.plot is not None:
         check_chart_path(config.plot, '--plot')
+    # Last: what the machine has (a run too large here) after what the command line asks.
+    check_batch_memory(config.model, devices, batch_size, config.sync_bn)
+    return devices, batch_size, kvstores, [note, cut]
 
 
 def run(config, out=None, stop=None, program='gluon-multigpu-{}'.format, resume=None):

@@ -47,7 +47,7 @@ def default_root(name='fashion-mnist'):
 
 def input_files(dataset, data_dir=None):
     """The files a run on data set ``dataset`` reads from ``data_dir`` (None: the data set's
-    default folder): the ``inputs`` no output of the run may replace (``files.check_outputs``)."""
+    default folder): the ``inputs`` no output of the run may replace (``targets.check_outputs``)."""
     return [os.path.join(data_dir or default_root(dataset), name) for name in IDX_FILES.values()]
 
 

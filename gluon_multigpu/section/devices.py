@@ -9,6 +9,7 @@ This module loads MXNet only when a function needs it: ``cpu_devices(n)``
 and ``gpu_devices(n)`` first configure MXNet's engine for the devices
 (``base.engine``), which must happen before MXNet loads.
 """
+import contextlib
 import functools
 import itertools
 import math
@@ -218,15 +219,12 @@ def split_batch(X, y, devices, weights=None):
 def _read_number(path, field=None, column=0):
     """The number in file ``path`` (its first line's ``column``, or on its line ``field:``);
     None if unreadable or 'max'."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if field is None:
-                    return int(line.split()[column])
-                if line.startswith(field + ':'):
-                    return int(line.split()[1]) * 1024  # /proc/meminfo counts kB
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open(path) as f:
+        for line in f:
+            if field is None:
+                return int(line.split()[column])
+            if line.startswith(field + ':'):
+                return int(line.split()[1]) * 1024  # /proc/meminfo counts kB
     return None
 
 

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..errors import GluonMultiGPUError
-from ..filesafety.files import atomic_write, naming
+from ..filesafety.output import atomic_write, naming
 
 __all__ = ['Animator', 'bar_chart', 'accuracy_chart', 'seconds_chart', 'CHART_FORMATS',
            'check_chart_path', 'save_figure']
@@ -25,7 +25,7 @@ def check_chart_path(path, what):
     The extension decides (case aside): ``.png``, ``.svg`` or ``.pdf``. Any
     other raises ``GluonMultiGPUError`` naming ``what`` (the option, for the
     message): a chart named ``x.svg`` must not hold PNG bytes. Only the name
-    is checked: ``files.check_output_path`` checks that it can be written.
+    is checked: ``targets.check_output_path`` checks that it can be written.
     """
     extension = os.path.splitext(os.fspath(path))[1]
     if extension.lower() not in CHART_FORMATS:

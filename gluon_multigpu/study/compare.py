@@ -13,13 +13,10 @@ import itertools
 
 import numpy as onp
 
-from .paired import MIN_EFFECT, Paired
+from .paired import Paired
 
 __all__ = ['param_arrays', 'fingerprint', 'device_spread', 'ParamTracker', 'paired_epochs',
-           'recommend', 'NOISE', 'epoch_load']
-
-#: Relative differences in seconds per epoch below this are always treated as noise.
-NOISE = MIN_EFFECT
+           'recommend', 'epoch_load']
 
 
 def param_arrays(net, ctx=None):
@@ -158,7 +155,7 @@ def recommend(results, pending=()):
     The runs' epochs are rounds, taken in turn (``cli.comparison``): each
     kvstore's time is compared with the fastest's by the ratios of their
     epochs of the same round, and a kvstore is named slower only when the
-    interval of that ratio excludes 1 and the difference is ``NOISE`` or more
+    interval of that ratio excludes 1 and the difference is ``MIN_EFFECT`` or more
     (``paired.Paired.answer``); the load during the runs follows. ``pending``
     names the kvstores of the comparison that have no epoch measured (a comparison
     stopped, or still running): the sentence says that they are not in it.

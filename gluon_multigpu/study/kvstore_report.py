@@ -3,7 +3,8 @@ from ..base.machine import stamp
 from ..section.devices import even_shares
 from .compare import epoch_load, paired_epochs
 from .paired import _span
-from ..filesafety.files import ReportFolder, write_json, write_text
+from ..filesafety.files import write_json, write_text
+from ..filesafety.output import ReportSet
 from .charts import accuracy_chart, seconds_chart
 
 __all__ = ['markdown_table', 'comparison_table', 'rounds_table', 'batch_norm_sentence', 'runs_json',
@@ -79,11 +80,10 @@ def rounds_table(results):
     rows = []
     for n in sorted({e.epoch for r in results for e in r.epochs}):
         loads = [epoch_load(r, n) for r in results]
-        spans = (_span(loads, 'others'), _span(loads, 'load'))
         rows.append([str(n), *(next((f'{e.seconds:.2f}' for e in r.epochs if e.epoch == n), '-')
                                for r in results),
                      *('-' if not s else f'{s[0]:.1f}' if s[0] == s[1] else f'{s[0]:.1f}-{s[1]:.1f}'
-                       for s in spans)])
+                       for s in (_span(loads, 'others'), _span(loads, 'load')))])
     header = ['round (epoch)', *(f'{r.kvstore} s' for r in results), 'other processes (cores)']
     return markdown_table(header + ['load average'], rows, 'r' * (len(results) + 3))
 
@@ -113,17 +113,16 @@ def runs_json(results, tracker, config, partial=None):
     ``partial`` (why the comparison is incomplete, or None) is kept as is:
     ``complete`` says whether every kvstore of ``config['kvstore']`` finished.
     """
-    runs = [dict(tracker.run_dict(r), load=[epoch_load(r, e.epoch) for e in r.epochs])
-            for r in results]
     return {'config': config, 'complete': partial is None, 'partial': partial,
-            'reference': tracker.reference, 'runs': runs,
+            'reference': tracker.reference, 'runs': [dict(tracker.run_dict(r), load=[
+                epoch_load(r, e.epoch) for e in r.epochs]) for r in results],
             'paired': paired_epochs(results).to_dict() if len(results) > 1 else None, **stamp()}
 
 
 def write_kvstore_report(directory, results, tracker, config, answer, partial=None):
     """Write ``report.md``, ``accuracy.png``, ``seconds.png`` and ``runs.json`` into ``directory``.
 
-    All or nothing (``ReportFolder``): the directory is created if missing,
+    All or nothing (``ReportSet``): the directory is created if missing,
     and a failure half-way (a full disk, an interruption) leaves it as it
     was, with an ``OSError`` naming the file it was writing.
 
@@ -170,7 +169,7 @@ def write_kvstore_report(directory, results, tracker, config, answer, partial=No
         'For how many devices to use, run `python scripts/scaling.py` (speedup and efficiency '
         'per device count) and `python scripts/bandwidth.py` (synchronisation cost against '
         'compute per step).', '']
-    with ReportFolder(directory) as folder:
+    with ReportSet(directory) as folder:
         title = f'{what} (partial)' if partial else what
         accuracy_chart(folder.path('accuracy.png'), results, title=title)
         seconds_chart(folder.path('seconds.png'), results, title=title)

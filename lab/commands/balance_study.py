@@ -17,18 +17,17 @@ import sys
 
 # What loads MXNet (or matplotlib) is imported where it is first used: after the engine
 # settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
-from gluon_multigpu.cli import common
+from lab.commands import common
 from lab.commands import sweeps
-from gluon_multigpu.cli.common import batch_size, int_in, seed
+from lab.commands.common import batch_size, int_in, seed
 from gluon_multigpu.filesafety.atomic import atomic_write
-from gluon_multigpu.section.devices import num_gpus, resolve_devices
+from gluon_multigpu.section.devices import num_gpus, resolve_devices, split_sizes
 from gluon_multigpu.observe.hooks import Hook
 from gluon_multigpu.errors import DeviceError, GluonMultiGPUError
 from lab.studies import sweep as sweep_module
 from lab.studies.budget import check_memory
-from gluon_multigpu.base.machine import STAMP_COLUMNS, stamped
-from gluon_multigpu.filesafety.files import write_csv
-from gluon_multigpu.filesafety.output import ReportFolder
+from lab.studies.csvfiles import STAMP_COLUMNS, stamped, write_csv
+from gluon_multigpu.filesafety.output import ReportSet
 from gluon_multigpu.filesafety.targets import check_outputs
 
 #: model -> (total batch, steps): a run of a few seconds (simple CNN) or half a minute.
@@ -229,12 +228,12 @@ def measure_all(args, devices, weights, say, stop=None, out=None):
         load = meter.stop()
         say(f'  {unit.label}: {speed:.0f} images/s, {split.summary()}')
         return {'speed': speed, 'idle': list(split.idle()),
-                'shares': list(split.shares(batch, len(devices))),
+                'shares': split_sizes(batch, split.weights or [1.0] * len(devices)),
                 'changes': getattr(split, 'changes', 0), 'undone': getattr(split, 'undone', 0),
                 'load': load}
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out or sys.stdout)
+        print(sweeps.partial_heading(sweep), file=out or sys.stdout)
         print(table(summarise(results, len(devices)), [str(d) for d in devices]),
               file=out or sys.stdout, flush=True)
     return summarise(sweeps.measure_sweep(sweep, measure, stop, partial), len(devices)), batch
@@ -336,13 +335,13 @@ def answers(rows):
 
 
 def write_outputs(directory, rows, devices, config):
-    """report.md, balance.csv and images.png in ``directory``, all or nothing (a ReportFolder)."""
+    """report.md, balance.csv and images.png in ``directory``, all or nothing (a ReportSet)."""
     from gluon_multigpu.study.charts import bar_chart
     flat = [dict({k: v for k, v in r.items() if k != 'loads'},
                  idle='/'.join(f'{i:.4f}' for i in r['idle']),
                  shares='/'.join(map(str, r['shares'])),
                  rounds='/'.join(f'{s:.1f}' for s in r['rounds'])) for r in rows]
-    with ReportFolder(directory) as folder:
+    with ReportSet(directory) as folder:
         write_csv(folder.path('balance.csv'), stamped(flat),
                   ['scenario', 'split', 'images_per_sec', 'vs_even', 'vs_even_low',
                    'vs_even_high', 'verdict', 'idle', 'shares', 'changes', 'undone',

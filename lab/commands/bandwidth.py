@@ -13,14 +13,15 @@ import sys
 
 # What loads MXNet (or matplotlib) is imported where it is first used: after the engine
 # settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
-from gluon_multigpu.cli import common
+from lab.commands import common
 from lab.commands import sweeps
-from gluon_multigpu.cli.common import int_in, seed
+from lab.commands.common import int_in, seed
 from lab.studies.counts import devices_for, resolve_counts
+from lab.studies.csvfiles import STAMP_COLUMNS, stamped, write_csv
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as _sweep
-from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
-from gluon_multigpu.filesafety.files import write_csv, write_json
+from gluon_multigpu.base.machine import stamp
+from gluon_multigpu.filesafety.files import write_json
 from gluon_multigpu.filesafety.output import replace_together
 from gluon_multigpu.filesafety.targets import check_outputs
 from lab.studies.scaling_model import BANDWIDTH_COLUMNS
@@ -208,7 +209,7 @@ def run(args, out=None, stop=None):
                                        labels, repeats, seed=args.seed, progress=say, stop=stop)
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out)
+        print(sweeps.partial_heading(sweep), file=out)
         print_table([r for _, rows in results for r in rows], out)
     rows = [r for _, unit_rows in sweeps.measure_sweep(sweep, measure, stop, partial)
             for r in unit_rows]

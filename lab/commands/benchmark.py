@@ -17,7 +17,7 @@ import sys
 import time
 
 import lab
-from gluon_multigpu.cli import common
+from lab.commands import common
 from lab.commands import bench_workers
 from lab.commands.bench_aims import (  # noqa: F401  (TARGETS: the aims, for the tests)
     TARGETS, detail_table, summarize, table, torch_missing)

@@ -17,9 +17,9 @@ import sys
 import time
 
 # What loads MXNet (or matplotlib) is imported where it is first used: after the engine settings.
-from gluon_multigpu.cli import common
+from lab.commands import common
 from lab.commands import sweeps
-from gluon_multigpu.cli.common import int_in
+from lab.commands.common import int_in
 from gluon_multigpu.base.machine import stamp
 from gluon_multigpu.filesafety import files
 from lab.studies import sweep as sweep_module
@@ -223,7 +223,7 @@ def run(args, out=None, stop=None):
         return speeds
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out)
+        print(sweeps.partial_heading(sweep), file=out)
         print(table(results)[1], file=out, flush=True)
     results = sweeps.measure_sweep(sweep, measure, stop, partial)
     rows, text = table(results)

@@ -9,11 +9,11 @@ import signal
 import sys
 import tempfile
 
-from gluon_multigpu.cli import common
-from gluon_multigpu.cli.common import positive_float
+from lab.commands import common
+from lab.commands.common import positive_float
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.base import signals
-from gluon_multigpu.filesafety import files
+from gluon_multigpu.filesafety import files, output, targets
 from lab.hosts import cluster
 from lab.studies import failover_study as failover
 from gluon_multigpu.base.machine import stamp
@@ -95,7 +95,7 @@ def check(args):
         raise common.UsageError(f'--data-dir {root} lacks {", ".join(missing)}; give the folder '
                                 'with the four Fashion-MNIST IDX .gz files')
     try:
-        files.check_output_dir(args.out, '--out')
+        targets.check_output_dir(args.out, '--out')
     except GluonMultiGPUError as e:
         raise common.UsageError(e.describe(common.flag)) from None
     return root
@@ -104,7 +104,7 @@ def check(args):
 def _write(out, report, text):
     """Rewrite results.json and table.md in ``out`` together (all or nothing: a ``ReportSet``),
     so that a failure or kill never leaves the rows of one beside those of the other."""
-    with files.ReportSet(out) as folder:
+    with output.ReportSet(out) as folder:
         files.write_json(folder.path('results.json'), report)
         files.write_text(folder.path('table.md'), ''.join(text))
 
@@ -118,7 +118,7 @@ def run(args, argv, say, rows=None):
     out = os.path.abspath(args.out)
     logs = os.path.join(out, 'logs')
     try:
-        files.makedirs(logs)
+        output.makedirs(logs)
     except OSError as e:
         raise common.UsageError(f'--out {out}: {e.strerror or e}; give a folder that can be '
                                 'written') from None

@@ -20,8 +20,8 @@ import sys
 import tempfile
 
 from gluon_multigpu.base import signals
-from gluon_multigpu.cli import common
-from gluon_multigpu.cli.common import stopping_main
+from lab.commands import common
+from lab.commands.common import stopping_main
 from gluon_multigpu.filesafety.files import write_json
 from gluon_multigpu.filesafety.targets import check_outputs
 

@@ -19,11 +19,11 @@ import sys
 import tempfile
 import time
 
-from gluon_multigpu.cli import common
-from gluon_multigpu.cli.common import int_in, non_negative_float
+from lab.commands import common
+from lab.commands.common import int_in, non_negative_float
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.base import signals
-from gluon_multigpu.filesafety import files
+from gluon_multigpu.filesafety import files, output, targets
 from lab.hosts import cluster
 from lab.studies import network_study as network
 from gluon_multigpu.base.machine import stamp
@@ -108,10 +108,10 @@ def build_parser():
 def _write(out_dir, config, rows, runs):
     """Rewrite results.json and results.md in ``out_dir``, together (all or nothing: a
     ``ReportSet``, so that a failure or kill never leaves one file of a run beside the other's)."""
-    with files.ReportSet(out_dir) as report:
+    with output.ReportSet(out_dir) as report:
         files.write_json(report.path('results.json'),
                          {'config': config, 'rows': rows, 'runs': runs, **stamp()})
-        with files.atomic_write(report.path('results.md')) as f:
+        with output.atomic_write(report.path('results.md')) as f:
             f.write(f"Measured with `{config['command']}` on {config['machine']['cpu']} "
                     f"({config['machine']['cores']} cores), {config['date']}.\n\n")
             f.write(network.markdown_table(rows))
@@ -127,7 +127,7 @@ def run(args, argv):
     retries = args.retries if args.retries is not None else (0 if quick else 2)
     models, workers, bandwidths = (list(dict.fromkeys(x)) for x in (models, workers, bandwidths))
     if args.out:
-        files.check_output_dir(args.out, '--out')
+        targets.check_output_dir(args.out, '--out')
     ok, why = cluster.available()
     if not ok:
         raise GluonMultiGPUError(f'the network study runs on a cluster of network namespaces, and '
@@ -144,7 +144,7 @@ def run(args, argv):
     log_dir = None
     if args.out:
         log_dir = os.path.join(args.out, 'logs')
-        files.makedirs(log_dir)
+        output.makedirs(log_dir)
 
     def say(line):
         common.say_quietly(line)

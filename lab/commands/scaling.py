@@ -17,10 +17,10 @@ import types
 
 # What loads MXNet (or matplotlib) is imported where it is first used: after the engine
 # settings (common.prepare_engine).  pylint: disable=import-outside-toplevel
-from gluon_multigpu.cli import common
+from lab.commands import common
 from lab.commands import sweeps
 from lab.commands.bandwidth import engine_description
-from gluon_multigpu.cli.common import int_in, non_negative_float, num_epochs, positive_float
+from lab.commands.common import int_in, non_negative_float, num_epochs, positive_float
 from lab.studies.counts import device_counts, devices_for, resolve_counts
 from gluon_multigpu.errors import GluonMultiGPUError
 from lab.studies import sweep as sweep_module
@@ -389,7 +389,7 @@ def measure_and_report(args, out, stop):
         say(note)
 
     def partial(results):
-        print(common.partial_heading(sweep), file=out)
+        print(sweeps.partial_heading(sweep), file=out)
         print_tables(measured_rows(results), None, out)
     results = sweeps.measure_sweep(
         sweep, unit_measure(args, plan, sweep, train_data, test_data, stop), stop, partial)

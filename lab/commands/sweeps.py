@@ -17,7 +17,7 @@ from gluon_multigpu.cli.arguments import UsageError, error_line
 from gluon_multigpu.cli.console import quiet_console, resume_command, say_quietly, stop_request
 from gluon_multigpu.base import signals
 from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
-from gluon_multigpu.observe.stopping import check_stop
+from lab.studies.sweep import check_stop
 
 #: An environment variable the measuring programs read instead of the system's MemAvailable,
 #: in bytes (e.g. ``2e9``): to try, or test, how they answer on a machine with less memory.
@@ -70,6 +70,11 @@ def sweep_finished_anyway(signum):
             f'written; exit status {128 + signum}')
 
 
+def partial_heading(sweep):
+    """The line above a partial table."""
+    return f'partial results (interrupted): {len(sweep.done)} of {len(sweep.units)} measurements'
+
+
 def available_memory(environ=None):
     """Bytes of memory a measuring program may use: ``MEMORY_VARIABLE`` if set, else the
     system's (``devices.available_memory``: MemAvailable plus what this process holds);
@@ -106,7 +111,7 @@ def in_out_folder(results, out):
 
 
 def results_output(results, out, report_files):
-    """What ``files.check_outputs`` checks of --results beside --out: ``[('--results', path)]``.
+    """What ``targets.check_outputs`` checks of --results beside --out: ``[('--results', path)]``.
 
     --results in the --out folder itself is where the run keeps it by
     default (``DIR/results.json``): allowed, unless it takes the name of one
@@ -144,8 +149,8 @@ def measure_sweep(sweep, measure, stop, show_partial):
 
     ``stop`` is asked before every unit; when it stops the run (any
     ``Interrupted``: raised between steps, or training's own after
-    one), ``show_partial(results)`` prints what was measured, and
-    ``Interrupted.sweep_stopped`` is raised.
+    one), ``show_partial(results)`` prints what was measured, and an
+    ``Interrupted`` that keeps the ``sweep`` is raised.
     """
     _ACTIVE['sweep'] = sweep
     try:
@@ -160,7 +165,7 @@ def measure_sweep(sweep, measure, stop, show_partial):
         signum = stop.signum or e.signum or signal.SIGINT
         if sweep.done:
             show_partial(sweep.results())
-        raise Interrupted.sweep_stopped(sweep, signum) from None
+        raise Interrupted(signum=signum, message='stopped', sweep=sweep) from None
     finally:
         sweep.close()  # also when ``with`` was never reached
 
@@ -169,7 +174,7 @@ def sweep_main(argv, make_parser, run_script, name):
     """The ``main`` of a measuring program that keeps its results as it goes; its exit status.
 
     ``run_script(args, stop)`` measures, asking ``stop`` (a ``StopRequest``)
-    between steps, and raises ``Interrupted.sweep_stopped`` when it stopped. Ctrl-C,
+    between steps, and raises ``Interrupted`` (with its ``sweep``) when it stopped. Ctrl-C,
     SIGTERM or SIGHUP: one line at once, the current step ends, the partial
     table is printed (by ``run_script``), one line says what was kept and how
     to continue, status 128 + the signal; a second signal ends the process at

@@ -4,10 +4,15 @@ A study (``sweep.Sweep``) says how long it will take and refuses, or scales
 down, what would not fit in memory. Nothing here loads MXNet; the library reads
 no environment: the memory available is passed in.
 """
-from gluon_multigpu.base.units import duration, size
+from gluon_multigpu.base.units import duration
 from gluon_multigpu.errors import DeviceError
 
 __all__ = ['duration', 'size', 'check_memory', 'fit_to_memory']
+
+
+def size(num_bytes):
+    """``num_bytes`` as ``1.2 GB`` or ``350 MB`` (1 GB = 1e9 bytes)."""
+    return f'{num_bytes / 1e9:.1f} GB' if num_bytes >= 1e9 else f'{num_bytes / 1e6:.0f} MB'
 
 
 def check_memory(need, available, what, fix):

@@ -30,7 +30,7 @@ from gluon_multigpu.errors import TrainingDiverged
 from gluon_multigpu.section.model import default_initializer, get_model, memory_needed
 from gluon_multigpu.section.kvstores import ReducingTrainer, has_nccl, kvstore_name, make_trainer
 from gluon_multigpu.observe.progress import Progress
-from gluon_multigpu.observe.stopping import check_stop
+from lab.studies.sweep import check_stop
 from gluon_multigpu.machinery.training import Hook, hybridize, train
 
 __all__ = ['usable_kvstores', 'build_net', 'trainable_params', 'gradient_bytes', 'real_batch',

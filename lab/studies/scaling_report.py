@@ -10,13 +10,12 @@ import statistics
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from gluon_multigpu.study.compare import NOISE
-from gluon_multigpu.base.machine import STAMP_COLUMNS, stamped
-from gluon_multigpu.filesafety.files import atomic_write, write_csv
-from gluon_multigpu.filesafety.files import ReportFolder
+from gluon_multigpu.study.paired import MIN_EFFECT as NOISE
+from gluon_multigpu.filesafety.output import ReportSet, atomic_write
 from gluon_multigpu.study.charts import check_chart_path, save_figure
 from gluon_multigpu.study.kvstore_report import markdown_table
 from lab.studies.counts import device_counts
+from lab.studies.csvfiles import STAMP_COLUMNS, stamped, write_csv
 from lab.studies.scaling_model import MEASURED_COLUMNS, PROJECTION_COLUMNS, REFERENCE_BATCH, SYNC_COLUMNS, \
     WARMUP_STEPS
 
@@ -400,7 +399,7 @@ def _report_projection(c, projection, rows, sync_rows):
 def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=()):
     """Write ``scaling.csv``, ``projection.csv``, ``sync.csv``, the charts and ``report.md``.
 
-    All or nothing (``files.ReportFolder``): ``directory`` is created if
+    All or nothing (``output.ReportSet``): ``directory`` is created if
     missing, and a failure half-way (a full disk, an interruption) leaves it
     as it was, with an ``OSError`` naming the file it was writing. Returns
     the names of the files written: no ``accuracy.png`` for a speed sweep
@@ -408,7 +407,7 @@ def write_scaling_outputs(directory, config, rows, projection, sync_rows, notes=
     """
     what = f"{config['model']}, {config['device_type']} devices"
     speed = config.get('mode') == 'speed'
-    with ReportFolder(directory) as folder:
+    with ReportSet(directory) as folder:
         write_csv(folder.path('scaling.csv'), stamped(rows), MEASURED_COLUMNS + STAMP_COLUMNS)
         write_csv(folder.path('projection.csv'), stamped(projection),
                   PROJECTION_COLUMNS + STAMP_COLUMNS)

@@ -24,7 +24,7 @@ from gluon_multigpu.machinery.pushers import pushers_for
 from gluon_multigpu.section.recipes import MAX_IN_FLIGHT
 from gluon_multigpu.section.steps import Step, train_epoch
 from gluon_multigpu.errors import TrainingDiverged
-from gluon_multigpu.observe.stopping import check_stop
+from lab.studies.sweep import check_stop
 
 __all__ = ['time_steps']
 

@@ -8,10 +8,11 @@ In lab/NOTES.md, under this module's name.
 """
 import json
 import os
+import signal
 import threading
 import time
 
-from gluon_multigpu.errors import GluonMultiGPUError
+from gluon_multigpu.errors import GluonMultiGPUError, Interrupted
 from gluon_multigpu.filesafety import fs, reading
 from gluon_multigpu.filesafety import targets
 from gluon_multigpu.filesafety.files import write_json
@@ -19,12 +20,21 @@ from gluon_multigpu.filesafety.lockfile import Lock
 from lab.studies.budget import check_memory, duration, fit_to_memory, size  # noqa: F401 (kept importable from here)
 
 __all__ = ['Unit', 'Sweep', 'SweepError', 'check_memory', 'fit_to_memory', 'size', 'duration',
-           'FORMAT', 'rows_ok', 'numbers_ok', 'RESULTS_LIMIT']
+           'FORMAT', 'rows_ok', 'numbers_ok', 'RESULTS_LIMIT', 'check_stop']
 
 #: The most a results file may hold (a sweep's is a few kB to a few MB).
 RESULTS_LIMIT = 64 << 20
 #: The ``format`` field of a results file: what a resume accepts.
 FORMAT = 'gluon-multigpu sweep results 1'
+
+
+def check_stop(stop):
+    """Raise ``Interrupted`` if ``stop`` (a ``StopRequest``, or None) has been asked to stop.
+
+    What work that is not a training run asks between its steps (a measurement's repeats).
+    """
+    if stop is not None and stop():
+        raise Interrupted.by_signal(stop.signum or signal.SIGINT)
 
 
 class SweepError(GluonMultiGPUError):

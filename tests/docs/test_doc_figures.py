@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gluon_multigpu.base.machine import STAMP_COLUMNS, stamp, stamped
+from gluon_multigpu.base.machine import stamp
+from lab.studies.csvfiles import STAMP_COLUMNS, stamped
 from conftest import load_tool
 
 REPO = Path(__file__).resolve().parents[2]

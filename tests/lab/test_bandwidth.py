@@ -11,6 +11,7 @@ import pytest
 
 import gluon_multigpu as gm
 from lab.studies import measure
+from lab.studies.csvfiles import read_csv
 from gluon_multigpu.base.machine import stamp
 from conftest import load_script
 
@@ -40,7 +41,7 @@ def quick(bandwidth, fashion_dir, tmp_path_factory):
     printed = io.StringIO()
     bandwidth.run(args, out=printed)
     return {'json': json.loads((out / 'bw.json').read_text()),
-            'csv': gm.files.read_csv(out / 'bw.csv'), 'printed': printed.getvalue(), 'dir': out}
+            'csv': read_csv(out / 'bw.csv'), 'printed': printed.getvalue(), 'dir': out}
 
 
 def trainable_count_from_shapes(model):

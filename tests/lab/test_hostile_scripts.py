@@ -533,8 +533,7 @@ def test_a_results_file_in_the_out_folder_may_take_any_name_but_a_reports(
 SLOW_STEP = """\
 import sys, time
 import gluon_multigpu as gm
-from gluon_multigpu.cli import common
-from lab.commands import sweeps
+from lab.commands import common, sweeps
 from lab.studies import sweep as lab_sweep
 
 def build():

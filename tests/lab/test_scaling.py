@@ -16,6 +16,7 @@ import gluon_multigpu as gm
 from lab.studies import scaling_report as lab_scaling_report
 from lab.studies import scaling_model as scaling
 from lab.studies import counts as lab_counts
+from lab.studies.csvfiles import read_csv
 from gluon_multigpu.base.machine import stamp
 from lab.commands import scaling as scaling_cli
 from conftest import load_script
@@ -49,9 +50,9 @@ def sweep(script, out, *extra):
     printed = io.StringIO()
     script.run(args, out=printed)
     return {'printed': printed.getvalue(), 'dir': out,
-            'rows': gm.files.read_csv(out / 'scaling.csv'),
-            'projection': gm.files.read_csv(out / 'projection.csv'),
-            'sync': gm.files.read_csv(out / 'sync.csv'),
+            'rows': read_csv(out / 'scaling.csv'),
+            'projection': read_csv(out / 'projection.csv'),
+            'sync': read_csv(out / 'sync.csv'),
             'report': (out / 'report.md').read_text()}
 
 

@@ -18,7 +18,6 @@ import pytest
 import gluon_multigpu as gm
 from lab.studies import measure as lab_measure
 from lab.studies import scaling_model as lab_scaling
-from gluon_multigpu.cli import common
 from gluon_multigpu.features import precision
 from lab.commands import sweeps
 from lab.studies import sweep

@@ -4,7 +4,7 @@ import time
 import pytest
 
 import gluon_multigpu as gm
-from gluon_multigpu.filesafety.files import atomic_write
+from gluon_multigpu.filesafety.output import atomic_write
 from gluon_multigpu.machinery.training import EpochRecord, TrainResult
 from gluon_multigpu.study import paired
 

@@ -300,12 +300,12 @@ def library_message_arguments():
 
 
 def test_the_library_names_no_flag_and_the_cli_spells_every_argument_it_names():
-    from gluon_multigpu.cli import common
+    from gluon_multigpu.errors import flag
     names = library_message_arguments()
     assert {'checkpoint_dir', 'cpu_devices', 'resume=True', 'data_dir'} <= names  # it found them
     flags = program_flags()
-    assert {common.flag(name) for name in names} <= flags, \
-        {common.flag(name) for name in names} - flags
+    assert {flag(name) for name in names} <= flags, \
+        {flag(name) for name in names} - flags
     for path in library_files():
         for node in ast_strings(path):
             # pip's own flags, in the pip commands the library prints for an MXNet that cannot

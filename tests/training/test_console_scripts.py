@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from gluon_multigpu.cli import common, console
+from gluon_multigpu.base import engine
+from gluon_multigpu.cli import console
 from conftest import REPO, run_bounded
 
 #: The installed programs: console scripts, and scripts/NAME.py; each starts
@@ -74,7 +75,7 @@ def test_setup_cfg_installs_every_program_and_each_launcher_starts_its_own():
         assert callable(importlib.import_module(f'lab.commands.{module}').start)
 
 
-@pytest.mark.parametrize('module', MODULES + ['gluon_multigpu.cli.common',
+@pytest.mark.parametrize('module', MODULES + ['lab.commands.common',
                                               'lab.commands.bench_workers'])
 def test_no_program_loads_mxnet_when_imported(module):
     # it must set the engine first, from its flags: the package loads MXNet when a name needs it;
@@ -112,7 +113,7 @@ def test_the_engine_is_set_from_the_device_flags_before_mxnet_loads(tmp_path, ho
                         '--progress-interval', '0'], env=env, timeout=180, cwd=tmp_path)
     # (--sync-bn with the simple CNN is refused, once MXNet has loaded: the line comes first)
     assert proc.returncode == (2 if '--sync-bn' in flags else 0), proc.stderr
-    cores = common.cores()
+    cores = engine.cores()
     per_context = str(cores if threads == 'all' else max(1, cores // 2))
     assert proc.stderr.splitlines()[:1] == [f'mxnet loads with {per_context} {copies}']
 
@@ -175,13 +176,13 @@ def test_each_console_script_is_its_scripts_program(name):
 def test_a_resumed_run_is_started_as_the_interrupted_one_was(monkeypatch, tmp_path):
     train = importlib.import_module('gluon_multigpu.cli.train')
     monkeypatch.delitem(console._STARTED, 'folder', raising=False)  # pylint: disable=W0212
-    common.started()  # the console script
+    console.started()  # the console script
     assert train.resume_command(['--cpu-devices', '2']) == \
         'gluon-multigpu-train --cpu-devices 2 --resume'
-    assert common.program('launch') == 'gluon-multigpu-launch'
-    common.started(str(REPO / 'scripts' / 'train.py'))
+    assert console.program('launch') == 'gluon-multigpu-launch'
+    console.started(str(REPO / 'scripts' / 'train.py'))
     monkeypatch.chdir(REPO)
     assert train.resume_command(['--resume', 'a b']) == "python scripts/train.py --resume 'a b'"
-    assert common.program('launch') == 'python scripts/launch.py'
+    assert console.program('launch') == 'python scripts/launch.py'
     monkeypatch.chdir(tmp_path)  # outside the checkout: the script's whole path
     assert train.resume_command([]) == f"python {REPO / 'scripts' / 'train.py'} --resume"

@@ -22,7 +22,7 @@ import time
 import numpy as onp
 import pytest
 
-from gluon_multigpu.cli import common, console
+from gluon_multigpu.cli import arguments, console
 from gluon_multigpu.cli import messages
 import gluon_multigpu as gm
 from conftest import REPO, load_script, run_bounded, wait_bounded
@@ -270,7 +270,7 @@ def test_a_quiet_console_survives_a_closed_terminal():
     stream = console._QuietStream(Gone())  # pylint: disable=protected-access
     assert stream.write('epoch 1/2: ...\n') == 15 and stream.lost
     stream.flush()
-    common.say_quietly('a line', Gone())
+    console.say_quietly('a line', Gone())
 
 
 # -- 3. a signal in an evaluation ------------------------------------------------------------
@@ -622,15 +622,15 @@ def test_flags_must_be_written_in_full(train_script, argv, capsys):
 
 
 def test_the_engine_set_up_reads_only_full_flags():
-    assert common.engine_devices(['--cpu', '3']) != 3
-    assert common.engine_devices(['--cpu-devices', '3']) == 3
-    assert common.engine_devices(['--cpu-devices=3']) == 3
+    assert arguments.engine_devices(['--cpu', '3']) != 3
+    assert arguments.engine_devices(['--cpu-devices', '3']) == 3
+    assert arguments.engine_devices(['--cpu-devices=3']) == 3
 
 
 def test_sync_bn_on_the_naive_engine_is_refused_before_mxnet_loads():
-    with pytest.raises(common.UsageError, match='unset MXNET_ENGINE_TYPE or drop --sync-bn'):
-        common.apply_engine_settings(2, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
-    assert common.apply_engine_settings(1, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
+    with pytest.raises(arguments.UsageError, match='unset MXNET_ENGINE_TYPE or drop --sync-bn'):
+        console.apply_engine_settings(2, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
+    assert console.apply_engine_settings(1, {'MXNET_ENGINE_TYPE': 'NaiveEngine'}, sync_bn=True)
 
 
 @pytest.mark.parametrize('fails', ['json', 'report'])

@@ -271,7 +271,7 @@ def test_another_signals_wakeup_byte_does_not_count(other):
 
 
 def test_in_a_jupyter_kernel_a_second_signal_does_not_end_the_process(monkeypatch):
-    monkeypatch.setattr(gm.progress, 'jupyter_shell', lambda: object())
+    monkeypatch.setattr(gm.live, 'jupyter_shell', lambda: object())
     heard, second = [], []
     with gm.StopRequest(on_signal=heard.append, on_second=second.append) as stop:
         os.kill(os.getpid(), signal.SIGINT)
@@ -381,12 +381,12 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
     code = textwrap.dedent(f'''
         import os, signal, sys, time
         from gluon_multigpu.observe import stopping
-        from gluon_multigpu.filesafety import files
+        from gluon_multigpu.filesafety import output
         with stopping.StopRequest() as stop:
-            with files.ReportFolder({str(out)!r}) as report:
+            with output.ReportSet({str(out)!r}) as report:
                 with open(report.path('kept.md'), 'w') as f:
                     f.write('new')
-                with files.atomic_write({str(tmp_path / 'results.json')!r}) as f:
+                with output.atomic_write({str(tmp_path / 'results.json')!r}) as f:
                     f.write('{{"half": ')
                     print('writing', flush=True)
                     time.sleep(60)
@@ -411,7 +411,7 @@ def test_a_second_signal_while_outputs_are_written_leaves_no_temporary_file(tmp_
 def test_every_stop_is_an_interrupted_that_except_exception_does_not_catch():
     stops = [gm.Interrupted(1, 2, signum=signal.SIGINT),
              gm.Interrupted.between_runs(2, 'device', ['local'], signal.SIGTERM),
-             gm.Interrupted.sweep_stopped(None, signal.SIGHUP),
+             gm.Interrupted(signum=signal.SIGHUP, message='stopped', sweep=None),
              gm.Interrupted.by_signal(signal.SIGTERM)]
     for stop in stops:
         assert type(stop) is gm.Interrupted and stop.signum is not None  # one class

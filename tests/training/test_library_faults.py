@@ -21,7 +21,7 @@ from mxnet import np as mnp
 from mxnet.gluon import nn
 
 import gluon_multigpu as gm
-from gluon_multigpu.cli import common
+from gluon_multigpu.base.values import MAX_SEED
 from gluon_multigpu.observe import stopping
 from conftest import REPO, Lines, wait_bounded
 
@@ -266,7 +266,7 @@ def test_a_seed_the_cli_refuses_is_refused_by_the_library(seed):
     with pytest.raises(gm.GluonMultiGPUError) as error:
         gm.train(gm.simple_cnn(), batches_of(images(), onp.zeros(8, 'int32')), None,
                  gm.cpu_devices(2), num_epochs=1, lr=0.1, seed=seed)
-    assert f'seed must be a whole number 0 to {common.MAX_SEED}' in one_line(error)
+    assert f'seed must be a whole number 0 to {MAX_SEED}' in one_line(error)
 
 
 def test_one_seed_gives_one_run_whether_or_not_the_loader_was_used_before():

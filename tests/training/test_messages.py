@@ -139,7 +139,7 @@ def test_the_sweeps_stop_lines():
     assert sweeps.sweep_finished_anyway(HUP) == (
         'SIGHUP came after the last measurement: the run is complete and written; exit status '
         '129')
-    assert messages.partial_heading(sweep(1, 4)) == (
+    assert sweeps.partial_heading(sweep(1, 4)) == (
         'partial results (interrupted): 1 of 4 measurements')
     full = OSError(28, 'No space left on device', 'out/sweep/results.json')
     assert messages.could_not_write(full, 'the results file keeps what was measured before') == (

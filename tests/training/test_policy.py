@@ -5,7 +5,7 @@ synchronised BatchNorm's conditions (``sync_bn.check_training``), the
 checkpoint of a run (``RunConfig.recorded``, ``checkpoint.for_run``, data
 a checkpoint can resume), joining a parameter server (``distributed.join``),
 and the run's inputs that no output may replace (``data.input_files``).
-Messages name arguments in backquotes; ``describe(common.flag)`` is the CLI's line.
+Messages name arguments in backquotes; ``describe(errors.flag)`` is the CLI's line.
 """
 import os
 
@@ -15,7 +15,7 @@ import pytest
 from mxnet import gluon, np
 
 import gluon_multigpu as gm
-from gluon_multigpu.cli import common
+from gluon_multigpu.errors import flag
 
 
 def cpus(n):
@@ -24,7 +24,7 @@ def cpus(n):
 
 def said(error):
     """What the command line prints for ``error`` (its message with the flags' names)."""
-    return error.value.describe(common.flag)
+    return error.value.describe(flag)
 
 
 # --- the batch: the recipe's, cut to the data, checked against memory --------------------------
@@ -37,7 +37,7 @@ def test_fit_batch_takes_the_recipe_and_cuts_a_batch_larger_than_the_data(monkey
     batch, note = gm.model.fit_batch('simple-cnn', cpus(2), 101, 1000)
     assert batch == 101 and note.startswith('`batch_size` 1000 ') and '101 training' in note
     assert note.endswith('using a batch of 101')
-    assert gm.GluonMultiGPUError(note).describe(common.flag).startswith('--batch-size 1000 is')
+    assert gm.GluonMultiGPUError(note).describe(flag).startswith('--batch-size 1000 is')
     batch, note = gm.model.fit_batch('resnet18', cpus(2), 101, sync_bn=True)  # equal shards
     assert batch == 100 and note.startswith('the default batch of 512 ') and '101' in note
 
@@ -236,6 +236,6 @@ def test_no_output_may_replace_the_runs_data(tmp_path):
     assert gm.data.input_files('mnist')[0].startswith(gm.data.default_root('mnist'))
     (data / 'train-images-idx3-ubyte.gz').write_bytes(b'images')
     with pytest.raises(gm.GluonMultiGPUError, match="one of the run's input files"):
-        gm.files.check_outputs(files=[('`json`', str(data / 'train-images-idx3-ubyte.gz'))],
+        gm.targets.check_outputs(files=[('`json`', str(data / 'train-images-idx3-ubyte.gz'))],
                                inputs=inputs)
-    gm.files.check_outputs(files=[('`json`', str(tmp_path / 'runs.json'))], inputs=inputs)
+    gm.targets.check_outputs(files=[('`json`', str(tmp_path / 'runs.json'))], inputs=inputs)

@@ -203,15 +203,29 @@ def test_bad_ranges_are_refused_in_one_line(steps, message):
 def test_the_range_and_the_file_are_checked_before_any_step(data, tmp_path):
     with pytest.raises(GluonMultiGPUError, match=r"ends past the run's last step, 8 \(2 epoch"):
         train(data, [Profile('7:9', str(tmp_path / 'p.json'))])
-    with pytest.raises(GluonMultiGPUError, match='does not exist; create it first'):
+    with pytest.raises(GluonMultiGPUError, match=r'^`profile_file` \S+/missing/p\.json: directory '
+                       r'\S+/missing does not exist; create it first$'):
         Profile('1:2', str(tmp_path / 'missing' / 'p.json'))
-    with pytest.raises(GluonMultiGPUError, match='is a directory'):
+    with pytest.raises(GluonMultiGPUError, match=r'^`profile_file` \S+ is a directory; give a file '
+                       'name$'):
         Profile('1:2', str(tmp_path))
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize('path, message', [
+    ('', '`profile_file` is an empty path; give a file name'),
+    (3, '`profile_file` is int: give a file name (a str or a path)'),
+    ('/dev/null', '`profile_file` /dev/null is not a regular file; give the name of a file'),
+])
+def test_a_trace_file_that_cannot_be_one_is_refused_in_one_line(path, message):
+    # the library's words for train's `profile_file` (and Profile's path), as for `metrics`
+    with pytest.raises(GluonMultiGPUError) as refused:
+        Profile('1:2', path)
+    assert str(refused.value) == message
+
+
 def test_cpu_contexts_the_profiler_cannot_tell_apart_are_refused(monkeypatch):
-    monkeypatch.setattr(profiling, 'profiled_cpus', lambda: 1)
+    monkeypatch.setattr(profiling.engine, 'cores', lambda: 1)
     with pytest.raises(GluonMultiGPUError, match=r'cores \(1\), and cpu\(1\) is past them'):
         profiling.check_devices(gm.cpu_devices(2))
 
@@ -309,6 +323,13 @@ def test_a_trace_past_a_file_size_limit_is_one_line_and_status_1(tmp_path, limit
     assert path.read_text() == '{"an earlier trace": true}'
 
 
+def capture(write, output, what, parse=bytes, limit=foreign.LIMIT):
+    """Call ``write(path)``, an outside writer that writes a whole file at the ``path`` it is
+    given, and return what it wrote (``foreign.Capture.take``)."""
+    pipe = foreign.Capture(output, what, limit)
+    return pipe.take(lambda: write(pipe.path), parse)
+
+
 def test_a_dump_that_cannot_be_read_whole_is_an_oserror_naming_the_trace(tmp_path):
     threads = threading.active_count()
     target = str(tmp_path / 'p.json')
@@ -317,7 +338,7 @@ def test_a_dump_that_cannot_be_read_whole_is_an_oserror_naming_the_trace(tmp_pat
         with open(path, 'w', encoding='utf-8') as f:
             f.write('{\n    "traceEvents": [\n        {"ph": "B", "na')
     with pytest.raises(OSError) as failed:
-        foreign.capture(cut_short, target, "MXNet's profiler",
+        capture(cut_short, target, "MXNet's profiler",
                         parse=lambda data: profiling.read_events(data.decode()))
     assert failed.value.errno == errno.EIO and failed.value.filename == target
     assert "MXNet's profiler delivered 46 bytes that cannot be read whole" in str(failed.value)
@@ -327,12 +348,12 @@ def test_a_dump_that_cannot_be_read_whole_is_an_oserror_naming_the_trace(tmp_pat
             for _ in range(40):
                 f.write(b'x' * 4096)  # past the pipe's buffer: read on, not blocked
     with pytest.raises(OSError) as failed:
-        foreign.capture(too_much, target, 'a writer', limit=1000)
+        capture(too_much, target, 'a writer', limit=1000)
     assert failed.value.errno == errno.EFBIG and failed.value.filename == target
     with pytest.raises(RuntimeError, match='its own error'):
-        foreign.capture(lambda path: (_ for _ in ()).throw(RuntimeError('its own error')),
+        capture(lambda path: (_ for _ in ()).throw(RuntimeError('its own error')),
                         target, 'a writer')
-    assert foreign.capture(lambda path: open(path, 'wb').close(), target, 'a writer') == b''
+    assert capture(lambda path: open(path, 'wb').close(), target, 'a writer') == b''
     assert os.listdir(tmp_path) == [] and threading.active_count() == threads
 
 
