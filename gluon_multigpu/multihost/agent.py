@@ -364,7 +364,9 @@ def main(argv=None):
     # The launcher stops the job through the agent's input; a signal to the agent itself
     # (its ssh session closing, a kill) ends the job as the launcher's going would.
     agent = Agent(command, args.heartbeat, args.timeout, args.grace)
-    if args.hold_port is not None and hold_port(args.hold_port) is None:
+    # the mark holds the port while this process lives: keep the socket referenced
+    held = hold_port(args.hold_port) if args.hold_port is not None else True
+    if held is None:
         agent.say(f'exit {PORT_TAKEN}')
         return PORT_TAKEN
     signals.install(lambda signum, frame: setattr(agent, 'launcher_gone', True),

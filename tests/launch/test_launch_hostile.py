@@ -200,6 +200,37 @@ def test_a_worker_cannot_forge_control_lines_or_reach_the_terminal_raw():
     assert proc.returncode == 1 and 'failed (status 3)' in proc.stderr, proc.stderr
 
 
+def test_an_agent_holds_its_port_while_it_lives():
+    # The scheduler's agent takes the port's mark before it starts the scheduler and keeps it to
+    # its end: a second launch on that port meanwhile is refused (the mark is a socket the
+    # agent must keep referenced; dropped, it closed at once and the port was free again).
+    import socket
+    import time
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, '-m', 'gluon_multigpu.multihost.agent', '--hold-port',
+                             str(port), '--', 'sleep', '60'], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        held, deadline = False, time.monotonic() + 60
+        while not held and time.monotonic() < deadline and proc.poll() is None:
+            mark = agent.hold_port(port)
+            held = mark is None
+            if mark is not None:
+                mark.close()
+                time.sleep(0.2)
+        assert held, 'the agent never held its port'
+        time.sleep(1.0)
+        assert agent.hold_port(port) is None and proc.poll() is None
+    finally:
+        proc.stdin.close()  # the launcher gone: the agent ends its command and itself
+        try:
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+
+
 def test_a_port_taken_between_check_and_start_is_one_line_for_the_loser():
     import socket
     with socket.socket() as probe:
