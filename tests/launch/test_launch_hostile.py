@@ -205,24 +205,21 @@ def test_an_agent_holds_its_port_while_it_lives():
     # its end: a second launch on that port meanwhile is refused (the mark is a socket the
     # agent must keep referenced; dropped, it closed at once and the port was free again).
     import socket
-    import time
     with socket.socket() as probe:
         probe.bind(('127.0.0.1', 0))
         port = probe.getsockname()[1]
+
+    def taken():  # a second holder of the port is refused (its own mark let go at once)
+        mark = agent.hold_port(port)
+        if mark is not None:
+            mark.close()
+        return mark is None
     proc = subprocess.Popen([sys.executable, '-m', 'gluon_multigpu.multihost.agent', '--hold-port',
                              str(port), '--', 'sleep', '60'], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        held, deadline = False, time.monotonic() + 60
-        while not held and time.monotonic() < deadline and proc.poll() is None:
-            mark = agent.hold_port(port)
-            held = mark is None
-            if mark is not None:
-                mark.close()
-                time.sleep(0.2)
-        assert held, 'the agent never held its port'
-        time.sleep(1.0)
-        assert agent.hold_port(port) is None and proc.poll() is None
+        wait_until(proc, 'the agent held its port', taken, timeout=60, interval=0.2)
+        assert taken() and proc.poll() is None
     finally:
         proc.stdin.close()  # the launcher gone: the agent ends its command and itself
         try:
