@@ -12,6 +12,16 @@ from .live import Live
 __all__ = ['optional_hooks']
 
 
+class _EpochCallback(Hook):
+    """The ``on_epoch`` argument of ``train`` as a hook."""
+
+    def __init__(self, on_epoch):
+        self.on_epoch = on_epoch
+
+    def epoch_end(self, run, record):
+        self.on_epoch(record)
+
+
 def optional_hooks(hooks, config, on_epoch=None):
     """``hooks`` and those ``train`` adds after them: the hooks of ``config``'s (a
     ``TrainConfig``) ``tensorboard``, ``metrics``, ``profile`` and ``stall_timeout`` (none
@@ -33,9 +43,7 @@ def optional_hooks(hooks, config, on_epoch=None):
         from .stall import stall_hook
         # (checked; None for 0, which watches nothing)
         hooks += filter(None, [stall_hook(config.stall_timeout)])
-    if on_epoch:  # ``on_epoch`` as a hook: its ``epoch_end``
-        hooks.append(Hook())
-        hooks[-1].epoch_end = lambda run, record: on_epoch(record)
+    hooks += [_EpochCallback(on_epoch)] if on_epoch else []
     if not any(getattr(h, 'handles_signals', False) for h in hooks):
         hooks.append(Interruptible())
     if config.progress_interval and not any(getattr(h, 'shows_progress', False) for h in hooks):
