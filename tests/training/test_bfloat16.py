@@ -252,10 +252,13 @@ def test_the_accuracy_tool_sets_each_epoch_of_bfloat16_beside_float32(monkeypatc
 
     def train(flags, dtype, data_dir, extra):
         ran.append((flags[1], dtype))
+        # ResNet-18 from the tool's rate (given: --lr), along the cosine; the main job as it is
+        assert (flags[-2:] == ['--lr', '0.01'] and '--lr-schedule' in flags
+                if flags[1] == 'resnet18' else '--lr' not in flags)
         return [{'epoch': i + 1, 'test_acc': a} for i, a in enumerate(accs[flags[1], dtype])]
     monkeypatch.setattr(tool, 'train', train)
     out = tmp_path / 'acc.json'
-    assert tool.main(['--out', str(out)]) == 1  # ResNet-18's third epoch: 0.03 apart
+    assert tool.main(['--out', str(out), '--lr', '0.01']) == 1  # ResNet-18's 3rd epoch: 0.03 apart
     assert ran == [('resnet18', 'float32'), ('resnet18', 'bfloat16'), ('simple-cnn', 'float32'),
                    ('simple-cnn', 'bfloat16')]
     written = json.loads(out.read_text())
@@ -265,6 +268,7 @@ def test_the_accuracy_tool_sets_each_epoch_of_bfloat16_beside_float32(monkeypatc
         assert r['within'] == (max(abs(a - b) for a, b in zip(f32, b16)) <= r['bound'])
     assert [r['within'] for r in written['records']] == [False, True]
     assert written['machine'] and written['date'] and len(written['commit']) >= 40
+    assert written['resnet18_lr'] == 0.01
 
 
 @pytest.mark.slow
