@@ -24,7 +24,7 @@ from mxnet.util import is_np_array
 from ..section.model import NORMALISED
 from ..errors import DeviceError, GluonMultiGPUError
 
-__all__ = ['SyncBatchNorm', 'sync_batch_norm', 'check_training', 'check_options', 'check_cpu_scratch',
+__all__ = ['SyncBatchNorm', 'sync_batch_norm', 'check_training', 'check_cpu_scratch',
            'cpu_scratch_needed', 'SCRATCH_PER_CPU_CONTEXT']
 
 #: Scratch spaces (``MXNET_CPU_TEMP_COPY``) per CPU context asked for: twice what ran.
@@ -48,20 +48,6 @@ def check_cpu_scratch(num_devices, temp_copy):
                           'before MXNet loads, or unset it')
 
 
-def check_options(model, split=None, book_literal=False):
-    """Raise ``GluonMultiGPUError`` where the options asked cannot go with synchronised
-    BatchNorm, whatever the batch and the machine: a ``model`` without BatchNorm, the text's
-    loop, a split that is not even (see ``check_training``)."""
-    if model not in NORMALISED:
-        raise GluonMultiGPUError(f'`sync_bn` synchronises BatchNorm, and `model` {model} has none; '
-                                 f'use `model` {", ".join(NORMALISED)} or drop `sync_bn`')
-    if book_literal:
-        raise GluonMultiGPUError("`book_literal` runs the text's nn.BatchNorm; drop `sync_bn`")
-    if split is not None and not (isinstance(split, str) and split == 'even'):
-        raise GluonMultiGPUError("`sync_bn` averages the devices' statistics with equal weights, "
-                                 'so it needs equal shards; drop `split`')
-
-
 def check_training(model, devices, batch_size, split=None, book_literal=False):
     """Raise ``GluonMultiGPUError`` unless synchronised BatchNorm can train as asked (before any
     work).
@@ -73,7 +59,14 @@ def check_training(model, devices, batch_size, split=None, book_literal=False):
     ``'even'``), ``batch_size`` must divide among the ``devices``, and on CPU
     contexts the scratch spaces must be enough (``check_cpu_scratch``).
     """
-    check_options(model, split, book_literal)
+    if model not in NORMALISED:
+        raise GluonMultiGPUError(f'`sync_bn` synchronises BatchNorm, and `model` {model} has none; '
+                                 f'use `model` {", ".join(NORMALISED)} or drop `sync_bn`')
+    if book_literal:
+        raise GluonMultiGPUError("`book_literal` runs the text's nn.BatchNorm; drop `sync_bn`")
+    if split is not None and not (isinstance(split, str) and split == 'even'):
+        raise GluonMultiGPUError("`sync_bn` averages the devices' statistics with equal weights, "
+                                 'so it needs equal shards; drop `split`')
     if batch_size % len(devices):
         raise DeviceError(f'`sync_bn` needs equal shards, and a batch of {batch_size} does not '
                           f'divide among {len(devices)} devices; use a `batch_size` divisible by '
