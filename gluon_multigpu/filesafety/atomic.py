@@ -246,9 +246,8 @@ def create_whole(path, data):
     """Create the new file ``path`` holding ``data`` (bytes), fsynced, all or nothing: written
     unnamed and then linked where ``O_TMPFILE`` is supported (a kill leaves nothing, or the
     whole file), else ``create_exclusive``. Raises ``FileExistsError`` if anything has the name."""
-    made = _link_unnamed(path, data, 0o666, lambda digest: path,
-                         lambda chunks: create_exclusive(path, b''.join(chunks)))
-    return _inode(path) if made == path else made
+    _link_unnamed(path, data, 0o666, lambda digest: path,
+                  lambda chunks: create_exclusive(path, b''.join(chunks)))
 
 
 def _naming(error, path):
