@@ -296,7 +296,7 @@ def _epoch_batches(run, epoch, skip=0):
         return itertools.islice(data.batches_of(epoch - 1), skip, None)
     if isinstance(getattr(data, 'epoch', None), int):
         data.epoch = epoch - 1
-    return iter(run.batches(skip))
+    return itertools.islice(data, skip, None)
 
 
 def _check_once_through(data, epochs, iterated):

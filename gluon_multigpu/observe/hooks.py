@@ -4,7 +4,6 @@ A feature, a checkpoint, a stop on a signal, a progress display: each is a
 ``Hook`` that lives beside its own code and is called at the points of the
 loop named by its methods (see ``training.train``).
 """
-import itertools
 from dataclasses import dataclass, field
 
 from ..errors import GluonMultiGPUError
@@ -45,10 +44,6 @@ class Run:
     check: object = None  # checks each batch as the loop takes it (``checks.BatchCheck``)
     want_grad_norm: bool = False  # a hook's ``setup`` asks for each update's gradient norm
     steps: object = None  # the epoch in progress (``steps.EpochSteps``): what it has queued
-
-    def batches(self, skip=0):
-        """The epoch's batches, without the first ``skip`` (done before a resumed stop)."""
-        return itertools.islice(iter(self.train_iter), skip, None) if skip else self.train_iter
 
     def call(self, method, *args):
         """Call ``method`` of every hook in turn; return True if any returned True."""
