@@ -36,10 +36,9 @@ def jupyter_shell():
 
 def is_terminal(stream):
     """Whether ``stream`` is a terminal (a person watching), not a pipe or a file."""
-    try:
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # no isatty, or a closed stream
         return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
-        return False
+    return False
 
 
 class Live(Hook):
