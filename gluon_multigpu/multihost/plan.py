@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import agent
-from .agent import agent_argv
 from ..base import compat, engine, signals
 from ..errors import GluonMultiGPUError, MXNetLoadError
 
 __all__ = ['GRACE', 'TERM_WAIT', 'HEARTBEAT', 'TIMEOUT', 'LaunchError', 'Settings', 'Role', 'plan',
-           'preflight', 'spawn', 'relay', 'agent_argv', 'transport_argv', 'remote_command',
+           'preflight', 'spawn', 'relay', 'transport_argv', 'remote_command',
            'last_line', 'keeps_checkpoints', 'with_resume', 'ROLE', 'run_role']
 
 #: Seconds the workers get to finish their step and checkpoint when the job is stopped.
@@ -226,8 +225,8 @@ def remote_command(env, argv):
 def spawn(settings, role):
     """Start ``role`` under its agent; set ``role.proc``."""
     hold = ['--hold-port', role.env['DMLC_PS_ROOT_PORT']] if role.kind == 'scheduler' else []
-    under_agent = agent_argv(['--heartbeat', str(HEARTBEAT), '--timeout', str(settings.timeout),
-                              '--grace', str(TERM_WAIT), *hold], role.argv)
+    under_agent = agent.agent_argv(['--heartbeat', str(HEARTBEAT), '--grace', str(TERM_WAIT),
+                                    '--timeout', str(settings.timeout), *hold], role.argv)
     argv, env = (under_agent, role.env) if settings.launcher == 'local' else (
         transport_argv(settings, role.host, remote_command(role.env, under_agent)), {})
     role.proc = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE,
@@ -301,7 +300,7 @@ def preflight(settings, roles, port):
     procs = {}
     for host in dict.fromkeys(r.host for r in roles):  # each host once, in the roles' order
         flags = ['--check', '--port', str(port or 0)] if host == first else ['--check']
-        remote = remote_command({}, agent_argv(flags, command[:1] if host in workers else []))
+        remote = remote_command({}, agent.agent_argv(flags, command[:1] if host in workers else []))
         procs[host] = subprocess.Popen(transport_argv(settings, host, remote),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())
