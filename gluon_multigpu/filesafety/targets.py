@@ -6,6 +6,7 @@ file an output named by the user is written to (its symbolic links followed).
 Nothing here changes a file but the probe of ``check_writable`` (created with
 ``O_EXCL`` and removed through ``fs``).
 """
+import contextlib
 import os
 import re
 import secrets
@@ -47,20 +48,18 @@ _CHECKPOINT_MARK = b'"format": "gluon-multigpu-checkpoint'
 
 def is_checkpoint_folder(directory):
     """Whether ``directory`` holds a checkpoint: a checkpoint manifest or a checkpoint's files."""
-    try:
+    with contextlib.suppress(OSError, GluonMultiGPUError):
         if any(CHECKPOINT_FILE.fullmatch(n) for n in os.listdir(directory)):
             return True
         with reading.open_regular(os.path.join(directory, 'manifest.json'), 'manifest') as f:
             return _CHECKPOINT_MARK in f.read(4096)  # a regular file (or a link to one) only
-    except (OSError, GluonMultiGPUError):
-        return False
+    return False
 
 
 def _same_file(a, b):
-    try:
+    with contextlib.suppress(OSError):
         return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_writable(directory, what):
