@@ -254,17 +254,6 @@ class CheckpointStore:
                 'history': [r.to_dict() for r in history], 'config': self.config, 'files': files,
                 'data_order': {'seed': self.config.get('seed'), 'next_epoch': epoch}}
 
-    def _make_directory(self):
-        """Make the directory if missing (its parent must exist)."""
-        if not os.path.isdir(self.directory):
-            try:
-                with contextlib.suppress(FileExistsError):
-                    fs.mkdir(self.directory)
-            except FileNotFoundError:
-                raise CheckpointError(f'checkpoint directory {self.directory}: directory '
-                                      f'{os.path.dirname(self.directory)} does not exist; create '
-                                      'it first') from None
-
     def save(self, net, trainer, history, epoch, partial=None):
         """Write a complete checkpoint after ``epoch`` epochs (and ``partial`` of the next).
 
@@ -272,7 +261,14 @@ class CheckpointStore:
         recognisably the package's, for the next save to remove): the last
         complete checkpoint stays as it was, unless the new one is complete.
         """
-        self._make_directory()
+        if not os.path.isdir(self.directory):  # made if missing (its parent must exist)
+            try:
+                with contextlib.suppress(FileExistsError):
+                    fs.mkdir(self.directory)
+            except FileNotFoundError:
+                raise CheckpointError(f'checkpoint directory {self.directory}: directory '
+                                      f'{os.path.dirname(self.directory)} does not exist; create '
+                                      'it first') from None
         old = {}
         with contextlib.suppress(CheckpointError):
             old = self._read_manifest()['files'] if self.exists() else {}
