@@ -81,11 +81,10 @@ def discard_unfinished():
 
 def _read_journal(staging):
     """The journal of ``staging`` if the folder is one of ours (regular file with the marker)."""
-    try:
+    data = None  # unreadable, or not a regular file: not ours
+    with contextlib.suppress(OSError, GluonMultiGPUError):
         data = reading.read_json(os.path.join(staging, JOURNAL), 1 << 20, 'journal',
                                  follow_links=False)
-    except (OSError, GluonMultiGPUError):
-        return None
     if not isinstance(data, dict) or data.get('format') != STAGING_FORMAT or \
             data.get('state') not in ('staging', 'committed', 'rollback'):
         return None
