@@ -164,10 +164,9 @@ def remove_hashed(directory, target=None):
     for the file named ``target``, if given): each a regular file named ``.NAME.<random>.<hash>
     .tmp`` whose content has that hash (rule 1: recognised by content; a file with such a name
     and other content is left). Returns their names."""
-    try:
+    names = []  # no folder there, or not one that can be read: nothing to remove
+    with contextlib.suppress(OSError):
         names = os.listdir(directory or '.')
-    except OSError:
-        return []
     removed = []
     for name in names:
         match = HASHED.match(name)
