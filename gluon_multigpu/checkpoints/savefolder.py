@@ -135,10 +135,9 @@ def leftovers(directory, keep=()):
     Files named in ``keep`` (the manifest's) are never leftovers.
     """
     folders, placed = [], set()
-    try:
+    names = []  # no directory: nothing left
+    with contextlib.suppress(FileNotFoundError):
         names = os.listdir(directory)
-    except FileNotFoundError:
-        return folders, placed
     for name in names:
         path = os.path.join(directory, name)
         if removable(path):
