@@ -149,11 +149,10 @@ def leftovers(directory, keep=()):
 
 def _recorded(directory, record_path, keep):
     """The files a save's record names that are still as it placed them, but ``keep``."""
-    try:
+    entries = []  # no record, or not one a save writes (ValueError: not JSON): no files
+    with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError):
         record = reading.read_json(record_path, 1 << 16, 'record', follow_links=False)
         entries = [*record['placed'].values(), *record['replaced'].values()]
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):  # ValueError: not JSON
-        return set()
     found = set()
     for entry in entries:
         with contextlib.suppress(TypeError, KeyError, OSError):
