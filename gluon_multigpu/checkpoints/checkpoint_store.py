@@ -150,12 +150,11 @@ class CheckpointStore:
 
     def describe(self):
         """A few words on the checkpoint in the directory, for messages."""
-        try:
+        with contextlib.suppress(CheckpointError):
             state = self.load(check_config=False)
-        except CheckpointError:
-            return f'damaged, in {self.directory}'
-        return (f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}' if state.partial
-                else f'epoch {state.epoch}') + f', in {self.directory}'
+            return (f'{state.partial.batches} batch(es) into epoch {state.epoch + 1}'
+                    if state.partial else f'epoch {state.epoch}') + f', in {self.directory}'
+        return f'damaged, in {self.directory}'
 
     # -- reading --------------------------------------------------------------------------
 
