@@ -3,6 +3,7 @@
 The ground floor of the file layer: ``atomic`` resolves every output through
 ``resolve_output``, and the pre-run checks (``filesafety.targets``) use both.
 """
+import contextlib
 import os
 import stat
 
@@ -20,10 +21,9 @@ TMP_EXTRA = len('..') + 8 + len('.tmp')
 def check_name(path, what):
     """Raise unless the file system takes ``path``'s name with room for its temporary name."""
     directory, name = os.path.split(os.path.abspath(path))
-    try:
+    limit = 255  # where the file system does not say
+    with contextlib.suppress(OSError, ValueError):
         limit = os.pathconf(directory if os.path.isdir(directory) else '/', 'PC_NAME_MAX')
-    except (OSError, ValueError):
-        limit = 255
     if len(os.fsencode(name)) + TMP_EXTRA > limit:
         raise GluonMultiGPUError(f'{what} {path}: the name is {len(os.fsencode(name))} bytes long, '
                                  f'and this file system takes {limit - TMP_EXTRA} at most here; '
@@ -85,13 +85,12 @@ def check_default_output(path, what, marker, fix):
 def kind_of(path):
     """What ``path`` is, in words, its links followed (``'a file'``, ``'a folder'``, ``'a FIFO
     (a named pipe)'``, ``'a socket'``, ``'a device'``; None if nothing is there)."""
-    try:
+    with contextlib.suppress(OSError):
         mode = os.stat(path).st_mode
-    except OSError:
-        return None
-    return ('a file' if stat.S_ISREG(mode) else 'a folder' if stat.S_ISDIR(mode) else
-            'a FIFO (a named pipe)' if stat.S_ISFIFO(mode) else
-            'a socket' if stat.S_ISSOCK(mode) else 'a device')
+        return ('a file' if stat.S_ISREG(mode) else 'a folder' if stat.S_ISDIR(mode) else
+                'a FIFO (a named pipe)' if stat.S_ISFIFO(mode) else
+                'a socket' if stat.S_ISSOCK(mode) else 'a device')
+    return None
 
 
 def check_argument(value, name, folder):
