@@ -25,13 +25,12 @@ def jupyter_shell():
     plain Python is not. IPython is never imported here: where it is not
     loaded already, this is no kernel.
     """
-    try:
+    with contextlib.suppress(Exception):  # a broken shell is no kernel
         shell = getattr(sys.modules.get('IPython'), 'get_ipython', lambda: None)()  # no IPython
         if shell is None or any(c.__name__ == 'ZMQInteractiveShell' for c in type(shell).__mro__):
             return shell  # (None: no shell)
         return shell if 'IPKernelApp' in shell.config else None
-    except Exception:  # pylint: disable=broad-except  (a broken shell is no kernel)
-        return None
+    return None
 
 
 def is_terminal(stream):

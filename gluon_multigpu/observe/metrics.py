@@ -28,7 +28,7 @@ from ..filesafety import atomic, fs, lockfile, reading
 from ..filesafety.paths import check_argument, resolve_output
 from ..errors import GluonMultiGPUError
 from .hooks import Hook
-from ..base.values import tensorboardx_missing
+from ..base.values import tensorboardx_missing, whole
 
 __all__ = ['Metrics', 'STEP_FIGURES', 'EPOCH_FIGURES']
 
@@ -205,16 +205,13 @@ class Metrics(Hook):
     """
 
     def __init__(self, tensorboard=None, path=None, every=50, *, rank=0):
-        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY:
-            raise GluonMultiGPUError(f'`log_every` is {every!r}: give the steps between two logged '
-                                     f'figures, a whole number from 1 to {MAX_EVERY}')
-        self.every = every
+        self.every = whole(1, MAX_EVERY, '`log_every` is {value!r}: give the steps between two '
+                           'logged figures, a whole number from 1 to {high}', optional=False)(every)
         self.tensorboard = None if tensorboard is None else check_argument(tensorboard,
                                                                            'tensorboard', True)
         self.path = None if path is None else check_argument(path, 'metrics', False)
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise GluonMultiGPUError(f'the rank is {rank!r}: give a whole number of 0 or more')
-        self.rank = rank
+        self.rank = whole(0, math.inf, 'the rank is {value!r}: give a whole number of 0 or more',
+                          optional=False)(rank)
         self._files = ([] if path is None else [JsonLines(self.path)]) + (
             [] if tensorboard is None else [EventFiles(self.tensorboard)])  # (opened by a fit)
         self._sinks = []  # the open files (one fit's)

@@ -271,7 +271,7 @@ class Profile(Hook):
             # The dump empties MXNet's record: taken also when dropped, through the pipe: none
             # of it reaches a disk, none is left by a kill.
             events = self._capture.take(_dump, parse=(
-                lambda data: read_events(data.decode('utf-8'))) if keep else None)
+                lambda data: read_events(data.decode('utf-8'))) if keep else bytes)
         finally:
             self._release()
             if not keep:

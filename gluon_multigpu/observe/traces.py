@@ -23,16 +23,6 @@ def read_events(text):
     return json.loads(f'[{body}]')
 
 
-def _device_names(events, cpus, gpus):
-    """MXNet's device numbers -> the package's names: from the dump's process names where it
-    has them (the process's first dump), else from MXNet's order (CPUs, GPUs, pinned, shared)."""
-    names = {e.get('pid'): e.get('args', {}).get('name', '') for e in events
-             if e.get('ph') == 'M' and e.get('name') == 'process_name'}
-    order = [*(f'cpu/{i}' for i in range(cpus)), *(f'gpu/{i}' for i in range(gpus)),
-             'cpu pinned/', 'cpu shared/']
-    return {index: _label(names.get(index, name)) for index, name in enumerate(order)}
-
-
 def _label(name):
     """The package's name of MXNet's device ``name``: ``cpu/0`` is ``cpu(0)``."""
     return re.sub(r'\A(cpu|gpu)/(\d+)\Z', r'\1(\2)', name).rstrip('/')
@@ -49,7 +39,13 @@ def device_trace(events, devices, cpus, gpus=0):
     ``cpus``/``gpus``: the devices MXNet's profiler knows (``engine.cores()``; 32
     GPUs in a CUDA build).
     """
-    labels = _device_names(events, cpus, gpus)
+    # MXNet's device numbers -> the package's names: from the dump's process names where it has
+    # them (the process's first dump), else from MXNet's order (CPUs, GPUs, pinned, shared)
+    names = {e.get('pid'): e.get('args', {}).get('name', '') for e in events
+             if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+    order = [*(f'cpu/{i}' for i in range(cpus)), *(f'gpu/{i}' for i in range(gpus)),
+             'cpu pinned/', 'cpu shared/']
+    labels = {index: _label(names.get(index, name)) for index, name in enumerate(order)}
     pids = {name: i for i, name in enumerate(devices)}
     tids, ids, out = {}, {}, []
     for e in events:

@@ -12,6 +12,7 @@ ratios, its interval the 95% t-interval of their geometric mean. The first
 round (it warms the process) and rounds whose variants met different loads
 are left out where two rounds remain; ``LoadMeter`` records each round's load.
 """
+import contextlib
 import math
 import os
 import statistics
@@ -108,14 +109,12 @@ def ratio_of(a, b):
 
 def _cpu_jiffies():
     """``(busy, steal, total)`` jiffies of all CPUs from /proc/stat, or None elsewhere."""
-    try:
-        with open('/proc/stat', encoding='ascii') as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return user + nice + system + irq + softirq, steal, user + nice + system + idle + iowait + \
-        irq + softirq + steal
+    with contextlib.suppress(OSError, ValueError), open('/proc/stat', encoding='ascii') as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+        user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+        return user + nice + system + irq + softirq, steal, user + nice + system + idle + \
+            iowait + irq + softirq + steal
+    return None
 
 
 def _own_cpu():
@@ -151,10 +150,9 @@ class LoadMeter:
             others = max(0.0, busy - (_own_cpu() - own)) / wall
             total = now[2] - jiffies[2]
             steal = (now[1] - jiffies[1]) / total if total > 0 else 0.0
-        try:
+        load = None
+        with contextlib.suppress(OSError):  # no load average here
             load = os.getloadavg()[0]
-        except OSError:
-            load = None
         return {'load': load, 'others': others, 'steal': steal, 'cores': os.cpu_count()}
 
 
