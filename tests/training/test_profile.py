@@ -171,6 +171,31 @@ def test_a_failure_inside_the_range_writes_what_was_profiled(data, tmp_path):
     assert json.loads(path.read_text())['otherData']['profiled'] == '1:2'
 
 
+def test_a_stop_just_before_the_range_drops_the_begun_profile_and_goes_on(data, tmp_path,
+                                                                         monkeypatch):
+    # The profiler starts once step 2 is done (step 3 comes next); a stop there leaves before
+    # any step is profiled: MXNet's dump is taken and dropped, without an error of its own
+    # (the fit's leave would hide one behind the Interrupted), and the run goes on to profile.
+    failed, leave = [], Profile.leave
+
+    def watched(self, run):
+        try:
+            return leave(self, run)
+        except BaseException as e:
+            failed.append(e)
+            raise
+    monkeypatch.setattr(Profile, 'leave', watched)
+    path, out = tmp_path / 'p.json', io.StringIO()
+    hook = Profile('3:4', str(path), out)
+    with pytest.raises(Interrupted) as stop:
+        train(data, [StopAt(2), hook])
+    assert failed == [] and hook.written is None and not path.exists()
+    net = stop.value.training.net
+    stop.value.training.fit()
+    assert failed == [] and hook.written == (3, 4)
+    assert operators(path)[('cpu(1)', '_backward_Convolution')] == 2 * convolutions(net)
+
+
 def test_without_a_profile_the_profiler_is_never_touched(data, monkeypatch):
     calls = []
     for name in ('set_config', 'set_state', 'dump', 'dumps', 'pause', 'resume'):
