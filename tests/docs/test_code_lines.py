@@ -36,3 +36,14 @@ def test_the_package_is_counted_per_folder_with_its_total(capsys):
     counts = {name: int(n) for name, n in rows}
     assert {'section', 'machinery', 'cli', '.'} <= set(counts)
     assert counts['total'] == sum(n for name, n in counts.items() if name != 'total') > 0
+
+
+#: Issue 51's ceiling on the installed package's statement lines (it was 9,043 when set).
+CEILING = 8100
+
+
+def test_the_package_stays_within_its_ceiling(capsys):
+    code_lines.main([])
+    total = int(capsys.readouterr().out.splitlines()[-1].rsplit(None, 1)[1])
+    assert total <= CEILING, (f'the package holds {total} statement lines, over the {CEILING} '
+                              'of issue 51: make something simpler before adding more')
